@@ -1,0 +1,32 @@
+//! Writing new keys and values into their cache slots.
+
+use super::KvLayout;
+
+/// Copies row `r` of `k` and `v` (`[rows, num_kv_heads * head_dim]`) into slot
+/// `slot_mapping[r]` of one layer's caches. A negative slot marks a padded row and is
+/// skipped. Offsets are computed in 64 bits; a slot past the pool panics (callers plan
+/// slots from allocated blocks only).
+pub fn write_kv(
+    k_cache: &mut [f32],
+    v_cache: &mut [f32],
+    layout: &KvLayout,
+    slot_mapping: &[i64],
+    k: &[f32],
+    v: &[f32],
+) {
+    let width = layout.slot_elems() as usize;
+    assert_eq!(
+        k.len(),
+        slot_mapping.len() * width,
+        "write_kv: k is not [rows, {width}]"
+    );
+    assert_eq!(v.len(), k.len(), "write_kv: v differs from k");
+    for (r, &slot) in slot_mapping.iter().enumerate() {
+        if slot < 0 {
+            continue;
+        }
+        let at = layout.slot_offset(slot as u64) as usize;
+        k_cache[at..at + width].copy_from_slice(&k[r * width..(r + 1) * width]);
+        v_cache[at..at + width].copy_from_slice(&v[r * width..(r + 1) * width]);
+    }
+}

@@ -1,0 +1,76 @@
+//! CPU kernels over `f32` slices.
+
+mod activation;
+mod attention;
+mod embedding;
+mod kv_write;
+mod linear;
+mod norm;
+mod rotary;
+
+pub use activation::silu_and_mul;
+pub use attention::{paged_attention, AttentionSeq};
+pub use embedding::embedding;
+pub use kv_write::write_kv;
+pub use linear::linear;
+pub use norm::{add_rms_norm, rms_norm};
+pub use rotary::{apply_rotary, RotaryLayout};
+
+/// Shape of one layer's paged KV cache, laid out
+/// `[num_blocks, block_size, num_kv_heads, head_dim]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvLayout {
+    pub num_blocks: u64,
+    pub block_size: u64,
+    pub num_kv_heads: u64,
+    pub head_dim: u64,
+}
+
+impl KvLayout {
+    /// Elements in one slot (one token's K or V for all KV heads).
+    pub const fn slot_elems(&self) -> u64 {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Elements in one layer's K (or V) cache.
+    pub const fn layer_elems(&self) -> u64 {
+        self.num_blocks * self.block_size * self.slot_elems()
+    }
+
+    /// Element offset of `slot` (= block * block_size + offset in block), computed in 64 bits.
+    pub const fn slot_offset(&self, slot: u64) -> u64 {
+        slot * self.slot_elems()
+    }
+
+    /// Element offset of token `index` of a sequence whose blocks are `block_table`,
+    /// for KV head `kv_head`. The block id is widened before any multiplication.
+    pub fn token_offset(&self, block_table: &[u32], index: u64, kv_head: u64) -> u64 {
+        let block = block_table[(index / self.block_size) as usize] as u64;
+        let slot = block * self.block_size + index % self.block_size;
+        self.slot_offset(slot) + kv_head * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvLayout;
+
+    #[test]
+    fn offsets_past_block_65535_and_4_gib_are_exact() {
+        // Block size 16, 8 KV heads, head dim 128: 16,384 elements (32 KiB in bf16) a block.
+        let layout = KvLayout {
+            num_blocks: 140_000,
+            block_size: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+        };
+        let per_block = 16 * 8 * 128u64;
+        for block in [0u32, 65_534, 65_535, 65_536, 131_071, 139_999] {
+            let table = [7, block];
+            let off = layout.token_offset(&table, 16 + 3, 5);
+            assert_eq!(off, block as u64 * per_block + 3 * 8 * 128 + 5 * 128);
+        }
+        // The last element of the pool lies past 2^31 and 2^32 elements' worth of bytes.
+        assert!(layout.layer_elems() * 2 > 1u64 << 32);
+    }
+}

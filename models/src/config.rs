@@ -1,0 +1,295 @@
+//! Hugging Face `config.json` for the Llama family: Llama, Mistral, Qwen2 and Qwen3.
+
+use peregrine_ops::RopeScaling;
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// A config that cannot be used, naming the field or architecture at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("config.json is not valid: {0}")]
+    Parse(#[from] serde_json::Error),
+    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)")]
+    Architecture(String),
+    #[error("config.json: field `{field}` {problem}")]
+    Field {
+        field: &'static str,
+        problem: String,
+    },
+}
+
+/// The architectures Peregrine runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+}
+
+/// A validated model configuration.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// The longest sequence the model serves: `max_position_embeddings`, or Mistral's
+    /// sliding window when that is shorter (windowed attention is not implemented).
+    pub max_model_len: usize,
+    pub tie_word_embeddings: bool,
+    /// Biases on the q, k and v projections (Qwen2, or Llama's `attention_bias`).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm of q and k before the rotary embedding (Qwen3).
+    pub qk_norm: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+#[derive(Deserialize)]
+struct RawConfig {
+    architectures: Option<Vec<String>>,
+    vocab_size: Option<usize>,
+    hidden_size: Option<usize>,
+    intermediate_size: Option<usize>,
+    num_hidden_layers: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rms_norm_eps: Option<f64>,
+    rope_theta: Option<f64>,
+    rope_scaling: Option<Value>,
+    max_position_embeddings: Option<usize>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
+    tie_word_embeddings: Option<bool>,
+    attention_bias: Option<bool>,
+    hidden_act: Option<String>,
+    bos_token_id: Option<u32>,
+    eos_token_id: Option<Value>,
+}
+
+fn required(value: Option<usize>, field: &'static str) -> Result<usize, ConfigError> {
+    match value {
+        Some(v) if v > 0 => Ok(v),
+        Some(_) => Err(field_error(field, "must be positive")),
+        None => Err(field_error(field, "is missing")),
+    }
+}
+
+fn field_error(field: &'static str, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field,
+        problem: problem.into(),
+    }
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<ModelConfig, ConfigError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        ModelConfig::from_json(&text)
+    }
+
+    /// Parses and validates the text of a config.json.
+    pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
+        let raw: RawConfig = serde_json::from_str(text)?;
+        let name = raw
+            .architectures
+            .as_ref()
+            .and_then(|a| a.first())
+            .ok_or_else(|| field_error("architectures", "is missing"))?;
+        let architecture = match name.as_str() {
+            "LlamaForCausalLM" => Architecture::Llama,
+            "MistralForCausalLM" => Architecture::Mistral,
+            "Qwen2ForCausalLM" => Architecture::Qwen2,
+            "Qwen3ForCausalLM" => Architecture::Qwen3,
+            other => return Err(ConfigError::Architecture(other.to_string())),
+        };
+        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
+            return Err(field_error(
+                "hidden_act",
+                format!("is {act:?}; only \"silu\" is supported"),
+            ));
+        }
+        let hidden_size = required(raw.hidden_size, "hidden_size")?;
+        let num_heads = required(raw.num_attention_heads, "num_attention_heads")?;
+        let num_kv_heads = required(
+            raw.num_key_value_heads.or(Some(num_heads)),
+            "num_key_value_heads",
+        )?;
+        if !num_heads.is_multiple_of(num_kv_heads) {
+            return Err(field_error(
+                "num_key_value_heads",
+                format!("({num_kv_heads}) must divide num_attention_heads ({num_heads})"),
+            ));
+        }
+        let head_dim = match raw.head_dim {
+            Some(d) => required(Some(d), "head_dim")?,
+            None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+            None => {
+                return Err(field_error(
+                    "head_dim",
+                    "is missing and hidden_size is not a multiple of num_attention_heads",
+                ))
+            }
+        };
+        if !head_dim.is_multiple_of(2) {
+            return Err(field_error(
+                "head_dim",
+                format!("({head_dim}) must be even for rotary embeddings"),
+            ));
+        }
+        let mut max_model_len = required(raw.max_position_embeddings, "max_position_embeddings")?;
+        let windowed =
+            architecture == Architecture::Mistral || raw.use_sliding_window == Some(true);
+        if let Some(window) = raw.sliding_window.filter(|_| windowed) {
+            max_model_len = max_model_len.min(window);
+        }
+        let eos_token_ids = match raw.eos_token_id {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Number(n)) => vec![token_id(&n)?],
+            Some(Value::Array(ids)) => ids
+                .iter()
+                .map(|v| match v {
+                    Value::Number(n) => token_id(n),
+                    _ => Err(field_error("eos_token_id", "must hold token ids")),
+                })
+                .collect::<Result<_, _>>()?,
+            Some(_) => {
+                return Err(field_error(
+                    "eos_token_id",
+                    "must be an id or a list of ids",
+                ))
+            }
+        };
+        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
+        if rms_norm_eps.is_nan() || rms_norm_eps <= 0.0 {
+            return Err(field_error("rms_norm_eps", "must be positive"));
+        }
+        let rope_theta = raw.rope_theta.unwrap_or(10000.0);
+        if rope_theta.is_nan() || rope_theta <= 0.0 {
+            return Err(field_error("rope_theta", "must be positive"));
+        }
+        Ok(ModelConfig {
+            architecture,
+            vocab_size: required(raw.vocab_size, "vocab_size")?,
+            hidden_size,
+            intermediate_size: required(raw.intermediate_size, "intermediate_size")?,
+            num_layers: required(raw.num_hidden_layers, "num_hidden_layers")?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            rms_norm_eps,
+            rope_theta,
+            rope_scaling: rope_scaling(raw.rope_scaling.as_ref())?,
+            max_model_len,
+            tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias == Some(true),
+            qk_norm: architecture == Architecture::Qwen3,
+            bos_token_id: raw.bos_token_id,
+            eos_token_ids,
+        })
+    }
+}
+
+fn token_id(n: &serde_json::Number) -> Result<u32, ConfigError> {
+    n.as_u64()
+        .and_then(|v| u32::try_from(v).ok())
+        .ok_or_else(|| field_error("eos_token_id", format!("{n} is not a token id")))
+}
+
+fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigError> {
+    let Some(v) = value.filter(|v| !v.is_null()) else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = v["rope_type"]
+        .as_str()
+        .or(v["type"].as_str())
+        .unwrap_or("default");
+    let number = |key: &str| {
+        v[key].as_f64().filter(|x| *x > 0.0).ok_or_else(|| {
+            field_error(
+                "rope_scaling",
+                format!("needs a positive `{key}` for type {kind:?}"),
+            )
+        })
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "linear" => Ok(RopeScaling::Linear {
+            factor: number("factor")?,
+        }),
+        "llama3" => {
+            let (low, high) = (number("low_freq_factor")?, number("high_freq_factor")?);
+            if high <= low {
+                return Err(field_error(
+                    "rope_scaling",
+                    "high_freq_factor must exceed low_freq_factor",
+                ));
+            }
+            Ok(RopeScaling::Llama3 {
+                factor: number("factor")?,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_max_position_embeddings: number("original_max_position_embeddings")?,
+            })
+        }
+        other => Err(field_error(
+            "rope_scaling",
+            format!("type {other:?} is not supported (supported: linear, llama3)"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const LLAMA: &str = r#"{"architectures":["LlamaForCausalLM"],"vocab_size":100,"hidden_size":64,
+        "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
+        "max_position_embeddings":2048,"eos_token_id":[2,7],
+        "rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#;
+
+    #[test]
+    fn parses_llama_with_defaults() {
+        let c = ModelConfig::from_json(LLAMA).unwrap();
+        assert_eq!(c.head_dim, 16);
+        assert_eq!(c.eos_token_ids, vec![2, 7]);
+        assert!(matches!(c.rope_scaling, RopeScaling::Llama3 { factor, .. } if factor == 8.0));
+        assert!(!c.qkv_bias && !c.qk_norm);
+    }
+
+    #[test]
+    fn errors_name_the_field_or_architecture() {
+        let e = ModelConfig::from_json(&LLAMA.replace("LlamaForCausalLM", "GPT2LMHeadModel"))
+            .unwrap_err();
+        assert!(e.to_string().contains("GPT2LMHeadModel"), "{e}");
+        let e = ModelConfig::from_json(
+            &LLAMA.replace("\"num_key_value_heads\":2", "\"num_key_value_heads\":3"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("num_key_value_heads"), "{e}");
+        let e = ModelConfig::from_json(&LLAMA.replace("\"hidden_size\":64,", "")).unwrap_err();
+        assert!(e.to_string().contains("`hidden_size` is missing"), "{e}");
+        let e = ModelConfig::from_json(&LLAMA.replace("llama3", "yarn")).unwrap_err();
+        assert!(e.to_string().contains("yarn"), "{e}");
+    }
+}

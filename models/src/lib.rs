@@ -1,0 +1,14 @@
+//! Model architectures, Hugging Face config parsing, safetensors loading, GGUF import,
+//! tokenizers and chat templates.
+
+pub mod chat_template;
+pub mod config;
+pub mod fetch;
+pub mod gguf;
+pub mod llama;
+pub mod tokenizer;
+pub mod weights;
+
+pub use config::{Architecture, ConfigError, ModelConfig};
+pub use llama::{ForwardError, LlamaModel};
+pub use weights::{WeightError, Weights};

@@ -1,0 +1,165 @@
+//! Memory-mapped safetensors checkpoints: one `model.safetensors`, or shards listed in
+//! `model.safetensors.index.json`. Tensors are read as float32 whatever their stored
+//! dtype (F32, F16 or BF16).
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use safetensors::tensor::{Dtype, Metadata};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+/// A tensor that cannot be loaded, named.
+#[derive(Debug, thiserror::Error)]
+pub enum WeightError {
+    #[error("cannot open {path}: {source}")]
+    Open {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid safetensors file: {reason}")]
+    Format { path: PathBuf, reason: String },
+    #[error("{0} holds neither model.safetensors nor model.safetensors.index.json")]
+    NoWeights(PathBuf),
+    #[error("tensor `{0}` is missing from the checkpoint")]
+    Missing(String),
+    #[error("tensor `{name}` has shape {actual:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        actual: Vec<usize>,
+    },
+    #[error("tensor `{name}` is stored as {dtype:?}; only F32, F16 and BF16 are supported")]
+    DType { name: String, dtype: Dtype },
+}
+
+struct Shard {
+    path: PathBuf,
+    map: Mmap,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// The checkpoint's shards, mapped into memory, and where each tensor lives.
+pub struct Weights {
+    shards: Vec<Shard>,
+    location: HashMap<String, usize>,
+}
+
+impl Weights {
+    /// Maps the checkpoint in `dir`.
+    pub fn open(dir: &Path) -> Result<Weights, WeightError> {
+        let single = dir.join("model.safetensors");
+        let index = dir.join("model.safetensors.index.json");
+        let files = if single.exists() {
+            vec![single]
+        } else if index.exists() {
+            shard_files(dir, &index)?
+        } else {
+            return Err(WeightError::NoWeights(dir.to_path_buf()));
+        };
+        let mut weights = Weights {
+            shards: Vec::new(),
+            location: HashMap::new(),
+        };
+        for path in files {
+            let shard = map_shard(path)?;
+            for name in shard.metadata.tensors().keys() {
+                weights.location.insert(name.clone(), weights.shards.len());
+            }
+            weights.shards.push(shard);
+        }
+        Ok(weights)
+    }
+
+    /// Whether the checkpoint holds `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.location.contains_key(name)
+    }
+
+    /// Tensor `name` as float32, checked to have `shape`.
+    pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
+        let shard = &self.shards[*self
+            .location
+            .get(name)
+            .ok_or_else(|| WeightError::Missing(name.to_string()))?];
+        let info = shard
+            .metadata
+            .info(name)
+            .ok_or_else(|| WeightError::Missing(name.to_string()))?;
+        if info.shape != shape {
+            return Err(WeightError::Shape {
+                name: name.to_string(),
+                expected: shape.to_vec(),
+                actual: info.shape.clone(),
+            });
+        }
+        let (start, end) = info.data_offsets;
+        let bytes = shard
+            .map
+            .get(shard.data_start + start..shard.data_start + end)
+            .ok_or_else(|| WeightError::Format {
+                path: shard.path.clone(),
+                reason: format!("tensor `{name}` lies past the end of the file"),
+            })?;
+        let widen: fn(&[u8]) -> f32 = match info.dtype {
+            Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            dtype => {
+                return Err(WeightError::DType {
+                    name: name.to_string(),
+                    dtype,
+                })
+            }
+        };
+        let size = info.dtype.bitsize() / 8;
+        Ok(bytes.par_chunks_exact(size).map(widen).collect())
+    }
+}
+
+fn shard_files(dir: &Path, index: &Path) -> Result<Vec<PathBuf>, WeightError> {
+    let format = |reason: String| WeightError::Format {
+        path: index.to_path_buf(),
+        reason,
+    };
+    let text = std::fs::read_to_string(index).map_err(|source| WeightError::Open {
+        path: index.to_path_buf(),
+        source,
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| format(e.to_string()))?;
+    let map = json["weight_map"]
+        .as_object()
+        .ok_or_else(|| format("no `weight_map` object".into()))?;
+    let mut files: Vec<String> = map
+        .values()
+        .map(|v| v.as_str().map(str::to_string))
+        .collect::<Option<_>>()
+        .ok_or_else(|| format("`weight_map` values must be file names".into()))?;
+    files.sort();
+    files.dedup();
+    Ok(files.into_iter().map(|f| dir.join(f)).collect())
+}
+
+fn map_shard(path: PathBuf) -> Result<Shard, WeightError> {
+    let file = File::open(&path).map_err(|source| WeightError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    // SAFETY: the checkpoint is opened read-only and not expected to change while mapped.
+    let map = unsafe { Mmap::map(&file) }.map_err(|source| WeightError::Open {
+        path: path.clone(),
+        source,
+    })?;
+    let (header, metadata) = SafeTensors::read_metadata(&map).map_err(|e| WeightError::Format {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(Shard {
+        path,
+        map,
+        data_start: 8 + header,
+        metadata,
+    })
+}

@@ -1,0 +1,215 @@
+//! Attention metadata, planned over the real tokens of a step (DESIGN.md rule 3).
+
+/// A plan that cannot be built or does not fit the buffers it is run on.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("sequence {seq}: {tokens} tokens need {needed} blocks of {block_size} but its table has {have}")]
+    ShortBlockTable {
+        seq: usize,
+        tokens: usize,
+        block_size: usize,
+        needed: usize,
+        have: usize,
+    },
+    #[error("sequence {seq}: block id {block} is outside the pool of {num_blocks} blocks")]
+    BlockOutOfPool {
+        seq: usize,
+        block: u32,
+        num_blocks: u64,
+    },
+    #[error("sequence {seq} feeds no tokens")]
+    EmptySequence { seq: usize },
+    #[error("attention plan covers {planned} rows but {buffer} has only {rows}")]
+    RowsExceedBuffer {
+        planned: usize,
+        buffer: &'static str,
+        rows: usize,
+    },
+}
+
+/// What one sequence feeds this step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSpec<'a> {
+    /// Tokens already in the cache before this step.
+    pub num_cached: usize,
+    /// New tokens this step (a prefill chunk, or one decode token).
+    pub num_new: usize,
+    /// The sequence's block ids, covering at least `num_cached + num_new` tokens.
+    pub block_table: &'a [u32],
+}
+
+/// One sequence's rows in a planned step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedSeq {
+    /// First query row.
+    pub q_start: usize,
+    /// Query rows.
+    pub q_len: usize,
+    /// Tokens in the cache after this step's writes.
+    pub context_len: usize,
+    /// Block ids, in order.
+    pub block_table: Vec<u32>,
+}
+
+/// Positions, slot mapping and per-sequence rows for one step, over the real tokens only.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AttentionPlan {
+    positions: Vec<u32>,
+    slot_mapping: Vec<i64>,
+    seqs: Vec<PlannedSeq>,
+}
+
+impl AttentionPlan {
+    /// Plans `seqs`, in order, over a pool of `num_blocks` blocks of `block_size` tokens.
+    /// Every block id a sequence will touch is checked against the pool here, once.
+    pub fn new(seqs: &[SeqSpec], block_size: usize, num_blocks: u64) -> Result<Self, PlanError> {
+        let mut plan = AttentionPlan {
+            positions: Vec::new(),
+            slot_mapping: Vec::new(),
+            seqs: Vec::with_capacity(seqs.len()),
+        };
+        for (i, s) in seqs.iter().enumerate() {
+            if s.num_new == 0 {
+                return Err(PlanError::EmptySequence { seq: i });
+            }
+            let context_len = s.num_cached + s.num_new;
+            let needed = context_len.div_ceil(block_size);
+            if s.block_table.len() < needed {
+                return Err(PlanError::ShortBlockTable {
+                    seq: i,
+                    tokens: context_len,
+                    block_size,
+                    needed,
+                    have: s.block_table.len(),
+                });
+            }
+            let used = &s.block_table[..needed];
+            if let Some(&block) = used.iter().find(|&&b| b as u64 >= num_blocks) {
+                return Err(PlanError::BlockOutOfPool {
+                    seq: i,
+                    block,
+                    num_blocks,
+                });
+            }
+            for pos in s.num_cached..context_len {
+                let block = used[pos / block_size] as u64;
+                let slot = block * block_size as u64 + (pos % block_size) as u64;
+                plan.positions.push(pos as u32);
+                plan.slot_mapping.push(slot as i64);
+            }
+            plan.seqs.push(PlannedSeq {
+                q_start: plan.positions.len() - s.num_new,
+                q_len: s.num_new,
+                context_len,
+                block_table: used.to_vec(),
+            });
+        }
+        Ok(plan)
+    }
+
+    /// Query rows planned: the real token count of the step.
+    pub fn rows(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// Position of every planned token.
+    pub fn positions(&self) -> &[u32] {
+        &self.positions
+    }
+
+    /// Cache slot of every planned token.
+    pub fn slot_mapping(&self) -> &[i64] {
+        &self.slot_mapping
+    }
+
+    /// The planned sequences, in order.
+    pub fn seqs(&self) -> &[PlannedSeq] {
+        &self.seqs
+    }
+
+    /// Refuses the plan if it covers more rows than q or o hold.
+    pub fn check_fits(&self, q_rows: usize, o_rows: usize) -> Result<(), PlanError> {
+        for (buffer, rows) in [("q", q_rows), ("o", o_rows)] {
+            if self.rows() > rows {
+                return Err(PlanError::RowsExceedBuffer {
+                    planned: self.rows(),
+                    buffer,
+                    rows,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_positions_and_slots_over_real_tokens() {
+        let a = [5u32, 70_000];
+        let b = [65_535u32, 65_536];
+        let plan = AttentionPlan::new(
+            &[
+                SeqSpec {
+                    num_cached: 15,
+                    num_new: 2,
+                    block_table: &a,
+                },
+                SeqSpec {
+                    num_cached: 0,
+                    num_new: 17,
+                    block_table: &b,
+                },
+            ],
+            16,
+            70_001,
+        )
+        .unwrap();
+        assert_eq!(plan.rows(), 19);
+        assert_eq!(plan.positions()[..3], [15, 16, 0]);
+        assert_eq!(plan.slot_mapping()[..2], [5 * 16 + 15, 70_000 * 16]);
+        assert_eq!(plan.slot_mapping()[2], 65_535 * 16);
+        assert_eq!(plan.slot_mapping()[18], 65_536 * 16);
+        assert_eq!(plan.seqs()[1].q_start, 2);
+        assert!(plan.check_fits(19, 19).is_ok());
+        let err = plan.check_fits(24, 18).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "attention plan covers 19 rows but o has only 18"
+        );
+    }
+
+    #[test]
+    fn refuses_short_tables_and_foreign_blocks() {
+        let t = [1u32];
+        let short = AttentionPlan::new(
+            &[SeqSpec {
+                num_cached: 16,
+                num_new: 1,
+                block_table: &t,
+            }],
+            16,
+            4,
+        );
+        assert!(matches!(
+            short,
+            Err(PlanError::ShortBlockTable { needed: 2, .. })
+        ));
+        let t = [4u32];
+        let outside = AttentionPlan::new(
+            &[SeqSpec {
+                num_cached: 0,
+                num_new: 1,
+                block_table: &t,
+            }],
+            16,
+            4,
+        );
+        assert!(matches!(
+            outside,
+            Err(PlanError::BlockOutOfPool { block: 4, .. })
+        ));
+    }
+}

@@ -1,0 +1,15 @@
+//! Model operators built on the kernels: linear layers, norms, rotary embeddings, paged
+//! attention with its metadata planner, the KV cache, and sampling.
+
+pub mod attention;
+pub mod kv_cache;
+pub mod linear;
+pub mod norm;
+pub mod rotary;
+pub mod sampling;
+
+pub use attention::{AttentionPlan, PagedAttention, PlanError, SeqSpec};
+pub use kv_cache::KvCache;
+pub use linear::Linear;
+pub use norm::RmsNorm;
+pub use rotary::{RopeScaling, Rotary, RotaryLayout, RotaryTables};

@@ -1,0 +1,137 @@
+//! Rotary position embeddings: inverse frequencies (with "linear" and "llama3" scaling),
+//! per-step cos/sin tables, and their application to q and k.
+
+use peregrine_kernels::cpu;
+pub use peregrine_kernels::cpu::RotaryLayout;
+use std::f64::consts::PI;
+
+/// How the base frequencies are stretched for longer contexts (Hugging Face `rope_scaling`).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama 3.1's frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+/// Rotary embedding for heads of `head_dim` elements.
+#[derive(Clone, Debug)]
+pub struct Rotary {
+    inv_freq: Vec<f64>,
+    head_dim: usize,
+    layout: RotaryLayout,
+}
+
+/// Cosines and sines for one step's tokens, `[tokens, head_dim / 2]` each.
+#[derive(Clone, Debug, Default)]
+pub struct RotaryTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rotary {
+    /// Frequencies `theta^(-2i/head_dim)`, scaled as `scaling` says.
+    pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, layout: RotaryLayout) -> Rotary {
+        let inv_freq = (0..head_dim / 2)
+            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64))
+            .map(|f| scale_frequency(f, scaling))
+            .collect();
+        Rotary {
+            inv_freq,
+            head_dim,
+            layout,
+        }
+    }
+
+    /// The cos/sin tables for tokens at `positions`, computed in float64 and rounded once.
+    pub fn tables(&self, positions: &[u32]) -> RotaryTables {
+        let n = positions.len() * self.inv_freq.len();
+        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        for &p in positions {
+            for f in &self.inv_freq {
+                let (s, c) = (p as f64 * f).sin_cos();
+                cos.push(c as f32);
+                sin.push(s as f32);
+            }
+        }
+        RotaryTables { cos, sin }
+    }
+
+    /// Rotates every head of `x` (`[tokens, heads * head_dim]`) in place.
+    pub fn apply(&self, x: &mut [f32], tables: &RotaryTables) {
+        cpu::apply_rotary(x, self.head_dim, &tables.cos, &tables.sin, self.layout);
+    }
+}
+
+fn scale_frequency(f: f64, scaling: &RopeScaling) -> f64 {
+    match *scaling {
+        RopeScaling::None => f,
+        RopeScaling::Linear { factor } => f / factor,
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: old,
+        } => {
+            let wavelen = 2.0 * PI / f;
+            let (short, long) = (old / high_freq_factor, old / low_freq_factor);
+            if wavelen < short {
+                f
+            } else if wavelen > long {
+                f / factor
+            } else {
+                let t = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                (1.0 - t) * f / factor + t * f
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn llama3_scaling_keeps_high_and_divides_low_frequencies() {
+        let s = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        };
+        let plain = Rotary::new(128, 500000.0, &RopeScaling::None, RotaryLayout::HalfSplit);
+        let scaled = Rotary::new(128, 500000.0, &s, RotaryLayout::HalfSplit);
+        // Wavelength below 8192/4 = 2048 keeps its frequency, above 8192 is divided by 8.
+        assert_eq!(scaled.inv_freq[0], plain.inv_freq[0]);
+        assert_eq!(scaled.inv_freq[63], plain.inv_freq[63] / 8.0);
+        let mid = plain
+            .inv_freq
+            .iter()
+            .position(|f| (2048.0..8192.0).contains(&(2.0 * PI / f)))
+            .unwrap();
+        assert!(scaled.inv_freq[mid] < plain.inv_freq[mid]);
+        assert!(scaled.inv_freq[mid] > plain.inv_freq[mid] / 8.0);
+    }
+
+    #[test]
+    fn linear_scaling_stretches_positions() {
+        let plain = Rotary::new(8, 10000.0, &RopeScaling::None, RotaryLayout::Interleaved);
+        let lin = Rotary::new(
+            8,
+            10000.0,
+            &RopeScaling::Linear { factor: 4.0 },
+            RotaryLayout::Interleaved,
+        );
+        let (a, b) = (plain.tables(&[3]), lin.tables(&[12]));
+        for (x, y) in a.cos.iter().zip(&b.cos) {
+            assert!((x - y).abs() < 1e-6);
+        }
+    }
+}

@@ -1,0 +1,17 @@
+//! Token sampling on the CPU over the f32 logits of one sequence, following vLLM: penalties,
+//! then greedy argmax or temperature, top-k, top-p and min-p, and a draw from a per-request
+//! ChaCha RNG. Probabilities are accumulated in f64 in a fixed order, so a seeded request
+//! draws the same tokens whatever the thread count.
+
+mod distribution;
+mod logprobs;
+mod params;
+mod penalties;
+mod sampler;
+#[cfg(test)]
+mod testing;
+
+pub use logprobs::{log_softmax, TokenLogprobs};
+pub use params::{SamplingError, SamplingParams};
+pub use penalties::apply_penalties;
+pub use sampler::Sampler;

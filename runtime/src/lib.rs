@@ -1,0 +1,17 @@
+//! Devices and memory: the `Device` a computation runs on, element types, host buffers and
+//! tensor views whose offsets are 64-bit.
+//!
+//! Only the CPU backend exists so far; the CUDA and HIP backends plug in as further
+//! `Device` variants behind the `cuda` and `hip` cargo features.
+
+mod device;
+mod dtype;
+mod tensor;
+
+pub use device::Device;
+pub use dtype::DType;
+pub use tensor::{Tensor, TensorError};
+
+// Every element and byte offset in Peregrine is computed in 64 bits; on the CPU backend
+// that is `usize`, so refuse to build where `usize` is narrower.
+const _: () = assert!(usize::BITS == 64, "Peregrine needs a 64-bit target");

@@ -1,0 +1,7 @@
+//! Helpers shared by the integration tests: tiny random models in Hugging Face format, a
+//! dense float64 reference forward, and a GGUF writer.
+#![allow(dead_code)]
+
+pub mod gguf_writer;
+pub mod reference;
+pub mod tiny_model;
