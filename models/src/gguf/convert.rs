@@ -1,0 +1,201 @@
+//! `convert_gguf`: a GGUF Llama file to a Hugging Face model folder, written atomically.
+
+use std::borrow::Cow;
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use safetensors::{Dtype, View};
+
+use super::dequant::Quant;
+use super::hf_config::LlamaConfig;
+use super::names::{self, Permuted, OUTPUT};
+use super::permute::{check_permutable, unpermute_rows};
+use super::reader::{supported_list, GgufFile, TensorInfo};
+use super::tokenizer;
+use super::types::GgmlType;
+
+/// Converts the GGUF file at `gguf_path` into a Hugging Face folder `out_dir` holding
+/// `config.json`, `model.safetensors` (quantized tensors dequantized to F32; F32, F16 and
+/// BF16 tensors kept as they are), `tokenizer.json` and `tokenizer_config.json`.
+///
+/// The folder is written beside `out_dir` under a temporary name and renamed at the end, so
+/// a failed conversion leaves nothing behind. `out_dir` must not exist or be empty.
+pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
+    let file = GgufFile::open(gguf_path)?;
+    let config = LlamaConfig::from_gguf(&file)?;
+    let tensors = plan(&file, &config)?;
+    let tok = tokenizer::build(&file, config.vocab_size, config.max_position_embeddings)?;
+    write_atomically(out_dir, |dir| {
+        write_json(&dir.join("config.json"), &config.to_json())?;
+        write_json(&dir.join("tokenizer_config.json"), &tok.config)?;
+        tok.tokenizer
+            .save(dir.join("tokenizer.json"), true)
+            .map_err(|e| anyhow::anyhow!("writing tokenizer.json: {e}"))?;
+        safetensors::serialize_to_file(tensors, None, &dir.join("model.safetensors"))
+            .context("writing model.safetensors")
+    })
+    .with_context(|| {
+        format!(
+            "converting {} to {}",
+            gguf_path.display(),
+            out_dir.display()
+        )
+    })
+}
+
+/// Where an output tensor's bytes come from.
+enum Source<'a> {
+    /// Stored in the output dtype already.
+    Raw(&'a [u8]),
+    /// Block-quantized; decoded to F32.
+    Quantized(Quant, &'a [u8]),
+}
+
+/// One tensor of `model.safetensors`, decoded only when written.
+struct OutTensor<'a> {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    source: Source<'a>,
+    /// `Some(n_heads)` for rows permuted by llama.cpp.
+    unpermute_heads: Option<usize>,
+}
+
+impl View for OutTensor<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let bytes = match self.source {
+            Source::Raw(b) => Cow::Borrowed(b),
+            Source::Quantized(q, b) => {
+                Cow::Owned(q.decode(b).iter().flat_map(|x| x.to_le_bytes()).collect())
+            }
+        };
+        match self.unpermute_heads {
+            Some(heads) => Cow::Owned(unpermute_rows(&bytes, self.shape[0], heads)),
+            None => bytes,
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
+    }
+}
+
+/// Checks every tensor (name, shape, type) and describes its output; nothing is decoded yet.
+fn plan<'a>(file: &'a GgufFile, config: &LlamaConfig) -> Result<Vec<(String, OutTensor<'a>)>> {
+    let required: BTreeSet<String> = names::required(config.num_layers).into_iter().collect();
+    let mut out = Vec::with_capacity(file.tensors().len());
+    for info in file.tensors() {
+        let known = required.contains(&info.name) || info.name == OUTPUT;
+        let (Some((hf, permuted)), true) = (names::hf_name(&info.name), known) else {
+            bail!(
+                "GGUF tensor '{}' is not part of a {}-layer Llama model",
+                info.name,
+                config.num_layers
+            );
+        };
+        let shape = info.hf_shape();
+        if config.expected_shape(&info.name).as_ref() != Some(&shape) {
+            bail!(
+                "tensor '{}' has shape {shape:?}, but the config implies {:?}",
+                info.name,
+                config.expected_shape(&info.name).unwrap_or_default()
+            );
+        }
+        let unpermute_heads = match permuted {
+            Permuted::No => None,
+            Permuted::Query => Some(config.num_heads),
+            Permuted::Key => Some(config.num_kv_heads),
+        };
+        if let Some(heads) = unpermute_heads {
+            check_permutable(&info.name, shape[0], heads)?;
+        }
+        let (dtype, source) = source(file, info)?;
+        out.push((
+            hf,
+            OutTensor {
+                dtype,
+                shape,
+                source,
+                unpermute_heads,
+            },
+        ));
+    }
+    if let Some(missing) = required.iter().find(|n| file.tensor(n).is_none()) {
+        bail!("GGUF has no tensor '{missing}'");
+    }
+    Ok(out)
+}
+
+/// The output dtype and the source bytes of `info`; an error naming the tensor and its type
+/// for types Peregrine cannot read.
+fn source<'a>(file: &'a GgufFile, info: &TensorInfo) -> Result<(Dtype, Source<'a>)> {
+    let dtype = match info.ggml_type {
+        GgmlType::F32 => Dtype::F32,
+        GgmlType::F16 => Dtype::F16,
+        GgmlType::BF16 => Dtype::BF16,
+        ty => match Quant::of(ty) {
+            Some(q) => return Ok((Dtype::F32, Source::Quantized(q, file.tensor_bytes(info)?))),
+            None => bail!(
+                "tensor '{}' has type {ty}, which Peregrine cannot convert (supported: {})",
+                info.name,
+                supported_list()
+            ),
+        },
+    };
+    Ok((dtype, Source::Raw(file.tensor_bytes(info)?)))
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<()> {
+    let text = serde_json::to_string_pretty(value)?;
+    fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
+}
+
+/// Runs `write` on a fresh temporary folder beside `out_dir`, then renames it to `out_dir`.
+fn write_atomically(out_dir: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let occupied = match fs::read_dir(out_dir) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out_dir.display())),
+    };
+    if occupied {
+        bail!(
+            "output directory {} already exists and is not empty",
+            out_dir.display()
+        );
+    }
+    let name = out_dir
+        .file_name()
+        .with_context(|| format!("output path {} has no folder name", out_dir.display()))?;
+    let parent = match out_dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(parent).with_context(|| format!("creating {}", parent.display()))?;
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!(".{}.partial-", name.to_string_lossy()))
+        .tempdir_in(parent)
+        .with_context(|| format!("creating a temporary folder in {}", parent.display()))?;
+    write(tmp.path())?;
+    let kept = tmp.keep();
+    // An empty `out_dir` is replaced; `rename` onto an empty folder is not portable.
+    let renamed = match fs::remove_dir(out_dir) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => fs::rename(&kept, out_dir),
+    };
+    if let Err(e) = renamed {
+        // Best effort: the error that matters is the rename's.
+        let _ = fs::remove_dir_all(&kept);
+        return Err(e)
+            .with_context(|| format!("moving the converted model to {}", out_dir.display()));
+    }
+    Ok(())
+}

@@ -1,0 +1,103 @@
+//! Command-line arguments, with flag names following vLLM's where vLLM has the same thing.
+
+use clap::{Args, Parser, Subcommand};
+use std::path::PathBuf;
+
+/// Peregrine: an LLM serving runtime with a paged KV cache and speculative decoding.
+#[derive(Parser, Debug)]
+#[command(name = "peregrine", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+    /// Log level (error, warn, info, debug, trace).
+    #[arg(long, global = true, default_value = "warn")]
+    pub log_level: String,
+}
+
+/// The subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Generate text for one prompt and print the prompt and decode speeds.
+    Generate(GenerateArgs),
+    /// Download a known model and convert it into the cache.
+    Fetch(FetchArgs),
+    /// Convert a GGUF file into a Hugging Face model directory.
+    Convert(ConvertArgs),
+}
+
+/// Where models are found.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory; the default model (smollm2-135m) when absent,
+    /// fetched on first use.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// The model cache (default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `peregrine generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// The most tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 picks the most likely token (greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Keep the k most likely tokens (0 or -1: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: i32,
+    /// Keep the smallest set of tokens whose probability reaches p.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one.
+    #[arg(long, default_value_t = 0.0)]
+    pub min_p: f32,
+    /// Penalise tokens already in the prompt or output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    pub repetition_penalty: f32,
+    /// Subtracted from the logit of every token already generated.
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence of a token already generated.
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// Seed of the request's sampler; random when absent.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Generate max_tokens even past the end-of-sequence token.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// Tokens per KV cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+}
+
+/// `peregrine fetch`.
+#[derive(Args, Debug)]
+pub struct FetchArgs {
+    /// The model's name (known: smollm2-135m).
+    pub name: String,
+    /// The model cache (default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// `peregrine convert`.
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// The GGUF file to read.
+    pub gguf: PathBuf,
+    /// The Hugging Face directory to write.
+    pub out_dir: PathBuf,
+}

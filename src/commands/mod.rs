@@ -1,0 +1,44 @@
+//! One module per subcommand.
+
+mod convert;
+mod fetch;
+mod generate;
+
+use crate::cli::{Cli, Command, ModelArgs};
+use peregrine_models::fetch::{default_cache_dir, fetch_model};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The model served when none is named.
+pub const DEFAULT_MODEL: &str = "smollm2-135m";
+
+/// Runs the parsed command; errors are printed with their causes.
+pub fn run(cli: Cli) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log_level))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Generate(args) => generate::run(args),
+        Command::Fetch(args) => fetch::run(args),
+        Command::Convert(args) => convert::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The model directory: `--model`, or the default model, fetched on first use.
+fn resolve_model(args: &ModelArgs) -> anyhow::Result<PathBuf> {
+    match &args.model {
+        Some(dir) => Ok(dir.clone()),
+        None => fetch_model(
+            DEFAULT_MODEL,
+            &default_cache_dir(args.cache_dir.as_deref())?,
+        ),
+    }
+}

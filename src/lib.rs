@@ -1,0 +1,4 @@
+//! The `peregrine` binary's commands. The engine itself lives in the workspace crates.
+
+pub mod cli;
+pub mod commands;
