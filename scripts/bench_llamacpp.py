@@ -15,6 +15,7 @@ Prints to stdout only; writes no files.
 """
 
 import argparse
+import pathlib
 import shlex
 import statistics
 import sys
@@ -23,12 +24,8 @@ import time
 import llama_cpp
 import numpy as np
 
-PROMPT = (
-    "The history of the printing press begins in the fifteenth century, when "
-    "Johannes Gutenberg combined movable metal type, oil-based ink and a wooden "
-    "screw press into a system that could produce books quickly and cheaply. "
-    "Within a few decades, print shops had spread across Europe, and"
-)
+# The benchmark prompt, shared with scripts/bench_cpu_vs_llamacpp.sh.
+PROMPT = (pathlib.Path(__file__).parent / "bench_prompt.txt").read_text().strip()
 
 
 def last_logits(llm):
