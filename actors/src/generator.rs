@@ -3,6 +3,7 @@
 //! scheduler and target runner replace it for batched serving.
 
 use crate::block_pool::BlockPool;
+use crate::messages::FinishReason;
 use anyhow::{bail, Context};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
@@ -22,15 +23,6 @@ pub struct GenerationRequest {
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the model's end-of-sequence ids.
     pub ignore_eos: bool,
-}
-
-/// Why generation ended.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FinishReason {
-    /// An end-of-sequence or stop token was generated.
-    Stop,
-    /// `max_tokens` were generated.
-    Length,
 }
 
 /// Counts and timings of one generation.

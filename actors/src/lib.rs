@@ -1,10 +1,12 @@
-//! The serving runtime. For now: the KV block pool and the single-request generator that
-//! `peregrine generate` drives. The gateway, scheduler, target runner, draft proposer and
-//! graph-capture manager, with the typed messages between them, join this crate with the
-//! serving issue.
+//! The serving runtime: the actors (scheduler, KV allocator, target runner; the gateway
+//! lives in the binary's `serve` command), the typed messages between them, and the
+//! single-request generator that `peregrine generate` drives. The DraftProposer and the
+//! GraphCaptureManager join with their own issues.
 
 pub mod block_pool;
 pub mod generator;
+pub mod messages;
 
 pub use block_pool::{BlockAllocation, BlockPool, OutOfBlocks};
-pub use generator::{FinishReason, GenerationRequest, GenerationStats, Generator};
+pub use generator::{GenerationRequest, GenerationStats, Generator};
+pub use messages::FinishReason;

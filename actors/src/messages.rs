@@ -1,0 +1,278 @@
+//! The typed messages between the actors. Data that crosses an actor boundary is plain
+//! data: token ids, block ids, counts; never a handle to another actor's device memory.
+//!
+//! ```text
+//! Gateway ──SchedulerMsg──> Scheduler ──AllocateStep──> KvAllocator
+//!    ^                        │  ^  <──StepGrant──────────┘
+//!    └──RequestEvent──────────┘  │
+//!                    ScheduledBatch │ StepDone
+//!                                v  │
+//!                            TargetRunner ──(DraftProposer, GraphCaptureManager: later)
+//! ```
+//! The scheduler sends one message per actor per step, whatever the number of requests.
+
+use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// Identifies a request inside the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+impl std::fmt::Display for RequestId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "req-{}", self.0)
+    }
+}
+
+/// A validated, tokenized request, as the gateway submits it.
+#[derive(Debug)]
+pub struct GenerateRequest {
+    pub id: RequestId,
+    pub prompt: Arc<[u32]>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    /// Tokens that end the request besides the model's end-of-sequence ids.
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// Return the chosen token's logprob and this many top alternatives (None: no logprobs).
+    pub logprobs: Option<usize>,
+    /// Lower runs first (as vLLM); ties go to the earlier arrival.
+    pub priority: i32,
+    pub arrival: Instant,
+    /// Where the request's tokens go. When the receiver is dropped (the client went
+    /// away), the scheduler cancels the request and frees its blocks in its next step.
+    pub events: mpsc::UnboundedSender<RequestEvent>,
+}
+
+/// One generated token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GeneratedToken {
+    pub id: u32,
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+/// Token counts of a request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// Why a request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-sequence or stop token.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// Cancelled: the client went away, a stop string was found, or the server shut down.
+    Abort,
+}
+
+impl FinishReason {
+    /// The label used in responses and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What the scheduler sends back about a request.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RequestEvent {
+    /// Tokens generated this step, in order.
+    Tokens(Vec<GeneratedToken>),
+    /// The request ended; no event follows.
+    Finished { reason: FinishReason, usage: Usage },
+}
+
+/// Why a submission was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the waiting queue is full ({limit} requests); retry later")]
+    QueueFull { limit: usize },
+    #[error("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds the maximum model length of {max_model_len}")]
+    TooLong {
+        prompt: usize,
+        max_tokens: usize,
+        max_model_len: usize,
+    },
+    #[error("the prompt needs {needed} KV blocks but the whole cache holds {total}")]
+    CacheTooSmall { needed: usize, total: usize },
+    #[error("the server is shutting down")]
+    ShuttingDown,
+}
+
+/// Limits the scheduler applies; hot-reloadable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SchedulerLimits {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    /// The most requests waiting to start; one more gets `QueueFull`.
+    pub max_waiting: usize,
+}
+
+/// Messages to the scheduler.
+#[derive(Debug)]
+pub enum SchedulerMsg {
+    /// A new request; the reply says whether it was queued.
+    Submit(GenerateRequest, oneshot::Sender<Result<(), SubmitError>>),
+    /// Cancel a request (a stop string was found, or the client went away).
+    Abort(RequestId),
+    /// New limits from a configuration reload.
+    Reconfigure(SchedulerLimits, oneshot::Sender<()>),
+    /// Stop accepting, let running requests finish until `deadline`, then cancel the rest;
+    /// the reply comes once nothing is left.
+    Drain {
+        deadline: Instant,
+        done: oneshot::Sender<()>,
+    },
+}
+
+/// One sequence's work in a step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledSeq {
+    pub id: RequestId,
+    /// Tokens to feed: a prompt chunk, a recompute after preemption, or the last token.
+    pub tokens: Vec<u32>,
+    /// Tokens already in the cache (computed earlier or found in the prefix cache).
+    pub num_cached: usize,
+    /// The sequence's blocks, covering `num_cached + tokens.len()`.
+    pub block_table: Vec<u32>,
+    /// Sample a token after this chunk (false for a prompt chunk that is not the last).
+    pub sample: bool,
+    /// Set the first time the runner sees the request (and again after a preemption it
+    /// is not: the runner keeps the sampler state until the request is released).
+    pub setup: Option<SamplingSetup>,
+}
+
+/// What the runner needs to sample for a request.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingSetup {
+    pub params: SamplingParams,
+    pub prompt: Arc<[u32]>,
+    pub logprobs: Option<usize>,
+}
+
+/// The scheduler's one message to the target runner per step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ScheduledBatch {
+    pub step: u64,
+    pub seqs: Vec<ScheduledSeq>,
+    /// Requests that ended since the last step: the runner drops their sampler state.
+    pub released: Vec<RequestId>,
+}
+
+impl ScheduledBatch {
+    /// Real tokens in the batch.
+    pub fn num_tokens(&self) -> usize {
+        self.seqs.iter().map(|s| s.tokens.len()).sum()
+    }
+}
+
+/// The runner's reply: the sampled token of every sequence that asked for one, in batch
+/// order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepDone {
+    pub step: u64,
+    pub sampled: Vec<(RequestId, GeneratedToken)>,
+}
+
+/// Messages to the target runner (on its own thread).
+pub enum RunnerMsg {
+    Step(ScheduledBatch, oneshot::Sender<anyhow::Result<StepDone>>),
+}
+
+/// A sequence the scheduler wants to start (or restart after preemption) this step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmitSeq {
+    pub id: RequestId,
+    /// Every token the sequence holds so far: the prompt, plus its generated tokens when it
+    /// restarts after a preemption.
+    pub tokens: Arc<[u32]>,
+}
+
+/// A running sequence's need this step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrowSeq {
+    pub id: RequestId,
+    /// Tokens the sequence will hold in the cache after this step.
+    pub tokens_after_step: usize,
+}
+
+/// Tokens a sequence now has in the cache, so its full blocks can enter the prefix cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ComputedSeq {
+    pub id: RequestId,
+    /// The sequence's tokens; the first `num_computed` are in the cache.
+    pub tokens: Arc<[u32]>,
+    pub num_computed: usize,
+}
+
+/// The scheduler's one message to the KV allocator per step.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct AllocateStep {
+    /// Sequences that ended: their blocks go back (cached blocks stay cached until evicted).
+    pub free: Vec<RequestId>,
+    /// Progress since the last step, for prefix caching.
+    pub computed: Vec<ComputedSeq>,
+    /// Running sequences, highest priority first. When blocks run out, the allocator
+    /// preempts from the end of this list (freeing all its blocks) until the rest fit.
+    pub grow: Vec<GrowSeq>,
+    /// Sequences to start, in order. Each takes its cached prefix from the prefix cache and
+    /// blocks for as much of the rest as `token_budget` allows; admission stops at the
+    /// first that does not fit. Never preempts.
+    pub admit: Vec<AdmitSeq>,
+    /// Tokens this step may still compute for admitted sequences.
+    pub token_budget: usize,
+}
+
+/// The KV allocator's reply to `AllocateStep`.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct StepGrant {
+    /// Block tables of the running sequences that kept their place, in `grow` order.
+    pub grown: Vec<(RequestId, Vec<u32>)>,
+    /// Running sequences preempted (their blocks freed), lowest priority first.
+    pub preempted: Vec<RequestId>,
+    /// Admitted sequences, in `admit` order (a prefix of it).
+    pub admitted: Vec<AdmittedSeq>,
+    /// Pool state after the step's allocation, for metrics.
+    pub usage: KvUsage,
+}
+
+/// An admitted sequence's cache.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AdmittedSeq {
+    pub id: RequestId,
+    /// Tokens found in the prefix cache (whole blocks, and never the last token).
+    pub num_cached: usize,
+    /// Tokens to compute this step (`num_cached + num_scheduled <= tokens.len()`).
+    pub num_scheduled: usize,
+    pub block_table: Vec<u32>,
+}
+
+/// The block pool's state.
+#[derive(Clone, Copy, Debug, PartialEq, Default)]
+pub struct KvUsage {
+    pub num_blocks: usize,
+    /// Blocks owned by at least one sequence.
+    pub used_blocks: usize,
+    /// The largest block id owned by a sequence (the number to watch past 65,535).
+    pub max_block_id_in_use: Option<u32>,
+    /// Prefix-cache lookups (in tokens) and hits (tokens served from the cache), cumulative.
+    pub prefix_queries: u64,
+    pub prefix_hits: u64,
+}
+
+/// Messages to the KV allocator.
+#[derive(Debug)]
+pub enum KvMsg {
+    AllocateStep(AllocateStep, oneshot::Sender<StepGrant>),
+}
