@@ -9,9 +9,10 @@ use std::path::PathBuf;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Log level (error, warn, info, debug, trace).
-    #[arg(long, global = true, default_value = "warn")]
-    pub log_level: String,
+    /// Log level (error, warn, info, debug, trace); `serve` defaults to its configuration's
+    /// (info), the other commands to warn.
+    #[arg(long, global = true)]
+    pub log_level: Option<String>,
 }
 
 /// The subcommands.
@@ -23,6 +24,53 @@ pub enum Command {
     Fetch(FetchArgs),
     /// Convert a GGUF file into a Hugging Face model directory.
     Convert(ConvertArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API.
+    Serve(peregrine_config::ServeArgs),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+/// `peregrine bench ...`.
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Load a running server with concurrent streaming requests, as `vllm bench serve` does.
+    Serve(BenchServeArgs),
+}
+
+/// `peregrine bench serve`.
+#[derive(Args, Debug)]
+pub struct BenchServeArgs {
+    /// The server's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// The model name to send (default: the first one `GET /v1/models` lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// How many requests to send.
+    #[arg(long, default_value_t = 100)]
+    pub num_prompts: usize,
+    /// How many requests are in flight at once.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Prompt length in tokens of the random prompts.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Tokens to generate per request (sent as max_tokens with ignore_eos).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// A JSONL file of {"prompt": ..., "max_tokens"?: ...} lines instead of random prompts.
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Seed for the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub result_file: Option<PathBuf>,
+    /// An API key to send as a Bearer token.
+    #[arg(long, env = "OPENAI_API_KEY")]
+    pub api_key: Option<String>,
 }
 
 /// Where models are found.

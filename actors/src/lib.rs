@@ -4,8 +4,14 @@
 //! GraphCaptureManager join with their own issues.
 
 pub mod block_pool;
+pub mod engine;
+pub mod gateway;
 pub mod generator;
+pub mod kv_allocator;
 pub mod messages;
+pub mod metrics;
+pub mod scheduler;
+pub mod target_runner;
 
 pub use block_pool::{BlockAllocation, BlockPool, OutOfBlocks};
 pub use generator::{GenerationRequest, GenerationStats, Generator};

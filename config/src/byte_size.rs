@@ -35,6 +35,37 @@ pub fn parse_byte_size(text: &str) -> Result<u64, ByteSizeError> {
     Ok(bytes as u64)
 }
 
+/// Reads an optional byte size from a config file: an integer count or a string with a unit.
+pub(crate) fn deserialize_byte_size<'de, D>(deserializer: D) -> Result<Option<u64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    deserializer.deserialize_any(ByteSizeVisitor).map(Some)
+}
+
+/// Accepts `536870912` or `"512MiB"`.
+struct ByteSizeVisitor;
+
+impl serde::de::Visitor<'_> for ByteSizeVisitor {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a size in bytes: an integer or a string such as \"512MiB\"")
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<u64, E> {
+        Ok(v)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<u64, E> {
+        u64::try_from(v).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<u64, E> {
+        parse_byte_size(v).map_err(E::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,8 +1,12 @@
-//! Typed configuration shared by the commands: the KV cache's shape and memory budget.
-//! The serving issue adds the server's fields, the TOML file and hot reload here.
+//! Typed configuration shared by the commands: the KV cache's shape and memory budget, and
+//! the server's configuration (flags, TOML file, validation, which fields hot-reload).
 
 mod byte_size;
 mod cache;
+mod serve;
 
 pub use byte_size::{parse_byte_size, ByteSizeError};
 pub use cache::{CacheConfig, CacheConfigError};
+pub use serve::{
+    ConfigError, DeviceKind, DtypeChoice, ReloadError, SamplingDefaults, ServeArgs, ServeConfig,
+};

@@ -1,10 +1,12 @@
 //! One module per subcommand.
 
+mod bench_serve;
 mod convert;
 mod fetch;
 mod generate;
+mod serve;
 
-use crate::cli::{Cli, Command, ModelArgs};
+use crate::cli::{BenchCommand, Cli, Command, ModelArgs};
 use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -14,14 +16,20 @@ pub const DEFAULT_MODEL: &str = "smollm2-135m";
 
 /// Runs the parsed command; errors are printed with their causes.
 pub fn run(cli: Cli) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log_level))
-        .with_writer(std::io::stderr)
-        .init();
+    if !matches!(cli.command, Command::Serve(_)) {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                cli.log_level.as_deref().unwrap_or("warn"),
+            ))
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

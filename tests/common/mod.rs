@@ -5,3 +5,4 @@
 pub mod gguf_writer;
 pub mod reference;
 pub mod tiny_model;
+pub mod tiny_tokenizer;

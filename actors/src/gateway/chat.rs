@@ -1,0 +1,191 @@
+//! `POST /v1/chat/completions`, whole and streamed: the messages are rendered with the
+//! model's chat template and tokenized without extra special tokens (the template writes
+//! them), as vLLM does.
+
+use actix_web::{web, HttpResponse};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::auth::ApiKeyAuth;
+use super::body::parse;
+use super::context::RequestContext;
+use super::errors::ApiError;
+use super::generation::{Delta, Generation, Output};
+use super::logprobs;
+use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::prompt::{encode, render_chat};
+use super::protocol::request::{ChatFields, GenerationFields};
+use super::protocol::response::{
+    AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
+};
+use super::sse::{self, ChunkFormat};
+use super::state::GatewayState;
+
+/// The handler.
+pub async fn create(
+    _auth: ApiKeyAuth,
+    state: web::Data<GatewayState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let context = RequestContext::new(&state.engine, "chatcmpl");
+    context
+        .run(handle(&state, body.into_inner(), &context))
+        .await
+}
+
+async fn handle(
+    state: &GatewayState,
+    body: Value,
+    context: &RequestContext,
+) -> Result<HttpResponse, ApiError> {
+    state.ensure_accepting()?;
+    let fields: GenerationFields = parse(&body)?;
+    let own: ChatFields = parse(&body)?;
+    let config = state.config.get();
+    check_model(fields.model.as_deref(), &config)?;
+    check_unsupported(&own)?;
+    let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
+        (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
+        (false, Some(top)) if top > 0 => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ))
+        }
+        (false, _) => None,
+    };
+    let text = render_chat(
+        own.messages,
+        own.add_generation_prompt.unwrap_or(true),
+        state.model.chat_template.as_deref(),
+    )?;
+    let tokenizer = &state.model.tokenizer;
+    let prompt = encode(tokenizer, &text, false)?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("messages", "the rendered chat is empty"));
+    }
+    let max_tokens = match own.max_completion_tokens {
+        Some(value) => Some(("max_completion_tokens", value)),
+        None => fields.max_tokens.map(|value| ("max_tokens", value)),
+    };
+    let input = EndpointInput {
+        prompt,
+        max_tokens,
+        logprobs,
+    };
+    let plan = plan(fields, input, &config, state.model.max_model_len)?;
+    let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let generation = Generation::start(state, context, plan).await?;
+    let format = ChatFormat {
+        id: context.public_id.clone(),
+        created: context.created,
+        model: config.served_model_name.clone(),
+        logprobs: logprobs.is_some(),
+    };
+    if stream {
+        return Ok(sse::respond(
+            generation,
+            format,
+            include_usage,
+            context.span.clone(),
+        ));
+    }
+    let Output {
+        text,
+        tokens,
+        reason,
+        usage,
+    } = generation.collect().await?;
+    let choice = ChatChoice {
+        index: 0,
+        logprobs: format.logprobs.then(|| logprobs::chat(&tokens)),
+        message: AssistantMessage {
+            role: "assistant",
+            content: text,
+        },
+        finish_reason: Some(reason),
+    };
+    Ok(HttpResponse::Ok().json(format.wrap("chat.completion", vec![choice], Some(usage))))
+}
+
+/// Refuses tools and structured output rather than ignoring them.
+fn check_unsupported(own: &ChatFields) -> Result<(), ApiError> {
+    if own.tools.as_ref().is_some_and(|tools| !tools.is_empty()) {
+        return Err(ApiError::invalid("tools", "tool calling is not supported"));
+    }
+    match &own.response_format {
+        Some(format) if format.kind != "text" => Err(ApiError::invalid(
+            "response_format",
+            format!(
+                "only `{{\"type\": \"text\"}}` is supported, not `{}`",
+                format.kind
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The chat wording of responses and chunks.
+struct ChatFormat {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+}
+
+impl ChatFormat {
+    fn wrap<C>(
+        &self,
+        object: &'static str,
+        choices: Vec<C>,
+        usage: Option<UsageOut>,
+    ) -> Envelope<C> {
+        Envelope {
+            id: self.id.clone(),
+            object,
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+
+    fn event(
+        &self,
+        delta: ChatDelta,
+        logprobs: Option<&Delta>,
+        finish_reason: Option<&'static str>,
+    ) -> Bytes {
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta,
+            logprobs: logprobs.map(|delta| logprobs::chat(&delta.tokens)),
+            finish_reason,
+        };
+        sse::event(&self.wrap("chat.completion.chunk", vec![choice], None))
+    }
+}
+
+impl ChunkFormat for ChatFormat {
+    fn opening(&mut self) -> Option<Bytes> {
+        let delta = ChatDelta {
+            role: Some("assistant"),
+            content: Some(String::new()),
+        };
+        Some(self.event(delta, None, None))
+    }
+
+    fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
+        let content = ChatDelta {
+            role: None,
+            content: (!delta.text.is_empty()).then(|| delta.text.clone()),
+        };
+        let logprobs = self.logprobs.then_some(delta);
+        self.event(content, logprobs, finish_reason)
+    }
+
+    fn usage(&self, usage: UsageOut) -> Bytes {
+        let no_choices: Vec<ChatChunkChoice> = Vec::new();
+        sse::event(&self.wrap("chat.completion.chunk", no_choices, Some(usage)))
+    }
+}

@@ -1,0 +1,145 @@
+//! `POST /v1/completions`, whole and streamed.
+
+use actix_web::{web, HttpResponse};
+use bytes::Bytes;
+use serde_json::Value;
+
+use super::auth::ApiKeyAuth;
+use super::body::parse;
+use super::context::RequestContext;
+use super::errors::ApiError;
+use super::generation::{Delta, Generation, Output};
+use super::logprobs;
+use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::prompt::completion_prompt;
+use super::protocol::request::{CompletionFields, GenerationFields};
+use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
+use super::sse::{self, ChunkFormat};
+use super::state::GatewayState;
+
+/// The handler.
+pub async fn create(
+    _auth: ApiKeyAuth,
+    state: web::Data<GatewayState>,
+    body: web::Json<Value>,
+) -> Result<HttpResponse, ApiError> {
+    let context = RequestContext::new(&state.engine, "cmpl");
+    context
+        .run(handle(&state, body.into_inner(), &context))
+        .await
+}
+
+async fn handle(
+    state: &GatewayState,
+    body: Value,
+    context: &RequestContext,
+) -> Result<HttpResponse, ApiError> {
+    state.ensure_accepting()?;
+    let fields: GenerationFields = parse(&body)?;
+    let own: CompletionFields = parse(&body)?;
+    let config = state.config.get();
+    check_model(fields.model.as_deref(), &config)?;
+    if own.echo == Some(true) {
+        return Err(ApiError::invalid("echo", "`echo` is not supported"));
+    }
+    if own.suffix.is_some() {
+        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+    }
+    let logprobs = own
+        .logprobs
+        .map(|count| logprobs_count("logprobs", count))
+        .transpose()?;
+    let tokenizer = &state.model.tokenizer;
+    let add_special_tokens = own.add_special_tokens.unwrap_or(true);
+    let input = EndpointInput {
+        prompt: completion_prompt(own.prompt, add_special_tokens, tokenizer)?,
+        max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
+        logprobs,
+    };
+    let plan = plan(fields, input, &config, state.model.max_model_len)?;
+    let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let generation = Generation::start(state, context, plan).await?;
+    let mut format = CompletionFormat {
+        id: context.public_id.clone(),
+        created: context.created,
+        model: config.served_model_name.clone(),
+        logprobs: logprobs.is_some(),
+        offset: 0,
+    };
+    if stream {
+        return Ok(sse::respond(
+            generation,
+            format,
+            include_usage,
+            context.span.clone(),
+        ));
+    }
+    let Output {
+        text,
+        tokens,
+        reason,
+        usage,
+    } = generation.collect().await?;
+    let delta = Delta { text, tokens };
+    let whole = format.envelope(&delta, Some(reason), Some(usage));
+    Ok(HttpResponse::Ok().json(whole))
+}
+
+/// The completions wording of responses and chunks.
+struct CompletionFormat {
+    id: String,
+    created: u64,
+    model: String,
+    logprobs: bool,
+    /// Characters of text before the next token, for `text_offset`.
+    offset: usize,
+}
+
+impl CompletionFormat {
+    fn envelope(
+        &mut self,
+        delta: &Delta,
+        finish_reason: Option<&'static str>,
+        usage: Option<UsageOut>,
+    ) -> Envelope<CompletionChoice> {
+        let logprobs = self
+            .logprobs
+            .then(|| logprobs::completion(&delta.tokens, &mut self.offset));
+        let choice = CompletionChoice {
+            index: 0,
+            text: delta.text.clone(),
+            logprobs,
+            finish_reason,
+        };
+        self.wrap(vec![choice], usage)
+    }
+
+    fn wrap(
+        &self,
+        choices: Vec<CompletionChoice>,
+        usage: Option<UsageOut>,
+    ) -> Envelope<CompletionChoice> {
+        Envelope {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        }
+    }
+}
+
+impl ChunkFormat for CompletionFormat {
+    fn opening(&mut self) -> Option<Bytes> {
+        None
+    }
+
+    fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
+        sse::event(&self.envelope(delta, finish_reason, None))
+    }
+
+    fn usage(&self, usage: UsageOut) -> Bytes {
+        sse::event(&self.wrap(Vec::new(), Some(usage)))
+    }
+}

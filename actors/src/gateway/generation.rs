@@ -1,0 +1,260 @@
+//! One running request as the gateway sees it: the scheduler's token events turned into
+//! text (detokenized incrementally, special tokens skipped), cut at the first stop string,
+//! with each token's logprobs where asked for. Both the whole-response handlers and the
+//! SSE streams read it; dropping it drops the events receiver, which cancels the request.
+
+use std::sync::Arc;
+
+use peregrine_models::tokenizer::{DecodeStream, Tokenizer};
+use peregrine_ops::sampling::TokenLogprobs;
+use tokio::sync::mpsc;
+
+use super::context::RequestContext;
+use super::engine_client::EngineClient;
+use super::errors::ApiError;
+use super::params::Plan;
+use super::protocol::response::UsageOut;
+use super::state::GatewayState;
+use super::stop::{Matched, StopMatcher};
+use crate::messages::{FinishReason, GeneratedToken, RequestEvent, RequestId, Usage};
+
+/// A generated token with the texts its logprobs are reported under.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenOut {
+    /// The token's own text.
+    pub text: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The most likely alternatives' texts and logprobs, most likely first.
+    pub top: Vec<(String, f32)>,
+}
+
+/// What one batch of events added.
+#[derive(Debug, Default, PartialEq)]
+pub struct Delta {
+    /// Text that is now final.
+    pub text: String,
+    /// The new tokens, when logprobs were asked for.
+    pub tokens: Vec<TokenOut>,
+}
+
+impl Delta {
+    /// Whether there is nothing to send.
+    pub fn is_empty(&self) -> bool {
+        self.text.is_empty() && self.tokens.is_empty()
+    }
+}
+
+/// The end of a request.
+#[derive(Debug, PartialEq)]
+pub struct Finish {
+    /// The last text and tokens.
+    pub delta: Delta,
+    /// `stop` or `length`.
+    pub reason: &'static str,
+    /// Token counts.
+    pub usage: UsageOut,
+}
+
+/// One step of a generation.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// More output; more follows.
+    Delta(Delta),
+    /// The last output.
+    Finished(Finish),
+}
+
+/// A whole generation's output.
+#[derive(Debug, PartialEq)]
+pub struct Output {
+    /// All the text.
+    pub text: String,
+    /// All the tokens, when logprobs were asked for.
+    pub tokens: Vec<TokenOut>,
+    /// `stop` or `length`.
+    pub reason: &'static str,
+    /// Token counts.
+    pub usage: UsageOut,
+}
+
+/// A submitted request whose events are being read.
+pub struct Generation {
+    id: RequestId,
+    public_id: String,
+    engine: EngineClient,
+    events: mpsc::UnboundedReceiver<RequestEvent>,
+    tokenizer: Arc<Tokenizer>,
+    decoder: Option<DecodeStream>,
+    stops: StopMatcher,
+    logprobs: bool,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+    done: bool,
+}
+
+impl Generation {
+    /// Submits `plan` as the request of `context`.
+    pub async fn start(
+        state: &GatewayState,
+        context: &RequestContext,
+        plan: Plan,
+    ) -> Result<Self, ApiError> {
+        let submission = plan.submission;
+        let prompt_tokens = submission.prompt.len();
+        let logprobs = submission.logprobs.is_some();
+        tracing::info!(
+            prompt_tokens,
+            max_tokens = submission.max_tokens,
+            stream = plan.stream,
+            "submitting"
+        );
+        let events = state.engine.submit(context.id, submission).await?;
+        let tokenizer = &state.model.tokenizer;
+        Ok(Self {
+            id: context.id,
+            public_id: context.public_id.clone(),
+            engine: state.engine.clone(),
+            events,
+            tokenizer: Arc::clone(tokenizer),
+            decoder: Some(tokenizer.decode_stream(true)),
+            stops: StopMatcher::new(plan.stop),
+            logprobs,
+            prompt_tokens,
+            completion_tokens: 0,
+            done: false,
+        })
+    }
+
+    /// The next step; `None` after the last.
+    pub async fn next(&mut self) -> Option<Result<Step, ApiError>> {
+        if self.done {
+            return None;
+        }
+        let step = match self.events.recv().await {
+            Some(RequestEvent::Tokens(tokens)) => self.on_tokens(tokens).await,
+            Some(RequestEvent::Finished { reason, usage }) => self.on_finished(reason, usage),
+            None => Err(ApiError::internal(
+                "the engine dropped the request before it finished",
+            )),
+        };
+        self.done = !matches!(step, Ok(Step::Delta(_)));
+        if let Ok(Step::Finished(finish)) = &step {
+            tracing::info!(
+                reason = finish.reason,
+                completion_tokens = finish.usage.completion_tokens,
+                "finished"
+            );
+        }
+        Some(step)
+    }
+
+    /// Reads to the end.
+    pub async fn collect(mut self) -> Result<Output, ApiError> {
+        let mut text = String::new();
+        let mut tokens = Vec::new();
+        while let Some(step) = self.next().await {
+            let (delta, finish) = match step? {
+                Step::Delta(delta) => (delta, None),
+                Step::Finished(Finish {
+                    delta,
+                    reason,
+                    usage,
+                }) => (delta, Some((reason, usage))),
+            };
+            text.push_str(&delta.text);
+            tokens.extend(delta.tokens);
+            if let Some((reason, usage)) = finish {
+                return Ok(Output {
+                    text,
+                    tokens,
+                    reason,
+                    usage,
+                });
+            }
+        }
+        Err(ApiError::internal("the request ended without finishing"))
+    }
+
+    async fn on_tokens(&mut self, tokens: Vec<GeneratedToken>) -> Result<Step, ApiError> {
+        let mut delta = Delta::default();
+        for token in tokens {
+            self.completion_tokens += 1;
+            if let Some(logprobs) = token.logprobs.filter(|_| self.logprobs) {
+                delta.tokens.push(self.token_out(token.id, logprobs));
+            }
+            let text = match self.decoder.as_mut() {
+                Some(decoder) => decoder.step(token.id).map_err(decode_error)?,
+                None => None,
+            };
+            match text.map(|text| self.stops.push(&text)) {
+                None => {}
+                Some(Matched::Released(text)) => delta.text.push_str(&text),
+                Some(Matched::Stopped(text)) => {
+                    delta.text.push_str(&text);
+                    self.engine.abort(self.id).await;
+                    let usage = UsageOut::counted(self.prompt_tokens, self.completion_tokens);
+                    return Ok(Step::Finished(Finish {
+                        delta,
+                        reason: "stop",
+                        usage,
+                    }));
+                }
+            }
+        }
+        Ok(Step::Delta(delta))
+    }
+
+    fn on_finished(&mut self, reason: FinishReason, usage: Usage) -> Result<Step, ApiError> {
+        if reason == FinishReason::Abort {
+            return Err(ApiError::unavailable(
+                "the request was cancelled before it finished (the server is shutting down)",
+            ));
+        }
+        let tail = match self.decoder.take() {
+            Some(decoder) => decoder.finish().map_err(decode_error)?,
+            None => String::new(),
+        };
+        let (text, reason) = match self.stops.push(&tail) {
+            Matched::Released(text) => (text + &self.stops.flush(), reason.as_str()),
+            Matched::Stopped(text) => (text, "stop"),
+        };
+        Ok(Step::Finished(Finish {
+            delta: Delta {
+                text,
+                tokens: Vec::new(),
+            },
+            reason,
+            usage: usage.into(),
+        }))
+    }
+
+    fn token_out(&self, id: u32, logprobs: TokenLogprobs) -> TokenOut {
+        TokenOut {
+            text: self.token_text(id),
+            logprob: logprobs.logprob,
+            top: logprobs
+                .top
+                .iter()
+                .map(|&(id, logprob)| (self.token_text(id), logprob))
+                .collect(),
+        }
+    }
+
+    /// One token's text, special tokens included (empty if the id cannot be decoded).
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id], false).unwrap_or_default()
+    }
+}
+
+impl Drop for Generation {
+    fn drop(&mut self) {
+        if !self.done {
+            tracing::info!(id = %self.public_id, "client went away; the request is cancelled");
+        }
+    }
+}
+
+fn decode_error(err: anyhow::Error) -> ApiError {
+    ApiError::internal(format!("cannot detokenize the output: {err:#}"))
+}

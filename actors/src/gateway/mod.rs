@@ -1,0 +1,38 @@
+//! The HTTP gateway (actix-web): parses and validates OpenAI-style requests, applies the
+//! chat template, tokenizes, submits to the scheduler through [`EngineClient`], and turns
+//! the token events back into text, whole or streamed as server-sent events. It also serves
+//! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics` and the admin endpoints.
+//! It never touches a device.
+//!
+//! The server builds a [`GatewayState`], wraps it in `web::Data`, and registers [`routes`].
+
+mod admin;
+mod auth;
+mod body;
+mod chat;
+mod completions;
+mod context;
+mod engine_client;
+mod errors;
+mod generation;
+mod info;
+mod logprobs;
+mod params;
+mod prompt;
+mod protocol;
+mod routes;
+mod sse;
+mod state;
+mod stop;
+mod tokenize;
+
+#[cfg(test)]
+mod tests;
+
+pub use body::MAX_BODY_BYTES;
+pub use engine_client::{EngineClient, EngineError, Submission};
+pub use errors::ApiError;
+pub use routes::routes;
+pub use state::{
+    AdminHooks, BoxFuture, GatewayConfig, GatewayState, MetricsRenderer, ModelInfo, SharedConfig,
+};

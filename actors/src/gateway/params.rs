@@ -1,0 +1,289 @@
+//! Validation of the fields both generation endpoints share, and the defaults for the ones
+//! a request leaves out. Every error is a 400 whose `param` names the field.
+
+use std::sync::Arc;
+
+use peregrine_ops::sampling::{SamplingError, SamplingParams};
+
+use super::engine_client::Submission;
+use super::errors::ApiError;
+use super::protocol::request::GenerationFields;
+use super::state::GatewayConfig;
+use crate::messages::SubmitError;
+
+/// The most alternatives a request may ask for per token (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: i64 = 20;
+
+/// A validated generation request.
+#[derive(Debug)]
+pub struct Plan {
+    /// What goes to the scheduler.
+    pub submission: Submission,
+    /// Stop strings, none empty.
+    pub stop: Vec<String>,
+    /// Answer as server-sent events.
+    pub stream: bool,
+    /// End the stream with a usage chunk.
+    pub include_usage: bool,
+}
+
+/// What an endpoint adds to the shared fields.
+#[derive(Debug)]
+pub struct EndpointInput {
+    /// The tokenized prompt (not empty).
+    pub prompt: Vec<u32>,
+    /// The requested maximum output length and the name of the field that gave it.
+    pub max_tokens: Option<(&'static str, i64)>,
+    /// Alternatives per token, when logprobs are asked for (already range-checked).
+    pub logprobs: Option<usize>,
+}
+
+/// 404 unless `requested` is absent or the served model's name.
+pub fn check_model(requested: Option<&str>, config: &GatewayConfig) -> Result<(), ApiError> {
+    match requested {
+        Some(name) if name != config.served_model_name => Err(ApiError::not_found(format!(
+            "The model '{name}' does not exist; this server serves '{}'",
+            config.served_model_name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// A logprobs count in `0..=MAX_LOGPROBS`, or a 400 naming `param`.
+pub fn logprobs_count(param: &'static str, value: i64) -> Result<usize, ApiError> {
+    usize::try_from(value)
+        .ok()
+        .filter(|_| value <= MAX_LOGPROBS)
+        .ok_or_else(|| {
+            ApiError::invalid(
+                param,
+                format!("`{param}` must be between 0 and {MAX_LOGPROBS}, got {value}"),
+            )
+        })
+}
+
+/// Checks `fields` (all but `model`: see [`check_model`]) and fills in the defaults of
+/// `config`.
+pub fn plan(
+    fields: GenerationFields,
+    input: EndpointInput,
+    config: &GatewayConfig,
+    max_model_len: usize,
+) -> Result<Plan, ApiError> {
+    check_unsupported(&fields)?;
+    let params = sampling(&fields, &config.default_sampling)?;
+    let max_tokens = max_tokens(input.max_tokens, input.prompt.len(), config, max_model_len)?;
+    let stop = fields.stop.map(|stop| stop.into_vec()).unwrap_or_default();
+    if stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+    }
+    let stream = fields.stream.unwrap_or(false);
+    if fields.stream_options.is_some() && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "`stream_options` is only allowed with `stream: true`",
+        ));
+    }
+    Ok(Plan {
+        submission: Submission {
+            prompt: Arc::from(input.prompt),
+            params,
+            max_tokens,
+            stop_token_ids: fields.stop_token_ids.unwrap_or_default(),
+            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            logprobs: input.logprobs,
+            priority: fields.priority.unwrap_or(0),
+        },
+        stop,
+        stream,
+        include_usage: fields
+            .stream_options
+            .and_then(|options| options.include_usage)
+            .unwrap_or(false),
+    })
+}
+
+/// Refuses what Peregrine does not do rather than ignoring it.
+fn check_unsupported(fields: &GenerationFields) -> Result<(), ApiError> {
+    for (param, value) in [("n", fields.n), ("best_of", fields.best_of)] {
+        if let Some(value) = value.filter(|&value| value != 1) {
+            return Err(ApiError::invalid(
+                param,
+                format!("only `{param}` = 1 is supported, got {value}"),
+            ));
+        }
+    }
+    if fields
+        .logit_bias
+        .as_ref()
+        .is_some_and(|bias| !bias.is_empty())
+    {
+        return Err(ApiError::invalid(
+            "logit_bias",
+            "`logit_bias` is not supported",
+        ));
+    }
+    Ok(())
+}
+
+/// The request's sampling parameters over `defaults`, validated.
+fn sampling(
+    fields: &GenerationFields,
+    defaults: &SamplingParams,
+) -> Result<SamplingParams, ApiError> {
+    let params = SamplingParams {
+        temperature: fields.temperature.unwrap_or(defaults.temperature),
+        top_k: fields.top_k.unwrap_or(defaults.top_k),
+        top_p: fields.top_p.unwrap_or(defaults.top_p),
+        min_p: fields.min_p.unwrap_or(defaults.min_p),
+        repetition_penalty: fields
+            .repetition_penalty
+            .unwrap_or(defaults.repetition_penalty),
+        presence_penalty: fields.presence_penalty.unwrap_or(defaults.presence_penalty),
+        frequency_penalty: fields
+            .frequency_penalty
+            .unwrap_or(defaults.frequency_penalty),
+        seed: fields.seed.or(defaults.seed),
+    };
+    params.validate().map_err(|err| match err {
+        SamplingError::Invalid { field, .. } => ApiError::invalid(field, err.to_string()),
+        SamplingError::Entropy(_) => ApiError::internal(err.to_string()),
+    })?;
+    Ok(params)
+}
+
+/// The output limit: the request's (at least 1, and fitting in the context with the
+/// prompt), else the configured default capped at what the context leaves, else all of it.
+fn max_tokens(
+    requested: Option<(&'static str, i64)>,
+    prompt: usize,
+    config: &GatewayConfig,
+    max_model_len: usize,
+) -> Result<usize, ApiError> {
+    let too_long = |param: &str, max_tokens: usize| {
+        let err = SubmitError::TooLong {
+            prompt,
+            max_tokens,
+            max_model_len,
+        };
+        ApiError::invalid(param, err.to_string())
+    };
+    let room = max_model_len.saturating_sub(prompt);
+    match requested {
+        Some((param, value)) => {
+            let wanted = usize::try_from(value)
+                .ok()
+                .filter(|&wanted| wanted >= 1)
+                .ok_or_else(|| {
+                    ApiError::invalid(param, format!("`{param}` must be at least 1, got {value}"))
+                })?;
+            if wanted > room {
+                return Err(too_long(param, wanted));
+            }
+            Ok(wanted)
+        }
+        None if room == 0 => Err(too_long("prompt", 1)),
+        None => Ok(config
+            .default_max_tokens
+            .map_or(room, |default| default.clamp(1, room))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gateway::body::parse;
+    use serde_json::json;
+
+    fn config() -> GatewayConfig {
+        GatewayConfig {
+            served_model_name: "tiny".into(),
+            api_keys: Vec::new(),
+            admin_token: None,
+            default_sampling: SamplingParams {
+                top_k: 7,
+                ..SamplingParams::default()
+            },
+            default_max_tokens: Some(50),
+        }
+    }
+
+    fn plan_of(body: serde_json::Value, prompt: usize) -> Result<Plan, ApiError> {
+        let fields: GenerationFields = parse(&body)?;
+        let requested = fields.max_tokens.map(|n| ("max_tokens", n));
+        let input = EndpointInput {
+            prompt: vec![1; prompt],
+            max_tokens: requested,
+            logprobs: None,
+        };
+        plan(fields, input, &config(), 64)
+    }
+
+    #[test]
+    fn defaults_fill_the_gaps() {
+        let plan = plan_of(json!({"temperature": 0.5, "stop": "x"}), 4).unwrap();
+        let submission = plan.submission;
+        assert_eq!(submission.params.temperature, 0.5);
+        assert_eq!(submission.params.top_k, 7, "from the configured default");
+        assert_eq!(submission.max_tokens, 50);
+        assert_eq!(plan.stop, ["x"]);
+        let plan = plan_of(json!({}), 40).unwrap();
+        assert_eq!(
+            plan.submission.max_tokens, 24,
+            "the default is capped by the context"
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases = [
+            (json!({"max_tokens": -1}), "max_tokens"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (json!({"temperature": -0.5}), "temperature"),
+            (json!({"top_p": 1.5}), "top_p"),
+            (json!({"n": 2}), "n"),
+            (json!({"stop": ["a", ""]}), "stop"),
+            (
+                json!({"stream_options": {"include_usage": true}}),
+                "stream_options",
+            ),
+            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
+        ];
+        for (body, param) in cases {
+            let err = plan_of(body.clone(), 4).unwrap_err();
+            assert_eq!(
+                (err.status().as_u16(), err.param()),
+                (400, Some(param)),
+                "{body}"
+            );
+        }
+    }
+
+    #[test]
+    fn too_long_names_both_numbers() {
+        let err = plan_of(json!({"max_tokens": 30}), 40).unwrap_err();
+        assert_eq!(err.param(), Some("max_tokens"));
+        assert!(
+            err.message().contains("40") && err.message().contains("30"),
+            "{err}"
+        );
+        let err = plan_of(json!({}), 64).unwrap_err();
+        assert!(err.message().contains("64 tokens"), "{err}");
+    }
+
+    #[test]
+    fn the_model_must_be_the_served_one() {
+        let err = check_model(Some("other"), &config()).unwrap_err();
+        assert_eq!(err.status().as_u16(), 404);
+        assert!(err.message().contains("The model 'other' does not exist"));
+        assert!(check_model(Some("tiny"), &config()).is_ok());
+        assert!(check_model(None, &config()).is_ok());
+    }
+
+    #[test]
+    fn logprobs_counts_are_bounded() {
+        assert_eq!(logprobs_count("logprobs", 5).unwrap(), 5);
+        assert!(logprobs_count("logprobs", 21).is_err());
+        assert!(logprobs_count("top_logprobs", -1).is_err());
+    }
+}

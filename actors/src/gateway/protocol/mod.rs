@@ -1,0 +1,5 @@
+//! OpenAI's (and vLLM's) request and response bodies.
+
+pub mod request;
+pub mod response;
+pub mod tokenize;

@@ -1,0 +1,163 @@
+//! Request bodies of `/v1/completions` and `/v1/chat/completions`. A body is read twice:
+//! once as [`GenerationFields`] (the fields both endpoints share) and once as the endpoint's
+//! own fields, so each struct derives `Deserialize` plainly and every error keeps its field
+//! path. Fields a request does not know are ignored, as OpenAI's clients send extras.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+/// The fields both generation endpoints share.
+#[derive(Debug, Default, Deserialize)]
+pub struct GenerationFields {
+    /// The model asked for; `None`: the served one.
+    pub model: Option<String>,
+    /// The most tokens to generate.
+    pub max_tokens: Option<i64>,
+    /// Divides the logits; 0 is greedy.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling threshold.
+    pub top_p: Option<f32>,
+    /// Keep the k most likely tokens; 0 or -1: off.
+    pub top_k: Option<i32>,
+    /// Drop tokens less likely than this fraction of the most likely.
+    pub min_p: Option<f32>,
+    /// Seeds the request's RNG.
+    pub seed: Option<u64>,
+    /// Strings that end the output (not included in it).
+    pub stop: Option<Stop>,
+    /// Token ids that end the output.
+    pub stop_token_ids: Option<Vec<u32>>,
+    /// Keep generating past EOS.
+    pub ignore_eos: Option<bool>,
+    /// OpenAI's presence penalty.
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty.
+    pub frequency_penalty: Option<f32>,
+    /// vLLM's repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Choices to return; only 1 is supported.
+    pub n: Option<i64>,
+    /// Candidates to pick from; only 1 is supported.
+    pub best_of: Option<i64>,
+    /// Token biases; not supported.
+    pub logit_bias: Option<Map<String, Value>>,
+    /// Scheduling priority: lower runs first.
+    pub priority: Option<i32>,
+    /// Stream the output as server-sent events.
+    pub stream: Option<bool>,
+    /// Streaming options.
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// A single stop string.
+    One(String),
+    /// Several stop strings.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The stop strings as a list.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(text) => vec![text],
+            Stop::Many(texts) => texts,
+        }
+    }
+}
+
+/// `stream_options`.
+#[derive(Debug, Default, Deserialize)]
+pub struct StreamOptions {
+    /// End the stream with a chunk holding the usage and no choices.
+    pub include_usage: Option<bool>,
+}
+
+/// The fields only `/v1/completions` has.
+#[derive(Debug, Deserialize)]
+pub struct CompletionFields {
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Return the chosen token's logprob and this many alternatives.
+    pub logprobs: Option<i64>,
+    /// Return the prompt before the completion; only `false` is supported.
+    pub echo: Option<bool>,
+    /// Text after the completion; not supported.
+    pub suffix: Option<String>,
+    /// Add the tokenizer's special tokens (BOS) to a text prompt; default true.
+    pub add_special_tokens: Option<bool>,
+}
+
+/// A completion prompt as OpenAI accepts it.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// Text.
+    Text(String),
+    /// A list of texts (only one is supported).
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+    /// Lists of token ids (only one is supported).
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// The fields only `/v1/chat/completions` has.
+#[derive(Debug, Deserialize)]
+pub struct ChatFields {
+    /// The conversation so far.
+    pub messages: Vec<MessageIn>,
+    /// The most tokens to generate (OpenAI's newer name for `max_tokens`).
+    pub max_completion_tokens: Option<i64>,
+    /// Return each token's logprob.
+    pub logprobs: Option<bool>,
+    /// With `logprobs`, this many alternatives per token.
+    pub top_logprobs: Option<i64>,
+    /// End the prompt with the assistant's header; default true.
+    pub add_generation_prompt: Option<bool>,
+    /// Tool definitions; not supported.
+    pub tools: Option<Vec<Value>>,
+    /// Output format; only `{"type": "text"}` is supported.
+    pub response_format: Option<ResponseFormat>,
+}
+
+/// `response_format`.
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// One chat message of a request.
+#[derive(Debug, Deserialize)]
+pub struct MessageIn {
+    /// `system`, `user`, `assistant`, …
+    pub role: String,
+    /// The text, as a string or a list of parts; may be null (an assistant's tool call).
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's content.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Typed parts; only `text` parts are supported.
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    /// The part's type: `text`, `image_url`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}

@@ -1,0 +1,211 @@
+//! Response bodies: completions and chat completions (whole and as stream chunks), usage,
+//! logprobs in both endpoints' shapes, and the model list.
+
+use serde::ser::{Serialize, SerializeMap, Serializer};
+
+use crate::messages::Usage;
+
+/// The envelope every generation response and stream chunk shares; `C` is the choice type.
+#[derive(Debug, serde::Serialize)]
+pub struct Envelope<C> {
+    /// `cmpl-…` or `chatcmpl-…`.
+    pub id: String,
+    /// `text_completion`, `chat.completion` or `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix time the request arrived.
+    pub created: u64,
+    /// The served model's name.
+    pub model: String,
+    /// One choice (or none, in the final usage chunk of a stream).
+    pub choices: Vec<C>,
+    /// Token counts: in every whole response, and in the last chunk of a stream that
+    /// asked for it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<UsageOut>,
+}
+
+/// OpenAI's `usage`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct UsageOut {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Tokens generated.
+    pub completion_tokens: usize,
+    /// Their sum.
+    pub total_tokens: usize,
+    /// Prompt tokens served from the prefix cache, where the engine reported them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+/// OpenAI's `usage.prompt_tokens_details`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+impl UsageOut {
+    /// Usage counted by the gateway (the engine's report never came: a stop string ended
+    /// the request), without cache details.
+    pub fn counted(prompt_tokens: usize, completion_tokens: usize) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: None,
+        }
+    }
+}
+
+impl From<Usage> for UsageOut {
+    fn from(usage: Usage) -> Self {
+        Self {
+            prompt_tokens_details: Some(PromptTokensDetails {
+                cached_tokens: usage.cached_tokens,
+            }),
+            ..Self::counted(usage.prompt_tokens, usage.completion_tokens)
+        }
+    }
+}
+
+/// A choice of `/v1/completions`, whole or streamed.
+#[derive(Debug, serde::Serialize)]
+pub struct CompletionChoice {
+    /// Always 0 (n = 1).
+    pub index: u32,
+    /// The text (of this chunk, when streaming).
+    pub text: String,
+    /// The tokens' logprobs, if asked for.
+    pub logprobs: Option<CompletionLogprobs>,
+    /// `stop` or `length` once finished; null before.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// Logprobs in the completions shape.
+#[derive(Debug, Default, PartialEq, serde::Serialize)]
+pub struct CompletionLogprobs {
+    /// Each token's text.
+    pub tokens: Vec<String>,
+    /// Each token's logprob.
+    pub token_logprobs: Vec<f32>,
+    /// Each token's most likely alternatives, text to logprob.
+    pub top_logprobs: Vec<TopLogprobs>,
+    /// Where each token's text starts in the output, in characters.
+    pub text_offset: Vec<usize>,
+}
+
+/// A token's alternatives, serialized as a JSON object of text to logprob in rank order.
+#[derive(Debug, Default, PartialEq)]
+pub struct TopLogprobs(pub Vec<(String, f32)>);
+
+impl Serialize for TopLogprobs {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (token, logprob) in &self.0 {
+            map.serialize_entry(token, logprob)?;
+        }
+        map.end()
+    }
+}
+
+/// A whole choice of `/v1/chat/completions`.
+#[derive(Debug, serde::Serialize)]
+pub struct ChatChoice {
+    /// Always 0 (n = 1).
+    pub index: u32,
+    /// The assistant's reply.
+    pub message: AssistantMessage,
+    /// The tokens' logprobs, if asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length`.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// The assistant's reply.
+#[derive(Debug, serde::Serialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The text.
+    pub content: String,
+}
+
+/// A streamed choice of `/v1/chat/completions`.
+#[derive(Debug, serde::Serialize)]
+pub struct ChatChunkChoice {
+    /// Always 0 (n = 1).
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: ChatDelta,
+    /// This chunk's tokens' logprobs, if asked for.
+    pub logprobs: Option<ChatLogprobs>,
+    /// `stop` or `length` in the last chunk; null before.
+    pub finish_reason: Option<&'static str>,
+}
+
+/// What a chat chunk adds to the reply.
+#[derive(Debug, Default, serde::Serialize)]
+pub struct ChatDelta {
+    /// `assistant`, in the first chunk only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// Logprobs in the chat shape.
+#[derive(Debug, Default, PartialEq, serde::Serialize)]
+pub struct ChatLogprobs {
+    /// One entry per token.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One token's logprob in the chat shape.
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The UTF-8 bytes of its text.
+    pub bytes: Vec<u8>,
+    /// The most likely alternatives, in rank order.
+    pub top_logprobs: Vec<ChatTopLogprob>,
+}
+
+/// One alternative token in the chat shape.
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct ChatTopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Its logprob.
+    pub logprob: f32,
+    /// The UTF-8 bytes of its text.
+    pub bytes: Vec<u8>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, serde::Serialize)]
+pub struct ModelList {
+    /// Always `list`.
+    pub object: &'static str,
+    /// The served model.
+    pub data: Vec<ModelCard>,
+}
+
+/// One served model.
+#[derive(Debug, serde::Serialize)]
+pub struct ModelCard {
+    /// The name requests use.
+    pub id: String,
+    /// Always `model`.
+    pub object: &'static str,
+    /// Unix time the server started.
+    pub created: u64,
+    /// Always `peregrine`.
+    pub owned_by: &'static str,
+    /// The most tokens (prompt plus output) a request may hold.
+    pub max_model_len: usize,
+}

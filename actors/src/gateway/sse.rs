@@ -1,0 +1,111 @@
+//! Server-sent events: a generation streamed as `data: {json}\n\n` chunks ending with
+//! `data: [DONE]\n\n`. The response body owns the generation, so when actix drops the body
+//! (the client went away) the events receiver goes with it and the request is cancelled.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use actix_web::http::header::CACHE_CONTROL;
+use actix_web::HttpResponse;
+use bytes::Bytes;
+use serde::Serialize;
+use tracing::Instrument;
+
+use super::generation::{Delta, Generation, Step};
+use super::protocol::response::UsageOut;
+
+/// The event that ends every stream.
+const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// How an endpoint words its stream.
+pub trait ChunkFormat: 'static {
+    /// The event sent before any output, if the endpoint has one (chat's role chunk).
+    fn opening(&mut self) -> Option<Bytes>;
+
+    /// The event for `delta`; `finish_reason` is set on the last one.
+    fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes;
+
+    /// The event with the usage and no choices, sent last when the client asked for it.
+    fn usage(&self, usage: UsageOut) -> Bytes;
+}
+
+/// One `data:` event holding `value` as JSON.
+pub fn event(value: &impl Serialize) -> Bytes {
+    let json = serde_json::to_string(value).unwrap_or_default();
+    Bytes::from(format!("data: {json}\n\n"))
+}
+
+/// The streaming response for `generation`, logging inside `span`.
+pub fn respond<F: ChunkFormat>(
+    generation: Generation,
+    mut format: F,
+    include_usage: bool,
+    span: tracing::Span,
+) -> HttpResponse {
+    let stream = SseStream {
+        queue: format.opening().into_iter().collect(),
+        generation,
+        format,
+        include_usage,
+        ended: false,
+    };
+    let body = futures_util::stream::unfold(stream, move |mut stream| {
+        async move {
+            loop {
+                if let Some(bytes) = stream.queue.pop_front() {
+                    return Some((Ok::<_, Infallible>(bytes), stream));
+                }
+                if stream.ended {
+                    return None;
+                }
+                stream.advance().await;
+            }
+        }
+        .instrument(span.clone())
+    });
+    HttpResponse::Ok()
+        .content_type("text/event-stream")
+        .insert_header((CACHE_CONTROL, "no-cache"))
+        .streaming(body)
+}
+
+/// The state of one stream: events ready to send and the generation behind them.
+struct SseStream<F> {
+    queue: VecDeque<Bytes>,
+    generation: Generation,
+    format: F,
+    include_usage: bool,
+    ended: bool,
+}
+
+impl<F: ChunkFormat> SseStream<F> {
+    /// Reads the generation's next step into events.
+    async fn advance(&mut self) {
+        match self.generation.next().await {
+            Some(Ok(Step::Delta(delta))) => {
+                if !delta.is_empty() {
+                    self.queue.push_back(self.format.chunk(&delta, None));
+                }
+            }
+            Some(Ok(Step::Finished(finish))) => {
+                let last = self.format.chunk(&finish.delta, Some(finish.reason));
+                self.queue.push_back(last);
+                if self.include_usage {
+                    self.queue.push_back(self.format.usage(finish.usage));
+                }
+                self.end();
+            }
+            Some(Err(err)) => {
+                tracing::warn!(%err, "the stream failed");
+                self.queue.push_back(event(&err.body()));
+                self.end();
+            }
+            None => self.end(),
+        }
+    }
+
+    fn end(&mut self) {
+        self.queue.push_back(Bytes::from_static(DONE));
+        self.ended = true;
+    }
+}

@@ -1,0 +1,153 @@
+//! What every handler shares: the engine client, the model's tokenizer and template, the
+//! live (hot-reloadable) configuration, the admin hooks and the metrics renderer.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use peregrine_models::chat_template::ChatTemplate;
+use peregrine_models::tokenizer::Tokenizer;
+use peregrine_ops::sampling::SamplingParams;
+
+use super::engine_client::EngineClient;
+use super::errors::ApiError;
+
+/// The part of the gateway's configuration that a reload may change.
+#[derive(Clone)]
+pub struct GatewayConfig {
+    /// The only model name requests may ask for.
+    pub served_model_name: String,
+    /// Accepted Bearer keys for `/v1/*`, `/tokenize` and `/detokenize`; empty: no auth.
+    pub api_keys: Vec<String>,
+    /// The Bearer token of `/admin/*`; `None` turns the admin endpoints off.
+    pub admin_token: Option<String>,
+    /// Sampling parameters for the fields a request leaves out.
+    pub default_sampling: SamplingParams,
+    /// `max_tokens` for requests that leave it out (capped at what the context leaves);
+    /// `None`: whatever the context leaves.
+    pub default_max_tokens: Option<usize>,
+}
+
+/// The live configuration, shared between the gateway and whoever reloads it.
+#[derive(Clone)]
+pub struct SharedConfig(Arc<RwLock<Arc<GatewayConfig>>>);
+
+impl SharedConfig {
+    /// Starts with `config`.
+    pub fn new(config: GatewayConfig) -> Self {
+        Self(Arc::new(RwLock::new(Arc::new(config))))
+    }
+
+    /// The configuration now; a request keeps the one it started with.
+    pub fn get(&self) -> Arc<GatewayConfig> {
+        let guard = self
+            .0
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(&guard)
+    }
+
+    /// Replaces the configuration for requests that start from now on.
+    pub fn set(&self, config: GatewayConfig) {
+        let mut guard = self
+            .0
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        *guard = Arc::new(config);
+    }
+}
+
+/// A boxed future, as the object-safe [`AdminHooks`] return.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+/// What the admin endpoints do; the server implements it.
+pub trait AdminHooks: Send + Sync {
+    /// Reloads the configuration: `Ok` with a message listing what changed, or `Err` with
+    /// why the new configuration was refused (the running one stays).
+    fn reload(&self) -> BoxFuture<Result<String, String>>;
+
+    /// The live configuration with secrets already masked.
+    fn live_config(&self) -> serde_json::Value;
+}
+
+/// Renders the Prometheus exposition text of `/metrics`.
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// The served model, as far as the gateway needs it.
+#[derive(Clone)]
+pub struct ModelInfo {
+    /// Its tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its chat template; `None`: chat completions are refused.
+    pub chat_template: Option<Arc<ChatTemplate>>,
+    /// The most tokens (prompt plus output) one request may hold.
+    pub max_model_len: usize,
+}
+
+/// The gateway's shared state; wrap it in `actix_web::web::Data` and add it as app data.
+pub struct GatewayState {
+    /// The scheduler's handle.
+    pub engine: EngineClient,
+    /// The served model.
+    pub model: ModelInfo,
+    /// The live configuration.
+    pub config: SharedConfig,
+    /// The admin endpoints' implementation.
+    pub admin: Arc<dyn AdminHooks>,
+    /// The `/metrics` renderer.
+    pub metrics: MetricsRenderer,
+    /// Unix time the gateway started (the model's `created`).
+    pub created: u64,
+    accepting: AtomicBool,
+}
+
+impl GatewayState {
+    /// State that accepts requests.
+    pub fn new(
+        engine: EngineClient,
+        model: ModelInfo,
+        config: SharedConfig,
+        admin: Arc<dyn AdminHooks>,
+        metrics: MetricsRenderer,
+    ) -> Self {
+        Self {
+            engine,
+            model,
+            config,
+            admin,
+            metrics,
+            created: unix_now(),
+            accepting: AtomicBool::new(true),
+        }
+    }
+
+    /// Whether new generation requests are taken (false once shutdown began).
+    pub fn is_accepting(&self) -> bool {
+        self.accepting.load(Ordering::Acquire)
+    }
+
+    /// 503 once shutdown began.
+    pub fn ensure_accepting(&self) -> Result<(), ApiError> {
+        if self.is_accepting() {
+            Ok(())
+        } else {
+            Err(ApiError::unavailable(
+                "the server is shutting down and takes no new requests",
+            ))
+        }
+    }
+
+    /// Refuses new generation requests with 503 from now on; running ones go on.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Release);
+    }
+}
+
+/// Seconds since the Unix epoch (0 on a clock set before it).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}

@@ -1,0 +1,234 @@
+//! `/v1/completions` as whole responses, and the scheduler's refusals.
+
+use std::time::Duration;
+
+use peregrine_ops::sampling::SamplingParams;
+use serde_json::{json, Value};
+
+use super::{call, expect_error, json, post, Fixture, Script, MAX_MODEL_LEN, MODEL};
+use crate::messages::{FinishReason, SubmitError};
+
+#[actix_web::test]
+async fn completion_whole_response_has_text_usage_and_defaults() {
+    let fixture = Fixture::new(Script::text("Hello world"));
+    let app = fixture.app().await;
+    let request = json!({"model": MODEL, "prompt": "Say hi"});
+    let (status, body) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200);
+    let body = json(&body);
+    assert!(body["id"].as_str().unwrap().starts_with("cmpl-"), "{body}");
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(body["model"], MODEL);
+    let choice = &body["choices"][0];
+    assert_eq!(choice["text"], "Hello world");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(choice["logprobs"], Value::Null);
+
+    let prompt = fixture.tokenizer.encode("Say hi", true).unwrap();
+    let completion = fixture
+        .tokenizer
+        .encode("Hello world", false)
+        .unwrap()
+        .len();
+    let usage = json!({"prompt_tokens": prompt.len(), "completion_tokens": completion,
+        "total_tokens": prompt.len() + completion, "prompt_tokens_details": {"cached_tokens": 0}});
+    assert_eq!(body["usage"], usage);
+    let submitted = fixture.last_submitted();
+    assert_eq!(submitted.prompt, prompt, "BOS added to a text prompt");
+    assert_eq!(submitted.max_tokens, MAX_MODEL_LEN - prompt.len());
+    assert_eq!(submitted.params, SamplingParams::default());
+    assert_eq!(
+        (submitted.logprobs, submitted.priority, submitted.ignore_eos),
+        (None, 0, false)
+    );
+}
+
+#[actix_web::test]
+async fn completion_passes_request_fields_to_the_scheduler() {
+    let fixture = Fixture::new(Script::text("ok"));
+    fixture.configure(|config| config.default_sampling.top_k = 9);
+    let app = fixture.app().await;
+    let request = json!({"prompt": "x", "max_tokens": 5, "temperature": 0.5, "top_p": 0.75,
+        "min_p": 0.125, "seed": 42, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "repetition_penalty": 1.5, "stop_token_ids": [7], "ignore_eos": true, "priority": -3,
+        "n": 1, "user": "someone"});
+    let (status, body) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200, "{body:?}");
+    let submitted = fixture.last_submitted();
+    let expected = SamplingParams {
+        temperature: 0.5,
+        top_k: 9,
+        top_p: 0.75,
+        min_p: 0.125,
+        repetition_penalty: 1.5,
+        presence_penalty: 0.5,
+        frequency_penalty: 0.25,
+        seed: Some(42),
+    };
+    assert_eq!(submitted.params, expected, "top_k from the live default");
+    assert_eq!(submitted.max_tokens, 5);
+    assert_eq!(submitted.stop_token_ids, [7]);
+    assert!(submitted.ignore_eos);
+    assert_eq!(submitted.priority, -3);
+}
+
+#[actix_web::test]
+async fn completion_accepts_token_ids_and_one_item_lists() {
+    let fixture = Fixture::new(Script::text("ok"));
+    let app = fixture.app().await;
+    let (status, _) = call(&app, post("/v1/completions", json!({"prompt": [5, 6, 7]}))).await;
+    assert_eq!(status, 200);
+    assert_eq!(fixture.last_submitted().prompt, [5, 6, 7]);
+    let (status, _) = call(&app, post("/v1/completions", json!({"prompt": [[8, 9]]}))).await;
+    assert_eq!(status, 200);
+    assert_eq!(fixture.last_submitted().prompt, [8, 9]);
+    let request = json!({"prompt": ["hi"], "add_special_tokens": false});
+    let (status, _) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200);
+    let hi = fixture.tokenizer.encode("hi", false).unwrap();
+    assert_eq!(fixture.last_submitted().prompt, hi);
+
+    let request = post("/v1/completions", json!({"prompt": ["a", "b"]}));
+    let message = expect_error(
+        call(&app, request).await,
+        400,
+        "invalid_request_error",
+        Some("prompt"),
+    );
+    assert!(message.contains("got 2"), "{message}");
+    let request = post("/v1/completions", json!({"prompt": [5, 999]}));
+    let message = expect_error(
+        call(&app, request).await,
+        400,
+        "invalid_request_error",
+        Some("prompt"),
+    );
+    assert!(message.contains("999"), "{message}");
+    let request = post("/v1/completions", json!({"prompt": []}));
+    expect_error(
+        call(&app, request).await,
+        400,
+        "invalid_request_error",
+        Some("prompt"),
+    );
+}
+
+#[actix_web::test]
+async fn completion_stop_string_truncates_and_aborts() {
+    let mut fixture = Fixture::new(Script::text("Hello world. More text"));
+    let app = fixture.app().await;
+    let request = json!({"prompt": "Say hi", "stop": ["zzz", "world"]});
+    let (status, body) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200);
+    let body = json(&body);
+    assert_eq!(body["choices"][0]["text"], "Hello ");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let generated = fixture
+        .tokenizer
+        .encode("Hello world", false)
+        .unwrap()
+        .len();
+    assert_eq!(
+        body["usage"]["completion_tokens"], generated,
+        "counted up to the stop"
+    );
+    assert!(body["usage"].get("prompt_tokens_details").is_none());
+    let aborted = tokio::time::timeout(Duration::from_secs(5), fixture.aborts.recv()).await;
+    assert_eq!(aborted.unwrap(), Some(fixture.last_submitted().id));
+}
+
+#[actix_web::test]
+async fn eos_finish_is_stop() {
+    let fixture = Fixture::new(Script::Generate {
+        text: "done".into(),
+        per_event: 1,
+        finish: FinishReason::Stop,
+    });
+    let app = fixture.app().await;
+    let (_, body) = call(&app, post("/v1/completions", json!({"prompt": "x"}))).await;
+    let body = json(&body);
+    assert_eq!(body["choices"][0]["text"], "done");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+}
+
+#[actix_web::test]
+async fn completion_logprobs_have_openai_shape() {
+    let fixture = Fixture::new(Script::text("Hello"));
+    let app = fixture.app().await;
+    let request = json!({"prompt": "x", "logprobs": 2});
+    let (status, body) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200);
+    let body = json(&body);
+    let logprobs = &body["choices"][0]["logprobs"];
+    let ids = fixture.tokenizer.encode("Hello", false).unwrap();
+    let tokens: Vec<&str> = logprobs["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|token| token.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), ids.len());
+    assert_eq!(tokens.concat(), "Hello");
+    assert_eq!(logprobs["token_logprobs"][0], -0.25);
+    let top = logprobs["top_logprobs"][0].as_object().unwrap();
+    assert!(top.len() == 2 || top.len() == 3, "{top:?}");
+    assert_eq!(top[tokens[0]], -0.25);
+    assert_eq!(logprobs["text_offset"][0], 0);
+    assert_eq!(logprobs["text_offset"][1], tokens[0].len());
+    assert_eq!(fixture.last_submitted().logprobs, Some(2));
+
+    let request = post("/v1/completions", json!({"prompt": "x", "logprobs": 21}));
+    expect_error(
+        call(&app, request).await,
+        400,
+        "invalid_request_error",
+        Some("logprobs"),
+    );
+}
+
+#[actix_web::test]
+async fn scheduler_refusals_keep_their_status() {
+    let too_long = SubmitError::TooLong {
+        prompt: 3,
+        max_tokens: 70,
+        max_model_len: 72,
+    };
+    let cases = [
+        (
+            SubmitError::QueueFull { limit: 4 },
+            429,
+            "rate_limit_error",
+            None,
+        ),
+        (too_long, 400, "invalid_request_error", Some("max_tokens")),
+        (SubmitError::ShuttingDown, 503, "server_error", None),
+    ];
+    for (err, status, kind, param) in cases {
+        let fixture = Fixture::new(Script::Refuse(err.clone()));
+        let app = fixture.app().await;
+        let request = post("/v1/completions", json!({"prompt": "x", "max_tokens": 4}));
+        let message = expect_error(call(&app, request).await, status, kind, param);
+        assert_eq!(message, err.to_string());
+    }
+}
+
+#[actix_web::test]
+async fn draining_refuses_new_generations() {
+    let fixture = Fixture::new(Script::text("ok"));
+    let app = fixture.app().await;
+    fixture.state.stop_accepting();
+    for uri in ["/v1/completions", "/v1/chat/completions"] {
+        let request = json!({"prompt": "x", "messages": [{"role": "user", "content": "x"}]});
+        let message = expect_error(
+            call(&app, post(uri, request)).await,
+            503,
+            "server_error",
+            None,
+        );
+        assert!(message.contains("shutting down"), "{message}");
+    }
+    let health = actix_web::test::TestRequest::get()
+        .uri("/health")
+        .to_request();
+    assert_eq!(call(&app, health).await.0, 200);
+}

@@ -1,0 +1,373 @@
+//! The gateway's HTTP layer against a fake scheduler that answers each submission with
+//! scripted tokens, and a byte-level BPE tokenizer built in the test.
+
+mod admin;
+mod auth;
+mod chat;
+mod completions;
+mod streaming;
+mod tokenize;
+mod validation;
+
+use std::sync::{Arc, Mutex};
+
+use actix_web::body::MessageBody;
+use actix_web::dev::{Service, ServiceResponse};
+use actix_web::http::StatusCode;
+use actix_web::{test, web, App};
+use bytes::Bytes;
+use peregrine_models::chat_template::ChatTemplate;
+use peregrine_models::tokenizer::Tokenizer;
+use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
+use serde_json::Value;
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::AddedToken;
+use tokio::sync::mpsc;
+
+use super::{
+    routes, AdminHooks, BoxFuture, EngineClient, GatewayConfig, GatewayState, ModelInfo,
+    SharedConfig,
+};
+use crate::messages::{
+    FinishReason, GeneratedToken, RequestEvent, RequestId, SchedulerMsg, SubmitError, Usage,
+};
+
+/// The context length of the test model.
+pub const MAX_MODEL_LEN: usize = 128;
+/// The served model's name.
+pub const MODEL: &str = "tiny";
+/// A ChatML-like template.
+pub const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
+<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+/// How the fake scheduler answers a submission.
+#[derive(Clone, Debug)]
+pub enum Script {
+    /// Refuse it.
+    Refuse(SubmitError),
+    /// Generate the tokens of `text`, `per_event` at a time, then finish with `finish`.
+    Generate {
+        text: String,
+        per_event: usize,
+        finish: FinishReason,
+    },
+    /// Send the first token of `text` and keep the request open.
+    Hang { text: String },
+}
+
+impl Script {
+    /// Generates `text` two tokens per event and finishes with `length`.
+    pub fn text(text: &str) -> Self {
+        Script::Generate {
+            text: text.to_owned(),
+            per_event: 2,
+            finish: FinishReason::Length,
+        }
+    }
+}
+
+/// What the fake scheduler saw of a submission.
+#[derive(Clone, Debug)]
+pub struct Submitted {
+    pub id: RequestId,
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub max_tokens: usize,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub logprobs: Option<usize>,
+    pub priority: i32,
+}
+
+/// Admin hooks whose reload succeeds unless `refuse` is set.
+struct FakeAdmin {
+    refuse: Option<String>,
+}
+
+impl AdminHooks for FakeAdmin {
+    fn reload(&self) -> BoxFuture<Result<String, String>> {
+        let result = match &self.refuse {
+            Some(reason) => Err(reason.clone()),
+            None => Ok("max_num_seqs: 8 -> 16".to_owned()),
+        };
+        Box::pin(async move { result })
+    }
+
+    fn live_config(&self) -> Value {
+        serde_json::json!({"api_keys": ["***"], "max_num_seqs": 8})
+    }
+}
+
+/// A gateway over the fake scheduler.
+pub struct Fixture {
+    pub state: web::Data<GatewayState>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub submitted: Arc<Mutex<Vec<Submitted>>>,
+    pub aborts: mpsc::UnboundedReceiver<RequestId>,
+    /// Event senders of hanging requests, to see when the gateway lets go.
+    pub held: Arc<Mutex<Vec<mpsc::UnboundedSender<RequestEvent>>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    /// With the chat template, no API keys, admin token `admin`, reloads that succeed.
+    pub fn new(script: Script) -> Self {
+        Self::build(script, Some(TEMPLATE), None)
+    }
+
+    /// With the given template and a reload that is refused with `refuse`, if set.
+    pub fn build(script: Script, template: Option<&str>, refuse: Option<&str>) -> Self {
+        let dir = tokenizer_dir();
+        let tokenizer = Arc::new(Tokenizer::from_dir(dir.path()).unwrap());
+        let chat_template = template.map(|source| {
+            let bos = Some("<|bos|>".to_owned());
+            Arc::new(ChatTemplate::new(source, bos, Some("<|eos|>".to_owned())).unwrap())
+        });
+        let (sender, receiver) = mpsc::channel(16);
+        let (abort_sender, aborts) = mpsc::unbounded_channel();
+        let submitted = Arc::new(Mutex::new(Vec::new()));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let fake = FakeScheduler {
+            script,
+            tokenizer: Arc::clone(&tokenizer),
+            submitted: Arc::clone(&submitted),
+            aborts: abort_sender,
+            held: Arc::clone(&held),
+        };
+        tokio::spawn(fake.run(receiver));
+        let config = SharedConfig::new(GatewayConfig {
+            served_model_name: MODEL.to_owned(),
+            api_keys: Vec::new(),
+            admin_token: Some("admin".to_owned()),
+            default_sampling: SamplingParams::default(),
+            default_max_tokens: None,
+        });
+        let model = ModelInfo {
+            tokenizer: Arc::clone(&tokenizer),
+            chat_template,
+            max_model_len: MAX_MODEL_LEN,
+        };
+        let admin = Arc::new(FakeAdmin {
+            refuse: refuse.map(str::to_owned),
+        });
+        let metrics = Arc::new(|| "peregrine:num_requests_running 0\n".to_owned());
+        let state = GatewayState::new(EngineClient::new(sender), model, config, admin, metrics);
+        Self {
+            state: web::Data::new(state),
+            tokenizer,
+            submitted,
+            aborts,
+            held,
+            _dir: dir,
+        }
+    }
+
+    /// The gateway's service.
+    pub async fn app(
+        &self,
+    ) -> impl Service<actix_http::Request, Response = ServiceResponse, Error = actix_web::Error>
+    {
+        test::init_service(App::new().app_data(self.state.clone()).configure(routes)).await
+    }
+
+    /// The last submission.
+    pub fn last_submitted(&self) -> Submitted {
+        self.submitted.lock().unwrap().last().cloned().unwrap()
+    }
+
+    /// Changes the live configuration.
+    pub fn configure(&self, change: impl FnOnce(&mut GatewayConfig)) {
+        let mut config = (*self.state.config.get()).clone();
+        change(&mut config);
+        self.state.config.set(config);
+    }
+}
+
+/// Sends `req`; returns the status and body.
+pub async fn call<S, B>(app: &S, req: actix_http::Request) -> (StatusCode, Bytes)
+where
+    S: Service<actix_http::Request, Response = ServiceResponse<B>, Error = actix_web::Error>,
+    B: MessageBody,
+{
+    let response = test::call_service(app, req).await;
+    let status = response.status();
+    (status, test::read_body(response).await)
+}
+
+/// POSTs `body` as JSON to `uri`.
+pub fn post(uri: &str, body: Value) -> actix_http::Request {
+    test::TestRequest::post()
+        .uri(uri)
+        .set_json(body)
+        .to_request()
+}
+
+/// The body as JSON.
+pub fn json(body: &Bytes) -> Value {
+    serde_json::from_slice(body).unwrap_or_else(|err| panic!("{err}: {body:?}"))
+}
+
+/// Checks an OpenAI error body: its status code, type and param; returns the message.
+pub fn expect_error(
+    (status, body): (StatusCode, Bytes),
+    code: u16,
+    kind: &str,
+    param: Option<&str>,
+) -> String {
+    let body = json(&body);
+    assert_eq!(status.as_u16(), code, "{body}");
+    let error = &body["error"];
+    assert_eq!(error["code"], code, "{body}");
+    assert_eq!(error["type"], kind, "{body}");
+    assert_eq!(error["param"].as_str(), param, "{body}");
+    error["message"].as_str().unwrap().to_owned()
+}
+
+/// The JSON of each `data:` event of an SSE body, and whether it ended with `[DONE]`.
+pub fn sse_events(body: &Bytes) -> (Vec<Value>, bool) {
+    let text = std::str::from_utf8(body).unwrap();
+    let mut events = Vec::new();
+    let mut done = false;
+    for event in text.split("\n\n").filter(|event| !event.is_empty()) {
+        let data = event
+            .strip_prefix("data: ")
+            .unwrap_or_else(|| panic!("{event:?}"));
+        assert!(!done, "an event after [DONE]: {text}");
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            events.push(serde_json::from_str(data).unwrap());
+        }
+    }
+    (events, done)
+}
+
+struct FakeScheduler {
+    script: Script,
+    tokenizer: Arc<Tokenizer>,
+    submitted: Arc<Mutex<Vec<Submitted>>>,
+    aborts: mpsc::UnboundedSender<RequestId>,
+    held: Arc<Mutex<Vec<mpsc::UnboundedSender<RequestEvent>>>>,
+}
+
+impl FakeScheduler {
+    async fn run(self, mut receiver: mpsc::Receiver<SchedulerMsg>) {
+        while let Some(message) = receiver.recv().await {
+            match message {
+                SchedulerMsg::Submit(request, reply) => {
+                    self.submitted.lock().unwrap().push(Submitted {
+                        id: request.id,
+                        prompt: request.prompt.to_vec(),
+                        params: request.params.clone(),
+                        max_tokens: request.max_tokens,
+                        stop_token_ids: request.stop_token_ids.clone(),
+                        ignore_eos: request.ignore_eos,
+                        logprobs: request.logprobs,
+                        priority: request.priority,
+                    });
+                    if let Script::Refuse(err) = &self.script {
+                        let _ = reply.send(Err(err.clone()));
+                        continue;
+                    }
+                    let _ = reply.send(Ok(()));
+                    self.answer(request.prompt.len(), request.logprobs, request.events);
+                }
+                SchedulerMsg::Abort(id) => {
+                    let _ = self.aborts.send(id);
+                }
+                SchedulerMsg::Reconfigure(_, done) => {
+                    let _ = done.send(());
+                }
+                SchedulerMsg::Drain { done, .. } => {
+                    let _ = done.send(());
+                }
+            }
+        }
+    }
+
+    fn answer(
+        &self,
+        prompt_tokens: usize,
+        logprobs: Option<usize>,
+        events: mpsc::UnboundedSender<RequestEvent>,
+    ) {
+        let token = |id: u32| GeneratedToken {
+            id,
+            logprobs: logprobs.map(|top| TokenLogprobs {
+                logprob: -0.25,
+                rank: 1,
+                top: (0..top as u32)
+                    .map(|k| (id + k, -0.25 - k as f32))
+                    .collect(),
+            }),
+        };
+        match &self.script {
+            Script::Refuse(_) => {}
+            Script::Generate {
+                text,
+                per_event,
+                finish,
+            } => {
+                let ids = self.tokenizer.encode(text, false).unwrap();
+                for chunk in ids.chunks(*per_event) {
+                    let _ = events.send(RequestEvent::Tokens(
+                        chunk.iter().map(|&id| token(id)).collect(),
+                    ));
+                }
+                let usage = Usage {
+                    prompt_tokens,
+                    completion_tokens: ids.len(),
+                    cached_tokens: 0,
+                };
+                let _ = events.send(RequestEvent::Finished {
+                    reason: *finish,
+                    usage,
+                });
+            }
+            Script::Hang { text } => {
+                let ids = self.tokenizer.encode(text, false).unwrap();
+                let _ = events.send(RequestEvent::Tokens(vec![token(ids[0])]));
+                self.held.lock().unwrap().push(events);
+            }
+        }
+    }
+}
+
+/// A byte-level BPE tokenizer (the 256 byte symbols, a few merges, three special tokens)
+/// with `tokenizer_config.json` naming BOS and EOS, in a temp dir.
+fn tokenizer_dir() -> tempfile::TempDir {
+    let mut symbols: Vec<String> = ByteLevel::alphabet()
+        .into_iter()
+        .map(String::from)
+        .collect();
+    symbols.sort();
+    let merges: Vec<(String, String)> = [("Ġ", "w"), ("h", "e"), ("l", "l"), ("he", "ll")]
+        .iter()
+        .map(|&(a, b)| (a.to_owned(), b.to_owned()))
+        .collect();
+    symbols.extend(merges.iter().map(|(a, b)| format!("{a}{b}")));
+    let vocab: Vocab = symbols.into_iter().zip(0u32..).collect();
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .unwrap();
+    let mut tokenizer = tokenizers::Tokenizer::new(bpe);
+    tokenizer.with_pre_tokenizer(Some(ByteLevel::default().add_prefix_space(false)));
+    tokenizer.with_decoder(Some(ByteLevel::default()));
+    tokenizer.add_special_tokens(&[
+        AddedToken::from("<|bos|>", true),
+        AddedToken::from("<|eos|>", true),
+        AddedToken::from("<|im_end|>", true),
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    tokenizer
+        .save(dir.path().join("tokenizer.json"), false)
+        .unwrap();
+    std::fs::write(
+        dir.path().join("tokenizer_config.json"),
+        r#"{"bos_token": "<|bos|>", "eos_token": "<|eos|>", "add_bos_token": true}"#,
+    )
+    .unwrap();
+    dir
+}

@@ -1,0 +1,87 @@
+//! The KV allocator actor: a tokio task that owns the [`BlockManager`] and answers one
+//! `AllocateStep` per scheduler step.
+
+use super::BlockManager;
+use crate::messages::{AllocateStep, KvMsg, StepGrant};
+use anyhow::anyhow;
+use tokio::sync::{mpsc, oneshot};
+
+/// Messages that may wait in the actor's mailbox (the scheduler sends one per step).
+const MAILBOX: usize = 16;
+
+/// The actor: owns the block pool and serves [`KvMsg`]s until every handle is dropped.
+pub struct KvAllocator {
+    manager: BlockManager,
+    inbox: mpsc::Receiver<KvMsg>,
+}
+
+/// How the other actors reach the KV allocator; cheap to clone.
+#[derive(Clone, Debug)]
+pub struct KvAllocatorHandle {
+    outbox: mpsc::Sender<KvMsg>,
+    num_blocks: u32,
+    block_size: usize,
+}
+
+impl KvAllocator {
+    /// Starts the actor on the current tokio runtime over a pool of `num_blocks` blocks of
+    /// `block_size` tokens, with prefix caching on or off.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime, or if `block_size` is 0.
+    pub fn spawn(num_blocks: u32, block_size: usize, prefix_caching: bool) -> KvAllocatorHandle {
+        let (outbox, inbox) = mpsc::channel(MAILBOX);
+        let actor = KvAllocator {
+            manager: BlockManager::new(num_blocks, block_size, prefix_caching),
+            inbox,
+        };
+        tokio::spawn(actor.run());
+        KvAllocatorHandle {
+            outbox,
+            num_blocks,
+            block_size,
+        }
+    }
+
+    async fn run(mut self) {
+        while let Some(msg) = self.inbox.recv().await {
+            match msg {
+                KvMsg::AllocateStep(step, reply) => {
+                    let grant = self.manager.allocate_step(step);
+                    if let Err(grant) = reply.send(grant) {
+                        // Nobody learned of these admissions: undo them, so the blocks
+                        // do not leak and the sequences are simply admitted again later.
+                        for seq in &grant.admitted {
+                            self.manager.release(seq.id);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl KvAllocatorHandle {
+    /// Sends one step's allocation request and waits for the grant; an error if the actor
+    /// has stopped.
+    pub async fn allocate_step(&self, step: AllocateStep) -> anyhow::Result<StepGrant> {
+        let (reply, grant) = oneshot::channel();
+        self.outbox
+            .send(KvMsg::AllocateStep(step, reply))
+            .await
+            .map_err(|_| anyhow!("the KV allocator has stopped"))?;
+        grant
+            .await
+            .map_err(|_| anyhow!("the KV allocator stopped before answering"))
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> u32 {
+        self.num_blocks
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+}

@@ -1,0 +1,66 @@
+//! Admitting new sequences: their cached prefix, then fresh blocks for what the token
+//! budget lets them compute this step.
+
+use super::block_manager::SeqBlocks;
+use super::BlockManager;
+use crate::messages::{AdmitSeq, AdmittedSeq};
+
+impl BlockManager {
+    /// Admits the sequences of `admit` in order until one does not fit or the budget is
+    /// spent. Each takes its longest cached prefix of whole blocks, never the last token
+    /// (it must be computed to give logits), and `min(rest, budget)` tokens to compute.
+    /// Never preempts. Cached tokens do not use the budget.
+    ///
+    /// Prefix-cache stats count admitted sequences only (a sequence that waits is counted
+    /// once, when it gets in): `prefix_queries` the tokens looked up (the capped length),
+    /// `prefix_hits` the tokens found. An id that already holds blocks is restarted: its
+    /// old blocks are released first.
+    pub(super) fn admit(&mut self, admit: &[AdmitSeq], token_budget: usize) -> Vec<AdmittedSeq> {
+        let mut budget = token_budget;
+        let mut admitted = Vec::new();
+        for seq in admit {
+            if budget == 0 {
+                break;
+            }
+            self.release(seq.id);
+            let len = seq.tokens.len();
+            let lookup_len = (len.saturating_sub(1) / self.block_size) * self.block_size;
+            let (hits, chain) = self.cached_prefix(&seq.tokens[..lookup_len]);
+            let num_cached = hits.len() * self.block_size;
+            let num_scheduled = (len - num_cached).min(budget);
+            let fresh = self
+                .blocks_for(num_cached + num_scheduled)
+                .saturating_sub(hits.len());
+            let free_hits = hits.iter().filter(|&&b| self.free.contains(b)).count();
+            if fresh > self.free.len().saturating_sub(free_hits) {
+                break;
+            }
+            for &block in &hits {
+                self.share(block);
+            }
+            let num_registered = hits.len();
+            let mut table = hits;
+            table.extend(self.take_free_blocks(fresh));
+            if self.cache.is_some() {
+                self.prefix_queries += lookup_len as u64;
+                self.prefix_hits += num_cached as u64;
+            }
+            budget -= num_scheduled;
+            admitted.push(AdmittedSeq {
+                id: seq.id,
+                num_cached,
+                num_scheduled,
+                block_table: table.clone(),
+            });
+            self.seqs.insert(
+                seq.id,
+                SeqBlocks {
+                    table,
+                    num_registered,
+                    chain,
+                },
+            );
+        }
+        admitted
+    }
+}

@@ -1,0 +1,181 @@
+//! The block pool's state and the operations on it: taking free blocks (evicting what they
+//! cached), sharing cached blocks, releasing a sequence, registering computed blocks.
+//! What one `AllocateStep` does with them is in `step.rs`, `grow.rs` and `admit.rs`.
+
+use super::free_queue::FreeQueue;
+use super::prefix_cache::{ChainId, PrefixCache};
+use crate::messages::{KvUsage, RequestId};
+use std::collections::HashMap;
+
+/// The KV blocks of one pool: per-sequence block tables, reference counts (a block shared
+/// through the prefix cache counts each owner), the free blocks in LRU order, and the
+/// prefix cache. Synchronous; the [`KvAllocator`](super::KvAllocator) actor owns one.
+pub struct BlockManager {
+    pub(super) block_size: usize,
+    /// Per block: how many block tables hold it.
+    pub(super) ref_counts: Vec<u32>,
+    pub(super) free: FreeQueue,
+    /// `None` when prefix caching is off.
+    pub(super) cache: Option<PrefixCache>,
+    pub(super) seqs: HashMap<RequestId, SeqBlocks>,
+    pub(super) prefix_queries: u64,
+    pub(super) prefix_hits: u64,
+}
+
+/// One sequence's blocks.
+pub(super) struct SeqBlocks {
+    pub(super) table: Vec<u32>,
+    /// Leading blocks whose content chain is known: found in the cache or registered from
+    /// `computed`. The blocks after them are this sequence's alone and not cached.
+    pub(super) num_registered: usize,
+    /// The chain those leading blocks end.
+    pub(super) chain: ChainId,
+}
+
+impl BlockManager {
+    /// A pool of `num_blocks` free blocks of `block_size` tokens each, with prefix caching
+    /// on or off.
+    ///
+    /// # Panics
+    /// If `block_size` is 0 (the configuration refuses it before this point).
+    pub fn new(num_blocks: u32, block_size: usize, prefix_caching: bool) -> BlockManager {
+        assert!(block_size > 0, "the KV block size must be at least 1 token");
+        BlockManager {
+            block_size,
+            ref_counts: vec![0; num_blocks as usize],
+            free: FreeQueue::new(num_blocks),
+            cache: prefix_caching.then(|| PrefixCache::new(num_blocks)),
+            seqs: HashMap::new(),
+            prefix_queries: 0,
+            prefix_hits: 0,
+        }
+    }
+
+    /// Blocks in the pool.
+    pub fn num_blocks(&self) -> u32 {
+        // The pool was built from a u32 count.
+        self.ref_counts.len() as u32
+    }
+
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Blocks owned by no sequence (cached or not).
+    pub fn num_free_blocks(&self) -> usize {
+        self.free.len()
+    }
+
+    /// A sequence's block table, if it holds blocks.
+    pub fn block_table(&self, id: RequestId) -> Option<&[u32]> {
+        self.seqs.get(&id).map(|s| s.table.as_slice())
+    }
+
+    /// How many sequences hold `block` (None outside the pool).
+    pub fn ref_count(&self, block: u32) -> Option<u32> {
+        self.ref_counts.get(block as usize).copied()
+    }
+
+    /// The pool's state now.
+    pub fn usage(&self) -> KvUsage {
+        KvUsage {
+            num_blocks: self.ref_counts.len(),
+            used_blocks: self.ref_counts.len() - self.free.len(),
+            max_block_id_in_use: self
+                .seqs
+                .values()
+                .flat_map(|s| s.table.iter())
+                .max()
+                .copied(),
+            prefix_queries: self.prefix_queries,
+            prefix_hits: self.prefix_hits,
+        }
+    }
+
+    /// Blocks needed to hold `tokens` tokens.
+    pub(super) fn blocks_for(&self, tokens: usize) -> usize {
+        tokens.div_ceil(self.block_size)
+    }
+
+    /// The longest run of cached whole blocks at the start of `tokens` (pass only the
+    /// tokens that may be served from the cache) and the chain they end.
+    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> (Vec<u32>, ChainId) {
+        let mut blocks = Vec::new();
+        let mut chain = ChainId::ROOT;
+        let Some(cache) = &self.cache else {
+            return (blocks, chain);
+        };
+        for chunk in tokens.chunks_exact(self.block_size) {
+            let Some((block, next)) = cache.lookup(chain, chunk) else {
+                break;
+            };
+            blocks.push(block);
+            chain = next;
+        }
+        (blocks, chain)
+    }
+
+    /// Adds an owner to a cached block; a free one leaves the free queue (so it cannot be
+    /// evicted while owned).
+    pub(super) fn share(&mut self, block: u32) {
+        if let Some(count) = self.ref_counts.get_mut(block as usize) {
+            if *count == 0 {
+                self.free.remove(block);
+            }
+            *count += 1;
+        }
+    }
+
+    /// Takes the free block reused next, evicting what it cached, with one owner.
+    fn take_free(&mut self) -> Option<u32> {
+        let block = self.free.pop_front()?;
+        if let Some(cache) = &mut self.cache {
+            cache.evict(block);
+        }
+        if let Some(count) = self.ref_counts.get_mut(block as usize) {
+            *count = 1;
+        }
+        Some(block)
+    }
+
+    /// Takes up to `n` free blocks (fewer only if the pool runs out; callers check first).
+    pub(super) fn take_free_blocks(&mut self, n: usize) -> Vec<u32> {
+        (0..n).map_while(|_| self.take_free()).collect()
+    }
+
+    /// Releases all of `id`'s blocks; false if it held none. The blocks join the free queue
+    /// last block first, so a sequence's tail is evicted before the prefix others may share.
+    pub(super) fn release(&mut self, id: RequestId) -> bool {
+        let Some(seq) = self.seqs.remove(&id) else {
+            return false;
+        };
+        for &block in seq.table.iter().rev() {
+            self.drop_owner(block);
+        }
+        true
+    }
+
+    /// Registers `id`'s full blocks among its first `num_computed` tokens in the prefix
+    /// cache. `tokens` are the sequence's tokens; blocks already registered are skipped.
+    pub(super) fn register_computed(&mut self, id: RequestId, tokens: &[u32], num_computed: usize) {
+        let (Some(cache), Some(seq)) = (&mut self.cache, self.seqs.get_mut(&id)) else {
+            return;
+        };
+        let full = (num_computed.min(tokens.len()) / self.block_size).min(seq.table.len());
+        for i in seq.num_registered..full {
+            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
+            seq.chain = cache.insert(seq.chain, chunk, seq.table[i]);
+        }
+        seq.num_registered = seq.num_registered.max(full);
+    }
+
+    fn drop_owner(&mut self, block: u32) {
+        if let Some(count) = self.ref_counts.get_mut(block as usize) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.free.push_back(block);
+            }
+        }
+    }
+}

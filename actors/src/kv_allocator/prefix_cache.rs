@@ -1,0 +1,218 @@
+//! The prefix cache: which block holds which chain of token blocks.
+//!
+//! A full block's key is (the chain id of the previous block, the block's token ids), and
+//! the map compares whole keys, so lookups are exact: two different contents never share an
+//! entry, whatever their hashes. A chain id stands for one exact content chain (all the
+//! tokens from the start of the sequence to the end of the block): ids are handed out once
+//! and never reused, so a key whose parent block was evicted can never be looked up again.
+
+use std::collections::hash_map::RandomState;
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// Names one exact content chain of whole blocks; [`ChainId::ROOT`] is the empty chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ChainId(u64);
+
+impl ChainId {
+    /// The chain before a sequence's first block.
+    pub const ROOT: ChainId = ChainId(0);
+}
+
+/// A cached block's content: its predecessor chain and its own tokens.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct BlockKey {
+    parent: ChainId,
+    tokens: Box<[u32]>,
+}
+
+/// Where a key's content lives.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    block: u32,
+    chain: ChainId,
+}
+
+/// The map from block content to the block holding it.
+pub struct PrefixCache<S = RandomState> {
+    map: HashMap<Arc<BlockKey>, Entry, S>,
+    /// Per block: its key while it is cached.
+    keys: Vec<Option<Arc<BlockKey>>>,
+    next_chain: u64,
+}
+
+impl PrefixCache {
+    /// An empty cache for a pool of `num_blocks`.
+    pub fn new(num_blocks: u32) -> PrefixCache {
+        PrefixCache::with_hasher(num_blocks, RandomState::new())
+    }
+}
+
+impl<S: BuildHasher> PrefixCache<S> {
+    /// An empty cache hashing keys with `hasher` (tests use one where every key collides).
+    pub fn with_hasher(num_blocks: u32, hasher: S) -> PrefixCache<S> {
+        PrefixCache {
+            map: HashMap::with_hasher(hasher),
+            keys: vec![None; num_blocks as usize],
+            next_chain: 1,
+        }
+    }
+
+    /// The block holding `tokens` after the chain `parent`, and the chain it ends.
+    pub fn lookup(&self, parent: ChainId, tokens: &[u32]) -> Option<(u32, ChainId)> {
+        let key = BlockKey {
+            parent,
+            tokens: tokens.into(),
+        };
+        self.map.get(&key).map(|e| (e.block, e.chain))
+    }
+
+    /// Records that `block` holds `tokens` after the chain `parent`, and returns the chain
+    /// the block ends. When another block already holds that content, the cache keeps that
+    /// one, `block` stays uncached, and the existing chain is returned.
+    /// A block outside the pool is not cached, and the chain returned then names nothing,
+    /// so no later lookup can pass through it.
+    pub fn insert(&mut self, parent: ChainId, tokens: &[u32], block: u32) -> ChainId {
+        let key = BlockKey {
+            parent,
+            tokens: tokens.into(),
+        };
+        if let Some(existing) = self.map.get(&key) {
+            return existing.chain;
+        }
+        self.evict(block);
+        let chain = ChainId(self.next_chain);
+        self.next_chain += 1;
+        if let Some(slot) = self.keys.get_mut(block as usize) {
+            let key = Arc::new(key);
+            *slot = Some(key.clone());
+            self.map.insert(key, Entry { block, chain });
+        }
+        chain
+    }
+
+    /// Forgets what `block` holds (it is about to be overwritten).
+    pub fn evict(&mut self, block: u32) {
+        if let Some(key) = self.keys.get_mut(block as usize).and_then(Option::take) {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Whether `block` is in the cache.
+    pub fn is_cached(&self, block: u32) -> bool {
+        self.keys.get(block as usize).is_some_and(Option::is_some)
+    }
+
+    /// Checks that the map and the per-block keys agree and that chain ids are unique.
+    pub fn check(&self) -> Result<(), String> {
+        let mut chains = std::collections::HashSet::new();
+        for (key, entry) in &self.map {
+            match self.keys.get(entry.block as usize) {
+                Some(Some(k)) if Arc::ptr_eq(k, key) => {}
+                _ => {
+                    return Err(format!(
+                        "prefix cache: the map names block {} but the block does not hold that key",
+                        entry.block
+                    ))
+                }
+            }
+            if entry.chain == ChainId::ROOT || entry.chain.0 >= self.next_chain {
+                return Err(format!(
+                    "prefix cache: block {} has chain id {} that was never handed out",
+                    entry.block, entry.chain.0
+                ));
+            }
+            if !chains.insert(entry.chain) {
+                return Err(format!(
+                    "prefix cache: chain id {} is used twice",
+                    entry.chain.0
+                ));
+            }
+        }
+        let cached = self.keys.iter().filter(|k| k.is_some()).count();
+        if cached != self.map.len() {
+            return Err(format!(
+                "prefix cache: {cached} blocks hold keys but the map has {} entries",
+                self.map.len()
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ChainId, PrefixCache};
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+    use std::hash::{BuildHasherDefault, Hasher};
+
+    /// A hasher under which every key collides.
+    #[derive(Default)]
+    struct Constant;
+
+    impl Hasher for Constant {
+        fn finish(&self) -> u64 {
+            7
+        }
+        fn write(&mut self, _bytes: &[u8]) {}
+    }
+
+    #[test]
+    fn lookups_are_exact_when_every_hash_collides() {
+        let mut rng = ChaCha8Rng::seed_from_u64(0x5eed_c011);
+        let mut cache = PrefixCache::with_hasher(64, BuildHasherDefault::<Constant>::default());
+        let mut inserted = Vec::new();
+        let mut parent = ChainId::ROOT;
+        for block in 0..32u32 {
+            let tokens: Vec<u32> = (0..4).map(|_| rng.random_range(0..3)).collect();
+            let chain = cache.insert(parent, &tokens, block);
+            if cache.is_cached(block) {
+                inserted.push((parent, tokens, block, chain));
+            }
+            parent = chain;
+        }
+        cache.check().unwrap();
+        assert!(inserted.len() > 1);
+        for (parent, tokens, block, chain) in &inserted {
+            assert_eq!(cache.lookup(*parent, tokens), Some((*block, *chain)));
+            let mut other = tokens.clone();
+            other[3] = 99;
+            assert_eq!(cache.lookup(*parent, &other), None);
+        }
+    }
+
+    #[test]
+    fn the_parent_chain_is_part_of_the_key() {
+        let mut cache = PrefixCache::new(4);
+        let a = cache.insert(ChainId::ROOT, &[1, 2], 0);
+        let b = cache.insert(a, &[3, 4], 1);
+        assert_eq!(cache.lookup(a, &[3, 4]), Some((1, b)));
+        assert_eq!(cache.lookup(ChainId::ROOT, &[3, 4]), None);
+        assert_eq!(cache.lookup(b, &[3, 4]), None);
+    }
+
+    #[test]
+    fn a_duplicate_content_keeps_the_first_block_and_its_chain() {
+        let mut cache = PrefixCache::new(4);
+        let first = cache.insert(ChainId::ROOT, &[1, 2], 0);
+        assert_eq!(cache.insert(ChainId::ROOT, &[1, 2], 3), first);
+        assert!(!cache.is_cached(3));
+        assert_eq!(cache.lookup(ChainId::ROOT, &[1, 2]), Some((0, first)));
+        cache.check().unwrap();
+    }
+
+    #[test]
+    fn an_evicted_parent_makes_its_children_unreachable() {
+        let mut cache = PrefixCache::new(4);
+        let a = cache.insert(ChainId::ROOT, &[1, 2], 0);
+        cache.insert(a, &[3, 4], 1);
+        cache.evict(0);
+        assert_eq!(cache.lookup(ChainId::ROOT, &[1, 2]), None);
+        let a2 = cache.insert(ChainId::ROOT, &[1, 2], 2);
+        assert_ne!(a2, a);
+        assert_eq!(cache.lookup(a2, &[3, 4]), None);
+        cache.check().unwrap();
+    }
+}

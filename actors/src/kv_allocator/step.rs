@@ -1,0 +1,34 @@
+//! One `AllocateStep`, in order: register computed blocks, free ended sequences, grow the
+//! running ones (preempting from the back), admit new ones.
+
+use super::BlockManager;
+use crate::messages::{AllocateStep, StepGrant};
+
+impl BlockManager {
+    /// Applies one step's message and returns the grant.
+    ///
+    /// `computed` is applied before `free`, so a sequence that ends in the same message as
+    /// its last progress report still leaves its full blocks in the prefix cache. Freed
+    /// blocks stay cached until they are reused. Unknown ids in `free` and `computed` are
+    /// ignored. In debug builds the invariants are checked afterwards.
+    pub fn allocate_step(&mut self, step: AllocateStep) -> StepGrant {
+        for c in &step.computed {
+            self.register_computed(c.id, &c.tokens, c.num_computed);
+        }
+        for &id in &step.free {
+            self.release(id);
+        }
+        let (grown, preempted) = self.grow(&step.grow);
+        let admitted = self.admit(&step.admit, step.token_budget);
+        #[cfg(debug_assertions)]
+        if let Err(broken) = self.check_invariants() {
+            panic!("KV allocator invariant broken after a step: {broken}");
+        }
+        StepGrant {
+            grown,
+            preempted,
+            admitted,
+            usage: self.usage(),
+        }
+    }
+}

@@ -1,0 +1,99 @@
+//! The engine's Prometheus metrics, named as vLLM's with the `peregrine:` prefix, recorded
+//! through the `metrics` facade (the serve command installs the Prometheus exporter).
+
+use crate::messages::{FinishReason, KvUsage};
+use metrics::{counter, gauge, histogram};
+use std::time::Duration;
+
+/// Requests running (holding KV blocks).
+pub const NUM_REQUESTS_RUNNING: &str = "peregrine:num_requests_running";
+/// Requests waiting to start.
+pub const NUM_REQUESTS_WAITING: &str = "peregrine:num_requests_waiting";
+/// Fraction of KV blocks owned by requests (0..1).
+pub const KV_CACHE_USAGE_PERC: &str = "peregrine:kv_cache_usage_perc";
+/// The largest KV block id owned by a request; -1 when none is.
+pub const KV_BLOCK_ID_MAX: &str = "peregrine:kv_block_id_max";
+/// Prompt tokens looked up in the prefix cache.
+pub const PREFIX_CACHE_QUERIES: &str = "peregrine:prefix_cache_queries_total";
+/// Prompt tokens found in the prefix cache.
+pub const PREFIX_CACHE_HITS: &str = "peregrine:prefix_cache_hits_total";
+/// Prompt tokens of finished requests.
+pub const PROMPT_TOKENS: &str = "peregrine:prompt_tokens_total";
+/// Generated tokens.
+pub const GENERATION_TOKENS: &str = "peregrine:generation_tokens_total";
+/// Finished requests, by `finished_reason`.
+pub const REQUEST_SUCCESS: &str = "peregrine:request_success_total";
+/// Preemptions (a running request's blocks taken back; it recomputes later).
+pub const NUM_PREEMPTIONS: &str = "peregrine:num_preemptions_total";
+/// Seconds from arrival to the first generated token.
+pub const TIME_TO_FIRST_TOKEN: &str = "peregrine:time_to_first_token_seconds";
+/// Seconds between consecutive generated tokens.
+pub const INTER_TOKEN_LATENCY: &str = "peregrine:inter_token_latency_seconds";
+/// Seconds from arrival to the end of a request.
+pub const E2E_REQUEST_LATENCY: &str = "peregrine:e2e_request_latency_seconds";
+/// Seconds from arrival to the first step that ran the request.
+pub const REQUEST_QUEUE_TIME: &str = "peregrine:request_queue_time_seconds";
+
+/// Every histogram's name, for configuring buckets in the exporter.
+pub const HISTOGRAMS: [&str; 4] = [
+    TIME_TO_FIRST_TOKEN,
+    INTER_TOKEN_LATENCY,
+    E2E_REQUEST_LATENCY,
+    REQUEST_QUEUE_TIME,
+];
+
+/// Histogram buckets in seconds, from 1 ms to 5 minutes.
+pub const LATENCY_BUCKETS: [f64; 18] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    30.0, 60.0, 300.0,
+];
+
+/// Queue lengths.
+pub fn record_queues(running: usize, waiting: usize) {
+    gauge!(NUM_REQUESTS_RUNNING).set(running as f64);
+    gauge!(NUM_REQUESTS_WAITING).set(waiting as f64);
+}
+
+/// The pool's state after a step; `previous` holds the last cumulative prefix counts so
+/// that the counters advance by the difference.
+pub fn record_kv(usage: &KvUsage, previous: &mut KvUsage) {
+    let frac = if usage.num_blocks == 0 {
+        0.0
+    } else {
+        usage.used_blocks as f64 / usage.num_blocks as f64
+    };
+    gauge!(KV_CACHE_USAGE_PERC).set(frac);
+    gauge!(KV_BLOCK_ID_MAX).set(usage.max_block_id_in_use.map_or(-1.0, f64::from));
+    counter!(PREFIX_CACHE_QUERIES)
+        .increment(usage.prefix_queries.saturating_sub(previous.prefix_queries));
+    counter!(PREFIX_CACHE_HITS).increment(usage.prefix_hits.saturating_sub(previous.prefix_hits));
+    *previous = *usage;
+}
+
+/// A finished request.
+pub fn record_finish(reason: FinishReason, prompt_tokens: usize, e2e: Duration) {
+    counter!(REQUEST_SUCCESS, "finished_reason" => reason.as_str()).increment(1);
+    counter!(PROMPT_TOKENS).increment(prompt_tokens as u64);
+    histogram!(E2E_REQUEST_LATENCY).record(e2e.as_secs_f64());
+}
+
+/// A generated token: `since_previous` is the time to first token for the first one.
+pub fn record_token(first: bool, since_previous: Duration) {
+    counter!(GENERATION_TOKENS).increment(1);
+    let name = if first {
+        TIME_TO_FIRST_TOKEN
+    } else {
+        INTER_TOKEN_LATENCY
+    };
+    histogram!(name).record(since_previous.as_secs_f64());
+}
+
+/// A request's first step, `queued` after its arrival.
+pub fn record_queue_time(queued: Duration) {
+    histogram!(REQUEST_QUEUE_TIME).record(queued.as_secs_f64());
+}
+
+/// A preemption.
+pub fn record_preemption() {
+    counter!(NUM_PREEMPTIONS).increment(1);
+}

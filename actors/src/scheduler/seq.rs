@@ -1,0 +1,77 @@
+//! A request's state inside the scheduler.
+
+use crate::messages::{GenerateRequest, RequestEvent, Usage};
+use std::time::Instant;
+
+/// Where a request stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Waiting,
+    Running,
+}
+
+/// One request: its tokens (prompt, then generated), how many are in the KV cache, and
+/// its timings.
+pub struct Seq {
+    pub req: GenerateRequest,
+    /// Arrival order, the tie-breaker after priority.
+    pub order: u64,
+    pub tokens: Vec<u32>,
+    pub num_computed: usize,
+    pub block_table: Vec<u32>,
+    pub phase: Phase,
+    /// Tokens to compute in the step being planned.
+    pub chunk: usize,
+    /// The runner has the request's sampling state.
+    pub setup_sent: bool,
+    /// Prompt tokens served from the prefix cache at first admission.
+    pub cached_tokens: Option<usize>,
+    pub last_token_at: Option<Instant>,
+}
+
+impl Seq {
+    /// A new waiting request.
+    pub fn new(req: GenerateRequest, order: u64) -> Seq {
+        Seq {
+            tokens: req.prompt.to_vec(),
+            req,
+            order,
+            num_computed: 0,
+            block_table: Vec::new(),
+            phase: Phase::Waiting,
+            chunk: 0,
+            setup_sent: false,
+            cached_tokens: None,
+            last_token_at: None,
+        }
+    }
+
+    /// The key that orders requests: priority (lower first), then arrival.
+    pub fn key(&self) -> (i32, u64) {
+        (self.req.priority, self.order)
+    }
+
+    /// Tokens generated so far.
+    pub fn output_len(&self) -> usize {
+        self.tokens.len() - self.req.prompt.len()
+    }
+
+    /// Tokens not yet in the cache.
+    pub fn remaining(&self) -> usize {
+        self.tokens.len() - self.num_computed
+    }
+
+    /// Token counts for the response.
+    pub fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.req.prompt.len(),
+            completion_tokens: self.output_len(),
+            cached_tokens: self.cached_tokens.unwrap_or(0),
+        }
+    }
+
+    /// Sends an event to the client; false if the client has gone.
+    pub fn send(&self, event: RequestEvent) -> bool {
+        self.req.events.send(event).is_ok()
+    }
+}

@@ -1,0 +1,121 @@
+//! The `peregrine serve` flags. None has a clap default, so that a flag left out does not
+//! override the file; the defaults live in `ServeConfig::default`.
+
+use super::{DeviceKind, DtypeChoice, Layer};
+use crate::parse_byte_size;
+use std::path::PathBuf;
+
+/// `peregrine serve` flags; each one given overrides the config file.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ServeArgs {
+    /// A TOML file with the same settings (names with underscores); flags override it.
+    #[arg(long, value_name = "FILE.toml")]
+    pub config: Option<PathBuf>,
+    /// A Hugging Face model directory or a known name [default: smollm2-135m, fetched on first use].
+    #[arg(long, value_name = "DIR|NAME")]
+    pub model: Option<PathBuf>,
+    /// The model name clients send [default: the model's name].
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    /// The address to listen on [default: 127.0.0.1].
+    #[arg(long)]
+    pub host: Option<String>,
+    /// The port to listen on; 0 picks a free one [default: 8000].
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// A key clients must send as `Authorization: Bearer KEY`; repeat for several.
+    #[arg(long = "api-key", value_name = "KEY")]
+    pub api_key: Vec<String>,
+    /// The token `/admin/*` endpoints require [default: admin endpoints off].
+    #[arg(long, value_name = "TOKEN")]
+    pub admin_token: Option<String>,
+    /// The device to run on [default: cpu].
+    #[arg(long)]
+    pub device: Option<DeviceKind>,
+    /// The compute dtype [default: auto].
+    #[arg(long)]
+    pub dtype: Option<DtypeChoice>,
+    /// The most sequences in one step [default: 64].
+    #[arg(long, value_name = "N")]
+    pub max_num_seqs: Option<usize>,
+    /// The most tokens in one step [default: 2048].
+    #[arg(long, value_name = "N")]
+    pub max_num_batched_tokens: Option<usize>,
+    /// The longest prompt plus output [default: the model's context length].
+    #[arg(long, value_name = "N")]
+    pub max_model_len: Option<usize>,
+    /// Tokens per KV cache block, a power of two up to 256 [default: 16].
+    #[arg(long, value_name = "N")]
+    pub block_size: Option<usize>,
+    /// Memory for the KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... [default: 1GiB].
+    #[arg(long, value_name = "BYTES", value_parser = parse_byte_size)]
+    pub kv_cache_memory: Option<u64>,
+    /// The fraction of GPU memory Peregrine may use, in (0, 1] [default: 0.9].
+    #[arg(long, value_name = "FRACTION")]
+    pub gpu_memory_utilization: Option<f32>,
+    /// Turn prefix caching off (it is on by default).
+    #[arg(long)]
+    pub no_prefix_caching: bool,
+    /// Requests that may wait for a slot before new ones get 429 [default: 1024].
+    #[arg(long, value_name = "N")]
+    pub max_waiting_requests: Option<usize>,
+    /// Seconds in-flight requests get to finish at shutdown [default: 30].
+    #[arg(long, value_name = "SECONDS")]
+    pub shutdown_timeout: Option<u64>,
+    /// error, warn, info, debug, trace, or a filter like "info,peregrine=debug" [default: info].
+    #[arg(long, value_name = "LEVEL")]
+    pub log_level: Option<String>,
+    /// The model cache [default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine].
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl ServeArgs {
+    /// The settings these flags give.
+    pub(super) fn layer(&self) -> Layer {
+        let ServeArgs {
+            config: _,
+            model,
+            served_model_name,
+            host,
+            port,
+            api_key,
+            admin_token,
+            device,
+            dtype,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            block_size,
+            kv_cache_memory,
+            gpu_memory_utilization,
+            no_prefix_caching,
+            max_waiting_requests,
+            shutdown_timeout,
+            log_level,
+            cache_dir,
+        } = self.clone();
+        Layer {
+            model,
+            served_model_name,
+            host,
+            port,
+            api_keys: (!api_key.is_empty()).then_some(api_key),
+            admin_token,
+            device,
+            dtype,
+            max_num_seqs,
+            max_num_batched_tokens,
+            max_model_len,
+            block_size,
+            kv_cache_memory,
+            gpu_memory_utilization,
+            enable_prefix_caching: no_prefix_caching.then_some(false),
+            max_waiting_requests,
+            shutdown_timeout,
+            log_level,
+            cache_dir,
+            default_sampling: None,
+        }
+    }
+}

@@ -1,0 +1,27 @@
+//! Where a value came from, so that an error points at the file or at the flag.
+
+use std::path::PathBuf;
+
+/// The source of one layer of settings.
+#[derive(Clone, Debug)]
+pub(super) enum Origin {
+    /// The TOML file at this path.
+    File(PathBuf),
+    /// The command line.
+    Flags,
+}
+
+impl Origin {
+    /// How to name `field` (a file key) of this source: `config.toml: max_num_seqs` or
+    /// `--max-num-seqs`.
+    pub(super) fn name(&self, field: &str) -> String {
+        match self {
+            Origin::File(path) => format!("{}: {field}", path.display()),
+            Origin::Flags => match field {
+                "api_keys" => "--api-key".to_string(),
+                "enable_prefix_caching" => "--no-prefix-caching".to_string(),
+                _ => format!("--{}", field.replace('_', "-")),
+            },
+        }
+    }
+}

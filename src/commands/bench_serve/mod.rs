@@ -1,0 +1,111 @@
+//! `peregrine bench serve`: load-tests an OpenAI-compatible server the way
+//! `vllm bench serve` does. It sends `--num-prompts` streamed `/v1/completions`
+//! requests, at most `--concurrency` at a time, times every chunk, and prints
+//! throughput and TTFT / TPOT / ITL / end-to-end percentiles.
+
+mod prompts;
+mod report;
+mod request;
+mod sse;
+mod stats;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use crate::cli::BenchServeArgs;
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use prompts::Prompt;
+use report::Report;
+use request::Server;
+use std::time::Instant;
+
+/// Runs the benchmark, prints the table and writes `--result-file`. Fails when the
+/// server cannot be reached or when every request failed.
+pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
+    let prompts = load_prompts(&args)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let bar = progress_bar(prompts.len());
+    let report = runtime.block_on(benchmark(&args, &prompts, &bar));
+    bar.finish_and_clear();
+    let report = report?;
+    print!("{}", report.table());
+    if let Some(path) = &args.result_file {
+        let text = serde_json::to_string_pretty(&report.json())?;
+        std::fs::write(path, text + "\n")
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        println!("Results written to {}", path.display());
+    }
+    match report.first_error() {
+        Some(error) if report.summary.completed == 0 => {
+            bail!(
+                "all {} requests failed; the first error: {error}",
+                report.summary.failed
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The prompts `args` asks for, after checking the numbers.
+fn load_prompts(args: &BenchServeArgs) -> anyhow::Result<Vec<Prompt>> {
+    if args.num_prompts == 0 || args.concurrency == 0 || args.output_len == 0 {
+        bail!("--num-prompts, --concurrency and --output-len must be at least 1");
+    }
+    match &args.dataset {
+        Some(path) => prompts::dataset(path, args.num_prompts, args.output_len),
+        None if args.input_len == 0 => bail!("--input-len must be at least 1"),
+        None => Ok(prompts::random(
+            args.num_prompts,
+            args.input_len,
+            args.output_len,
+            args.seed,
+        )),
+    }
+}
+
+/// A bar over the requests, drawn on stderr when it is a terminal.
+fn progress_bar(len: usize) -> ProgressBar {
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) = ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} requests [{elapsed_precise}<{eta_precise}]",
+    ) {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Finds the model (unless `--model` names it), sends every prompt with at most
+/// `--concurrency` in flight, and summarises.
+async fn benchmark(
+    args: &BenchServeArgs,
+    prompts: &[Prompt],
+    bar: &ProgressBar,
+) -> anyhow::Result<Report> {
+    let server = Server::new(&args.url, args.api_key.clone())?;
+    let model = match &args.model {
+        Some(model) => model.clone(),
+        None => server.first_model().await?,
+    };
+    let start = Instant::now();
+    let mut results: Vec<_> = futures_util::stream::iter(prompts.iter().enumerate())
+        .map(|(index, prompt)| {
+            let (server, model) = (&server, &model);
+            async move {
+                let result = server.complete(model, prompt).await;
+                bar.inc(1);
+                (index, result.map_err(|e| format!("{e:#}")))
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    let duration = start.elapsed().as_secs_f64();
+    results.sort_by_key(|(index, _)| *index);
+    let results = results.into_iter().map(|(_, result)| result).collect();
+    Ok(Report::new(args, model, results, duration))
+}

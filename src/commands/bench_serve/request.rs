@@ -1,0 +1,120 @@
+//! The HTTP side: the model list, and one streamed `/v1/completions` request.
+
+use super::prompts::Prompt;
+use super::sse::{SseEvent, SseParser};
+use super::stats::RequestMetrics;
+use super::stream::{error_message, StreamTimer};
+use anyhow::{bail, Context};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::time::Instant;
+
+/// An OpenAI-compatible server.
+pub struct Server {
+    /// The HTTP client (connections are pooled across requests).
+    client: reqwest::Client,
+    /// The base URL without a trailing slash.
+    base: String,
+    /// The Bearer token, if any.
+    api_key: Option<String>,
+}
+
+impl Server {
+    /// A client for the server at `url` (e.g. `http://127.0.0.1:8000`).
+    pub fn new(url: &str, api_key: Option<String>) -> anyhow::Result<Self> {
+        let base = url.trim_end_matches('/').to_owned();
+        if !base.starts_with("http://") && !base.starts_with("https://") {
+            bail!("--url must start with http:// or https://, not {url:?}");
+        }
+        let client = reqwest::Client::builder()
+            .build()
+            .context("cannot build the HTTP client")?;
+        Ok(Self {
+            client,
+            base,
+            api_key,
+        })
+    }
+
+    /// A request to `path` with the API key attached.
+    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        let builder = self.client.request(method, format!("{}{path}", self.base));
+        match &self.api_key {
+            Some(key) => builder.bearer_auth(key),
+            None => builder,
+        }
+    }
+
+    /// The first model id `GET /v1/models` lists.
+    pub async fn first_model(&self) -> anyhow::Result<String> {
+        let url = format!("{}/v1/models", self.base);
+        let response = self
+            .request(reqwest::Method::GET, "/v1/models")
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {url} (is it running?)"))?;
+        let models: Value = ensure_success(response)
+            .await
+            .with_context(|| format!("GET {url} failed"))?
+            .json()
+            .await
+            .with_context(|| format!("GET {url} did not return JSON"))?;
+        match models["data"][0]["id"].as_str() {
+            Some(id) => Ok(id.to_owned()),
+            None => bail!("GET {url} listed no models; pass --model"),
+        }
+    }
+
+    /// Sends one streamed completion and times it until `data: [DONE]`.
+    pub async fn complete(&self, model: &str, prompt: &Prompt) -> anyhow::Result<RequestMetrics> {
+        let body = json!({
+            "model": model,
+            "prompt": prompt.text,
+            "max_tokens": prompt.max_tokens,
+            "ignore_eos": prompt.ignore_eos,
+            "temperature": 0,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        let start = Instant::now();
+        let response = self
+            .request(reqwest::Method::POST, "/v1/completions")
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let response = ensure_success(response).await?;
+        let mut timer = StreamTimer::new(start);
+        let mut parser = SseParser::default();
+        let mut bytes = response.bytes_stream();
+        while let Some(read) = bytes.next().await {
+            let read = read.context("the stream broke")?;
+            let now = Instant::now();
+            for event in parser.push(&read) {
+                match event {
+                    SseEvent::Data(payload) => timer.on_chunk(&payload, now)?,
+                    SseEvent::Done => return Ok(timer.finish(now, prompt.approx_tokens)),
+                }
+            }
+        }
+        bail!("the stream ended without data: [DONE]")
+    }
+}
+
+/// The response itself when its status is a success; otherwise an error naming the
+/// status and the server's message.
+async fn ensure_success(response: reqwest::Response) -> anyhow::Result<reqwest::Response> {
+    let status = response.status();
+    if status.is_success() {
+        return Ok(response);
+    }
+    let body = response.text().await.unwrap_or_default();
+    let message = match serde_json::from_str::<Value>(&body) {
+        Ok(Value::Object(fields)) if fields.contains_key("error") => {
+            error_message(&fields["error"])
+        }
+        Ok(value @ Value::Object(_)) => error_message(&value),
+        _ => body.chars().take(200).collect(),
+    };
+    bail!("HTTP {status}: {message}")
+}

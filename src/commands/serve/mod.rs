@@ -1,0 +1,120 @@
+//! `peregrine serve`: loads the model, starts the engine's actors and the HTTP gateway,
+//! reloads the configuration on SIGHUP, on a change of its file and on
+//! `POST /admin/reload`, and drains in-flight requests on SIGTERM / SIGINT.
+
+mod reload;
+mod signals;
+
+use crate::commands::DEFAULT_MODEL;
+use actix_web::{web, App, HttpServer};
+use anyhow::{bail, Context};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::gateway::{routes, EngineClient, GatewayState, ModelInfo, SharedConfig};
+use peregrine_actors::metrics::{HISTOGRAMS, LATENCY_BUCKETS};
+use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
+use peregrine_models::chat_template::ChatTemplate;
+use peregrine_models::fetch::{default_cache_dir, fetch_model};
+use peregrine_models::tokenizer::Tokenizer;
+use peregrine_models::LlamaModel;
+use reload::{gateway_config, limits, Reloader};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{fmt, reload as log_reload, EnvFilter};
+
+/// Runs the server until it is shut down.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let config = ServeConfig::load(&args)?;
+    let (filter, log_level) = log_reload::Layer::new(EnvFilter::try_new(&config.log_level)?);
+    tracing_subscriber::registry()
+        .with(filter)
+        .with(
+            fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal()),
+        )
+        .init();
+    if config.device != DeviceKind::Cpu {
+        bail!(
+            "device {} is not built into this binary; use --device cpu",
+            config.device.as_str()
+        );
+    }
+    let (dir, default_name) = match &config.model {
+        Some(dir) => (dir.clone(), dir.display().to_string()),
+        None => {
+            let cache = default_cache_dir(config.cache_dir.as_deref())?;
+            (
+                fetch_model(DEFAULT_MODEL, &cache)?,
+                DEFAULT_MODEL.to_string(),
+            )
+        }
+    };
+    let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
+    let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
+    let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
+    let model = LlamaModel::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let mut prometheus = PrometheusBuilder::new();
+    for name in HISTOGRAMS {
+        prometheus =
+            prometheus.set_buckets_for_metric(Matcher::Full(name.into()), &LATENCY_BUCKETS)?;
+    }
+    let prometheus = prometheus.install_recorder()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let settings = EngineSettings {
+            block_size: config.block_size,
+            kv_cache_memory: config.kv_cache_memory,
+            prefix_caching: config.enable_prefix_caching,
+            limits: limits(&config),
+            max_model_len: config.max_model_len,
+        };
+        let engine = start_engine(model, &settings)?;
+        let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
+        let reloader = Reloader::new(
+            args,
+            config.clone(),
+            served_model_name.clone(),
+            shared.clone(),
+            engine.scheduler.clone(),
+            log_level,
+        );
+        let state = web::Data::new(GatewayState::new(
+            EngineClient::new(engine.scheduler.clone()),
+            ModelInfo {
+                tokenizer,
+                chat_template,
+                max_model_len: engine.max_model_len,
+            },
+            shared,
+            Arc::new(reloader.clone()),
+            Arc::new(move || prometheus.render()),
+        ));
+        let app_state = state.clone();
+        let server =
+            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
+                .workers(2)
+                .disable_signals()
+                .bind((config.host.as_str(), config.port))
+                .with_context(|| format!("binding {}:{}", config.host, config.port))?;
+        for addr in server.addrs() {
+            tracing::info!(model = %served_model_name, "serving on http://{addr}");
+            // A line for scripts that start the server on port 0.
+            println!("peregrine: listening on http://{addr}");
+        }
+        let server = server.run();
+        let config_file = reloader.config_file();
+        tokio::spawn(signals::watch(
+            reloader,
+            state,
+            engine.scheduler,
+            server.handle(),
+            config_file,
+        ));
+        server.await.context("HTTP server")
+    })
+}

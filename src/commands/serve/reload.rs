@@ -1,0 +1,145 @@
+//! Hot reload: the whole new configuration is read and validated first, refused if it
+//! changes a field that needs a restart, and only then applied to each actor by message.
+
+use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
+use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
+use peregrine_config::{ServeArgs, ServeConfig};
+use peregrine_ops::sampling::SamplingParams;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{info, warn};
+use tracing_subscriber::{reload, EnvFilter, Registry};
+
+/// The scheduler's limits from a configuration.
+pub fn limits(config: &ServeConfig) -> SchedulerLimits {
+    SchedulerLimits {
+        max_num_seqs: config.max_num_seqs,
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        max_waiting: config.max_waiting_requests,
+    }
+}
+
+/// The gateway's live settings from a configuration.
+pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayConfig {
+    let d = &config.default_sampling;
+    let base = SamplingParams::default();
+    GatewayConfig {
+        served_model_name: served_model_name.to_string(),
+        api_keys: config.api_keys.clone(),
+        admin_token: config.admin_token.clone(),
+        default_sampling: SamplingParams {
+            temperature: d.temperature.unwrap_or(base.temperature),
+            top_p: d.top_p.unwrap_or(base.top_p),
+            top_k: d.top_k.unwrap_or(base.top_k),
+            min_p: d.min_p.unwrap_or(base.min_p),
+            repetition_penalty: d.repetition_penalty.unwrap_or(base.repetition_penalty),
+            presence_penalty: d.presence_penalty.unwrap_or(base.presence_penalty),
+            frequency_penalty: d.frequency_penalty.unwrap_or(base.frequency_penalty),
+            seed: None,
+        },
+        default_max_tokens: d.max_tokens.map(|n| n as usize),
+    }
+}
+
+/// Reloads the configuration from the same flags and file the server started with.
+/// Cloning shares the same live configuration.
+#[derive(Clone)]
+pub struct Reloader(Arc<Live>);
+
+/// What a reload reads and changes.
+struct Live {
+    args: ServeArgs,
+    live: Mutex<ServeConfig>,
+    served_model_name: String,
+    gateway: SharedConfig,
+    scheduler: mpsc::Sender<SchedulerMsg>,
+    log_level: reload::Handle<EnvFilter, Registry>,
+}
+
+impl Reloader {
+    /// A reloader for a server running `live`.
+    pub fn new(
+        args: ServeArgs,
+        live: ServeConfig,
+        served_model_name: String,
+        gateway: SharedConfig,
+        scheduler: mpsc::Sender<SchedulerMsg>,
+        log_level: reload::Handle<EnvFilter, Registry>,
+    ) -> Reloader {
+        Reloader(Arc::new(Live {
+            args,
+            live: Mutex::new(live),
+            served_model_name,
+            gateway,
+            scheduler,
+            log_level,
+        }))
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, ServeConfig> {
+        self.0
+            .live
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The configuration file the server reloads from, if any.
+    pub fn config_file(&self) -> Option<std::path::PathBuf> {
+        self.0.args.config.clone()
+    }
+
+    /// How long shutdown waits for in-flight requests, as configured now.
+    pub fn shutdown_timeout(&self) -> Duration {
+        self.live().shutdown_timeout
+    }
+
+    /// Reads, validates and applies the configuration; on any refusal nothing changes.
+    pub async fn reload_now(&self) -> Result<String, String> {
+        let new = ServeConfig::load(&self.0.args)
+            .map_err(|e| format!("{e}; the running configuration stays"))?;
+        let changes = self
+            .live()
+            .reload_changes(&new)
+            .map_err(|e| e.to_string())?;
+        let filter = EnvFilter::try_new(&new.log_level).map_err(|e| {
+            format!(
+                "log_level {:?}: {e}; the running configuration stays",
+                new.log_level
+            )
+        })?;
+        if changes.is_empty() {
+            return Ok("configuration unchanged".to_string());
+        }
+        let (reply, applied) = oneshot::channel();
+        self.0
+            .scheduler
+            .send(SchedulerMsg::Reconfigure(limits(&new), reply))
+            .await
+            .map_err(|_| "the scheduler has stopped".to_string())?;
+        applied
+            .await
+            .map_err(|_| "the scheduler has stopped".to_string())?;
+        self.0
+            .gateway
+            .set(gateway_config(&new, &self.0.served_model_name));
+        if let Err(e) = self.0.log_level.reload(filter) {
+            warn!("log level not changed: {e}");
+        }
+        *self.live() = new;
+        let message = format!("reloaded: {}", changes.join(", "));
+        info!("{message}");
+        Ok(message)
+    }
+}
+
+impl AdminHooks for Reloader {
+    fn reload(&self) -> BoxFuture<Result<String, String>> {
+        let this = self.clone();
+        Box::pin(async move { this.reload_now().await })
+    }
+
+    fn live_config(&self) -> serde_json::Value {
+        self.live().masked_json()
+    }
+}
