@@ -11,19 +11,25 @@ use std::collections::HashMap;
 /// through the prefix cache counts each owner), the free blocks in LRU order, and the
 /// prefix cache. Synchronous; the [`KvAllocator`](super::KvAllocator) actor owns one.
 pub struct BlockManager {
+    /// Tokens per block.
     pub(super) block_size: usize,
     /// Per block: how many block tables hold it.
     pub(super) ref_counts: Vec<u32>,
+    /// The blocks with no owner, in reuse order.
     pub(super) free: FreeQueue,
     /// `None` when prefix caching is off.
     pub(super) cache: Option<PrefixCache>,
+    /// The sequences holding blocks.
     pub(super) seqs: HashMap<RequestId, SeqBlocks>,
+    /// Tokens looked up in the prefix cache, cumulative.
     pub(super) prefix_queries: u64,
+    /// Tokens found in the prefix cache, cumulative.
     pub(super) prefix_hits: u64,
 }
 
 /// One sequence's blocks.
 pub(super) struct SeqBlocks {
+    /// The block ids, in sequence order.
     pub(super) table: Vec<u32>,
     /// Leading blocks whose content chain is known: found in the cache or registered from
     /// `computed`. The blocks after them are this sequence's alone and not cached.

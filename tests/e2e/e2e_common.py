@@ -1,0 +1,253 @@
+"""Helpers shared by the end-to-end check scripts (run by tests/serve_e2e.rs).
+
+Each script gets the server's base URL (`--base http://127.0.0.1:PORT`) and the served model
+name, talks to the server through the official `openai` client and through raw HTTP from
+the standard library, and exits 0 when every check holds. A failed check prints `FAIL:` and
+why, and exits 1.
+"""
+
+import argparse
+import http.client
+import json
+import re
+import socket
+import sys
+import time
+import traceback
+import urllib.parse
+
+try:
+    import openai
+except ImportError as err:  # pragma: no cover - exercised on bare machines only
+    sys.stderr.write(
+        "FAIL: the official `openai` Python client is not importable (%s).\n"
+        "Install it with `python3 -m pip install openai` (.ci/run does).\n" % err
+    )
+    sys.exit(3)
+
+
+class CheckFailed(Exception):
+    """A check that did not hold."""
+
+
+def expect(condition, message):
+    """Fails the script with `message` unless `condition` holds."""
+    if not condition:
+        raise CheckFailed(message)
+
+
+def expect_eq(got, want, what):
+    expect(got == want, "%s: got %r, expected %r" % (what, got, want))
+
+
+def log(*parts):
+    print(*parts, flush=True)
+
+
+def parser(description):
+    """An argument parser with the arguments every script gets."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--base", required=True, help="the server, as http://HOST:PORT")
+    p.add_argument("--model", required=True, help="the served model name")
+    return p
+
+
+def run(main):
+    """Runs `main()`, turning a failed check or an unexpected error into exit status 1."""
+    try:
+        main()
+    except CheckFailed as err:
+        log("FAIL: %s" % err)
+        sys.exit(1)
+    except Exception:  # noqa: BLE001 - any surprise fails the check, with its trace
+        log("FAIL: unexpected error")
+        traceback.print_exc()
+        sys.exit(1)
+    log("OK")
+
+
+def client(base, api_key="no-key", timeout=120.0):
+    """The official client for the server, without retries (a failure should show)."""
+    return openai.OpenAI(
+        base_url=base + "/v1", api_key=api_key, max_retries=0, timeout=timeout
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Raw HTTP
+# ---------------------------------------------------------------------------------------
+
+
+class Response:
+    def __init__(self, status, headers, body):
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self):
+        try:
+            return json.loads(self.body)
+        except ValueError:
+            raise CheckFailed("the body is not JSON (status %d): %r" % (self.status, self.body[:500]))
+
+    def __repr__(self):
+        return "HTTP %d %s" % (self.status, self.body[:500])
+
+
+def _host_port(base):
+    url = urllib.parse.urlsplit(base)
+    return url.hostname, url.port
+
+
+def connection(base, timeout=60.0):
+    host, port = _host_port(base)
+    return http.client.HTTPConnection(host, port, timeout=timeout)
+
+
+def request(base, method, path, body=None, token=None, raw=None, headers=None, timeout=60.0):
+    """One request on its own connection: `body` is sent as JSON, `raw` as given."""
+    conn = connection(base, timeout)
+    all_headers = {"Content-Type": "application/json"}
+    if token is not None:
+        all_headers["Authorization"] = "Bearer %s" % token
+    all_headers.update(headers or {})
+    data = raw if raw is not None else (None if body is None else json.dumps(body))
+    if isinstance(data, str):
+        data = data.encode()
+    try:
+        conn.request(method, path, body=data, headers=all_headers)
+        resp = conn.getresponse()
+        return Response(resp.status, dict(resp.getheaders()), resp.read().decode("utf-8", "replace"))
+    finally:
+        conn.close()
+
+
+def post(base, path, body=None, **kw):
+    return request(base, "POST", path, body=body, **kw)
+
+
+def get(base, path, **kw):
+    return request(base, "GET", path, **kw)
+
+
+def tokenize(base, model, token=None, **what):
+    """The /tokenize count of a prompt (`prompt=`) or a chat (`messages=`)."""
+    resp = post(base, "/tokenize", dict(model=model, **what), token=token)
+    expect_eq(resp.status, 200, "POST /tokenize status (%r)" % resp)
+    body = resp.json()
+    expect_eq(body["count"], len(body["tokens"]), "/tokenize count vs tokens")
+    return body["count"]
+
+
+def expect_error(resp, status, mentions=(), param=None, what=""):
+    """`resp` is an OpenAI-shaped error with `status`, whose message contains every string
+    of `mentions` and whose `param` is `param` (when given)."""
+    expect_eq(resp.status, status, "%s: status (body %r)" % (what, resp.body[:400]))
+    body = resp.json()
+    expect("error" in body and isinstance(body["error"], dict), "%s: no `error` object in %r" % (what, body))
+    err = body["error"]
+    for key in ("message", "type", "param", "code"):
+        expect(key in err, "%s: the error has no `%s`: %r" % (what, key, err))
+    expect(isinstance(err["message"], str) and err["message"], "%s: empty message %r" % (what, err))
+    expect_eq(err["code"], status, "%s: error.code" % what)
+    for word in mentions:
+        expect(
+            str(word) in err["message"],
+            "%s: the message does not mention %r: %r" % (what, word, err["message"]),
+        )
+    if param is not None:
+        expect_eq(err["param"], param, "%s: error.param (message %r)" % (what, err["message"]))
+    log("  %s -> %d %s (param %r)" % (what, status, err["message"], err["param"]))
+    return err
+
+
+# ---------------------------------------------------------------------------------------
+# Server-sent events
+# ---------------------------------------------------------------------------------------
+
+
+class RawStream:
+    """A streamed generation read event by event over a raw connection, so that a test can
+    stop reading, or close the socket, whenever it likes."""
+
+    def __init__(self, base, path, body, token=None, timeout=120.0):
+        self.conn = connection(base, timeout)
+        headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+        if token is not None:
+            headers["Authorization"] = "Bearer %s" % token
+        self.conn.request("POST", path, body=json.dumps(body).encode(), headers=headers)
+        self.resp = self.conn.getresponse()
+        self.status = self.resp.status
+
+    def events(self):
+        """Yields each `data:` payload: parsed JSON, or the string "[DONE]"."""
+        data = []
+        while True:
+            line = self.resp.readline()
+            if not line:
+                if data:
+                    yield _payload(data)
+                return
+            line = line.decode("utf-8").rstrip("\r\n")
+            if line == "":
+                if data:
+                    yield _payload(data)
+                    data = []
+                continue
+            if line.startswith("data:"):
+                data.append(line[5:].lstrip(" "))
+
+    def close(self):
+        """Closes the connection at once (a client going away)."""
+        sock = self.conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self.conn.close()
+
+
+def _payload(lines):
+    text = "\n".join(lines)
+    return text if text == "[DONE]" else json.loads(text)
+
+
+# ---------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def metrics(base):
+    """Every sample of /metrics as {"name{labels}": value} (labels as exported)."""
+    resp = get(base, "/metrics")
+    expect_eq(resp.status, 200, "GET /metrics status")
+    samples = {}
+    for line in resp.body.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if m:
+            samples[m.group(1) + (m.group(2) or "")] = float(m.group(3))
+    return samples
+
+
+def metric(base_or_samples, name, default=0.0):
+    """One sample (`name` may carry labels, as `x{a="b"}`); `default` when absent."""
+    samples = metrics(base_or_samples) if isinstance(base_or_samples, str) else base_or_samples
+    return samples.get(name, default)
+
+
+def wait_for(condition, timeout, what, interval=0.05):
+    """Polls `condition()` until it returns a true value; fails after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        last = condition()
+        if last:
+            return last
+        if time.monotonic() > deadline:
+            raise CheckFailed("%s did not happen within %.1fs" % (what, timeout))
+        time.sleep(interval)

@@ -1,0 +1,567 @@
+//! End-to-end tests of `peregrine serve`: each test writes a tiny random Llama (vocabulary
+//! 300, with a byte-level BPE tokenizer and a ChatML template) into a temporary folder,
+//! starts the real binary on a free port, and runs one of the Python scripts in
+//! `tests/e2e/` against it. The scripts use the official `openai` client (installed by
+//! `.ci/run`) and raw HTTP from the standard library; this file owns the server's life:
+//! its flags and configuration files, its signals, and its exit status.
+//!
+//! The tests take one lock, so that they run one at a time whatever `--test-threads` says:
+//! several of them measure how the server behaves under load, which other servers running
+//! beside them on a two-core machine would only blur.
+
+mod common;
+
+use common::tiny_model::{TinyModel, TinySpec};
+use common::tiny_tokenizer::write_tokenizer;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The binary under test, built by cargo for this test profile.
+const PEREGRINE: &str = env!("CARGO_BIN_EXE_peregrine");
+
+/// The name every test server serves its model under.
+const MODEL_NAME: &str = "tiny";
+
+/// KV bytes per token of the tiny Llama: K and V, 2 layers, 2 KV heads, head_dim 16, f32.
+const KV_BYTES_PER_TOKEN: usize = 2 * 2 * 2 * 16 * 4;
+
+/// Tokens per KV block (the server's default).
+const BLOCK_SIZE: usize = 16;
+
+/// How long a server gets to print its address and answer `/health`.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------
+// Scenarios
+// ---------------------------------------------------------------------------------------
+
+/// 1. The openai client gets a completion, a chat completion and streamed versions of
+///    both, with the right usage counts; `/v1/models` lists the served name.
+#[test]
+fn openai_client_completions_chat_and_streams() {
+    let _serial = serial();
+    let model = TinyDir::new(1);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_openai.py", &[]);
+}
+
+/// 2. A seeded sampled request and a greedy one return the text `peregrine generate` prints
+///    for the same prompt and settings (alone, and with copies of themselves beside them).
+#[test]
+fn seeded_and_greedy_requests_match_generate() {
+    let _serial = serial();
+    let model = TinyDir::new(2);
+    let prompt = "the quick brown fox jumps over the lazy dog";
+    let seeded = generate(
+        model.path(),
+        &[
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0.8",
+            "--seed",
+            "7",
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+        ],
+    );
+    let greedy = generate(
+        model.path(),
+        &[
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "16",
+            "--ignore-eos",
+        ],
+    );
+    let expected = model.write_json(
+        "expected.json",
+        &serde_json::json!({
+            "prompt": prompt,
+            "seeded": {"temperature": 0.8, "seed": 7, "max_tokens": 16, "text": seeded},
+            "greedy": {"temperature": 0.0, "max_tokens": 16, "text": greedy},
+        }),
+    );
+    let server = Server::start(model.path(), &[]);
+    server.check("check_seeded.py", &[path_arg(&expected)]);
+}
+
+/// 3. 64 concurrent streaming requests (max_tokens 1..=20) all finish, each with
+///    completion_tokens == its max_tokens and prompt_tokens == the /tokenize count.
+#[test]
+fn concurrent_streams_all_finish_with_exact_usage() {
+    let _serial = serial();
+    let model = TinyDir::new(3);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_concurrency.py", &["--requests", "64"]);
+}
+
+/// 4. A client that goes away mid-stream is cancelled: its blocks are freed (the KV
+///    metrics return to idle), and it is counted under finished_reason="abort".
+#[test]
+fn disconnected_client_frees_its_blocks() {
+    let _serial = serial();
+    let model = TinyDir::new(4);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_disconnect.py", &[]);
+}
+
+/// 5. Under a pool of 10 blocks, 12 concurrent greedy requests preempt each other, and
+///    every output equals that of the same request sent alone.
+#[test]
+fn preemption_leaves_outputs_unchanged() {
+    let _serial = serial();
+    let model = TinyDir::new(5);
+    let blocks = 10;
+    let memory = (blocks * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    let server = Server::start(model.path(), &["--kv-cache-memory", &memory]);
+    server.check(
+        "check_preemption.py",
+        &["--requests", "12", "--max-tokens", "24"],
+    );
+}
+
+/// 6. A repeated prompt of at least 40 tokens hits the prefix cache: the hit counter
+///    grows, usage reports cached tokens, and the output is identical.
+#[test]
+fn repeated_prompt_hits_the_prefix_cache() {
+    let _serial = serial();
+    let model = TinyDir::new(6);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_prefix_cache.py", &[]);
+}
+
+/// 7. Bad requests get the right status and an OpenAI-shaped error naming the problem.
+#[test]
+fn bad_requests_get_named_errors() {
+    let _serial = serial();
+    let model = TinyDir::new(7);
+    let server = Server::start(
+        model.path(),
+        &["--max-model-len", "64", "--api-key", "sk-test"],
+    );
+    server.check(
+        "check_errors.py",
+        &["--api-key", "sk-test", "--max-model-len", "64"],
+    );
+}
+
+/// 8. Hot reload: an invalid file and a restart-only change are refused with the field
+///    named and the running configuration kept; a change of max_num_seqs and the API keys
+///    under load applies without dropping a request; SIGHUP and a change of the file
+///    reload too.
+#[test]
+fn reload_validates_and_applies_under_load() {
+    let _serial = serial();
+    let model = TinyDir::new(8);
+    // The server reads its configuration through a symlink, `link/config.toml`. The file
+    // watcher watches the folder of the file the link pointed to at start-up,
+    // `watched/config.toml`, so the script can stage each new version in `staged/` and
+    // swap the link without the watcher noticing: each step is then reloaded by exactly
+    // the trigger it tests (POST /admin/reload, SIGHUP), and the last step edits the
+    // watched file itself to test the watcher.
+    let root = model.path().join("reload");
+    let (link_dir, watched_dir, staged_dir) =
+        (root.join("link"), root.join("watched"), root.join("staged"));
+    for dir in [&link_dir, &watched_dir, &staged_dir] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let watched = watched_dir.join("config.toml");
+    std::fs::write(&watched, "max_num_seqs = 4\napi_keys = [\"k1\"]\n").unwrap();
+    let link = link_dir.join("config.toml");
+    std::os::unix::fs::symlink(&watched, &link).unwrap();
+    let link_arg = path_arg(&link);
+    let server = Server::start(
+        model.path(),
+        &["--config", &link_arg, "--admin-token", "adm"],
+    );
+    let pid = server.pid().to_string();
+    server.check(
+        "check_reload.py",
+        &[
+            "--admin-token",
+            "adm",
+            "--link",
+            &link_arg,
+            "--watched",
+            &path_arg(&watched),
+            "--staged",
+            &path_arg(&staged_dir),
+            "--pid",
+            &pid,
+        ],
+    );
+    let log = server.log();
+    assert!(
+        log.contains("SIGHUP"),
+        "the server's log does not mention the SIGHUP reload:\n{log}"
+    );
+}
+
+/// 9. SIGTERM with 4 streams in flight: they finish normally, a new request gets 503 (or
+///    a refused connection), and the process exits 0 within the shutdown timeout.
+#[test]
+fn sigterm_drains_in_flight_streams_then_exits_zero() {
+    let _serial = serial();
+    let model = TinyDir::new(9);
+    let timeout = Duration::from_secs(30);
+    let mut server = Server::start(
+        model.path(),
+        &["--shutdown-timeout", &timeout.as_secs().to_string()],
+    );
+    let pid = server.pid().to_string();
+    let started = Instant::now();
+    server.check(
+        "check_shutdown.py",
+        &["--pid", &pid, "--streams", "4", "--mode", "drain"],
+    );
+    let status = server.wait_exit(timeout);
+    let waited = started.elapsed();
+    let status = status.unwrap_or_else(|| {
+        panic!(
+            "the server was still running {waited:?} after SIGTERM (shutdown timeout {timeout:?})\n{}",
+            server.log()
+        )
+    });
+    assert!(
+        status.success(),
+        "the server exited with {status} after SIGTERM, not 0\n{}",
+        server.log()
+    );
+}
+
+/// 9b. SIGTERM with a stream that cannot finish within the shutdown timeout: the stream is
+///     cancelled cleanly (an error event, then `[DONE]`) and the process exits 0 soon after
+///     the deadline.
+#[test]
+fn sigterm_cancels_streams_past_the_deadline() {
+    let _serial = serial();
+    let model = TinyDir::new(10);
+    let timeout = Duration::from_secs(1);
+    let mut server = Server::start(
+        model.path(),
+        &["--shutdown-timeout", &timeout.as_secs().to_string()],
+    );
+    let pid = server.pid().to_string();
+    server.check(
+        "check_shutdown.py",
+        &["--pid", &pid, "--streams", "2", "--mode", "deadline"],
+    );
+    let limit = timeout + Duration::from_secs(10);
+    let status = server.wait_exit(limit).unwrap_or_else(|| {
+        panic!(
+            "the server was still running {limit:?} after SIGTERM with a {timeout:?} shutdown timeout\n{}",
+            server.log()
+        )
+    });
+    assert!(
+        status.success(),
+        "the server exited with {status} after SIGTERM, not 0\n{}",
+        server.log()
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The tiny model
+// ---------------------------------------------------------------------------------------
+
+/// A temporary folder holding the tiny Llama and its tokenizer.
+struct TinyDir {
+    dir: tempfile::TempDir,
+}
+
+impl TinyDir {
+    fn new(seed: u64) -> TinyDir {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        TinyModel::random(TinySpec::llama_tiny(), seed).write_hf(dir.path());
+        write_tokenizer(dir.path(), 300);
+        TinyDir { dir }
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Writes `value` as `name` beside the model and returns its path.
+    fn write_json(&self, name: &str, value: &serde_json::Value) -> PathBuf {
+        let path = self.path().join(name);
+        std::fs::write(&path, serde_json::to_vec_pretty(value).unwrap()).unwrap();
+        path
+    }
+}
+
+/// `peregrine generate --model DIR ARGS…`'s stdout, without its trailing newline.
+fn generate(model: &Path, args: &[&str]) -> String {
+    let output = Command::new(PEREGRINE)
+        .arg("generate")
+        .arg("--model")
+        .arg(model)
+        .args(args)
+        .output()
+        .expect("running peregrine generate");
+    assert!(
+        output.status.success(),
+        "peregrine generate {args:?} failed with {}:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let text = String::from_utf8(output.stdout).expect("generate prints UTF-8");
+    text.strip_suffix('\n').unwrap_or(&text).to_string()
+}
+
+// ---------------------------------------------------------------------------------------
+// The server
+// ---------------------------------------------------------------------------------------
+
+/// A running `peregrine serve`. Dropping it kills the process; if the test is failing, its
+/// log (stderr) is printed first.
+struct Server {
+    child: Child,
+    /// `http://127.0.0.1:PORT`.
+    base: String,
+    /// Everything the server wrote to stderr so far.
+    stderr: Arc<Mutex<Vec<u8>>>,
+    status: Option<ExitStatus>,
+}
+
+impl Server {
+    /// Starts `peregrine serve` on a free port for the model in `model`, with the common
+    /// flags and then `extra`, and waits until `/health` answers.
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let mut child = Command::new(PEREGRINE)
+            .arg("serve")
+            .arg("--model")
+            .arg(model)
+            .args(["--host", "127.0.0.1", "--port", "0"])
+            .args(["--served-model-name", MODEL_NAME])
+            .args(["--log-level", "info"])
+            .args(if extra.contains(&"--kv-cache-memory") {
+                &[][..]
+            } else {
+                // 1024 blocks: room for every test's requests at once.
+                &["--kv-cache-memory", "8MiB"][..]
+            })
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("starting peregrine serve");
+        let stderr = Arc::new(Mutex::new(Vec::new()));
+        let mut pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        // The address line, then keep draining stdout so the server never blocks on it.
+        let (tx, rx) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            let mut tx = Some(tx);
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix("peregrine: listening on ") {
+                    if let Some(tx) = tx.take() {
+                        let _ = tx.send(addr.trim().to_string());
+                    }
+                }
+            }
+        });
+        let mut server = Server {
+            child,
+            base: String::new(),
+            stderr,
+            status: None,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        server.base = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(base) => break base,
+                Err(mpsc::RecvTimeoutError::Timeout) if Instant::now() < deadline => {
+                    if let Some(status) = server.child.try_wait().unwrap() {
+                        panic!(
+                            "peregrine serve exited with {status} before listening:\n{}",
+                            server.log()
+                        );
+                    }
+                }
+                Err(_) => panic!(
+                    "peregrine serve printed no `peregrine: listening on` line within {START_TIMEOUT:?}:\n{}",
+                    server.log()
+                ),
+            }
+        };
+        loop {
+            if let Ok((200, _)) = http_get(&server.base, "/health") {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}/health did not answer 200 within {START_TIMEOUT:?}:\n{}",
+                server.base,
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The server's stderr so far.
+    fn log(&self) -> String {
+        String::from_utf8_lossy(&self.stderr.lock().unwrap()).into_owned()
+    }
+
+    /// Runs `tests/e2e/SCRIPT --base URL ARGS…` and fails the test (showing the script's
+    /// output and the server's log) unless it exits 0.
+    fn check(&self, script: &str, args: &[&str]) {
+        require_openai();
+        let path = e2e_dir().join(script);
+        let started = Instant::now();
+        let output = Command::new("python3")
+            .arg("-u")
+            .arg(&path)
+            .args(["--base", &self.base, "--model", MODEL_NAME])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", path.display()));
+        let shown = show(&output);
+        println!(
+            "--- {script} ({:.1}s) ---\n{shown}",
+            started.elapsed().as_secs_f64()
+        );
+        assert!(
+            output.status.success(),
+            "{script} failed ({}):\n{shown}\n--- server log ---\n{}",
+            output.status,
+            self.log()
+        );
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own.
+    fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("waiting for the server") {
+                self.status = Some(status);
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.status.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        if std::thread::panicking() {
+            // Give the reader thread a moment to take the last lines.
+            std::thread::sleep(Duration::from_millis(100));
+            eprintln!(
+                "--- peregrine serve stderr ({}) ---\n{}",
+                self.base,
+                self.log()
+            );
+        }
+    }
+}
+
+/// A blocking `GET` with HTTP/1.0 (the server closes the connection after answering):
+/// the status and the body.
+fn http_get(base: &str, path: &str) -> std::io::Result<(u16, String)> {
+    let addr = base.strip_prefix("http://").unwrap_or(base);
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_string())
+        .unwrap_or_default();
+    Ok((status, body))
+}
+
+// ---------------------------------------------------------------------------------------
+// Python
+// ---------------------------------------------------------------------------------------
+
+fn e2e_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("e2e")
+}
+
+/// Fails with instructions unless python3 can import the official `openai` client.
+fn require_openai() {
+    let output = Command::new("python3")
+        .args(["-c", "import openai; print(openai.__version__)"])
+        .output();
+    match output {
+        Ok(output) if output.status.success() => {}
+        Ok(output) => panic!(
+            "the end-to-end tests need the official `openai` Python client, but `import openai` \
+             failed:\n{}\nInstall it with `python3 -m pip install openai` (.ci/run does).",
+            show(&output)
+        ),
+        Err(e) => panic!("the end-to-end tests need python3 on PATH: {e}"),
+    }
+}
+
+/// A command's stdout and stderr for a failure message.
+fn show(output: &Output) -> String {
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if !stderr.trim().is_empty() {
+        text.push_str("--- stderr ---\n");
+        text.push_str(&stderr);
+    }
+    text
+}
+
+fn path_arg(path: &Path) -> String {
+    path.to_str().expect("a UTF-8 temporary path").to_string()
+}
+
+/// One test at a time (see the module documentation); a failed test does not block the
+/// others.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[test]
+#[ignore]
+fn scratch_write_model() {
+    let dir = Path::new("/tmp/tinymodel");
+    std::fs::create_dir_all(dir).unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 1).write_hf(dir);
+    write_tokenizer(dir, 300);
+}
