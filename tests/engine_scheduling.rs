@@ -69,44 +69,56 @@ async fn served(
     let engine = start_engine(LlamaModel::load(dir).unwrap(), &settings).unwrap();
     let mut streams = Vec::new();
     for (i, (prompt, params)) in reqs.iter().enumerate() {
-        let (events, rx) = mpsc::unbounded_channel();
-        let request = GenerateRequest {
-            id: RequestId(i as u64),
-            prompt: Arc::from(prompt.as_slice()),
-            params: params.clone(),
-            max_tokens: MAX_TOKENS,
-            stop_token_ids: vec![],
-            ignore_eos: true,
-            logprobs: None,
-            priority: 0,
-            arrival: Instant::now(),
-            events,
-        };
-        let (reply, accepted) = oneshot::channel();
-        engine
-            .scheduler
-            .send(SchedulerMsg::Submit(request, reply))
-            .await
-            .unwrap();
-        accepted.await.unwrap().unwrap();
-        streams.push(rx);
+        streams.push(submit(&engine.scheduler, i as u64, prompt, params).await);
     }
     let mut out = Vec::new();
-    for mut rx in streams {
-        let mut tokens = Vec::new();
-        loop {
-            match rx.recv().await.unwrap() {
-                RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
-                RequestEvent::Finished { reason, usage } => {
-                    assert_eq!(reason, FinishReason::Length);
-                    assert_eq!(usage.completion_tokens, tokens.len());
-                    out.push((tokens, usage));
-                    break;
-                }
-            }
-        }
+    for rx in streams {
+        let (tokens, reason, usage) = collect(rx).await;
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(usage.completion_tokens, tokens.len());
+        out.push((tokens, usage));
     }
     out
+}
+
+/// Submits one request (max `MAX_TOKENS`, past EOS) and returns its event stream.
+async fn submit(
+    scheduler: &mpsc::Sender<SchedulerMsg>,
+    id: u64,
+    prompt: &[u32],
+    params: &SamplingParams,
+) -> mpsc::UnboundedReceiver<RequestEvent> {
+    let (events, rx) = mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: RequestId(id),
+        prompt: Arc::from(prompt),
+        params: params.clone(),
+        max_tokens: MAX_TOKENS,
+        stop_token_ids: vec![],
+        ignore_eos: true,
+        logprobs: None,
+        priority: 0,
+        arrival: Instant::now(),
+        events,
+    };
+    let (reply, accepted) = oneshot::channel();
+    scheduler
+        .send(SchedulerMsg::Submit(request, reply))
+        .await
+        .unwrap();
+    accepted.await.unwrap().unwrap();
+    rx
+}
+
+/// A request's tokens, finish reason and usage.
+async fn collect(mut rx: mpsc::UnboundedReceiver<RequestEvent>) -> (Vec<u32>, FinishReason, Usage) {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv().await.expect("the request ended without Finished") {
+            RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
+            RequestEvent::Finished { reason, usage } => return (tokens, reason, usage),
+        }
+    }
 }
 
 fn settings(kv_blocks: u64, max_num_seqs: usize, max_num_batched_tokens: usize) -> EngineSettings {
@@ -181,36 +193,9 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let engine = start_engine(LlamaModel::load(dir.path()).unwrap(), &engine_settings).unwrap();
     let mut runs = Vec::new();
     for i in 0..2 {
-        let (events, mut rx) = mpsc::unbounded_channel();
-        let request = GenerateRequest {
-            id: RequestId(i),
-            prompt: Arc::from(req[0].0.as_slice()),
-            params: req[0].1.clone(),
-            max_tokens: MAX_TOKENS,
-            stop_token_ids: vec![],
-            ignore_eos: true,
-            logprobs: None,
-            priority: 0,
-            arrival: Instant::now(),
-            events,
-        };
-        let (reply, accepted) = oneshot::channel();
-        engine
-            .scheduler
-            .send(SchedulerMsg::Submit(request, reply))
-            .await
-            .unwrap();
-        accepted.await.unwrap().unwrap();
-        let mut tokens = Vec::new();
-        while let Some(event) = rx.recv().await {
-            match event {
-                RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
-                RequestEvent::Finished { usage, .. } => {
-                    runs.push((tokens, usage));
-                    break;
-                }
-            }
-        }
+        let rx = submit(&engine.scheduler, i, &req[0].0, &req[0].1).await;
+        let (tokens, _, usage) = collect(rx).await;
+        runs.push((tokens, usage));
     }
     assert_eq!(runs[0].1.cached_tokens, 0);
     // 40 prompt tokens: two full blocks of 16 can be served from the cache.
