@@ -55,6 +55,16 @@ pub fn start_engine(model: LlamaModel, settings: &EngineSettings) -> anyhow::Res
         anyhow::anyhow!("kv_cache_memory makes {num_blocks} blocks, more than u32 block ids name")
     })?;
     let layout = model.kv_layout(num_blocks as u64, settings.block_size as u64);
+    let audit = layout
+        .audit(4)
+        .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
+    info!(
+        kernels = "write_kv, paged_attention",
+        largest_byte_offset = audit.largest_byte_offset,
+        computed_in = "u64",
+        limit = audit.limit,
+        "address audit passed"
+    );
     info!(
         blocks = num_blocks,
         block_size = settings.block_size,

@@ -9,6 +9,7 @@ mod norm;
 mod rotary;
 
 pub use activation::silu_and_mul;
+
 pub use attention::{paged_attention, AttentionSeq};
 pub use embedding::embedding;
 pub use kv_write::write_kv;
@@ -51,9 +52,61 @@ impl KvLayout {
     }
 }
 
+/// What the address audit (DESIGN.md rule 2) found for one layer of the pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddressAudit {
+    /// The largest byte offset the cache-write and attention kernels compute.
+    pub largest_byte_offset: u64,
+    /// The most a CPU buffer can address (`isize::MAX` bytes); offsets are `u64`.
+    pub limit: u64,
+}
+
+impl KvLayout {
+    /// Checks that every offset the CPU cache and attention kernels compute for this
+    /// layout (in `u64`, then as a slice index) fits a buffer, for `elem_bytes`-byte
+    /// elements; the error names the kernels, the pool and the limit.
+    pub fn audit(&self, elem_bytes: u64) -> Result<AddressAudit, String> {
+        let limit = isize::MAX as u64;
+        let bytes = self
+            .num_blocks
+            .checked_mul(self.block_size)
+            .and_then(|t| t.checked_mul(self.slot_elems()))
+            .and_then(|e| e.checked_mul(elem_bytes))
+            .filter(|&b| b <= limit)
+            .ok_or_else(|| {
+                format!(
+                    "write_kv / paged_attention: a layer of {} blocks x {} tokens x {} KV heads x {} \
+                     elements of {elem_bytes} bytes does not fit the CPU's {limit}-byte limit",
+                    self.num_blocks, self.block_size, self.num_kv_heads, self.head_dim
+                )
+            })?;
+        Ok(AddressAudit {
+            largest_byte_offset: bytes.saturating_sub(1),
+            limit,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::KvLayout;
+
+    #[test]
+    fn the_audit_refuses_pools_past_the_address_limit() {
+        let layout = |num_blocks| KvLayout {
+            num_blocks,
+            block_size: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+        };
+        let ok = layout(140_000).audit(2).unwrap();
+        assert_eq!(ok.largest_byte_offset, 140_000 * 16 * 8 * 128 * 2 - 1);
+        let err = layout(u64::MAX / 1024).audit(4).unwrap_err();
+        assert!(
+            err.contains("paged_attention") && err.contains("blocks"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn offsets_past_block_65535_and_4_gib_are_exact() {
