@@ -35,6 +35,9 @@ const BLOCK_SIZE: usize = 16;
 /// How long a server gets to print its address and answer `/health`.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// How long one check script may run (each takes seconds).
+const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
+
 // ---------------------------------------------------------------------------------------
 // Scenarios
 // ---------------------------------------------------------------------------------------
@@ -91,7 +94,7 @@ fn seeded_and_greedy_requests_match_generate() {
         }),
     );
     let server = Server::start(model.path(), &[]);
-    server.check("check_seeded.py", &[path_arg(&expected)]);
+    server.check("check_seeded.py", &["--expected", &path_arg(&expected)]);
 }
 
 /// 3. 64 concurrent streaming requests (max_tokens 1..=20) all finish, each with
@@ -114,19 +117,47 @@ fn disconnected_client_frees_its_blocks() {
     server.check("check_disconnect.py", &[]);
 }
 
+/// 4a. The same for a whole (non-streamed) request whose client hangs up before the answer:
+///     the issue asks that any request whose client disconnects be cancelled.
+#[test]
+fn disconnected_whole_request_is_cancelled() {
+    let _serial = serial();
+    let model = TinyDir::new(12);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_disconnect.py", &["--whole"]);
+}
+
+/// 4b. A fresh server exports the KV and queue gauges at their idle values before its first
+///     request, so that "returns to idle" has a baseline to return to.
+#[test]
+fn fresh_server_exports_idle_gauges() {
+    let _serial = serial();
+    let model = TinyDir::new(11);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_metrics.py", &[]);
+}
+
 /// 5. Under a pool of 10 blocks, 12 concurrent greedy requests preempt each other, and
-///    every output equals that of the same request sent alone.
+///    every output equals that of the same request sent alone; with prefix caching on
+///    (the default) and off.
 #[test]
 fn preemption_leaves_outputs_unchanged() {
     let _serial = serial();
     let model = TinyDir::new(5);
     let blocks = 10;
     let memory = (blocks * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
-    let server = Server::start(model.path(), &["--kv-cache-memory", &memory]);
-    server.check(
-        "check_preemption.py",
-        &["--requests", "12", "--max-tokens", "24"],
-    );
+    // With prefix caching a preempted request may find its own blocks again; without it,
+    // it recomputes every token.
+    for caching in [&[][..], &["--no-prefix-caching"][..]] {
+        let mut flags = vec!["--kv-cache-memory", memory.as_str()];
+        flags.extend_from_slice(caching);
+        println!("server flags: {flags:?}");
+        let server = Server::start(model.path(), &flags);
+        server.check(
+            "check_preemption.py",
+            &["--requests", "12", "--max-tokens", "24"],
+        );
+    }
 }
 
 /// 6. A repeated prompt of at least 40 tokens hits the prefix cache: the hit counter
@@ -199,10 +230,23 @@ fn reload_validates_and_applies_under_load() {
             &pid,
         ],
     );
+    // The log says which trigger reloaded what, and which reloads were refused and why.
     let log = server.log();
+    let logged = |words: &[&str]| {
+        log.lines()
+            .any(|line| words.iter().all(|w| line.contains(w)))
+    };
     assert!(
-        log.contains("SIGHUP"),
-        "the server's log does not mention the SIGHUP reload:\n{log}"
+        logged(&["SIGHUP", "reloaded: api_keys, max_num_seqs"]),
+        "no log line about the SIGHUP reload"
+    );
+    assert!(
+        logged(&["file change", "reloaded: api_keys, max_num_seqs"]),
+        "no log line about the reload on the file change"
+    );
+    assert!(
+        logged(&["refused", "block_size"]),
+        "no log line about the refused block_size change"
     );
 }
 
@@ -253,7 +297,16 @@ fn sigterm_cancels_streams_past_the_deadline() {
     let pid = server.pid().to_string();
     server.check(
         "check_shutdown.py",
-        &["--pid", &pid, "--streams", "2", "--mode", "deadline"],
+        &[
+            "--pid",
+            &pid,
+            "--streams",
+            "2",
+            "--mode",
+            "deadline",
+            "--shutdown-timeout",
+            "1",
+        ],
     );
     let limit = timeout + Duration::from_secs(10);
     let status = server.wait_exit(limit).unwrap_or_else(|| {
@@ -346,8 +399,8 @@ impl Server {
             .args(if extra.contains(&"--kv-cache-memory") {
                 &[][..]
             } else {
-                // 1024 blocks: room for every test's requests at once.
-                &["--kv-cache-memory", "8MiB"][..]
+                // 4096 blocks (65,536 tokens): no test runs out unless it means to.
+                &["--kv-cache-memory", "32MiB"][..]
             })
             .args(extra)
             .stdin(Stdio::null())
@@ -435,24 +488,27 @@ impl Server {
         require_openai();
         let path = e2e_dir().join(script);
         let started = Instant::now();
-        let output = Command::new("python3")
+        let mut command = Command::new("python3");
+        command
             .arg("-u")
             .arg(&path)
+            // No __pycache__ in the checkout.
+            .env("PYTHONDONTWRITEBYTECODE", "1")
             .args(["--base", &self.base, "--model", MODEL_NAME])
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run python3 {}: {e}", path.display()));
+            .args(args);
+        let output = output_within(&mut command, SCRIPT_TIMEOUT);
         let shown = show(&output);
-        println!(
-            "--- {script} ({:.1}s) ---\n{shown}",
-            started.elapsed().as_secs_f64()
-        );
+        if output.status.success() {
+            println!(
+                "--- {script} ({:.1}s) ---\n{shown}",
+                started.elapsed().as_secs_f64()
+            );
+        }
+        // On failure, dropping the server prints its log.
         assert!(
             output.status.success(),
-            "{script} failed ({}):\n{shown}\n--- server log ---\n{}",
-            output.status,
-            self.log()
+            "{script} failed ({}):\n{shown}",
+            output.status
         );
     }
 
@@ -516,7 +572,9 @@ fn http_get(base: &str, path: &str) -> std::io::Result<(u16, String)> {
 // ---------------------------------------------------------------------------------------
 
 fn e2e_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests").join("e2e")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("e2e")
 }
 
 /// Fails with instructions unless python3 can import the official `openai` client.
@@ -532,6 +590,44 @@ fn require_openai() {
             show(&output)
         ),
         Err(e) => panic!("the end-to-end tests need python3 on PATH: {e}"),
+    }
+}
+
+/// Runs `command` to the end, killing it after `timeout` (a hung script must not hang the
+/// test run): its status and output.
+fn output_within(command: &mut Command, timeout: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let read = |mut pipe: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = read(Box::new(child.stdout.take().unwrap()));
+    let stderr = read(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("waiting for a script") {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let status = child.wait().expect("waiting for a killed script");
+            eprintln!("{command:?} ran past {timeout:?} and was killed");
+            break status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: stdout.join().unwrap(),
+        stderr: stderr.join().unwrap(),
     }
 }
 
@@ -554,14 +650,7 @@ fn path_arg(path: &Path) -> String {
 /// others.
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
-    SERIAL.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-#[test]
-#[ignore]
-fn scratch_write_model() {
-    let dir = Path::new("/tmp/tinymodel");
-    std::fs::create_dir_all(dir).unwrap();
-    TinyModel::random(TinySpec::llama_tiny(), 1).write_hf(dir);
-    write_tokenizer(dir, 300);
+    SERIAL
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

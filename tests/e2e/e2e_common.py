@@ -240,6 +240,21 @@ def metric(base_or_samples, name, default=0.0):
     return samples.get(name, default)
 
 
+IDLE = {
+    "peregrine:num_requests_running": 0.0,
+    "peregrine:num_requests_waiting": 0.0,
+    "peregrine:kv_cache_usage_perc": 0.0,
+    "peregrine:kv_block_id_max": -1.0,
+}
+
+
+def idle(samples):
+    """`samples` if the KV and queue gauges show an idle server, else None."""
+    if all(samples.get(name) == value for name, value in IDLE.items()):
+        return samples
+    return None
+
+
 def wait_for(condition, timeout, what, interval=0.05):
     """Polls `condition()` until it returns a true value; fails after `timeout` seconds."""
     deadline = time.monotonic() + timeout

@@ -2,7 +2,7 @@
 //! model's chat template and tokenized without extra special tokens (the template writes
 //! them), as vLLM does.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -13,6 +13,7 @@ use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::peer::PeerProbe;
 use super::prompt::{encode, render_chat};
 use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
@@ -24,12 +25,14 @@ use super::state::GatewayState;
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
+    request: HttpRequest,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    let peer = request.conn_data::<PeerProbe>().cloned();
     let context = RequestContext::new(&state.engine, "chatcmpl");
     context
-        .run(handle(&state, body.into_inner(), &context))
+        .run(handle(&state, body.into_inner(), &context, peer))
         .await
 }
 
@@ -37,6 +40,7 @@ async fn handle(
     state: &GatewayState,
     body: Value,
     context: &RequestContext,
+    peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
     let fields: GenerationFields = parse(&body)?;
@@ -95,7 +99,7 @@ async fn handle(
         tokens,
         reason,
         usage,
-    } = generation.collect().await?;
+    } = generation.collect_while_connected(peer).await?;
     let choice = ChatChoice {
         index: 0,
         logprobs: format.logprobs.then(|| logprobs::chat(&tokens)),

@@ -1,6 +1,6 @@
 //! `POST /v1/completions`, whole and streamed.
 
-use actix_web::{web, HttpResponse};
+use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
 
@@ -11,6 +11,7 @@ use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::peer::PeerProbe;
 use super::prompt::completion_prompt;
 use super::protocol::request::{CompletionFields, GenerationFields};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
@@ -20,12 +21,14 @@ use super::state::GatewayState;
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
+    request: HttpRequest,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
+    let peer = request.conn_data::<PeerProbe>().cloned();
     let context = RequestContext::new(&state.engine, "cmpl");
     context
-        .run(handle(&state, body.into_inner(), &context))
+        .run(handle(&state, body.into_inner(), &context, peer))
         .await
 }
 
@@ -33,6 +36,7 @@ async fn handle(
     state: &GatewayState,
     body: Value,
     context: &RequestContext,
+    peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
     let fields: GenerationFields = parse(&body)?;
@@ -79,7 +83,7 @@ async fn handle(
         tokens,
         reason,
         usage,
-    } = generation.collect().await?;
+    } = generation.collect_while_connected(peer).await?;
     let delta = Delta { text, tokens };
     let whole = format.envelope(&delta, Some(reason), Some(usage));
     Ok(HttpResponse::Ok().json(whole))

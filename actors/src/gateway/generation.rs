@@ -13,6 +13,7 @@ use super::context::RequestContext;
 use super::engine_client::EngineClient;
 use super::errors::ApiError;
 use super::params::Plan;
+use super::peer::PeerProbe;
 use super::protocol::response::UsageOut;
 use super::state::GatewayState;
 use super::stop::{Matched, StopMatcher};
@@ -148,6 +149,24 @@ impl Generation {
             );
         }
         Some(step)
+    }
+
+    /// Reads to the end, or gives up (dropping the request, which the scheduler then
+    /// cancels) as soon as `peer` says the client has gone.
+    pub async fn collect_while_connected(
+        self,
+        peer: Option<PeerProbe>,
+    ) -> Result<Output, ApiError> {
+        let Some(peer) = peer else {
+            return self.collect().await;
+        };
+        tokio::select! {
+            output = self.collect() => output,
+            () = peer.closed_wait() => {
+                tracing::info!("client closed the connection; request cancelled");
+                Err(ApiError::bad_request("the client closed the connection"))
+            }
+        }
     }
 
     /// Reads to the end.

@@ -18,6 +18,7 @@ mod generation;
 mod info;
 mod logprobs;
 mod params;
+mod peer;
 mod prompt;
 mod protocol;
 mod routes;
@@ -32,6 +33,7 @@ mod tests;
 pub use body::MAX_BODY_BYTES;
 pub use engine_client::{EngineClient, EngineError, Submission};
 pub use errors::ApiError;
+pub use peer::{on_connect, PeerProbe};
 pub use routes::routes;
 pub use state::{
     AdminHooks, BoxFuture, GatewayConfig, GatewayState, MetricsRenderer, ModelInfo, SharedConfig,

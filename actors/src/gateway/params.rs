@@ -178,7 +178,9 @@ fn max_tokens(
                     ApiError::invalid(param, format!("`{param}` must be at least 1, got {value}"))
                 })?;
             if wanted > room {
-                return Err(too_long(param, wanted));
+                // A prompt that fills the context alone is the prompt's fault.
+                let blamed = if room == 0 { "prompt" } else { param };
+                return Err(too_long(blamed, wanted));
             }
             Ok(wanted)
         }

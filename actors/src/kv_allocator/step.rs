@@ -19,7 +19,13 @@ impl BlockManager {
             self.release(id);
         }
         let (grown, preempted) = self.grow(&step.grow);
-        let admitted = self.admit(&step.admit, step.token_budget);
+        // As vLLM: a step that had to preempt admits nothing, or the preempted request (first
+        // in line) would come straight back and the pool would churn.
+        let admitted = if preempted.is_empty() {
+            self.admit(&step.admit, step.token_budget)
+        } else {
+            Vec::new()
+        };
         #[cfg(debug_assertions)]
         if let Err(broken) = self.check_invariants() {
             panic!("KV allocator invariant broken after a step: {broken}");

@@ -83,6 +83,11 @@ impl Scheduler {
 
     async fn run(mut self, mut inbox: mpsc::Receiver<SchedulerMsg>) {
         metrics::record_queues(0, 0);
+        let idle = KvUsage {
+            num_blocks: self.setup.num_blocks,
+            ..KvUsage::default()
+        };
+        metrics::record_kv(&idle, &mut self.kv_seen);
         loop {
             if self.seqs.is_empty() {
                 if let Err(e) = self.flush_frees().await {

@@ -10,7 +10,9 @@ use actix_web::{web, App, HttpServer};
 use anyhow::{bail, Context};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::gateway::{routes, EngineClient, GatewayState, ModelInfo, SharedConfig};
+use peregrine_actors::gateway::{
+    self, routes, EngineClient, GatewayState, ModelInfo, SharedConfig,
+};
 use peregrine_actors::metrics::{HISTOGRAMS, LATENCY_BUCKETS};
 use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
@@ -97,6 +99,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let app_state = state.clone();
         let server =
             HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
+                .on_connect(gateway::on_connect)
                 .workers(2)
                 .disable_signals()
                 .bind((config.host.as_str(), config.port))

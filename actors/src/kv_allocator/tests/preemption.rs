@@ -1,6 +1,6 @@
 //! Growing running sequences and preempting from the back of the list.
 
-use super::{admit_all, grow, preempted, step, tokens, BlockManager};
+use super::{admit, admit_all, grow, preempted, step, tokens, BlockManager};
 use crate::messages::{AllocateStep, RequestId};
 
 fn full_pool_of_three() -> BlockManager {
@@ -78,4 +78,23 @@ fn an_unknown_id_is_reported_preempted() {
     let grant = grow_step(&mut m, &[(1, 8), (42, 30)]);
     assert_eq!(preempted(&grant), vec![42]);
     assert_eq!(m.num_free_blocks(), 0);
+}
+
+#[test]
+fn a_step_that_preempts_admits_nothing() {
+    let mut m = full_pool_of_three();
+    // Growing 1 preempts 3, which frees a block; the waiting request would fit in it but
+    // must wait for a step without preemption.
+    let grant = step(
+        &mut m,
+        AllocateStep {
+            grow: vec![grow(1, 9), grow(2, 8), grow(3, 8)],
+            admit: vec![admit(4, &tokens(300, 2))],
+            token_budget: 100,
+            ..AllocateStep::default()
+        },
+    );
+    assert_eq!(preempted(&grant), vec![3]);
+    assert!(grant.admitted.is_empty());
+    assert_eq!(m.num_free_blocks(), 1);
 }
