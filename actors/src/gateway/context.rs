@@ -30,7 +30,7 @@ impl RequestContext {
     pub fn new(engine: &EngineClient, prefix: &str) -> Self {
         let id = engine.next_id();
         let public_id = format!("{prefix}-{:016x}{:016x}", process_tag(), id.0);
-        let span = tracing::info_span!("request", id = %public_id);
+        let span = tracing::info_span!("request", id = %public_id, request_id = %id);
         Self {
             id,
             public_id,

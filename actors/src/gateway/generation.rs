@@ -105,7 +105,6 @@ impl Generation {
         let prompt_tokens = submission.prompt.len();
         let logprobs = submission.logprobs.is_some();
         tracing::info!(
-            request_id = %context.id,
             prompt_tokens,
             max_tokens = submission.max_tokens,
             stream = plan.stream,
