@@ -8,7 +8,8 @@ use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{
-    FinishReason, GenerateRequest, RequestEvent, RequestId, SchedulerLimits, SchedulerMsg, Usage,
+    FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
+    SchedulerMsg, Usage,
 };
 use peregrine_actors::{GenerationRequest, Generator};
 use peregrine_models::LlamaModel;
@@ -91,13 +92,15 @@ async fn submit(
     let (events, rx) = mpsc::unbounded_channel();
     let request = GenerateRequest {
         id: RequestId(id),
-        prompt: Arc::from(prompt),
-        params: params.clone(),
-        max_tokens: MAX_TOKENS,
-        stop_token_ids: vec![],
-        ignore_eos: true,
-        logprobs: None,
-        priority: 0,
+        spec: RequestSpec {
+            prompt: Arc::from(prompt),
+            params: params.clone(),
+            max_tokens: MAX_TOKENS,
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            logprobs: None,
+            priority: 0,
+        },
         arrival: Instant::now(),
         events,
     };

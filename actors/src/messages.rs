@@ -26,10 +26,9 @@ impl std::fmt::Display for RequestId {
     }
 }
 
-/// A validated, tokenized request, as the gateway submits it.
-#[derive(Debug)]
-pub struct GenerateRequest {
-    pub id: RequestId,
+/// What a request asks for, validated and tokenized by the gateway.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestSpec {
     pub prompt: Arc<[u32]>,
     pub params: SamplingParams,
     pub max_tokens: usize,
@@ -40,6 +39,14 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     /// Lower runs first (as vLLM); ties go to the earlier arrival.
     pub priority: i32,
+}
+
+/// A request as the scheduler receives it: what it asks for, its id, its arrival and the
+/// channel its tokens go back on.
+#[derive(Debug)]
+pub struct GenerateRequest {
+    pub id: RequestId,
+    pub spec: RequestSpec,
     pub arrival: Instant,
     /// Where the request's tokens go. When the receiver is dropped (the client went
     /// away), the scheduler cancels the request and frees its blocks in its next step.

@@ -4,31 +4,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use peregrine_ops::sampling::SamplingParams;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::ApiError;
-use crate::messages::{GenerateRequest, RequestEvent, RequestId, SchedulerMsg, SubmitError};
-
-/// A request as the gateway hands it over: everything in a [`GenerateRequest`] except the
-/// id, arrival time and events channel, which [`EngineClient::submit`] adds.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Submission {
-    /// The prompt's token ids.
-    pub prompt: Arc<[u32]>,
-    /// Validated sampling parameters.
-    pub params: SamplingParams,
-    /// The most tokens to generate.
-    pub max_tokens: usize,
-    /// Tokens that end the request besides EOS.
-    pub stop_token_ids: Vec<u32>,
-    /// Keep generating past EOS.
-    pub ignore_eos: bool,
-    /// Top alternatives to report with each token's logprob (`None`: no logprobs).
-    pub logprobs: Option<usize>,
-    /// Lower runs first.
-    pub priority: i32,
-}
+use crate::messages::{
+    GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, SubmitError,
+};
 
 /// Why a submission did not reach the queue.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -71,23 +52,17 @@ impl EngineClient {
         RequestId(self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Queues `submission` as request `id`; returns the receiver of its events. Dropping
-    /// the receiver cancels the request.
+    /// Queues `spec` as request `id`; returns the receiver of its events. Dropping the
+    /// receiver cancels the request.
     pub async fn submit(
         &self,
         id: RequestId,
-        submission: Submission,
+        spec: RequestSpec,
     ) -> Result<mpsc::UnboundedReceiver<RequestEvent>, EngineError> {
         let (events, receiver) = mpsc::unbounded_channel();
         let request = GenerateRequest {
             id,
-            prompt: submission.prompt,
-            params: submission.params,
-            max_tokens: submission.max_tokens,
-            stop_token_ids: submission.stop_token_ids,
-            ignore_eos: submission.ignore_eos,
-            logprobs: submission.logprobs,
-            priority: submission.priority,
+            spec,
             arrival: Instant::now(),
             events,
         };

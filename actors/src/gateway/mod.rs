@@ -31,7 +31,7 @@ mod tokenize;
 mod tests;
 
 pub use body::MAX_BODY_BYTES;
-pub use engine_client::{EngineClient, EngineError, Submission};
+pub use engine_client::{EngineClient, EngineError};
 pub use errors::ApiError;
 pub use peer::{on_connect, PeerProbe};
 pub use routes::routes;

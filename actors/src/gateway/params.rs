@@ -5,10 +5,10 @@ use std::sync::Arc;
 
 use peregrine_ops::sampling::{SamplingError, SamplingParams};
 
-use super::engine_client::Submission;
 use super::errors::ApiError;
 use super::protocol::request::GenerationFields;
 use super::state::GatewayConfig;
+use crate::messages::RequestSpec;
 use crate::messages::SubmitError;
 
 /// The most alternatives a request may ask for per token (vLLM's default `max_logprobs`).
@@ -18,7 +18,7 @@ pub const MAX_LOGPROBS: i64 = 20;
 #[derive(Debug)]
 pub struct Plan {
     /// What goes to the scheduler.
-    pub submission: Submission,
+    pub submission: RequestSpec,
     /// Stop strings, none empty.
     pub stop: Vec<String>,
     /// Answer as server-sent events.
@@ -85,7 +85,7 @@ pub fn plan(
         ));
     }
     Ok(Plan {
-        submission: Submission {
+        submission: RequestSpec {
             prompt: Arc::from(input.prompt),
             params,
             max_tokens,

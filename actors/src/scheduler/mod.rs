@@ -148,11 +148,11 @@ impl Scheduler {
         if self.draining.is_some() {
             return Err(SubmitError::ShuttingDown);
         }
-        let total = req.prompt.len() + req.max_tokens;
+        let total = req.spec.prompt.len() + req.spec.max_tokens;
         if total > s.max_model_len {
             return Err(SubmitError::TooLong {
-                prompt: req.prompt.len(),
-                max_tokens: req.max_tokens,
+                prompt: req.spec.prompt.len(),
+                max_tokens: req.spec.max_tokens,
                 max_model_len: s.max_model_len,
             });
         }
@@ -347,9 +347,9 @@ impl Scheduler {
             }
             let start = seq.num_computed;
             let setup = (!seq.setup_sent).then(|| SamplingSetup {
-                params: seq.req.params.clone(),
-                prompt: seq.req.prompt.clone(),
-                logprobs: seq.req.logprobs,
+                params: seq.req.spec.params.clone(),
+                prompt: seq.req.spec.prompt.clone(),
+                logprobs: seq.req.spec.logprobs,
             });
             seq.setup_sent = true;
             seqs.push(ScheduledSeq {
@@ -392,14 +392,14 @@ impl Scheduler {
             seq.last_token_at = Some(now);
             metrics::record_token(first, since);
             seq.tokens.push(token.id);
-            let stop = seq.req.stop_token_ids.contains(&token.id)
-                || (!seq.req.ignore_eos && self.setup.eos_token_ids.contains(&token.id));
+            let stop = seq.req.spec.stop_token_ids.contains(&token.id)
+                || (!seq.req.spec.ignore_eos && self.setup.eos_token_ids.contains(&token.id));
             let delivered = seq.send(RequestEvent::Tokens(vec![token]));
             if !delivered {
                 ended.push((id, FinishReason::Abort));
             } else if stop {
                 ended.push((id, FinishReason::Stop));
-            } else if seq.output_len() >= seq.req.max_tokens {
+            } else if seq.output_len() >= seq.req.spec.max_tokens {
                 ended.push((id, FinishReason::Length));
             }
         }

@@ -33,7 +33,7 @@ impl Seq {
     /// A new waiting request.
     pub fn new(req: GenerateRequest, order: u64) -> Seq {
         Seq {
-            tokens: req.prompt.to_vec(),
+            tokens: req.spec.prompt.to_vec(),
             req,
             order,
             num_computed: 0,
@@ -48,12 +48,12 @@ impl Seq {
 
     /// The key that orders requests: priority (lower first), then arrival.
     pub fn key(&self) -> (i32, u64) {
-        (self.req.priority, self.order)
+        (self.req.spec.priority, self.order)
     }
 
     /// Tokens generated so far.
     pub fn output_len(&self) -> usize {
-        self.tokens.len() - self.req.prompt.len()
+        self.tokens.len() - self.req.spec.prompt.len()
     }
 
     /// Tokens not yet in the cache.
@@ -64,7 +64,7 @@ impl Seq {
     /// Token counts for the response.
     pub fn usage(&self) -> Usage {
         Usage {
-            prompt_tokens: self.req.prompt.len(),
+            prompt_tokens: self.req.spec.prompt.len(),
             completion_tokens: self.output_len(),
             cached_tokens: self.cached_tokens.unwrap_or(0),
         }

@@ -82,7 +82,7 @@ async fn chat_logprobs_have_openai_shape() {
     assert_eq!(content[0]["bytes"], json!([72]));
     assert_eq!(content[0]["logprob"], -0.25);
     assert_eq!(content[0]["top_logprobs"].as_array().unwrap().len(), 2);
-    assert_eq!(fixture.last_submitted().logprobs, Some(2));
+    assert_eq!(fixture.last_submitted().spec.logprobs, Some(2));
 
     let request = json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2});
     let response = call(&app, post("/v1/chat/completions", request)).await;
@@ -97,7 +97,7 @@ async fn max_completion_tokens_wins_over_max_tokens() {
     let request = json!({"messages": messages, "max_tokens": 5, "max_completion_tokens": 7});
     let (status, _) = call(&app, post("/v1/chat/completions", request)).await;
     assert_eq!(status, 200);
-    assert_eq!(fixture.last_submitted().max_tokens, 7);
+    assert_eq!(fixture.last_submitted().spec.max_tokens, 7);
     let request = json!({"messages": messages, "max_completion_tokens": -2});
     let response = call(&app, post("/v1/chat/completions", request)).await;
     let param = Some("max_completion_tokens");

@@ -35,10 +35,14 @@ async fn completion_whole_response_has_text_usage_and_defaults() {
     assert_eq!(body["usage"], usage);
     let submitted = fixture.last_submitted();
     assert_eq!(submitted.prompt, prompt, "BOS added to a text prompt");
-    assert_eq!(submitted.max_tokens, MAX_MODEL_LEN - prompt.len());
-    assert_eq!(submitted.params, SamplingParams::default());
+    assert_eq!(submitted.spec.max_tokens, MAX_MODEL_LEN - prompt.len());
+    assert_eq!(submitted.spec.params, SamplingParams::default());
     assert_eq!(
-        (submitted.logprobs, submitted.priority, submitted.ignore_eos),
+        (
+            submitted.spec.logprobs,
+            submitted.spec.priority,
+            submitted.spec.ignore_eos
+        ),
         (None, 0, false)
     );
 }
@@ -65,11 +69,14 @@ async fn completion_passes_request_fields_to_the_scheduler() {
         frequency_penalty: 0.25,
         seed: Some(42),
     };
-    assert_eq!(submitted.params, expected, "top_k from the live default");
-    assert_eq!(submitted.max_tokens, 5);
-    assert_eq!(submitted.stop_token_ids, [7]);
-    assert!(submitted.ignore_eos);
-    assert_eq!(submitted.priority, -3);
+    assert_eq!(
+        submitted.spec.params, expected,
+        "top_k from the live default"
+    );
+    assert_eq!(submitted.spec.max_tokens, 5);
+    assert_eq!(submitted.spec.stop_token_ids, [7]);
+    assert!(submitted.spec.ignore_eos);
+    assert_eq!(submitted.spec.priority, -3);
 }
 
 #[actix_web::test]
@@ -175,7 +182,7 @@ async fn completion_logprobs_have_openai_shape() {
     assert_eq!(top[tokens[0]], -0.25);
     assert_eq!(logprobs["text_offset"][0], 0);
     assert_eq!(logprobs["text_offset"][1], tokens[0].len());
-    assert_eq!(fixture.last_submitted().logprobs, Some(2));
+    assert_eq!(fixture.last_submitted().spec.logprobs, Some(2));
 
     let request = post("/v1/completions", json!({"prompt": "x", "logprobs": 21}));
     expect_error(

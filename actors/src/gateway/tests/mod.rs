@@ -30,7 +30,8 @@ use super::{
     SharedConfig,
 };
 use crate::messages::{
-    FinishReason, GeneratedToken, RequestEvent, RequestId, SchedulerMsg, SubmitError, Usage,
+    FinishReason, GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerMsg, SubmitError,
+    Usage,
 };
 
 /// The context length of the test model.
@@ -71,13 +72,9 @@ impl Script {
 #[derive(Clone, Debug)]
 pub struct Submitted {
     pub id: RequestId,
+    /// The prompt, as a vector for easy comparison.
     pub prompt: Vec<u32>,
-    pub params: SamplingParams,
-    pub max_tokens: usize,
-    pub stop_token_ids: Vec<u32>,
-    pub ignore_eos: bool,
-    pub logprobs: Option<usize>,
-    pub priority: i32,
+    pub spec: RequestSpec,
 }
 
 /// Admin hooks whose reload succeeds unless `refuse` is set.
@@ -258,20 +255,19 @@ impl FakeScheduler {
                 SchedulerMsg::Submit(request, reply) => {
                     self.submitted.lock().unwrap().push(Submitted {
                         id: request.id,
-                        prompt: request.prompt.to_vec(),
-                        params: request.params.clone(),
-                        max_tokens: request.max_tokens,
-                        stop_token_ids: request.stop_token_ids.clone(),
-                        ignore_eos: request.ignore_eos,
-                        logprobs: request.logprobs,
-                        priority: request.priority,
+                        prompt: request.spec.prompt.to_vec(),
+                        spec: request.spec.clone(),
                     });
                     if let Script::Refuse(err) = &self.script {
                         let _ = reply.send(Err(err.clone()));
                         continue;
                     }
                     let _ = reply.send(Ok(()));
-                    self.answer(request.prompt.len(), request.logprobs, request.events);
+                    self.answer(
+                        request.spec.prompt.len(),
+                        request.spec.logprobs,
+                        request.events,
+                    );
                 }
                 SchedulerMsg::Abort(id) => {
                     let _ = self.aborts.send(id);
