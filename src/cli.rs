@@ -36,6 +36,40 @@ pub enum Command {
 pub enum BenchCommand {
     /// Load a running server with concurrent streaming requests, as `vllm bench serve` does.
     Serve(BenchServeArgs),
+    /// Time prefill and decode of a model offline (no HTTP), as `vllm bench latency` does.
+    Latency(BenchLatencyArgs),
+}
+
+/// `peregrine bench latency`.
+#[derive(Args, Debug)]
+pub struct BenchLatencyArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Random weights of this config.json's shapes, made on the GPU, instead of a checkpoint.
+    #[arg(long, conflicts_with = "model")]
+    pub random_weights: Option<PathBuf>,
+    /// cpu, or cuda (with the `cuda` feature).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Batch sizes to time, each one sequence per request.
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64")]
+    pub batch_sizes: Vec<usize>,
+    /// Prompt tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Decode steps timed.
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Batch-invariant GPU kernels.
+    #[arg(long)]
+    pub deterministic: bool,
+    /// GPU products of up to this many rows use the fixed-order GEMV kernel of
+    /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all, the default).
+    #[arg(long, default_value_t = 0)]
+    pub gemv_max_rows: usize,
 }
 
 /// `peregrine bench serve`.

@@ -4,45 +4,18 @@
 
 mod common;
 
+use common::engine::{collect, requests, submit};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{
-    FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
-    SchedulerMsg, Usage,
-};
+use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
 use peregrine_actors::{GenerationRequest, Generator};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
 
 const MAX_TOKENS: usize = 12;
-
-fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..n)
-        .map(|i| {
-            let len = rng.random_range(5..45);
-            let prompt = (0..len).map(|_| rng.random_range(3..vocab)).collect();
-            let params = if i % 2 == 0 {
-                SamplingParams::greedy()
-            } else {
-                SamplingParams {
-                    temperature: 0.9,
-                    top_p: 0.95,
-                    seed: Some(1000 + i as u64),
-                    ..SamplingParams::default()
-                }
-            };
-            (prompt, params)
-        })
-        .collect()
-}
 
 /// Each request alone through the single-request generator.
 fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<u32>> {
@@ -65,12 +38,12 @@ fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<u32>> {
 async fn served(
     dir: &Path,
     reqs: &[(Vec<u32>, SamplingParams)],
-    settings: EngineSettings,
+    (settings, kv_blocks): (EngineSettings, u64),
 ) -> Vec<(Vec<u32>, Usage)> {
-    let engine = start_engine(LlamaModel::load(dir).unwrap(), &settings).unwrap();
+    let engine = start_engine(backend(dir, kv_blocks), &settings).unwrap();
     let mut streams = Vec::new();
     for (i, (prompt, params)) in reqs.iter().enumerate() {
-        streams.push(submit(&engine.scheduler, i as u64, prompt, params).await);
+        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
     }
     let mut out = Vec::new();
     for rx in streams {
@@ -82,54 +55,25 @@ async fn served(
     out
 }
 
-/// Submits one request (max `MAX_TOKENS`, past EOS) and returns its event stream.
-async fn submit(
-    scheduler: &mpsc::Sender<SchedulerMsg>,
-    id: u64,
-    prompt: &[u32],
-    params: &SamplingParams,
-) -> mpsc::UnboundedReceiver<RequestEvent> {
-    let (events, rx) = mpsc::unbounded_channel();
-    let request = GenerateRequest {
-        id: RequestId(id),
-        spec: RequestSpec {
-            prompt: Arc::from(prompt),
-            params: params.clone(),
-            max_tokens: MAX_TOKENS,
-            stop_token_ids: vec![],
-            ignore_eos: true,
-            logprobs: None,
-            priority: 0,
-        },
-        arrival: Instant::now(),
-        events,
-    };
-    let (reply, accepted) = oneshot::channel();
-    scheduler
-        .send(SchedulerMsg::Submit(request, reply))
-        .await
-        .unwrap();
-    accepted.await.unwrap().unwrap();
-    rx
-}
-
-/// A request's tokens, finish reason and usage.
-async fn collect(mut rx: mpsc::UnboundedReceiver<RequestEvent>) -> (Vec<u32>, FinishReason, Usage) {
-    let mut tokens = Vec::new();
-    loop {
-        match rx.recv().await.expect("the request ended without Finished") {
-            RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
-            RequestEvent::Finished { reason, usage } => return (tokens, reason, usage),
-        }
-    }
-}
-
-fn settings(kv_blocks: u64, max_num_seqs: usize, max_num_batched_tokens: usize) -> EngineSettings {
+/// The tiny model of `dir` on the CPU with a pool of `kv_blocks` blocks of 16 tokens.
+fn backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
     let spec = TinySpec::llama_tiny();
     let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
-    EngineSettings {
+    cpu_backend(
+        LlamaModel::load(dir).unwrap(),
+        kv_blocks * 16 * bytes_per_token,
+        16,
+    )
+    .unwrap()
+}
+
+fn settings(
+    kv_blocks: u64,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+) -> (EngineSettings, u64) {
+    let settings = EngineSettings {
         block_size: 16,
-        kv_cache_memory: kv_blocks * 16 * bytes_per_token,
         prefix_caching: true,
         limits: SchedulerLimits {
             max_num_seqs,
@@ -137,7 +81,8 @@ fn settings(kv_blocks: u64, max_num_seqs: usize, max_num_batched_tokens: usize) 
             max_waiting: 1000,
         },
         max_model_len: None,
-    }
+    };
+    (settings, kv_blocks)
 }
 
 fn counter(
@@ -192,11 +137,11 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     TinyModel::random(TinySpec::llama_tiny(), 78).write_hf(dir.path());
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300).collect();
     let req = vec![(prompt, SamplingParams::greedy())];
-    let engine_settings = settings(64, 4, 64);
-    let engine = start_engine(LlamaModel::load(dir.path()).unwrap(), &engine_settings).unwrap();
+    let (engine_settings, kv_blocks) = settings(64, 4, 64);
+    let engine = start_engine(backend(dir.path(), kv_blocks), &engine_settings).unwrap();
     let mut runs = Vec::new();
     for i in 0..2 {
-        let rx = submit(&engine.scheduler, i, &req[0].0, &req[0].1).await;
+        let rx = submit(&engine.scheduler, i, &req[0].0, &req[0].1, MAX_TOKENS).await;
         let (tokens, _, usage) = collect(rx).await;
         runs.push((tokens, usage));
     }

@@ -1,12 +1,12 @@
 //! Assembles the engine's actors for serving: the TargetRunner on its thread, the
 //! KvAllocator and the Scheduler as tokio tasks.
 
+use crate::backend::{ModelBackend, StepCapacity};
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
 use crate::target_runner::TargetRunner;
 use anyhow::bail;
-use peregrine_models::LlamaModel;
 use tokio::sync::mpsc;
 use tracing::info;
 
@@ -14,8 +14,6 @@ use tracing::info;
 #[derive(Clone, Debug)]
 pub struct EngineSettings {
     pub block_size: usize,
-    /// Bytes the KV cache may take across all layers.
-    pub kv_cache_memory: u64,
     pub prefix_caching: bool,
     pub limits: SchedulerLimits,
     /// Cap below the model's own maximum length.
@@ -28,11 +26,17 @@ pub struct Engine {
     pub scheduler: mpsc::Sender<SchedulerMsg>,
     pub num_blocks: u32,
     pub max_model_len: usize,
+    /// The largest step the backend can run, if it is bounded; a reload must stay within.
+    pub capacity: Option<StepCapacity>,
 }
 
-/// Sizes the pool, prints it, and starts the actors. Call from inside a tokio runtime.
-pub fn start_engine(model: LlamaModel, settings: &EngineSettings) -> anyhow::Result<Engine> {
-    let config = model.config();
+/// Prints the backend's pool and address audit, and starts the actors. Call from inside a
+/// tokio runtime.
+pub fn start_engine(
+    backend: Box<dyn ModelBackend>,
+    settings: &EngineSettings,
+) -> anyhow::Result<Engine> {
+    let config = backend.config();
     let max_model_len = match settings.max_model_len {
         Some(len) if len > config.max_model_len => bail!(
             "max_model_len {len} exceeds the model's maximum of {}",
@@ -41,34 +45,34 @@ pub fn start_engine(model: LlamaModel, settings: &EngineSettings) -> anyhow::Res
         Some(len) => len,
         None => config.max_model_len,
     };
-    let bytes_per_token = model.kv_bytes_per_token();
-    let block_bytes = bytes_per_token * settings.block_size as u64;
-    let num_blocks = settings.kv_cache_memory / block_bytes;
-    if num_blocks == 0 {
-        bail!(
-            "kv_cache_memory of {} bytes holds no block: one block of {} tokens takes {block_bytes} bytes",
-            settings.kv_cache_memory,
-            settings.block_size
-        );
+    let capacity = backend.capacity();
+    if let Some(c) = capacity {
+        let limits = &settings.limits;
+        if limits.max_num_batched_tokens > c.max_tokens || limits.max_num_seqs > c.max_seqs {
+            bail!(
+                "max_num_batched_tokens {} / max_num_seqs {} exceed the {} / {} the model's \
+                 buffers were sized for",
+                limits.max_num_batched_tokens,
+                limits.max_num_seqs,
+                c.max_tokens,
+                c.max_seqs
+            );
+        }
     }
-    let num_blocks = u32::try_from(num_blocks).map_err(|_| {
-        anyhow::anyhow!("kv_cache_memory makes {num_blocks} blocks, more than u32 block ids name")
-    })?;
-    let layout = model.kv_layout(num_blocks as u64, settings.block_size as u64);
-    let audit = layout
-        .audit(4)
-        .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
+    let pool = backend.pool();
+    let num_blocks = pool.layout.num_blocks as u32;
     info!(
-        kernels = "write_kv, paged_attention",
-        largest_byte_offset = audit.largest_byte_offset,
-        computed_in = "u64",
-        limit = audit.limit,
+        kernels = pool.kernels,
+        largest_byte_offset = pool.audit.largest_byte_offset,
+        computed_in = pool.computed_in,
+        limit = pool.audit.limit,
         "address audit passed"
     );
     info!(
+        device = pool.device,
         blocks = num_blocks,
         block_size = settings.block_size,
-        bytes_per_layer = 2 * layout.layer_elems() * 4,
+        bytes_per_layer = pool.bytes_per_layer,
         largest_block_id = num_blocks - 1,
         tokens = num_blocks as u64 * settings.block_size as u64,
         "KV pool"
@@ -80,11 +84,13 @@ pub fn start_engine(model: LlamaModel, settings: &EngineSettings) -> anyhow::Res
         num_blocks: num_blocks as usize,
         eos_token_ids: config.eos_token_ids.clone(),
     };
+    let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
-    let runner = TargetRunner::spawn(model, num_blocks, settings.block_size);
+    let runner = TargetRunner::spawn(backend, block_size);
     Ok(Engine {
         scheduler: Scheduler::spawn(setup, kv, runner),
         num_blocks,
         max_model_len,
+        capacity,
     })
 }

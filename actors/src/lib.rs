@@ -3,6 +3,7 @@
 //! single-request generator that `peregrine generate` drives. The DraftProposer and the
 //! GraphCaptureManager join with their own issues.
 
+pub mod backend;
 pub mod block_pool;
 pub mod engine;
 pub mod gateway;

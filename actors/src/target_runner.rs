@@ -3,13 +3,11 @@
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
 //! asked for a token.
 
-use crate::messages::{
-    GeneratedToken, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, StepDone,
-};
-use anyhow::{anyhow, Context};
-use peregrine_models::LlamaModel;
-use peregrine_ops::sampling::{log_softmax, Sampler};
-use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use crate::backend::{ModelBackend, RowSampling};
+use crate::messages::{RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, StepDone};
+use anyhow::anyhow;
+use peregrine_ops::sampling::Sampler;
+use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tokio::sync::oneshot;
@@ -25,8 +23,7 @@ struct SeqSampling {
 
 /// The runner's state, living on its thread.
 pub struct TargetRunner {
-    model: LlamaModel,
-    cache: KvCache,
+    model: Box<dyn ModelBackend>,
     block_size: usize,
     seqs: HashMap<RequestId, SeqSampling>,
 }
@@ -38,13 +35,10 @@ pub struct TargetRunnerHandle {
 }
 
 impl TargetRunner {
-    /// Starts the runner on its own thread with a cache of `num_blocks` blocks.
-    pub fn spawn(model: LlamaModel, num_blocks: u32, block_size: usize) -> TargetRunnerHandle {
-        let layout = model.kv_layout(num_blocks as u64, block_size as u64);
-        let cache = KvCache::new(model.config().num_layers, layout);
+    /// Starts the runner on its own thread, driving `model` and its pool.
+    pub fn spawn(model: Box<dyn ModelBackend>, block_size: usize) -> TargetRunnerHandle {
         let mut runner = TargetRunner {
             model,
-            cache,
             block_size,
             seqs: HashMap::new(),
         };
@@ -83,7 +77,8 @@ impl TargetRunner {
                 block_table: &s.block_table,
             })
             .collect();
-        let plan = AttentionPlan::new(&specs, self.block_size, self.cache.layout().num_blocks)?;
+        let num_blocks = self.model.pool().layout.num_blocks;
+        let plan = AttentionPlan::new(&specs, self.block_size, num_blocks)?;
         let tokens: Vec<u32> = batch
             .seqs
             .iter()
@@ -97,21 +92,54 @@ impl TargetRunner {
                 rows.push(end - 1);
             }
         }
-        let logits = self.model.forward(&tokens, &plan, &mut self.cache, &rows)?;
-        let vocab = self.model.config().vocab_size;
-        let mut sampled = Vec::with_capacity(rows.len());
-        let mut rows_logits = logits.chunks(vocab);
+        // The sampled sequences' states leave the map for the step (the backend borrows
+        // them all at once) and return to it whatever the step's outcome.
+        let mut states = Vec::with_capacity(rows.len());
         for s in batch.seqs.iter().filter(|s| s.sample) {
-            let row = rows_logits.next().context("a sampled row without logits")?;
-            let state = self
-                .seqs
-                .get_mut(&s.id)
-                .ok_or_else(|| anyhow!("{} was scheduled to sample before its setup", s.id))?;
-            let id = state.sampler.sample(row, &state.prompt, &state.output);
-            state.output.push(id);
-            let logprobs = state.logprobs.and_then(|n| log_softmax(row, id, n));
-            sampled.push((s.id, GeneratedToken { id, logprobs }));
+            match self.seqs.remove(&s.id) {
+                Some(state) => states.push((s.id, state)),
+                None => {
+                    self.seqs.extend(states);
+                    return Err(anyhow!("{} was scheduled to sample before its setup", s.id));
+                }
+            }
         }
+        let mut sampling: Vec<RowSampling> = states
+            .iter_mut()
+            .map(|(_, state)| RowSampling {
+                sampler: &mut state.sampler,
+                prompt: &state.prompt,
+                output: &state.output,
+                logprobs: state.logprobs,
+            })
+            .collect();
+        let generated = self.model.step(&tokens, &plan, &rows, &mut sampling);
+        let generated = generated.and_then(|g| {
+            if g.len() == states.len() {
+                Ok(g)
+            } else {
+                Err(anyhow!(
+                    "{} tokens for {} sampled rows",
+                    g.len(),
+                    states.len()
+                ))
+            }
+        });
+        let sampled = match generated {
+            Ok(tokens) => states
+                .iter_mut()
+                .zip(tokens)
+                .map(|((id, state), token)| {
+                    state.output.push(token.id);
+                    (*id, token)
+                })
+                .collect(),
+            Err(err) => {
+                self.seqs.extend(states);
+                return Err(err);
+            }
+        };
+        self.seqs.extend(states);
         Ok(StepDone {
             step: batch.step,
             sampled,

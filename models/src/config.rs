@@ -1,5 +1,6 @@
 //! Hugging Face `config.json` for the Llama family: Llama, Mistral, Qwen2 and Qwen3.
 
+use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::RopeScaling;
 use serde::Deserialize;
 use serde_json::Value;
@@ -256,6 +257,18 @@ fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigError> {
             "rope_scaling",
             format!("type {other:?} is not supported (supported: linear, llama3)"),
         )),
+    }
+}
+
+impl ModelConfig {
+    /// One layer's KV cache layout for a pool of `num_blocks` blocks of `block_size` tokens.
+    pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        KvLayout {
+            num_blocks,
+            block_size,
+            num_kv_heads: self.num_kv_heads as u64,
+            head_dim: self.head_dim as u64,
+        }
     }
 }
 

@@ -6,6 +6,8 @@ pub mod config;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
+#[cfg(feature = "cuda")]
+pub mod llama_gpu;
 pub mod tokenizer;
 pub mod weights;
 

@@ -150,12 +150,7 @@ impl LlamaModel {
 
     /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
-        KvLayout {
-            num_blocks,
-            block_size,
-            num_kv_heads: self.config.num_kv_heads as u64,
-            head_dim: self.config.head_dim as u64,
-        }
+        self.config.kv_layout(num_blocks, block_size)
     }
 
     /// Bytes of K and V one token takes across all layers.
@@ -175,22 +170,8 @@ impl LlamaModel {
         logit_rows: &[usize],
     ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
+        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
         let n = tokens.len();
-        if n != plan.rows() {
-            return Err(ForwardError::TokenCount {
-                tokens: n,
-                rows: plan.rows(),
-            });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= c.vocab_size) {
-            return Err(ForwardError::TokenId {
-                id,
-                vocab: c.vocab_size,
-            });
-        }
-        if let Some(&row) = logit_rows.iter().find(|&&r| r >= n) {
-            return Err(ForwardError::LogitRow { row, rows: n });
-        }
         let (h, d) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let tables = self.rotary.tables(plan.positions());
@@ -244,4 +225,27 @@ impl LlamaModel {
         self.lm_head.forward(&final_normed, &mut logits);
         Ok(logits)
     }
+}
+
+/// Checks a forward's inputs against the plan and the vocabulary, before any work.
+pub(crate) fn check_inputs(
+    tokens: &[u32],
+    plan: &AttentionPlan,
+    logit_rows: &[usize],
+    vocab: usize,
+) -> Result<(), ForwardError> {
+    let n = tokens.len();
+    if n != plan.rows() {
+        return Err(ForwardError::TokenCount {
+            tokens: n,
+            rows: plan.rows(),
+        });
+    }
+    if let Some(&id) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ForwardError::TokenId { id, vocab });
+    }
+    if let Some(&row) = logit_rows.iter().find(|&&r| r >= n) {
+        return Err(ForwardError::LogitRow { row, rows: n });
+    }
+    Ok(())
 }

@@ -2,6 +2,8 @@
 //! attention with its metadata planner, the KV cache, and sampling.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod kv_cache;
 pub mod linear;
 pub mod norm;

@@ -64,6 +64,25 @@ impl Rotary {
         RotaryTables { cos, sin }
     }
 
+    /// The table the GPU rotary kernel reads: for each position `0..positions`, the
+    /// `head_dim / 2` cosines then the `head_dim / 2` sines.
+    pub fn cos_sin_table(&self, positions: u32) -> Vec<f32> {
+        let all: Vec<u32> = (0..positions).collect();
+        let tables = self.tables(&all);
+        let half = self.inv_freq.len();
+        tables
+            .cos
+            .chunks(half)
+            .zip(tables.sin.chunks(half))
+            .flat_map(|(c, s)| c.iter().chain(s).copied())
+            .collect()
+    }
+
+    /// Whether pairs are interleaved (2i, 2i+1) rather than split (i, i + head_dim/2).
+    pub fn is_interleaved(&self) -> bool {
+        self.layout == RotaryLayout::Interleaved
+    }
+
     /// Rotates every head of `x` (`[tokens, heads * head_dim]`) in place.
     pub fn apply(&self, x: &mut [f32], tables: &RotaryTables) {
         cpu::apply_rotary(x, self.head_dim, &tables.cos, &tables.sin, self.layout);

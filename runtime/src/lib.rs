@@ -1,9 +1,11 @@
 //! Devices and memory: the `Device` a computation runs on, element types, host buffers and
 //! tensor views whose offsets are 64-bit.
 //!
-//! Only the CPU backend exists so far; the CUDA and HIP backends plug in as further
-//! `Device` variants behind the `cuda` and `hip` cargo features.
+//! The CPU backend is always built; the CUDA backend (`cuda` module) comes with the `cuda`
+//! cargo feature.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod device;
 mod dtype;
 mod tensor;

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+mod bench_latency;
 mod bench_serve;
 mod convert;
 mod fetch;
@@ -30,6 +31,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
+        Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

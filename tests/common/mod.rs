@@ -2,6 +2,7 @@
 //! dense float64 reference forward, and a GGUF writer.
 #![allow(dead_code)]
 
+pub mod engine;
 pub mod gguf_writer;
 pub mod reference;
 pub mod tiny_model;

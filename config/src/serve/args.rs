@@ -56,6 +56,10 @@ pub struct ServeArgs {
     /// Turn prefix caching off (it is on by default).
     #[arg(long)]
     pub no_prefix_caching: bool,
+    /// Batch-invariant GPU kernels: a request's tokens do not depend on the rest of the
+    /// batch (the CPU backend always is).
+    #[arg(long)]
+    pub deterministic: bool,
     /// Requests that may wait for a slot before new ones get 429 [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_waiting_requests: Option<usize>,
@@ -90,6 +94,7 @@ impl ServeArgs {
             kv_cache_memory,
             gpu_memory_utilization,
             no_prefix_caching,
+            deterministic,
             max_waiting_requests,
             shutdown_timeout,
             log_level,
@@ -111,6 +116,7 @@ impl ServeArgs {
             kv_cache_memory,
             gpu_memory_utilization,
             enable_prefix_caching: no_prefix_caching.then_some(false),
+            deterministic: deterministic.then_some(true),
             max_waiting_requests,
             shutdown_timeout,
             log_level,

@@ -38,6 +38,8 @@ pub struct ServeConfig {
     pub gpu_memory_utilization: f32,
     /// Whether full KV blocks are shared between requests with the same prefix.
     pub enable_prefix_caching: bool,
+    /// Batch-invariant GPU kernels.
+    pub deterministic: bool,
     /// Requests that may wait for a slot before new ones are refused with 429.
     pub max_waiting_requests: usize,
     /// How long in-flight requests get to finish at shutdown.
@@ -69,6 +71,7 @@ impl Default for ServeConfig {
             kv_cache_memory: 1 << 30,
             gpu_memory_utilization: 0.9,
             enable_prefix_caching: true,
+            deterministic: false,
             max_waiting_requests: 1024,
             shutdown_timeout: Duration::from_secs(30),
             log_level: "info".to_string(),
@@ -135,6 +138,7 @@ impl ServeConfig {
             kv_cache_memory,
             gpu_memory_utilization,
             enable_prefix_caching,
+            deterministic,
             max_waiting_requests,
             shutdown_timeout,
             log_level,
@@ -157,6 +161,7 @@ impl ServeConfig {
             kv_cache_memory: kv_cache_memory.unwrap_or(d.kv_cache_memory),
             gpu_memory_utilization: gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
             enable_prefix_caching: enable_prefix_caching.unwrap_or(d.enable_prefix_caching),
+            deterministic: deterministic.unwrap_or(d.deterministic),
             max_waiting_requests: max_waiting_requests.unwrap_or(d.max_waiting_requests),
             shutdown_timeout: shutdown_timeout.map_or(d.shutdown_timeout, Duration::from_secs),
             log_level: log_level.unwrap_or(d.log_level),

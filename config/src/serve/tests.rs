@@ -342,7 +342,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "default_sampling",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 20);
+    assert_eq!(ServeConfig::default().fields().len(), 21);
 }
 
 #[test]

@@ -49,6 +49,18 @@ impl Sampler {
         distribution(&self.params, &penalised)
     }
 
+    /// The uniform in `[0, 1)` of this request's next draw, taken from its RNG; `None`, and
+    /// nothing drawn, when greedy. [`Sampler::sample`] draws through this, so a GPU sampler
+    /// that inverts the CDF with this value consumes the RNG exactly as the CPU does: a
+    /// seeded request draws the same uniforms on either backend.
+    pub fn next_uniform(&mut self) -> Option<f64> {
+        if self.params.is_greedy() {
+            None
+        } else {
+            Some(self.rng.random())
+        }
+    }
+
     /// The next token: the argmax when greedy (no random number drawn), else one uniform
     /// draw from [`Sampler::probabilities`] by inverse CDF in its order.
     ///
@@ -59,10 +71,9 @@ impl Sampler {
         let (first, _) = *candidates
             .first()
             .expect("sampling needs at least one logit");
-        if self.params.is_greedy() {
+        let Some(draw) = self.next_uniform() else {
             return first;
-        }
-        let draw: f64 = self.rng.random();
+        };
         let mut cumulative = 0.0;
         for &(token, probability) in &candidates {
             cumulative += probability;

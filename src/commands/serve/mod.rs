@@ -7,8 +7,9 @@ mod signals;
 
 use crate::commands::DEFAULT_MODEL;
 use actix_web::{web, App, HttpServer};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::gateway::{
     self, routes, EngineClient, GatewayState, ModelInfo, SharedConfig,
@@ -21,10 +22,39 @@ use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::LlamaModel;
 use reload::{gateway_config, limits, Reloader};
 use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::Arc;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload as log_reload, EnvFilter};
+
+/// The model of `dir` with its KV pool on the configured device.
+fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn ModelBackend>> {
+    match config.device {
+        DeviceKind::Cpu => {
+            let model =
+                LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+            cpu_backend(model, config.kv_cache_memory, config.block_size)
+        }
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => {
+            let cache = default_cache_dir(config.cache_dir.as_deref())?;
+            let settings = peregrine_actors::backend::GpuSettings {
+                gpu_memory_utilization: config.gpu_memory_utilization,
+                block_size: config.block_size,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_num_seqs: config.max_num_seqs,
+                deterministic: config.deterministic,
+                kernel_cache: cache.join("kernels"),
+            };
+            peregrine_actors::backend::cuda_backend(dir, &settings)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => anyhow::bail!(
+            "device cuda is not built into this binary (build with --features cuda); use --device cpu"
+        ),
+    }
+}
 
 /// Runs the server until it is shut down.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -38,12 +68,6 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_ansi(std::io::stderr().is_terminal()),
         )
         .init();
-    if config.device != DeviceKind::Cpu {
-        bail!(
-            "device {} is not built into this binary; use --device cpu",
-            config.device.as_str()
-        );
-    }
     let (dir, default_name) = match &config.model {
         Some(dir) => (dir.clone(), dir.display().to_string()),
         None => {
@@ -57,7 +81,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
-    let model = LlamaModel::load(&dir).with_context(|| format!("loading {}", dir.display()))?;
+    let backend = load_backend(&config, &dir)?;
     let mut prometheus = PrometheusBuilder::new();
     for name in HISTOGRAMS {
         prometheus =
@@ -70,12 +94,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let settings = EngineSettings {
             block_size: config.block_size,
-            kv_cache_memory: config.kv_cache_memory,
             prefix_caching: config.enable_prefix_caching,
             limits: limits(&config),
             max_model_len: config.max_model_len,
         };
-        let engine = start_engine(model, &settings)?;
+        let engine = start_engine(backend, &settings)?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(
             args,
@@ -84,6 +107,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             shared.clone(),
             engine.scheduler.clone(),
             log_level,
+            engine.capacity,
         );
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone()),

@@ -1,6 +1,7 @@
 //! Hot reload: the whole new configuration is read and validated first, refused if it
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
+use peregrine_actors::backend::StepCapacity;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
 use peregrine_config::{ServeArgs, ServeConfig};
@@ -42,6 +43,27 @@ pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayC
     }
 }
 
+/// Refuses step limits past what the engine's buffers were sized for at start-up.
+fn within_capacity(new: &ServeConfig, capacity: Option<StepCapacity>) -> Result<(), String> {
+    let Some(c) = capacity else { return Ok(()) };
+    for (field, value, most) in [
+        (
+            "max_num_batched_tokens",
+            new.max_num_batched_tokens,
+            c.max_tokens,
+        ),
+        ("max_num_seqs", new.max_num_seqs, c.max_seqs),
+    ] {
+        if value > most {
+            return Err(format!(
+                "{field} {value} exceeds the {most} the GPU buffers were sized for at start-up \
+                 (raising it needs a restart); the running configuration stays"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Reloads the configuration from the same flags and file the server started with.
 /// Cloning shares the same live configuration.
 #[derive(Clone)]
@@ -55,6 +77,8 @@ struct Live {
     gateway: SharedConfig,
     scheduler: mpsc::Sender<SchedulerMsg>,
     log_level: reload::Handle<EnvFilter, Registry>,
+    /// The largest step the engine's buffers hold (the GPU's, sized at start-up).
+    capacity: Option<StepCapacity>,
 }
 
 impl Reloader {
@@ -66,6 +90,7 @@ impl Reloader {
         gateway: SharedConfig,
         scheduler: mpsc::Sender<SchedulerMsg>,
         log_level: reload::Handle<EnvFilter, Registry>,
+        capacity: Option<StepCapacity>,
     ) -> Reloader {
         Reloader(Arc::new(Live {
             args,
@@ -74,6 +99,7 @@ impl Reloader {
             gateway,
             scheduler,
             log_level,
+            capacity,
         }))
     }
 
@@ -102,6 +128,7 @@ impl Reloader {
             .live()
             .reload_changes(&new)
             .map_err(|e| e.to_string())?;
+        within_capacity(&new, self.0.capacity)?;
         let filter = EnvFilter::try_new(&new.log_level).map_err(|e| {
             format!(
                 "log_level {:?}: {e}; the running configuration stays",
@@ -141,5 +168,29 @@ impl AdminHooks for Reloader {
 
     fn live_config(&self) -> serde_json::Value {
         self.live().masked_json()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_limits_stay_within_the_buffers_sized_at_start_up() {
+        let capacity = Some(StepCapacity {
+            max_tokens: 2048,
+            max_seqs: 64,
+        });
+        let mut config = ServeConfig::default();
+        assert!(within_capacity(&config, capacity).is_ok());
+        config.max_num_seqs = 32;
+        assert!(within_capacity(&config, capacity).is_ok());
+        config.max_num_batched_tokens = 4096;
+        let err = within_capacity(&config, capacity).unwrap_err();
+        assert!(
+            err.starts_with("max_num_batched_tokens 4096 exceeds the 2048"),
+            "{err}"
+        );
+        assert!(within_capacity(&config, None).is_ok());
     }
 }

@@ -1,0 +1,179 @@
+//! The CUDA backend: the bf16 model on device 0, its KV pool sized from
+//! `--gpu-memory-utilization` after a profiling forward of the largest step.
+
+use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
+use crate::messages::GeneratedToken;
+use anyhow::{bail, Context};
+use peregrine_kernels::cuda::attention::audit;
+use peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS;
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_models::ModelConfig;
+use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_runtime::cuda::Gpu;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tracing::info;
+
+/// How the GPU backend is set up.
+#[derive(Clone, Debug)]
+pub struct GpuSettings {
+    /// The share of device memory for weights, activations and the pool, in (0, 1].
+    pub gpu_memory_utilization: f32,
+    pub block_size: usize,
+    /// The most tokens of one step (sizes the activations).
+    pub max_num_batched_tokens: usize,
+    /// The most sequences of one step (sizes the logits).
+    pub max_num_seqs: usize,
+    /// Batch-invariant kernels.
+    pub deterministic: bool,
+    /// Where compiled kernels are cached.
+    pub kernel_cache: PathBuf,
+}
+
+struct GpuBackend {
+    model: GpuLlama,
+    kernels: Arc<CudaKernels>,
+    capacity: StepCapacity,
+    cache: GpuKvCache,
+    pool: PoolInfo,
+}
+
+/// Loads the checkpoint in `dir` onto device 0 and sizes its pool: what is free after the
+/// weights and a profiling forward of `max_num_batched_tokens` tokens, less the share of
+/// the device that `gpu_memory_utilization` leaves to others.
+pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn ModelBackend>> {
+    let gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
+    let kernels = Arc::new(CudaKernels::load(&gpu, &s.kernel_cache)?);
+    info!(
+        device = gpu.name(),
+        arch = gpu.arch(),
+        compiled = kernels.freshly_compiled(),
+        "kernels loaded"
+    );
+    let options = GpuModelOptions {
+        max_tokens: s.max_num_batched_tokens,
+        max_logit_rows: s.max_num_seqs,
+        deterministic: s.deterministic,
+        gemv_max_rows: GEMV_MAX_ROWS,
+    };
+    let mut model = GpuLlama::load(dir, gpu.clone(), kernels.clone(), options)
+        .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
+    profile(&mut model, s)?;
+    let (free, total) = gpu.memory()?;
+    let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
+    let Some(budget) = free.checked_sub(reserved).filter(|&b| b > 0) else {
+        bail!(
+            "gpu_memory_utilization {} leaves no room for the KV cache: {free} of {total} bytes \
+             are free after the weights ({} bytes) and activations, and {reserved} must stay free",
+            s.gpu_memory_utilization,
+            model.weight_bytes()
+        );
+    };
+    let block_bytes = model.kv_bytes_per_token() * s.block_size as u64;
+    let num_blocks = blocks_in(budget, block_bytes, s.block_size, "the GPU memory left")?;
+    let layout = model.kv_layout(num_blocks as u64, s.block_size as u64);
+    let audit = audit(&layout, 2).map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
+    let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+    let pool = PoolInfo {
+        layout,
+        bytes_per_layer: cache.bytes_per_layer(),
+        audit,
+        kernels: "kv_write, paged_attention",
+        computed_in: "i64",
+        device: format!("{} ({})", gpu.name(), gpu.arch()),
+    };
+    Ok(Box::new(GpuBackend {
+        model,
+        kernels,
+        capacity: StepCapacity {
+            max_tokens: s.max_num_batched_tokens,
+            max_seqs: s.max_num_seqs,
+        },
+        cache,
+        pool,
+    }))
+}
+
+/// Runs the largest step the scheduler may send, prefill of `max_num_batched_tokens`
+/// tokens, over a temporary pool, so that the activations' peak (cuBLAS workspaces
+/// included) is allocated before the free memory is measured.
+fn profile(model: &mut GpuLlama, s: &GpuSettings) -> anyhow::Result<()> {
+    let tokens = s.max_num_batched_tokens;
+    let longest = model.config().max_model_len.max(1);
+    let per_seq = longest.min(tokens);
+    let seqs = tokens.div_ceil(per_seq);
+    let blocks_per_seq = per_seq.div_ceil(s.block_size);
+    let num_blocks = (seqs * blocks_per_seq) as u64;
+    let gpu = model.gpu().clone();
+    let layout = model.kv_layout(num_blocks, s.block_size as u64);
+    let mut cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+    let tables: Vec<Vec<u32>> = (0..seqs)
+        .map(|i| ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect())
+        .collect();
+    let specs: Vec<SeqSpec> = tables
+        .iter()
+        .enumerate()
+        .map(|(i, table)| SeqSpec {
+            num_cached: 0,
+            num_new: per_seq.min(tokens - i * per_seq),
+            block_table: table,
+        })
+        .collect();
+    let plan = AttentionPlan::new(&specs, s.block_size, num_blocks)?;
+    let ids = vec![0u32; tokens];
+    let rows: Vec<usize> = (0..s.max_num_seqs.min(tokens)).collect();
+    model.forward(&ids, &plan, &mut cache, &rows)?;
+    gpu.synchronize()?;
+    Ok(())
+}
+
+impl ModelBackend for GpuBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn pool(&self) -> &PoolInfo {
+        &self.pool
+    }
+
+    fn capacity(&self) -> Option<StepCapacity> {
+        Some(self.capacity)
+    }
+
+    /// Samples on the device (one download of the chosen ids), unless a row asks for
+    /// logprobs: then the logits come to the host and the CPU samples, as it would.
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        sampling: &mut [RowSampling],
+    ) -> anyhow::Result<Vec<GeneratedToken>> {
+        let vocab = self.model.config().vocab_size;
+        let gpu = self.model.gpu().clone();
+        let kernels = self.kernels.clone();
+        let logits = self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        if sampling.iter().any(|s| s.logprobs.is_some()) {
+            let host = gpu.download(&logits)?;
+            return Ok(sample_on_host(&host, vocab, sampling));
+        }
+        let mut requests: Vec<SampleRequest> = sampling
+            .iter_mut()
+            .map(|s| SampleRequest {
+                sampler: &mut *s.sampler,
+                prompt_tokens: s.prompt,
+                output_tokens: s.output,
+            })
+            .collect();
+        let ids = GpuSampler::new(&kernels, &gpu).sample_view(&logits, vocab, &mut requests)?;
+        Ok(ids
+            .into_iter()
+            .map(|id| GeneratedToken { id, logprobs: None })
+            .collect())
+    }
+}

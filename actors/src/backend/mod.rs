@@ -1,0 +1,115 @@
+//! The model a TargetRunner drives, with its KV pool, on whichever device: the CPU model
+//! in f32, or (with the `cuda` feature) the GPU model in bf16.
+
+mod cpu;
+#[cfg(feature = "cuda")]
+mod gpu;
+
+pub use cpu::cpu_backend;
+#[cfg(feature = "cuda")]
+pub use gpu::{cuda_backend, GpuSettings};
+
+use crate::messages::GeneratedToken;
+use anyhow::bail;
+use peregrine_kernels::cpu::{AddressAudit, KvLayout};
+use peregrine_models::ModelConfig;
+use peregrine_ops::sampling::{log_softmax, Sampler};
+use peregrine_ops::AttentionPlan;
+
+/// What the pool is and what the address audit (DESIGN.md rule 2) found for it.
+#[derive(Clone, Debug)]
+pub struct PoolInfo {
+    /// One layer's layout.
+    pub layout: KvLayout,
+    /// Bytes of K plus V in one layer.
+    pub bytes_per_layer: u64,
+    /// The audit of the cache and attention kernels over this pool.
+    pub audit: AddressAudit,
+    /// The kernels the audit covers.
+    pub kernels: &'static str,
+    /// The type their offsets are computed in.
+    pub computed_in: &'static str,
+    /// The device, in words.
+    pub device: String,
+}
+
+/// The sampling state of the request a logit row belongs to.
+pub struct RowSampling<'a> {
+    /// Its parameters and seeded RNG.
+    pub sampler: &'a mut Sampler,
+    /// Its prompt (for the repetition penalty).
+    pub prompt: &'a [u32],
+    /// The tokens it has generated so far (for the penalties).
+    pub output: &'a [u32],
+    /// How many top logprobs to return with the chosen token, if any.
+    pub logprobs: Option<usize>,
+}
+
+/// The largest step a backend's buffers were sized for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepCapacity {
+    /// Tokens of one step.
+    pub max_tokens: usize,
+    /// Sequences sampled in one step.
+    pub max_seqs: usize,
+}
+
+/// A model with its KV pool, ready to run steps.
+pub trait ModelBackend: Send {
+    /// The model's configuration.
+    fn config(&self) -> &ModelConfig;
+    /// The KV pool.
+    fn pool(&self) -> &PoolInfo;
+    /// The largest step it can run, where its buffers are sized at start-up (`None`:
+    /// any step).
+    fn capacity(&self) -> Option<StepCapacity> {
+        None
+    }
+    /// Runs `tokens` (one per planned row) through the model, writing their keys and
+    /// values into the pool, and chooses the next token of each row in `logit_rows` with
+    /// the matching entry of `sampling`.
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        sampling: &mut [RowSampling],
+    ) -> anyhow::Result<Vec<GeneratedToken>>;
+}
+
+/// Samples every row of host `logits` (`[sampling.len(), vocab]`), with logprobs where
+/// asked.
+pub fn sample_on_host(
+    logits: &[f32],
+    vocab: usize,
+    sampling: &mut [RowSampling],
+) -> Vec<GeneratedToken> {
+    logits
+        .chunks(vocab)
+        .zip(sampling)
+        .map(|(row, s)| {
+            let id = s.sampler.sample(row, s.prompt, s.output);
+            let logprobs = s.logprobs.and_then(|n| log_softmax(row, id, n));
+            GeneratedToken { id, logprobs }
+        })
+        .collect()
+}
+
+/// How many blocks of `block_bytes` fit in `budget` bytes, refused when none does or when
+/// their ids would not fit `u32`.
+pub fn blocks_in(
+    budget: u64,
+    block_bytes: u64,
+    block_size: usize,
+    what: &str,
+) -> anyhow::Result<u32> {
+    let blocks = budget / block_bytes;
+    if blocks == 0 {
+        bail!(
+            "{what} of {budget} bytes holds no KV block: one block of {block_size} tokens takes \
+             {block_bytes} bytes"
+        );
+    }
+    u32::try_from(blocks)
+        .map_err(|_| anyhow::anyhow!("{what} makes {blocks} blocks, more than u32 block ids name"))
+}

@@ -1,0 +1,507 @@
+// Paged attention over the KV cache: causal, grouped-query, bf16 in and out, f32 inside.
+//
+// Semantics are those of the CPU kernel (kernels/src/cpu/attention.rs): sequence s owns query
+// rows q_start[s] .. q_start[s] + q_len[s]; its query i sits at position
+// context_len[s] - q_len[s] + i and sees keys 0 ..= that position. Query head h reads KV head
+// h / (num_heads / num_kv_heads). q is read with a row stride (it lives inside the fused qkv
+// activation); o is dense [rows, num_heads * head_dim]; rows no sequence owns are untouched.
+//
+// Two paths, chosen per sequence by its own q_len alone (the host builds the work lists):
+// - q_len == 1 (decode): the context is split in partitions of PA_PARTITION tokens, a fixed
+//   constant. paged_attention_split_* writes one (max, sum, unnormalised output) record per
+//   (partition, head) into a scratch buffer; paged_attention_combine merges a row's records
+//   in an order fixed by its number of partitions. So a row's result depends on its own
+//   context only, never on what else is in the batch.
+// - q_len > 1 (prefill, chunked prefill, verification): paged_attention_prefill_* is a
+//   flash-attention loop, tiles of PA_BQ queries against tiles of PA_BK keys read through the
+//   block table, online softmax in f32. Key tiles always start at key 0 and are walked in
+//   order, so the reduction order over keys is fixed by PA_BK alone.
+//
+// Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] bf16, one token's K (or V) of
+// all KV heads in a slot of num_kv_heads * head_dim elements. Block ids are int in the table
+// and widened to 64 bits before any multiplication; every element offset is a long long.
+// The cache base comes from the allocator (256-byte aligned) and head_dim is a multiple of 8,
+// so a row of K or V can be read with 16-byte loads.
+//
+// Work lists (int pairs, built on the host, see kernels/src/cuda/attention.rs):
+//   split_work[2w], split_work[2w+1]     = sequence, partition       (split kernel item w)
+//   decode_work[2i], decode_work[2i+1]   = sequence, first split item (combine item i)
+//   prefill_work[2w], prefill_work[2w+1] = sequence, query tile      (prefill item w)
+// Grids are flattened, the item slowest: the split kernel runs one block per (item, KV head,
+// chunk of the query heads sharing it), the combine and prefill kernels one per (item, head),
+// the head fastest, so the heads that share a KV head run side by side.
+
+#define PA_PARTITION 512        // tokens per split partition: a constant, never per batch
+#define PA_SPLIT_THREADS 128    // threads of the split kernel
+#define PA_UNROLL 4             // 16-byte loads in flight per lane in the split kernel
+#define PA_COMBINE_THREADS 512  // threads of the combine kernel
+#define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
+#define PA_BQ 32                // queries per prefill tile
+#define PA_BK 32                // keys per prefill tile
+#define PA_TPR 4                // prefill threads per query row
+#define PA_PREFILL_THREADS 128  // PA_BQ * PA_TPR
+
+// The two bf16 packed in a 32-bit word, widened exactly (a bf16 is the top half of an f32).
+// The element at the lower address is the low half.
+__device__ __forceinline__ float pa_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float pa_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Eight bf16 read with one 16-byte load, widened to f32.
+__device__ __forceinline__ void pa_unpack8(const uint4 raw, float* f) {
+    f[0] = pa_lo(raw.x);
+    f[1] = pa_hi(raw.x);
+    f[2] = pa_lo(raw.y);
+    f[3] = pa_hi(raw.y);
+    f[4] = pa_lo(raw.z);
+    f[5] = pa_hi(raw.z);
+    f[6] = pa_lo(raw.w);
+    f[7] = pa_hi(raw.w);
+}
+
+__device__ __forceinline__ uint4 pa_load16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// Element offset of the slot holding token t of a sequence whose block ids are `table`.
+// The block id is widened before it is multiplied.
+__device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block_size, i64 slot_elems) {
+    const i64 block = (i64)table[t / block_size];
+    return (block * block_size + (t % block_size)) * slot_elems;
+}
+
+// ---------------------------------------------------------------------------------------
+// Decode: one block per (split item, KV head, chunk of up to MAXG query heads of its group),
+// so that each K and V row is read once for all the query heads that share it. A lane group
+// of D / 8 lanes reads one token's K (or V) row with one 16-byte load per lane; a warp reads
+// WARP_SIZE / (D / 8) tokens at once and every lane keeps PA_UNROLL loads in flight. The
+// partition's slot offsets are looked up once, into shared memory. Each
+// query head's scores, softmax and output are computed exactly as if it were alone: the
+// order of every sum depends on the partition's tokens only.
+template <int D, int MAXG>
+__device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_stride,
+                                         const bf16* __restrict__ k_cache,
+                                         const bf16* __restrict__ v_cache,
+                                         const int* __restrict__ q_start,
+                                         const int* __restrict__ context_len,
+                                         const i64* __restrict__ table_start,
+                                         const int* __restrict__ block_table,
+                                         const int* __restrict__ split_work, int num_work,
+                                         float* __restrict__ scratch, int num_heads,
+                                         int num_kv_heads, int block_size, float scale) {
+    constexpr int VEC = 8;           // bf16 per 16-byte load
+    constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
+    __shared__ float logits[MAXG][PA_PARTITION];
+    __shared__ float red[32];
+    __shared__ float out_sum[MAXG][D];
+    __shared__ i64 slot_at[PA_PARTITION];  // element offset of each token's row of this KV head
+
+    // Which item, KV head and query heads this block serves.
+    const int group = num_heads / num_kv_heads;        // query heads per KV head
+    const int chunks = (group + MAXG - 1) / MAXG;      // blocks per KV head
+    const int per_item = num_kv_heads * chunks;
+    const int w = blockIdx.x / per_item;
+    const int kv_head = (blockIdx.x % per_item) / chunks;
+    const int g0 = (blockIdx.x % chunks) * MAXG;
+    const int heads_here = min(MAXG, group - g0);      // >= 1
+    const int h0 = kv_head * group + g0;               // first query head
+
+    const int seq = split_work[2 * w];
+    const int first = split_work[2 * w + 1] * PA_PARTITION;  // first token of the partition
+    const int ctx = context_len[seq];
+    const int n = min(PA_PARTITION, ctx - first);  // >= 1: the host lists partitions < ctx
+    const i64 slot_elems = (i64)num_kv_heads * D;
+    const int* table = block_table + table_start[seq];
+
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    const int per_warp = WARP_SIZE / LANES;   // tokens a warp reads at once
+    const int group_lane = lane / LANES;      // which of them this lane reads
+    const int gl = lane % LANES;              // which 8 elements of the row
+    const int step = warps * per_warp;        // tokens the block reads at once
+
+    // The partition's rows, looked up in the block table once (64-bit offsets).
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        slot_at[i] = pa_slot_offset(table, first + i, block_size, slot_elems) + (i64)kv_head * D;
+    __syncthreads();
+
+    // This lane's 8 elements of each query head (scalar loads: q's stride need not be
+    // aligned). Loops over heads run to MAXG so the arrays stay in registers.
+    const bf16* q_row = q + (i64)q_start[seq] * q_stride + gl * VEC;
+    float qv[MAXG][VEC];
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            qv[g][j] = g < heads_here ? to_f32(q_row[(i64)(h0 + g) * D + j]) : 0.0f;
+    }
+
+    // Scores of the partition's tokens. The loop bounds are the same for the whole block,
+    // so every lane reaches every shuffle.
+    for (int base = 0; base < n; base += step * PA_UNROLL) {
+        uint4 raw[PA_UNROLL];
+#pragma unroll
+        for (int u = 0; u < PA_UNROLL; ++u) {
+            const int i = base + u * step + warp * per_warp + group_lane;
+            raw[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < n) raw[u] = pa_load16(k_cache + slot_at[i] + gl * VEC);
+        }
+#pragma unroll
+        for (int u = 0; u < PA_UNROLL; ++u) {
+            float kf[VEC];
+            pa_unpack8(raw[u], kf);
+            const int i = base + u * step + warp * per_warp + group_lane;
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                if (g < heads_here) {
+                    float dot = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) dot += qv[g][j] * kf[j];
+                    // Butterfly over the lane group: fixed order, the same sum on every lane.
+                    for (int m = LANES / 2; m > 0; m >>= 1) dot += SHFL_XOR(dot, m);
+                    if (i < n && gl == 0) logits[g][i] = dot * scale;
+                }
+            }
+        }
+    }
+    __syncthreads();
+
+    // Softmax of each head over the partition, relative to its own max.
+    float maxes[MAXG], sums[MAXG];
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        maxes[g] = NEG_INF;
+        sums[g] = 0.0f;
+        if (g < heads_here) {
+            float m = NEG_INF;
+            for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, logits[g][i]);
+            m = block_max(m, red);
+            float s = 0.0f;
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const float p = expf(logits[g][i] - m);
+                logits[g][i] = p;
+                s += p;
+            }
+            maxes[g] = m;
+            sums[g] = block_sum(s, red);
+        }
+    }
+    __syncthreads();
+
+    // Unnormalised outputs: sum of p_i * v_i over the partition, 8 dims per lane and head.
+    float acc[MAXG][VEC];
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) acc[g][j] = 0.0f;
+    }
+    for (int base = 0; base < n; base += step * PA_UNROLL) {
+        uint4 raw[PA_UNROLL];
+#pragma unroll
+        for (int u = 0; u < PA_UNROLL; ++u) {
+            const int i = base + u * step + warp * per_warp + group_lane;
+            raw[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (i < n) raw[u] = pa_load16(v_cache + slot_at[i] + gl * VEC);
+        }
+#pragma unroll
+        for (int u = 0; u < PA_UNROLL; ++u) {
+            float vf[VEC];
+            pa_unpack8(raw[u], vf);
+            const int i = base + u * step + warp * per_warp + group_lane;
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                if (g < heads_here) {
+                    const float p = i < n ? logits[g][i] : 0.0f;
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) acc[g][j] += p * vf[j];
+                }
+            }
+        }
+    }
+    // Sum the lane groups of a warp (butterfly), then the warps in order 0, 1, ...
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        if (g < heads_here) {
+            for (int mask = LANES; mask < WARP_SIZE; mask <<= 1) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) acc[g][j] += SHFL_XOR(acc[g][j], mask);
+            }
+        }
+    }
+    for (int wp = 0; wp < warps; ++wp) {
+        if (warp == wp && group_lane == 0) {
+#pragma unroll
+            for (int g = 0; g < MAXG; ++g) {
+                if (g < heads_here) {
+#pragma unroll
+                    for (int j = 0; j < VEC; ++j) {
+                        float* at = &out_sum[g][gl * VEC + j];
+                        *at = wp == 0 ? acc[g][j] : *at + acc[g][j];
+                    }
+                }
+            }
+        }
+        __syncthreads();
+    }
+
+    // Scratch: [num_work * num_heads records of D floats][maxes][sums], record
+    // item * num_heads + head.
+    const i64 records = (i64)num_work * num_heads;
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        if (g < heads_here) {
+            const i64 rec = (i64)w * num_heads + h0 + g;
+            for (int d = threadIdx.x; d < D; d += blockDim.x) scratch[rec * D + d] = out_sum[g][d];
+            if (threadIdx.x == 0) {
+                scratch[records * D + rec] = maxes[g];
+                scratch[records * D + records + rec] = sums[g];
+            }
+        }
+    }
+}
+
+#define PA_SPLIT_PARAMS                                                                      \
+    const bf16 *__restrict__ q, i64 q_stride, const bf16 *__restrict__ k_cache,              \
+        const bf16 *__restrict__ v_cache, const int *__restrict__ q_start,                   \
+        const int *__restrict__ context_len, const i64 *__restrict__ table_start,            \
+        const int *__restrict__ block_table, const int *__restrict__ split_work, int num_work, \
+        float *__restrict__ scratch, int num_heads, int num_kv_heads, int block_size, float scale
+#define PA_SPLIT_ARGS                                                                       \
+    q, q_stride, k_cache, v_cache, q_start, context_len, table_start, block_table, split_work, \
+        num_work, scratch, num_heads, num_kv_heads, block_size, scale
+
+// One kernel per head size and bucket of query heads per KV head: the launcher takes the
+// smallest bucket that holds the group, and several blocks of 4 per KV head past 4.
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pa_split<64, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pa_split<64, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pa_split<64, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pa_split<128, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pa_split<128, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pa_split<128, 4>(PA_SPLIT_ARGS); }
+
+// One block per (decode sequence, head): merges the sequence's partition records and writes
+// its output row: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) s_p. The max and the
+// denominator are block reductions over the partitions (an order fixed by the partition
+// count and the block size). Output element d is summed by blockDim / head_dim slices of
+// threads, slice k taking partitions k, k + slices, ... in order, and the slices are then
+// added in order 0, 1, 2, ...; partition weights are staged in shared memory,
+// PA_COMBINE_CHUNK at a time. head_dim divides the block size.
+extern "C" __global__ void __launch_bounds__(PA_COMBINE_THREADS) paged_attention_combine(
+    const float* __restrict__ scratch, int num_work, int num_heads, int head_dim,
+    const int* __restrict__ decode_work, const int* __restrict__ q_start,
+    const int* __restrict__ context_len, bf16* __restrict__ o) {
+    __shared__ float weights[PA_COMBINE_CHUNK];
+    __shared__ float slice_sum[PA_COMBINE_THREADS];
+    __shared__ float red[32];
+    const int h = blockIdx.x % num_heads;
+    const int i = blockIdx.x / num_heads;
+    const int seq = decode_work[2 * i];
+    const int first = decode_work[2 * i + 1];
+    const int parts = (context_len[seq] + PA_PARTITION - 1) / PA_PARTITION;
+    const i64 records = (i64)num_work * num_heads;
+    const float* maxes = scratch + records * head_dim;
+    const float* sums = maxes + records;
+    const i64 rec0 = (i64)first * num_heads + h;  // partition p's record: rec0 + p * num_heads
+
+    float m = NEG_INF;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) m = fmaxf(m, maxes[rec0 + (i64)p * num_heads]);
+    m = block_max(m, red);
+    float t = 0.0f;
+    for (int p = threadIdx.x; p < parts; p += blockDim.x) {
+        const i64 rec = rec0 + (i64)p * num_heads;
+        t += expf(maxes[rec] - m) * sums[rec];
+    }
+    const float inv = 1.0f / block_sum(t, red);
+
+    const int slices = blockDim.x / head_dim;
+    const int d = threadIdx.x % head_dim, slice = threadIdx.x / head_dim;
+    const i64 stride = (i64)num_heads * head_dim;  // from one partition's record to the next
+    float v = 0.0f;
+    for (int c0 = 0; c0 < parts; c0 += PA_COMBINE_CHUNK) {
+        const int cn = min(PA_COMBINE_CHUNK, parts - c0);
+        __syncthreads();  // the previous chunk's weights are no longer read
+        for (int p = threadIdx.x; p < cn; p += blockDim.x)
+            weights[p] = expf(maxes[rec0 + (i64)(c0 + p) * num_heads] - m);
+        __syncthreads();
+        const float* acc = scratch + (rec0 + (i64)c0 * num_heads) * head_dim + d;
+#pragma unroll 4
+        for (int p = slice; p < cn; p += slices) v += weights[p] * acc[p * stride];
+    }
+    slice_sum[threadIdx.x] = v;
+    __syncthreads();
+    if (slice == 0) {
+        float total = 0.0f;
+        for (int k = 0; k < slices; ++k) total += slice_sum[k * head_dim + d];
+        o[(i64)q_start[seq] * stride + (i64)h * head_dim + d] = to_bf16(total * inv);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Prefill: one block per (query tile, head), PA_TPR threads per query row. Thread (r, c)
+// scores keys c, c + PA_TPR, ... of each key tile for row r, and accumulates output dims
+// (2 (c + PA_TPR j), 2 (c + PA_TPR j) + 1). Tiles sit in shared memory as packed bf16 pairs,
+// rows padded by 4 words so that rows are 16-byte aligned and the reads below are free of
+// bank conflicts.
+template <int D>
+__device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_stride,
+                                           const bf16* __restrict__ k_cache,
+                                           const bf16* __restrict__ v_cache,
+                                           const int* __restrict__ q_start,
+                                           const int* __restrict__ q_len,
+                                           const int* __restrict__ context_len,
+                                           const i64* __restrict__ table_start,
+                                           const int* __restrict__ block_table,
+                                           const int* __restrict__ prefill_work,
+                                           bf16* __restrict__ o, int num_heads, int num_kv_heads,
+                                           int block_size, float scale) {
+    constexpr int WORDS = D / 2;             // bf16 pairs in a row
+    constexpr int STRIDE = WORDS + 4;        // padded row, in words
+    constexpr int KPT = PA_BK / PA_TPR;      // keys per thread per tile
+    constexpr int PPT = WORDS / PA_TPR;      // output pairs per thread
+    constexpr int CHUNKS = D / 8;            // 16-byte chunks in a row
+    // uint4 arrays, so that 16-byte stores into them are aligned.
+    __shared__ uint4 q_tile4[PA_BQ * STRIDE / 4];
+    __shared__ uint4 k_tile4[PA_BK * STRIDE / 4];
+    __shared__ uint4 v_tile4[PA_BK * STRIDE / 4];
+    __shared__ float p_tile[PA_BQ][PA_BK + 1];
+    unsigned int* q_tile = reinterpret_cast<unsigned int*>(q_tile4);
+    unsigned int* k_tile = reinterpret_cast<unsigned int*>(k_tile4);
+    unsigned int* v_tile = reinterpret_cast<unsigned int*>(v_tile4);
+
+    const int h = blockIdx.x % num_heads;
+    const int w = blockIdx.x / num_heads;
+    const int seq = prefill_work[2 * w];
+    const int row0 = prefill_work[2 * w + 1] * PA_BQ;  // first query of the tile, in the sequence
+    const int qlen = q_len[seq];
+    const int rows_here = min(PA_BQ, qlen - row0);     // >= 1: the host lists tiles < q_len
+    const int past = context_len[seq] - qlen;          // query i sits at position past + i
+    const int kv_head = h / (num_heads / num_kv_heads);
+    const i64 slot_elems = (i64)num_kv_heads * D;
+    const i64 head_col = (i64)kv_head * D;
+    const int* table = block_table + table_start[seq];
+    const i64 first_row = (i64)q_start[seq] + row0;
+
+    // The query tile, as packed pairs; rows past the tile's end are zeros.
+    const unsigned short* q_bits = reinterpret_cast<const unsigned short*>(q);
+    for (int idx = threadIdx.x; idx < PA_BQ * WORDS; idx += blockDim.x) {
+        const int r = idx / WORDS, c = idx % WORDS;
+        unsigned int word = 0u;
+        if (r < rows_here) {
+            const i64 at = (first_row + r) * q_stride + (i64)h * D + 2 * c;
+            word = (unsigned int)q_bits[at] | ((unsigned int)q_bits[at + 1] << 16);
+        }
+        q_tile[r * STRIDE + c] = word;
+    }
+
+    const int r = threadIdx.x / PA_TPR, c = threadIdx.x % PA_TPR;
+    // A row past the tile's end (a zero query) takes the last row's mask and writes nothing.
+    const int pos = past + row0 + min(r, rows_here - 1);  // the last key this row sees
+    const int last_key = past + row0 + rows_here - 1;      // the last key any row sees
+    float m_run = NEG_INF, l_run = 0.0f;
+    float acc[2 * PPT];
+#pragma unroll
+    for (int j = 0; j < 2 * PPT; ++j) acc[j] = 0.0f;
+
+    for (int k0 = 0; k0 <= last_key; k0 += PA_BK) {
+        __syncthreads();  // the previous tile is no longer read
+        for (int idx = threadIdx.x; idx < PA_BK * CHUNKS; idx += blockDim.x) {
+            const int kr = idx / CHUNKS, kc = idx % CHUNKS;
+            const int t = k0 + kr;
+            uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = make_uint4(0u, 0u, 0u, 0u);
+            if (t <= last_key) {
+                const i64 at = pa_slot_offset(table, t, block_size, slot_elems) + head_col + kc * 8;
+                kraw = pa_load16(k_cache + at);
+                vraw = pa_load16(v_cache + at);
+            }
+            k_tile4[(kr * STRIDE) / 4 + kc] = kraw;
+            v_tile4[(kr * STRIDE) / 4 + kc] = vraw;
+        }
+        __syncthreads();
+
+        // Scores of this thread's keys.
+        float s[KPT];
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) s[j] = 0.0f;
+#pragma unroll 4
+        for (int dp = 0; dp < WORDS; ++dp) {
+            const unsigned int qw = q_tile[r * STRIDE + dp];
+            const float q0 = pa_lo(qw), q1 = pa_hi(qw);
+#pragma unroll
+            for (int j = 0; j < KPT; ++j) {
+                const unsigned int kw = k_tile[(c + PA_TPR * j) * STRIDE + dp];
+                s[j] += q0 * pa_lo(kw);
+                s[j] += q1 * pa_hi(kw);
+            }
+        }
+        // Causal mask, then the online softmax update of the row (its PA_TPR threads are
+        // adjacent lanes of one warp: a two-step butterfly gives all of them the same values).
+        float tile_max = NEG_INF;
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) {
+            const int t = k0 + c + PA_TPR * j;
+            s[j] = t <= pos ? s[j] * scale : NEG_INF;
+            tile_max = fmaxf(tile_max, s[j]);
+        }
+        tile_max = fmaxf(tile_max, SHFL_XOR(tile_max, 1));
+        tile_max = fmaxf(tile_max, SHFL_XOR(tile_max, 2));
+        const float m_new = fmaxf(m_run, tile_max);
+        // Key 0 is in the first tile and every row sees it, so m_new is finite; the guard
+        // only keeps -inf - -inf out of the arithmetic.
+        const float m_use = m_new == NEG_INF ? 0.0f : m_new;
+        const float alpha = expf(m_run - m_use);
+        float row_sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < KPT; ++j) {
+            const float p = expf(s[j] - m_use);
+            p_tile[r][c + PA_TPR * j] = p;
+            row_sum += p;
+        }
+        row_sum += SHFL_XOR(row_sum, 1);
+        row_sum += SHFL_XOR(row_sum, 2);
+        l_run = l_run * alpha + row_sum;
+        m_run = m_new;
+#pragma unroll
+        for (int j = 0; j < 2 * PPT; ++j) acc[j] *= alpha;
+        __syncthreads();  // p_tile is complete
+
+        for (int kk = 0; kk < PA_BK; ++kk) {
+            const float p = p_tile[r][kk];
+#pragma unroll
+            for (int j = 0; j < PPT; ++j) {
+                const unsigned int vw = v_tile[kk * STRIDE + c + PA_TPR * j];
+                acc[2 * j] += p * pa_lo(vw);
+                acc[2 * j + 1] += p * pa_hi(vw);
+            }
+        }
+    }
+
+    if (r < rows_here) {
+        const float inv = 1.0f / l_run;
+        bf16* out = o + (first_row + r) * ((i64)num_heads * D) + (i64)h * D;
+#pragma unroll
+        for (int j = 0; j < PPT; ++j) {
+            const int d = 2 * (c + PA_TPR * j);
+            out[d] = to_bf16(acc[2 * j] * inv);
+            out[d + 1] = to_bf16(acc[2 * j + 1] * inv);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d64(
+    const bf16* __restrict__ q, i64 q_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
+    const int* __restrict__ q_len, const int* __restrict__ context_len,
+    const i64* __restrict__ table_start, const int* __restrict__ block_table,
+    const int* __restrict__ prefill_work, bf16* __restrict__ o, int num_heads,
+    int num_kv_heads, int block_size, float scale) {
+    pa_prefill<64>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
+                   block_table, prefill_work, o, num_heads, num_kv_heads, block_size, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d128(
+    const bf16* __restrict__ q, i64 q_stride, const bf16* __restrict__ k_cache,
+    const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
+    const int* __restrict__ q_len, const int* __restrict__ context_len,
+    const i64* __restrict__ table_start, const int* __restrict__ block_table,
+    const int* __restrict__ prefill_work, bf16* __restrict__ o, int num_heads,
+    int num_kv_heads, int block_size, float scale) {
+    pa_prefill<128>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
+                    block_table, prefill_work, o, num_heads, num_kv_heads, block_size, scale);
+}

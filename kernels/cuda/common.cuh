@@ -1,0 +1,68 @@
+// Shared by every GPU kernel module (prepended by the compiler, so no #include of it).
+// Written so that it compiles as CUDA (NVRTC) and as HIP (hipRTC): no inline PTX outside
+// guarded fast paths, warp width from WARP_SIZE, shuffles through the wrappers below.
+//
+// Conventions of every kernel:
+// - activations and weights are bf16 (`bf16`); reductions accumulate in f32;
+// - every element or byte offset is 64-bit (`long long` / `size_t`): block ids may be
+//   stored as int, but they are widened before any multiplication by a stride;
+// - a kernel only touches the rows its launcher names; there is no padded tail.
+
+#if defined(__HIPCC__) || defined(__HIPCC_RTC__)
+#include <hip/hip_bf16.h>
+typedef __hip_bfloat16 bf16;
+#define WARP_SIZE warpSize
+#define FULL_MASK 0xffffffffffffffffull
+#define SHFL_XOR(v, m) __shfl_xor((v), (m))
+#else
+#include <cuda_bf16.h>
+typedef __nv_bfloat16 bf16;
+#define WARP_SIZE 32
+#define FULL_MASK 0xffffffffu
+#define SHFL_XOR(v, m) __shfl_xor_sync(FULL_MASK, (v), (m))
+#endif
+
+typedef long long i64;
+
+// -infinity without <math.h> (NVRTC has no standard headers).
+#define NEG_INF (-__int_as_float(0x7f800000))
+
+__device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16(x); }
+
+// Sum over the warp; every lane gets the total. The butterfly order is fixed, so the result
+// depends only on the lanes' values.
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) v += SHFL_XOR(v, m);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int m = WARP_SIZE / 2; m > 0; m >>= 1) v = fmaxf(v, SHFL_XOR(v, m));
+    return v;
+}
+
+// Sum over the block (blockDim.x a multiple of WARP_SIZE, at most 1024 threads); every
+// thread gets the total. `scratch` holds at least 32 floats of shared memory. The order
+// is fixed by the block size alone.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int warps = blockDim.x / WARP_SIZE;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < warps ? scratch[lane] : NEG_INF;
+    return warp_max(v);
+}

@@ -1,0 +1,82 @@
+// Element-wise kernels of the model path: token embedding, rotary embedding, the gated
+// MLP activation, row gathers and random weights. One thread per output element (or
+// element pair); all offsets 64-bit.
+
+// out[r, :] = table[tokens[r], :] widened to f32 (the residual stream is f32).
+extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
+                                              const bf16* __restrict__ table,
+                                              float* __restrict__ out, int rows, int dim) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * dim) return;
+    const i64 r = i / dim;
+    const i64 c = i % dim;
+    out[i] = to_f32(table[(i64)tokens[r] * dim + c]);
+}
+
+// Rotates, in place, `heads` heads of `head_dim` elements starting at column `first_col`
+// of every row of the bf16 matrix x ([rows, row_stride]) by the angle of the row's position:
+// cos_sin holds, per position, head_dim/2 cosines then head_dim/2 sines (f32). `interleaved`
+// pairs element 2i with 2i+1; otherwise element i pairs with i + head_dim/2.
+extern "C" __global__ void rotary_bf16(bf16* __restrict__ x, const int* __restrict__ positions,
+                                       const float* __restrict__ cos_sin, int rows,
+                                       int row_stride, int first_col, int heads, int head_dim,
+                                       int interleaved) {
+    const int half = head_dim / 2;
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * heads * half) return;
+    const i64 r = i / ((i64)heads * half);
+    const int rest = (int)(i % ((i64)heads * half));
+    const int head = rest / half, p = rest % half;
+    const float* table = cos_sin + (i64)positions[r] * head_dim;
+    const float c = table[p], s = table[half + p];
+    bf16* h = x + r * row_stride + first_col + (i64)head * head_dim;
+    const int a = interleaved ? 2 * p : p;
+    const int b = interleaved ? 2 * p + 1 : p + half;
+    const float x0 = to_f32(h[a]), x1 = to_f32(h[b]);
+    h[a] = to_bf16(x0 * c - x1 * s);
+    h[b] = to_bf16(x1 * c + x0 * s);
+}
+
+// out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
+extern "C" __global__ void silu_and_mul_bf16(const bf16* __restrict__ gate_up,
+                                             bf16* __restrict__ out, int rows, int inter) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * inter) return;
+    const i64 r = i / inter;
+    const i64 c = i % inter;
+    const float g = to_f32(gate_up[r * 2 * inter + c]);
+    const float u = to_f32(gate_up[r * 2 * inter + inter + c]);
+    out[i] = to_bf16(g / (1.0f + __expf(-g)) * u);
+}
+
+// out[j, :] = src[rows[j], :] for bf16 rows of `dim`.
+extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ src,
+                                            const int* __restrict__ rows,
+                                            bf16* __restrict__ out, int count, int dim) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)count * dim) return;
+    const i64 j = i / dim;
+    out[i] = src[(i64)rows[j] * dim + i % dim];
+}
+
+// out[i] = uniform in [-scale, scale), from a hash of (seed, i): random weights made on the
+// device, as a dummy load format, without a host copy.
+extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, i64 n,
+                                             unsigned long long seed, float scale) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned long long z = seed + 0x9e3779b97f4a7c15ull * (unsigned long long)(i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    const float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    out[i] = to_bf16((2.0f * u - 1.0f) * scale);
+}
+
+// x[r, :] += bias for bf16 rows of `n` elements (Qwen2's q/k/v bias).
+extern "C" __global__ void add_bias_bf16(bf16* __restrict__ x, const bf16* __restrict__ bias,
+                                         int rows, int n) {
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * n) return;
+    x[i] = to_bf16(to_f32(x[i]) + to_f32(bias[i % n]));
+}

@@ -1,0 +1,461 @@
+//! Launchers of paged attention (`cuda/attention.cu`), the host-side work lists they walk,
+//! and the address audit of the GPU cache kernels (DESIGN.md rule 2).
+//!
+//! A sequence with one query row (decode) goes through the split kernel: its context is cut
+//! into partitions of [`PARTITION_TOKENS`] tokens, each writing a partial result to scratch,
+//! then the combine kernel merges them in an order fixed by the number of partitions. Each
+//! split block serves up to 4 query heads of one KV head, so K and V are read once for the
+//! heads that share them. A sequence with more query rows
+//! goes through the prefill kernel (flash-attention tiles). The choice and every reduction
+//! order depend only on the sequence's own shape, so a row's result is the same whatever else
+//! is in the batch.
+
+use super::{grid, CudaKernels};
+use crate::cpu::{AddressAudit, KvLayout};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use half::bf16;
+
+/// Tokens per split partition (`PA_PARTITION` in the kernel source): a constant, never
+/// chosen from the batch, so that a row's partitions do not depend on the batch.
+pub const PARTITION_TOKENS: usize = 512;
+/// Query rows per prefill tile (`PA_BQ`).
+pub const PREFILL_QUERY_TILE: usize = 32;
+/// Head dimensions the kernels are built for.
+pub const HEAD_DIMS: [usize; 2] = [64, 128];
+
+/// Query heads per split block: one kernel per bucket (`_g1`, `_g2`, `_g4`).
+const SPLIT_GROUPS: [usize; 3] = [1, 2, 4];
+
+/// Threads of the split, combine and prefill kernels (`PA_*_THREADS` in the source).
+const SPLIT_THREADS: u32 = 128;
+const COMBINE_THREADS: u32 = 512;
+const PREFILL_THREADS: u32 = 128;
+
+/// One sequence's query rows and context, as the work lists need them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqRows {
+    /// Query rows (new tokens) this step; at least 1.
+    pub q_len: usize,
+    /// Tokens in the cache once this step's keys are written; at least `q_len`.
+    pub context_len: usize,
+}
+
+/// The work lists of one step, built on the host from the sequences alone. Each list holds
+/// `i32` pairs; the kernels launch one block per pair and head.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttentionWork {
+    /// `(sequence, partition)` for every partition of every decode sequence, in order.
+    pub split: Vec<i32>,
+    /// `(sequence, index of its first split pair)` for every decode sequence.
+    pub decode: Vec<i32>,
+    /// `(sequence, query tile)` for every tile of every prefill sequence.
+    pub prefill: Vec<i32>,
+}
+
+impl AttentionWork {
+    /// The work lists for `seqs` (indexed as in the device metadata): sequences with one
+    /// query row are split by context, the others tiled by query rows.
+    pub fn new(seqs: &[SeqRows]) -> AttentionWork {
+        let mut work = AttentionWork::default();
+        for (s, seq) in seqs.iter().enumerate() {
+            assert!(
+                seq.q_len >= 1 && seq.q_len <= seq.context_len,
+                "sequence {s}: {} queries over a context of {}",
+                seq.q_len,
+                seq.context_len
+            );
+            assert!(
+                seq.context_len <= (i32::MAX as usize) - PARTITION_TOKENS,
+                "sequence {s}: context of {} tokens does not fit the kernels' int positions",
+                seq.context_len
+            );
+            let s = s as i32;
+            if seq.q_len == 1 {
+                work.decode.extend([s, (work.split.len() / 2) as i32]);
+                for part in 0..seq.context_len.div_ceil(PARTITION_TOKENS) {
+                    work.split.extend([s, part as i32]);
+                }
+            } else {
+                for tile in 0..seq.q_len.div_ceil(PREFILL_QUERY_TILE) {
+                    work.prefill.extend([s, tile as i32]);
+                }
+            }
+        }
+        work
+    }
+
+    /// Split pairs (partitions of decode sequences).
+    pub fn split_items(&self) -> usize {
+        self.split.len() / 2
+    }
+
+    /// Decode sequences.
+    pub fn decode_seqs(&self) -> usize {
+        self.decode.len() / 2
+    }
+
+    /// Prefill pairs (query tiles of prefill sequences).
+    pub fn prefill_items(&self) -> usize {
+        self.prefill.len() / 2
+    }
+
+    /// The counts, for the launcher.
+    pub fn counts(&self) -> WorkCounts {
+        WorkCounts {
+            split: self.split_items(),
+            decode: self.decode_seqs(),
+            prefill: self.prefill_items(),
+        }
+    }
+}
+
+/// How many pairs each work list holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WorkCounts {
+    /// Split pairs.
+    pub split: usize,
+    /// Decode sequences.
+    pub decode: usize,
+    /// Prefill pairs.
+    pub prefill: usize,
+}
+
+impl WorkCounts {
+    /// f32 elements of split scratch for heads of `head_dim`: one record of `head_dim`
+    /// partial outputs plus a max and a sum per split pair and head.
+    pub fn scratch_floats(&self, num_heads: usize, head_dim: usize) -> usize {
+        self.split * num_heads * (head_dim + 2)
+    }
+}
+
+/// One step's metadata on the device, as the kernels read it. Every per-sequence array has
+/// `num_seqs` entries; the work lists hold what `counts` says.
+pub struct AttentionMeta<'a> {
+    /// First query row of each sequence.
+    pub q_start: CudaView<'a, i32>,
+    /// Query rows of each sequence.
+    pub q_len: CudaView<'a, i32>,
+    /// Context length of each sequence (after this step's writes).
+    pub context_len: CudaView<'a, i32>,
+    /// Where each sequence's block ids start in `block_table`.
+    pub table_start: CudaView<'a, i64>,
+    /// Every sequence's block ids, one after another.
+    pub block_table: CudaView<'a, i32>,
+    /// `AttentionWork::split`.
+    pub split: CudaView<'a, i32>,
+    /// `AttentionWork::decode`.
+    pub decode: CudaView<'a, i32>,
+    /// `AttentionWork::prefill`.
+    pub prefill: CudaView<'a, i32>,
+    /// Sequences.
+    pub num_seqs: usize,
+    /// Pairs in each work list.
+    pub counts: WorkCounts,
+    /// Query rows the sequences cover (the largest `q_start + q_len`).
+    pub rows: usize,
+}
+
+/// The head geometry of one attention call.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Heads {
+    /// Query heads; a multiple of the layout's KV heads.
+    pub num_heads: usize,
+    /// Softmax scale, usually `1 / sqrt(head_dim)`.
+    pub scale: f32,
+}
+
+/// Paged attention of every planned row: q (bf16 rows of `q_stride`, heads at column 0)
+/// against one layer's caches, into the dense `o` (`[rows, num_heads * head_dim]`). Rows no
+/// sequence covers are not touched. `scratch` holds at least
+/// `meta.counts.scratch_floats(num_heads, head_dim)` elements.
+///
+/// The metadata itself lives on the device and cannot be checked here: the caller vouches
+/// that every block id is inside the pool and every sequence's rows lie below `meta.rows`
+/// (the ops layer checks both on its host copy before calling).
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    q: &CudaView<bf16>,
+    q_stride: usize,
+    k_cache: &CudaSlice<bf16>,
+    v_cache: &CudaSlice<bf16>,
+    layout: &KvLayout,
+    heads: Heads,
+    meta: &AttentionMeta,
+    scratch: &mut CudaSlice<f32>,
+    o: &mut CudaViewMut<bf16>,
+) -> Result<(), DriverError> {
+    let d = layout.head_dim as usize;
+    let kv_heads = layout.num_kv_heads as usize;
+    let nh = heads.num_heads;
+    let width = nh * d;
+    assert!(
+        HEAD_DIMS.contains(&d),
+        "paged_attention: head_dim {d} not built"
+    );
+    // The combine kernel gives every output element the same number of threads.
+    assert!((COMBINE_THREADS as usize).is_multiple_of(d));
+    assert!(
+        kv_heads > 0 && nh.is_multiple_of(kv_heads),
+        "paged_attention: {nh} heads not grouped over {kv_heads} KV heads"
+    );
+    assert!(layout.block_size > 0, "paged_attention: block size 0");
+    assert!(
+        q_stride >= width && q.len() / q_stride >= meta.rows,
+        "paged_attention: q holds fewer rows than planned"
+    );
+    assert!(
+        o.len() / width >= meta.rows,
+        "paged_attention: o holds fewer rows than planned"
+    );
+    let layer = layout.layer_elems();
+    assert!(
+        k_cache.len() as u64 >= layer && v_cache.len() as u64 >= layer,
+        "paged_attention: cache smaller than its layout"
+    );
+    let counts = meta.counts;
+    assert!(
+        meta.q_start.len() >= meta.num_seqs
+            && meta.q_len.len() >= meta.num_seqs
+            && meta.context_len.len() >= meta.num_seqs
+            && meta.table_start.len() >= meta.num_seqs
+            && meta.split.len() >= 2 * counts.split
+            && meta.decode.len() >= 2 * counts.decode
+            && meta.prefill.len() >= 2 * counts.prefill,
+        "paged_attention: metadata shorter than its counts"
+    );
+    assert!(
+        scratch.len() >= counts.scratch_floats(nh, d),
+        "paged_attention: scratch too small"
+    );
+    let blocks = |items: usize| -> u32 {
+        let blocks = items * nh;
+        assert!(
+            blocks <= i32::MAX as usize,
+            "paged_attention: grid too large"
+        );
+        blocks as u32
+    };
+    let q_stride_i = q_stride as i64;
+    let (nh_i, kvh_i, bs_i, d_i) = (
+        nh as i32,
+        kv_heads as i32,
+        layout.block_size as i32,
+        d as i32,
+    );
+    let scale = heads.scale;
+
+    if counts.split > 0 {
+        let work_i = counts.split as i32;
+        // The smallest bucket of query heads per block that holds a KV head's group; a
+        // larger group takes several blocks per KV head.
+        let group = nh / kv_heads;
+        let bucket = SPLIT_GROUPS
+            .into_iter()
+            .find(|&g| g >= group)
+            .unwrap_or(SPLIT_GROUPS[SPLIT_GROUPS.len() - 1]);
+        let per_item = kv_heads * group.div_ceil(bucket);
+        let name = format!("paged_attention_split_d{d}_g{bucket}");
+        let mut launch = stream.launch_builder(k.function(&name));
+        launch
+            .arg(q)
+            .arg(&q_stride_i)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&meta.q_start)
+            .arg(&meta.context_len)
+            .arg(&meta.table_start)
+            .arg(&meta.block_table)
+            .arg(&meta.split)
+            .arg(&work_i)
+            .arg(&mut *scratch)
+            .arg(&nh_i)
+            .arg(&kvh_i)
+            .arg(&bs_i)
+            .arg(&scale);
+        let split_blocks = counts.split * per_item;
+        assert!(
+            split_blocks <= i32::MAX as usize,
+            "paged_attention: grid too large"
+        );
+        // SAFETY: one block per split pair, KV head and chunk of its query heads; the rows
+        // and block ids the metadata names lie inside q and the caches (the caller's
+        // contract, checked on the host by the ops layer), and every record written lies
+        // inside scratch (checked above).
+        unsafe { launch.launch(grid(split_blocks as u32, SPLIT_THREADS, 0)) }?;
+    }
+    if counts.decode > 0 {
+        let work_i = counts.split as i32;
+        let mut launch = stream.launch_builder(k.function("paged_attention_combine"));
+        launch
+            .arg(&*scratch)
+            .arg(&work_i)
+            .arg(&nh_i)
+            .arg(&d_i)
+            .arg(&meta.decode)
+            .arg(&meta.q_start)
+            .arg(&meta.context_len)
+            .arg(&mut *o);
+        // SAFETY: one block per decode sequence and head, reading the records the split
+        // kernel wrote for it and writing its own row of o (below `meta.rows`, checked).
+        unsafe { launch.launch(grid(blocks(counts.decode), COMBINE_THREADS, 0)) }?;
+    }
+    if counts.prefill > 0 {
+        let name = format!("paged_attention_prefill_d{d}");
+        let mut launch = stream.launch_builder(k.function(&name));
+        launch
+            .arg(q)
+            .arg(&q_stride_i)
+            .arg(k_cache)
+            .arg(v_cache)
+            .arg(&meta.q_start)
+            .arg(&meta.q_len)
+            .arg(&meta.context_len)
+            .arg(&meta.table_start)
+            .arg(&meta.block_table)
+            .arg(&meta.prefill)
+            .arg(&mut *o)
+            .arg(&nh_i)
+            .arg(&kvh_i)
+            .arg(&bs_i)
+            .arg(&scale);
+        // SAFETY: one block per query tile and head; as for the split kernel, every row and
+        // block id is inside its buffer, and each block writes only its tile's rows of o.
+        unsafe { launch.launch(grid(blocks(counts.prefill), PREFILL_THREADS, 0)) }?;
+    }
+    Ok(())
+}
+
+/// The address audit of the GPU cache kernels (`kv_write_bf16`, `paged_attention_*`) for
+/// one layer of `layout` with `elem_bytes`-byte elements: they compute every element offset
+/// as a 64-bit `long long`, so the largest byte offset must fit `i64::MAX`; block ids travel
+/// in an `int` block table, so the pool may hold at most `i32::MAX` blocks; and the kernels
+/// take block size and slot width as `int`. The error names the kernels, the pool and the
+/// limit that does not hold.
+pub fn audit(layout: &KvLayout, elem_bytes: u64) -> Result<AddressAudit, String> {
+    let limit = i64::MAX as u64;
+    let pool = format!(
+        "a layer of {} blocks x {} tokens x {} KV heads x {} elements of {elem_bytes} bytes",
+        layout.num_blocks, layout.block_size, layout.num_kv_heads, layout.head_dim
+    );
+    if layout.num_blocks > i32::MAX as u64 {
+        return Err(format!(
+            "kv_write_bf16 / paged_attention: {pool} has block ids past the i32 block table's \
+             limit of {} blocks",
+            i32::MAX
+        ));
+    }
+    let int_max = i32::MAX as u64;
+    if layout.block_size > int_max || layout.slot_elems() > int_max {
+        return Err(format!(
+            "kv_write_bf16 / paged_attention: {pool} has a block size or slot width past the \
+             kernels' int limit of {int_max}"
+        ));
+    }
+    let bytes = layout
+        .num_blocks
+        .checked_mul(layout.block_size)
+        .and_then(|t| t.checked_mul(layout.slot_elems()))
+        .and_then(|e| e.checked_mul(elem_bytes))
+        .filter(|&b| b <= limit)
+        .ok_or_else(|| {
+            format!(
+                "kv_write_bf16 / paged_attention: {pool} has byte offsets past the kernels' \
+                 64-bit (long long) limit of {limit}"
+            )
+        })?;
+    Ok(AddressAudit {
+        largest_byte_offset: bytes.saturating_sub(1),
+        limit,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SOURCE: &str = include_str!("../../cuda/attention.cu");
+
+    #[test]
+    fn the_source_agrees_with_the_launcher_constants() {
+        for (name, value) in [
+            ("PA_PARTITION", PARTITION_TOKENS),
+            ("PA_BQ", PREFILL_QUERY_TILE),
+            ("PA_SPLIT_THREADS", SPLIT_THREADS as usize),
+            ("PA_COMBINE_THREADS", COMBINE_THREADS as usize),
+            ("PA_PREFILL_THREADS", PREFILL_THREADS as usize),
+        ] {
+            let line = format!("#define {name} {value} ");
+            assert!(SOURCE.contains(&line), "attention.cu lacks `{line}`");
+        }
+        for d in HEAD_DIMS {
+            for g in SPLIT_GROUPS {
+                assert!(SOURCE.contains(&format!("paged_attention_split_d{d}_g{g}(")));
+            }
+            assert!(SOURCE.contains(&format!("paged_attention_prefill_d{d}(")));
+        }
+    }
+
+    #[test]
+    fn work_lists_depend_on_each_sequence_alone() {
+        let seqs = [
+            SeqRows {
+                q_len: 1,
+                context_len: 1500,
+            },
+            SeqRows {
+                q_len: 70,
+                context_len: 100,
+            },
+            SeqRows {
+                q_len: 1,
+                context_len: 512,
+            },
+            SeqRows {
+                q_len: 1,
+                context_len: 513,
+            },
+        ];
+        let work = AttentionWork::new(&seqs);
+        assert_eq!(work.split, [0, 0, 0, 1, 0, 2, 2, 0, 3, 0, 3, 1]);
+        assert_eq!(work.decode, [0, 0, 2, 3, 3, 4]);
+        assert_eq!(work.prefill, [1, 0, 1, 1, 1, 2]);
+        let counts = work.counts();
+        assert_eq!((counts.split, counts.decode, counts.prefill), (6, 3, 3));
+        assert_eq!(counts.scratch_floats(8, 128), 6 * 8 * 130);
+        // The last sequence alone gets the same partitions, only renumbered.
+        let alone = AttentionWork::new(&seqs[3..]);
+        assert_eq!(alone.split, [0, 0, 0, 1]);
+    }
+
+    #[test]
+    fn the_audit_states_64_bit_offsets_and_refuses_what_does_not_fit() {
+        let layout = |num_blocks| KvLayout {
+            num_blocks,
+            block_size: 16,
+            num_kv_heads: 8,
+            head_dim: 128,
+        };
+        let ok = audit(&layout(140_000), 2).unwrap();
+        assert_eq!(ok.largest_byte_offset, 140_000 * 32_768 - 1);
+        assert!(ok.largest_byte_offset > 1 << 32);
+        assert_eq!(ok.limit, i64::MAX as u64);
+        let err = audit(&layout(i32::MAX as u64 + 1), 2).unwrap_err();
+        assert!(
+            err.contains("paged_attention") && err.contains("i32") && err.contains("2147483648"),
+            "{err}"
+        );
+        let huge = KvLayout {
+            num_blocks: i32::MAX as u64,
+            block_size: 1 << 30,
+            num_kv_heads: 64,
+            head_dim: 256,
+        };
+        let err = audit(&huge, 2).unwrap_err();
+        assert!(
+            err.contains("kv_write_bf16") && err.contains("long long"),
+            "{err}"
+        );
+    }
+}

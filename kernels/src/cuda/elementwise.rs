@@ -1,0 +1,178 @@
+//! Launchers of the element-wise kernels (`cuda/elementwise.cu`).
+
+use super::{grid, CudaKernels};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use half::bf16;
+
+const THREADS: u32 = 256;
+
+fn blocks(elements: usize) -> u32 {
+    u32::try_from(elements.div_ceil(THREADS as usize)).expect("launch of over 2^32 blocks")
+}
+
+/// `out[r] = table[tokens[r]]` widened to f32 (`[rows, dim]`). Token ids must be checked
+/// against the vocabulary by the caller.
+pub fn embedding(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    tokens: &CudaView<i32>,
+    table: &CudaView<bf16>,
+    out: &mut CudaViewMut<f32>,
+    dim: usize,
+) -> Result<(), DriverError> {
+    let rows = tokens.len();
+    assert!(out.len() >= rows * dim, "embedding: short output");
+    if rows == 0 {
+        return Ok(());
+    }
+    let (rows_i, dim_i) = (rows as i32, dim as i32);
+    let mut launch = stream.launch_builder(k.function("embedding_bf16_f32"));
+    launch
+        .arg(tokens)
+        .arg(table)
+        .arg(out)
+        .arg(&rows_i)
+        .arg(&dim_i);
+    // SAFETY: `out` holds rows * dim elements; ids are in the table (caller's check).
+    unsafe { launch.launch(grid(blocks(rows * dim), THREADS, 0)) }?;
+    Ok(())
+}
+
+/// Where the rotated heads sit in each row of a bf16 matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct RotaryHeads {
+    /// Elements between consecutive rows.
+    pub row_stride: usize,
+    /// Column of the first head.
+    pub first_col: usize,
+    /// Heads to rotate.
+    pub heads: usize,
+    /// Elements per head.
+    pub head_dim: usize,
+    /// Pairs (2i, 2i+1) instead of (i, i + head_dim/2).
+    pub interleaved: bool,
+}
+
+/// Rotates the heads `at` of the first `positions.len()` rows of `x` in place, by the
+/// angles of `cos_sin` (`[max_position, head_dim]`: per position, head_dim/2 cosines then
+/// head_dim/2 sines). Positions must be below the table's length (the caller's check).
+pub fn rotary(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &mut CudaViewMut<bf16>,
+    positions: &CudaView<i32>,
+    cos_sin: &CudaView<f32>,
+    at: RotaryHeads,
+) -> Result<(), DriverError> {
+    let rows = positions.len();
+    assert!(
+        at.first_col + at.heads * at.head_dim <= at.row_stride && x.len() >= rows * at.row_stride,
+        "rotary: heads past the buffer"
+    );
+    let pairs = rows * at.heads * at.head_dim / 2;
+    if pairs == 0 {
+        return Ok(());
+    }
+    let args = [
+        rows as i32,
+        at.row_stride as i32,
+        at.first_col as i32,
+        at.heads as i32,
+        at.head_dim as i32,
+        i32::from(at.interleaved),
+    ];
+    let mut launch = stream.launch_builder(k.function("rotary_bf16"));
+    launch.arg(x).arg(positions).arg(cos_sin);
+    for a in &args {
+        launch.arg(a);
+    }
+    // SAFETY: every rotated element lies inside its row (checked above).
+    unsafe { launch.launch(grid(blocks(pairs), THREADS, 0)) }?;
+    Ok(())
+}
+
+/// `out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]` for `rows` rows.
+pub fn silu_and_mul(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    gate_up: &CudaView<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    rows: usize,
+    inter: usize,
+) -> Result<(), DriverError> {
+    assert!(
+        gate_up.len() >= rows * 2 * inter && out.len() >= rows * inter,
+        "silu_and_mul: short buffers"
+    );
+    if rows * inter == 0 {
+        return Ok(());
+    }
+    let (rows_i, inter_i) = (rows as i32, inter as i32);
+    let mut launch = stream.launch_builder(k.function("silu_and_mul_bf16"));
+    launch.arg(gate_up).arg(out).arg(&rows_i).arg(&inter_i);
+    // SAFETY: buffer lengths checked above.
+    unsafe { launch.launch(grid(blocks(rows * inter), THREADS, 0)) }?;
+    Ok(())
+}
+
+/// `out[j] = src[rows[j]]` for bf16 rows of `dim` elements.
+pub fn gather_rows(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    src: &CudaView<bf16>,
+    rows: &CudaView<i32>,
+    out: &mut CudaViewMut<bf16>,
+    dim: usize,
+) -> Result<(), DriverError> {
+    let count = rows.len();
+    assert!(out.len() >= count * dim, "gather_rows: short output");
+    if count == 0 {
+        return Ok(());
+    }
+    let (count_i, dim_i) = (count as i32, dim as i32);
+    let mut launch = stream.launch_builder(k.function("gather_rows_bf16"));
+    launch.arg(src).arg(rows).arg(out).arg(&count_i).arg(&dim_i);
+    // SAFETY: `out` holds count * dim elements; row ids are checked by the caller.
+    unsafe { launch.launch(grid(blocks(count * dim), THREADS, 0)) }?;
+    Ok(())
+}
+
+/// Fills `out` with values uniform in `[-scale, scale)` from a hash of `(seed, index)`.
+pub fn fill_uniform(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    out: &mut CudaViewMut<bf16>,
+    seed: u64,
+    scale: f32,
+) -> Result<(), DriverError> {
+    let n = out.len() as i64;
+    if n == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(k.function("fill_uniform_bf16"));
+    launch.arg(out).arg(&n).arg(&seed).arg(&scale);
+    // SAFETY: one thread per element of `out`.
+    unsafe { launch.launch(grid(blocks(n as usize), THREADS, 0)) }?;
+    Ok(())
+}
+
+/// `x[r] += bias` for the first `rows` rows of `bias.len()` elements.
+pub fn add_bias(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &mut CudaViewMut<bf16>,
+    bias: &CudaView<bf16>,
+    rows: usize,
+) -> Result<(), DriverError> {
+    let n = bias.len();
+    assert!(x.len() >= rows * n, "add_bias: short buffer");
+    if rows * n == 0 {
+        return Ok(());
+    }
+    let (rows_i, n_i) = (rows as i32, n as i32);
+    let mut launch = stream.launch_builder(k.function("add_bias_bf16"));
+    launch.arg(x).arg(bias).arg(&rows_i).arg(&n_i);
+    // SAFETY: `x` holds rows * n elements (checked above).
+    unsafe { launch.launch(grid(blocks(rows * n), THREADS, 0)) }?;
+    Ok(())
+}

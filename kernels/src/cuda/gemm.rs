@@ -1,0 +1,222 @@
+//! Matrix products `out[m, n] = x[m, k] · w[n, k]ᵀ` (a linear layer over row-major
+//! activations and PyTorch-layout weights) in bf16 with f32 accumulation: cuBLAS, or the
+//! batch-invariant fixed-order GEMV kernel (`cuda/gemm.cu`) for every product of
+//! --deterministic mode and, on request, for products of few rows.
+
+use super::elementwise::silu_and_mul;
+use super::{grid, CudaKernels};
+use cudarc::cublas::{result::gemm_ex, sys, CudaBlas};
+use cudarc::driver::{
+    CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    PushKernelArg,
+};
+use half::bf16;
+use std::sync::Arc;
+
+/// Why a matrix product failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GemmError {
+    #[error("cuBLAS: {0}")]
+    Cublas(#[from] cudarc::cublas::result::CublasError),
+    #[error("CUDA: {0}")]
+    Driver(#[from] DriverError),
+}
+
+/// An output element type of the products: bf16 activations or f32 logits.
+pub trait GemmOutput: DeviceRepr {
+    /// The cuBLAS data type.
+    const CUDA_TYPE: sys::cudaDataType;
+    /// The GEMV kernel writing this type.
+    const GEMV_KERNEL: &'static str;
+}
+
+impl GemmOutput for bf16 {
+    const CUDA_TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_16BF;
+    const GEMV_KERNEL: &'static str = "gemv_fixed_order_bf16";
+}
+
+impl GemmOutput for f32 {
+    const CUDA_TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_32F;
+    const GEMV_KERNEL: &'static str = "gemv_fixed_order_f32";
+}
+
+/// Outside deterministic mode, products of up to this many rows go through the GEMV kernel
+/// by default. None do: on the H200 the kernel still streams the weights slower than cuBLAS,
+/// even for one row (`bench latency --gemv-max-rows N` measures the two side by side).
+pub const GEMV_MAX_ROWS: usize = 0;
+
+/// Columns per block of the GEMV kernel (`GEMV_COLS` in its source).
+const GEMV_BLOCK_COLS: usize = 2;
+
+/// How products are computed.
+pub struct Gemm {
+    blas: CudaBlas,
+    deterministic: bool,
+    gemv_max_rows: usize,
+}
+
+impl Gemm {
+    /// Products on `stream`; `deterministic` selects the batch-invariant kernel.
+    pub fn new(stream: Arc<CudaStream>, deterministic: bool) -> Result<Gemm, GemmError> {
+        Ok(Gemm {
+            blas: CudaBlas::new(stream)?,
+            deterministic,
+            gemv_max_rows: GEMV_MAX_ROWS,
+        })
+    }
+
+    /// Products of up to `rows` rows go through the GEMV kernel, larger ones through cuBLAS
+    /// (deterministic mode uses the GEMV kernel for all).
+    pub fn with_gemv_max_rows(mut self, rows: usize) -> Gemm {
+        self.gemv_max_rows = rows;
+        self
+    }
+
+    /// Whether `m` rows go through the GEMV kernel.
+    fn uses_gemv(&self, m: usize) -> bool {
+        self.deterministic || m <= self.gemv_max_rows
+    }
+
+    /// `out[m, n] = x[m, k] · w[n, k]ᵀ` for the first `m` rows of `x`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn linear<T: GemmOutput>(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        x: &CudaView<bf16>,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<T>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), GemmError> {
+        let k = check_shapes(x.len(), w.len(), out.len(), m, n, 1);
+        if m == 0 {
+            Ok(())
+        } else if self.uses_gemv(m) {
+            Ok(gemv(kernels, stream, T::GEMV_KERNEL, x, w, out, m, n, k)?)
+        } else {
+            self.cublas(stream, x, w, out, m, n, k)
+        }
+    }
+
+    /// The MLP's down projection of the gated activation: `out = (silu(gate) * up) · wᵀ`
+    /// for the `[m, 2k]` matrix `gate_up` (gate columns, then up columns). For one row the
+    /// GEMV kernel computes the activation on the fly (one launch fewer where launches
+    /// dominate; every block recomputes it, which only pays for one row); otherwise it is
+    /// written to `act` first. Both round it to bf16 the same way, so the two paths give the
+    /// same bits.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gated_linear(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        gate_up: &CudaView<bf16>,
+        act: &mut CudaViewMut<bf16>,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<bf16>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), GemmError> {
+        let k = check_shapes(gate_up.len(), w.len(), out.len(), m, n, 2);
+        if m == 0 {
+            Ok(())
+        } else if self.uses_gemv(m) && m == 1 {
+            let name = "gemv_gated_fixed_order_bf16";
+            Ok(gemv(kernels, stream, name, gate_up, w, out, m, n, k)?)
+        } else {
+            silu_and_mul(kernels, stream, gate_up, act, m, k)?;
+            self.linear(kernels, stream, &act.as_view(), w, out, m, n)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn cublas<T: GemmOutput>(
+        &self,
+        stream: &CudaStream,
+        x: &CudaView<bf16>,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<T>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<(), GemmError> {
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let (x_ptr, _x) = x.device_ptr(stream);
+        let (w_ptr, _w) = w.device_ptr(stream);
+        let (o_ptr, _o) = out.device_ptr_mut(stream);
+        // Column-major view: outᵀ[n, m] = w[n, k] (stored k-major, so transposed) · xᵀ[k, m].
+        // SAFETY: the pointers cover m*k, n*k and m*n elements (checked by the callers) and
+        // stay alive for the call; cuBLAS runs on the handle's stream, the same as `stream`.
+        unsafe {
+            gemm_ex(
+                *self.blas.handle(),
+                sys::cublasOperation_t::CUBLAS_OP_T,
+                sys::cublasOperation_t::CUBLAS_OP_N,
+                n as i32,
+                m as i32,
+                k as i32,
+                &alpha as *const f32 as *const _,
+                w_ptr as *const _,
+                sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                x_ptr as *const _,
+                sys::cudaDataType::CUDA_R_16BF,
+                k as i32,
+                &beta as *const f32 as *const _,
+                o_ptr as *mut _,
+                T::CUDA_TYPE,
+                n as i32,
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks a product's buffers (`x` holds `m` rows of `x_factor * k`) and returns `k`.
+fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize, x_factor: usize) -> usize {
+    let k = w / n;
+    assert_eq!(w, n * k, "linear: weight is not [{n}, k]");
+    assert!(
+        x >= m * x_factor * k && out >= m * n,
+        "linear: short buffers"
+    );
+    assert!(
+        m <= i32::MAX as usize && n <= i32::MAX as usize && k <= i32::MAX as usize,
+        "linear: dimensions past i32"
+    );
+    k
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemv<T: DeviceRepr>(
+    kernels: &CudaKernels,
+    stream: &CudaStream,
+    name: &str,
+    x: &CudaView<bf16>,
+    w: &CudaView<bf16>,
+    out: &mut CudaViewMut<T>,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(), DriverError> {
+    assert!(
+        k.is_multiple_of(8),
+        "linear: the GEMV kernel needs k % 8 == 0, not {k}"
+    );
+    for (name, ptr) in [("x", x.device_ptr(stream).0), ("w", w.device_ptr(stream).0)] {
+        assert!(
+            ptr.is_multiple_of(16),
+            "linear: {name} is not 16-byte aligned"
+        );
+    }
+    let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
+    let blocks = u32::try_from(n.div_ceil(GEMV_BLOCK_COLS)).expect("linear: n past the grid");
+    let mut launch = stream.launch_builder(kernels.function(name));
+    launch.arg(x).arg(w).arg(out).arg(&m_i).arg(&n_i).arg(&k_i);
+    // SAFETY: x, w and out hold m rows, n*k and m*n elements (checked by the callers), rows are
+    // 16-byte aligned with k % 8 == 0 (checked above); each warp guards its columns and rows.
+    unsafe { launch.launch(grid(blocks, 128, 0)) }?;
+    Ok(())
+}

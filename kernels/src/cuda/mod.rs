@@ -1,0 +1,153 @@
+//! GPU kernels: CUDA C sources under `kernels/cuda/` (written to compile as HIP too),
+//! compiled by NVRTC for the device at start-up and cached on disk, plus one Rust launcher
+//! per kernel. Built with the `cuda` feature.
+
+pub mod attention;
+pub mod elementwise;
+pub mod gemm;
+pub mod kv_write;
+pub mod norm;
+pub mod sampling;
+
+use cudarc::driver::{CudaFunction, LaunchConfig};
+use peregrine_runtime::cuda::{Gpu, GpuError, KernelCompiler, KernelSource};
+use std::collections::HashMap;
+use std::path::Path;
+
+/// The header prepended to every module.
+const HEADER: &str = include_str!("../../cuda/common.cuh");
+
+/// Every kernel module, one `.cu` file each.
+pub const MODULES: &[KernelSource] = &[
+    KernelSource {
+        name: "norm",
+        code: include_str!("../../cuda/norm.cu"),
+    },
+    KernelSource {
+        name: "attention",
+        code: include_str!("../../cuda/attention.cu"),
+    },
+    KernelSource {
+        name: "kv_write",
+        code: include_str!("../../cuda/kv_write.cu"),
+    },
+    KernelSource {
+        name: "elementwise",
+        code: include_str!("../../cuda/elementwise.cu"),
+    },
+    KernelSource {
+        name: "gemm",
+        code: include_str!("../../cuda/gemm.cu"),
+    },
+    KernelSource {
+        name: "sampling",
+        code: include_str!("../../cuda/sampling.cu"),
+    },
+];
+
+/// Every kernel function of every module, loaded into one device's context.
+pub struct CudaKernels {
+    functions: HashMap<String, CudaFunction>,
+    compiled: usize,
+}
+
+impl CudaKernels {
+    /// Compiles (or takes from `cache_dir`) every module for `gpu`'s architecture and loads
+    /// its functions.
+    pub fn load(gpu: &Gpu, cache_dir: &Path) -> Result<CudaKernels, GpuError> {
+        let compiler = KernelCompiler::new(gpu.arch(), cache_dir, HEADER)?;
+        let modules = compiler.load_all(gpu.context(), MODULES)?;
+        let mut functions = HashMap::new();
+        let mut compiled = 0;
+        for (source, loaded) in MODULES.iter().zip(&modules) {
+            compiled += usize::from(!loaded.from_cache);
+            for name in kernel_names(source.code) {
+                let function = loaded.module.load_function(name)?;
+                functions.insert(name.to_string(), function);
+            }
+        }
+        Ok(CudaKernels {
+            functions,
+            compiled,
+        })
+    }
+
+    /// How many modules were compiled now rather than taken from the cache.
+    pub fn freshly_compiled(&self) -> usize {
+        self.compiled
+    }
+
+    /// The kernel `name`. A missing name is a bug in this crate (a launcher naming a
+    /// kernel its source does not define), caught by the test that loads every module.
+    pub(crate) fn function(&self, name: &str) -> &CudaFunction {
+        self.functions
+            .get(name)
+            .unwrap_or_else(|| panic!("no GPU kernel named `{name}` was loaded"))
+    }
+}
+
+/// Names of the `extern "C" __global__` functions a source defines.
+pub fn kernel_names(code: &str) -> impl Iterator<Item = &str> {
+    code.split("__global__").skip(1).filter_map(|rest| {
+        let rest = rest.trim_start().strip_prefix("void")?.trim_start();
+        let rest = match rest.strip_prefix("__launch_bounds__") {
+            Some(bounds) => &bounds[bounds.find(')')? + 1..],
+            None => rest,
+        };
+        Some(rest[..rest.find('(')?].trim())
+    })
+}
+
+/// Compiles every module for `arch` without a device (NVRTC alone), so that a machine
+/// without a GPU can still check the sources; returns the number of modules.
+pub fn compile_all(arch: &str, cache_dir: &Path) -> Result<usize, GpuError> {
+    let compiler = KernelCompiler::new(arch, cache_dir, HEADER)?;
+    for source in MODULES {
+        compiler.ptx(source)?;
+    }
+    Ok(MODULES.len())
+}
+
+/// A one-dimensional launch of `blocks` blocks of `threads` threads.
+pub(crate) fn grid(blocks: u32, threads: u32, shared_bytes: u32) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (threads, 1, 1),
+        shared_mem_bytes: shared_bytes,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_names_are_read_from_the_source() {
+        let code = "extern \"C\" __global__ void alpha(const bf16* x) {}\n\
+                    extern \"C\" __global__ void __launch_bounds__(256) beta (int n) {}";
+        let names: Vec<_> = kernel_names(code).collect();
+        assert_eq!(names, ["alpha", "beta"]);
+    }
+
+    /// Every module compiles with NVRTC for sm_90 (the H200), here too when this machine has
+    /// NVRTC and the CUDA headers but no GPU; skipped when it has neither.
+    #[test]
+    fn every_module_compiles_with_nvrtc() {
+        if let Err(why) = peregrine_runtime::cuda::cuda_include_dir() {
+            eprintln!("skipped: {why}");
+            return;
+        }
+        let cache = tempfile::tempdir().unwrap();
+        let compiled = std::panic::catch_unwind(|| compile_all("sm_90", cache.path()));
+        match compiled {
+            Err(_) => eprintln!("skipped: NVRTC could not be loaded"),
+            Ok(result) => {
+                let modules = result.unwrap_or_else(|err| panic!("{err}"));
+                assert_eq!(modules, MODULES.len());
+                for source in MODULES {
+                    assert!(kernel_names(source.code).count() > 0, "{}", source.name);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,116 @@
+//! Launchers of the RMSNorm kernels (`cuda/norm.cu`).
+
+use super::{grid, CudaKernels};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use half::bf16;
+
+/// Threads per row of the row-wise norms.
+const THREADS: u32 = 256;
+
+/// `out[r] = x[r] / rms(x[r]) * weight` for `rows` rows of `dim` (x in f32, out in bf16).
+pub fn rms_norm(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &CudaView<f32>,
+    weight: &CudaView<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    rows: usize,
+    eps: f32,
+) -> Result<(), DriverError> {
+    let dim = weight.len();
+    assert!(
+        x.len() >= rows * dim && out.len() >= rows * dim,
+        "rms_norm: short buffers"
+    );
+    if rows == 0 {
+        return Ok(());
+    }
+    let dim_i = dim as i32;
+    let mut launch = stream.launch_builder(k.function("rms_norm_f32_bf16"));
+    launch.arg(x).arg(weight).arg(out).arg(&dim_i).arg(&eps);
+    // SAFETY: the buffers hold `rows * dim` elements (checked above); one block per row.
+    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    Ok(())
+}
+
+/// `residual[r] += delta[r]`, then `out[r] = residual[r] / rms(residual[r]) * weight`.
+#[allow(clippy::too_many_arguments)]
+pub fn add_rms_norm(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    residual: &mut CudaViewMut<f32>,
+    delta: &CudaView<bf16>,
+    weight: &CudaView<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    rows: usize,
+    eps: f32,
+) -> Result<(), DriverError> {
+    let dim = weight.len();
+    assert!(
+        residual.len() >= rows * dim && delta.len() >= rows * dim && out.len() >= rows * dim,
+        "add_rms_norm: short buffers"
+    );
+    if rows == 0 {
+        return Ok(());
+    }
+    let dim_i = dim as i32;
+    let mut launch = stream.launch_builder(k.function("add_rms_norm_f32_bf16"));
+    launch
+        .arg(residual)
+        .arg(delta)
+        .arg(weight)
+        .arg(out)
+        .arg(&dim_i)
+        .arg(&eps);
+    // SAFETY: as in `rms_norm`.
+    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    Ok(())
+}
+
+/// In place: RMSNorm of `heads` heads of `weight.len()` elements each, starting at column
+/// `first_col` of every row of the `[rows, width]` matrix `x` (Qwen3's q/k norms).
+#[allow(clippy::too_many_arguments)]
+pub fn head_rms_norm(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &mut CudaViewMut<bf16>,
+    weight: &CudaView<bf16>,
+    rows: usize,
+    width: usize,
+    first_col: usize,
+    heads: usize,
+    eps: f32,
+) -> Result<(), DriverError> {
+    let head_dim = weight.len();
+    assert!(
+        first_col + heads * head_dim <= width,
+        "head_rms_norm: heads past the row"
+    );
+    assert!(x.len() >= rows * width, "head_rms_norm: short buffer");
+    let warps = rows * heads;
+    if warps == 0 {
+        return Ok(());
+    }
+    let per_block = (THREADS / 32) as usize;
+    let blocks = warps.div_ceil(per_block) as u32;
+    let (rows_i, width_i, first_i, heads_i, dim_i) = (
+        rows as i32,
+        width as i32,
+        first_col as i32,
+        heads as i32,
+        head_dim as i32,
+    );
+    let mut launch = stream.launch_builder(k.function("head_rms_norm_bf16"));
+    launch
+        .arg(x)
+        .arg(weight)
+        .arg(&rows_i)
+        .arg(&width_i)
+        .arg(&first_i)
+        .arg(&heads_i)
+        .arg(&dim_i)
+        .arg(&eps);
+    // SAFETY: every head lies inside its row (checked above); one warp per head.
+    unsafe { launch.launch(grid(blocks, THREADS, 0)) }?;
+    Ok(())
+}

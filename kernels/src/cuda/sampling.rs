@@ -1,0 +1,197 @@
+//! Launchers of the token-sampling kernels (`cuda/sampling.cu`): greedy argmax, penalties
+//! applied in place, and the sampled path (temperature, top-k, top-p, min-p and one
+//! inverse-CDF draw per row with a uniform chosen by the host).
+//!
+//! Every kernel runs one block per row of the `[rows, vocab]` f32 logits, so a row's result
+//! never depends on the other rows. The sampled path ranks tokens by logit, descending,
+//! ties to the lower id (the CPU sampler's order), as unique 64-bit (logit, id) keys. Each
+//! filter's cut, and the drawn token, is found without a sort: a histogram over 2048 bins
+//! linear in the logit picks the bin where the running count (top-k) or mass (top-p, the
+//! draw) passes its target, then that bin's few tokens are ranked exactly in shared memory
+//! (a radix select over their keys when the bin holds over 1024). Probability mass is
+//! summed as fixed-point integers (`exp((logit - max) / T) * 2^40`), so the token is a
+//! deterministic function of the logits, the parameters and the uniform. The draw walks
+//! the kept tokens most likely first, as the CPU does, so the same uniform gives the CPU's
+//! token unless it falls within rounding (about 1e-6) of a boundary of the cumulative
+//! distribution. See `cuda/sampling.cu` for the details.
+
+use super::{grid, CudaKernels};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PushKernelArg};
+
+/// Threads per row of the argmax and sampling kernels (`SAMPLE_THREADS`).
+const THREADS: u32 = 1024;
+/// Threads per row of the penalty kernel (`SAMPLE_PENALTY_THREADS`).
+const PENALTY_THREADS: u32 = 256;
+/// The largest vocabulary the kernels take: fixed-point masses of up to `2^40` a token
+/// must sum below `2^64`.
+pub const MAX_VOCAB: usize = 1 << 24;
+
+/// One row's sampling parameters, laid out as `struct SampleRow` in `cuda/sampling.cu`.
+/// Build it from a request's parameters (`peregrine_ops::cuda::sampler::sample_row`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SampleRow {
+    /// The uniform in `[0, 1)` the draw inverts (ignored when greedy).
+    pub uniform: f64,
+    /// Divides the logits; must be > 0 unless `greedy`.
+    pub temperature: f32,
+    /// Keep the smallest most-likely set reaching this mass; 1.0 is off.
+    pub top_p: f32,
+    /// Drop tokens less likely than this times the most likely; 0.0 is off.
+    pub min_p: f32,
+    /// Keep the `top_k` most likely tokens; `<= 0` or `>= vocab` is off.
+    pub top_k: i32,
+    /// Divides positive (multiplies negative) logits of seen tokens; 1.0 is off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every output token; 0.0 is off.
+    pub presence_penalty: f32,
+    /// Subtracted once per occurrence in the output; 0.0 is off.
+    pub frequency_penalty: f32,
+    /// Nonzero: the argmax, nothing drawn.
+    pub greedy: i32,
+}
+
+// SAFETY: `repr(C)` plain numbers with no padding (8 + 8 * 4 bytes), the layout of the
+// kernel's `struct SampleRow`.
+unsafe impl DeviceRepr for SampleRow {}
+
+/// Checks the shapes shared by every launcher and returns `vocab` as the kernels' `int`.
+fn vocab_arg(what: &str, vocab: usize, rows: usize, logits: usize) -> i32 {
+    assert!(
+        (1..=MAX_VOCAB).contains(&vocab),
+        "{what}: vocab {vocab} outside 1..={MAX_VOCAB}"
+    );
+    assert!(
+        rows <= i32::MAX as usize,
+        "{what}: {rows} rows exceed the grid"
+    );
+    assert!(
+        logits >= rows * vocab,
+        "{what}: {logits} logits for {rows} rows of {vocab}"
+    );
+    vocab as i32
+}
+
+/// Greedy decoding: `tokens[r]` = the argmax of row `r` of `logits` (ties: lowest id; NaN
+/// never wins unless the whole row is NaN or -inf, then 0), for `tokens.len()` rows.
+pub fn sample_argmax(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    logits: &CudaView<f32>,
+    vocab: usize,
+    tokens: &mut CudaViewMut<u32>,
+) -> Result<(), DriverError> {
+    let rows = tokens.len();
+    let vocab_i = vocab_arg("sample_argmax", vocab, rows, logits.len());
+    if rows == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(k.function("sample_argmax"));
+    launch.arg(logits).arg(&vocab_i).arg(tokens);
+    // SAFETY: `logits` holds `rows * vocab` elements and `tokens` `rows` (checked above);
+    // one block per row, each reading its own row and writing its own token.
+    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    Ok(())
+}
+
+/// Applies each row's penalties (`params[r]`'s repetition, presence and frequency
+/// penalties) to `logits` in place, as `peregrine_ops::sampling::apply_penalties` does,
+/// for `params.len()` rows.
+///
+/// History layout: row `r` owns entries `offsets[r] .. offsets[r + 1]` of `history`, an
+/// entry being two `u32`s, `(token, count)`: every distinct token of the row's prompt and
+/// output once, `count` = its occurrences in the output (0 for prompt-only tokens). The
+/// repetition penalty applies to every entry, frequency and presence to entries with
+/// `count > 0`. `offsets` has `rows + 1` elements. Entries outside `history` and tokens
+/// outside the vocabulary are ignored by the kernel; a token listed twice in one row would
+/// race, so the host must not do that.
+pub fn sample_penalties(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    logits: &mut CudaViewMut<f32>,
+    vocab: usize,
+    params: &CudaView<SampleRow>,
+    offsets: &CudaView<i64>,
+    history: &CudaView<u32>,
+) -> Result<(), DriverError> {
+    let rows = params.len();
+    let vocab_i = vocab_arg("sample_penalties", vocab, rows, logits.len());
+    assert_eq!(
+        offsets.len(),
+        rows + 1,
+        "sample_penalties: offsets need rows + 1 elements"
+    );
+    assert!(
+        history.len() % 2 == 0,
+        "sample_penalties: history holds (token, count) pairs"
+    );
+    if rows == 0 || history.is_empty() {
+        return Ok(());
+    }
+    let entries = (history.len() / 2) as i64;
+    let mut launch = stream.launch_builder(k.function("sample_penalties"));
+    launch
+        .arg(logits)
+        .arg(&vocab_i)
+        .arg(params)
+        .arg(offsets)
+        .arg(history)
+        .arg(&entries);
+    // SAFETY: `logits` holds `rows * vocab` elements, `params` `rows` and `offsets`
+    // `rows + 1` (checked above); the kernel clamps entry ranges to `entries` (the pairs in
+    // `history`) and skips tokens >= vocab, so every access stays inside the buffers.
+    unsafe { launch.launch(grid(rows as u32, PENALTY_THREADS, 0)) }?;
+    Ok(())
+}
+
+/// Samples one token per row for `params.len()` rows of (already penalised) `logits`:
+/// greedy rows take the argmax; the others apply temperature, top-k, top-p and min-p as
+/// the CPU sampler's distribution and draw with `params[r].uniform` by inverse CDF over
+/// the kept tokens, most likely first (ties: lower id). `tokens[r]` gets the token
+/// (`u32::MAX` only if the kernel failed, a bug) and `kept[r]` the number of tokens the
+/// filters kept (1 when greedy).
+pub fn sample_rows(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    logits: &CudaView<f32>,
+    vocab: usize,
+    params: &CudaView<SampleRow>,
+    tokens: &mut CudaViewMut<u32>,
+    kept: &mut CudaViewMut<u32>,
+) -> Result<(), DriverError> {
+    let rows = params.len();
+    let vocab_i = vocab_arg("sample_rows", vocab, rows, logits.len());
+    assert!(
+        tokens.len() >= rows && kept.len() >= rows,
+        "sample_rows: short output buffers"
+    );
+    if rows == 0 {
+        return Ok(());
+    }
+    let mut launch = stream.launch_builder(k.function("sample_rows"));
+    launch
+        .arg(logits)
+        .arg(&vocab_i)
+        .arg(params)
+        .arg(tokens)
+        .arg(kept);
+    // SAFETY: `logits` holds `rows * vocab` elements, `params`, `tokens` and `kept` at
+    // least `rows` (checked above); one block per row, each reading its own row and
+    // parameters and writing its own outputs.
+    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sample_row_has_the_kernels_layout() {
+        assert_eq!(std::mem::size_of::<SampleRow>(), 40);
+        assert_eq!(std::mem::align_of::<SampleRow>(), 8);
+        assert_eq!(std::mem::offset_of!(SampleRow, temperature), 8);
+        assert_eq!(std::mem::offset_of!(SampleRow, top_k), 20);
+        assert_eq!(std::mem::offset_of!(SampleRow, greedy), 36);
+    }
+}

@@ -1,0 +1,226 @@
+//! The forward pass on the GPU, kernel for kernel the CPU `LlamaModel::forward`.
+
+use super::GpuLlama;
+use crate::llama::{check_inputs, ForwardError};
+use cudarc::driver::{CudaView, DriverError};
+use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows, rotary, RotaryHeads};
+use peregrine_kernels::cuda::gemm::GemmError;
+use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
+use peregrine_ops::cuda::attention::{write_kv, AttentionError, DeviceAttentionPlan};
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::AttentionPlan;
+use peregrine_runtime::cuda::GpuError;
+
+/// A GPU forward pass that cannot run, with the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuForwardError {
+    #[error(transparent)]
+    Input(#[from] ForwardError),
+    #[error("{tokens} tokens exceed the workspace of {max} tokens")]
+    TooManyTokens { tokens: usize, max: usize },
+    #[error("{rows} logit rows exceed the workspace of {max}")]
+    TooManyLogitRows { rows: usize, max: usize },
+    #[error("position {position} is past the model's {max} positions")]
+    Position { position: u32, max: usize },
+    #[error("the KV cache has {cache} layers but the model {model}")]
+    CacheLayers { cache: usize, model: usize },
+    #[error(transparent)]
+    Attention(#[from] AttentionError),
+    #[error(transparent)]
+    Gemm(#[from] GemmError),
+    #[error("CUDA: {0}")]
+    Driver(#[from] DriverError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+}
+
+impl GpuLlama {
+    /// Runs `tokens` (one per planned row) through the model, writing their keys and values
+    /// into `cache`, and returns the device logits (`[logit_rows.len(), vocab]`, f32) of the
+    /// rows named in `logit_rows`. The work is queued on the model's stream; reading the
+    /// view (a download) waits for it.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<CudaView<'_, f32>, GpuForwardError> {
+        let c = &self.config;
+        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
+        let (n, r) = (tokens.len(), logit_rows.len());
+        let w = &mut self.work;
+        if n > w.max_tokens {
+            return Err(GpuForwardError::TooManyTokens {
+                tokens: n,
+                max: w.max_tokens,
+            });
+        }
+        if r > w.max_logit_rows {
+            return Err(GpuForwardError::TooManyLogitRows {
+                rows: r,
+                max: w.max_logit_rows,
+            });
+        }
+        if let Some(&position) = plan.positions().iter().max() {
+            if position as usize >= c.max_model_len {
+                return Err(GpuForwardError::Position {
+                    position,
+                    max: c.max_model_len,
+                });
+            }
+        }
+        if cache.num_layers() != c.num_layers {
+            return Err(GpuForwardError::CacheLayers {
+                cache: cache.num_layers(),
+                model: c.num_layers,
+            });
+        }
+        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
+        let width = qd + 2 * kvd;
+        let eps = c.rms_norm_eps as f32;
+        let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
+        let weights = &self.weights;
+        let layout = *cache.layout();
+
+        let dplan = DeviceAttentionPlan::upload(&self.gpu, plan)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;
+        let rows: Vec<i32> = logit_rows.iter().map(|&row| row as i32).collect();
+        stream.memcpy_htod(&rows, &mut w.logit_rows.slice_mut(0..r))?;
+
+        let residual = &mut w.residual.slice_mut(0..n * h);
+        let normed = &mut w.normed.slice_mut(0..n * h);
+        let delta = &mut w.delta.slice_mut(0..n * h);
+        let qkv = &mut w.qkv.slice_mut(0..n * width);
+        let attn = &mut w.attn.slice_mut(0..n * qd);
+        let gate_up = &mut w.gate_up.slice_mut(0..n * 2 * inter);
+        let act = &mut w.act.slice_mut(0..n * inter);
+        let heads = RotaryHeads {
+            row_stride: width,
+            first_col: 0,
+            heads: c.num_heads + c.num_kv_heads,
+            head_dim: d,
+            interleaved: self.interleaved,
+        };
+
+        embedding(
+            k,
+            stream,
+            &w.tokens.slice(0..n),
+            &weights.embed.as_view(),
+            residual,
+            h,
+        )?;
+        for (l, layer) in weights.layers.iter().enumerate() {
+            let norm = layer.input_norm.as_view();
+            if l == 0 {
+                rms_norm(k, stream, &residual.as_view(), &norm, normed, n, eps)?;
+            } else {
+                add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
+            }
+            gemm.linear(
+                k,
+                stream,
+                &normed.as_view(),
+                &layer.qkv.as_view(),
+                qkv,
+                n,
+                width,
+            )?;
+            if let Some(bias) = &layer.qkv_bias {
+                add_bias(k, stream, qkv, &bias.as_view(), n)?;
+            }
+            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                let (q_heads, kv_heads) = (c.num_heads, c.num_kv_heads);
+                head_rms_norm(k, stream, qkv, &qn.as_view(), n, width, 0, q_heads, eps)?;
+                head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
+            }
+            rotary(
+                k,
+                stream,
+                qkv,
+                &dplan.positions(),
+                &self.cos_sin.as_view(),
+                heads,
+            )?;
+            let (k_cache, v_cache) = cache.layer_mut(l);
+            write_kv(
+                k,
+                stream,
+                &qkv.as_view(),
+                width,
+                qd,
+                qd + kvd,
+                k_cache,
+                v_cache,
+                &layout,
+                &dplan,
+            )?;
+            self.attention.forward(
+                k,
+                stream,
+                &qkv.as_view(),
+                width,
+                k_cache,
+                v_cache,
+                &layout,
+                &dplan,
+                attn,
+            )?;
+            gemm.linear(
+                k,
+                stream,
+                &attn.as_view(),
+                &layer.o_proj.as_view(),
+                delta,
+                n,
+                h,
+            )?;
+            let post = layer.post_norm.as_view();
+            add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
+            let gu = layer.gate_up.as_view();
+            gemm.linear(k, stream, &normed.as_view(), &gu, gate_up, n, 2 * inter)?;
+            let down = layer.down.as_view();
+            gemm.gated_linear(k, stream, &gate_up.as_view(), act, &down, delta, n, h)?;
+        }
+        let final_norm = weights.norm.as_view();
+        add_rms_norm(
+            k,
+            stream,
+            residual,
+            &delta.as_view(),
+            &final_norm,
+            normed,
+            n,
+            eps,
+        )?;
+        let picked = &mut w.picked.slice_mut(0..r * h);
+        gather_rows(
+            k,
+            stream,
+            &normed.as_view(),
+            &w.logit_rows.slice(0..r),
+            picked,
+            h,
+        )?;
+        let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
+        let logits = &mut w.logits.slice_mut(0..r * c.vocab_size);
+        gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;
+        Ok(w.logits.slice(0..r * c.vocab_size))
+    }
+
+    /// [`GpuLlama::forward`] with the logits copied to the host.
+    pub fn forward_to_host(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<Vec<f32>, GpuForwardError> {
+        let gpu = self.gpu.clone();
+        let logits = self.forward(tokens, plan, cache, logit_rows)?;
+        Ok(gpu.download(&logits)?)
+    }
+}

@@ -1,0 +1,143 @@
+//! The Llama family on the CUDA backend: bf16 weights on the device, the forward pass of
+//! `LlamaModel` kernel for kernel, logits in f32. Built with the `cuda` feature.
+
+mod forward;
+mod weights;
+mod workspace;
+
+pub use forward::GpuForwardError;
+pub use weights::GpuWeights;
+pub use workspace::Workspace;
+
+use crate::config::ModelConfig;
+use crate::weights::Weights;
+use cudarc::driver::CudaSlice;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_ops::cuda::attention::GpuPagedAttention;
+use peregrine_ops::{Rotary, RotaryLayout};
+use peregrine_runtime::cuda::Gpu;
+use std::path::Path;
+use std::sync::Arc;
+
+/// How a GPU model is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuModelOptions {
+    /// The most tokens one forward may carry (sizes the activation workspace).
+    pub max_tokens: usize,
+    /// The most rows one forward may ask logits for.
+    pub max_logit_rows: usize,
+    /// Batch-invariant kernels (`--deterministic`).
+    pub deterministic: bool,
+    /// Products of up to this many rows use the GEMV kernel rather than cuBLAS.
+    pub gemv_max_rows: usize,
+}
+
+/// A Llama-family model on one GPU.
+pub struct GpuLlama {
+    config: ModelConfig,
+    gpu: Arc<Gpu>,
+    kernels: Arc<CudaKernels>,
+    weights: GpuWeights,
+    cos_sin: CudaSlice<f32>,
+    interleaved: bool,
+    attention: GpuPagedAttention,
+    gemm: Gemm,
+    work: Workspace,
+}
+
+impl GpuLlama {
+    /// Loads the checkpoint in `dir` onto the GPU in bf16.
+    pub fn load(
+        dir: &Path,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuLlama> {
+        let config = ModelConfig::from_dir(dir)?;
+        let weights = GpuWeights::load(&gpu, &config, &Weights::open(dir)?)?;
+        GpuLlama::new(config, weights, gpu, kernels, options)
+    }
+
+    /// A model of `config`'s shapes with random weights made on the device (uniform, scaled
+    /// by each matrix's fan-in), for benchmarks of architectures whose weights are not here.
+    pub fn random(
+        config: ModelConfig,
+        seed: u64,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuLlama> {
+        let weights = GpuWeights::random(&gpu, &kernels, &config, seed)?;
+        GpuLlama::new(config, weights, gpu, kernels, options)
+    }
+
+    fn new(
+        config: ModelConfig,
+        weights: GpuWeights,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuLlama> {
+        let c = &config;
+        let rotary = Rotary::new(
+            c.head_dim,
+            c.rope_theta,
+            &c.rope_scaling,
+            RotaryLayout::HalfSplit,
+        );
+        let positions = u32::try_from(c.max_model_len)?;
+        let cos_sin = gpu.upload(&rotary.cos_sin_table(positions))?;
+        let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows)?;
+        let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
+            .with_gemv_max_rows(options.gemv_max_rows);
+        Ok(GpuLlama {
+            attention: GpuPagedAttention {
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+            },
+            interleaved: rotary.is_interleaved(),
+            config,
+            gpu,
+            kernels,
+            weights,
+            cos_sin,
+            gemm,
+            work,
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The device the model is on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Bytes of parameters on the device.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.bytes()
+    }
+
+    /// Bytes of the activation workspace.
+    pub fn workspace_bytes(&self) -> u64 {
+        self.work.bytes()
+    }
+
+    /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.
+    pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        self.config.kv_layout(num_blocks, block_size)
+    }
+
+    /// Bytes of K and V one token takes across all layers (bf16).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let c = &self.config;
+        (2 * c.num_layers * c.num_kv_heads * c.head_dim * 2) as u64
+    }
+}

@@ -1,0 +1,7 @@
+//! Model operators on the CUDA backend (the `cuda` feature).
+
+pub mod attention;
+pub mod kv_cache;
+pub mod sampler;
+
+pub use kv_cache::GpuKvCache;

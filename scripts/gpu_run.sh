@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repository root, what scripts/gpu_build.sh built:
+#   scripts/gpu_run.sh tests      the GPU tests (every op against the CPU, the >4 GiB pool,
+#                                 the whole model; SmolLM2 too if /tmp/smollm2 exists)
+#   scripts/gpu_run.sh bench      bench latency on the Llama-3.2-1B and Llama-3-8B shapes
+#                                 (random weights): the default (cuBLAS), the GEMV kernel for
+#                                 up to 8 rows, and --deterministic
+#   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
+#   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
+#                                 /tmp/gguf-parts/, which outlives the call while the
+#                                 machine stays warm (a file over one call's 64 MiB travels
+#                                 in parts: `split -n 2 -d MODEL.gguf`, one part per call)
+#   scripts/gpu_run.sh smollm2    joins /tmp/gguf-parts/* and converts it to /tmp/smollm2
+# Results go to $OUT (one log per mode) as they are produced.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/peregrine-out}
+mkdir -p "$OUT"
+bin=/tmp/peregrine-bin
+mkdir -p "$bin"
+for f in target/gpu-carry/*.gz; do
+    [ -e "$f" ] && gunzip -c "$f" >"$bin/$(basename "$f" .gz)" && chmod +x "$bin/$(basename "$f" .gz)"
+done
+export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+export PEREGRINE_CACHE=/tmp/peregrine-cache
+export RUST_BACKTRACE=1
+mode=${1:-tests}
+case "$mode" in
+tests)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
+    [ -d /tmp/smollm2 ] && export PEREGRINE_SMOLLM2_DIR=/tmp/smollm2
+    "$bin/cuda-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
+    ;;
+bench)
+    # The default (cuBLAS), the GEMV kernel for up to 8 rows, and the deterministic mode.
+    one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
+    for flags in "" "--gemv-max-rows 8" "--deterministic"; do
+        "$bin/peregrine" $one_b --batch-sizes 1,2,4,8,64 --input-len 128 --output-len 128 $flags 2>&1 |
+            tee -a "$OUT/bench.log"
+    done
+    eight_b="bench latency --device cuda --random-weights scripts/configs/llama-3-8b.json"
+    for flags in "" "--gemv-max-rows 8"; do
+        "$bin/peregrine" $eight_b --batch-sizes 1,64 --input-len 128 --output-len 64 $flags 2>&1 |
+            tee -a "$OUT/bench.log"
+    done
+    ;;
+hf)
+    for cfg in llama-3.2-1b llama-3-8b; do
+        PYTHONUNBUFFERED=1 python3 scripts/bench_hf_transformers.py --config "scripts/configs/$cfg.json" \
+            --batch-sizes 1,64 --input-len 128 --output-len 32 2>&1 | tee -a "$OUT/hf.log"
+    done
+    ;;
+stash)
+    mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts
+    ;;
+smollm2)
+    cat /tmp/gguf-parts/* >/tmp/smollm2.gguf
+    sha256sum /tmp/smollm2.gguf | tee "$OUT/smollm2.sha256"
+    "$bin/peregrine" convert /tmp/smollm2.gguf /tmp/smollm2 2>&1 | tee "$OUT/convert.log"
+    ;;
+*)
+    echo "unknown mode $mode" >&2
+    exit 2
+    ;;
+esac

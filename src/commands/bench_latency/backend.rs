@@ -1,0 +1,120 @@
+//! The models `bench latency` can time: the CPU model, or (with the `cuda` feature) the GPU
+//! model from a checkpoint or with random weights.
+
+use crate::cli::BenchLatencyArgs;
+use anyhow::bail;
+use peregrine_models::LlamaModel;
+use peregrine_ops::{AttentionPlan, KvCache};
+
+/// One model and its KV cache, as the benchmark drives them.
+pub trait LatencyModel {
+    /// A line naming the model, the device and the precision.
+    fn describe(&self) -> String;
+    /// Vocabulary size.
+    fn vocab_size(&self) -> usize;
+    /// Blocks in the KV pool.
+    fn num_blocks(&self) -> u64;
+    /// Bytes of weights read per decode step.
+    fn weight_bytes(&self) -> u64;
+    /// The bandwidth floor of one decode step in ms, where it can be measured.
+    fn decode_floor_ms(&mut self) -> anyhow::Result<Option<f64>>;
+    /// One forward; returns each logit row's greedy token.
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>>;
+    /// Waits for queued device work.
+    fn synchronize(&mut self) -> anyhow::Result<()>;
+}
+
+/// Blocks for `largest` sequences of the benchmark's lengths (plus the warm-up's).
+pub fn blocks_needed(args: &BenchLatencyArgs, largest: usize) -> u64 {
+    let tokens = args.input_len + args.output_len.max(4);
+    (largest * tokens.div_ceil(args.block_size)) as u64
+}
+
+/// Opens the model `args` names on the device it names.
+pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn LatencyModel>> {
+    match args.device.as_str() {
+        "cpu" => {
+            if args.random_weights.is_some() {
+                bail!("--random-weights makes its weights on the GPU: use it with --device cuda");
+            }
+            let dir = crate::commands::resolve_model(&args.model)?;
+            let model = LlamaModel::load(&dir)?;
+            let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
+            let cache = KvCache::new(model.config().num_layers, layout);
+            Ok(Box::new(CpuModel { model, cache }))
+        }
+        #[cfg(feature = "cuda")]
+        "cuda" => Ok(Box::new(super::gpu::GpuModel::open(args, largest)?)),
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => bail!("this binary was built without the `cuda` feature"),
+        other => bail!("--device {other}: expected cpu or cuda"),
+    }
+}
+
+struct CpuModel {
+    model: LlamaModel,
+    cache: KvCache,
+}
+
+/// Greedy tokens of `rows` rows of logits.
+pub fn argmax_rows(logits: &[f32], vocab: usize) -> Vec<u32> {
+    logits
+        .chunks(vocab)
+        .map(|row| {
+            let mut best = 0;
+            for (i, &v) in row.iter().enumerate() {
+                if v > row[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        })
+        .collect()
+}
+
+impl LatencyModel for CpuModel {
+    fn describe(&self) -> String {
+        let c = self.model.config();
+        format!(
+            "model: {:?}, {} layers, hidden {}, on the CPU in f32",
+            c.architecture, c.num_layers, c.hidden_size
+        )
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn num_blocks(&self) -> u64 {
+        self.cache.layout().num_blocks
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.model.weight_bytes()
+    }
+
+    fn decode_floor_ms(&mut self) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
+
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let logits = self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        Ok(argmax_rows(&logits, self.vocab_size()))
+    }
+
+    fn synchronize(&mut self) -> anyhow::Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,144 @@
+//! The GPU model for `bench latency`: a checkpoint or random weights of a config.json's
+//! shapes, in bf16.
+
+use super::backend::{blocks_needed, LatencyModel};
+use crate::cli::BenchLatencyArgs;
+use anyhow::Context;
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_models::fetch::default_cache_dir;
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_models::ModelConfig;
+use peregrine_ops::cuda::sampler::greedy_tokens;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::AttentionPlan;
+use peregrine_runtime::cuda::Gpu;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub struct GpuModel {
+    model: GpuLlama,
+    cache: GpuKvCache,
+    kernels: Arc<CudaKernels>,
+    source: String,
+    products: String,
+}
+
+impl GpuModel {
+    /// Opens device 0, compiles the kernels and loads or makes the model.
+    pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<GpuModel> {
+        let gpu = Arc::new(Gpu::open(0)?);
+        let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
+        let kernels = Arc::new(CudaKernels::load(&gpu, &cache_dir)?);
+        let options = GpuModelOptions {
+            max_tokens: largest * args.input_len,
+            max_logit_rows: largest,
+            deterministic: args.deterministic,
+            gemv_max_rows: args.gemv_max_rows,
+        };
+        let (model, source) = match &args.random_weights {
+            Some(config) => {
+                let text = std::fs::read_to_string(config)
+                    .with_context(|| format!("reading {}", config.display()))?;
+                let config_json = ModelConfig::from_json(&text)
+                    .with_context(|| format!("parsing {}", config.display()))?;
+                let model =
+                    GpuLlama::random(config_json, 0, gpu.clone(), kernels.clone(), options)?;
+                (model, format!("random weights of {}", config.display()))
+            }
+            None => {
+                let dir = crate::commands::resolve_model(&args.model)?;
+                let model = GpuLlama::load(&dir, gpu.clone(), kernels.clone(), options)?;
+                (model, dir.display().to_string())
+            }
+        };
+        let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
+        let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+        let products = if args.deterministic {
+            "products by the batch-invariant GEMV kernel".to_string()
+        } else {
+            format!(
+                "products by the GEMV kernel up to {} rows, cuBLAS above",
+                args.gemv_max_rows
+            )
+        };
+        Ok(GpuModel {
+            model,
+            cache,
+            kernels,
+            source,
+            products,
+        })
+    }
+}
+
+impl LatencyModel for GpuModel {
+    fn describe(&self) -> String {
+        let c = self.model.config();
+        let gpu = self.model.gpu();
+        format!(
+            "model: {} ({:?}, {} layers, hidden {}), on {} ({}) in bf16, {}, {:.2} GB of weights",
+            self.source,
+            c.architecture,
+            c.num_layers,
+            c.hidden_size,
+            gpu.name(),
+            gpu.arch(),
+            self.products,
+            self.model.weight_bytes() as f64 / 1e9
+        )
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    fn num_blocks(&self) -> u64 {
+        self.cache.layout().num_blocks
+    }
+
+    fn weight_bytes(&self) -> u64 {
+        self.model.weight_bytes()
+    }
+
+    fn decode_floor_ms(&mut self) -> anyhow::Result<Option<f64>> {
+        let gpu = self.model.gpu().clone();
+        let bytes = 1usize << 30;
+        let src = gpu.zeros::<u8>(bytes)?;
+        let mut dst = gpu.zeros::<u8>(bytes)?;
+        gpu.stream().memcpy_dtod(&src, &mut dst)?;
+        gpu.synchronize()?;
+        let rounds = 20;
+        let start = Instant::now();
+        for _ in 0..rounds {
+            gpu.stream().memcpy_dtod(&src, &mut dst)?;
+        }
+        gpu.synchronize()?;
+        // A copy reads and writes every byte.
+        let bandwidth = (2 * bytes * rounds) as f64 / start.elapsed().as_secs_f64();
+        Ok(Some(self.model.weight_bytes() as f64 / bandwidth * 1e3))
+    }
+
+    fn step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let gpu = self.model.gpu().clone();
+        let vocab = self.vocab_size();
+        let logits = self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        Ok(greedy_tokens(
+            &self.kernels,
+            &gpu,
+            &logits,
+            logit_rows.len(),
+            vocab,
+        )?)
+    }
+
+    fn synchronize(&mut self) -> anyhow::Result<()> {
+        Ok(self.model.gpu().synchronize()?)
+    }
+}

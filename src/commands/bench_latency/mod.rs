@@ -1,0 +1,104 @@
+//! `peregrine bench latency`: offline (no HTTP) prefill and decode timings of a model at
+//! several batch sizes, with the memory-bandwidth floor of a decode step beside them.
+
+mod backend;
+#[cfg(feature = "cuda")]
+mod gpu;
+
+use crate::cli::BenchLatencyArgs;
+use backend::LatencyModel;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use std::time::Instant;
+
+/// Runs the benchmark and prints one line per batch size.
+pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
+    let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
+    let mut model = backend::open(&args, largest)?;
+    let command: Vec<String> = std::env::args().collect();
+    println!("command: {}", command.join(" "));
+    println!("{}", model.describe());
+    let floor_ms = model.decode_floor_ms()?;
+    if let Some(floor) = floor_ms {
+        println!(
+            "roofline: {:.2} GB of weights / {:.2} TB/s measured copy bandwidth = {floor:.3} ms per \
+             decode step",
+            model.weight_bytes() as f64 / 1e9,
+            model.weight_bytes() as f64 / floor / 1e9,
+        );
+    }
+    println!(
+        "{:>6} {:>10} {:>12} {:>14} {:>12} {:>12}",
+        "batch", "prefill_ms", "prefill_tok/s", "decode_ms/step", "decode_tok/s", "of_floor"
+    );
+    for &batch in &args.batch_sizes {
+        // One untimed pass warms up caches, cuBLAS heuristics and the allocator.
+        measure(&mut *model, &args, batch, 4)?;
+        let m = measure(&mut *model, &args, batch, args.output_len)?;
+        let step_ms = m.decode_s * 1e3 / args.output_len as f64;
+        let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
+        println!(
+            "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12}",
+            m.prefill_s * 1e3,
+            (batch * args.input_len) as f64 / m.prefill_s,
+            (batch * args.output_len) as f64 / m.decode_s,
+        );
+    }
+    Ok(())
+}
+
+struct Timing {
+    prefill_s: f64,
+    decode_s: f64,
+}
+
+/// Prefills `batch` sequences of `input_len` tokens in one step, then decodes `steps` steps
+/// of one token per sequence, each step asking logits for every sequence.
+fn measure(
+    model: &mut dyn LatencyModel,
+    args: &BenchLatencyArgs,
+    batch: usize,
+    steps: usize,
+) -> anyhow::Result<Timing> {
+    let vocab = model.vocab_size() as u32;
+    let bs = args.block_size;
+    let per_seq = (args.input_len + steps).div_ceil(bs);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    let num_blocks = model.num_blocks();
+    let prompt: Vec<u32> = (0..batch * args.input_len)
+        .map(|i| (i as u32).wrapping_mul(2_654_435_761) % vocab)
+        .collect();
+    let specs: Vec<SeqSpec> = tables
+        .iter()
+        .map(|t| SeqSpec {
+            num_cached: 0,
+            num_new: args.input_len,
+            block_table: t,
+        })
+        .collect();
+    let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
+    let last_rows: Vec<usize> = (1..=batch).map(|s| s * args.input_len - 1).collect();
+    let start = Instant::now();
+    let mut next = model.step(&prompt, &plan, &last_rows)?;
+    let prefill_s = start.elapsed().as_secs_f64();
+    let rows: Vec<usize> = (0..batch).collect();
+    let start = Instant::now();
+    for step in 0..steps {
+        let specs: Vec<SeqSpec> = tables
+            .iter()
+            .map(|t| SeqSpec {
+                num_cached: args.input_len + step,
+                num_new: 1,
+                block_table: t,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
+        next = model.step(&next, &plan, &rows)?;
+    }
+    model.synchronize()?;
+    Ok(Timing {
+        prefill_s,
+        decode_s: start.elapsed().as_secs_f64(),
+    })
+}

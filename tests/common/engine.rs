@@ -1,0 +1,80 @@
+//! Driving the serving engine directly (no HTTP): submitting requests to its scheduler and
+//! collecting their events.
+
+use peregrine_actors::messages::{
+    FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, Usage,
+};
+use peregrine_ops::sampling::SamplingParams;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// Submits one request (`max_tokens`, past EOS) and returns its event stream.
+pub async fn submit(
+    scheduler: &mpsc::Sender<SchedulerMsg>,
+    id: u64,
+    prompt: &[u32],
+    params: &SamplingParams,
+    max_tokens: usize,
+) -> mpsc::UnboundedReceiver<RequestEvent> {
+    let (events, rx) = mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: RequestId(id),
+        spec: RequestSpec {
+            prompt: Arc::from(prompt),
+            params: params.clone(),
+            max_tokens,
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            logprobs: None,
+            priority: 0,
+        },
+        arrival: Instant::now(),
+        events,
+    };
+    let (reply, accepted) = oneshot::channel();
+    scheduler
+        .send(SchedulerMsg::Submit(request, reply))
+        .await
+        .unwrap();
+    accepted.await.unwrap().unwrap();
+    rx
+}
+
+/// A request's tokens, finish reason and usage.
+pub async fn collect(
+    mut rx: mpsc::UnboundedReceiver<RequestEvent>,
+) -> (Vec<u32>, FinishReason, Usage) {
+    let mut tokens = Vec::new();
+    loop {
+        match rx.recv().await.expect("the request ended without Finished") {
+            RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
+            RequestEvent::Finished { reason, usage } => return (tokens, reason, usage),
+        }
+    }
+}
+
+/// `n` requests of random prompts (5 to 44 ids below `vocab`): even ones greedy, odd ones
+/// sampled at temperature 0.9 / top-p 0.95 with their own seed.
+pub fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let len = rng.random_range(5..45);
+            let prompt = (0..len).map(|_| rng.random_range(3..vocab)).collect();
+            let params = if i % 2 == 0 {
+                SamplingParams::greedy()
+            } else {
+                SamplingParams {
+                    temperature: 0.9,
+                    top_p: 0.95,
+                    seed: Some(1000 + i as u64),
+                    ..SamplingParams::default()
+                }
+            };
+            (prompt, params)
+        })
+        .collect()
+}

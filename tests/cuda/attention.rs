@@ -1,0 +1,763 @@
+//! Paged attention and KV-cache writes on the GPU against the CPU kernels.
+//!
+//! Every test draws fresh random data (the seed is printed), rounds it to bf16 once, and
+//! gives the GPU the bf16 values and the CPU the same values widened to f32. Outputs are
+//! poisoned (NaN) before the kernels run and followed by a sentinel tail that must come back
+//! untouched; caches are compared bit for bit after the writes.
+
+use super::{assert_close, random_f32, rng, setup, to_bf16, to_f32, Setup};
+use cudarc::driver::CudaSlice;
+use half::bf16;
+use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
+use peregrine_kernels::cuda::{attention as kernel, kv_write};
+use peregrine_ops::cuda::attention::{
+    write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention,
+};
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
+use rand::seq::SliceRandom;
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::HashMap;
+
+/// Tolerance of the bf16 GPU output against the f32 CPU reference computed on the same
+/// bf16-rounded inputs. Rounding the output to bf16 costs at most 2^-8 (0.4 %) of its
+/// value, hence RTOL; the f32 work differs only in summation order and `exp` (~1e-6), hence
+/// the small ATOL for outputs near zero. Tight enough that one key too many or too few
+/// (a mask off by one) shows in the short and chunked rows.
+const ATOL: f32 = 2e-3;
+const RTOL: f32 = 1e-2;
+/// Queries are drawn from [-Q_SCALE, Q_SCALE) (keys and values from [-1, 1)), so that the
+/// softmax is peaked rather than flat and a wrong key or position moves the output.
+const Q_SCALE: f32 = 4.0;
+/// Rows after the real ones in q and o; o's must come back untouched.
+const TAIL: usize = 5;
+
+fn sentinel() -> bf16 {
+    bf16::from_f32(12_345.0)
+}
+
+/// Asserts two bf16 buffers are bit-identical, naming the first difference.
+fn assert_same_bits(what: &str, got: &[bf16], want: &[bf16]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths differ");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!("{what}: element {i}: got {}, want {}", got[i], want[i]);
+    }
+}
+
+/// Bf16 values held in f32.
+fn rounded(values: Vec<f32>) -> Vec<f32> {
+    to_f32(&to_bf16(&values))
+}
+
+/// Heads and cache geometry of a test.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    block_size: usize,
+}
+
+impl Geometry {
+    fn layout(&self, num_blocks: usize) -> KvLayout {
+        KvLayout {
+            num_blocks: num_blocks as u64,
+            block_size: self.block_size as u64,
+            num_kv_heads: self.kv_heads as u64,
+            head_dim: self.head_dim as u64,
+        }
+    }
+
+    /// Width of q and o rows.
+    fn width(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Width of one token's K (or V).
+    fn kv_width(&self) -> usize {
+        self.kv_heads * self.head_dim
+    }
+
+    /// Row stride of the fused qkv activation: q, then k, then v.
+    fn stride(&self) -> usize {
+        self.width() + 2 * self.kv_width()
+    }
+
+    fn attention(&self) -> GpuPagedAttention {
+        GpuPagedAttention {
+            num_heads: self.heads,
+            num_kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+        }
+    }
+}
+
+/// One sequence of a step: the K and V of its cached tokens (placed in the pool before the
+/// step; empty when an earlier step wrote them) and its new rows of qkv.
+#[derive(Clone)]
+struct Seq {
+    cached: usize,
+    new: usize,
+    past_k: Vec<f32>,
+    past_v: Vec<f32>,
+    qkv: Vec<f32>,
+}
+
+fn random_seq(rng: &mut ChaCha8Rng, g: &Geometry, cached: usize, new: usize) -> Seq {
+    let mut qkv = random_f32(rng, new * g.stride(), 1.0);
+    for row in qkv.chunks_mut(g.stride()) {
+        row[..g.width()].iter_mut().for_each(|x| *x *= Q_SCALE);
+    }
+    Seq {
+        cached,
+        new,
+        past_k: rounded(random_f32(rng, cached * g.kv_width(), 1.0)),
+        past_v: rounded(random_f32(rng, cached * g.kv_width(), 1.0)),
+        qkv: rounded(qkv),
+    }
+}
+
+fn random_seqs(rng: &mut ChaCha8Rng, g: &Geometry, shape: &[(usize, usize)]) -> Vec<Seq> {
+    shape
+        .iter()
+        .map(|&(cached, new)| random_seq(rng, g, cached, new))
+        .collect()
+}
+
+/// Block tables for `seqs` drawn from a shuffled pool with `spare` blocks left over, so
+/// that every table is scattered and out of order. Returns the pool's size and the tables.
+fn scattered_tables(
+    rng: &mut ChaCha8Rng,
+    g: &Geometry,
+    seqs: &[Seq],
+    spare: usize,
+) -> (usize, Vec<Vec<u32>>) {
+    let needs: Vec<usize> = seqs
+        .iter()
+        .map(|s| (s.cached + s.new).div_ceil(g.block_size))
+        .collect();
+    let num_blocks = needs.iter().sum::<usize>() + spare;
+    let mut ids: Vec<u32> = (0..num_blocks as u32).collect();
+    ids.shuffle(rng);
+    let mut ids = ids.into_iter();
+    let tables = needs
+        .iter()
+        .map(|&n| ids.by_ref().take(n).collect())
+        .collect();
+    (num_blocks, tables)
+}
+
+/// The caches a step runs over: on the device with the real block ids, and on the host (for
+/// the CPU reference) where block `b` sits at `host_ids[b]` (the same id when `None`).
+struct Caches<'a> {
+    k_dev: &'a mut CudaSlice<bf16>,
+    v_dev: &'a mut CudaSlice<bf16>,
+    layout: KvLayout,
+    k_host: Vec<f32>,
+    v_host: Vec<f32>,
+    host_layout: KvLayout,
+    host_ids: Option<HashMap<u32, u32>>,
+}
+
+impl Caches<'_> {
+    fn host_table(&self, table: &[u32]) -> Vec<u32> {
+        match &self.host_ids {
+            None => table.to_vec(),
+            Some(map) => table.iter().map(|b| map[b]).collect(),
+        }
+    }
+
+    /// Checks the device caches against the host ones, bit for bit: all of them when the
+    /// ids are the same, else every block of `tables`.
+    fn assert_same(&self, s: &Setup, label: &str, tables: &[Vec<u32>]) {
+        let block = (self.layout.block_size * self.layout.slot_elems()) as usize;
+        for (name, dev, host) in [
+            ("K", &*self.k_dev, &self.k_host),
+            ("V", &*self.v_dev, &self.v_host),
+        ] {
+            match &self.host_ids {
+                None => {
+                    let got = s.gpu.download(dev).unwrap();
+                    assert_same_bits(&format!("{label}: {name} cache"), &got, &to_bf16(host));
+                }
+                Some(map) => {
+                    for &b in tables.iter().flatten() {
+                        let at = b as usize * block;
+                        let got = s.gpu.download(&dev.slice(at..at + block)).unwrap();
+                        let h = map[&b] as usize * block;
+                        let want = to_bf16(&host[h..h + block]);
+                        assert_same_bits(&format!("{label}: {name} block {b}"), &got, &want);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Places every sequence's cached tokens into host caches laid out as `layout`.
+fn place_past(
+    k_host: &mut [f32],
+    v_host: &mut [f32],
+    layout: &KvLayout,
+    seqs: &[Seq],
+    tables: &[Vec<u32>],
+) {
+    let w = layout.slot_elems() as usize;
+    for (seq, table) in seqs.iter().zip(tables) {
+        for t in 0..seq.past_k.len() / w {
+            let at = layout.token_offset(table, t as u64, 0) as usize;
+            k_host[at..at + w].copy_from_slice(&seq.past_k[t * w..(t + 1) * w]);
+            v_host[at..at + w].copy_from_slice(&seq.past_v[t * w..(t + 1) * w]);
+        }
+    }
+}
+
+/// One step: write the new K/V and run attention on the GPU and on the CPU over the same
+/// data; check the caches bit for bit, o's sentinel tail, and o against the CPU. Returns
+/// the GPU's o rows.
+fn run_step(
+    s: &Setup,
+    label: &str,
+    g: &Geometry,
+    caches: &mut Caches,
+    seqs: &[Seq],
+    tables: &[Vec<u32>],
+) -> Vec<bf16> {
+    let (gpu, stream) = (&s.gpu, s.gpu.stream());
+    let specs: Vec<SeqSpec> = seqs
+        .iter()
+        .zip(tables)
+        .map(|(q, t)| SeqSpec {
+            num_cached: q.cached,
+            num_new: q.new,
+            block_table: t,
+        })
+        .collect();
+    let plan = AttentionPlan::new(&specs, g.block_size, caches.layout.num_blocks).unwrap();
+    let rows = plan.rows();
+    let (stride, width, kv_width) = (g.stride(), g.width(), g.kv_width());
+    let qkv: Vec<f32> = seqs.iter().flat_map(|q| q.qkv.iter().copied()).collect();
+    assert_eq!(qkv.len(), rows * stride);
+
+    // GPU: q and o with a tail after the planned rows; o poisoned.
+    let mut qkv_host = to_bf16(&qkv);
+    qkv_host.extend(vec![bf16::NAN; TAIL * stride]);
+    let qkv_dev = gpu.upload(&qkv_host).unwrap();
+    let mut o_host = vec![bf16::NAN; rows * width];
+    o_host.extend(vec![sentinel(); TAIL * width]);
+    let mut o_dev = gpu.upload(&o_host).unwrap();
+    let device_plan = DeviceAttentionPlan::upload(gpu, &plan).unwrap();
+    assert_eq!(device_plan.rows(), rows);
+    let (k_col, v_col) = (width, width + kv_width);
+    write_kv(
+        &s.kernels,
+        stream,
+        &qkv_dev.slice(..),
+        stride,
+        k_col,
+        v_col,
+        caches.k_dev,
+        caches.v_dev,
+        &caches.layout,
+        &device_plan,
+    )
+    .unwrap();
+    g.attention()
+        .forward(
+            &s.kernels,
+            stream,
+            &qkv_dev.slice(..),
+            stride,
+            caches.k_dev,
+            caches.v_dev,
+            &caches.layout,
+            &device_plan,
+            &mut o_dev.slice_mut(..),
+        )
+        .unwrap();
+    let o_gpu = gpu.download(&o_dev).unwrap();
+
+    // CPU, on the host caches (ids mapped) and the same bf16 values.
+    let host_tables: Vec<Vec<u32>> = tables.iter().map(|t| caches.host_table(t)).collect();
+    let host_specs: Vec<SeqSpec> = specs
+        .iter()
+        .zip(&host_tables)
+        .map(|(spec, t)| SeqSpec {
+            block_table: t,
+            ..*spec
+        })
+        .collect();
+    let host_plan =
+        AttentionPlan::new(&host_specs, g.block_size, caches.host_layout.num_blocks).unwrap();
+    let column = |from: usize, len: usize| -> Vec<f32> {
+        qkv.chunks(stride)
+            .flat_map(|row| row[from..from + len].iter().copied())
+            .collect()
+    };
+    let (q, k_new, v_new) = (
+        column(0, width),
+        column(k_col, kv_width),
+        column(v_col, kv_width),
+    );
+    cpu::write_kv(
+        &mut caches.k_host,
+        &mut caches.v_host,
+        &caches.host_layout,
+        host_plan.slot_mapping(),
+        &k_new,
+        &v_new,
+    );
+    let cpu_seqs: Vec<AttentionSeq> = host_plan
+        .seqs()
+        .iter()
+        .map(|p| AttentionSeq {
+            q_start: p.q_start,
+            q_len: p.q_len,
+            context_len: p.context_len,
+            block_table: &p.block_table,
+        })
+        .collect();
+    let mut o_cpu = vec![f32::NAN; rows * width];
+    cpu::paged_attention(
+        &q,
+        g.heads,
+        &caches.k_host,
+        &caches.v_host,
+        &caches.host_layout,
+        &cpu_seqs,
+        g.attention().scale,
+        &mut o_cpu,
+    );
+
+    caches.assert_same(s, label, tables);
+    assert_same_bits(
+        &format!("{label}: o's tail"),
+        &o_gpu[rows * width..],
+        &vec![sentinel(); TAIL * width],
+    );
+    let o_rows = &o_gpu[..rows * width];
+    assert_close(&format!("{label}: o"), &to_f32(o_rows), &o_cpu, ATOL, RTOL);
+    o_rows.to_vec()
+}
+
+/// Runs `seqs` over a small pool (`num_blocks`, random everywhere so that a wrong slot
+/// reads wrong data) holding their cached tokens; returns the GPU's o rows.
+fn run_small(
+    s: &Setup,
+    rng: &mut ChaCha8Rng,
+    label: &str,
+    g: &Geometry,
+    num_blocks: usize,
+    seqs: &[Seq],
+    tables: &[Vec<u32>],
+) -> Vec<bf16> {
+    let layout = g.layout(num_blocks);
+    let elems = layout.layer_elems() as usize;
+    let mut k_host = rounded(random_f32(rng, elems, 1.0));
+    let mut v_host = rounded(random_f32(rng, elems, 1.0));
+    place_past(&mut k_host, &mut v_host, &layout, seqs, tables);
+    let mut k_dev = s.gpu.upload(&to_bf16(&k_host)).unwrap();
+    let mut v_dev = s.gpu.upload(&to_bf16(&v_host)).unwrap();
+    let mut caches = Caches {
+        k_dev: &mut k_dev,
+        v_dev: &mut v_dev,
+        layout,
+        k_host,
+        v_host,
+        host_layout: layout,
+        host_ids: None,
+    };
+    run_step(s, label, g, &mut caches, seqs, tables)
+}
+
+/// `shape` as (cached, new) pairs with random data over scattered tables.
+fn random_case(
+    s: &Setup,
+    rng: &mut ChaCha8Rng,
+    label: &str,
+    g: &Geometry,
+    shape: &[(usize, usize)],
+) {
+    let seqs = random_seqs(rng, g, shape);
+    let (num_blocks, tables) = scattered_tables(rng, g, &seqs, 11);
+    run_small(s, rng, label, g, num_blocks, &seqs, &tables);
+}
+
+const GQA_128: Geometry = Geometry {
+    heads: 8,
+    kv_heads: 2,
+    head_dim: 128,
+    block_size: 16,
+};
+const MHA_64: Geometry = Geometry {
+    heads: 4,
+    kv_heads: 4,
+    head_dim: 64,
+    block_size: 16,
+};
+
+#[test]
+fn kv_write_matches_the_cpu_and_skips_negative_slots() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("kv_write_matches_the_cpu_and_skips_negative_slots");
+    let g = GQA_128;
+    let layout = g.layout(50);
+    let rows = 40;
+    let mut slots: Vec<i64> = (0..(layout.num_blocks * layout.block_size) as i64).collect();
+    slots.shuffle(&mut rng);
+    slots.truncate(rows);
+    for slot in slots.iter_mut().step_by(5) {
+        *slot = -1;
+    }
+    let qkv = rounded(random_f32(&mut rng, rows * g.stride(), 1.0));
+    let elems = layout.layer_elems() as usize;
+    let mut k_host = rounded(random_f32(&mut rng, elems, 1.0));
+    let mut v_host = rounded(random_f32(&mut rng, elems, 1.0));
+    let mut k_dev = s.gpu.upload(&to_bf16(&k_host)).unwrap();
+    let mut v_dev = s.gpu.upload(&to_bf16(&v_host)).unwrap();
+    let qkv_dev = s.gpu.upload(&to_bf16(&qkv)).unwrap();
+    let slots_dev = s.gpu.upload(&slots).unwrap();
+    let (k_col, v_col, w) = (g.width(), g.width() + g.kv_width(), g.kv_width());
+    kv_write::write_kv(
+        &s.kernels,
+        s.gpu.stream(),
+        &qkv_dev.slice(..),
+        g.stride(),
+        k_col,
+        v_col,
+        &slots_dev.slice(..),
+        rows,
+        &mut k_dev,
+        &mut v_dev,
+        &layout,
+    )
+    .unwrap();
+    let column = |from: usize| -> Vec<f32> {
+        qkv.chunks(g.stride())
+            .flat_map(|row| row[from..from + w].iter().copied())
+            .collect()
+    };
+    cpu::write_kv(
+        &mut k_host,
+        &mut v_host,
+        &layout,
+        &slots,
+        &column(k_col),
+        &column(v_col),
+    );
+    let k_got = s.gpu.download(&k_dev).unwrap();
+    let v_got = s.gpu.download(&v_dev).unwrap();
+    assert_same_bits("K cache", &k_got, &to_bf16(&k_host));
+    assert_same_bits("V cache", &v_got, &to_bf16(&v_host));
+}
+
+#[test]
+fn decode_batches_of_different_lengths_match_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("decode_batches_of_different_lengths_match_the_cpu");
+    // Contexts 1, 17, 500, 512, 513, 1024 and 1500 tokens: one to three partitions of 512,
+    // on both sides of each partition boundary.
+    let shape = [
+        (0, 1),
+        (16, 1),
+        (499, 1),
+        (511, 1),
+        (512, 1),
+        (1023, 1),
+        (1499, 1),
+    ];
+    random_case(s, &mut rng, "decode gqa d128", &GQA_128, &shape);
+    random_case(s, &mut rng, "decode mha d64", &MHA_64, &shape);
+    let block_32 = Geometry {
+        block_size: 32,
+        ..GQA_128
+    };
+    random_case(
+        s,
+        &mut rng,
+        "decode gqa d128 block 32",
+        &block_32,
+        &shape[3..],
+    );
+    // Query heads per KV head of 3 (SmolLM2: 9 over 3), 8, and 16 (two blocks per KV head).
+    for (label, heads, kv_heads, head_dim) in [
+        ("decode 9/3 d64", 9, 3, 64),
+        ("decode 8/1 d128", 8, 1, 128),
+        ("decode 16/1 d64", 16, 1, 64),
+    ] {
+        let g = Geometry {
+            heads,
+            kv_heads,
+            head_dim,
+            block_size: 16,
+        };
+        random_case(s, &mut rng, label, &g, &shape[2..]);
+    }
+}
+
+#[test]
+fn prefill_up_to_300_tokens_matches_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("prefill_up_to_300_tokens_matches_the_cpu");
+    // Query tiles of 32: one short tile, exact tiles, one row past a tile, and 300 rows.
+    let shape = [(0, 300), (0, 2), (0, 32), (0, 33), (0, 64), (0, 17)];
+    random_case(s, &mut rng, "prefill gqa d128", &GQA_128, &shape);
+    random_case(s, &mut rng, "prefill mha d64", &MHA_64, &shape);
+}
+
+#[test]
+fn chunked_prefill_after_cached_tokens_matches_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("chunked_prefill_after_cached_tokens_matches_the_cpu");
+    // Chunks after cached tokens (not multiples of the block or tile sizes), mixed with
+    // decode rows in one batch.
+    let shape = [
+        (100, 150),
+        (600, 40),
+        (15, 17),
+        (31, 2),
+        (700, 1),
+        (1, 5),
+        (47, 1),
+    ];
+    random_case(s, &mut rng, "chunked gqa d128", &GQA_128, &shape);
+    random_case(s, &mut rng, "chunked mha d64", &MHA_64, &shape);
+}
+
+#[test]
+fn a_sequence_gets_the_same_bits_alone_and_in_a_batch_of_64() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("a_sequence_gets_the_same_bits_alone_and_in_a_batch_of_64");
+    let g = GQA_128;
+    let decode = random_seq(&mut rng, &g, 1499, 1);
+    let prefill = random_seq(&mut rng, &g, 30, 100);
+    let mut alone = Vec::new();
+    for (label, seq) in [("decode alone", &decode), ("prefill alone", &prefill)] {
+        let seqs = [seq.clone()];
+        let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 7);
+        alone.push(run_small(
+            s, &mut rng, label, &g, num_blocks, &seqs, &tables,
+        ));
+    }
+    // 62 other sequences, decode and prefill, around the two (at 17 and 40), in a pool
+    // where they land on other blocks.
+    let mut seqs: Vec<Seq> = (0..62)
+        .map(|i| {
+            if i % 2 == 0 {
+                let cached = rng.random_range(0..800);
+                random_seq(&mut rng, &g, cached, 1)
+            } else {
+                let (cached, new) = (rng.random_range(0..300), rng.random_range(2..50));
+                random_seq(&mut rng, &g, cached, new)
+            }
+        })
+        .collect();
+    seqs.insert(17, decode.clone());
+    seqs.insert(40, prefill.clone());
+    let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 29);
+    let batch = run_small(s, &mut rng, "batch of 64", &g, num_blocks, &seqs, &tables);
+    let width = g.width();
+    for (index, want) in [(17, &alone[0]), (40, &alone[1])] {
+        let row = seqs[..index].iter().map(|q| q.new).sum::<usize>();
+        let got = &batch[row * width..(row + seqs[index].new) * width];
+        assert_same_bits(&format!("sequence {index} in the batch"), got, want);
+    }
+}
+
+#[test]
+fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("a_plan_past_its_buffers_or_pool_is_refused_before_launch");
+    let g = GQA_128;
+    let seqs = random_seqs(&mut rng, &g, &[(20, 10)]);
+    let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 3);
+    let layout = g.layout(num_blocks);
+    let spec = SeqSpec {
+        num_cached: 20,
+        num_new: 10,
+        block_table: &tables[0],
+    };
+    let plan = AttentionPlan::new(&[spec], g.block_size, num_blocks as u64).unwrap();
+    let device_plan = DeviceAttentionPlan::upload(&s.gpu, &plan).unwrap();
+    let (stride, width) = (g.stride(), g.width());
+    let elems = layout.layer_elems() as usize;
+    let pool = to_bf16(&random_f32(&mut rng, elems, 1.0));
+    let mut k_dev = s.gpu.upload(&pool).unwrap();
+    let mut v_dev = s.gpu.upload(&pool).unwrap();
+    let qkv_dev = s.gpu.upload(&to_bf16(&seqs[0].qkv)).unwrap();
+    let untouched = vec![sentinel(); 10 * width];
+    let mut o_dev = s.gpu.upload(&untouched).unwrap();
+    let stream = s.gpu.stream();
+    let attention = g.attention();
+    let refused = |err: AttentionError, buffer: &str, rows: usize| match err {
+        AttentionError::Plan(PlanError::RowsExceedBuffer {
+            planned: 10,
+            buffer: b,
+            rows: r,
+        }) if b == buffer && r == rows => {}
+        other => panic!("expected 10 rows refused by {buffer} of {rows}, got {other}"),
+    };
+
+    // o one row short.
+    let err = attention
+        .forward(
+            &s.kernels,
+            stream,
+            &qkv_dev.slice(..),
+            stride,
+            &k_dev,
+            &v_dev,
+            &layout,
+            &device_plan,
+            &mut o_dev.slice_mut(..9 * width),
+        )
+        .unwrap_err();
+    refused(err, "o", 9);
+    // q one row short.
+    let err = attention
+        .forward(
+            &s.kernels,
+            stream,
+            &qkv_dev.slice(..9 * stride),
+            stride,
+            &k_dev,
+            &v_dev,
+            &layout,
+            &device_plan,
+            &mut o_dev.slice_mut(..),
+        )
+        .unwrap_err();
+    refused(err, "q", 9);
+    // qkv one row short for the cache write.
+    let err = write_kv(
+        &s.kernels,
+        stream,
+        &qkv_dev.slice(..9 * stride),
+        stride,
+        width,
+        width + g.kv_width(),
+        &mut k_dev,
+        &mut v_dev,
+        &layout,
+        &device_plan,
+    )
+    .unwrap_err();
+    refused(err, "qkv", 9);
+    // A pool that does not hold the plan's largest block.
+    let largest = *tables[0].iter().max().unwrap();
+    let smaller = g.layout(largest as usize);
+    let err = attention
+        .forward(
+            &s.kernels,
+            stream,
+            &qkv_dev.slice(..),
+            stride,
+            &k_dev,
+            &v_dev,
+            &smaller,
+            &device_plan,
+            &mut o_dev.slice_mut(..),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err, AttentionError::OutsidePool { what: "block", index, .. } if index == largest as u64),
+        "{err}"
+    );
+    // Nothing ran: o and the caches are as they were.
+    assert_same_bits("o", &s.gpu.download(&o_dev).unwrap(), &untouched);
+    assert_same_bits("K cache", &s.gpu.download(&k_dev).unwrap(), &pool);
+    assert_same_bits("V cache", &s.gpu.download(&v_dev).unwrap(), &pool);
+}
+
+/// The KV pool of the incident: one layer of 140,000 blocks of 16 tokens x 8 KV heads x 128
+/// (32 KiB a block in bf16, 4.6 GB for K and as much for V). Blocks around id 65,535 / 65,536
+/// and the blocks holding byte offsets 2^31 and 2^32 are written, read back and attended
+/// over, against a CPU reference that holds only the used blocks under small ids.
+#[test]
+fn a_pool_past_4_gib_is_addressed_exactly() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("a_pool_past_4_gib_is_addressed_exactly");
+    let g = Geometry {
+        heads: 32,
+        kv_heads: 8,
+        head_dim: 128,
+        block_size: 16,
+    };
+    let layout = g.layout(140_000);
+    let audit = kernel::audit(&layout, 2).unwrap();
+    assert!(audit.largest_byte_offset > 1 << 32, "{audit:?}");
+    let block_bytes = layout.block_size * layout.slot_elems() * 2;
+    assert_eq!(block_bytes, 32 * 1024);
+    let at_2_31 = ((1u64 << 31) / block_bytes) as u32;
+    let at_2_32 = ((1u64 << 32) / block_bytes) as u32;
+    assert_eq!((at_2_31, at_2_32), (65_536, 131_072));
+
+    // Zeroed on the device: nothing of the 9 GB travels from the host.
+    let mut cache = GpuKvCache::new(&s.gpu, 1, layout).unwrap();
+    let (k_dev, v_dev) = cache.layer_mut(0);
+    let table_a = vec![65_535, at_2_31, 131_071, at_2_32];
+    let table_b = vec![0, 65_534, 139_999];
+    let used = [0u32, 65_534, 65_535, at_2_31, 131_071, at_2_32, 139_999];
+    let host_ids: HashMap<u32, u32> = used
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, i as u32))
+        .collect();
+    let host_layout = g.layout(used.len());
+    let block = (layout.block_size * layout.slot_elems()) as usize;
+    let mut k_host = vec![0f32; used.len() * block];
+    let mut v_host = k_host.clone();
+
+    // Every used block: random bits written straight into it and read back exactly; the
+    // host copy gets the same bits.
+    for (dev, host) in [(&mut *k_dev, &mut k_host), (&mut *v_dev, &mut v_host)] {
+        for (i, &b) in used.iter().enumerate() {
+            let data = to_bf16(&random_f32(&mut rng, block, 1.0));
+            let at = b as usize * block;
+            s.gpu
+                .stream()
+                .memcpy_htod(&data, &mut dev.slice_mut(at..at + block))
+                .unwrap();
+            let back = s.gpu.download(&dev.slice(at..at + block)).unwrap();
+            assert_same_bits(&format!("block {b} read back"), &back, &data);
+            host[i * block..(i + 1) * block].copy_from_slice(&to_f32(&data));
+        }
+    }
+    let mut caches = Caches {
+        k_dev,
+        v_dev,
+        layout,
+        k_host,
+        v_host,
+        host_layout,
+        host_ids: Some(host_ids),
+    };
+    let tables = [table_a, table_b];
+
+    // Prefill: 60 tokens over blocks 65,535 .. 131,072, 40 over 0, 65,534, 139,999.
+    let step1 = random_seqs(&mut rng, &g, &[(0, 60), (0, 40)]);
+    run_step(s, "past 4 GiB: prefill", &g, &mut caches, &step1, &tables);
+    // Then a decode row after the 60 and a chunk of 5 after the 40 (their cached tokens are
+    // the ones the prefill wrote).
+    let mut step2 = random_seqs(&mut rng, &g, &[(0, 1), (0, 5)]);
+    step2[0].cached = 60;
+    step2[1].cached = 40;
+    run_step(s, "past 4 GiB: decode", &g, &mut caches, &step2, &tables);
+
+    // The blocks next to the used ones were never written.
+    let zeros = vec![bf16::ZERO; block];
+    for b in [1usize, 65_533, 65_537, 131_070, 131_073, 139_998] {
+        let got = s
+            .gpu
+            .download(&caches.k_dev.slice(b * block..(b + 1) * block))
+            .unwrap();
+        assert_same_bits(&format!("untouched K block {b}"), &got, &zeros);
+        let got = s
+            .gpu
+            .download(&caches.v_dev.slice(b * block..(b + 1) * block))
+            .unwrap();
+        assert_same_bits(&format!("untouched V block {b}"), &got, &zeros);
+    }
+}

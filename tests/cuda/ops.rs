@@ -1,0 +1,391 @@
+//! The element-wise, norm and matrix-product kernels against the CPU kernels, on the same
+//! bf16-rounded inputs widened to f32.
+//!
+//! Tolerances: a bf16 output carries 8 significant bits, so a correct result is within half
+//! an ulp, 2^-9 relative, of the f32 value; the bounds below (1e-2 relative plus a small
+//! absolute term for values near zero) leave room for f32 summation in another order
+//! and nothing more. The matrix products compare f32 outputs of bf16 inputs, whose
+//! products are exact in f32, so only the summation order differs: 1e-4 relative.
+
+use crate::{assert_close, random_f32, rng, setup, to_bf16, to_f32};
+use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
+use half::bf16;
+use peregrine_kernels::cpu;
+use peregrine_kernels::cuda::elementwise::{self, RotaryHeads};
+use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::norm;
+use peregrine_runtime::cuda::Gpu;
+use rand::Rng;
+
+/// Rounds to bf16 and back, so the CPU reference sees exactly the GPU's inputs.
+fn bf16_round(values: &[f32]) -> Vec<f32> {
+    to_f32(&to_bf16(values))
+}
+
+/// A device buffer of `real` elements followed by a sentinel tail, all poisoned with
+/// `poison`; the tail must survive the kernel.
+fn poisoned<T: DeviceRepr + Copy>(gpu: &Gpu, real: usize, poison: T) -> CudaSlice<T> {
+    gpu.upload(&vec![poison; real + 64]).unwrap()
+}
+
+fn download_checked<T: DeviceRepr + Copy + PartialEq + std::fmt::Debug, S: DevicePtr<T>>(
+    gpu: &Gpu,
+    buffer: &S,
+    real: usize,
+    poison: T,
+) -> Vec<T> {
+    let all = gpu.download(buffer).unwrap();
+    assert!(
+        all[real..].iter().all(|&v| v == poison),
+        "a kernel wrote past the {real} real elements"
+    );
+    all[..real].to_vec()
+}
+
+/// A finite sentinel far outside every value these tests produce (a NaN would not compare
+/// equal to itself).
+const POISON: bf16 = bf16::from_bits(0xc6f5); // -31,360
+
+#[test]
+fn rms_norm_and_the_fused_residual_add_match_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("rms_norm");
+    let (rows, dim, eps) = (37, 2048, 1e-5f32);
+    let x = random_f32(&mut rng, rows * dim, 3.0);
+    let delta = bf16_round(&random_f32(&mut rng, rows * dim, 1.0));
+    let w = bf16_round(&random_f32(&mut rng, dim, 1.5));
+    let (x_d, delta_d, w_d) = (
+        s.gpu.upload(&x).unwrap(),
+        s.gpu.upload(&to_bf16(&delta)).unwrap(),
+        s.gpu.upload(&to_bf16(&w)).unwrap(),
+    );
+    let mut out_d = poisoned(&s.gpu, rows * dim, POISON);
+    let stream = s.gpu.stream();
+    norm::rms_norm(
+        &s.kernels,
+        stream,
+        &x_d.as_view(),
+        &w_d.as_view(),
+        &mut out_d.slice_mut(..rows * dim),
+        rows,
+        eps,
+    )
+    .unwrap();
+    let got = to_f32(&download_checked(&s.gpu, &out_d, rows * dim, POISON));
+    let mut want = vec![0.0; rows * dim];
+    cpu::rms_norm(&x, &w, eps, &mut want);
+    assert_close("rms_norm", &got, &want, 1e-3, 1e-2);
+
+    let mut residual_d = s.gpu.upload(&x).unwrap();
+    let mut out_d = poisoned(&s.gpu, rows * dim, POISON);
+    norm::add_rms_norm(
+        &s.kernels,
+        stream,
+        &mut residual_d.as_view_mut(),
+        &delta_d.as_view(),
+        &w_d.as_view(),
+        &mut out_d.slice_mut(..rows * dim),
+        rows,
+        eps,
+    )
+    .unwrap();
+    let got = to_f32(&download_checked(&s.gpu, &out_d, rows * dim, POISON));
+    let mut residual = x.clone();
+    cpu::add_rms_norm(&mut residual, &delta, &w, eps, &mut want);
+    assert_close("add_rms_norm", &got, &want, 1e-3, 1e-2);
+    let got_residual = s.gpu.download(&residual_d).unwrap();
+    assert_close("add_rms_norm residual", &got_residual, &residual, 0.0, 1e-6);
+}
+
+#[test]
+fn per_head_rms_norm_touches_only_its_heads() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("head_rms_norm");
+    let (rows, heads, d, eps) = (9, 4, 128, 1e-6f32);
+    let width = 3 * heads * d;
+    let x = bf16_round(&random_f32(&mut rng, rows * width, 2.0));
+    let w = bf16_round(&random_f32(&mut rng, d, 1.5));
+    let mut x_d = s.gpu.upload(&to_bf16(&x)).unwrap();
+    let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
+    let first = heads * d;
+    norm::head_rms_norm(
+        &s.kernels,
+        s.gpu.stream(),
+        &mut x_d.as_view_mut(),
+        &w_d.as_view(),
+        rows,
+        width,
+        first,
+        heads,
+        eps,
+    )
+    .unwrap();
+    let got = to_f32(&s.gpu.download(&x_d).unwrap());
+    let mut want = x.clone();
+    for row in want.chunks_mut(width) {
+        for head in row[first..first + heads * d].chunks_mut(d) {
+            let src = head.to_vec();
+            cpu::rms_norm(&src, &w, eps, head);
+        }
+    }
+    assert_close("head_rms_norm", &got, &want, 1e-3, 1e-2);
+}
+
+#[test]
+fn rotary_rotates_q_and_k_heads_in_place() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("rotary");
+    let (rows, heads, d, max_pos) = (21, 6, 64, 5000u32);
+    let width = (heads + 2) * d;
+    let rotary = peregrine_ops::Rotary::new(
+        d,
+        500_000.0,
+        &peregrine_ops::RopeScaling::None,
+        cpu::RotaryLayout::HalfSplit,
+    );
+    let table = rotary.cos_sin_table(max_pos);
+    let positions: Vec<u32> = (0..rows).map(|_| rng.random_range(0..max_pos)).collect();
+    let x = bf16_round(&random_f32(&mut rng, rows * width, 2.0));
+    let mut x_d = s.gpu.upload(&to_bf16(&x)).unwrap();
+    let pos_d = s
+        .gpu
+        .upload(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>())
+        .unwrap();
+    let table_d = s.gpu.upload(&table).unwrap();
+    let at = RotaryHeads {
+        row_stride: width,
+        first_col: 0,
+        heads,
+        head_dim: d,
+        interleaved: false,
+    };
+    elementwise::rotary(
+        &s.kernels,
+        s.gpu.stream(),
+        &mut x_d.as_view_mut(),
+        &pos_d.as_view(),
+        &table_d.as_view(),
+        at,
+    )
+    .unwrap();
+    let got = to_f32(&s.gpu.download(&x_d).unwrap());
+    let tables = rotary.tables(&positions);
+    let mut want = x.clone();
+    let mut rotated: Vec<f32> = want
+        .chunks(width)
+        .flat_map(|r| r[..heads * d].to_vec())
+        .collect();
+    rotary.apply(&mut rotated, &tables);
+    for (row, rot) in want.chunks_mut(width).zip(rotated.chunks(heads * d)) {
+        row[..heads * d].copy_from_slice(rot);
+    }
+    assert_close("rotary", &got, &want, 2e-2, 1e-2);
+}
+
+#[test]
+fn embedding_silu_and_gather_match_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("elementwise");
+    let (vocab, dim, rows, inter) = (70_001, 256, 33, 1536);
+    let table = bf16_round(&random_f32(&mut rng, vocab * dim, 1.0));
+    let ids: Vec<u32> = (0..rows)
+        .map(|i| {
+            if i == 0 {
+                vocab as u32 - 1
+            } else {
+                rng.random_range(0..vocab as u32)
+            }
+        })
+        .collect();
+    let table_d = s.gpu.upload(&to_bf16(&table)).unwrap();
+    let ids_d = s
+        .gpu
+        .upload(&ids.iter().map(|&t| t as i32).collect::<Vec<_>>())
+        .unwrap();
+    let mut out_d = poisoned(&s.gpu, rows * dim, f32::NAN.to_bits());
+    // The f32 output is checked through its bits, so that NaN poison compares equal.
+    let mut out_view = unsafe { out_d.transmute_mut::<f32>(rows * dim) }.unwrap();
+    elementwise::embedding(
+        &s.kernels,
+        s.gpu.stream(),
+        &ids_d.as_view(),
+        &table_d.as_view(),
+        &mut out_view,
+        dim,
+    )
+    .unwrap();
+    let got: Vec<f32> = download_checked(&s.gpu, &out_d, rows * dim, f32::NAN.to_bits())
+        .into_iter()
+        .map(f32::from_bits)
+        .collect();
+    let mut want = vec![0.0; rows * dim];
+    cpu::embedding(&ids, &table, dim, &mut want);
+    assert_close("embedding", &got, &want, 0.0, 0.0);
+
+    let gate_up = bf16_round(&random_f32(&mut rng, rows * 2 * inter, 4.0));
+    let gu_d = s.gpu.upload(&to_bf16(&gate_up)).unwrap();
+    let mut act_d = poisoned(&s.gpu, rows * inter, POISON);
+    elementwise::silu_and_mul(
+        &s.kernels,
+        s.gpu.stream(),
+        &gu_d.as_view(),
+        &mut act_d.slice_mut(..rows * inter),
+        rows,
+        inter,
+    )
+    .unwrap();
+    let got = to_f32(&download_checked(&s.gpu, &act_d, rows * inter, POISON));
+    let mut want = vec![0.0; rows * inter];
+    cpu::silu_and_mul(&gate_up, inter, &mut want);
+    assert_close("silu_and_mul", &got, &want, 1e-3, 1e-2);
+
+    let picks: Vec<i32> = vec![32, 0, 7, 7];
+    let picks_d = s.gpu.upload(&picks).unwrap();
+    let src_d = s.gpu.upload(&to_bf16(&table[..rows * dim])).unwrap();
+    let mut gathered_d = poisoned(&s.gpu, picks.len() * dim, POISON);
+    elementwise::gather_rows(
+        &s.kernels,
+        s.gpu.stream(),
+        &src_d.as_view(),
+        &picks_d.as_view(),
+        &mut gathered_d.slice_mut(..picks.len() * dim),
+        dim,
+    )
+    .unwrap();
+    let got = to_f32(&download_checked(
+        &s.gpu,
+        &gathered_d,
+        picks.len() * dim,
+        POISON,
+    ));
+    let want: Vec<f32> = picks
+        .iter()
+        .flat_map(|&r| table[r as usize * dim..(r as usize + 1) * dim].to_vec())
+        .collect();
+    assert_close("gather_rows", &got, &want, 0.0, 0.0);
+}
+
+fn check_linear(s: &crate::Setup, deterministic: bool) {
+    let mut rng = rng("linear");
+    let gemm = Gemm::new(s.gpu.stream().clone(), deterministic).unwrap();
+    for (m, n, k) in [
+        (1, 2048, 2048),
+        (7, 6144, 2048),
+        (64, 8192, 2048),
+        (130, 1000, 576),
+    ] {
+        let x = bf16_round(&random_f32(&mut rng, m * k, 1.0));
+        let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
+        let (x_d, w_d) = (
+            s.gpu.upload(&to_bf16(&x)).unwrap(),
+            s.gpu.upload(&to_bf16(&w)).unwrap(),
+        );
+        let mut out_d = poisoned(&s.gpu, m * n, f32::NAN.to_bits());
+        let mut out_view = unsafe { out_d.transmute_mut::<f32>(m * n) }.unwrap();
+        gemm.linear(
+            &s.kernels,
+            s.gpu.stream(),
+            &x_d.as_view(),
+            &w_d.as_view(),
+            &mut out_view,
+            m,
+            n,
+        )
+        .unwrap();
+        let got: Vec<f32> = download_checked(&s.gpu, &out_d, m * n, f32::NAN.to_bits())
+            .into_iter()
+            .map(f32::from_bits)
+            .collect();
+        let mut want = vec![0.0; m * n];
+        cpu::linear(&x, k, &w, n, &mut want);
+        // Scale: |x| <= 1, |w| <= 0.05, so sums of k products reach sqrt(k) * 0.03 or so.
+        assert_close(
+            &format!("linear {m}x{n}x{k} deterministic={deterministic}"),
+            &got,
+            &want,
+            1e-4,
+            1e-3,
+        );
+    }
+}
+
+#[test]
+fn cublas_linear_matches_the_cpu() {
+    let Some(s) = setup() else { return };
+    check_linear(s, false);
+}
+
+#[test]
+fn fixed_order_linear_matches_the_cpu_and_is_batch_invariant() {
+    let Some(s) = setup() else { return };
+    check_linear(s, true);
+    let mut rng = rng("fixed_order_batch_invariance");
+    let (n, k) = (3000, 2048);
+    let gemm = Gemm::new(s.gpu.stream().clone(), true).unwrap();
+    let w_d = s
+        .gpu
+        .upload(&to_bf16(&random_f32(&mut rng, n * k, 0.05)))
+        .unwrap();
+    let rows = to_bf16(&random_f32(&mut rng, 64 * k, 1.0));
+    let run = |x: &[bf16], m: usize| -> Vec<bf16> {
+        let x_d = s.gpu.upload(x).unwrap();
+        let mut out_d = s.gpu.zeros::<bf16>(m * n).unwrap();
+        gemm.linear(
+            &s.kernels,
+            s.gpu.stream(),
+            &x_d.as_view(),
+            &w_d.as_view(),
+            &mut out_d.as_view_mut(),
+            m,
+            n,
+        )
+        .unwrap();
+        s.gpu.download(&out_d).unwrap()
+    };
+    let batch = run(&rows, 64);
+    for row in [0, 31, 32, 63] {
+        let alone = run(&rows[row * k..(row + 1) * k], 1);
+        assert!(
+            alone
+                .iter()
+                .zip(&batch[row * n..(row + 1) * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "row {row} differs alone and in a batch of 64"
+        );
+    }
+}
+
+#[test]
+fn the_gated_down_projection_matches_the_cpu_on_both_paths() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("gated_linear");
+    let (n, k) = (1024, 1536);
+    for (m, deterministic) in [(1, false), (5, false), (40, false), (40, true)] {
+        let gemm = Gemm::new(s.gpu.stream().clone(), deterministic).unwrap();
+        let gate_up = bf16_round(&random_f32(&mut rng, m * 2 * k, 3.0));
+        let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
+        let gu_d = s.gpu.upload(&to_bf16(&gate_up)).unwrap();
+        let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
+        let mut act_d = s.gpu.zeros::<bf16>(m * k).unwrap();
+        let mut out_d = poisoned(&s.gpu, m * n, POISON);
+        gemm.gated_linear(
+            &s.kernels,
+            s.gpu.stream(),
+            &gu_d.as_view(),
+            &mut act_d.as_view_mut(),
+            &w_d.as_view(),
+            &mut out_d.slice_mut(..m * n),
+            m,
+            n,
+        )
+        .unwrap();
+        let got = to_f32(&download_checked(&s.gpu, &out_d, m * n, POISON));
+        let mut act = vec![0.0; m * k];
+        cpu::silu_and_mul(&gate_up, k, &mut act);
+        let act = bf16_round(&act);
+        let mut want = vec![0.0; m * n];
+        cpu::linear(&act, k, &w, n, &mut want);
+        let what = format!("gated linear m={m} deterministic={deterministic}");
+        assert_close(&what, &got, &want, 2e-3, 1e-2);
+    }
+}
