@@ -9,6 +9,7 @@ use super::{assert_close, random_f32, rng, setup, to_bf16, to_f32, Setup};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
+use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::{attention as kernel, kv_write};
 use peregrine_ops::cuda::attention::{
     write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention,
@@ -248,7 +249,7 @@ fn run_step(
     let mut o_host = vec![bf16::NAN; rows * width];
     o_host.extend(vec![sentinel(); TAIL * width]);
     let mut o_dev = gpu.upload(&o_host).unwrap();
-    let device_plan = DeviceAttentionPlan::upload(gpu, &plan).unwrap();
+    let device_plan = DeviceAttentionPlan::upload(gpu, &plan, DecodeKernel::Split).unwrap();
     assert_eq!(device_plan.rows(), rows);
     let (k_col, v_col) = (width, width + kv_width);
     write_kv(
@@ -580,7 +581,7 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
         block_table: &tables[0],
     };
     let plan = AttentionPlan::new(&[spec], g.block_size, num_blocks as u64).unwrap();
-    let device_plan = DeviceAttentionPlan::upload(&s.gpu, &plan).unwrap();
+    let device_plan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
     let (stride, width) = (g.stride(), g.width());
     let elems = layout.layer_elems() as usize;
     let pool = to_bf16(&random_f32(&mut rng, elems, 1.0));

@@ -1,6 +1,7 @@
 //! The serving engine on the GPU backend: requests through the scheduler, the KV allocator
 //! and the target runner with the model on the device, sized by gpu_memory_utilization.
-//! In deterministic mode a request's tokens are the same alone and among many others.
+//! In deterministic mode a request's tokens are the same alone and among many others,
+//! however the scheduler cuts its prompt into chunks and whatever the prefix cache holds.
 
 use crate::common::engine::{collect, requests, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
@@ -17,7 +18,7 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
         block_size: 16,
-        max_num_batched_tokens: 2048,
+        max_num_batched_tokens: 64,
         max_num_seqs: 32,
         deterministic,
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
@@ -33,14 +34,12 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
     );
     let engine = EngineSettings {
         block_size: 16,
-        // Neither a prefix-cache hit nor a prompt cut into chunks may change how a request is
-        // computed here: with a hit, or a chunk of one token, a prompt's last positions go
-        // through the decode kernel instead of the prefill kernel (another reduction order).
-        // The 24 prompts (under 1,000 tokens) fit one step.
-        prefix_caching: false,
+        // Steps of 64 tokens cut the batch's prompts into chunks, and the solo runs find
+        // their prompts' full blocks in the prefix cache: neither may change a token.
+        prefix_caching: true,
         limits: SchedulerLimits {
             max_num_seqs: 32,
-            max_num_batched_tokens: 2048,
+            max_num_batched_tokens: 64,
             max_waiting: 1000,
         },
         max_model_len: None,

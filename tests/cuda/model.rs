@@ -41,9 +41,15 @@ fn gpu_model(dir: &Path, deterministic: bool) -> GpuLlama {
 /// Prefill then `steps` greedy decode steps of one sequence on both devices, feeding the
 /// CPU's token to both; returns (steps compared, steps whose top-1 differs although the
 /// CPU's lead over its runner-up was at least `margin`, largest logit error / logit range).
-fn compare_greedy(dir: &Path, prompt: &[u32], steps: usize, margin: f32) -> (usize, usize, f32) {
+fn compare_greedy(
+    dir: &Path,
+    prompt: &[u32],
+    steps: usize,
+    margin: f32,
+    deterministic: bool,
+) -> (usize, usize, f32) {
     let cpu = LlamaModel::load(dir).unwrap();
-    let mut gpu = gpu_model(dir, false);
+    let mut gpu = gpu_model(dir, deterministic);
     let c = cpu.config().clone();
     let (block_size, blocks) = (16usize, 64u64);
     let mut cpu_cache = KvCache::new(c.num_layers, cpu.kv_layout(blocks, block_size as u64));
@@ -105,14 +111,21 @@ fn tiny_models_match_the_cpu_on_the_gpu() {
         let dir = tempfile::tempdir().unwrap();
         TinyModel::random(gpu_sized(spec), 7).write_hf(dir.path());
         let prompt: Vec<u32> = (0..40).map(|i| (i * 37 + 11) % 1000).collect();
-        let (compared, wrong, worst) = compare_greedy(dir.path(), &prompt, 24, 0.05);
-        eprintln!("{name}: {compared} steps, {wrong} top-1 misses, worst logit error {worst:e} of the range");
-        // bf16 weights and activations against f32: a few parts in a thousand of the range.
-        assert!(
-            worst < 2e-2,
-            "{name}: logits differ by {worst} of their range"
-        );
-        assert_eq!(wrong, 0, "{name}: a clear top-1 differs");
+        // Deterministic mode runs the one-token steps through the other attention kernel.
+        for deterministic in [false, true] {
+            let (compared, wrong, worst) =
+                compare_greedy(dir.path(), &prompt, 24, 0.05, deterministic);
+            eprintln!(
+                "{name} (deterministic: {deterministic}): {compared} steps, {wrong} top-1 \
+                 misses, worst logit error {worst:e} of the range"
+            );
+            // bf16 weights and activations against f32: a few parts in a thousand of the range.
+            assert!(
+                worst < 2e-2,
+                "{name}: logits differ by {worst} of their range"
+            );
+            assert_eq!(wrong, 0, "{name}: a clear top-1 differs");
+        }
     }
 }
 
@@ -133,7 +146,7 @@ fn smollm2_greedy_tokens_match_the_cpu() {
         "Once upon a time, in a small village by the sea,",
     ] {
         let prompt = tokenizer.encode(text, true).unwrap();
-        let (compared, wrong, worst) = compare_greedy(dir, &prompt, 48, 0.5);
+        let (compared, wrong, worst) = compare_greedy(dir, &prompt, 48, 0.5, false);
         eprintln!("smollm2 {text:?}: {compared} steps, {wrong} clear top-1 misses, worst logit error {worst:e} of the range");
         assert_eq!(
             wrong, 0,
@@ -231,6 +244,52 @@ fn deterministic_mode_is_batch_invariant() {
                 .zip(&batched[s])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "sequence {s}: logits differ alone and in a batch of {seqs}"
+        );
+    }
+}
+
+/// In deterministic mode a position's logits do not depend on how its prompt was cut into
+/// chunks (nor, so, on a prefix-cache hit): the prompt at once, in chunks of 7, and one
+/// token at a time give the same bits for its last position.
+#[test]
+fn deterministic_mode_is_chunking_invariant() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::qwen3_tiny()), 13).write_hf(dir.path());
+    let mut model = gpu_model(dir.path(), true);
+    let c = model.config().clone();
+    let g = model.gpu().clone();
+    let prompt: Vec<u32> = (0..20).map(|i| (i * 71 + 5) % 1000).collect();
+    let table: Vec<u32> = (0..4).rev().collect();
+    let mut last_logits = |chunk: usize| -> Vec<f32> {
+        let mut cache = GpuKvCache::new(&g, c.num_layers, model.kv_layout(4, 16)).unwrap();
+        let mut logits = Vec::new();
+        for start in (0..prompt.len()).step_by(chunk) {
+            let tokens = &prompt[start..(start + chunk).min(prompt.len())];
+            let spec = SeqSpec {
+                num_cached: start,
+                num_new: tokens.len(),
+                block_table: &table,
+            };
+            let plan = AttentionPlan::new(&[spec], 16, 4).unwrap();
+            let last = [tokens.len() - 1];
+            logits = model
+                .forward_to_host(tokens, &plan, &mut cache, &last)
+                .unwrap();
+        }
+        logits
+    };
+    let whole = last_logits(20);
+    for chunk in [19, 7, 1] {
+        let chunked = last_logits(chunk);
+        assert!(
+            chunked
+                .iter()
+                .zip(&whole)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "chunks of {chunk}: the last position's logits differ from the whole prompt's"
         );
     }
 }

@@ -40,6 +40,21 @@ pub struct SeqRows {
     pub context_len: usize,
 }
 
+/// Which kernel the rows of a one-token step of a sequence (a decode) go through.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DecodeKernel {
+    /// The split kernel: the context's partitions in parallel, then the combine. Fastest,
+    /// but its reduction order differs from the prefill kernel's, so a position computed
+    /// in a chunk of one token differs in the last bits from the same position computed
+    /// inside a longer chunk.
+    #[default]
+    Split,
+    /// The prefill kernel, like every longer chunk: each query row reduces its keys in the
+    /// same order however the prompt was cut into chunks and whether its prefix came from
+    /// the cache (--deterministic).
+    Prefill,
+}
+
 /// The work lists of one step, built on the host from the sequences alone. Each list holds
 /// `i32` pairs; the kernels launch one block per pair and head.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -54,8 +69,8 @@ pub struct AttentionWork {
 
 impl AttentionWork {
     /// The work lists for `seqs` (indexed as in the device metadata): sequences with one
-    /// query row are split by context, the others tiled by query rows.
-    pub fn new(seqs: &[SeqRows]) -> AttentionWork {
+    /// query row go to `decode`'s kernel, the others are tiled by query rows.
+    pub fn new(seqs: &[SeqRows], decode: DecodeKernel) -> AttentionWork {
         let mut work = AttentionWork::default();
         for (s, seq) in seqs.iter().enumerate() {
             assert!(
@@ -70,7 +85,7 @@ impl AttentionWork {
                 seq.context_len
             );
             let s = s as i32;
-            if seq.q_len == 1 {
+            if seq.q_len == 1 && decode == DecodeKernel::Split {
                 work.decode.extend([s, (work.split.len() / 2) as i32]);
                 for part in 0..seq.context_len.div_ceil(PARTITION_TOKENS) {
                     work.split.extend([s, part as i32]);
@@ -417,7 +432,7 @@ mod tests {
                 context_len: 513,
             },
         ];
-        let work = AttentionWork::new(&seqs);
+        let work = AttentionWork::new(&seqs, DecodeKernel::Split);
         assert_eq!(work.split, [0, 0, 0, 1, 0, 2, 2, 0, 3, 0, 3, 1]);
         assert_eq!(work.decode, [0, 0, 2, 3, 3, 4]);
         assert_eq!(work.prefill, [1, 0, 1, 1, 1, 2]);
@@ -425,8 +440,12 @@ mod tests {
         assert_eq!((counts.split, counts.decode, counts.prefill), (6, 3, 3));
         assert_eq!(counts.scratch_floats(8, 128), 6 * 8 * 130);
         // The last sequence alone gets the same partitions, only renumbered.
-        let alone = AttentionWork::new(&seqs[3..]);
+        let alone = AttentionWork::new(&seqs[3..], DecodeKernel::Split);
         assert_eq!(alone.split, [0, 0, 0, 1]);
+        // Deterministic mode: one-token steps are query tiles of the prefill kernel too.
+        let same_order = AttentionWork::new(&seqs, DecodeKernel::Prefill);
+        assert!(same_order.split.is_empty() && same_order.decode.is_empty());
+        assert_eq!(same_order.prefill, [0, 0, 1, 0, 1, 1, 1, 2, 2, 0, 3, 0]);
     }
 
     #[test]

@@ -84,7 +84,7 @@ impl GpuLlama {
         let weights = &self.weights;
         let layout = *cache.layout();
 
-        let dplan = DeviceAttentionPlan::upload(&self.gpu, plan)?;
+        let dplan = DeviceAttentionPlan::upload(&self.gpu, plan, self.decode_kernel)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;
         let rows: Vec<i32> = logit_rows.iter().map(|&row| row as i32).collect();

@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::weights::Weights;
 use cudarc::driver::CudaSlice;
 use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::GpuPagedAttention;
@@ -43,6 +44,9 @@ pub struct GpuLlama {
     cos_sin: CudaSlice<f32>,
     interleaved: bool,
     attention: GpuPagedAttention,
+    /// The attention kernel of one-token steps: the prefill kernel in deterministic mode,
+    /// so that no position's result depends on how its prompt was cut into chunks.
+    decode_kernel: DecodeKernel,
     gemm: Gemm,
     work: Workspace,
 }
@@ -100,6 +104,11 @@ impl GpuLlama {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
             },
             interleaved: rotary.is_interleaved(),
+            decode_kernel: if options.deterministic {
+                DecodeKernel::Prefill
+            } else {
+                DecodeKernel::Split
+            },
             config,
             gpu,
             kernels,

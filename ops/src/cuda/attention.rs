@@ -10,7 +10,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{
-    self as kernel, AttentionMeta, AttentionWork, Heads, SeqRows, WorkCounts,
+    self as kernel, AttentionMeta, AttentionWork, DecodeKernel, Heads, SeqRows, WorkCounts,
 };
 use peregrine_kernels::cuda::{kv_write, CudaKernels};
 use peregrine_runtime::cuda::{Gpu, GpuError};
@@ -99,9 +99,14 @@ fn upload_padded<T: cudarc::driver::DeviceRepr + Copy + Default>(
 }
 
 impl DeviceAttentionPlan {
-    /// Uploads `plan` (planned over the real tokens) to `gpu`. Block ids go into an `i32`
-    /// table; the ops check them against the pool (and `i32::MAX`) before every launch.
-    pub fn upload(gpu: &Gpu, plan: &AttentionPlan) -> Result<DeviceAttentionPlan, GpuError> {
+    /// Uploads `plan` (planned over the real tokens) to `gpu`, with one-token steps going to
+    /// the `decode` kernel. Block ids go into an `i32` table; the ops check them against the
+    /// pool (and `i32::MAX`) before every launch.
+    pub fn upload(
+        gpu: &Gpu,
+        plan: &AttentionPlan,
+        decode: DecodeKernel,
+    ) -> Result<DeviceAttentionPlan, GpuError> {
         let seqs = plan.seqs();
         let positions: Vec<i32> = plan.positions().iter().map(|&p| p as i32).collect();
         let mut q_start = Vec::with_capacity(seqs.len());
@@ -126,7 +131,7 @@ impl DeviceAttentionPlan {
                 context_len: s.context_len,
             });
         }
-        let work = AttentionWork::new(&shapes);
+        let work = AttentionWork::new(&shapes, decode);
         // Two uploads a step rather than ten: each is a separate copy from pageable memory.
         let (mut ints, mut longs) = (Vec::new(), Vec::new());
         let at = Offsets {
