@@ -41,25 +41,6 @@
 #define PA_TPR 4                // prefill threads per query row
 #define PA_PREFILL_THREADS 128  // PA_BQ * PA_TPR
 
-// The two bf16 packed in a 32-bit word, widened exactly (a bf16 is the top half of an f32).
-// The element at the lower address is the low half.
-__device__ __forceinline__ float pa_lo(unsigned int w) { return __uint_as_float(w << 16); }
-__device__ __forceinline__ float pa_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
-
-// Eight bf16 read with one 16-byte load, widened to f32.
-__device__ __forceinline__ void pa_unpack8(const uint4 raw, float* f) {
-    f[0] = pa_lo(raw.x);
-    f[1] = pa_hi(raw.x);
-    f[2] = pa_lo(raw.y);
-    f[3] = pa_hi(raw.y);
-    f[4] = pa_lo(raw.z);
-    f[5] = pa_hi(raw.z);
-    f[6] = pa_lo(raw.w);
-    f[7] = pa_hi(raw.w);
-}
-
-__device__ __forceinline__ uint4 pa_load16(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
-
 // Element offset of the slot holding token t of a sequence whose block ids are `table`.
 // The block id is widened before it is multiplied.
 __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block_size, i64 slot_elems) {
@@ -141,12 +122,12 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (i < n) raw[u] = pa_load16(k_cache + slot_at[i] + gl * VEC);
+            if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
         for (int u = 0; u < PA_UNROLL; ++u) {
             float kf[VEC];
-            pa_unpack8(raw[u], kf);
+            unpack_bf16x8(raw[u], kf);
             const int i = base + u * step + warp * per_warp + group_lane;
 #pragma unroll
             for (int g = 0; g < MAXG; ++g) {
@@ -198,12 +179,12 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (i < n) raw[u] = pa_load16(v_cache + slot_at[i] + gl * VEC);
+            if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
         for (int u = 0; u < PA_UNROLL; ++u) {
             float vf[VEC];
-            pa_unpack8(raw[u], vf);
+            unpack_bf16x8(raw[u], vf);
             const int i = base + u * step + warp * per_warp + group_lane;
 #pragma unroll
             for (int g = 0; g < MAXG; ++g) {
@@ -407,8 +388,8 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
             uint4 kraw = make_uint4(0u, 0u, 0u, 0u), vraw = make_uint4(0u, 0u, 0u, 0u);
             if (t <= last_key) {
                 const i64 at = pa_slot_offset(table, t, block_size, slot_elems) + head_col + kc * 8;
-                kraw = pa_load16(k_cache + at);
-                vraw = pa_load16(v_cache + at);
+                kraw = load_bf16x8(k_cache + at);
+                vraw = load_bf16x8(v_cache + at);
             }
             k_tile4[(kr * STRIDE) / 4 + kc] = kraw;
             v_tile4[(kr * STRIDE) / 4 + kc] = vraw;
@@ -422,12 +403,12 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
 #pragma unroll 4
         for (int dp = 0; dp < WORDS; ++dp) {
             const unsigned int qw = q_tile[r * STRIDE + dp];
-            const float q0 = pa_lo(qw), q1 = pa_hi(qw);
+            const float q0 = bf16_lo(qw), q1 = bf16_hi(qw);
 #pragma unroll
             for (int j = 0; j < KPT; ++j) {
                 const unsigned int kw = k_tile[(c + PA_TPR * j) * STRIDE + dp];
-                s[j] += q0 * pa_lo(kw);
-                s[j] += q1 * pa_hi(kw);
+                s[j] += q0 * bf16_lo(kw);
+                s[j] += q1 * bf16_hi(kw);
             }
         }
         // Causal mask, then the online softmax update of the row (its PA_TPR threads are
@@ -466,8 +447,8 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
 #pragma unroll
             for (int j = 0; j < PPT; ++j) {
                 const unsigned int vw = v_tile[kk * STRIDE + c + PA_TPR * j];
-                acc[2 * j] += p * pa_lo(vw);
-                acc[2 * j + 1] += p * pa_hi(vw);
+                acc[2 * j] += p * bf16_lo(vw);
+                acc[2 * j + 1] += p * bf16_hi(vw);
             }
         }
     }

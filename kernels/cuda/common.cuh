@@ -30,6 +30,25 @@ typedef long long i64;
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16(x); }
 
+// Eight consecutive bf16 in one 16-byte load (the address must be 16-byte aligned).
+__device__ __forceinline__ uint4 load_bf16x8(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
+
+// The two bf16 packed in a 32-bit word, widened exactly (a bf16 is the top half of an f32).
+// The element at the lower address is the low half.
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Widens eight packed bf16 (a 16-byte load) to f32 with bit operations only: taking the
+// address of the vector instead would push it to local memory.
+__device__ __forceinline__ void unpack_bf16x8(const uint4 v, float out[8]) {
+    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        out[2 * j] = bf16_lo(words[j]);
+        out[2 * j + 1] = bf16_hi(words[j]);
+    }
+}
+
 // Sum over the warp; every lane gets the total. The butterfly order is fixed, so the result
 // depends only on the lanes' values.
 __device__ __forceinline__ float warp_sum(float v) {

@@ -19,17 +19,6 @@
 #define GEMV_WARPS 4
 #define GEMV_UNROLL 4
 
-// Widens eight packed bf16 (a 16-byte load) to f32 with bit operations only: taking the
-// address of the vector instead would push it to local memory.
-__device__ __forceinline__ void bf16x8_to_f32(const uint4 v, float out[8]) {
-    const unsigned int words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        out[2 * j] = __uint_as_float(words[j] << 16);
-        out[2 * j + 1] = __uint_as_float(words[j] & 0xffff0000u);
-    }
-}
-
 template <typename OUT>
 __device__ __forceinline__ void store_out(OUT* out, i64 at, float v);
 
@@ -46,12 +35,12 @@ template <bool GATED>
 __device__ __forceinline__ void load_x(const bf16* __restrict__ x, int r, int kb, int k, float out[8]) {
     if (GATED) {
         float g[8], u[8];
-        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (i64)r * 2 * k + kb), g);
-        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (i64)r * 2 * k + k + kb), u);
+        unpack_bf16x8(load_bf16x8(x + (i64)r * 2 * k + kb), g);
+        unpack_bf16x8(load_bf16x8(x + (i64)r * 2 * k + k + kb), u);
 #pragma unroll
         for (int j = 0; j < 8; j++) out[j] = to_f32(to_bf16(g[j] / (1.0f + __expf(-g[j])) * u[j]));
     } else {
-        bf16x8_to_f32(*reinterpret_cast<const uint4*>(x + (i64)r * k + kb), out);
+        unpack_bf16x8(load_bf16x8(x + (i64)r * k + kb), out);
     }
 }
 
@@ -80,7 +69,7 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
 #pragma unroll
                 for (int c = 0; c < GEMV_COLS; c++)
                     wv[u][c] = kb < k && col0 + c < n
-                        ? *reinterpret_cast<const uint4*>(w + (col0 + c) * k + kb)
+                        ? load_bf16x8(w + (col0 + c) * k + kb)
                         : zero;
             }
 #pragma unroll
@@ -89,7 +78,7 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
                 if (kb >= k) break;
                 float wf[GEMV_COLS][8];
 #pragma unroll
-                for (int c = 0; c < GEMV_COLS; c++) bf16x8_to_f32(wv[u][c], wf[c]);
+                for (int c = 0; c < GEMV_COLS; c++) unpack_bf16x8(wv[u][c], wf[c]);
 #pragma unroll
                 for (int r = 0; r < GEMV_ROWS; r++) {
                     if (r0 + r < m) {
