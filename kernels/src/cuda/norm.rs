@@ -4,8 +4,13 @@ use super::{grid, CudaKernels};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
 use half::bf16;
 
-/// Threads per row of the row-wise norms.
-const THREADS: u32 = 256;
+/// Threads per row of the row-wise norms: the most a block has, so that each thread loads
+/// only a few elements of the row and a one-row step (decode at batch 1) is not held up
+/// by a chain of dependent loads. Fixed, so a row's reduction order never changes.
+const ROW_THREADS: u32 = 1024;
+
+/// Threads per block of the per-head norm (one warp per head).
+const HEAD_THREADS: u32 = 256;
 
 /// `out[r] = x[r] / rms(x[r]) * weight` for `rows` rows of `dim` (x in f32, out in bf16).
 pub fn rms_norm(
@@ -29,7 +34,7 @@ pub fn rms_norm(
     let mut launch = stream.launch_builder(k.function("rms_norm_f32_bf16"));
     launch.arg(x).arg(weight).arg(out).arg(&dim_i).arg(&eps);
     // SAFETY: the buffers hold `rows * dim` elements (checked above); one block per row.
-    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    unsafe { launch.launch(grid(rows as u32, ROW_THREADS, 0)) }?;
     Ok(())
 }
 
@@ -63,7 +68,7 @@ pub fn add_rms_norm(
         .arg(&dim_i)
         .arg(&eps);
     // SAFETY: as in `rms_norm`.
-    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    unsafe { launch.launch(grid(rows as u32, ROW_THREADS, 0)) }?;
     Ok(())
 }
 
@@ -91,7 +96,7 @@ pub fn head_rms_norm(
     if warps == 0 {
         return Ok(());
     }
-    let per_block = (THREADS / 32) as usize;
+    let per_block = (HEAD_THREADS / 32) as usize;
     let blocks = warps.div_ceil(per_block) as u32;
     let (rows_i, width_i, first_i, heads_i, dim_i) = (
         rows as i32,
@@ -111,6 +116,6 @@ pub fn head_rms_norm(
         .arg(&dim_i)
         .arg(&eps);
     // SAFETY: every head lies inside its row (checked above); one warp per head.
-    unsafe { launch.launch(grid(blocks, THREADS, 0)) }?;
+    unsafe { launch.launch(grid(blocks, HEAD_THREADS, 0)) }?;
     Ok(())
 }
