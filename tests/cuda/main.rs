@@ -17,12 +17,13 @@ use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{gpu_available, Gpu};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-/// The device and its kernels, opened once for the whole test binary.
+/// The device and its kernels, opened once for the whole test binary (shared, so that the
+/// models the tests build run on the same context).
 pub struct Setup {
-    pub gpu: Gpu,
-    pub kernels: CudaKernels,
+    pub gpu: Arc<Gpu>,
+    pub kernels: Arc<CudaKernels>,
 }
 
 /// The shared setup, or `None` (after saying so) on a machine without a CUDA device.
@@ -35,7 +36,10 @@ pub fn setup() -> Option<&'static Setup> {
         let gpu = Gpu::open(0).expect("opening CUDA device 0");
         let cache = std::env::temp_dir().join("peregrine-test-kernels");
         let kernels = CudaKernels::load(&gpu, &cache).expect("compiling the kernels");
-        Some(Setup { gpu, kernels })
+        Some(Setup {
+            gpu: Arc::new(gpu),
+            kernels: Arc::new(kernels),
+        })
     });
     if setup.is_none() {
         eprintln!("skipped: no CUDA device");

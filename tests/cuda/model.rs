@@ -4,14 +4,11 @@
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::setup;
-use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
-use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
-use std::sync::Arc;
 
 /// A tiny spec with the head size the GPU attention kernels are built for.
 pub fn gpu_sized(mut spec: TinySpec) -> TinySpec {
@@ -24,18 +21,13 @@ pub fn gpu_sized(mut spec: TinySpec) -> TinySpec {
 
 fn gpu_model(dir: &Path, deterministic: bool) -> GpuLlama {
     let s = setup().expect("a GPU");
-    // The model owns its device handles; the test's shared ones are reopened cheaply.
-    let gpu = Arc::new(Gpu::open(0).unwrap());
-    let cache = std::env::temp_dir().join("peregrine-test-kernels");
-    let kernels = Arc::new(CudaKernels::load(&gpu, &cache).unwrap());
-    let _ = s;
     let options = GpuModelOptions {
         max_tokens: 2048,
         max_logit_rows: 64,
         deterministic,
         gemv_max_rows: peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS,
     };
-    GpuLlama::load(dir, gpu, kernels, options).unwrap()
+    GpuLlama::load(dir, s.gpu.clone(), s.kernels.clone(), options).unwrap()
 }
 
 /// Prefill then `steps` greedy decode steps of one sequence on both devices, feeding the
