@@ -6,6 +6,9 @@
 #                                 (random weights): the default (cuBLAS), the GEMV kernel for
 #                                 up to 8 rows, and --deterministic
 #   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
+#   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
+#                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
+#                                 per step by scripts/ncu_step_summary.py
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -48,6 +51,16 @@ hf)
     for cfg in llama-3.2-1b llama-3-8b; do
         PYTHONUNBUFFERED=1 python3 scripts/bench_hf_transformers.py --config "scripts/configs/$cfg.json" \
             --batch-sizes 1,64 --input-len 128 --output-len 32 2>&1 | tee -a "$OUT/hf.log"
+    done
+    ;;
+profile)
+    one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
+    for rows in 0 8; do
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            "$bin/peregrine" $one_b --batch-sizes 1 --input-len 128 --output-len 6 \
+            --gemv-max-rows $rows >"$OUT/ncu-gemv$rows.csv" 2>"$OUT/ncu-gemv$rows.err"
+        echo "== --gemv-max-rows $rows" | tee -a "$OUT/profile.log"
+        python3 scripts/ncu_step_summary.py "$OUT/ncu-gemv$rows.csv" 3 2>&1 | tee -a "$OUT/profile.log"
     done
     ;;
 stash)

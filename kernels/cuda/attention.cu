@@ -10,7 +10,9 @@
 // - q_len == 1 (decode): the context is split in partitions of PA_PARTITION tokens, a fixed
 //   constant. paged_attention_split_* writes one (max, sum, unnormalised output) record per
 //   (partition, head) into a scratch buffer; paged_attention_combine merges a row's records
-//   in an order fixed by its number of partitions. So a row's result depends on its own
+//   in an order fixed by its number of partitions. A row whose context fits one partition
+//   is finished by the split kernel itself, with the combine's arithmetic for one record
+//   (so the same bits), and has no combine work. So a row's result depends on its own
 //   context only, never on what else is in the batch.
 // - q_len > 1 (prefill, chunked prefill, verification): paged_attention_prefill_* is a
 //   flash-attention loop, tiles of PA_BQ queries against tiles of PA_BK keys read through the
@@ -25,14 +27,15 @@
 //
 // Work lists (int pairs, built on the host, see kernels/src/cuda/attention.rs):
 //   split_work[2w], split_work[2w+1]     = sequence, partition       (split kernel item w)
-//   decode_work[2i], decode_work[2i+1]   = sequence, first split item (combine item i)
+//   decode_work[2i], decode_work[2i+1]   = sequence, first split item (combine item i; only
+//                                          sequences of more than one partition)
 //   prefill_work[2w], prefill_work[2w+1] = sequence, query tile      (prefill item w)
 // Grids are flattened, the item slowest: the split kernel runs one block per (item, KV head,
 // chunk of the query heads sharing it), the combine and prefill kernels one per (item, head),
 // the head fastest, so the heads that share a KV head run side by side.
 
 #define PA_PARTITION 512        // tokens per split partition: a constant, never per batch
-#define PA_SPLIT_THREADS 128    // threads of the split kernel
+#define PA_SPLIT_THREADS 256    // threads of the split kernel
 #define PA_UNROLL 4             // 16-byte loads in flight per lane in the split kernel
 #define PA_COMBINE_THREADS 512  // threads of the combine kernel
 #define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
@@ -65,12 +68,15 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
                                          const i64* __restrict__ table_start,
                                          const int* __restrict__ block_table,
                                          const int* __restrict__ split_work, int num_work,
-                                         float* __restrict__ scratch, int num_heads,
-                                         int num_kv_heads, int block_size, float scale) {
+                                         float* __restrict__ scratch, bf16* __restrict__ o,
+                                         int num_heads, int num_kv_heads, int block_size,
+                                         float scale) {
     constexpr int VEC = 8;           // bf16 per 16-byte load
     constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
+    constexpr int WARPS = PA_SPLIT_THREADS / WARP_SIZE;
     __shared__ float logits[MAXG][PA_PARTITION];
-    __shared__ float red[32];
+    __shared__ float red[MAXG][WARPS];
+    __shared__ float warp_out[WARPS][MAXG][D];
     __shared__ float out_sum[MAXG][D];
     __shared__ i64 slot_at[PA_PARTITION];  // element offset of each token's row of this KV head
 
@@ -144,27 +150,46 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     }
     __syncthreads();
 
-    // Softmax of each head over the partition, relative to its own max.
+    // Softmax of each head over the partition, relative to its own max: every head's max,
+    // then every head's sum, each in one block reduction (per warp, then the warps in
+    // order 0, 1, 2, ...).
     float maxes[MAXG], sums[MAXG];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
-        maxes[g] = NEG_INF;
-        sums[g] = 0.0f;
-        if (g < heads_here) {
-            float m = NEG_INF;
+        float m = NEG_INF;
+        if (g < heads_here)
             for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, logits[g][i]);
-            m = block_max(m, red);
-            float s = 0.0f;
-            for (int i = threadIdx.x; i < n; i += blockDim.x) {
-                const float p = expf(logits[g][i] - m);
-                logits[g][i] = p;
-                s += p;
-            }
-            maxes[g] = m;
-            sums[g] = block_sum(s, red);
-        }
+        m = warp_max(m);
+        if (lane == 0) red[g][warp] = m;
     }
     __syncthreads();
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        float m = NEG_INF;
+        for (int wp = 0; wp < warps; ++wp) m = fmaxf(m, red[g][wp]);
+        maxes[g] = m;
+    }
+    __syncthreads();  // red is reused for the sums
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        float t = 0.0f;
+        if (g < heads_here) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                const float p = expf(logits[g][i] - maxes[g]);
+                logits[g][i] = p;
+                t += p;
+            }
+        }
+        t = warp_sum(t);
+        if (lane == 0) red[g][warp] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int g = 0; g < MAXG; ++g) {
+        float t = 0.0f;
+        for (int wp = 0; wp < warps; ++wp) t += red[g][wp];
+        sums[g] = t;
+    }
 
     // Unnormalised outputs: sum of p_i * v_i over the partition, 8 dims per lane and head.
     float acc[MAXG][VEC];
@@ -196,7 +221,8 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             }
         }
     }
-    // Sum the lane groups of a warp (butterfly), then the warps in order 0, 1, ...
+    // Sum the lane groups of a warp (butterfly), each warp's sums to shared memory, then
+    // the warps in order 0, 1, 2, ... per output element.
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         if (g < heads_here) {
@@ -204,24 +230,36 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 #pragma unroll
                 for (int j = 0; j < VEC; ++j) acc[g][j] += SHFL_XOR(acc[g][j], mask);
             }
-        }
-    }
-    for (int wp = 0; wp < warps; ++wp) {
-        if (warp == wp && group_lane == 0) {
+            if (group_lane == 0) {
 #pragma unroll
-            for (int g = 0; g < MAXG; ++g) {
-                if (g < heads_here) {
-#pragma unroll
-                    for (int j = 0; j < VEC; ++j) {
-                        float* at = &out_sum[g][gl * VEC + j];
-                        *at = wp == 0 ? acc[g][j] : *at + acc[g][j];
-                    }
-                }
+                for (int j = 0; j < VEC; ++j) warp_out[warp][g][gl * VEC + j] = acc[g][j];
             }
         }
-        __syncthreads();
     }
+    __syncthreads();
+    for (int e = threadIdx.x; e < heads_here * D; e += blockDim.x) {
+        const int g = e / D, d = e % D;
+        float t = warp_out[0][g][d];
+        for (int wp = 1; wp < warps; ++wp) t += warp_out[wp][g][d];
+        out_sum[g][d] = t;
+    }
+    __syncthreads();
 
+    // A context of one partition: this record is the row's result. The combine would
+    // weigh it by e^0 = 1, add it to 0 and scale it by 1 / (1 * sum): the same operations
+    // here give the same bits.
+    if (ctx <= PA_PARTITION) {
+#pragma unroll
+        for (int g = 0; g < MAXG; ++g) {
+            if (g < heads_here) {
+                const float inv = 1.0f / sums[g];
+                bf16* out = o + (i64)q_start[seq] * ((i64)num_heads * D) + (i64)(h0 + g) * D;
+                for (int d = threadIdx.x; d < D; d += blockDim.x)
+                    out[d] = to_bf16((0.0f + out_sum[g][d]) * inv);
+            }
+        }
+        return;
+    }
     // Scratch: [num_work * num_heads records of D floats][maxes][sums], record
     // item * num_heads + head.
     const i64 records = (i64)num_work * num_heads;
@@ -243,13 +281,16 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         const bf16 *__restrict__ v_cache, const int *__restrict__ q_start,                   \
         const int *__restrict__ context_len, const i64 *__restrict__ table_start,            \
         const int *__restrict__ block_table, const int *__restrict__ split_work, int num_work, \
-        float *__restrict__ scratch, int num_heads, int num_kv_heads, int block_size, float scale
+        float *__restrict__ scratch, bf16 *__restrict__ o, int num_heads, int num_kv_heads,   \
+        int block_size, float scale
 #define PA_SPLIT_ARGS                                                                       \
     q, q_stride, k_cache, v_cache, q_start, context_len, table_start, block_table, split_work, \
-        num_work, scratch, num_heads, num_kv_heads, block_size, scale
+        num_work, scratch, o, num_heads, num_kv_heads, block_size, scale
 
-// One kernel per head size and bucket of query heads per KV head: the launcher takes the
-// smallest bucket that holds the group, and several blocks of 4 per KV head past 4.
+// One kernel per head size and bucket of query heads per KV head. A head's result does not
+// depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
+// the one that holds the group) that still fills the GPU, several blocks per KV head when
+// the bucket is smaller than the group.
 extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pa_split<64, 1>(PA_SPLIT_ARGS); }
 extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pa_split<64, 2>(PA_SPLIT_ARGS); }
 extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pa_split<64, 4>(PA_SPLIT_ARGS); }

@@ -1,6 +1,5 @@
-// Element-wise kernels of the model path: token embedding, rotary embedding, the gated
-// MLP activation, row gathers and random weights. One thread per output element (or
-// element pair); all offsets 64-bit.
+// Element-wise kernels of the model path: token embedding, the gated MLP activation, row
+// gathers and random weights. One thread per output element; all offsets 64-bit.
 
 // out[r, :] = table[tokens[r], :] widened to f32 (the residual stream is f32).
 extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
@@ -11,30 +10,6 @@ extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
     const i64 r = i / dim;
     const i64 c = i % dim;
     out[i] = to_f32(table[(i64)tokens[r] * dim + c]);
-}
-
-// Rotates, in place, `heads` heads of `head_dim` elements starting at column `first_col`
-// of every row of the bf16 matrix x ([rows, row_stride]) by the angle of the row's position:
-// cos_sin holds, per position, head_dim/2 cosines then head_dim/2 sines (f32). `interleaved`
-// pairs element 2i with 2i+1; otherwise element i pairs with i + head_dim/2.
-extern "C" __global__ void rotary_bf16(bf16* __restrict__ x, const int* __restrict__ positions,
-                                       const float* __restrict__ cos_sin, int rows,
-                                       int row_stride, int first_col, int heads, int head_dim,
-                                       int interleaved) {
-    const int half = head_dim / 2;
-    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (i64)rows * heads * half) return;
-    const i64 r = i / ((i64)heads * half);
-    const int rest = (int)(i % ((i64)heads * half));
-    const int head = rest / half, p = rest % half;
-    const float* table = cos_sin + (i64)positions[r] * head_dim;
-    const float c = table[p], s = table[half + p];
-    bf16* h = x + r * row_stride + first_col + (i64)head * head_dim;
-    const int a = interleaved ? 2 * p : p;
-    const int b = interleaved ? 2 * p + 1 : p + half;
-    const float x0 = to_f32(h[a]), x1 = to_f32(h[b]);
-    h[a] = to_bf16(x0 * c - x1 * s);
-    h[b] = to_bf16(x1 * c + x0 * s);
 }
 
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].

@@ -1,26 +1,78 @@
-// Writing this step's keys and values into the paged KV cache, by slot mapping.
+// Writing this step's keys and values into the paged KV cache, by slot mapping, with the
+// rotary embedding of q and k fused in (one launch instead of two).
 //
-// The source rows live inside the fused qkv activation (bf16, row-major [rows, row_stride]):
-// K starts at column k_col, V at column v_col, each `width` = num_kv_heads * head_dim wide.
-// One layer's cache is [num_blocks, block_size, num_kv_heads, head_dim], so slot s (= block *
-// block_size + offset in block) starts at element s * width. Every offset is a 64-bit
-// product of widened operands. A negative slot marks a row to skip; a slot past the pool
-// (num_slots) is skipped as well, so a bad plan can never write outside the cache (the host
-// refuses such plans before launching, this is the second line of defence).
+// The rows are the fused qkv activation (bf16, row-major [rows, row_stride]): q_heads query
+// heads from column 0, then kv_heads key heads, then kv_heads value heads, head_dim each.
+// One layer's cache is [num_blocks, block_size, kv_heads, head_dim], so slot s (= block *
+// block_size + offset in block) starts at element s * kv_heads * head_dim. Every offset is
+// a 64-bit product of widened operands. A negative slot marks a row whose K and V are not
+// written; a slot past the pool (num_slots) is skipped as well, so a bad plan can never
+// write outside the cache (the host refuses such plans before launching, this is the
+// second line of defence).
+//
+// Rotary (rotary != 0): every query head is rotated in place and every key head is rotated
+// on its way to the cache (qkv's own keys are left as they were: nothing reads them), by
+// the angle of the row's position. cos_sin holds, per position, head_dim/2 cosines then
+// head_dim/2 sines (f32). rotary == 2 pairs element 2i with 2i+1 (interleaved); rotary == 1
+// pairs element i with i + head_dim/2. With rotary == 0, positions and cos_sin are not read.
 
-// One block per row; the threads copy the row's K and V, `width` elements each.
-extern "C" __global__ void __launch_bounds__(256) kv_write_bf16(
-    const bf16* __restrict__ qkv, i64 row_stride, i64 k_col, i64 v_col,
-    const i64* __restrict__ slot_mapping, int rows, int width, i64 num_slots,
-    bf16* __restrict__ k_cache, bf16* __restrict__ v_cache) {
-    const i64 row = blockIdx.x;
+#define KV_WRITE_THREADS 64  // threads per (row, head) block
+
+// The rotated pair (x[a], x[b]) of pair p, as bf16, by the angles of `table`.
+__device__ __forceinline__ void rotate_pair(const bf16* x, int p, int half, int rotary,
+                                            const float* table, int* a, int* b, bf16* ya,
+                                            bf16* yb) {
+    *a = rotary == 2 ? 2 * p : p;
+    *b = rotary == 2 ? 2 * p + 1 : p + half;
+    const float x0 = to_f32(x[*a]), x1 = to_f32(x[*b]);
+    const float c = table[p], s = table[half + p];
+    *ya = to_bf16(x0 * c - x1 * s);
+    *yb = to_bf16(x1 * c + x0 * s);
+}
+
+// One block per (row, head): blocks 0 .. q_heads - 1 of a row rotate its query heads (and
+// do nothing without rotary), the next kv_heads write one KV head each, so a one-row decode
+// step still spreads over q_heads + kv_heads blocks.
+extern "C" __global__ void __launch_bounds__(KV_WRITE_THREADS) kv_write_bf16(
+    bf16* __restrict__ qkv, i64 row_stride, int q_heads, int kv_heads, int head_dim,
+    const int* __restrict__ positions, const float* __restrict__ cos_sin, int rotary,
+    const i64* __restrict__ slot_mapping, int rows, i64 num_slots, bf16* __restrict__ k_cache,
+    bf16* __restrict__ v_cache) {
+    const int heads = q_heads + kv_heads;
+    const i64 row = blockIdx.x / heads;
+    const int head = blockIdx.x % heads;
     if (row >= rows) return;
+    const int half = head_dim / 2;
+    bf16* q = qkv + row * row_stride;
+    const float* table = rotary ? cos_sin + (i64)positions[row] * head_dim : nullptr;
+    if (head < q_heads) {
+        if (!rotary) return;
+        bf16* x = q + (i64)head * head_dim;
+        for (int p = threadIdx.x; p < half; p += blockDim.x) {
+            int a, b;
+            bf16 ya, yb;
+            rotate_pair(x, p, half, rotary, table, &a, &b, &ya, &yb);
+            x[a] = ya;
+            x[b] = yb;
+        }
+        return;
+    }
     const i64 slot = slot_mapping[row];
     if (slot < 0 || slot >= num_slots) return;
-    const bf16* src = qkv + row * row_stride;
-    const i64 dst = slot * (i64)width;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
-        k_cache[dst + i] = src[k_col + i];
-        v_cache[dst + i] = src[v_col + i];
+    const i64 kv = head - q_heads;
+    const bf16* k = q + ((i64)q_heads + kv) * head_dim;
+    const bf16* v = q + ((i64)q_heads + kv_heads + kv) * head_dim;
+    const i64 dst = (slot * kv_heads + kv) * head_dim;
+    if (rotary) {
+        for (int p = threadIdx.x; p < half; p += blockDim.x) {
+            int a, b;
+            bf16 ya, yb;
+            rotate_pair(k, p, half, rotary, table, &a, &b, &ya, &yb);
+            k_cache[dst + a] = ya;
+            k_cache[dst + b] = yb;
+        }
+    } else {
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) k_cache[dst + i] = k[i];
     }
+    for (int i = threadIdx.x; i < head_dim; i += blockDim.x) v_cache[dst + i] = v[i];
 }

@@ -2,6 +2,12 @@
 // squares is reduced in f32 in an order fixed by the block size, so a row's result does
 // not depend on the other rows of the batch.
 
+// Row elements a thread keeps in registers between the sum of squares and the output, with
+// their weights, loaded before the block reduction; rows longer than NORM_CACHED threads'
+// worth (8192 elements at 1024 threads) read the rest again. Each thread still adds its
+// elements in ascending order.
+#define NORM_CACHED 8
+
 // out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, for an f32 residual stream x.
 extern "C" __global__ void rms_norm_f32_bf16(const float* __restrict__ x,
                                              const bf16* __restrict__ weight,
@@ -9,11 +15,25 @@ extern "C" __global__ void rms_norm_f32_bf16(const float* __restrict__ x,
     __shared__ float scratch[32];
     const i64 row = blockIdx.x;
     const float* xr = x + row * dim;
+    bf16* outr = out + row * dim;
+    float v[NORM_CACHED], w[NORM_CACHED];
     float sq = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) sq += xr[i] * xr[i];
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < dim ? xr[i] : 0.0f;
+        w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
+        if (i < dim) sq += v[j] * v[j];
+    }
+    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x) sq += xr[i] * xr[i];
     const float inv = rsqrtf(block_sum(sq, scratch) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        out[row * dim + i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) outr[i] = to_bf16(v[j] * inv * w[j]);
+    }
+    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x)
+        outr[i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
 }
 
 // residual[r] += delta[r]; out[r] = rms_norm(residual[r]) * weight.
@@ -25,15 +45,32 @@ extern "C" __global__ void add_rms_norm_f32_bf16(float* __restrict__ residual,
     const i64 row = blockIdx.x;
     float* xr = residual + row * dim;
     const bf16* dr = delta + row * dim;
+    bf16* outr = out + row * dim;
+    float v[NORM_CACHED], w[NORM_CACHED];
     float sq = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        const float v = xr[i] + to_f32(dr[i]);
-        xr[i] = v;
-        sq += v * v;
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        v[j] = i < dim ? xr[i] + to_f32(dr[i]) : 0.0f;
+        w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
+        if (i < dim) {
+            xr[i] = v[j];
+            sq += v[j] * v[j];
+        }
+    }
+    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x) {
+        const float t = xr[i] + to_f32(dr[i]);
+        xr[i] = t;
+        sq += t * t;
     }
     const float inv = rsqrtf(block_sum(sq, scratch) / dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x)
-        out[row * dim + i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < dim) outr[i] = to_bf16(v[j] * inv * w[j]);
+    }
+    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x)
+        outr[i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
 }
 
 // In-place RMSNorm of each head of a bf16 [rows, width] matrix, `head_dim` elements at a

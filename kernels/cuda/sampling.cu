@@ -183,13 +183,53 @@ __device__ unsigned int sample_argmax_row(const float* __restrict__ lg, int voca
     return sample_key_id(sample_block_max_u64(best, scratch));
 }
 
-// Greedy decoding: tokens[r] = argmax of row r.
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_argmax(const float* __restrict__ logits, int vocab, unsigned int* __restrict__ tokens) {
+// Greedy decoding, in two kernels so that a row is read by many multiprocessors at once
+// (one block reading a 128k-token row waits on its loads one after another).
+// sample_argmax_partial: block (row, c) writes partial[row * chunks + c], the largest key of
+// tokens c * ARGMAX_CHUNK .. (c + 1) * ARGMAX_CHUNK of the row (0 past the end), each
+// thread keeping ARGMAX_PER_THREAD loads in flight. sample_argmax_finish: one warp per row
+// takes the largest partial key. Keys are unique, so the maximum, and the token, do not
+// depend on the order of either reduction.
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER_THREAD 16
+#define ARGMAX_CHUNK (ARGMAX_THREADS * ARGMAX_PER_THREAD)
+
+extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
+    sample_argmax_partial(const float* __restrict__ logits, int vocab, int chunks,
+                          u64* __restrict__ partial) {
     __shared__ u64 scratch[32];
+    const i64 row = blockIdx.x / chunks;
+    const int chunk = blockIdx.x % chunks;
+    const float* lg = logits + row * (i64)vocab;
+    const int first = chunk * ARGMAX_CHUNK + threadIdx.x;
+    float v[ARGMAX_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER_THREAD; ++j) {
+        const int i = first + j * ARGMAX_THREADS;
+        v[j] = i < vocab ? lg[i] : 0.0f;
+    }
+    u64 best = 0;
+#pragma unroll
+    for (int j = 0; j < ARGMAX_PER_THREAD; ++j) {
+        const int i = first + j * ARGMAX_THREADS;
+        const u64 key = i < vocab ? sample_key(v[j], (unsigned int)i, true) : 0ull;
+        best = key > best ? key : best;
+    }
+    best = sample_block_max_u64(best, scratch);
+    if (threadIdx.x == 0) partial[blockIdx.x] = best;
+}
+
+extern "C" __global__ void __launch_bounds__(WARP_SIZE)
+    sample_argmax_finish(const u64* __restrict__ partial, int chunks,
+                         unsigned int* __restrict__ tokens) {
     const i64 row = blockIdx.x;
-    const unsigned int token = sample_argmax_row(logits + row * (i64)vocab, vocab, scratch);
-    if (threadIdx.x == 0) tokens[row] = token;
+    u64 best = 0;
+    for (int c = threadIdx.x; c < chunks; c += WARP_SIZE) {
+        const u64 key = partial[row * chunks + c];
+        best = key > best ? key : best;
+    }
+    best = sample_warp_max_u64(best);
+    if (threadIdx.x == 0) tokens[row] = sample_key_id(best);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -245,7 +245,7 @@ fn run_step(
     // GPU: q and o with a tail after the planned rows; o poisoned.
     let mut qkv_host = to_bf16(&qkv);
     qkv_host.extend(vec![bf16::NAN; TAIL * stride]);
-    let qkv_dev = gpu.upload(&qkv_host).unwrap();
+    let mut qkv_dev = gpu.upload(&qkv_host).unwrap();
     let mut o_host = vec![bf16::NAN; rows * width];
     o_host.extend(vec![sentinel(); TAIL * width]);
     let mut o_dev = gpu.upload(&o_host).unwrap();
@@ -255,10 +255,10 @@ fn run_step(
     write_kv(
         &s.kernels,
         stream,
-        &qkv_dev.slice(..),
+        &mut qkv_dev.slice_mut(..),
         stride,
-        k_col,
-        v_col,
+        g.heads,
+        None,
         caches.k_dev,
         caches.v_dev,
         &caches.layout,
@@ -405,53 +405,99 @@ fn kv_write_matches_the_cpu_and_skips_negative_slots() {
     let mut rng = rng("kv_write_matches_the_cpu_and_skips_negative_slots");
     let g = GQA_128;
     let layout = g.layout(50);
-    let rows = 40;
-    let mut slots: Vec<i64> = (0..(layout.num_blocks * layout.block_size) as i64).collect();
-    slots.shuffle(&mut rng);
-    slots.truncate(rows);
-    for slot in slots.iter_mut().step_by(5) {
-        *slot = -1;
+    let (rows, max_pos) = (40, 5000u32);
+    // Without rotary K and V are copied bit for bit; with it q is rotated in place and K on
+    // its way into the cache, within bf16 rounding of the CPU's rotation.
+    for mode in [None, Some(false), Some(true)] {
+        let mut slots: Vec<i64> = (0..(layout.num_blocks * layout.block_size) as i64).collect();
+        slots.shuffle(&mut rng);
+        slots.truncate(rows);
+        for slot in slots.iter_mut().step_by(5) {
+            *slot = -1;
+        }
+        let positions: Vec<u32> = (0..rows).map(|_| rng.random_range(0..max_pos)).collect();
+        let qkv = rounded(random_f32(&mut rng, rows * g.stride(), 1.0));
+        let elems = layout.layer_elems() as usize;
+        let mut k_host = rounded(random_f32(&mut rng, elems, 1.0));
+        let mut v_host = rounded(random_f32(&mut rng, elems, 1.0));
+        let mut k_dev = s.gpu.upload(&to_bf16(&k_host)).unwrap();
+        let mut v_dev = s.gpu.upload(&to_bf16(&v_host)).unwrap();
+        let mut qkv_dev = s.gpu.upload(&to_bf16(&qkv)).unwrap();
+        let slots_dev = s.gpu.upload(&slots).unwrap();
+        let rotary = peregrine_ops::Rotary::new(
+            g.head_dim,
+            500_000.0,
+            &peregrine_ops::RopeScaling::None,
+            match mode {
+                Some(true) => cpu::RotaryLayout::Interleaved,
+                _ => cpu::RotaryLayout::HalfSplit,
+            },
+        );
+        let table_dev = s.gpu.upload(&rotary.cos_sin_table(max_pos)).unwrap();
+        let positions_dev = s
+            .gpu
+            .upload(&positions.iter().map(|&p| p as i32).collect::<Vec<_>>())
+            .unwrap();
+        let (positions_view, table_view) = (positions_dev.slice(..), table_dev.slice(..));
+        kv_write::write_kv(
+            &s.kernels,
+            s.gpu.stream(),
+            &mut qkv_dev.slice_mut(..),
+            g.stride(),
+            g.heads,
+            mode.map(|interleaved| kv_write::RotaryInput {
+                positions: &positions_view,
+                cos_sin: &table_view,
+                interleaved,
+            }),
+            &slots_dev.slice(..),
+            rows,
+            &mut k_dev,
+            &mut v_dev,
+            &layout,
+        )
+        .unwrap();
+        let column = |from: usize, len: usize| -> Vec<f32> {
+            qkv.chunks(g.stride())
+                .flat_map(|row| row[from..from + len].iter().copied())
+                .collect()
+        };
+        let (w, kw) = (g.width(), g.kv_width());
+        let (mut q_want, mut k_new) = (column(0, w), column(w, kw));
+        if mode.is_some() {
+            let tables = rotary.tables(&positions);
+            rotary.apply(&mut q_want, &tables);
+            rotary.apply(&mut k_new, &tables);
+        }
+        cpu::write_kv(
+            &mut k_host,
+            &mut v_host,
+            &layout,
+            &slots,
+            &k_new,
+            &column(w + kw, kw),
+        );
+        let k_got = s.gpu.download(&k_dev).unwrap();
+        let v_got = s.gpu.download(&v_dev).unwrap();
+        let qkv_got = to_f32(&s.gpu.download(&qkv_dev).unwrap());
+        let q_got: Vec<f32> = qkv_got
+            .chunks(g.stride())
+            .flat_map(|row| row[..w].iter().copied())
+            .collect();
+        let kv_got: Vec<f32> = qkv_got
+            .chunks(g.stride())
+            .flat_map(|row| row[w..].iter().copied())
+            .collect();
+        assert_eq!(kv_got, column(w, 2 * kw), "{mode:?}: qkv's K and V changed");
+        assert_same_bits("V cache", &v_got, &to_bf16(&v_host));
+        if mode.is_some() {
+            assert_close("rotated q", &q_got, &q_want, 2e-2, 1e-2);
+            assert_close("rotated K cache", &to_f32(&k_got), &k_host, 2e-2, 1e-2);
+        } else {
+            assert_eq!(q_got, q_want, "q changed without rotary");
+            assert_same_bits("K cache", &k_got, &to_bf16(&k_host));
+        }
     }
-    let qkv = rounded(random_f32(&mut rng, rows * g.stride(), 1.0));
-    let elems = layout.layer_elems() as usize;
-    let mut k_host = rounded(random_f32(&mut rng, elems, 1.0));
-    let mut v_host = rounded(random_f32(&mut rng, elems, 1.0));
-    let mut k_dev = s.gpu.upload(&to_bf16(&k_host)).unwrap();
-    let mut v_dev = s.gpu.upload(&to_bf16(&v_host)).unwrap();
-    let qkv_dev = s.gpu.upload(&to_bf16(&qkv)).unwrap();
-    let slots_dev = s.gpu.upload(&slots).unwrap();
-    let (k_col, v_col, w) = (g.width(), g.width() + g.kv_width(), g.kv_width());
-    kv_write::write_kv(
-        &s.kernels,
-        s.gpu.stream(),
-        &qkv_dev.slice(..),
-        g.stride(),
-        k_col,
-        v_col,
-        &slots_dev.slice(..),
-        rows,
-        &mut k_dev,
-        &mut v_dev,
-        &layout,
-    )
-    .unwrap();
-    let column = |from: usize| -> Vec<f32> {
-        qkv.chunks(g.stride())
-            .flat_map(|row| row[from..from + w].iter().copied())
-            .collect()
-    };
-    cpu::write_kv(
-        &mut k_host,
-        &mut v_host,
-        &layout,
-        &slots,
-        &column(k_col),
-        &column(v_col),
-    );
-    let k_got = s.gpu.download(&k_dev).unwrap();
-    let v_got = s.gpu.download(&v_dev).unwrap();
-    assert_same_bits("K cache", &k_got, &to_bf16(&k_host));
-    assert_same_bits("V cache", &v_got, &to_bf16(&v_host));
 }
 
 #[test]
@@ -567,6 +613,42 @@ fn a_sequence_gets_the_same_bits_alone_and_in_a_batch_of_64() {
     }
 }
 
+/// The split kernel serves 1, 2 or 4 query heads per block, chosen by how many blocks the
+/// batch launches: a decode row alone (one head per block) and in a batch of 200 (four)
+/// gets the same bits, for a context of one partition (finished by the split kernel) and
+/// of three (merged by the combine).
+#[test]
+fn decode_gets_the_same_bits_whatever_the_heads_per_block() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("decode_gets_the_same_bits_whatever_the_heads_per_block");
+    let g = GQA_128;
+    let short = random_seq(&mut rng, &g, 299, 1);
+    let long = random_seq(&mut rng, &g, 1499, 1);
+    let mut alone = Vec::new();
+    for (label, seq) in [("short alone", &short), ("long alone", &long)] {
+        let seqs = [seq.clone()];
+        let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 3);
+        alone.push(run_small(
+            s, &mut rng, label, &g, num_blocks, &seqs, &tables,
+        ));
+    }
+    let mut seqs: Vec<Seq> = (0..198)
+        .map(|_| {
+            let cached = rng.random_range(0..600);
+            random_seq(&mut rng, &g, cached, 1)
+        })
+        .collect();
+    seqs.insert(50, short.clone());
+    seqs.insert(150, long.clone());
+    let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 11);
+    let batch = run_small(s, &mut rng, "batch of 200", &g, num_blocks, &seqs, &tables);
+    let width = g.width();
+    for (index, want) in [(50, &alone[0]), (150, &alone[1])] {
+        let got = &batch[index * width..(index + 1) * width];
+        assert_same_bits(&format!("decode row {index} in the batch"), got, want);
+    }
+}
+
 #[test]
 fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
     let Some(s) = setup() else { return };
@@ -587,7 +669,7 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
     let pool = to_bf16(&random_f32(&mut rng, elems, 1.0));
     let mut k_dev = s.gpu.upload(&pool).unwrap();
     let mut v_dev = s.gpu.upload(&pool).unwrap();
-    let qkv_dev = s.gpu.upload(&to_bf16(&seqs[0].qkv)).unwrap();
+    let mut qkv_dev = s.gpu.upload(&to_bf16(&seqs[0].qkv)).unwrap();
     let untouched = vec![sentinel(); 10 * width];
     let mut o_dev = s.gpu.upload(&untouched).unwrap();
     let stream = s.gpu.stream();
@@ -635,10 +717,10 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
     let err = write_kv(
         &s.kernels,
         stream,
-        &qkv_dev.slice(..9 * stride),
+        &mut qkv_dev.slice_mut(..9 * stride),
         stride,
-        width,
-        width + g.kv_width(),
+        g.heads,
+        None,
         &mut k_dev,
         &mut v_dev,
         &layout,

@@ -3,9 +3,10 @@
 //!
 //! A sequence with one query row (decode) goes through the split kernel: its context is cut
 //! into partitions of [`PARTITION_TOKENS`] tokens, each writing a partial result to scratch,
-//! then the combine kernel merges them in an order fixed by the number of partitions. Each
-//! split block serves up to 4 query heads of one KV head, so K and V are read once for the
-//! heads that share them. A sequence with more query rows
+//! then the combine kernel merges them in an order fixed by the number of partitions (a
+//! context of one partition is finished by the split kernel, to the same bits). A split
+//! block serves up to 4 query heads of one KV head, so K and V are read once for the heads
+//! that share them, or fewer when that leaves the GPU idle. A sequence with more query rows
 //! goes through the prefill kernel (flash-attention tiles). The choice and every reduction
 //! order depend only on the sequence's own shape, so a row's result is the same whatever else
 //! is in the batch.
@@ -26,8 +27,14 @@ pub const HEAD_DIMS: [usize; 2] = [64, 128];
 /// Query heads per split block: one kernel per bucket (`_g1`, `_g2`, `_g4`).
 const SPLIT_GROUPS: [usize; 3] = [1, 2, 4];
 
+/// Split blocks that keep the GPU busy (two per multiprocessor of an H200, about): the
+/// launcher takes the largest bucket of query heads per block that still launches this
+/// many, so a short batch spreads its heads over more blocks. A head's result does not
+/// depend on the bucket.
+const SPLIT_BUSY_BLOCKS: usize = 256;
+
 /// Threads of the split, combine and prefill kernels (`PA_*_THREADS` in the source).
-const SPLIT_THREADS: u32 = 128;
+const SPLIT_THREADS: u32 = 256;
 const COMBINE_THREADS: u32 = 512;
 const PREFILL_THREADS: u32 = 128;
 
@@ -61,7 +68,8 @@ pub enum DecodeKernel {
 pub struct AttentionWork {
     /// `(sequence, partition)` for every partition of every decode sequence, in order.
     pub split: Vec<i32>,
-    /// `(sequence, index of its first split pair)` for every decode sequence.
+    /// `(sequence, index of its first split pair)` for every decode sequence of more than
+    /// one partition (the split kernel finishes the others).
     pub decode: Vec<i32>,
     /// `(sequence, query tile)` for every tile of every prefill sequence.
     pub prefill: Vec<i32>,
@@ -86,8 +94,11 @@ impl AttentionWork {
             );
             let s = s as i32;
             if seq.q_len == 1 && decode == DecodeKernel::Split {
-                work.decode.extend([s, (work.split.len() / 2) as i32]);
-                for part in 0..seq.context_len.div_ceil(PARTITION_TOKENS) {
+                let parts = seq.context_len.div_ceil(PARTITION_TOKENS);
+                if parts > 1 {
+                    work.decode.extend([s, (work.split.len() / 2) as i32]);
+                }
+                for part in 0..parts {
                     work.split.extend([s, part as i32]);
                 }
             } else {
@@ -104,7 +115,7 @@ impl AttentionWork {
         self.split.len() / 2
     }
 
-    /// Decode sequences.
+    /// Decode sequences of more than one partition.
     pub fn decode_seqs(&self) -> usize {
         self.decode.len() / 2
     }
@@ -129,7 +140,7 @@ impl AttentionWork {
 pub struct WorkCounts {
     /// Split pairs.
     pub split: usize,
-    /// Decode sequences.
+    /// Decode sequences of more than one partition.
     pub decode: usize,
     /// Prefill pairs.
     pub prefill: usize,
@@ -263,14 +274,8 @@ pub fn paged_attention(
 
     if counts.split > 0 {
         let work_i = counts.split as i32;
-        // The smallest bucket of query heads per block that holds a KV head's group; a
-        // larger group takes several blocks per KV head.
-        let group = nh / kv_heads;
-        let bucket = SPLIT_GROUPS
-            .into_iter()
-            .find(|&g| g >= group)
-            .unwrap_or(SPLIT_GROUPS[SPLIT_GROUPS.len() - 1]);
-        let per_item = kv_heads * group.div_ceil(bucket);
+        let bucket = split_bucket(counts.split, nh / kv_heads, kv_heads);
+        let per_item = kv_heads * (nh / kv_heads).div_ceil(bucket);
         let name = format!("paged_attention_split_d{d}_g{bucket}");
         let mut launch = stream.launch_builder(k.function(&name));
         launch
@@ -285,6 +290,7 @@ pub fn paged_attention(
             .arg(&meta.split)
             .arg(&work_i)
             .arg(&mut *scratch)
+            .arg(&mut *o)
             .arg(&nh_i)
             .arg(&kvh_i)
             .arg(&bs_i)
@@ -296,8 +302,9 @@ pub fn paged_attention(
         );
         // SAFETY: one block per split pair, KV head and chunk of its query heads; the rows
         // and block ids the metadata names lie inside q and the caches (the caller's
-        // contract, checked on the host by the ops layer), and every record written lies
-        // inside scratch (checked above).
+        // contract, checked on the host by the ops layer), every record written lies
+        // inside scratch (checked above), and a one-partition row writes its own row of o
+        // (below `meta.rows`, checked).
         unsafe { launch.launch(grid(split_blocks as u32, SPLIT_THREADS, 0)) }?;
     }
     if counts.decode > 0 {
@@ -340,6 +347,22 @@ pub fn paged_attention(
         unsafe { launch.launch(grid(blocks(counts.prefill), PREFILL_THREADS, 0)) }?;
     }
     Ok(())
+}
+
+/// Query heads per split block for `items` split pairs of `group` query heads per KV head:
+/// the largest bucket, up to the one that holds the group, that launches at least
+/// [`SPLIT_BUSY_BLOCKS`] blocks, else one head per block.
+fn split_bucket(items: usize, group: usize, kv_heads: usize) -> usize {
+    let holds = SPLIT_GROUPS
+        .into_iter()
+        .find(|&g| g >= group)
+        .unwrap_or(SPLIT_GROUPS[SPLIT_GROUPS.len() - 1]);
+    SPLIT_GROUPS
+        .into_iter()
+        .rev()
+        .filter(|&g| g <= holds)
+        .find(|&g| items * kv_heads * group.div_ceil(g) >= SPLIT_BUSY_BLOCKS)
+        .unwrap_or(SPLIT_GROUPS[0])
 }
 
 /// The address audit of the GPU cache kernels (`kv_write_bf16`, `paged_attention_*`) for
@@ -434,10 +457,11 @@ mod tests {
         ];
         let work = AttentionWork::new(&seqs, DecodeKernel::Split);
         assert_eq!(work.split, [0, 0, 0, 1, 0, 2, 2, 0, 3, 0, 3, 1]);
-        assert_eq!(work.decode, [0, 0, 2, 3, 3, 4]);
+        // Sequence 2 (one partition) is finished by the split kernel: nothing to combine.
+        assert_eq!(work.decode, [0, 0, 3, 4]);
         assert_eq!(work.prefill, [1, 0, 1, 1, 1, 2]);
         let counts = work.counts();
-        assert_eq!((counts.split, counts.decode, counts.prefill), (6, 3, 3));
+        assert_eq!((counts.split, counts.decode, counts.prefill), (6, 2, 3));
         assert_eq!(counts.scratch_floats(8, 128), 6 * 8 * 130);
         // The last sequence alone gets the same partitions, only renumbered.
         let alone = AttentionWork::new(&seqs[3..], DecodeKernel::Split);
@@ -446,6 +470,19 @@ mod tests {
         let same_order = AttentionWork::new(&seqs, DecodeKernel::Prefill);
         assert!(same_order.split.is_empty() && same_order.decode.is_empty());
         assert_eq!(same_order.prefill, [0, 0, 1, 0, 1, 1, 1, 2, 2, 0, 3, 0]);
+    }
+
+    #[test]
+    fn the_split_bucket_fills_the_gpu_then_shares_kv_reads() {
+        // Llama-3.2-1B: 8 KV heads of 4 query heads each.
+        assert_eq!(split_bucket(1, 4, 8), 1);
+        assert_eq!(split_bucket(8, 4, 8), 1);
+        assert_eq!(split_bucket(16, 4, 8), 2);
+        assert_eq!(split_bucket(64, 4, 8), 4);
+        // A group of 2 never takes the bucket of 4; a group of 8 takes blocks of 4.
+        assert_eq!(split_bucket(1000, 2, 8), 2);
+        assert_eq!(split_bucket(1000, 8, 8), 4);
+        assert_eq!(split_bucket(1000, 1, 32), 1);
     }
 
     #[test]

@@ -38,59 +38,6 @@ pub fn embedding(
     Ok(())
 }
 
-/// Where the rotated heads sit in each row of a bf16 matrix.
-#[derive(Clone, Copy, Debug)]
-pub struct RotaryHeads {
-    /// Elements between consecutive rows.
-    pub row_stride: usize,
-    /// Column of the first head.
-    pub first_col: usize,
-    /// Heads to rotate.
-    pub heads: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-    /// Pairs (2i, 2i+1) instead of (i, i + head_dim/2).
-    pub interleaved: bool,
-}
-
-/// Rotates the heads `at` of the first `positions.len()` rows of `x` in place, by the
-/// angles of `cos_sin` (`[max_position, head_dim]`: per position, head_dim/2 cosines then
-/// head_dim/2 sines). Positions must be below the table's length (the caller's check).
-pub fn rotary(
-    k: &CudaKernels,
-    stream: &CudaStream,
-    x: &mut CudaViewMut<bf16>,
-    positions: &CudaView<i32>,
-    cos_sin: &CudaView<f32>,
-    at: RotaryHeads,
-) -> Result<(), DriverError> {
-    let rows = positions.len();
-    assert!(
-        at.first_col + at.heads * at.head_dim <= at.row_stride && x.len() >= rows * at.row_stride,
-        "rotary: heads past the buffer"
-    );
-    let pairs = rows * at.heads * at.head_dim / 2;
-    if pairs == 0 {
-        return Ok(());
-    }
-    let args = [
-        rows as i32,
-        at.row_stride as i32,
-        at.first_col as i32,
-        at.heads as i32,
-        at.head_dim as i32,
-        i32::from(at.interleaved),
-    ];
-    let mut launch = stream.launch_builder(k.function("rotary_bf16"));
-    launch.arg(x).arg(positions).arg(cos_sin);
-    for a in &args {
-        launch.arg(a);
-    }
-    // SAFETY: every rotated element lies inside its row (checked above).
-    unsafe { launch.launch(grid(blocks(pairs), THREADS, 0)) }?;
-    Ok(())
-}
-
 /// `out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]` for `rows` rows.
 pub fn silu_and_mul(
     k: &CudaKernels,

@@ -4,6 +4,7 @@
 //! --deterministic mode and, on request, for products of few rows.
 
 use super::elementwise::silu_and_mul;
+use super::gemm_lt::{alignment, LtError, LtMatmul, LtShape};
 use super::{grid, CudaKernels};
 use cudarc::cublas::{result::gemm_ex, sys, CudaBlas};
 use cudarc::driver::{
@@ -18,6 +19,8 @@ use std::sync::Arc;
 pub enum GemmError {
     #[error("cuBLAS: {0}")]
     Cublas(#[from] cudarc::cublas::result::CublasError),
+    #[error(transparent)]
+    Lt(#[from] LtError),
     #[error("CUDA: {0}")]
     Driver(#[from] DriverError),
 }
@@ -26,17 +29,23 @@ pub enum GemmError {
 pub trait GemmOutput: DeviceRepr {
     /// The cuBLAS data type.
     const CUDA_TYPE: sys::cudaDataType;
-    /// The GEMV kernel writing this type.
+    /// The same, as cuBLASLt names it.
+    const LT_TYPE: cudarc::cublaslt::sys::cudaDataType;
+    /// The GEMV kernels writing this type, less their `_r{rows}` suffix.
     const GEMV_KERNEL: &'static str;
 }
 
 impl GemmOutput for bf16 {
     const CUDA_TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_16BF;
+    const LT_TYPE: cudarc::cublaslt::sys::cudaDataType =
+        cudarc::cublaslt::sys::cudaDataType::CUDA_R_16BF;
     const GEMV_KERNEL: &'static str = "gemv_fixed_order_bf16";
 }
 
 impl GemmOutput for f32 {
     const CUDA_TYPE: sys::cudaDataType = sys::cudaDataType::CUDA_R_32F;
+    const LT_TYPE: cudarc::cublaslt::sys::cudaDataType =
+        cudarc::cublaslt::sys::cudaDataType::CUDA_R_32F;
     const GEMV_KERNEL: &'static str = "gemv_fixed_order_f32";
 }
 
@@ -45,12 +54,15 @@ impl GemmOutput for f32 {
 /// even for one row (`bench latency --gemv-max-rows N` measures the two side by side).
 pub const GEMV_MAX_ROWS: usize = 0;
 
-/// Columns per block of the GEMV kernel (`GEMV_COLS` in its source).
-const GEMV_BLOCK_COLS: usize = 2;
+/// Columns per block of the GEMV kernel (`GEMV_WARPS` in its source: one warp a column).
+const GEMV_BLOCK_COLS: usize = 8;
+/// Rows of x per pass of the GEMV kernels (`_r1` .. `_r8`).
+const GEMV_PASS_ROWS: [usize; 4] = [1, 2, 4, 8];
 
 /// How products are computed.
 pub struct Gemm {
     blas: CudaBlas,
+    lt: LtMatmul,
     deterministic: bool,
     gemv_max_rows: usize,
 }
@@ -59,6 +71,7 @@ impl Gemm {
     /// Products on `stream`; `deterministic` selects the batch-invariant kernel.
     pub fn new(stream: Arc<CudaStream>, deterministic: bool) -> Result<Gemm, GemmError> {
         Ok(Gemm {
+            lt: LtMatmul::new(&stream)?,
             blas: CudaBlas::new(stream)?,
             deterministic,
             gemv_max_rows: GEMV_MAX_ROWS,
@@ -100,11 +113,8 @@ impl Gemm {
     }
 
     /// The MLP's down projection of the gated activation: `out = (silu(gate) * up) · wᵀ`
-    /// for the `[m, 2k]` matrix `gate_up` (gate columns, then up columns). For one row the
-    /// GEMV kernel computes the activation on the fly (one launch fewer where launches
-    /// dominate; every block recomputes it, which only pays for one row); otherwise it is
-    /// written to `act` first. Both round it to bf16 the same way, so the two paths give the
-    /// same bits.
+    /// for the `[m, 2k]` matrix `gate_up` (gate columns, then up columns), through `act`
+    /// (`[m, k]`, the activation rounded to bf16).
     #[allow(clippy::too_many_arguments)]
     pub fn gated_linear(
         &self,
@@ -120,9 +130,6 @@ impl Gemm {
         let k = check_shapes(gate_up.len(), w.len(), out.len(), m, n, 2);
         if m == 0 {
             Ok(())
-        } else if self.uses_gemv(m) && m == 1 {
-            let name = "gemv_gated_fixed_order_bf16";
-            Ok(gemv(kernels, stream, name, gate_up, w, out, m, n, k)?)
         } else {
             silu_and_mul(kernels, stream, gate_up, act, m, k)?;
             self.linear(kernels, stream, &act.as_view(), w, out, m, n)
@@ -144,6 +151,19 @@ impl Gemm {
         let (x_ptr, _x) = x.device_ptr(stream);
         let (w_ptr, _w) = w.device_ptr(stream);
         let (o_ptr, _o) = out.device_ptr_mut(stream);
+        let shape = LtShape {
+            m,
+            n,
+            k,
+            out: T::LT_TYPE,
+            align: [alignment(x_ptr), alignment(w_ptr), alignment(o_ptr)],
+        };
+        // SAFETY: the pointers cover m*k, n*k and m*n elements (checked by the callers), their
+        // alignments are the shape's, and they stay alive for the call, queued on `stream`.
+        if unsafe { self.lt.matmul(stream, shape, x_ptr, w_ptr, o_ptr) }? {
+            return Ok(());
+        }
+        // No cuBLASLt algorithm for this shape: cuBLAS chooses one itself.
         // Column-major view: outᵀ[n, m] = w[n, k] (stored k-major, so transposed) · xᵀ[k, m].
         // SAFETY: the pointers cover m*k, n*k and m*n elements (checked by the callers) and
         // stay alive for the call; cuBLAS runs on the handle's stream, the same as `stream`.
@@ -213,10 +233,31 @@ fn gemv<T: DeviceRepr>(
     }
     let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
     let blocks = u32::try_from(n.div_ceil(GEMV_BLOCK_COLS)).expect("linear: n past the grid");
-    let mut launch = stream.launch_builder(kernels.function(name));
+    let rows = GEMV_PASS_ROWS
+        .into_iter()
+        .find(|&r| r >= m)
+        .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
+    let mut launch = stream.launch_builder(kernels.function(&format!("{name}_r{rows}")));
     launch.arg(x).arg(w).arg(out).arg(&m_i).arg(&n_i).arg(&k_i);
     // SAFETY: x, w and out hold m rows, n*k and m*n elements (checked by the callers), rows are
-    // 16-byte aligned with k % 8 == 0 (checked above); each warp guards its columns and rows.
-    unsafe { launch.launch(grid(blocks, 128, 0)) }?;
+    // 16-byte aligned with k % 8 == 0 (checked above); each warp guards its column and rows.
+    unsafe { launch.launch(grid(blocks, 32 * GEMV_BLOCK_COLS as u32, 0)) }?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_source_agrees_with_the_launcher_constants() {
+        let source = include_str!("../../cuda/gemm.cu");
+        let line = format!("#define GEMV_WARPS {GEMV_BLOCK_COLS}\n");
+        assert!(source.contains(&line), "gemm.cu lacks `{line}`");
+        for rows in GEMV_PASS_ROWS {
+            for kernel in [bf16::GEMV_KERNEL, f32::GEMV_KERNEL] {
+                assert!(source.contains(&format!("{kernel}_r{rows}(")));
+            }
+        }
+    }
 }

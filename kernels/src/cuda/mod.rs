@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod elementwise;
 pub mod gemm;
+pub mod gemm_lt;
 pub mod kv_write;
 pub mod norm;
 pub mod sampling;

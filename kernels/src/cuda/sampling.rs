@@ -17,9 +17,14 @@
 
 use super::{grid, CudaKernels};
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PushKernelArg};
+use std::sync::Arc;
 
-/// Threads per row of the argmax and sampling kernels (`SAMPLE_THREADS`).
+/// Threads per row of the sampling kernel (`SAMPLE_THREADS`).
 const THREADS: u32 = 1024;
+/// Threads of the argmax's partial kernel (`ARGMAX_THREADS`), and the logits each block
+/// reduces (`ARGMAX_CHUNK`).
+const ARGMAX_THREADS: u32 = 256;
+const ARGMAX_CHUNK: usize = 256 * 16;
 /// Threads per row of the penalty kernel (`SAMPLE_PENALTY_THREADS`).
 const PENALTY_THREADS: u32 = 256;
 /// The largest vocabulary the kernels take: fixed-point masses of up to `2^40` a token
@@ -73,10 +78,11 @@ fn vocab_arg(what: &str, vocab: usize, rows: usize, logits: usize) -> i32 {
 }
 
 /// Greedy decoding: `tokens[r]` = the argmax of row `r` of `logits` (ties: lowest id; NaN
-/// never wins unless the whole row is NaN or -inf, then 0), for `tokens.len()` rows.
+/// never wins unless the whole row is NaN or -inf, then 0), for `tokens.len()` rows. Each
+/// row is cut into chunks reduced by separate blocks, then one warp per row reduces those.
 pub fn sample_argmax(
     k: &CudaKernels,
-    stream: &CudaStream,
+    stream: &Arc<CudaStream>,
     logits: &CudaView<f32>,
     vocab: usize,
     tokens: &mut CudaViewMut<u32>,
@@ -86,11 +92,27 @@ pub fn sample_argmax(
     if rows == 0 {
         return Ok(());
     }
-    let mut launch = stream.launch_builder(k.function("sample_argmax"));
-    launch.arg(logits).arg(&vocab_i).arg(tokens);
-    // SAFETY: `logits` holds `rows * vocab` elements and `tokens` `rows` (checked above);
-    // one block per row, each reading its own row and writing its own token.
-    unsafe { launch.launch(grid(rows as u32, THREADS, 0)) }?;
+    let chunks = vocab.div_ceil(ARGMAX_CHUNK);
+    let blocks = u32::try_from(rows * chunks).expect("sample_argmax: grid too large");
+    // SAFETY: every element is written by sample_argmax_partial before the finish kernel,
+    // queued after it on the same stream, reads it.
+    let mut partial = unsafe { stream.alloc::<u64>(rows * chunks) }?;
+    let chunks_i = chunks as i32;
+    let mut launch = stream.launch_builder(k.function("sample_argmax_partial"));
+    launch
+        .arg(logits)
+        .arg(&vocab_i)
+        .arg(&chunks_i)
+        .arg(&mut partial);
+    // SAFETY: `logits` holds `rows * vocab` elements (checked above) and every block reads
+    // only indices below `vocab` of its row; block b writes `partial[b]`, and `partial`
+    // holds one element per block.
+    unsafe { launch.launch(grid(blocks, ARGMAX_THREADS, 0)) }?;
+    let mut launch = stream.launch_builder(k.function("sample_argmax_finish"));
+    launch.arg(&partial).arg(&chunks_i).arg(tokens);
+    // SAFETY: one warp per row reads that row's `chunks` partial keys and writes its token;
+    // `tokens` holds `rows` elements.
+    unsafe { launch.launch(grid(rows as u32, 32, 0)) }?;
     Ok(())
 }
 
@@ -193,5 +215,21 @@ mod tests {
         assert_eq!(std::mem::offset_of!(SampleRow, temperature), 8);
         assert_eq!(std::mem::offset_of!(SampleRow, top_k), 20);
         assert_eq!(std::mem::offset_of!(SampleRow, greedy), 36);
+    }
+
+    #[test]
+    fn the_source_agrees_with_the_launcher_constants() {
+        let source = include_str!("../../cuda/sampling.cu");
+        for line in [
+            format!("#define SAMPLE_THREADS {THREADS}\n"),
+            format!("#define SAMPLE_PENALTY_THREADS {PENALTY_THREADS}\n"),
+            format!("#define ARGMAX_THREADS {ARGMAX_THREADS}\n"),
+            format!(
+                "#define ARGMAX_PER_THREAD {}\n",
+                ARGMAX_CHUNK / ARGMAX_THREADS as usize
+            ),
+        ] {
+            assert!(source.contains(&line), "sampling.cu lacks `{line}`");
+        }
     }
 }

@@ -3,10 +3,10 @@
 use super::GpuLlama;
 use crate::llama::{check_inputs, ForwardError};
 use cudarc::driver::{CudaView, DriverError};
-use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows, rotary, RotaryHeads};
+use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::GemmError;
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
-use peregrine_ops::cuda::attention::{write_kv, AttentionError, DeviceAttentionPlan};
+use peregrine_ops::cuda::attention::{write_kv, AttentionError, DeviceAttentionPlan, RotaryTable};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::GpuError;
@@ -97,11 +97,10 @@ impl GpuLlama {
         let attn = &mut w.attn.slice_mut(0..n * qd);
         let gate_up = &mut w.gate_up.slice_mut(0..n * 2 * inter);
         let act = &mut w.act.slice_mut(0..n * inter);
-        let heads = RotaryHeads {
-            row_stride: width,
-            first_col: 0,
-            heads: c.num_heads + c.num_kv_heads,
-            head_dim: d,
+        let cos_sin = self.cos_sin.as_view();
+        let rotary = RotaryTable {
+            cos_sin: &cos_sin,
+            positions: c.max_model_len,
             interleaved: self.interleaved,
         };
 
@@ -137,22 +136,14 @@ impl GpuLlama {
                 head_rms_norm(k, stream, qkv, &qn.as_view(), n, width, 0, q_heads, eps)?;
                 head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
             }
-            rotary(
-                k,
-                stream,
-                qkv,
-                &dplan.positions(),
-                &self.cos_sin.as_view(),
-                heads,
-            )?;
             let (k_cache, v_cache) = cache.layer_mut(l);
             write_kv(
                 k,
                 stream,
-                &qkv.as_view(),
+                qkv,
                 width,
-                qd,
-                qd + kvd,
+                c.num_heads,
+                Some(rotary),
                 k_cache,
                 v_cache,
                 &layout,

@@ -12,7 +12,8 @@ use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{
     self as kernel, AttentionMeta, AttentionWork, DecodeKernel, Heads, SeqRows, WorkCounts,
 };
-use peregrine_kernels::cuda::{kv_write, CudaKernels};
+use peregrine_kernels::cuda::kv_write::{self, RotaryInput};
+use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +54,8 @@ pub struct DeviceAttentionPlan {
     max_block: Option<u32>,
     /// Largest slot the slot mapping names, if any.
     max_slot: Option<i64>,
+    /// Largest position any row has, if any.
+    max_position: Option<u32>,
     counts: WorkCounts,
     /// Every i32 array, one after another, in one upload (see `IntArrays`).
     ints: CudaSlice<i32>,
@@ -161,6 +164,7 @@ impl DeviceAttentionPlan {
                 .copied()
                 .max(),
             max_slot: plan.slot_mapping().iter().copied().max(),
+            max_position: plan.positions().iter().copied().max(),
             counts: work.counts(),
             ints: upload_padded(gpu, &ints)?,
             longs: upload_padded(gpu, &longs)?,
@@ -373,27 +377,43 @@ impl GpuPagedAttention {
     }
 }
 
+/// The angle table of a model's rotary embedding on the device: per position,
+/// `head_dim / 2` cosines then `head_dim / 2` sines.
+#[derive(Clone, Copy)]
+pub struct RotaryTable<'a, 'b> {
+    /// The table, `[positions, head_dim]`.
+    pub cos_sin: &'a CudaView<'b, f32>,
+    /// Positions the table covers.
+    pub positions: usize,
+    /// Pairs (2i, 2i+1) instead of (i, i + head_dim/2).
+    pub interleaved: bool,
+}
+
 /// Writes the K and V of every planned row into one layer's caches: row r of `qkv` (bf16,
-/// `[rows, row_stride]`, K at column `k_col`, V at `v_col`) goes to slot
-/// `plan.slot_mapping()[r]`. Checks first, on the host, that the plan's rows fit qkv, the
-/// columns fit a row and every slot fits the pool.
+/// `[rows, row_stride]`: `q_heads` query heads, then the layout's KV heads of keys, then of
+/// values) goes to slot `plan.slot_mapping()[r]`. With `rotary`, the query heads are
+/// rotated in place and the keys on their way into the cache, by each row's planned
+/// position. Checks first, on the host, that the plan's rows fit qkv, the heads fit a row,
+/// every slot fits the pool and every position the table.
 #[allow(clippy::too_many_arguments)]
 pub fn write_kv(
     kernels: &CudaKernels,
     stream: &CudaStream,
-    qkv: &CudaView<bf16>,
+    qkv: &mut CudaViewMut<bf16>,
     row_stride: usize,
-    k_col: usize,
-    v_col: usize,
+    q_heads: usize,
+    rotary: Option<RotaryTable>,
     k_cache: &mut CudaSlice<bf16>,
     v_cache: &mut CudaSlice<bf16>,
     layout: &KvLayout,
     plan: &DeviceAttentionPlan,
 ) -> Result<(), AttentionError> {
-    let width = layout.slot_elems() as usize;
-    if k_col + width > row_stride || v_col + width > row_stride {
+    let columns = (q_heads + 2 * layout.num_kv_heads as usize) * layout.head_dim as usize;
+    if columns > row_stride {
         return Err(AttentionError::Shape(format!(
-            "K at column {k_col} or V at {v_col}, {width} wide, past rows of {row_stride}"
+            "{q_heads} query heads and {} KV heads of {} take {columns} columns, past rows of \
+             {row_stride}",
+            layout.num_kv_heads, layout.head_dim
         )));
     }
     let qkv_rows = qkv.len() / row_stride;
@@ -413,15 +433,34 @@ pub fn write_kv(
             limit: slots,
         });
     }
+    if let Some(table) = &rotary {
+        let rows = table.cos_sin.len() / layout.head_dim as usize;
+        if plan
+            .max_position
+            .is_some_and(|p| p as usize >= rows.min(table.positions))
+        {
+            return Err(AttentionError::Shape(format!(
+                "position {} past the rotary table's {} positions",
+                plan.max_position.unwrap_or(0),
+                rows.min(table.positions)
+            )));
+        }
+    }
     check_caches(k_cache.len(), v_cache.len(), layout)?;
     let slot_mapping = plan.slot_mapping();
+    let positions = plan.positions();
+    let rotary = rotary.map(|table| RotaryInput {
+        positions: &positions,
+        cos_sin: table.cos_sin,
+        interleaved: table.interleaved,
+    });
     kv_write::write_kv(
         kernels,
         stream,
         qkv,
         row_stride,
-        k_col,
-        v_col,
+        q_heads,
+        rotary,
         &slot_mapping,
         plan.rows(),
         k_cache,

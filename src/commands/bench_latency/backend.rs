@@ -5,6 +5,7 @@ use crate::cli::BenchLatencyArgs;
 use anyhow::bail;
 use peregrine_models::LlamaModel;
 use peregrine_ops::{AttentionPlan, KvCache};
+use std::time::Instant;
 
 /// One model and its KV cache, as the benchmark drives them.
 pub trait LatencyModel {
@@ -24,9 +25,18 @@ pub trait LatencyModel {
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<u32>>;
+    ) -> anyhow::Result<StepTokens>;
     /// Waits for queued device work.
     fn synchronize(&mut self) -> anyhow::Result<()>;
+}
+
+/// What one step gave: the tokens, and when the host had queued all of the step's device
+/// work (the end of the step on the CPU, which queues nothing).
+pub struct StepTokens {
+    /// Each logit row's greedy token.
+    pub tokens: Vec<u32>,
+    /// When the last of the step's work was queued.
+    pub queued: Instant,
 }
 
 /// Blocks for `largest` sequences of the benchmark's lengths (plus the warm-up's).
@@ -107,11 +117,14 @@ impl LatencyModel for CpuModel {
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<u32>> {
+    ) -> anyhow::Result<StepTokens> {
         let logits = self
             .model
             .forward(tokens, plan, &mut self.cache, logit_rows)?;
-        Ok(argmax_rows(&logits, self.vocab_size()))
+        Ok(StepTokens {
+            tokens: argmax_rows(&logits, self.vocab_size()),
+            queued: Instant::now(),
+        })
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! The GPU model for `bench latency`: a checkpoint or random weights of a config.json's
 //! shapes, in bf16.
 
-use super::backend::{blocks_needed, LatencyModel};
+use super::backend::{blocks_needed, LatencyModel, StepTokens};
 use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
 use peregrine_kernels::cuda::CudaKernels;
@@ -123,19 +123,17 @@ impl LatencyModel for GpuModel {
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<u32>> {
+    ) -> anyhow::Result<StepTokens> {
         let gpu = self.model.gpu().clone();
         let vocab = self.vocab_size();
         let logits = self
             .model
             .forward(tokens, plan, &mut self.cache, logit_rows)?;
-        Ok(greedy_tokens(
-            &self.kernels,
-            &gpu,
-            &logits,
-            logit_rows.len(),
-            vocab,
-        )?)
+        // The argmax's two launches are left out of the queued time: they are queued just
+        // before the download that waits.
+        let queued = Instant::now();
+        let tokens = greedy_tokens(&self.kernels, &gpu, &logits, logit_rows.len(), vocab)?;
+        Ok(StepTokens { tokens, queued })
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {
