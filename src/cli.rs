@@ -25,7 +25,7 @@ pub enum Command {
     /// Convert a GGUF file into a Hugging Face model directory.
     Convert(ConvertArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
-    Serve(peregrine_config::ServeArgs),
+    Serve(Box<peregrine_config::ServeArgs>),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),

@@ -29,7 +29,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Convert(args) => convert::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
     };
