@@ -20,8 +20,10 @@ pub struct Seq {
     pub num_computed: usize,
     pub block_table: Vec<u32>,
     pub phase: Phase,
-    /// Tokens to compute in the step being planned.
+    /// Tokens to compute in the step being planned (drafts included).
     pub chunk: usize,
+    /// Draft tokens to verify in the step being planned.
+    pub drafts: Vec<u32>,
     /// The runner has the request's sampling state.
     pub setup_sent: bool,
     /// Prompt tokens served from the prefix cache at first admission.
@@ -40,6 +42,7 @@ impl Seq {
             block_table: Vec::new(),
             phase: Phase::Waiting,
             chunk: 0,
+            drafts: Vec::new(),
             setup_sent: false,
             cached_tokens: None,
             last_token_at: None,
