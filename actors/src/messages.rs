@@ -68,6 +68,11 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Speculative decoding: verification steps that carried drafts, draft tokens
+    /// verified and draft tokens accepted (all 0 without speculation).
+    pub num_drafts: usize,
+    pub num_draft_tokens: usize,
+    pub num_accepted_tokens: usize,
 }
 
 /// Why a request ended.

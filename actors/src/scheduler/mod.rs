@@ -450,6 +450,11 @@ impl Scheduler {
             let Some(seq) = self.seqs.get_mut(&out.id) else {
                 continue;
             };
+            if out.num_drafts > 0 {
+                seq.spec[0] += 1;
+                seq.spec[1] += out.num_drafts;
+                seq.spec[2] += out.num_accepted;
+            }
             let mut tokens = Vec::with_capacity(out.tokens.len());
             let mut reason = None;
             for token in out.tokens {

@@ -29,6 +29,8 @@ pub struct Seq {
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
     pub last_token_at: Option<Instant>,
+    /// Speculation counts: verifications with drafts, drafts, accepted drafts.
+    pub spec: [usize; 3],
 }
 
 impl Seq {
@@ -46,6 +48,7 @@ impl Seq {
             setup_sent: false,
             cached_tokens: None,
             last_token_at: None,
+            spec: [0; 3],
         }
     }
 
@@ -70,6 +73,9 @@ impl Seq {
             prompt_tokens: self.req.spec.prompt.len(),
             completion_tokens: self.output_len(),
             cached_tokens: self.cached_tokens.unwrap_or(0),
+            num_drafts: self.spec[0],
+            num_draft_tokens: self.spec[1],
+            num_accepted_tokens: self.spec[2],
         }
     }
 
