@@ -284,7 +284,10 @@ async fn draft_model_greedy_outputs_equal_no_speculation() {
             let drafts = value(&s, "peregrine:spec_decode_num_draft_tokens_total");
             let accepted = value(&s, "peregrine:spec_decode_num_accepted_tokens_total");
             let per_request: usize = got.iter().map(|(_, u)| u.num_accepted_tokens).sum();
-            assert_eq!(per_request as f64, accepted, "usage agrees with the counters");
+            assert_eq!(
+                per_request as f64, accepted,
+                "usage agrees with the counters"
+            );
             rates.push(accepted / drafts);
         }
     }

@@ -2,6 +2,7 @@
 
 mod bench_latency;
 mod bench_serve;
+mod bench_spec;
 mod convert;
 mod fetch;
 mod generate;
@@ -32,6 +33,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => serve::run(*args),
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
+        Command::Bench(BenchCommand::Spec(args)) => bench_spec::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -4,7 +4,7 @@
 
 mod reload;
 mod signals;
-mod speculation;
+pub(crate) mod speculation;
 
 use crate::commands::DEFAULT_MODEL;
 use actix_web::{web, App, HttpServer};

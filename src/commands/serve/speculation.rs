@@ -5,6 +5,7 @@ use peregrine_actors::backend::ModelBackend;
 use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::LlamaModel;
+use std::path::Path;
 use tracing::info;
 
 /// The configured drafter, or `None` when speculation is off. The configuration was
@@ -17,13 +18,35 @@ pub fn load_drafter(
     let Some(method) = config.speculative_method else {
         return Ok(None);
     };
-    let drafter: Box<dyn DraftMethod> = match method {
-        SpeculativeMethod::Ngram => Box::new(Ngram::new(config.ngram_min, config.ngram_max)?),
+    let drafter = build_drafter(
+        method,
+        config.draft_model.as_deref(),
+        (config.ngram_min, config.ngram_max),
+        target,
+        config.block_size,
+    )?;
+    info!(
+        method = method.as_str(),
+        num_speculative_tokens = config.num_speculative_tokens,
+        "speculative decoding on"
+    );
+    Ok(Some(drafter))
+}
+
+/// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model in
+/// `draft_model` with a draft cache over `target`'s pool of blocks of `block_size`.
+pub fn build_drafter(
+    method: SpeculativeMethod,
+    draft_model: Option<&Path>,
+    (ngram_min, ngram_max): (usize, usize),
+    target: &dyn ModelBackend,
+    block_size: usize,
+) -> anyhow::Result<Box<dyn DraftMethod>> {
+    Ok(match method {
+        SpeculativeMethod::Ngram => Box::new(Ngram::new(ngram_min, ngram_max)?),
         SpeculativeMethod::DraftModel => {
-            let dir = config
-                .draft_model
-                .as_deref()
-                .context("speculative_method draft_model needs --draft-model DIR")?;
+            let dir =
+                draft_model.context("speculative_method draft_model needs --draft-model DIR")?;
             let model = LlamaModel::load(dir)
                 .with_context(|| format!("loading the draft model {}", dir.display()))?;
             let num_blocks = target.pool().layout.num_blocks;
@@ -31,17 +54,11 @@ pub fn load_drafter(
                 model,
                 target.config(),
                 num_blocks,
-                config.block_size,
+                block_size,
             )?)
         }
         SpeculativeMethod::Eagle3 => {
             anyhow::bail!("speculative_method eagle3 is not built yet; use ngram or draft_model")
         }
-    };
-    info!(
-        method = method.as_str(),
-        num_speculative_tokens = config.num_speculative_tokens,
-        "speculative decoding on"
-    );
-    Ok(Some(drafter))
+    })
 }
