@@ -30,6 +30,8 @@ pub struct DraftModel {
     num_blocks: u64,
     seqs: HashMap<RequestId, DraftSeq>,
     argmax: Sampler,
+    /// The fault hook's block id threshold.
+    #[cfg(feature = "fault-hooks")]
     fault_above: Option<u32>,
 }
 
@@ -70,13 +72,15 @@ impl DraftModel {
             num_blocks,
             seqs: HashMap::new(),
             argmax: Sampler::new(&SamplingParams::greedy())?,
+            #[cfg(feature = "fault-hooks")]
             fault_above: None,
         })
     }
 
-    /// Test hook: after every draft forward, zero the draft KV of every block id above
+    /// Test hook (feature `fault-hooks`): after every draft forward, zero the draft KV of every block id above
     /// `block` that a sequence of the step uses, so that reads from those blocks return
     /// garbage (the failure of a kernel that reads the wrong block past an id limit).
+    #[cfg(feature = "fault-hooks")]
     pub fn with_kv_fault_above(mut self, block: u32) -> DraftModel {
         self.fault_above = Some(block);
         self
@@ -94,6 +98,7 @@ impl DraftModel {
             .model
             .forward(tokens, &plan, &mut self.cache, rows)
             .context("draft model forward")?;
+        #[cfg(feature = "fault-hooks")]
         if let Some(above) = self.fault_above {
             self.corrupt(specs, above);
         }
@@ -104,6 +109,7 @@ impl DraftModel {
             .collect())
     }
 
+    #[cfg(feature = "fault-hooks")]
     fn corrupt(&mut self, specs: &[SeqSpec], above: u32) {
         let bs = self.block_size;
         let layout = *self.cache.layout();
