@@ -99,6 +99,9 @@ impl Scheduler {
 
     async fn run(mut self, mut inbox: mpsc::Receiver<SchedulerMsg>) {
         metrics::record_queues(0, 0);
+        if self.proposer.is_some() {
+            metrics::record_acceptance_alarm(false);
+        }
         let idle = KvUsage {
             num_blocks: self.setup.num_blocks,
             ..KvUsage::default()
