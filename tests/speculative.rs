@@ -429,3 +429,65 @@ async fn the_acceptance_alarm_stays_quiet_without_the_fault() {
     );
     assert!(value(&s, "peregrine:spec_decode_acceptance_alarm") == 0.0);
 }
+
+#[tokio::test]
+async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 97).write_hf(dir.path());
+    let target = backend(dir.path(), 64);
+    let num_blocks = target.pool().layout.num_blocks;
+    let model = LlamaModel::load(dir.path()).unwrap();
+    let draft = DraftModel::new(model, target.config(), num_blocks, BLOCK).unwrap();
+    let limits = SchedulerLimits {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 64,
+        max_waiting: 100,
+        num_speculative_tokens: 3,
+    };
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits,
+        max_model_len: None,
+    };
+    let engine = start_engine(target, &settings, Some(Box::new(draft))).unwrap();
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let prompt: Vec<u32> = (3..23).collect();
+    let greedy = SamplingParams::greedy();
+    let mut per_verification = Vec::new();
+    for (i, k) in [(0, 3), (1, 1), (2, 2)] {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let limits = SchedulerLimits {
+            num_speculative_tokens: k,
+            ..limits
+        };
+        engine
+            .scheduler
+            .send(peregrine_actors::messages::SchedulerMsg::Reconfigure(
+                limits, reply,
+            ))
+            .await
+            .unwrap();
+        done.await.unwrap();
+        meter.take();
+        let rx = submit(&engine.scheduler, i, &prompt, &greedy, 25).await;
+        collect(rx).await;
+        let s = meter.take();
+        let drafts = value(&s, "peregrine:spec_decode_num_drafts_total");
+        let tokens = value(&s, "peregrine:spec_decode_num_draft_tokens_total");
+        per_verification.push(tokens / drafts);
+    }
+    // The target as its own draft: every verification gets all k drafts, except where
+    // max_tokens leaves room for fewer at the end.
+    assert!(
+        (per_verification[0] - 3.0).abs() < 0.5,
+        "{per_verification:?}"
+    );
+    assert_eq!(per_verification[1], 1.0, "{per_verification:?}");
+    assert!(
+        (per_verification[2] - 2.0).abs() < 0.3,
+        "{per_verification:?}"
+    );
+}

@@ -6,7 +6,7 @@
 
 use crate::messages::KvUsage;
 use crate::metrics;
-use crate::spec_alarm::{AcceptanceAlarm, AlarmChange, AlarmSettings};
+use crate::spec_alarm::{AcceptanceAlarm, AlarmChange, AlarmSettings, LowPosition};
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -95,21 +95,10 @@ impl SpecStats {
         metrics::record_tokens_per_forward(self.total.tokens_per_forward());
         match self.alarm.record(drafts, accepted) {
             Some(AlarmChange::Raised(low)) => {
-                let mut positions = String::new();
-                for l in &low {
-                    let _ = write!(
-                        positions,
-                        " position {}: {}/{} accepted in the window vs {:.1}% long-run;",
-                        l.position,
-                        l.window_accepted,
-                        l.window_len,
-                        100.0 * l.long_run
-                    );
-                }
                 warn!(
                     largest_kv_block_id_in_use = ?kv.max_block_id_in_use,
-                    "spec: draft acceptance collapsed:{positions} largest KV block id in use {}",
-                    kv.max_block_id_in_use.map_or("none".to_string(), |b| b.to_string())
+                    "{}",
+                    alarm_message(&low, kv)
                 );
                 metrics::record_acceptance_alarm(true);
             }
@@ -127,6 +116,26 @@ impl SpecStats {
     }
 }
 
+/// The warning logged when the alarm is raised.
+fn alarm_message(low: &[LowPosition], kv: &KvUsage) -> String {
+    let mut text = String::from("spec: draft acceptance collapsed:");
+    for l in low {
+        let _ = write!(
+            text,
+            " position {}: {}/{} accepted in the window vs {:.1}% long-run;",
+            l.position,
+            l.window_accepted,
+            l.window_len,
+            100.0 * l.long_run
+        );
+    }
+    let block = kv
+        .max_block_id_in_use
+        .map_or("none".to_string(), |b| b.to_string());
+    let _ = write!(text, " largest KV block id in use {block}");
+    text
+}
+
 impl Default for SpecStats {
     fn default() -> Self {
         SpecStats::new()
@@ -136,6 +145,25 @@ impl Default for SpecStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_alarm_warning_names_positions_window_and_block_id() {
+        let low = [LowPosition {
+            position: 1,
+            window_accepted: 12,
+            window_len: 100,
+            long_run: 0.815,
+        }];
+        let kv = KvUsage {
+            max_block_id_in_use: Some(65_536),
+            ..KvUsage::default()
+        };
+        assert_eq!(
+            alarm_message(&low, &kv),
+            "spec: draft acceptance collapsed: position 1: 12/100 accepted in the window vs \
+             81.5% long-run; largest KV block id in use 65536"
+        );
+    }
 
     #[test]
     fn the_summary_reads_as_documented() {
