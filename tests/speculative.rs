@@ -12,13 +12,18 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{SchedulerLimits, Usage};
+use peregrine_actors::messages::{
+    GenerateRequest, GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
+    SchedulerMsg, Usage,
+};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
 
 const BLOCK: usize = 16;
 
@@ -490,4 +495,72 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
         (per_verification[2] - 2.0).abs() < 0.3,
         "{per_verification:?}"
     );
+}
+
+/// One greedy request with `top` logprobs through an engine of the tiny model in `dir`;
+/// its tokens with their logprobs.
+async fn with_logprobs(
+    dir: &Path,
+    drafter: Option<Box<dyn DraftMethod>>,
+    prompt: &[u32],
+) -> Vec<GeneratedToken> {
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits: SchedulerLimits {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            max_waiting: 10,
+            num_speculative_tokens: 3,
+        },
+        max_model_len: None,
+    };
+    let engine = start_engine(backend(dir, 64), &settings, drafter).unwrap();
+    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: RequestId(1),
+        spec: RequestSpec {
+            prompt: Arc::from(prompt),
+            params: SamplingParams::greedy(),
+            max_tokens: 20,
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            logprobs: Some(3),
+            priority: 0,
+        },
+        arrival: Instant::now(),
+        events,
+    };
+    let (reply, queued) = tokio::sync::oneshot::channel();
+    engine
+        .scheduler
+        .send(SchedulerMsg::Submit(request, reply))
+        .await
+        .unwrap();
+    queued.await.unwrap().unwrap();
+    let mut tokens = Vec::new();
+    while let Some(RequestEvent::Tokens(t)) = rx.recv().await {
+        tokens.extend(t);
+    }
+    tokens
+}
+
+#[tokio::test]
+async fn logprobs_of_accepted_drafts_equal_those_without_speculation() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 98).write_hf(dir.path());
+    let prompt: Vec<u32> = (0..30).map(|i| [40, 41, 42, 43, 44][i % 5]).collect();
+    let plain = with_logprobs(dir.path(), None, &prompt).await;
+    let target = backend(dir.path(), 64);
+    let draft = DraftModel::new(
+        LlamaModel::load(dir.path()).unwrap(),
+        target.config(),
+        target.pool().layout.num_blocks,
+        BLOCK,
+    )
+    .unwrap();
+    let spec = with_logprobs(dir.path(), Some(Box::new(draft)), &prompt).await;
+    assert_eq!(plain.len(), 20);
+    assert!(plain.iter().all(|t| t.logprobs.is_some()));
+    assert_eq!(spec, plain, "tokens and logprobs, bit for bit");
 }
