@@ -371,6 +371,7 @@ impl Scheduler {
     /// them; each request's chunk shrinks to its last token plus the drafts it got.
     async fn propose(&mut self) -> anyhow::Result<()> {
         let Some(proposer) = &self.proposer else {
+            self.to_release_drafts.clear();
             return Ok(());
         };
         let seqs: Vec<ProposeSeq> = self
