@@ -25,7 +25,7 @@ pub enum Command {
     /// Convert a GGUF file into a Hugging Face model directory.
     Convert(ConvertArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
-    Serve(peregrine_config::ServeArgs),
+    Serve(Box<peregrine_config::ServeArgs>),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -38,6 +38,58 @@ pub enum BenchCommand {
     Serve(BenchServeArgs),
     /// Time prefill and decode of a model offline (no HTTP), as `vllm bench latency` does.
     Latency(BenchLatencyArgs),
+    /// Greedy requests through the engine on the CPU without and with speculative
+    /// decoding: speedup, acceptance, tokens per forward, identical outputs.
+    Spec(BenchSpecArgs),
+}
+
+/// `peregrine bench spec`.
+#[derive(Args, Debug)]
+pub struct BenchSpecArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// How drafts are proposed.
+    #[arg(long, default_value = "ngram")]
+    pub speculative_method: peregrine_config::SpeculativeMethod,
+    /// The draft model directory, for draft_model.
+    #[arg(long)]
+    pub draft_model: Option<PathBuf>,
+    /// Drafts per request and step.
+    #[arg(long, default_value_t = 3)]
+    pub num_speculative_tokens: usize,
+    /// The shortest suffix the n-gram method matches.
+    #[arg(long, default_value_t = 2)]
+    pub ngram_min: usize,
+    /// The longest suffix the n-gram method matches.
+    #[arg(long, default_value_t = 4)]
+    pub ngram_max: usize,
+    /// How many requests.
+    #[arg(long, default_value_t = 16)]
+    pub num_prompts: usize,
+    /// Requests running at once (max_num_seqs).
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: usize,
+    /// Tokens per step (max_num_batched_tokens).
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Prompt length in words of the random prompts.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Tokens to generate per request (random prompts ignore EOS).
+    #[arg(long, default_value_t = 128)]
+    pub output_len: usize,
+    /// A JSONL file of {"prompt": ..., "max_tokens"?: ...} lines instead of random prompts.
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Seed for the random prompts.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Bytes of KV cache.
+    #[arg(long, default_value_t = 1 << 30)]
+    pub kv_cache_memory: u64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
 }
 
 /// `peregrine bench latency`.

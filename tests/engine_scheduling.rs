@@ -40,7 +40,7 @@ async fn served(
     reqs: &[(Vec<u32>, SamplingParams)],
     (settings, kv_blocks): (EngineSettings, u64),
 ) -> Vec<(Vec<u32>, Usage)> {
-    let engine = start_engine(backend(dir, kv_blocks), &settings).unwrap();
+    let engine = start_engine(backend(dir, kv_blocks), &settings, None).unwrap();
     let mut streams = Vec::new();
     for (i, (prompt, params)) in reqs.iter().enumerate() {
         streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
@@ -79,6 +79,7 @@ fn settings(
             max_num_seqs,
             max_num_batched_tokens,
             max_waiting: 1000,
+            num_speculative_tokens: 0,
         },
         max_model_len: None,
     };
@@ -138,7 +139,7 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300).collect();
     let req = vec![(prompt, SamplingParams::greedy())];
     let (engine_settings, kv_blocks) = settings(64, 4, 64);
-    let engine = start_engine(backend(dir.path(), kv_blocks), &engine_settings).unwrap();
+    let engine = start_engine(backend(dir.path(), kv_blocks), &engine_settings, None).unwrap();
     let mut runs = Vec::new();
     for i in 0..2 {
         let rx = submit(&engine.scheduler, i, &req[0].0, &req[0].1, MAX_TOKENS).await;

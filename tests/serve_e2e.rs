@@ -324,6 +324,55 @@ fn sigterm_cancels_streams_past_the_deadline() {
     );
 }
 
+/// 11. With speculative decoding on (n-gram, and the model as its own draft), greedy
+///     requests return exactly what `peregrine generate` prints without it, alone and
+///     beside copies of themselves.
+#[test]
+fn speculative_greedy_requests_match_generate() {
+    let _serial = serial();
+    let model = TinyDir::new(11);
+    let prompt = "the quick brown fox the quick brown fox the quick brown fox the quick";
+    let greedy = generate(
+        model.path(),
+        &[
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+        ],
+    );
+    let expected = model.write_json(
+        "expected.json",
+        &serde_json::json!({
+            "prompt": prompt,
+            "greedy": {"temperature": 0.0, "max_tokens": 24, "text": greedy},
+        }),
+    );
+    let draft = path_arg(model.path());
+    for method in [
+        &["--speculative-method", "ngram", "--ngram-min", "1"][..],
+        &[
+            "--speculative-method",
+            "draft_model",
+            "--draft-model",
+            &draft,
+        ][..],
+    ] {
+        println!("server flags: {method:?}");
+        let server = Server::start(model.path(), method);
+        server.check("check_seeded.py", &["--expected", &path_arg(&expected)]);
+        let (_, metrics) = http_get(&server.base, "/metrics").unwrap();
+        assert!(
+            metrics.contains("peregrine:spec_decode_num_drafts_total"),
+            "no verification with drafts\n{}",
+            server.log()
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The tiny model
 // ---------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-//! Assembles the engine's actors for serving: the TargetRunner on its thread, the
-//! KvAllocator and the Scheduler as tokio tasks.
+//! Assembles the engine's actors for serving: the TargetRunner and the DraftProposer (when
+//! speculating) on their threads, the KvAllocator and the Scheduler as tokio tasks.
 
 use crate::backend::{ModelBackend, StepCapacity};
+use crate::draft::{spawn_proposer, DraftMethod};
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
@@ -30,11 +31,13 @@ pub struct Engine {
     pub capacity: Option<StepCapacity>,
 }
 
-/// Prints the backend's pool and address audit, and starts the actors. Call from inside a
-/// tokio runtime.
+/// Prints the backend's pool and address audit, and starts the actors; with a `drafter`,
+/// decoding requests are verified against up to `num_speculative_tokens` of its drafts
+/// per step. Call from inside a tokio runtime.
 pub fn start_engine(
     backend: Box<dyn ModelBackend>,
     settings: &EngineSettings,
+    drafter: Option<Box<dyn DraftMethod>>,
 ) -> anyhow::Result<Engine> {
     let config = backend.config();
     let max_model_len = match settings.max_model_len {
@@ -88,7 +91,7 @@ pub fn start_engine(
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
     let runner = TargetRunner::spawn(backend, block_size);
     Ok(Engine {
-        scheduler: Scheduler::spawn(setup, kv, runner),
+        scheduler: Scheduler::spawn(setup, kv, runner, drafter.map(spawn_proposer)),
         num_blocks,
         max_model_len,
         capacity,

@@ -1,10 +1,11 @@
 //! The serving runtime: the actors (scheduler, KV allocator, target runner; the gateway
 //! lives in the binary's `serve` command), the typed messages between them, and the
-//! single-request generator that `peregrine generate` drives. The DraftProposer and the
-//! GraphCaptureManager join with their own issues.
+//! single-request generator that `peregrine generate` drives; the DraftProposer and the
+//! speculation statistics. The GraphCaptureManager joins with its own issue.
 
 pub mod backend;
 pub mod block_pool;
+pub mod draft;
 pub mod engine;
 pub mod gateway;
 pub mod generator;
@@ -12,6 +13,8 @@ pub mod kv_allocator;
 pub mod messages;
 pub mod metrics;
 pub mod scheduler;
+pub mod spec_alarm;
+pub mod spec_stats;
 pub mod target_runner;
 
 pub use block_pool::{BlockAllocation, BlockPool, OutOfBlocks};

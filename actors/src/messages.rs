@@ -7,7 +7,8 @@
 //!    └──RequestEvent──────────┘  │
 //!                    ScheduledBatch │ StepDone
 //!                                v  │
-//!                            TargetRunner ──(DraftProposer, GraphCaptureManager: later)
+//!                            TargetRunner        Scheduler ──Propose──> DraftProposer
+//!                                                    ^ <──Drafts─────────────┘
 //! ```
 //! The scheduler sends one message per actor per step, whatever the number of requests.
 
@@ -67,6 +68,11 @@ pub struct Usage {
     pub completion_tokens: usize,
     /// Prompt tokens served from the prefix cache.
     pub cached_tokens: usize,
+    /// Speculative decoding: verification steps that carried drafts, draft tokens
+    /// verified and draft tokens accepted (all 0 without speculation).
+    pub num_drafts: usize,
+    pub num_draft_tokens: usize,
+    pub num_accepted_tokens: usize,
 }
 
 /// Why a request ended.
@@ -124,6 +130,8 @@ pub struct SchedulerLimits {
     pub max_num_batched_tokens: usize,
     /// The most requests waiting to start; one more gets `QueueFull`.
     pub max_waiting: usize,
+    /// The most draft tokens verified per sequence and step, when a draft method runs.
+    pub num_speculative_tokens: usize,
 }
 
 /// Messages to the scheduler.
@@ -155,6 +163,9 @@ pub struct ScheduledSeq {
     pub block_table: Vec<u32>,
     /// Sample a token after this chunk (false for a prompt chunk that is not the last).
     pub sample: bool,
+    /// How many of the last `tokens` are draft tokens to verify (0: a plain chunk). The
+    /// runner then takes logits at the last `num_drafts + 1` rows.
+    pub num_drafts: usize,
     /// Set the first time the runner sees the request (and again after a preemption it
     /// is not: the runner keeps the sampler state until the request is released).
     pub setup: Option<SamplingSetup>,
@@ -184,17 +195,64 @@ impl ScheduledBatch {
     }
 }
 
-/// The runner's reply: the sampled token of every sequence that asked for one, in batch
+/// What the runner produced for one sequence that asked for tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SeqOutput {
+    pub id: RequestId,
+    /// The accepted drafts, then the target's own token: at least one token.
+    pub tokens: Vec<GeneratedToken>,
+    /// Drafts the step verified for this sequence.
+    pub num_drafts: usize,
+    /// Drafts accepted (`tokens.len() - 1`).
+    pub num_accepted: usize,
+}
+
+/// The runner's reply: the output of every sequence that asked for tokens, in batch
 /// order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepDone {
     pub step: u64,
-    pub sampled: Vec<(RequestId, GeneratedToken)>,
+    pub sampled: Vec<SeqOutput>,
 }
 
 /// Messages to the target runner (on its own thread).
 pub enum RunnerMsg {
     Step(ScheduledBatch, oneshot::Sender<anyhow::Result<StepDone>>),
+}
+
+/// A running sequence the draft proposer drafts for this step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProposeSeq {
+    pub id: RequestId,
+    /// Every token the sequence holds: its prompt, then its output.
+    pub tokens: Arc<[u32]>,
+    /// Its blocks, covering the drafts' positions too.
+    pub block_table: Vec<u32>,
+    /// The most drafts to propose.
+    pub max_drafts: usize,
+}
+
+/// The scheduler's one message to the draft proposer per step.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct Propose {
+    pub step: u64,
+    pub seqs: Vec<ProposeSeq>,
+    /// Requests that ended or were preempted since the last step: the proposer forgets
+    /// their state.
+    pub released: Vec<RequestId>,
+}
+
+/// The draft proposer's reply: per sequence of `Propose`, in order, its drafts (possibly
+/// none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Drafts {
+    pub step: u64,
+    pub drafts: Vec<(RequestId, Vec<u32>)>,
+}
+
+/// Messages to the draft proposer (on its own thread).
+pub enum ProposerMsg {
+    Propose(Propose, oneshot::Sender<anyhow::Result<Drafts>>),
 }
 
 /// A sequence the scheduler wants to start (or restart after preemption) this step.

@@ -97,3 +97,49 @@ pub fn record_queue_time(queued: Duration) {
 pub fn record_preemption() {
     counter!(NUM_PREEMPTIONS).increment(1);
 }
+
+/// Verification steps that had drafts (one per request and step).
+pub const SPEC_NUM_DRAFTS: &str = "peregrine:spec_decode_num_drafts_total";
+/// Draft tokens verified.
+pub const SPEC_NUM_DRAFT_TOKENS: &str = "peregrine:spec_decode_num_draft_tokens_total";
+/// Draft tokens accepted.
+pub const SPEC_NUM_ACCEPTED_TOKENS: &str = "peregrine:spec_decode_num_accepted_tokens_total";
+/// Draft tokens accepted at each draft position (`position` 0 is the first draft).
+pub const SPEC_ACCEPTED_PER_POS: &str = "peregrine:spec_decode_num_accepted_tokens_per_pos_total";
+/// Drafts accepted per verification step, 0..K.
+pub const SPEC_ACCEPTED_LENGTH: &str = "peregrine:spec_decode_accepted_length";
+/// Mean tokens emitted per verification step (accepted drafts plus one), since start.
+pub const SPEC_MEAN_TOKENS_PER_FORWARD: &str = "peregrine:spec_decode_mean_tokens_per_forward";
+/// 1 while the acceptance-collapse alarm is raised, else 0.
+pub const SPEC_ACCEPTANCE_ALARM: &str = "peregrine:spec_decode_acceptance_alarm";
+/// Times the acceptance-collapse alarm was raised.
+pub const SPEC_ACCEPTANCE_ALARMS: &str = "peregrine:spec_decode_acceptance_alarms_total";
+
+/// Buckets of the accepted-length histogram: one per count up to 16 drafts.
+pub const ACCEPTED_LENGTH_BUCKETS: [f64; 17] = [
+    0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0, 16.0,
+];
+
+/// One request's verification: `drafts` proposed, the first `accepted` of them accepted.
+pub fn record_verification(drafts: usize, accepted: usize) {
+    counter!(SPEC_NUM_DRAFTS).increment(1);
+    counter!(SPEC_NUM_DRAFT_TOKENS).increment(drafts as u64);
+    counter!(SPEC_NUM_ACCEPTED_TOKENS).increment(accepted as u64);
+    for position in 0..accepted {
+        counter!(SPEC_ACCEPTED_PER_POS, "position" => position.to_string()).increment(1);
+    }
+    histogram!(SPEC_ACCEPTED_LENGTH).record(accepted as f64);
+}
+
+/// The running mean of tokens per verification step.
+pub fn record_tokens_per_forward(mean: f64) {
+    gauge!(SPEC_MEAN_TOKENS_PER_FORWARD).set(mean);
+}
+
+/// The acceptance-collapse alarm was raised (`true`) or cleared.
+pub fn record_acceptance_alarm(raised: bool) {
+    gauge!(SPEC_ACCEPTANCE_ALARM).set(f64::from(u8::from(raised)));
+    if raised {
+        counter!(SPEC_ACCEPTANCE_ALARMS).increment(1);
+    }
+}

@@ -1,12 +1,15 @@
 //! The TargetRunner: owns the target model, its KV cache and (on a GPU) its stream, on a
 //! dedicated OS thread, because device work blocks. Each step it turns the scheduler's
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
-//! asked for a token.
+//! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
 use crate::backend::{ModelBackend, RowSampling};
-use crate::messages::{RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, StepDone};
+use crate::messages::{
+    GeneratedToken, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq, SeqOutput,
+    StepDone,
+};
 use anyhow::anyhow;
-use peregrine_ops::sampling::Sampler;
+use peregrine_ops::sampling::{log_softmax, verify, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -84,12 +87,14 @@ impl TargetRunner {
             .iter()
             .flat_map(|s| s.tokens.iter().copied())
             .collect();
+        // Each sampled sequence's rows: its last one, or its last `num_drafts + 1` when
+        // it carries drafts to verify.
         let mut rows = Vec::new();
         let mut end = 0;
         for s in &batch.seqs {
             end += s.tokens.len();
             if s.sample {
-                rows.push(end - 1);
+                rows.extend(end - 1 - s.num_drafts.min(s.tokens.len() - 1)..end);
             }
         }
         // The sampled sequences' states leave the map for the step (the backend borrows
@@ -97,13 +102,36 @@ impl TargetRunner {
         let mut states = Vec::with_capacity(rows.len());
         for s in batch.seqs.iter().filter(|s| s.sample) {
             match self.seqs.remove(&s.id) {
-                Some(state) => states.push((s.id, state)),
+                Some(state) => states.push((s, state)),
                 None => {
-                    self.seqs.extend(states);
+                    self.seqs
+                        .extend(states.into_iter().map(|(s, st)| (s.id, st)));
                     return Err(anyhow!("{} was scheduled to sample before its setup", s.id));
                 }
             }
         }
+        let speculative = batch.seqs.iter().any(|s| s.num_drafts > 0);
+        let outputs = if speculative {
+            self.verify_step(&tokens, &plan, &rows, &mut states)
+        } else {
+            self.sample_step(&tokens, &plan, &rows, &mut states)
+        };
+        self.seqs
+            .extend(states.into_iter().map(|(s, state)| (s.id, state)));
+        Ok(StepDone {
+            step: batch.step,
+            sampled: outputs?,
+        })
+    }
+
+    /// One token per sampled sequence, chosen by the backend.
+    fn sample_step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        rows: &[usize],
+        states: &mut [(&ScheduledSeq, SeqSampling)],
+    ) -> anyhow::Result<Vec<SeqOutput>> {
         let mut sampling: Vec<RowSampling> = states
             .iter_mut()
             .map(|(_, state)| RowSampling {
@@ -113,37 +141,78 @@ impl TargetRunner {
                 logprobs: state.logprobs,
             })
             .collect();
-        let generated = self.model.step(&tokens, &plan, &rows, &mut sampling);
-        let generated = generated.and_then(|g| {
-            if g.len() == states.len() {
-                Ok(g)
-            } else {
-                Err(anyhow!(
-                    "{} tokens for {} sampled rows",
-                    g.len(),
-                    states.len()
-                ))
-            }
-        });
-        let sampled = match generated {
-            Ok(tokens) => states
-                .iter_mut()
-                .zip(tokens)
-                .map(|((id, state), token)| {
-                    state.output.push(token.id);
-                    (*id, token)
+        let generated = self.model.step(tokens, plan, rows, &mut sampling)?;
+        if generated.len() != states.len() {
+            return Err(anyhow!(
+                "{} tokens for {} sampled rows",
+                generated.len(),
+                states.len()
+            ));
+        }
+        Ok(states
+            .iter_mut()
+            .zip(generated)
+            .map(|((s, state), token)| {
+                state.output.push(token.id);
+                SeqOutput {
+                    id: s.id,
+                    tokens: vec![token],
+                    num_drafts: 0,
+                    num_accepted: 0,
+                }
+            })
+            .collect())
+    }
+
+    /// Verifies every sampled sequence's drafts with its own sampler over host logits.
+    fn verify_step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        rows: &[usize],
+        states: &mut [(&ScheduledSeq, SeqSampling)],
+    ) -> anyhow::Result<Vec<SeqOutput>> {
+        let vocab = self.model.config().vocab_size;
+        let logits = self.model.forward_logits(tokens, plan, rows)?;
+        if logits.len() != rows.len() * vocab {
+            return Err(anyhow!(
+                "{} logits for {} rows of {vocab}",
+                logits.len(),
+                rows.len()
+            ));
+        }
+        let mut rows = logits.chunks(vocab);
+        let mut outputs = Vec::with_capacity(states.len());
+        for (s, state) in states.iter_mut() {
+            let n = s.num_drafts.min(s.tokens.len() - 1);
+            let own: Vec<&[f32]> = rows.by_ref().take(n + 1).collect();
+            let drafts = &s.tokens[s.tokens.len() - n..];
+            let verdict = verify(
+                &mut state.sampler,
+                &own,
+                drafts,
+                None,
+                &state.prompt,
+                &state.output,
+            );
+            let generated = verdict
+                .tokens
+                .iter()
+                .zip(&own)
+                .map(|(&id, row)| GeneratedToken {
+                    id,
+                    logprobs: state.logprobs.and_then(|k| log_softmax(row, id, k)),
                 })
-                .collect(),
-            Err(err) => {
-                self.seqs.extend(states);
-                return Err(err);
-            }
-        };
-        self.seqs.extend(states);
-        Ok(StepDone {
-            step: batch.step,
-            sampled,
-        })
+                .collect();
+            state.output.extend(&verdict.tokens);
+            outputs.push(SeqOutput {
+                id: s.id,
+                tokens: generated,
+                num_drafts: n,
+                num_accepted: verdict.accepted,
+            });
+        }
+        Ok(outputs)
     }
 }
 

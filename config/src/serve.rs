@@ -18,7 +18,7 @@ mod validate;
 mod tests;
 
 pub use args::ServeArgs;
-pub use choices::{DeviceKind, DtypeChoice};
+pub use choices::{DeviceKind, DtypeChoice, SpeculativeMethod};
 pub use config::ServeConfig;
 pub use error::ConfigError;
 pub use reload::ReloadError;

@@ -2,6 +2,7 @@
 
 mod bench_latency;
 mod bench_serve;
+mod bench_spec;
 mod convert;
 mod fetch;
 mod generate;
@@ -29,9 +30,10 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Generate(args) => generate::run(args),
         Command::Fetch(args) => fetch::run(args),
         Command::Convert(args) => convert::run(args),
-        Command::Serve(args) => serve::run(args),
+        Command::Serve(args) => serve::run(*args),
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
+        Command::Bench(BenchCommand::Spec(args)) => bench_spec::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -41,10 +41,11 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
             max_num_seqs: 32,
             max_num_batched_tokens: 64,
             max_waiting: 1000,
+            num_speculative_tokens: 0,
         },
         max_model_len: None,
     };
-    start_engine(backend, &engine).unwrap()
+    start_engine(backend, &engine, None).unwrap()
 }
 
 #[test]

@@ -58,4 +58,15 @@ impl ModelBackend for CpuBackend {
         let vocab = self.model.config().vocab_size;
         Ok(sample_on_host(&logits, vocab, sampling))
     }
+
+    fn forward_logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>> {
+        Ok(self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?)
+    }
 }

@@ -176,4 +176,18 @@ impl ModelBackend for GpuBackend {
             .map(|id| GeneratedToken { id, logprobs: None })
             .collect())
     }
+
+    /// One download of the picked rows' logits after the forward.
+    fn forward_logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>> {
+        let gpu = self.model.gpu().clone();
+        let logits = self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        Ok(gpu.download(&logits)?)
+    }
 }

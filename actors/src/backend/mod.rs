@@ -75,6 +75,15 @@ pub trait ModelBackend: Send {
         logit_rows: &[usize],
         sampling: &mut [RowSampling],
     ) -> anyhow::Result<Vec<GeneratedToken>>;
+    /// Runs the forward as [`ModelBackend::step`] does and returns the logits of
+    /// `logit_rows` on the host, `[logit_rows.len(), vocab]`: speculative verification
+    /// judges several rows per sequence there.
+    fn forward_logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>>;
 }
 
 /// Samples every row of host `logits` (`[sampling.len(), vocab]`), with logprobs where

@@ -89,6 +89,8 @@ pub struct Generation {
     decoder: Option<DecodeStream>,
     stops: StopMatcher,
     logprobs: bool,
+    /// Report speculation counts in `usage`.
+    spec_details: bool,
     prompt_tokens: usize,
     completion_tokens: usize,
     done: bool,
@@ -121,6 +123,7 @@ impl Generation {
             decoder: Some(tokenizer.decode_stream(true)),
             stops: StopMatcher::new(plan.stop),
             logprobs,
+            spec_details: plan.spec_decode_details,
             prompt_tokens,
             completion_tokens: 0,
             done: false,
@@ -244,7 +247,7 @@ impl Generation {
                 tokens: Vec::new(),
             },
             reason,
-            usage: usage.into(),
+            usage: UsageOut::reported(usage, self.spec_details),
         }))
     }
 

@@ -25,6 +25,8 @@ pub struct Plan {
     pub stream: bool,
     /// End the stream with a usage chunk.
     pub include_usage: bool,
+    /// Add the speculation counts to `usage`.
+    pub spec_decode_details: bool,
 }
 
 /// What an endpoint adds to the shared fields.
@@ -100,6 +102,7 @@ pub fn plan(
             .stream_options
             .and_then(|options| options.include_usage)
             .unwrap_or(false),
+        spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
     })
 }
 

@@ -7,16 +7,24 @@
 //! (priority, arrival) order, whose prompts are chunked to the budget that is left. When
 //! blocks run out the lowest-priority running request is preempted and later recomputed
 //! from its tokens; its sampler state stays with the runner, so its output is unchanged.
+//!
+//! With a draft proposer, each decoding request is planned (and given blocks) for its
+//! last token plus up to `num_speculative_tokens` drafts; after the allocation the
+//! proposer drafts for them, the target verifies, and the request advances by the
+//! accepted drafts plus one. KV written at rejected positions is left behind the
+//! sequence's length and overwritten next step; the blocks stay with the request.
 
 mod seq;
 
+use crate::draft::DraftProposerHandle;
 use crate::kv_allocator::KvAllocatorHandle;
 use crate::messages::{
-    AdmitSeq, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, KvUsage,
-    RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, SchedulerLimits,
-    SchedulerMsg, StepDone, StepGrant, SubmitError,
+    AdmitSeq, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, KvUsage, Propose,
+    ProposeSeq, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq,
+    SchedulerLimits, SchedulerMsg, StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
+use crate::spec_stats::SpecStats;
 use crate::target_runner::TargetRunnerHandle;
 use seq::{Phase, Seq};
 use std::collections::{BTreeMap, HashMap};
@@ -41,6 +49,7 @@ pub struct Scheduler {
     setup: SchedulerSetup,
     kv: KvAllocatorHandle,
     runner: TargetRunnerHandle,
+    proposer: Option<DraftProposerHandle>,
     seqs: HashMap<RequestId, Seq>,
     waiting: BTreeMap<(i32, u64), RequestId>,
     running: BTreeMap<(i32, u64), RequestId>,
@@ -49,7 +58,10 @@ pub struct Scheduler {
     /// Ended since the last step: blocks to free, runner state to drop.
     to_free: Vec<RequestId>,
     to_release: Vec<RequestId>,
+    /// Ended or preempted since the last proposal: the proposer forgets them.
+    to_release_drafts: Vec<RequestId>,
     computed: Vec<ComputedSeq>,
+    spec: SpecStats,
     kv_seen: KvUsage,
     draining: Option<(Instant, oneshot::Sender<()>)>,
 }
@@ -60,12 +72,14 @@ impl Scheduler {
         setup: SchedulerSetup,
         kv: KvAllocatorHandle,
         runner: TargetRunnerHandle,
+        proposer: Option<DraftProposerHandle>,
     ) -> mpsc::Sender<SchedulerMsg> {
         let (tx, rx) = mpsc::channel(1024);
         let scheduler = Scheduler {
             setup,
             kv,
             runner,
+            proposer,
             seqs: HashMap::new(),
             waiting: BTreeMap::new(),
             running: BTreeMap::new(),
@@ -73,7 +87,9 @@ impl Scheduler {
             step: 0,
             to_free: Vec::new(),
             to_release: Vec::new(),
+            to_release_drafts: Vec::new(),
             computed: Vec::new(),
+            spec: SpecStats::new(),
             kv_seen: KvUsage::default(),
             draining: None,
         };
@@ -83,6 +99,9 @@ impl Scheduler {
 
     async fn run(mut self, mut inbox: mpsc::Receiver<SchedulerMsg>) {
         metrics::record_queues(0, 0);
+        if self.proposer.is_some() {
+            metrics::record_acceptance_alarm(false);
+        }
         let idle = KvUsage {
             num_blocks: self.setup.num_blocks,
             ..KvUsage::default()
@@ -187,6 +206,7 @@ impl Scheduler {
             Phase::Running => self.running.remove(&seq.key()),
         };
         self.to_free.push(id);
+        self.to_release_drafts.push(id);
         if seq.setup_sent {
             self.to_release.push(id);
         }
@@ -244,6 +264,7 @@ impl Scheduler {
         self.apply_grant(&grant);
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
         metrics::record_queues(self.running.len(), self.waiting.len());
+        self.propose().await?;
         let batch = self.build_batch();
         if batch.seqs.is_empty() {
             tokio::task::yield_now().await;
@@ -263,7 +284,14 @@ impl Scheduler {
             for id in &order {
                 let seq = self.seqs.get_mut(id).expect("running request");
                 if (seq.remaining() == 1) == decode_pass {
-                    seq.chunk = seq.remaining().min(budget);
+                    let drafts = if decode_pass && self.proposer.is_some() {
+                        let left = seq.req.spec.max_tokens.saturating_sub(seq.output_len() + 1);
+                        self.setup.limits.num_speculative_tokens.min(left)
+                    } else {
+                        0
+                    };
+                    seq.chunk = (seq.remaining() + drafts).min(budget);
+                    seq.drafts.clear();
                     budget -= seq.chunk;
                 }
             }
@@ -315,7 +343,9 @@ impl Scheduler {
             seq.phase = Phase::Waiting;
             seq.num_computed = 0;
             seq.chunk = 0;
+            seq.drafts.clear();
             seq.block_table.clear();
+            self.to_release_drafts.push(*id);
             self.waiting.insert(seq.key(), *id);
             metrics::record_preemption();
             info!(request_id = %id, tokens = seq.tokens.len(), "preempted; will recompute");
@@ -337,6 +367,44 @@ impl Scheduler {
         }
     }
 
+    /// Asks the proposer for the drafts of every decoding request planned with room for
+    /// them; each request's chunk shrinks to its last token plus the drafts it got.
+    async fn propose(&mut self) -> anyhow::Result<()> {
+        let Some(proposer) = &self.proposer else {
+            self.to_release_drafts.clear();
+            return Ok(());
+        };
+        let seqs: Vec<ProposeSeq> = self
+            .running
+            .values()
+            .map(|id| &self.seqs[id])
+            .filter(|s| s.remaining() == 1 && s.chunk > 1)
+            .map(|s| ProposeSeq {
+                id: s.req.id,
+                tokens: Arc::from(s.tokens.as_slice()),
+                block_table: s.block_table.clone(),
+                max_drafts: s.chunk - 1,
+            })
+            .collect();
+        if seqs.is_empty() && self.to_release_drafts.is_empty() {
+            return Ok(());
+        }
+        let propose = Propose {
+            step: self.step + 1,
+            seqs,
+            released: std::mem::take(&mut self.to_release_drafts),
+        };
+        let drafts = proposer.propose(propose).await?;
+        for (id, drafts) in drafts.drafts {
+            if let Some(seq) = self.seqs.get_mut(&id) {
+                seq.chunk = 1 + drafts.len().min(seq.chunk - 1);
+                seq.drafts = drafts;
+                seq.drafts.truncate(seq.chunk - 1);
+            }
+        }
+        Ok(())
+    }
+
     fn build_batch(&mut self) -> ScheduledBatch {
         self.step += 1;
         let mut seqs = Vec::new();
@@ -352,12 +420,16 @@ impl Scheduler {
                 logprobs: seq.req.spec.logprobs,
             });
             seq.setup_sent = true;
+            let fed = seq.chunk - seq.drafts.len();
+            let mut tokens = seq.tokens[start..start + fed].to_vec();
+            tokens.extend_from_slice(&seq.drafts);
             seqs.push(ScheduledSeq {
                 id: *id,
-                tokens: seq.tokens[start..start + seq.chunk].to_vec(),
+                tokens,
                 num_cached: start,
                 block_table: seq.block_table.clone(),
-                sample: start + seq.chunk == seq.tokens.len(),
+                sample: start + fed == seq.tokens.len(),
+                num_drafts: seq.drafts.len(),
                 setup,
             });
         }
@@ -368,39 +440,65 @@ impl Scheduler {
         }
     }
 
+    /// Appends each request's new tokens (up to its first stop), advances what is in the
+    /// cache by the tokens fed minus the rejected drafts, and ends finished requests.
     fn apply_results(&mut self, done: StepDone) {
+        let mut ended = Vec::new();
+        let mut rejected: HashMap<RequestId, usize> = HashMap::new();
+        for out in done.sampled {
+            if out.num_drafts > 0 {
+                self.spec
+                    .record(out.num_drafts, out.num_accepted, &self.kv_seen);
+            }
+            rejected.insert(out.id, out.num_drafts - out.num_accepted);
+            let Some(seq) = self.seqs.get_mut(&out.id) else {
+                continue;
+            };
+            if out.num_drafts > 0 {
+                seq.spec[0] += 1;
+                seq.spec[1] += out.num_drafts;
+                seq.spec[2] += out.num_accepted;
+            }
+            let mut tokens = Vec::with_capacity(out.tokens.len());
+            let mut reason = None;
+            for token in out.tokens {
+                let now = Instant::now();
+                let first = seq.last_token_at.is_none();
+                let since = now - seq.last_token_at.unwrap_or(seq.req.arrival);
+                seq.last_token_at = Some(now);
+                metrics::record_token(first, since);
+                seq.tokens.push(token.id);
+                let stop = seq.req.spec.stop_token_ids.contains(&token.id)
+                    || (!seq.req.spec.ignore_eos && self.setup.eos_token_ids.contains(&token.id));
+                tokens.push(token);
+                if stop {
+                    reason = Some(FinishReason::Stop);
+                } else if seq.output_len() >= seq.req.spec.max_tokens {
+                    reason = Some(FinishReason::Length);
+                }
+                if reason.is_some() {
+                    break;
+                }
+            }
+            if !seq.send(RequestEvent::Tokens(tokens)) {
+                reason = Some(FinishReason::Abort);
+            }
+            if let Some(reason) = reason {
+                ended.push((out.id, reason));
+            }
+        }
         let bs = self.setup.block_size;
         for seq in self.seqs.values_mut().filter(|s| s.chunk > 0) {
             let before = seq.num_computed / bs;
-            seq.num_computed += std::mem::take(&mut seq.chunk);
+            let fed = std::mem::take(&mut seq.chunk) - rejected.get(&seq.req.id).unwrap_or(&0);
+            seq.num_computed = (seq.num_computed + fed).min(seq.tokens.len());
+            seq.drafts.clear();
             if seq.num_computed / bs > before {
                 self.computed.push(ComputedSeq {
                     id: seq.req.id,
                     tokens: Arc::from(&seq.tokens[..seq.num_computed]),
                     num_computed: seq.num_computed,
                 });
-            }
-        }
-        let mut ended = Vec::new();
-        for (id, token) in done.sampled {
-            let Some(seq) = self.seqs.get_mut(&id) else {
-                continue;
-            };
-            let now = Instant::now();
-            let first = seq.last_token_at.is_none();
-            let since = now - seq.last_token_at.unwrap_or(seq.req.arrival);
-            seq.last_token_at = Some(now);
-            metrics::record_token(first, since);
-            seq.tokens.push(token.id);
-            let stop = seq.req.spec.stop_token_ids.contains(&token.id)
-                || (!seq.req.spec.ignore_eos && self.setup.eos_token_ids.contains(&token.id));
-            let delivered = seq.send(RequestEvent::Tokens(vec![token]));
-            if !delivered {
-                ended.push((id, FinishReason::Abort));
-            } else if stop {
-                ended.push((id, FinishReason::Stop));
-            } else if seq.output_len() >= seq.req.spec.max_tokens {
-                ended.push((id, FinishReason::Length));
             }
         }
         for (id, reason) in ended {

@@ -20,13 +20,17 @@ pub struct Seq {
     pub num_computed: usize,
     pub block_table: Vec<u32>,
     pub phase: Phase,
-    /// Tokens to compute in the step being planned.
+    /// Tokens to compute in the step being planned (drafts included).
     pub chunk: usize,
+    /// Draft tokens to verify in the step being planned.
+    pub drafts: Vec<u32>,
     /// The runner has the request's sampling state.
     pub setup_sent: bool,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
     pub last_token_at: Option<Instant>,
+    /// Speculation counts: verifications with drafts, drafts, accepted drafts.
+    pub spec: [usize; 3],
 }
 
 impl Seq {
@@ -40,9 +44,11 @@ impl Seq {
             block_table: Vec::new(),
             phase: Phase::Waiting,
             chunk: 0,
+            drafts: Vec::new(),
             setup_sent: false,
             cached_tokens: None,
             last_token_at: None,
+            spec: [0; 3],
         }
     }
 
@@ -67,6 +73,9 @@ impl Seq {
             prompt_tokens: self.req.spec.prompt.len(),
             completion_tokens: self.output_len(),
             cached_tokens: self.cached_tokens.unwrap_or(0),
+            num_drafts: self.spec[0],
+            num_draft_tokens: self.spec[1],
+            num_accepted_tokens: self.spec[2],
         }
     }
 

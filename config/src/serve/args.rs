@@ -1,7 +1,7 @@
 //! The `peregrine serve` flags. None has a clap default, so that a flag left out does not
 //! override the file; the defaults live in `ServeConfig::default`.
 
-use super::{DeviceKind, DtypeChoice, Layer};
+use super::{DeviceKind, DtypeChoice, Layer, SpeculativeMethod};
 use crate::parse_byte_size;
 use std::path::PathBuf;
 
@@ -72,6 +72,21 @@ pub struct ServeArgs {
     /// The model cache [default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
+    /// Speculative decoding: how drafts are proposed (eagle3 is not built yet) [default: no speculation].
+    #[arg(long, value_name = "METHOD")]
+    pub speculative_method: Option<SpeculativeMethod>,
+    /// The draft model directory, for --speculative-method draft_model.
+    #[arg(long, value_name = "DIR")]
+    pub draft_model: Option<PathBuf>,
+    /// The most draft tokens verified per request and step, 1 to 16 [default: 3].
+    #[arg(long, value_name = "K")]
+    pub num_speculative_tokens: Option<usize>,
+    /// The shortest suffix the n-gram method matches [default: 2].
+    #[arg(long, value_name = "N")]
+    pub ngram_min: Option<usize>,
+    /// The longest suffix the n-gram method matches [default: 4].
+    #[arg(long, value_name = "N")]
+    pub ngram_max: Option<usize>,
 }
 
 impl ServeArgs {
@@ -99,6 +114,11 @@ impl ServeArgs {
             shutdown_timeout,
             log_level,
             cache_dir,
+            speculative_method,
+            draft_model,
+            num_speculative_tokens,
+            ngram_min,
+            ngram_max,
         } = self.clone();
         Layer {
             model,
@@ -122,6 +142,11 @@ impl ServeArgs {
             log_level,
             cache_dir,
             default_sampling: None,
+            speculative_method,
+            draft_model,
+            num_speculative_tokens,
+            ngram_min,
+            ngram_max,
         }
     }
 }

@@ -22,6 +22,30 @@ impl DeviceKind {
     }
 }
 
+/// How draft tokens are proposed for speculative decoding.
+#[derive(clap::ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum SpeculativeMethod {
+    /// Prompt lookup over the request's own tokens; no model.
+    Ngram,
+    /// A smaller model with the same tokenizer (`draft_model`).
+    #[value(name = "draft_model")]
+    DraftModel,
+    /// An EAGLE-3 head: accepted by the parser, refused by validation until it is built.
+    Eagle3,
+}
+
+impl SpeculativeMethod {
+    /// The name used by the flag and the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SpeculativeMethod::Ngram => "ngram",
+            SpeculativeMethod::DraftModel => "draft_model",
+            SpeculativeMethod::Eagle3 => "eagle3",
+        }
+    }
+}
+
 /// The dtype the weights and activations are computed in.
 #[derive(clap::ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]

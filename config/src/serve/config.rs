@@ -1,6 +1,9 @@
 //! The resolved server configuration: the file, the flags over it, the defaults under both.
 
-use super::{ConfigError, DeviceKind, DtypeChoice, Layer, Origin, SamplingDefaults, ServeArgs};
+use super::{
+    ConfigError, DeviceKind, DtypeChoice, Layer, Origin, SamplingDefaults, ServeArgs,
+    SpeculativeMethod,
+};
 use crate::CacheConfig;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -50,6 +53,16 @@ pub struct ServeConfig {
     pub cache_dir: Option<PathBuf>,
     /// Sampling parameters for requests that leave them out.
     pub default_sampling: SamplingDefaults,
+    /// How drafts are proposed; `None` turns speculative decoding off.
+    pub speculative_method: Option<SpeculativeMethod>,
+    /// The draft model's directory, for `draft_model`.
+    pub draft_model: Option<PathBuf>,
+    /// The most draft tokens verified per request and step.
+    pub num_speculative_tokens: usize,
+    /// The shortest suffix the n-gram method matches.
+    pub ngram_min: usize,
+    /// The longest suffix the n-gram method matches.
+    pub ngram_max: usize,
 }
 
 impl Default for ServeConfig {
@@ -77,6 +90,11 @@ impl Default for ServeConfig {
             log_level: "info".to_string(),
             cache_dir: None,
             default_sampling: SamplingDefaults::default(),
+            speculative_method: None,
+            draft_model: None,
+            num_speculative_tokens: 3,
+            ngram_min: 2,
+            ngram_max: 4,
         }
     }
 }
@@ -116,7 +134,9 @@ impl ServeConfig {
         };
         let flags = args.layer();
         flags.validate(&Origin::Flags)?;
-        Ok(Self::fill(flags.over(below)))
+        let config = Self::fill(flags.over(below));
+        config.validate_speculation(file.map(|(path, _)| path))?;
+        Ok(config)
     }
 
     /// The layer's values, and the defaults where it has none.
@@ -144,6 +164,11 @@ impl ServeConfig {
             log_level,
             cache_dir,
             default_sampling,
+            speculative_method,
+            draft_model,
+            num_speculative_tokens,
+            ngram_min,
+            ngram_max,
         } = layer;
         ServeConfig {
             model: model.or(d.model),
@@ -167,6 +192,11 @@ impl ServeConfig {
             log_level: log_level.unwrap_or(d.log_level),
             cache_dir: cache_dir.or(d.cache_dir),
             default_sampling: default_sampling.unwrap_or(d.default_sampling),
+            speculative_method: speculative_method.or(d.speculative_method),
+            draft_model: draft_model.or(d.draft_model),
+            num_speculative_tokens: num_speculative_tokens.unwrap_or(d.num_speculative_tokens),
+            ngram_min: ngram_min.unwrap_or(d.ngram_min),
+            ngram_max: ngram_max.unwrap_or(d.ngram_max),
         }
     }
 

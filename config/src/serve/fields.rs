@@ -53,6 +53,11 @@ impl ServeConfig {
             log_level,
             cache_dir,
             default_sampling,
+            speculative_method,
+            draft_model,
+            num_speculative_tokens,
+            ngram_min,
+            ngram_max,
         } = self;
         vec![
             field("model", Restart, model),
@@ -76,6 +81,11 @@ impl ServeConfig {
             field("log_level", Live, log_level),
             field("cache_dir", Restart, cache_dir),
             field("default_sampling", Live, default_sampling),
+            field("speculative_method", Restart, speculative_method),
+            field("draft_model", Restart, draft_model),
+            field("num_speculative_tokens", Live, num_speculative_tokens),
+            field("ngram_min", Restart, ngram_min),
+            field("ngram_max", Restart, ngram_max),
         ]
     }
 }

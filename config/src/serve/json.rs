@@ -1,7 +1,7 @@
 //! Field values as JSON, for comparing configurations and showing them. Floats go through
 //! their shortest decimal form so that 0.9f32 shows as 0.9, not 0.8999999761581421.
 
-use super::{DeviceKind, DtypeChoice, SamplingDefaults};
+use super::{DeviceKind, DtypeChoice, SamplingDefaults, SpeculativeMethod};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -69,6 +69,12 @@ impl ToJson for Duration {
             0 => Value::from(self.as_secs()),
             _ => Value::from(self.as_secs_f64()),
         }
+    }
+}
+
+impl ToJson for SpeculativeMethod {
+    fn to_json(&self) -> Value {
+        Value::from(self.as_str())
     }
 }
 

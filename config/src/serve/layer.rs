@@ -1,7 +1,7 @@
 //! One source of settings, every field optional: the TOML file's format, and what the flags
 //! say once read. Layers stack (flags over the file) before defaults fill the gaps.
 
-use super::{ConfigError, DeviceKind, DtypeChoice, SamplingDefaults};
+use super::{ConfigError, DeviceKind, DtypeChoice, SamplingDefaults, SpeculativeMethod};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -31,6 +31,11 @@ pub(super) struct Layer {
     pub log_level: Option<String>,
     pub cache_dir: Option<PathBuf>,
     pub default_sampling: Option<SamplingDefaults>,
+    pub speculative_method: Option<SpeculativeMethod>,
+    pub draft_model: Option<PathBuf>,
+    pub num_speculative_tokens: Option<usize>,
+    pub ngram_min: Option<usize>,
+    pub ngram_max: Option<usize>,
 }
 
 impl Layer {
@@ -70,6 +75,11 @@ impl Layer {
             log_level,
             cache_dir,
             default_sampling,
+            speculative_method,
+            draft_model,
+            num_speculative_tokens,
+            ngram_min,
+            ngram_max,
         } = self;
         Layer {
             model: model.or(below.model),
@@ -93,6 +103,11 @@ impl Layer {
             log_level: log_level.or(below.log_level),
             cache_dir: cache_dir.or(below.cache_dir),
             default_sampling: default_sampling.or(below.default_sampling),
+            speculative_method: speculative_method.or(below.speculative_method),
+            draft_model: draft_model.or(below.draft_model),
+            num_speculative_tokens: num_speculative_tokens.or(below.num_speculative_tokens),
+            ngram_min: ngram_min.or(below.ngram_min),
+            ngram_max: ngram_max.or(below.ngram_max),
         }
     }
 }

@@ -340,9 +340,10 @@ fn the_reloadable_fields_are_exactly_these() {
         "shutdown_timeout",
         "log_level",
         "default_sampling",
+        "num_speculative_tokens",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 21);
+    assert_eq!(ServeConfig::default().fields().len(), 26);
 }
 
 #[test]
@@ -391,7 +392,75 @@ fn help_defaults_are_the_real_defaults() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 12);
+    assert_eq!(checked, 15);
+}
+
+#[test]
+fn speculation_settings_load_and_bad_ones_name_their_field() {
+    let config = from_file(
+        "num_speculative_tokens = 5\nngram_max = 6",
+        &["--speculative-method", "ngram", "--ngram-min", "3"],
+    )
+    .expect("loads");
+    assert_eq!(config.speculative_method, Some(SpeculativeMethod::Ngram));
+    assert_eq!(
+        (
+            config.num_speculative_tokens,
+            config.ngram_min,
+            config.ngram_max
+        ),
+        (5, 3, 6)
+    );
+    let draft = from_file(
+        "",
+        &["--speculative-method", "draft_model", "--draft-model", "d"],
+    );
+    assert_eq!(draft.expect("loads").draft_model, Some(PathBuf::from("d")));
+
+    let refused = |text: &str, list: &[&str]| from_file(text, list).unwrap_err().to_string();
+    let e = refused("", &["--speculative-method", "eagle3"]);
+    assert!(
+        e.starts_with("--speculative-method") && e.contains("eagle3"),
+        "{e}"
+    );
+    let e = refused("num_speculative_tokens = 0", &[]);
+    assert!(
+        e.starts_with("config.toml: num_speculative_tokens must be from 1 to 16"),
+        "{e}"
+    );
+    let e = refused("ngram_min = 5", &["--speculative-method", "ngram"]);
+    assert!(
+        e.contains("ngram_min") && e.contains("must not exceed ngram_max (4)"),
+        "{e}"
+    );
+    let e = refused("", &["--speculative-method", "draft_model"]);
+    assert!(
+        e.starts_with("--draft-model") && e.contains("directory"),
+        "{e}"
+    );
+    let e = refused("", &["--draft-model", "d"]);
+    assert!(
+        e.contains("only used with speculative_method draft_model"),
+        "{e}"
+    );
+    let e = refused("device = \"cuda\"", &["--speculative-method", "ngram"]);
+    assert!(e.contains("CPU backend only"), "{e}");
+}
+
+#[test]
+fn speculative_tokens_reload_live_and_the_method_needs_a_restart() {
+    let running = from_file("speculative_method = \"ngram\"", &[]).unwrap();
+    let more = from_file(
+        "speculative_method = \"ngram\"\nnum_speculative_tokens = 5",
+        &[],
+    );
+    assert_eq!(
+        running.reload_changes(&more.unwrap()).unwrap(),
+        vec!["num_speculative_tokens"]
+    );
+    let off = from_file("", &[]).unwrap();
+    let err = running.reload_changes(&off).unwrap_err().to_string();
+    assert!(err.contains("speculative_method"), "{err}");
 }
 
 #[test]

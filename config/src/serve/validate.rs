@@ -1,6 +1,10 @@
 //! Range checks on one layer, so that an error names the file key or the flag that set it.
 
-use super::{ConfigError, Layer, Origin};
+use super::{ConfigError, DeviceKind, Layer, Origin, ServeConfig, SpeculativeMethod};
+use std::path::Path;
+
+/// The most draft tokens per step (the accepted-length histogram's buckets stop there).
+pub const MAX_SPECULATIVE_TOKENS: usize = 16;
 use crate::CacheConfig;
 
 impl Layer {
@@ -15,11 +19,28 @@ impl Layer {
             ("max_num_batched_tokens", self.max_num_batched_tokens),
             ("max_model_len", self.max_model_len),
             ("max_waiting_requests", self.max_waiting_requests),
+            ("ngram_min", self.ngram_min),
+            ("ngram_max", self.ngram_max),
         ];
         for (field, value) in at_least_one {
             if value == Some(0) {
                 return Err(invalid(field, "must be at least 1, not 0".into()));
             }
+        }
+        if let Some(k) = self
+            .num_speculative_tokens
+            .filter(|k| !(1..=MAX_SPECULATIVE_TOKENS).contains(k))
+        {
+            let reason = format!("must be from 1 to {MAX_SPECULATIVE_TOKENS}, not {k}");
+            return Err(invalid("num_speculative_tokens", reason));
+        }
+        if self.speculative_method == Some(SpeculativeMethod::Eagle3) {
+            return Err(invalid(
+                "speculative_method",
+                "eagle3 is not built yet (its head loader and the target's hidden-state \
+                 hand-off are missing); use ngram or draft_model"
+                    .into(),
+            ));
         }
         if let Some(block_size) = self.block_size {
             let cache = CacheConfig {
@@ -81,6 +102,55 @@ impl Layer {
         }
         if let Some(Err((field, reason))) = self.default_sampling.as_ref().map(|s| s.validate()) {
             return Err(invalid(&format!("default_sampling.{field}"), reason));
+        }
+        Ok(())
+    }
+}
+
+impl ServeConfig {
+    /// Checks that the speculation fields agree once the file and the flags are merged;
+    /// `file` names the config file, if any, in the error.
+    pub(super) fn validate_speculation(&self, file: Option<&Path>) -> Result<(), ConfigError> {
+        let at = |field: &str| match file {
+            Some(path) => format!(
+                "{} (or {}: {field})",
+                Origin::Flags.name(field),
+                path.display()
+            ),
+            None => Origin::Flags.name(field),
+        };
+        if self.ngram_min > self.ngram_max {
+            return Err(ConfigError::Invalid {
+                at: at("ngram_min"),
+                reason: format!(
+                    "({}) must not exceed ngram_max ({})",
+                    self.ngram_min, self.ngram_max
+                ),
+            });
+        }
+        if self.speculative_method.is_some() && self.device != DeviceKind::Cpu {
+            return Err(ConfigError::Invalid {
+                at: at("speculative_method"),
+                reason: format!(
+                    "runs on the CPU backend only for now (the {} backend's logits are sized \
+                     for one row per sequence); use --device cpu or turn speculation off",
+                    self.device.as_str()
+                ),
+            });
+        }
+        let wants_draft = self.speculative_method == Some(SpeculativeMethod::DraftModel);
+        if wants_draft && self.draft_model.is_none() {
+            return Err(ConfigError::Invalid {
+                at: at("draft_model"),
+                reason: "must name the draft model's directory for speculative_method draft_model"
+                    .into(),
+            });
+        }
+        if !wants_draft && self.draft_model.is_some() {
+            return Err(ConfigError::Invalid {
+                at: at("draft_model"),
+                reason: "is only used with speculative_method draft_model".into(),
+            });
         }
         Ok(())
     }

@@ -1,12 +1,13 @@
 //! Token sampling on the CPU over the f32 logits of one sequence, following vLLM: penalties,
 //! then greedy argmax or temperature, top-k, top-p and min-p, and a draw from a per-request
-//! ChaCha RNG. Probabilities are accumulated in f64 in a fixed order, so a seeded request
+//! ChaCha RNG; and lossless verification of speculative drafts. Probabilities are accumulated in f64 in a fixed order, so a seeded request
 //! draws the same tokens whatever the thread count.
 
 mod distribution;
 mod logprobs;
 mod params;
 mod penalties;
+mod rejection;
 mod sampler;
 #[cfg(test)]
 mod testing;
@@ -14,4 +15,5 @@ mod testing;
 pub use logprobs::{log_softmax, TokenLogprobs};
 pub use params::{SamplingError, SamplingParams};
 pub use penalties::apply_penalties;
+pub use rejection::{verify, Verdict};
 pub use sampler::Sampler;

@@ -3,7 +3,7 @@
 //! requests, at most `--concurrency` at a time, times every chunk, and prints
 //! throughput and TTFT / TPOT / ITL / end-to-end percentiles.
 
-mod prompts;
+pub(crate) mod prompts;
 mod report;
 mod request;
 mod sse;

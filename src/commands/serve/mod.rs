@@ -4,6 +4,7 @@
 
 mod reload;
 mod signals;
+pub(crate) mod speculation;
 
 use crate::commands::DEFAULT_MODEL;
 use actix_web::{web, App, HttpServer};
@@ -14,13 +15,16 @@ use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::gateway::{
     self, routes, EngineClient, GatewayState, ModelInfo, SharedConfig,
 };
-use peregrine_actors::metrics::{HISTOGRAMS, LATENCY_BUCKETS};
+use peregrine_actors::metrics::{
+    ACCEPTED_LENGTH_BUCKETS, HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
+};
 use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::LlamaModel;
 use reload::{gateway_config, limits, Reloader};
+use speculation::load_drafter;
 use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Arc;
@@ -87,6 +91,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         prometheus =
             prometheus.set_buckets_for_metric(Matcher::Full(name.into()), &LATENCY_BUCKETS)?;
     }
+    prometheus = prometheus.set_buckets_for_metric(
+        Matcher::Full(SPEC_ACCEPTED_LENGTH.into()),
+        &ACCEPTED_LENGTH_BUCKETS,
+    )?;
     let prometheus = prometheus.install_recorder()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -98,7 +106,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             limits: limits(&config),
             max_model_len: config.max_model_len,
         };
-        let engine = start_engine(backend, &settings)?;
+        let drafter = load_drafter(&config, backend.as_ref())?;
+        let engine = start_engine(backend, &settings, drafter)?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(
             args,

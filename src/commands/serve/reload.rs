@@ -18,6 +18,7 @@ pub fn limits(config: &ServeConfig) -> SchedulerLimits {
         max_num_seqs: config.max_num_seqs,
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_waiting: config.max_waiting_requests,
+        num_speculative_tokens: config.num_speculative_tokens,
     }
 }
 

@@ -47,6 +47,8 @@ pub struct GenerationFields {
     pub stream: Option<bool>,
     /// Streaming options.
     pub stream_options: Option<StreamOptions>,
+    /// Add `spec_decode_details` (drafts, draft tokens, accepted tokens) to `usage`.
+    pub return_spec_decode_stats: Option<bool>,
 }
 
 /// `stop`: one string or several.

@@ -36,6 +36,19 @@ pub struct UsageOut {
     /// Prompt tokens served from the prefix cache, where the engine reported them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens_details: Option<PromptTokensDetails>,
+    /// Speculative decoding counts, when the request set `return_spec_decode_stats`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spec_decode_details: Option<SpecDecodeDetails>,
+}
+
+/// `usage.spec_decode_details`, named as vLLM's speculative-decoding counters: the
+/// request's verification steps with drafts, draft tokens and accepted draft tokens.
+/// `completion_tokens - num_accepted_tokens` forwards produced its output.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SpecDecodeDetails {
+    pub num_drafts: usize,
+    pub num_draft_tokens: usize,
+    pub num_accepted_tokens: usize,
 }
 
 /// OpenAI's `usage.prompt_tokens_details`.
@@ -54,15 +67,22 @@ impl UsageOut {
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
             prompt_tokens_details: None,
+            spec_decode_details: None,
         }
     }
 }
 
-impl From<Usage> for UsageOut {
-    fn from(usage: Usage) -> Self {
+impl UsageOut {
+    /// The engine's report, with the speculation counts when `spec_details`.
+    pub fn reported(usage: Usage, spec_details: bool) -> Self {
         Self {
             prompt_tokens_details: Some(PromptTokensDetails {
                 cached_tokens: usage.cached_tokens,
+            }),
+            spec_decode_details: spec_details.then_some(SpecDecodeDetails {
+                num_drafts: usage.num_drafts,
+                num_draft_tokens: usage.num_draft_tokens,
+                num_accepted_tokens: usage.num_accepted_tokens,
             }),
             ..Self::counted(usage.prompt_tokens, usage.completion_tokens)
         }

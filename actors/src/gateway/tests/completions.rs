@@ -239,3 +239,17 @@ async fn draining_refuses_new_generations() {
         .to_request();
     assert_eq!(call(&app, health).await.0, 200);
 }
+
+#[actix_web::test]
+async fn speculation_counts_are_in_usage_only_when_asked_for() {
+    let fixture = Fixture::new(Script::text("Hello world"));
+    let app = fixture.app().await;
+    let asked = json!({"prompt": "Say hi", "return_spec_decode_stats": true});
+    let (status, body) = call(&app, post("/v1/completions", asked)).await;
+    assert_eq!(status, 200);
+    let details = json!({"num_drafts": 2, "num_draft_tokens": 6, "num_accepted_tokens": 4});
+    assert_eq!(json(&body)["usage"]["spec_decode_details"], details);
+    let plain = json!({"prompt": "Say hi"});
+    let (_, body) = call(&app, post("/v1/completions", plain)).await;
+    assert!(json(&body)["usage"].get("spec_decode_details").is_none());
+}

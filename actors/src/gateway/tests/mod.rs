@@ -315,6 +315,9 @@ impl FakeScheduler {
                     prompt_tokens,
                     completion_tokens: ids.len(),
                     cached_tokens: 0,
+                    num_drafts: 2,
+                    num_draft_tokens: 6,
+                    num_accepted_tokens: 4,
                 };
                 let _ = events.send(RequestEvent::Finished {
                     reason: *finish,

@@ -1,0 +1,205 @@
+//! Drafting with a smaller model of the same tokenizer, on the CPU, with its own KV cache
+//! over the target's block ids: each sequence's draft cache lives in the same blocks as
+//! its target cache, in a separate pool of the draft's shape. Each step the draft first
+//! catches up over the tokens it has not seen (the whole sequence after a preemption or
+//! a block-table change, else the tokens accepted last step), then decodes greedily.
+//! Draft KV written for drafts the target rejects is simply overwritten by the next
+//! catch-up, which starts at the first position the draft has not verified.
+
+use super::DraftMethod;
+use crate::messages::{ProposeSeq, RequestId};
+use anyhow::{bail, Context};
+use peregrine_models::{LlamaModel, ModelConfig};
+use peregrine_ops::sampling::{Sampler, SamplingParams};
+use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use std::collections::HashMap;
+
+/// What the draft holds for one sequence.
+struct DraftSeq {
+    /// Tokens of the sequence whose draft KV is in the cache.
+    computed: usize,
+    /// The block table those tokens were written through.
+    table: Vec<u32>,
+}
+
+/// The draft-model method.
+pub struct DraftModel {
+    model: LlamaModel,
+    cache: KvCache,
+    block_size: usize,
+    num_blocks: u64,
+    seqs: HashMap<RequestId, DraftSeq>,
+    argmax: Sampler,
+    /// The fault hook's block id threshold.
+    #[cfg(feature = "fault-hooks")]
+    fault_above: Option<u32>,
+}
+
+impl DraftModel {
+    /// The draft `model` for `target`, with a draft cache of the target pool's
+    /// `num_blocks` blocks of `block_size` tokens. Refused when the vocabularies differ or
+    /// the draft's context is shorter than the target's.
+    pub fn new(
+        model: LlamaModel,
+        target: &ModelConfig,
+        num_blocks: u64,
+        block_size: usize,
+    ) -> anyhow::Result<DraftModel> {
+        let c = model.config();
+        if c.vocab_size != target.vocab_size {
+            bail!(
+                "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
+                c.vocab_size,
+                target.vocab_size
+            );
+        }
+        if c.max_model_len < target.max_model_len {
+            bail!(
+                "draft_model's context ({} tokens) is shorter than the target's ({})",
+                c.max_model_len,
+                target.max_model_len
+            );
+        }
+        let layout = model.kv_layout(num_blocks, block_size as u64);
+        layout
+            .audit(4)
+            .map_err(|e| anyhow::anyhow!("draft KV address audit: {e}"))?;
+        let cache = KvCache::new(c.num_layers, layout);
+        Ok(DraftModel {
+            model,
+            cache,
+            block_size,
+            num_blocks,
+            seqs: HashMap::new(),
+            argmax: Sampler::new(&SamplingParams::greedy())?,
+            #[cfg(feature = "fault-hooks")]
+            fault_above: None,
+        })
+    }
+
+    /// Test hook (feature `fault-hooks`): after every draft forward, zero the draft KV of every block id above
+    /// `block` that a sequence of the step uses, so that reads from those blocks return
+    /// garbage (the failure of a kernel that reads the wrong block past an id limit).
+    #[cfg(feature = "fault-hooks")]
+    pub fn with_kv_fault_above(mut self, block: u32) -> DraftModel {
+        self.fault_above = Some(block);
+        self
+    }
+
+    /// One forward over `specs`/`tokens`, returning the greedy token of each row in `rows`.
+    fn run(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let plan = AttentionPlan::new(specs, self.block_size, self.num_blocks)?;
+        let logits = self
+            .model
+            .forward(tokens, &plan, &mut self.cache, rows)
+            .context("draft model forward")?;
+        #[cfg(feature = "fault-hooks")]
+        if let Some(above) = self.fault_above {
+            self.corrupt(specs, above);
+        }
+        let vocab = self.model.config().vocab_size;
+        Ok(logits
+            .chunks(vocab)
+            .map(|row| self.argmax.sample(row, &[], &[]))
+            .collect())
+    }
+
+    #[cfg(feature = "fault-hooks")]
+    fn corrupt(&mut self, specs: &[SeqSpec], above: u32) {
+        let bs = self.block_size;
+        let layout = *self.cache.layout();
+        let width = (layout.num_kv_heads * layout.head_dim) as usize;
+        let mut slots: Vec<i64> = Vec::new();
+        for spec in specs {
+            for &b in spec.block_table.iter().filter(|&&b| b > above) {
+                slots.extend((0..bs).map(|i| i64::from(b) * bs as i64 + i as i64));
+            }
+        }
+        slots.sort_unstable();
+        slots.dedup();
+        let zeros = vec![0.0; slots.len() * width];
+        for l in 0..self.model.config().num_layers {
+            self.cache.write(l, &slots, &zeros, &zeros);
+        }
+    }
+}
+
+impl DraftMethod for DraftModel {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+        // Step 0: catch up over every unseen token; its last row gives the first draft.
+        let mut starts = Vec::with_capacity(seqs.len());
+        for s in seqs {
+            let state = self.seqs.entry(s.id).or_insert(DraftSeq {
+                computed: 0,
+                table: Vec::new(),
+            });
+            let blocks_seen = state.computed.div_ceil(self.block_size);
+            let same_blocks = s.block_table.get(..blocks_seen) == state.table.get(..blocks_seen);
+            if !same_blocks || state.computed >= s.tokens.len() {
+                state.computed = 0;
+            }
+            starts.push(state.computed);
+        }
+        let live: Vec<usize> = (0..seqs.len())
+            .filter(|&i| seqs[i].max_drafts > 0)
+            .collect();
+        let mut drafts = vec![Vec::new(); seqs.len()];
+        if live.is_empty() {
+            return Ok(drafts);
+        }
+        let mut specs = Vec::new();
+        let mut tokens = Vec::new();
+        let mut rows = Vec::new();
+        for &i in &live {
+            let s = &seqs[i];
+            specs.push(SeqSpec {
+                num_cached: starts[i],
+                num_new: s.tokens.len() - starts[i],
+                block_table: &s.block_table,
+            });
+            tokens.extend_from_slice(&s.tokens[starts[i]..]);
+            rows.push(tokens.len() - 1);
+        }
+        let first = self.run(&specs, &tokens, &rows)?;
+        for (&i, d) in live.iter().zip(first) {
+            drafts[i].push(d);
+            let state = self.seqs.get_mut(&seqs[i].id).expect("entered above");
+            state.computed = seqs[i].tokens.len();
+            state.table.clone_from(&seqs[i].block_table);
+        }
+        // Steps 1..: one row per sequence that wants more, at the next position.
+        loop {
+            let more: Vec<usize> = live
+                .iter()
+                .copied()
+                .filter(|&i| drafts[i].len() < seqs[i].max_drafts)
+                .collect();
+            if more.is_empty() {
+                return Ok(drafts);
+            }
+            let specs: Vec<SeqSpec> = more
+                .iter()
+                .map(|&i| SeqSpec {
+                    num_cached: seqs[i].tokens.len() + drafts[i].len() - 1,
+                    num_new: 1,
+                    block_table: &seqs[i].block_table,
+                })
+                .collect();
+            let tokens: Vec<u32> = more.iter().map(|&i| *drafts[i].last().unwrap()).collect();
+            let rows: Vec<usize> = (0..more.len()).collect();
+            let next = self.run(&specs, &tokens, &rows)?;
+            for (&i, d) in more.iter().zip(next) {
+                drafts[i].push(d);
+            }
+        }
+    }
+
+    fn release(&mut self, id: RequestId) {
+        self.seqs.remove(&id);
+    }
+}

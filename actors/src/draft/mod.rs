@@ -1,0 +1,88 @@
+//! The DraftProposer: owns the drafting method (an n-gram index over each request's own
+//! tokens, or a draft model with its own KV cache) on a dedicated OS thread, because a
+//! draft model's forwards block. Each step the scheduler sends one `Propose` for every
+//! decoding sequence and gets their drafts back before it sends the target its batch.
+//!
+//! A method that needs the target's hidden states (EAGLE-3, MTP) is one more
+//! [`DraftMethod`]; it would also need the target runner to hand those states over, which
+//! is not built yet, so the configuration refuses those methods.
+
+mod draft_model;
+mod ngram;
+
+pub use draft_model::DraftModel;
+pub use ngram::Ngram;
+
+use crate::messages::{Drafts, Propose, ProposeSeq, ProposerMsg, RequestId};
+use anyhow::anyhow;
+use tokio::sync::oneshot;
+
+/// A way of proposing draft tokens.
+pub trait DraftMethod: Send {
+    /// Up to `max_drafts` drafts for each sequence, in the order of `seqs`.
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>>;
+    /// Forgets what the method holds for `id` (it ended or was preempted).
+    fn release(&mut self, id: RequestId);
+}
+
+/// Sends `Propose` messages to the proposer's thread.
+#[derive(Clone)]
+pub struct DraftProposerHandle {
+    tx: crossbeam_channel::Sender<ProposerMsg>,
+}
+
+/// Starts the proposer on its own thread, driving `method`.
+pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> DraftProposerHandle {
+    let (tx, rx) = crossbeam_channel::unbounded::<ProposerMsg>();
+    std::thread::Builder::new()
+        .name("draft-proposer".into())
+        .spawn(move || {
+            for msg in rx {
+                match msg {
+                    ProposerMsg::Propose(propose, reply) => {
+                        let _ = reply.send(run(method.as_mut(), propose));
+                    }
+                }
+            }
+        })
+        .expect("spawning the draft proposer thread");
+    DraftProposerHandle { tx }
+}
+
+fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts> {
+    for id in &propose.released {
+        method.release(*id);
+    }
+    let drafts = method.propose(&propose.seqs)?;
+    if drafts.len() != propose.seqs.len() {
+        return Err(anyhow!(
+            "{} drafts for {} sequences",
+            drafts.len(),
+            propose.seqs.len()
+        ));
+    }
+    Ok(Drafts {
+        step: propose.step,
+        drafts: propose
+            .seqs
+            .iter()
+            .zip(drafts)
+            .map(|(s, mut d)| {
+                d.truncate(s.max_drafts);
+                (s.id, d)
+            })
+            .collect(),
+    })
+}
+
+impl DraftProposerHandle {
+    /// Asks for the drafts of one step and waits for them.
+    pub async fn propose(&self, propose: Propose) -> anyhow::Result<Drafts> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ProposerMsg::Propose(propose, reply))
+            .map_err(|_| anyhow!("the draft proposer has stopped"))?;
+        rx.await
+            .map_err(|_| anyhow!("the draft proposer dropped a step"))?
+    }
+}

@@ -1,0 +1,185 @@
+//! `peregrine bench spec`: speculative decoding offline (no HTTP). The same greedy
+//! prompts go through the engine without drafts and then with them; it prints the wall
+//! time of each, the speedup, the acceptance rate, the tokens per verification forward,
+//! and how many outputs were identical (greedy decoding must not change).
+
+use super::bench_serve::prompts;
+use super::serve::speculation::build_drafter;
+use crate::cli::BenchSpecArgs;
+use peregrine_actors::backend::cpu_backend;
+use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::messages::{
+    GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SchedulerMsg, Usage,
+};
+use peregrine_models::tokenizer::Tokenizer;
+use peregrine_models::LlamaModel;
+use peregrine_ops::sampling::SamplingParams;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::{mpsc, oneshot};
+
+/// One run's outputs and time.
+struct RunResult {
+    outputs: Vec<(Vec<u32>, Usage)>,
+    seconds: f64,
+}
+
+/// Runs both passes and prints the comparison.
+pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
+    let dir = super::resolve_model(&args.model)?;
+    let tokenizer = Tokenizer::from_dir(&dir)?;
+    let list = match &args.dataset {
+        Some(path) => prompts::dataset(path, args.num_prompts, args.output_len)?,
+        None => prompts::random(args.num_prompts, args.input_len, args.output_len, args.seed),
+    };
+    let mut reqs = Vec::with_capacity(list.len());
+    for p in &list {
+        reqs.push((tokenizer.encode(&p.text, true)?, p.max_tokens, p.ignore_eos));
+    }
+    let command: Vec<String> = std::env::args().collect();
+    println!("command: {}", command.join(" "));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let off = runtime.block_on(run_engine(&args, &dir, &reqs, false))?;
+    let on = runtime.block_on(run_engine(&args, &dir, &reqs, true))?;
+    let tokens: usize = on.outputs.iter().map(|(_, u)| u.completion_tokens).sum();
+    let sum = |f: fn(&Usage) -> usize| on.outputs.iter().map(|(_, u)| f(u)).sum::<usize>();
+    let (drafts, draft_tokens, accepted) = (
+        sum(|u| u.num_drafts),
+        sum(|u| u.num_draft_tokens),
+        sum(|u| u.num_accepted_tokens),
+    );
+    let same = off
+        .outputs
+        .iter()
+        .zip(&on.outputs)
+        .filter(|(a, b)| a.0 == b.0)
+        .count();
+    println!(
+        "no speculation: {:.2} s, {:.1} output tok/s",
+        off.seconds,
+        tokens as f64 / off.seconds
+    );
+    println!(
+        "{} k={}: {:.2} s, {:.1} output tok/s, speedup {:.2}x",
+        args.speculative_method.as_str(),
+        args.num_speculative_tokens,
+        on.seconds,
+        tokens as f64 / on.seconds,
+        off.seconds / on.seconds
+    );
+    println!(
+        "acceptance {:.1}% ({accepted} of {draft_tokens} draft tokens), tokens per \
+         verification forward {:.2} ({drafts} verifications with drafts), decode forwards \
+         saved {:.1}%",
+        100.0 * accepted as f64 / draft_tokens.max(1) as f64,
+        (accepted + drafts) as f64 / drafts.max(1) as f64,
+        100.0 * accepted as f64 / tokens.max(1) as f64
+    );
+    println!("identical outputs: {same} of {}", reqs.len());
+    Ok(())
+}
+
+/// All requests through a fresh engine, with or without the drafter.
+async fn run_engine(
+    args: &BenchSpecArgs,
+    dir: &std::path::Path,
+    reqs: &[(Vec<u32>, usize, bool)],
+    speculate: bool,
+) -> anyhow::Result<RunResult> {
+    let model = LlamaModel::load(dir)?;
+    let eos = model.config().eos_token_ids.clone();
+    let backend = cpu_backend(model, args.kv_cache_memory, args.block_size)?;
+    let drafter = if speculate {
+        Some(build_drafter(
+            args.speculative_method,
+            args.draft_model.as_deref(),
+            (args.ngram_min, args.ngram_max),
+            backend.as_ref(),
+            args.block_size,
+        )?)
+    } else {
+        None
+    };
+    let settings = EngineSettings {
+        block_size: args.block_size,
+        prefix_caching: false,
+        limits: SchedulerLimits {
+            max_num_seqs: args.concurrency,
+            max_num_batched_tokens: args.max_num_batched_tokens,
+            max_waiting: reqs.len().max(1),
+            num_speculative_tokens: args.num_speculative_tokens,
+        },
+        max_model_len: None,
+    };
+    let engine = start_engine(backend, &settings, drafter)?;
+    let start = Instant::now();
+    let mut streams = Vec::new();
+    for (i, (prompt, max_tokens, ignore_eos)) in reqs.iter().enumerate() {
+        streams.push(
+            submit(
+                &engine.scheduler,
+                i as u64,
+                prompt,
+                *max_tokens,
+                *ignore_eos,
+                &eos,
+            )
+            .await?,
+        );
+    }
+    let mut outputs = Vec::new();
+    for mut rx in streams {
+        let mut tokens = Vec::new();
+        loop {
+            match rx.recv().await {
+                Some(RequestEvent::Tokens(t)) => tokens.extend(t.iter().map(|t| t.id)),
+                Some(RequestEvent::Finished { usage, .. }) => {
+                    outputs.push((tokens, usage));
+                    break;
+                }
+                None => anyhow::bail!("the engine dropped a request"),
+            }
+        }
+    }
+    Ok(RunResult {
+        outputs,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+async fn submit(
+    scheduler: &mpsc::Sender<SchedulerMsg>,
+    id: u64,
+    prompt: &[u32],
+    max_tokens: usize,
+    ignore_eos: bool,
+    eos: &[u32],
+) -> anyhow::Result<mpsc::UnboundedReceiver<RequestEvent>> {
+    let (events, rx) = mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: RequestId(id),
+        spec: RequestSpec {
+            prompt: Arc::from(prompt),
+            params: SamplingParams::greedy(),
+            max_tokens,
+            stop_token_ids: if ignore_eos { Vec::new() } else { eos.to_vec() },
+            ignore_eos,
+            logprobs: None,
+            priority: 0,
+        },
+        arrival: Instant::now(),
+        events,
+    };
+    let (reply, accepted) = oneshot::channel();
+    scheduler
+        .send(SchedulerMsg::Submit(request, reply))
+        .await
+        .map_err(|_| anyhow::anyhow!("the scheduler has stopped"))?;
+    accepted
+        .await
+        .map_err(|_| anyhow::anyhow!("the scheduler dropped a submission"))??;
+    Ok(rx)
+}

@@ -1,0 +1,64 @@
+//! The draft method `--speculative-method` asks for, built over the target's pool.
+
+use anyhow::Context;
+use peregrine_actors::backend::ModelBackend;
+use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
+use peregrine_config::{ServeConfig, SpeculativeMethod};
+use peregrine_models::LlamaModel;
+use std::path::Path;
+use tracing::info;
+
+/// The configured drafter, or `None` when speculation is off. The configuration was
+/// validated already: `draft_model` names a directory for the draft-model method, and
+/// eagle3 was refused.
+pub fn load_drafter(
+    config: &ServeConfig,
+    target: &dyn ModelBackend,
+) -> anyhow::Result<Option<Box<dyn DraftMethod>>> {
+    let Some(method) = config.speculative_method else {
+        return Ok(None);
+    };
+    let drafter = build_drafter(
+        method,
+        config.draft_model.as_deref(),
+        (config.ngram_min, config.ngram_max),
+        target,
+        config.block_size,
+    )?;
+    info!(
+        method = method.as_str(),
+        num_speculative_tokens = config.num_speculative_tokens,
+        "speculative decoding on"
+    );
+    Ok(Some(drafter))
+}
+
+/// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model in
+/// `draft_model` with a draft cache over `target`'s pool of blocks of `block_size`.
+pub fn build_drafter(
+    method: SpeculativeMethod,
+    draft_model: Option<&Path>,
+    (ngram_min, ngram_max): (usize, usize),
+    target: &dyn ModelBackend,
+    block_size: usize,
+) -> anyhow::Result<Box<dyn DraftMethod>> {
+    Ok(match method {
+        SpeculativeMethod::Ngram => Box::new(Ngram::new(ngram_min, ngram_max)?),
+        SpeculativeMethod::DraftModel => {
+            let dir =
+                draft_model.context("speculative_method draft_model needs --draft-model DIR")?;
+            let model = LlamaModel::load(dir)
+                .with_context(|| format!("loading the draft model {}", dir.display()))?;
+            let num_blocks = target.pool().layout.num_blocks;
+            Box::new(DraftModel::new(
+                model,
+                target.config(),
+                num_blocks,
+                block_size,
+            )?)
+        }
+        SpeculativeMethod::Eagle3 => {
+            anyhow::bail!("speculative_method eagle3 is not built yet; use ngram or draft_model")
+        }
+    })
+}

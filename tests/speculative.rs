@@ -1,0 +1,566 @@
+//! Speculative decoding through the serving engine: greedy outputs with drafts (n-gram, or
+//! a draft model that agrees with the target or one that does not) equal the outputs
+//! without, token for token, in mixed batches, under preemption and with prefix caching;
+//! sampled outputs keep the target's distribution; and the acceptance-collapse alarm fires
+//! under a draft-KV fault past a block id and stays quiet without it.
+
+mod common;
+
+use common::engine::{collect, submit};
+use common::tiny_model::{TinyModel, TinySpec};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
+use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
+use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::messages::{
+    GenerateRequest, GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
+    SchedulerMsg, Usage,
+};
+use peregrine_models::LlamaModel;
+use peregrine_ops::sampling::{Sampler, SamplingParams};
+use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+const BLOCK: usize = 16;
+
+/// How a run drafts.
+#[derive(Clone, Copy)]
+enum Method<'a> {
+    Off,
+    Ngram,
+    /// A draft model, with the fault hook's block id threshold if any.
+    Draft(&'a Path, Option<u32>),
+}
+
+struct Run<'a> {
+    kv_blocks: u64,
+    max_num_seqs: usize,
+    max_num_batched_tokens: usize,
+    k: usize,
+    method: Method<'a>,
+}
+
+impl Run<'_> {
+    fn roomy(method: Method) -> Run {
+        Run {
+            kv_blocks: 128,
+            max_num_seqs: 16,
+            max_num_batched_tokens: 64,
+            k: 3,
+            method,
+        }
+    }
+
+    /// Nine blocks for many requests of up to 4 blocks: preemption and recompute.
+    fn tight(method: Method) -> Run {
+        Run {
+            kv_blocks: 9,
+            max_num_seqs: 16,
+            max_num_batched_tokens: 48,
+            k: 3,
+            method,
+        }
+    }
+}
+
+fn backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
+    let spec = TinySpec::llama_tiny();
+    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
+    cpu_backend(
+        LlamaModel::load(dir).unwrap(),
+        kv_blocks * BLOCK as u64 * bytes_per_token,
+        BLOCK,
+    )
+    .unwrap()
+}
+
+/// Every request of `reqs` at once (or one after the other when `sequential`) through
+/// the engine of the tiny model in `dir`; each one's tokens and usage.
+async fn served(
+    dir: &Path,
+    reqs: &[(Vec<u32>, SamplingParams)],
+    max_tokens: usize,
+    run: &Run<'_>,
+    sequential: bool,
+) -> Vec<(Vec<u32>, Usage)> {
+    let target = backend(dir, run.kv_blocks);
+    let num_blocks = target.pool().layout.num_blocks;
+    let drafter: Option<Box<dyn DraftMethod>> = match run.method {
+        Method::Off => None,
+        Method::Ngram => Some(Box::new(Ngram::new(1, 3).unwrap())),
+        Method::Draft(draft_dir, fault) => {
+            let model = LlamaModel::load(draft_dir).unwrap();
+            let draft = DraftModel::new(model, target.config(), num_blocks, BLOCK).unwrap();
+            Some(Box::new(match fault {
+                Some(block) => draft.with_kv_fault_above(block),
+                None => draft,
+            }))
+        }
+    };
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits: SchedulerLimits {
+            max_num_seqs: run.max_num_seqs,
+            max_num_batched_tokens: run.max_num_batched_tokens,
+            max_waiting: 10_000,
+            num_speculative_tokens: run.k,
+        },
+        max_model_len: None,
+    };
+    let engine = start_engine(target, &settings, drafter).unwrap();
+    let mut out = Vec::new();
+    let mut streams = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        let rx = submit(&engine.scheduler, i as u64, prompt, params, max_tokens).await;
+        if sequential {
+            let (tokens, _, usage) = collect(rx).await;
+            out.push((tokens, usage));
+        } else {
+            streams.push(rx);
+        }
+    }
+    for rx in streams {
+        let (tokens, _, usage) = collect(rx).await;
+        assert_eq!(usage.completion_tokens, tokens.len());
+        out.push((tokens, usage));
+    }
+    out
+}
+
+/// Requests that draft well and badly: prompts that repeat a short pattern (n-gram
+/// lookups hit) and random ones, of 5 to 50 tokens; every third one sampled.
+fn mixed_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|i| {
+            let len = rng.random_range(5..50);
+            let prompt: Vec<u32> = if i % 2 == 0 {
+                let period: Vec<u32> = (0..rng.random_range(2..6))
+                    .map(|_| rng.random_range(3..300))
+                    .collect();
+                (0..len).map(|j| period[j % period.len()]).collect()
+            } else {
+                (0..len).map(|_| rng.random_range(3..300)).collect()
+            };
+            let params = if i % 3 == 2 {
+                SamplingParams {
+                    temperature: 0.8,
+                    seed: Some(i as u64),
+                    ..SamplingParams::default()
+                }
+            } else {
+                SamplingParams::greedy()
+            };
+            (prompt, params)
+        })
+        .collect()
+}
+
+type Snapshot = Vec<(
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+fn value(snapshot: &Snapshot, name: &str) -> f64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .map(|(.., v)| match v {
+            DebugValue::Counter(c) => *c as f64,
+            DebugValue::Gauge(g) => g.into_inner(),
+            DebugValue::Histogram(_) => 0.0,
+        })
+        .sum()
+}
+
+/// Takes snapshots of the recorder; counters restart from zero after each.
+struct Meter(Snapshotter);
+
+impl Meter {
+    fn take(&self) -> Snapshot {
+        self.0.snapshot().into_vec()
+    }
+}
+
+fn assert_greedy_equal(
+    reqs: &[(Vec<u32>, SamplingParams)],
+    want: &[(Vec<u32>, Usage)],
+    got: &[(Vec<u32>, Usage)],
+    what: &str,
+) {
+    for (i, (req, (w, g))) in reqs.iter().zip(want.iter().zip(got)).enumerate() {
+        assert_eq!(g.0.len(), w.0.len(), "request {i}, {what}: length");
+        if req.1.is_greedy() {
+            assert_eq!(g.0, w.0, "request {i}, {what}");
+        }
+    }
+}
+
+const MAX_TOKENS: usize = 24;
+
+#[tokio::test]
+async fn ngram_greedy_outputs_equal_no_speculation() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 91).write_hf(dir.path());
+    let reqs = mixed_requests(14, 3);
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+
+    let plain = served(
+        dir.path(),
+        &reqs,
+        MAX_TOKENS,
+        &Run::roomy(Method::Off),
+        false,
+    )
+    .await;
+    meter.take();
+    let roomy = served(
+        dir.path(),
+        &reqs,
+        MAX_TOKENS,
+        &Run::roomy(Method::Ngram),
+        false,
+    )
+    .await;
+    let s = meter.take();
+    assert_greedy_equal(&reqs, &plain, &roomy, "ngram, roomy pool");
+    let drafts = value(&s, "peregrine:spec_decode_num_draft_tokens_total");
+    let accepted = value(&s, "peregrine:spec_decode_num_accepted_tokens_total");
+    assert!(drafts > 0.0, "no drafts");
+    assert!(
+        accepted > 0.0 && accepted < drafts,
+        "accepted {accepted} of {drafts}"
+    );
+
+    let tight = served(
+        dir.path(),
+        &reqs,
+        MAX_TOKENS,
+        &Run::tight(Method::Ngram),
+        false,
+    )
+    .await;
+    let s = meter.take();
+    assert_greedy_equal(&reqs, &plain, &tight, "ngram, tight pool");
+    assert!(
+        value(&s, "peregrine:num_preemptions_total") > 0.0,
+        "no preemption"
+    );
+    assert!(value(&s, "peregrine:spec_decode_num_accepted_tokens_total") > 0.0);
+}
+
+#[tokio::test]
+async fn draft_model_greedy_outputs_equal_no_speculation() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 92).write_hf(dir.path());
+    TinyModel::random(TinySpec::llama_tiny(), 93).write_hf(other.path());
+    let reqs = mixed_requests(12, 4);
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let plain = served(
+        dir.path(),
+        &reqs,
+        MAX_TOKENS,
+        &Run::roomy(Method::Off),
+        false,
+    )
+    .await;
+    let mut rates = Vec::new();
+    for draft in [dir.path(), other.path()] {
+        for run in [
+            Run::roomy(Method::Draft(draft, None)),
+            Run::tight(Method::Draft(draft, None)),
+        ] {
+            meter.take();
+            let got = served(dir.path(), &reqs, MAX_TOKENS, &run, false).await;
+            let s = meter.take();
+            assert_greedy_equal(&reqs, &plain, &got, "draft model");
+            let drafts = value(&s, "peregrine:spec_decode_num_draft_tokens_total");
+            let accepted = value(&s, "peregrine:spec_decode_num_accepted_tokens_total");
+            let per_request: usize = got.iter().map(|(_, u)| u.num_accepted_tokens).sum();
+            assert_eq!(
+                per_request as f64, accepted,
+                "usage agrees with the counters"
+            );
+            rates.push(accepted / drafts);
+        }
+    }
+    // The target as its own draft agrees with every greedy request and with the sampled
+    // ones where they draw the argmax (a third of the requests, which verify more often
+    // as they accept less); a different random model almost never agrees.
+    assert!(rates[0] > 0.3 && rates[1] > 0.3, "{rates:?}");
+    assert!(rates[2] < 0.05 && rates[3] < 0.05, "{rates:?}");
+}
+
+#[tokio::test]
+async fn prefix_cache_hits_with_speculation_keep_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 94).write_hf(dir.path());
+    let prompt: Vec<u32> = (0..40).map(|i| [7, 8, 9, 10][i % 4]).collect();
+    let reqs = vec![(prompt.clone(), SamplingParams::greedy()); 3];
+    let plain = served(dir.path(), &reqs[..1], 30, &Run::roomy(Method::Off), false).await;
+    for method in [Method::Ngram, Method::Draft(dir.path(), None)] {
+        let runs = served(dir.path(), &reqs, 30, &Run::roomy(method), true).await;
+        assert_eq!(runs[0].1.cached_tokens, 0);
+        for run in &runs {
+            assert_eq!(run.0, plain[0].0);
+        }
+        assert!(runs[1].1.cached_tokens >= 32, "{:?}", runs[1].1);
+        assert!(runs[2].1.cached_tokens >= 32, "{:?}", runs[2].1);
+    }
+}
+
+/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
+/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
+const CHI2_8_DF_0_001: f64 = 26.124;
+
+#[tokio::test]
+async fn sampled_first_two_tokens_keep_the_target_distribution() {
+    const DRAWS: usize = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 95).write_hf(dir.path());
+    let prompt: Vec<u32> = vec![11, 12, 13, 11, 12, 13, 11, 12];
+    let params = |seed| SamplingParams {
+        temperature: 0.7,
+        top_k: 3,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    // The target's own distributions: p(t1 | prompt) and p(t2 | prompt, t1).
+    let model = LlamaModel::load(dir.path()).unwrap();
+    let sampler = Sampler::new(&params(0)).unwrap();
+    let dist = |tokens: &[u32]| {
+        let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
+        let table = [0u32, 1, 2, 3];
+        let spec = SeqSpec {
+            num_cached: 0,
+            num_new: tokens.len(),
+            block_table: &table,
+        };
+        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+        let logits = model
+            .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
+            .unwrap();
+        sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
+    };
+    let first = dist(&prompt);
+    let reqs: Vec<_> = (0..DRAWS as u64)
+        .map(|seed| (prompt.clone(), params(seed)))
+        .collect();
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let mut run = Run::roomy(Method::Draft(dir.path(), None));
+    run.kv_blocks = 512;
+    run.max_num_seqs = 64;
+    run.max_num_batched_tokens = 1024;
+    let outs = served(dir.path(), &reqs, 3, &run, false).await;
+    let s = meter.take();
+    let accepted = value(&s, "peregrine:spec_decode_num_accepted_tokens_total");
+    let drafts = value(&s, "peregrine:spec_decode_num_drafts_total");
+    assert!(drafts > 0.0, "no verification");
+    assert!(
+        accepted > 0.0 && accepted < drafts,
+        "{accepted} of {drafts}: both paths"
+    );
+    let mut chi2 = 0.0;
+    let mut cells = 0;
+    for &(t1, p1) in &first {
+        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
+        for (t2, p2) in dist(&context) {
+            let expected = DRAWS as f64 * p1 * p2;
+            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
+            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
+            chi2 += (seen as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, 9, "top-k 3 over two tokens");
+    assert!(
+        chi2 < CHI2_8_DF_0_001,
+        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001)"
+    );
+}
+
+/// Sequential requests climb through never-used block ids; past `fault` the draft reads
+/// zeroed KV.
+async fn alarm_run(fault: Option<u32>) -> Snapshot {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 96).write_hf(dir.path());
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let reqs: Vec<_> = (0..150)
+        .map(|_| {
+            let prompt: Vec<u32> = (0..20).map(|_| rng.random_range(3..300)).collect();
+            (prompt, SamplingParams::greedy())
+        })
+        .collect();
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let mut run = Run::roomy(Method::Draft(dir.path(), fault));
+    run.kv_blocks = 1024;
+    served(dir.path(), &reqs, 40, &run, true).await;
+    meter.take()
+}
+
+#[tokio::test]
+async fn the_acceptance_alarm_fires_past_a_faulty_block_id() {
+    let s = alarm_run(Some(480)).await;
+    assert_eq!(
+        value(&s, "peregrine:spec_decode_acceptance_alarms_total"),
+        1.0
+    );
+    assert_eq!(value(&s, "peregrine:spec_decode_acceptance_alarm"), 1.0);
+}
+
+#[tokio::test]
+async fn the_acceptance_alarm_stays_quiet_without_the_fault() {
+    // The same requests climb through the same block ids as with the fault.
+    let s = alarm_run(None).await;
+    assert_eq!(
+        value(&s, "peregrine:spec_decode_acceptance_alarms_total"),
+        0.0
+    );
+    assert!(value(&s, "peregrine:spec_decode_acceptance_alarm") == 0.0);
+}
+
+#[tokio::test]
+async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 97).write_hf(dir.path());
+    let target = backend(dir.path(), 64);
+    let num_blocks = target.pool().layout.num_blocks;
+    let model = LlamaModel::load(dir.path()).unwrap();
+    let draft = DraftModel::new(model, target.config(), num_blocks, BLOCK).unwrap();
+    let limits = SchedulerLimits {
+        max_num_seqs: 4,
+        max_num_batched_tokens: 64,
+        max_waiting: 100,
+        num_speculative_tokens: 3,
+    };
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits,
+        max_model_len: None,
+    };
+    let engine = start_engine(target, &settings, Some(Box::new(draft))).unwrap();
+    let recorder = DebuggingRecorder::new();
+    let meter = Meter(recorder.snapshotter());
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let prompt: Vec<u32> = (3..23).collect();
+    let greedy = SamplingParams::greedy();
+    let mut per_verification = Vec::new();
+    for (i, k) in [(0, 3), (1, 1), (2, 2)] {
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let limits = SchedulerLimits {
+            num_speculative_tokens: k,
+            ..limits
+        };
+        engine
+            .scheduler
+            .send(peregrine_actors::messages::SchedulerMsg::Reconfigure(
+                limits, reply,
+            ))
+            .await
+            .unwrap();
+        done.await.unwrap();
+        meter.take();
+        let rx = submit(&engine.scheduler, i, &prompt, &greedy, 25).await;
+        collect(rx).await;
+        let s = meter.take();
+        let drafts = value(&s, "peregrine:spec_decode_num_drafts_total");
+        let tokens = value(&s, "peregrine:spec_decode_num_draft_tokens_total");
+        per_verification.push(tokens / drafts);
+    }
+    // The target as its own draft: every verification gets all k drafts, except where
+    // max_tokens leaves room for fewer at the end.
+    assert!(
+        (per_verification[0] - 3.0).abs() < 0.5,
+        "{per_verification:?}"
+    );
+    assert_eq!(per_verification[1], 1.0, "{per_verification:?}");
+    assert!(
+        (per_verification[2] - 2.0).abs() < 0.3,
+        "{per_verification:?}"
+    );
+}
+
+/// One greedy request with `top` logprobs through an engine of the tiny model in `dir`;
+/// its tokens with their logprobs.
+async fn with_logprobs(
+    dir: &Path,
+    drafter: Option<Box<dyn DraftMethod>>,
+    prompt: &[u32],
+) -> Vec<GeneratedToken> {
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits: SchedulerLimits {
+            max_num_seqs: 4,
+            max_num_batched_tokens: 64,
+            max_waiting: 10,
+            num_speculative_tokens: 3,
+        },
+        max_model_len: None,
+    };
+    let engine = start_engine(backend(dir, 64), &settings, drafter).unwrap();
+    let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let request = GenerateRequest {
+        id: RequestId(1),
+        spec: RequestSpec {
+            prompt: Arc::from(prompt),
+            params: SamplingParams::greedy(),
+            max_tokens: 20,
+            stop_token_ids: vec![],
+            ignore_eos: true,
+            logprobs: Some(3),
+            priority: 0,
+        },
+        arrival: Instant::now(),
+        events,
+    };
+    let (reply, queued) = tokio::sync::oneshot::channel();
+    engine
+        .scheduler
+        .send(SchedulerMsg::Submit(request, reply))
+        .await
+        .unwrap();
+    queued.await.unwrap().unwrap();
+    let mut tokens = Vec::new();
+    while let Some(RequestEvent::Tokens(t)) = rx.recv().await {
+        tokens.extend(t);
+    }
+    tokens
+}
+
+#[tokio::test]
+async fn logprobs_of_accepted_drafts_equal_those_without_speculation() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 98).write_hf(dir.path());
+    let prompt: Vec<u32> = (0..30).map(|i| [40, 41, 42, 43, 44][i % 5]).collect();
+    let plain = with_logprobs(dir.path(), None, &prompt).await;
+    let target = backend(dir.path(), 64);
+    let draft = DraftModel::new(
+        LlamaModel::load(dir.path()).unwrap(),
+        target.config(),
+        target.pool().layout.num_blocks,
+        BLOCK,
+    )
+    .unwrap();
+    let spec = with_logprobs(dir.path(), Some(Box::new(draft)), &prompt).await;
+    assert_eq!(plain.len(), 20);
+    assert!(plain.iter().all(|t| t.logprobs.is_some()));
+    assert_eq!(spec, plain, "tokens and logprobs, bit for bit");
+}
