@@ -9,6 +9,8 @@
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
 #                                 per step by scripts/ncu_step_summary.py
+#   scripts/gpu_run.sh spec       bench spec (n-gram speculation against none) on SmolLM2-135M
+#                                 (after smollm2), default and --deterministic
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -61,6 +63,16 @@ profile)
             --gemv-max-rows $rows >"$OUT/ncu-gemv$rows.csv" 2>"$OUT/ncu-gemv$rows.err"
         echo "== --gemv-max-rows $rows" | tee -a "$OUT/profile.log"
         python3 scripts/ncu_step_summary.py "$OUT/ncu-gemv$rows.csv" 3 2>&1 | tee -a "$OUT/profile.log"
+    done
+    ;;
+spec)
+    spec="bench spec --model /tmp/smollm2 --device cuda --gpu-memory-utilization 0.3"
+    for flags in "" "--deterministic"; do
+        for run in "--dataset scripts/spec_prompts.jsonl --num-prompts 8 --concurrency 1" \
+            "--dataset scripts/spec_prompts.jsonl --num-prompts 8 --concurrency 8" \
+            "--num-prompts 4 --concurrency 1 --input-len 64 --output-len 64"; do
+            "$bin/peregrine" $spec $run $flags 2>&1 | grep -v "^20" | tee -a "$OUT/spec.log"
+        done
     done
     ;;
 stash)

@@ -84,12 +84,21 @@ pub struct BenchSpecArgs {
     /// Seed for the random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
-    /// Bytes of KV cache.
+    /// Bytes of KV cache (CPU).
     #[arg(long, default_value_t = 1 << 30)]
     pub kv_cache_memory: u64,
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// Where the target model runs: cpu, or cuda (a binary built with `--features cuda`).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// The share of GPU memory for the weights, activations and KV pool (cuda).
+    #[arg(long, default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
+    /// Batch-invariant GPU kernels (cuda).
+    #[arg(long)]
+    pub deterministic: bool,
 }
 
 /// `peregrine bench latency`.

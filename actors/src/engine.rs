@@ -51,15 +51,13 @@ pub fn start_engine(
     let capacity = backend.capacity();
     if let Some(c) = capacity {
         let limits = &settings.limits;
-        if limits.max_num_batched_tokens > c.max_tokens || limits.max_num_seqs > c.max_seqs {
-            bail!(
-                "max_num_batched_tokens {} / max_num_seqs {} exceed the {} / {} the model's \
-                 buffers were sized for",
-                limits.max_num_batched_tokens,
-                limits.max_num_seqs,
-                c.max_tokens,
-                c.max_seqs
-            );
+        let drafts = if drafter.is_some() {
+            limits.num_speculative_tokens
+        } else {
+            0
+        };
+        if let Some(why) = c.refuses(limits.max_num_batched_tokens, limits.max_num_seqs, drafts) {
+            bail!("{why}");
         }
     }
     let pool = backend.pool();

@@ -6,7 +6,7 @@
 use super::bench_serve::prompts;
 use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
-use peregrine_actors::backend::cpu_backend;
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{
     GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SchedulerMsg, Usage,
@@ -82,6 +82,40 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The target model on the device `args` names, with room for `drafts` drafts a step.
+#[cfg_attr(not(feature = "cuda"), expect(unused_variables))]
+fn open_backend(
+    args: &BenchSpecArgs,
+    dir: &std::path::Path,
+    drafts: usize,
+) -> anyhow::Result<Box<dyn ModelBackend>> {
+    match args.device.as_str() {
+        "cpu" => cpu_backend(
+            LlamaModel::load(dir)?,
+            args.kv_cache_memory,
+            args.block_size,
+        ),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            let cache =
+                peregrine_models::fetch::default_cache_dir(args.model.cache_dir.as_deref())?;
+            let settings = peregrine_actors::backend::GpuSettings {
+                gpu_memory_utilization: args.gpu_memory_utilization,
+                block_size: args.block_size,
+                max_num_batched_tokens: args.max_num_batched_tokens,
+                max_num_seqs: args.concurrency,
+                num_speculative_tokens: drafts,
+                deterministic: args.deterministic,
+                kernel_cache: cache.join("kernels"),
+            };
+            peregrine_actors::backend::cuda_backend(dir, &settings)
+        }
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => anyhow::bail!("this binary was built without the `cuda` feature"),
+        other => anyhow::bail!("--device {other}: expected cpu or cuda"),
+    }
+}
+
 /// All requests through a fresh engine, with or without the drafter.
 async fn run_engine(
     args: &BenchSpecArgs,
@@ -89,9 +123,13 @@ async fn run_engine(
     reqs: &[(Vec<u32>, usize, bool)],
     speculate: bool,
 ) -> anyhow::Result<RunResult> {
-    let model = LlamaModel::load(dir)?;
-    let eos = model.config().eos_token_ids.clone();
-    let backend = cpu_backend(model, args.kv_cache_memory, args.block_size)?;
+    let eos = peregrine_models::ModelConfig::from_dir(dir)?.eos_token_ids;
+    let drafts = if speculate {
+        args.num_speculative_tokens
+    } else {
+        0
+    };
+    let backend = open_backend(args, dir, drafts)?;
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,

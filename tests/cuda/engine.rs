@@ -8,18 +8,32 @@ use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
 use crate::setup;
 use peregrine_actors::backend::{cuda_backend, GpuSettings};
+use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{FinishReason, SchedulerLimits};
+use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
+use peregrine_models::LlamaModel;
+use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
 const MAX_TOKENS: usize = 16;
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
+    gpu_engine_drafting(dir, deterministic, None, 0)
+}
+
+/// The GPU engine of the model in `dir`, verifying up to `k` drafts of `drafter` a step.
+fn gpu_engine_drafting(
+    dir: &Path,
+    deterministic: bool,
+    drafter: Option<Box<dyn DraftMethod>>,
+    k: usize,
+) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
         block_size: 16,
         max_num_batched_tokens: 64,
         max_num_seqs: 32,
+        num_speculative_tokens: k,
         deterministic,
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
     };
@@ -41,11 +55,11 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
             max_num_seqs: 32,
             max_num_batched_tokens: 64,
             max_waiting: 1000,
-            num_speculative_tokens: 0,
+            num_speculative_tokens: k,
         },
         max_model_len: None,
     };
-    start_engine(backend, &engine, None).unwrap()
+    start_engine(backend, &engine, drafter).unwrap()
 }
 
 #[test]
@@ -80,6 +94,96 @@ fn deterministic_gpu_engine_gives_each_request_the_same_tokens_alone_and_batched
                 "request {i}: alone vs among {}",
                 reqs.len()
             );
+        }
+    });
+}
+
+/// Greedy requests whose prompts repeat a pattern (so that n-gram drafts are often right)
+/// or are random.
+fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
+    requests(1000, n, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (prompt, _))| {
+            let prompt = if i % 2 == 0 {
+                prompt
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(prompt.len() * 3)
+                    .collect()
+            } else {
+                prompt
+            };
+            (prompt, SamplingParams::greedy())
+        })
+        .collect()
+}
+
+/// Every request at once through `engine`; each one's tokens and usage.
+async fn run_all(
+    engine: &peregrine_actors::engine::Engine,
+    reqs: &[(Vec<u32>, SamplingParams)],
+) -> Vec<(Vec<u32>, Usage)> {
+    let mut streams = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
+    }
+    let mut out = Vec::new();
+    for rx in streams {
+        let (tokens, reason, usage) = collect(rx).await;
+        assert_eq!(reason, FinishReason::Length);
+        out.push((tokens, usage));
+    }
+    out
+}
+
+/// Under --deterministic a verification forward (K+1 rows a request) computes each row as
+/// a one-row decode would, so speculation must not change a greedy token: n-gram drafts,
+/// and a draft model (the same weights, on the CPU) whose drafts are mostly accepted.
+#[test]
+fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 22).write_hf(dir.path());
+    let reqs = greedy_requests(12, 22);
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let plain = run_all(&gpu_engine(dir.path(), true), &reqs).await;
+        let k = 3;
+        for method in ["ngram", "draft_model"] {
+            let engine = {
+                let probe = gpu_engine_drafting(dir.path(), true, None, k);
+                let num_blocks = u64::from(probe.num_blocks);
+                drop(probe);
+                let drafter: Box<dyn DraftMethod> = match method {
+                    "ngram" => Box::new(Ngram::new(1, 3).unwrap()),
+                    _ => {
+                        let model = LlamaModel::load(dir.path()).unwrap();
+                        let config = model.config().clone();
+                        Box::new(DraftModel::new(model, &config, num_blocks, 16).unwrap())
+                    }
+                };
+                gpu_engine_drafting(dir.path(), true, Some(drafter), k)
+            };
+            let drafted = run_all(&engine, &reqs).await;
+            let (mut proposed, mut accepted) = (0, 0);
+            for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {
+                assert_eq!(got, want, "{method}: request {i} changed with speculation");
+                proposed += usage.num_draft_tokens;
+                accepted += usage.num_accepted_tokens;
+            }
+            eprintln!("{method}: {accepted} of {proposed} drafts accepted");
+            assert!(proposed > 0, "{method}: no draft was verified");
+            // The draft model has the target's weights: most of its drafts are right.
+            if method == "draft_model" {
+                assert!(
+                    accepted * 2 > proposed,
+                    "draft_model: {accepted} of {proposed}"
+                );
+            }
         }
     });
 }

@@ -27,6 +27,9 @@ pub struct GpuSettings {
     pub max_num_batched_tokens: usize,
     /// The most sequences of one step (sizes the logits).
     pub max_num_seqs: usize,
+    /// Drafts verified per sequence and step (0 without speculation): each takes one more
+    /// row of logits.
+    pub num_speculative_tokens: usize,
     /// Batch-invariant kernels.
     pub deterministic: bool,
     /// Where compiled kernels are cached.
@@ -53,15 +56,17 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         compiled = kernels.freshly_compiled(),
         "kernels loaded"
     );
+    let max_logit_rows =
+        (s.max_num_seqs * (1 + s.num_speculative_tokens)).min(s.max_num_batched_tokens);
     let options = GpuModelOptions {
         max_tokens: s.max_num_batched_tokens,
-        max_logit_rows: s.max_num_seqs,
+        max_logit_rows,
         deterministic: s.deterministic,
         gemv_max_rows: GEMV_MAX_ROWS,
     };
     let mut model = GpuLlama::load(dir, gpu.clone(), kernels.clone(), options)
         .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
-    profile(&mut model, s)?;
+    profile(&mut model, s, max_logit_rows)?;
     let (free, total) = gpu.memory()?;
     let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
     let Some(budget) = free.checked_sub(reserved).filter(|&b| b > 0) else {
@@ -91,6 +96,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         capacity: StepCapacity {
             max_tokens: s.max_num_batched_tokens,
             max_seqs: s.max_num_seqs,
+            max_logit_rows,
         },
         cache,
         pool,
@@ -100,7 +106,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
 /// Runs the largest step the scheduler may send, prefill of `max_num_batched_tokens`
 /// tokens, over a temporary pool, so that the activations' peak (cuBLAS workspaces
 /// included) is allocated before the free memory is measured.
-fn profile(model: &mut GpuLlama, s: &GpuSettings) -> anyhow::Result<()> {
+fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::Result<()> {
     let tokens = s.max_num_batched_tokens;
     let longest = model.config().max_model_len.max(1);
     let per_seq = longest.min(tokens);
@@ -124,7 +130,7 @@ fn profile(model: &mut GpuLlama, s: &GpuSettings) -> anyhow::Result<()> {
         .collect();
     let plan = AttentionPlan::new(&specs, s.block_size, num_blocks)?;
     let ids = vec![0u32; tokens];
-    let rows: Vec<usize> = (0..s.max_num_seqs.min(tokens)).collect();
+    let rows: Vec<usize> = (0..logit_rows.min(tokens)).collect();
     model.forward(&ids, &plan, &mut cache, &rows)?;
     gpu.synchronize()?;
     Ok(())

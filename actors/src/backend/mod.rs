@@ -52,6 +52,47 @@ pub struct StepCapacity {
     pub max_tokens: usize,
     /// Sequences sampled in one step.
     pub max_seqs: usize,
+    /// Rows of logits of one step: a row per sequence, plus one per draft when drafts are
+    /// verified.
+    pub max_logit_rows: usize,
+}
+
+impl StepCapacity {
+    /// Why a step of `max_num_batched_tokens` tokens over `max_num_seqs` sequences, each
+    /// verifying up to `drafts` drafts, does not fit, naming the field to lower; `None` when
+    /// it fits.
+    pub fn refuses(
+        &self,
+        max_num_batched_tokens: usize,
+        max_num_seqs: usize,
+        drafts: usize,
+    ) -> Option<String> {
+        let rows = max_num_seqs * (1 + drafts);
+        [
+            (
+                "max_num_batched_tokens",
+                max_num_batched_tokens,
+                self.max_tokens,
+            ),
+            ("max_num_seqs", max_num_seqs, self.max_seqs),
+            (
+                "num_speculative_tokens",
+                rows.min(max_num_batched_tokens),
+                self.max_logit_rows,
+            ),
+        ]
+        .into_iter()
+        .find(|&(_, value, most)| value > most)
+        .map(|(field, value, most)| match field {
+            "num_speculative_tokens" => format!(
+                "num_speculative_tokens {drafts} makes up to {value} logit rows a step, past the \
+                 {most} the GPU buffers were sized for at start-up"
+            ),
+            _ => format!(
+                "{field} {value} exceeds the {most} the GPU buffers were sized for at start-up"
+            ),
+        })
+    }
 }
 
 /// A model with its KV pool, ready to run steps.

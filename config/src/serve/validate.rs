@@ -1,6 +1,6 @@
 //! Range checks on one layer, so that an error names the file key or the flag that set it.
 
-use super::{ConfigError, DeviceKind, Layer, Origin, ServeConfig, SpeculativeMethod};
+use super::{ConfigError, Layer, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
 
 /// The most draft tokens per step (the accepted-length histogram's buckets stop there).
@@ -125,16 +125,6 @@ impl ServeConfig {
                 reason: format!(
                     "({}) must not exceed ngram_max ({})",
                     self.ngram_min, self.ngram_max
-                ),
-            });
-        }
-        if self.speculative_method.is_some() && self.device != DeviceKind::Cpu {
-            return Err(ConfigError::Invalid {
-                at: at("speculative_method"),
-                reason: format!(
-                    "runs on the CPU backend only for now (the {} backend's logits are sized \
-                     for one row per sequence); use --device cpu or turn speculation off",
-                    self.device.as_str()
                 ),
             });
         }

@@ -48,6 +48,11 @@ fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn Mode
                 block_size: config.block_size,
                 max_num_batched_tokens: config.max_num_batched_tokens,
                 max_num_seqs: config.max_num_seqs,
+                num_speculative_tokens: if config.speculative_method.is_some() {
+                    config.num_speculative_tokens
+                } else {
+                    0
+                },
                 deterministic: config.deterministic,
                 kernel_cache: cache.join("kernels"),
             };

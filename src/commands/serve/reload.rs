@@ -44,25 +44,21 @@ pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayC
     }
 }
 
-/// Refuses step limits past what the engine's buffers were sized for at start-up.
+/// Refuses step limits (and drafts to verify) past what the engine's buffers were sized
+/// for at start-up.
 fn within_capacity(new: &ServeConfig, capacity: Option<StepCapacity>) -> Result<(), String> {
     let Some(c) = capacity else { return Ok(()) };
-    for (field, value, most) in [
-        (
-            "max_num_batched_tokens",
-            new.max_num_batched_tokens,
-            c.max_tokens,
-        ),
-        ("max_num_seqs", new.max_num_seqs, c.max_seqs),
-    ] {
-        if value > most {
-            return Err(format!(
-                "{field} {value} exceeds the {most} the GPU buffers were sized for at start-up \
-                 (raising it needs a restart); the running configuration stays"
-            ));
-        }
+    let drafts = if new.speculative_method.is_some() {
+        new.num_speculative_tokens
+    } else {
+        0
+    };
+    match c.refuses(new.max_num_batched_tokens, new.max_num_seqs, drafts) {
+        Some(why) => Err(format!(
+            "{why} (raising it needs a restart); the running configuration stays"
+        )),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Reloads the configuration from the same flags and file the server started with.
@@ -181,6 +177,7 @@ mod tests {
         let capacity = Some(StepCapacity {
             max_tokens: 2048,
             max_seqs: 64,
+            max_logit_rows: 64 * 4,
         });
         let mut config = ServeConfig::default();
         assert!(within_capacity(&config, capacity).is_ok());
@@ -193,5 +190,17 @@ mod tests {
             "{err}"
         );
         assert!(within_capacity(&config, None).is_ok());
+        // 64 sequences verifying 3 drafts each fit 256 logit rows; 7 drafts do not.
+        config.max_num_batched_tokens = 2048;
+        config.max_num_seqs = 64;
+        config.speculative_method = Some(peregrine_config::SpeculativeMethod::Ngram);
+        config.num_speculative_tokens = 3;
+        assert!(within_capacity(&config, capacity).is_ok());
+        config.num_speculative_tokens = 7;
+        let err = within_capacity(&config, capacity).unwrap_err();
+        assert!(
+            err.starts_with("num_speculative_tokens 7 makes up to 512 logit rows"),
+            "{err}"
+        );
     }
 }
