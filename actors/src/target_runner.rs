@@ -9,7 +9,7 @@ use crate::messages::{
     StepDone,
 };
 use anyhow::anyhow;
-use peregrine_ops::sampling::{log_softmax, verify, Sampler};
+use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -164,7 +164,8 @@ impl TargetRunner {
             .collect())
     }
 
-    /// Verifies every sampled sequence's drafts with its own sampler over host logits.
+    /// Verifies every sampled sequence's drafts with its own sampler over host logits, or,
+    /// when every sequence is greedy without penalties or logprobs, from each row's argmax.
     fn verify_step(
         &mut self,
         tokens: &[u32],
@@ -172,6 +173,13 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&ScheduledSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
+        let argmax_only = states.iter().all(|(_, state)| {
+            let params = state.sampler.params();
+            params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()
+        });
+        if argmax_only {
+            return self.verify_greedy(tokens, plan, rows, states);
+        }
         let vocab = self.model.config().vocab_size;
         let logits = self.model.forward_logits(tokens, plan, rows)?;
         if logits.len() != rows.len() * vocab {
@@ -208,6 +216,40 @@ impl TargetRunner {
             outputs.push(SeqOutput {
                 id: s.id,
                 tokens: generated,
+                num_drafts: n,
+                num_accepted: verdict.accepted,
+            });
+        }
+        Ok(outputs)
+    }
+
+    /// Greedy verification from each row's argmax (the backend moves only the ids).
+    fn verify_greedy(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        rows: &[usize],
+        states: &mut [(&ScheduledSeq, SeqSampling)],
+    ) -> anyhow::Result<Vec<SeqOutput>> {
+        let targets = self.model.forward_argmax(tokens, plan, rows)?;
+        if targets.len() != rows.len() {
+            return Err(anyhow!("{} tokens for {} rows", targets.len(), rows.len()));
+        }
+        let mut targets = targets.as_slice();
+        let mut outputs = Vec::with_capacity(states.len());
+        for (s, state) in states.iter_mut() {
+            let n = s.num_drafts.min(s.tokens.len() - 1);
+            let (own, rest) = targets.split_at(n + 1);
+            targets = rest;
+            let verdict = accept_greedy(own, &s.tokens[s.tokens.len() - n..]);
+            state.output.extend(&verdict.tokens);
+            outputs.push(SeqOutput {
+                id: s.id,
+                tokens: verdict
+                    .tokens
+                    .iter()
+                    .map(|&id| GeneratedToken { id, logprobs: None })
+                    .collect(),
                 num_drafts: n,
                 num_accepted: verdict.accepted,
             });

@@ -9,7 +9,7 @@ use peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
 use peregrine_models::ModelConfig;
-use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
+use peregrine_ops::cuda::sampler::{greedy_tokens, GpuSampler, SampleRequest};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_runtime::cuda::Gpu;
@@ -181,6 +181,28 @@ impl ModelBackend for GpuBackend {
             .into_iter()
             .map(|id| GeneratedToken { id, logprobs: None })
             .collect())
+    }
+
+    /// The argmax on the device, one download of the ids.
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let vocab = self.model.config().vocab_size;
+        let gpu = self.model.gpu().clone();
+        let kernels = self.kernels.clone();
+        let logits = self
+            .model
+            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        Ok(greedy_tokens(
+            &kernels,
+            &gpu,
+            &logits,
+            logit_rows.len(),
+            vocab,
+        )?)
     }
 
     /// One download of the picked rows' logits after the forward.

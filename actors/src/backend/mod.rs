@@ -13,7 +13,7 @@ use crate::messages::GeneratedToken;
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout};
 use peregrine_models::ModelConfig;
-use peregrine_ops::sampling::{log_softmax, Sampler};
+use peregrine_ops::sampling::{argmax, log_softmax, Sampler};
 use peregrine_ops::AttentionPlan;
 
 /// What the pool is and what the address audit (DESIGN.md rule 2) found for it.
@@ -125,6 +125,22 @@ pub trait ModelBackend: Send {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>>;
+    /// Runs the forward and returns the greedy token (the argmax, lowest id among ties) of
+    /// each row of `logit_rows`: greedy verification needs no more. A device backend finds
+    /// them where the logits are and moves only the ids.
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let vocab = self.config().vocab_size;
+        let logits = self.forward_logits(tokens, plan, logit_rows)?;
+        logits
+            .chunks(vocab)
+            .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
+            .collect()
+    }
 }
 
 /// Samples every row of host `logits` (`[sampling.len(), vocab]`), with logprobs where

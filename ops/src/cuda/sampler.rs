@@ -48,14 +48,6 @@ pub fn sample_row(params: &SamplingParams, uniform: Option<f64>) -> SampleRow {
     }
 }
 
-/// Whether `params` changes the logits before sampling (the CPU's `apply_penalties` is a
-/// no-op otherwise).
-fn has_penalties(params: &SamplingParams) -> bool {
-    params.repetition_penalty != 1.0
-        || params.presence_penalty != 0.0
-        || params.frequency_penalty != 0.0
-}
-
 /// The penalty history of a batch, in the layout `sample_penalties` reads: `offsets`
 /// (`rows + 1` entries) and `history`, flattened `(token, count)` pairs. Row `r` owns pairs
 /// `offsets[r] .. offsets[r + 1]`: each distinct token of its output with its number of
@@ -70,7 +62,7 @@ pub fn penalty_history<'a>(
     let mut history = Vec::new();
     let mut seen: Vec<(u32, u32)> = Vec::new();
     for (params, prompt, output) in rows {
-        if has_penalties(params) {
+        if params.has_penalties() {
             seen.clear();
             let in_vocab = |token: &&u32| (**token as usize) < vocab;
             seen.extend(output.iter().filter(in_vocab).map(|&token| (token, 1)));
@@ -214,7 +206,7 @@ impl<'a> GpuSampler<'a> {
         vocab: usize,
         rows: &[SampleRequest<'_>],
     ) -> Result<(), GpuError> {
-        if !rows.iter().any(|row| has_penalties(row.sampler.params())) {
+        if !rows.iter().any(|row| row.sampler.params().has_penalties()) {
             return Ok(());
         }
         let params: Vec<SampleRow> = rows
@@ -263,7 +255,7 @@ impl<'a> GpuSampler<'a> {
             })
             .collect();
         let all_greedy = params.iter().all(|p| p.greedy != 0);
-        let any_penalty = rows.iter().any(|row| has_penalties(row.sampler.params()));
+        let any_penalty = rows.iter().any(|row| row.sampler.params().has_penalties());
         let params_dev = if any_penalty || !all_greedy {
             Some(self.gpu.upload(&params)?)
         } else {
@@ -436,7 +428,7 @@ mod tests {
                 ids.iter().all(|&t| (t as usize) < vocab),
                 "row {r}: ids in vocab"
             );
-            if !has_penalties(params) {
+            if !params.has_penalties() {
                 assert!(entries.is_empty(), "row {r}: no penalties, no history");
             }
             let mut want = logits.clone();

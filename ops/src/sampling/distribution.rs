@@ -66,8 +66,9 @@ pub(super) fn distribution(params: &SamplingParams, logits: &[f32]) -> Vec<(u32,
     candidates
 }
 
-/// The id of the largest logit, the lowest id among ties; NaN counts as -inf.
-fn argmax(logits: &[f32]) -> Option<u32> {
+/// The id of the largest logit, the lowest id among ties; NaN counts as -inf (the greedy
+/// choice). `None` for an empty row.
+pub fn argmax(logits: &[f32]) -> Option<u32> {
     let key = |logit: f32| {
         if logit.is_nan() {
             f32::NEG_INFINITY

@@ -12,8 +12,9 @@ mod sampler;
 #[cfg(test)]
 mod testing;
 
+pub use distribution::argmax;
 pub use logprobs::{log_softmax, TokenLogprobs};
 pub use params::{SamplingError, SamplingParams};
 pub use penalties::apply_penalties;
-pub use rejection::{verify, Verdict};
+pub use rejection::{accept_greedy, verify, Verdict};
 pub use sampler::Sampler;

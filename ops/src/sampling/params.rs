@@ -76,6 +76,14 @@ impl SamplingParams {
         self.temperature < GREEDY_BELOW
     }
 
+    /// Whether a penalty changes the logits before sampling (`apply_penalties` is a no-op
+    /// otherwise).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+
     /// Checks every field against vLLM's ranges; the error names the first bad field.
     pub fn validate(&self) -> Result<(), SamplingError> {
         check(

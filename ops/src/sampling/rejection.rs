@@ -70,6 +70,30 @@ pub fn verify(
     }
 }
 
+/// Greedy verification from the target's choice at each row alone (its argmax, when no
+/// penalty depends on the tokens accepted before it): `targets[i]` judges `drafts[i]` and
+/// `targets[drafts.len()]` is the bonus token. The same verdict as [`verify`] for a greedy
+/// sampler without penalties.
+///
+/// # Panics
+/// If `targets.len() != drafts.len() + 1` (a caller bug).
+pub fn accept_greedy(targets: &[u32], drafts: &[u32]) -> Verdict {
+    assert_eq!(
+        targets.len(),
+        drafts.len() + 1,
+        "one target token per draft, plus one"
+    );
+    let accepted = drafts
+        .iter()
+        .zip(targets)
+        .take_while(|(draft, target)| draft == target)
+        .count();
+    Verdict {
+        tokens: targets[..=accepted].to_vec(),
+        accepted,
+    }
+}
+
 /// One sampled position: the draft if accepted, else a token from the residual.
 fn judge(
     sampler: &mut Sampler,
@@ -281,6 +305,15 @@ mod tests {
         );
         let none = verify(&mut sampler, &refs[..1], &[], None, &[], &[]);
         assert_eq!(none.tokens, vec![want[0]]);
+        // From the rows' argmaxes alone, the same verdicts.
+        assert_eq!(accept_greedy(&want, &want[..3]), all);
+        assert_eq!(accept_greedy(&want, &drafts), some);
+        assert_eq!(accept_greedy(&want[..1], &[]), none);
+        let first_wrong = [(want[0] + 1) % 50, want[1], want[2]];
+        assert_eq!(
+            accept_greedy(&want, &first_wrong),
+            verify(&mut sampler, &refs, &first_wrong, None, &[], &[])
+        );
     }
 
     #[test]
