@@ -1,5 +1,5 @@
 //! Devices and memory: the `Device` a computation runs on, element types, host buffers and
-//! tensor views whose offsets are 64-bit.
+//! tensor views whose offsets are 64-bit, and the staged inputs of captured graphs.
 //!
 //! The CPU backend is always built; the CUDA backend (`cuda` module) comes with the `cuda`
 //! cargo feature.
@@ -8,10 +8,12 @@
 pub mod cuda;
 mod device;
 mod dtype;
+mod staging;
 mod tensor;
 
 pub use device::Device;
 pub use dtype::DType;
+pub use staging::{Padding, StageError, StagedInput, StagedView};
 pub use tensor::{Tensor, TensorError};
 
 // Every element and byte offset in Peregrine is computed in 64 bits; on the CPU backend
