@@ -2,13 +2,15 @@
 // accumulation) for few rows: the decode steps of small batches, and every product of
 // --deterministic mode.
 //
-// Each warp owns one output column (a row of w) and streams it once per ROWS rows of x:
-// lane l takes the 16-byte pieces of 8 elements at k = 8 * (32 * j + l) for j = 0, 1, 2, ...,
-// accumulating them in ascending order (GEMV_UNROLL loads in flight per lane), and the warp
-// sums its lanes by a fixed butterfly. No shared memory and no block-wide barrier: a block
-// is GEMV_WARPS independent columns. That order depends on k alone, never on m, on the row
-// chunk or on the block a column falls in, so a row's result is bit-identical whatever else
-// is in the batch (cuBLAS picks its algorithm by shape, and its split-k reductions change
+// Each column (a row of w) is streamed by `slices` warps (1, 2, 4 or 8, chosen from k alone
+// by the launcher: long rows are split so that a warp streams at most 2048 elements),
+// warp s taking the s-th of `slices` equal stretches of k, once per ROWS rows of x: lane l
+// takes the 16-byte pieces of 8 elements at 8 * (32 * j + l) into its stretch for j = 0, 1,
+// 2, ..., accumulating them in ascending order (GEMV_UNROLL loads in flight per lane); the
+// warp sums its lanes by a fixed butterfly, and the column's first warp adds the stretches
+// in order. A block is GEMV_WARPS / slices columns. That order depends on k alone, never on
+// m, on the row chunk or on the block a column falls in, so a row's result is
+// bit-identical whatever else is in the batch (cuBLAS picks its algorithm by shape, and its split-k reductions change
 // with m). A kernel takes ROWS = 1, 2, 4 or 8 rows of x per pass over the column (the
 // launcher picks the smallest that holds m, up to 8, so that one row costs the registers
 // of one accumulator and more blocks fit a multiprocessor); past ROWS rows the column is
@@ -30,29 +32,35 @@ __device__ __forceinline__ void store_out<float>(float* out, i64 at, float v) { 
 
 template <typename OUT, int ROWS>
 __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                          OUT* __restrict__ out, int m, int n, int k) {
-    const int lane = threadIdx.x % WARP_SIZE;
-    const i64 col = (i64)blockIdx.x * GEMV_WARPS + threadIdx.x / WARP_SIZE;
-    if (col >= n) return;  // the whole warp: nothing below waits for the block
-    const bf16* w_row = w + col * k;
+                                          OUT* __restrict__ out, int m, int n, int k,
+                                          int slices) {
+    __shared__ float partial[GEMV_WARPS][ROWS];
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int slice = warp % slices;
+    const i64 col = (i64)blockIdx.x * (GEMV_WARPS / slices) + warp / slices;
+    // A warp past the last column still reaches every barrier below.
+    const bool active = col < n;
+    const int k_slice = k / slices;
+    const bf16* w_row = w + (active ? col : 0) * k;
     constexpr int piece = WARP_SIZE * 8;  // elements one step of the warp covers
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    const int first = slice * k_slice, end = first + k_slice;
     for (int r0 = 0; r0 < m; r0 += ROWS) {
         float acc[ROWS];
 #pragma unroll
         for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
-        for (int base = lane * 8; base < k; base += piece * GEMV_UNROLL) {
+        for (int base = first + lane * 8; active && base < end; base += piece * GEMV_UNROLL) {
             // Every weight load of the stretch is issued before the first is used.
             uint4 wv[GEMV_UNROLL];
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * piece;
-                wv[u] = kb < k ? load_bf16x8(w_row + kb) : zero;
+                wv[u] = kb < end ? load_bf16x8(w_row + kb) : zero;
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * piece;
-                if (kb >= k) break;
+                if (kb >= end) break;
                 float wf[8];
                 unpack_bf16x8(wv[u], wf);
 #pragma unroll
@@ -66,59 +74,75 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
                 }
             }
         }
+        if (slices == 1) {
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                if (r0 + r >= m) break;
+                const float v = warp_sum(acc[r]);
+                if (active && lane == 0) store_out(out, (i64)(r0 + r) * n + col, v);
+            }
+            continue;
+        }
+        // The column's slices, summed in order 0, 1, 2, ... by its first warp.
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
-            if (r0 + r >= m) break;
             const float v = warp_sum(acc[r]);
-            if (lane == 0) store_out(out, (i64)(r0 + r) * n + col, v);
+            if (lane == 0) partial[warp][r] = v;
         }
+        __syncthreads();
+        if (active && slice == 0 && lane < ROWS && r0 + lane < m) {
+            float v = partial[warp][lane];
+            for (int s = 1; s < slices; s++) v += partial[warp + s][lane];
+            store_out(out, (i64)(r0 + lane) * n + col, v);
+        }
+        __syncthreads();
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<bf16, 1>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<bf16, 1>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<float, 1>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<float, 1>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<bf16, 2>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<bf16, 2>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<float, 2>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<float, 2>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<bf16, 4>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<bf16, 4>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<float, 4>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<float, 4>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<bf16, 8>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<bf16, 8>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k) {
-    gemv_body<float, 8>(x, w, out, m, n, k);
+    int k, int slices) {
+    gemv_body<float, 8>(x, w, out, m, n, k, slices);
 }

@@ -54,8 +54,26 @@ impl GemmOutput for f32 {
 /// even for one row (`bench latency --gemv-max-rows N` measures the two side by side).
 pub const GEMV_MAX_ROWS: usize = 0;
 
-/// Columns per block of the GEMV kernel (`GEMV_WARPS` in its source: one warp a column).
+/// Warps per block of the GEMV kernel (`GEMV_WARPS` in its source).
 const GEMV_BLOCK_COLS: usize = 8;
+/// The most elements of a column one warp of the GEMV kernel streams: longer columns are
+/// split over several warps.
+const GEMV_SLICE_ELEMS: usize = 2048;
+
+/// Warps per column of the GEMV kernel for a depth of `k`: a power of two up to the block's
+/// warps, from k alone (so the reduction order never depends on the batch), dividing k into
+/// stretches of whole 8-element pieces.
+fn gemv_slices(k: usize) -> usize {
+    let mut slices = 1;
+    while slices < GEMV_BLOCK_COLS
+        && k > slices * GEMV_SLICE_ELEMS
+        && k.is_multiple_of(2 * slices * 8)
+    {
+        slices *= 2;
+    }
+    slices
+}
+
 /// Rows of x per pass of the GEMV kernels (`_r1` .. `_r8`).
 const GEMV_PASS_ROWS: [usize; 4] = [1, 2, 4, 8];
 
@@ -232,13 +250,24 @@ fn gemv<T: DeviceRepr>(
         );
     }
     let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
-    let blocks = u32::try_from(n.div_ceil(GEMV_BLOCK_COLS)).expect("linear: n past the grid");
+    let slices = gemv_slices(k);
+    let per_block = GEMV_BLOCK_COLS / slices;
+    let blocks = u32::try_from(n.div_ceil(per_block)).expect("linear: n past the grid");
+    let slices_i = slices as i32;
     let rows = GEMV_PASS_ROWS
         .into_iter()
         .find(|&r| r >= m)
         .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
-    let mut launch = stream.launch_builder(kernels.function(&format!("{name}_r{rows}")));
-    launch.arg(x).arg(w).arg(out).arg(&m_i).arg(&n_i).arg(&k_i);
+    let kernel = format!("{name}_r{rows}");
+    let mut launch = stream.launch_builder(kernels.function(&kernel));
+    launch
+        .arg(x)
+        .arg(w)
+        .arg(out)
+        .arg(&m_i)
+        .arg(&n_i)
+        .arg(&k_i)
+        .arg(&slices_i);
     // SAFETY: x, w and out hold m rows, n*k and m*n elements (checked by the callers), rows are
     // 16-byte aligned with k % 8 == 0 (checked above); each warp guards its column and rows.
     unsafe { launch.launch(grid(blocks, 32 * GEMV_BLOCK_COLS as u32, 0)) }?;
@@ -248,6 +277,19 @@ fn gemv<T: DeviceRepr>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_columns_are_split_over_warps_by_their_depth_alone() {
+        assert_eq!(gemv_slices(576), 1);
+        assert_eq!(gemv_slices(2048), 1);
+        assert_eq!(gemv_slices(4096), 2);
+        assert_eq!(gemv_slices(8192), 4);
+        assert_eq!(gemv_slices(14336), 8);
+        assert_eq!(gemv_slices(1 << 20), 8);
+        // Stretches stay whole 8-element pieces: 2056 = 8 * 257 cannot halve.
+        assert_eq!(gemv_slices(2056), 1);
+        assert_eq!(gemv_slices(4112), 2);
+    }
 
     #[test]
     fn the_source_agrees_with_the_launcher_constants() {
