@@ -481,6 +481,109 @@ fn slice_rows(values: &[f32], width: usize, rows: std::ops::Range<usize>) -> &[f
     &values[rows.start * width..rows.end * width]
 }
 
+/// Every step-0 row of each sequence, gathered per sequence.
+struct Step0 {
+    /// The target's auxiliary hidden states, `[rows, aux width]`.
+    aux_rows: Vec<Vec<f32>>,
+    /// The head's `pre`, `[rows, H]`.
+    pre_rows: Vec<Vec<f32>>,
+    /// The head's draft logits at the prompt's last row.
+    last_logits: Vec<Vec<f32>>,
+    /// The target's greedy token after the prompt.
+    next_token: Vec<u32>,
+}
+
+/// Runs every prompt through the target (recording the head's aux layers) and the head's
+/// step 0 on the same plans, in two chunks split at `Seq::split` (a sequence whose second
+/// chunk is empty sits that one out).
+fn step0(
+    model: &LlamaModel,
+    head: &Eagle3Head,
+    seqs: &[Seq],
+    target_cache: &mut KvCache,
+    head_cache: &mut KvCache,
+) -> Step0 {
+    let c = model.config();
+    let (h, vd) = (head.config().hidden_size, head.vocab().len());
+    let aux_width = head.aux_layers().len() * c.hidden_size;
+    let mut out = Step0 {
+        aux_rows: vec![Vec::new(); seqs.len()],
+        pre_rows: vec![Vec::new(); seqs.len()],
+        last_logits: vec![Vec::new(); seqs.len()],
+        next_token: vec![0; seqs.len()],
+    };
+    for chunk in 0..2 {
+        let ranges: Vec<(usize, std::ops::Range<usize>)> = seqs
+            .iter()
+            .map(|s| {
+                if chunk == 0 {
+                    0..s.split
+                } else {
+                    s.split..s.prompt.len()
+                }
+            })
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty())
+            .collect();
+        if ranges.is_empty() {
+            continue;
+        }
+        let specs: Vec<SeqSpec> = ranges
+            .iter()
+            .map(|(i, r)| SeqSpec {
+                num_cached: r.start,
+                num_new: r.len(),
+                block_table: &seqs[*i].blocks,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&specs, BLOCK, NUM_BLOCKS).unwrap();
+        let tokens: Vec<u32> = ranges
+            .iter()
+            .flat_map(|(i, r)| seqs[*i].prompt[r.clone()].to_vec())
+            .collect();
+        let last_rows: Vec<usize> = plan
+            .seqs()
+            .iter()
+            .map(|p| p.q_start + p.q_len - 1)
+            .collect();
+        let (target_logits, aux) = model
+            .forward_with_aux(&tokens, &plan, target_cache, &last_rows, head.aux_layers())
+            .unwrap();
+        // The head's step-0 rows pair the feature at position j with token j + 1; the
+        // last row of the prompt gets the target's next token.
+        let vocab = c.vocab_size;
+        let mut head_tokens = Vec::new();
+        for (k, (i, r)) in ranges.iter().enumerate() {
+            for j in r.clone() {
+                head_tokens.push(match seqs[*i].prompt.get(j + 1) {
+                    Some(&t) => t,
+                    None => {
+                        out.next_token[*i] = argmax(&target_logits[k * vocab..(k + 1) * vocab]);
+                        out.next_token[*i]
+                    }
+                });
+            }
+        }
+        let result = head
+            .forward(
+                &head_tokens,
+                HeadInput::Aux(&aux),
+                &plan,
+                head_cache,
+                &last_rows,
+            )
+            .unwrap();
+        assert_eq!(result.pre.len(), tokens.len() * h);
+        for (k, ((i, _), p)) in ranges.iter().zip(plan.seqs()).enumerate() {
+            let rows = p.q_start..p.q_start + p.q_len;
+            out.aux_rows[*i].extend_from_slice(slice_rows(&aux, aux_width, rows.clone()));
+            out.pre_rows[*i].extend_from_slice(slice_rows(&result.pre, h, rows));
+            out.last_logits[*i] = result.logits[k * vd..(k + 1) * vd].to_vec();
+        }
+    }
+    out
+}
+
 /// Loads the head written from `spec`, runs the scenario, and compares every output with
 /// the float64 reference.
 fn check_head_against_reference(spec: HeadSpec, seed: u64) {
@@ -503,84 +606,12 @@ fn check_head_against_reference(spec: HeadSpec, seed: u64) {
     let h = spec.hidden;
     let vd = spec.draft_vocab;
 
-    // Per sequence: every step-0 row's aux (engine) and pre (engine).
-    let mut aux_rows: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
-    let mut pre_rows: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
-    let mut last_logits: Vec<Vec<f32>> = vec![Vec::new(); seqs.len()];
-    let mut next_token = vec![0u32; seqs.len()];
-    for chunk in 0..2 {
-        let ranges: Vec<std::ops::Range<usize>> = seqs
-            .iter()
-            .map(|s| {
-                if chunk == 0 {
-                    0..s.split
-                } else {
-                    s.split..s.prompt.len()
-                }
-            })
-            .collect();
-        let specs: Vec<SeqSpec> = seqs
-            .iter()
-            .zip(&ranges)
-            .map(|(s, r)| SeqSpec {
-                num_cached: r.start,
-                num_new: r.len(),
-                block_table: &s.blocks,
-            })
-            .collect();
-        let plan = AttentionPlan::new(&specs, BLOCK, NUM_BLOCKS).unwrap();
-        let tokens: Vec<u32> = seqs
-            .iter()
-            .zip(&ranges)
-            .flat_map(|(s, r)| s.prompt[r.clone()].to_vec())
-            .collect();
-        let last_rows: Vec<usize> = plan
-            .seqs()
-            .iter()
-            .map(|p| p.q_start + p.q_len - 1)
-            .collect();
-        let (target_logits, aux) = model
-            .forward_with_aux(
-                &tokens,
-                &plan,
-                &mut target_cache,
-                &last_rows,
-                head.aux_layers(),
-            )
-            .unwrap();
-        // The head's step-0 rows pair the feature at position j with token j + 1; the
-        // last row of the prompt gets the target's next token.
-        let vocab = target.spec.vocab_size;
-        let mut head_tokens = Vec::new();
-        for (i, (s, r)) in seqs.iter().zip(&ranges).enumerate() {
-            for j in r.clone() {
-                head_tokens.push(match s.prompt.get(j + 1) {
-                    Some(&t) => t,
-                    None => {
-                        let row = &target_logits[i * vocab..(i + 1) * vocab];
-                        next_token[i] = argmax(row);
-                        next_token[i]
-                    }
-                });
-            }
-        }
-        let out = head
-            .forward(
-                &head_tokens,
-                HeadInput::Aux(&aux),
-                &plan,
-                &mut head_cache,
-                &last_rows,
-            )
-            .unwrap();
-        assert_eq!(out.pre.len(), tokens.len() * h);
-        for (i, p) in plan.seqs().iter().enumerate() {
-            let rows = p.q_start..p.q_start + p.q_len;
-            aux_rows[i].extend_from_slice(slice_rows(&aux, aux_width, rows.clone()));
-            pre_rows[i].extend_from_slice(slice_rows(&out.pre, h, rows));
-            last_logits[i] = out.logits[i * vd..(i + 1) * vd].to_vec();
-        }
-    }
+    let Step0 {
+        aux_rows,
+        pre_rows,
+        last_logits,
+        next_token,
+    } = step0(&model, &head, &seqs, &mut target_cache, &mut head_cache);
 
     // Steps 1 and 2: one row per sequence, fed its own previous pre.
     let mut drafts: Vec<Vec<u32>> = last_logits.iter().map(|l| head.vocab().greedy(l)).collect();
@@ -695,6 +726,39 @@ fn midlayer_head_matches_the_float64_reference() {
 #[test]
 fn layers0_head_sharing_the_target_embedding_matches_the_float64_reference() {
     check_head_against_reference(HeadSpec::layers0(), 23);
+}
+
+/// A sequence's aux hidden states, head `pre` and draft logits are the same bits whether
+/// its prompt runs in two chunks batched with another sequence or alone in one chunk on
+/// other blocks (DESIGN.md rule 5).
+#[test]
+fn step0_is_bit_exact_across_batching_chunking_and_blocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 41);
+    target.write_hf(&dir.path().join("target"));
+    let spec = HeadSpec::midlayer();
+    RandomHead::new(&spec, &target.spec, 42).write(&dir.path().join("head"));
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let head = Eagle3Head::load(&dir.path().join("head"), &model).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    let seqs = sequences(&mut rng, target.spec.vocab_size);
+    let run = |seqs: &[Seq]| {
+        let mut target_cache =
+            KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+        let mut head_cache = KvCache::new(1, head.kv_layout(NUM_BLOCKS, BLOCK as u64));
+        step0(&model, &head, seqs, &mut target_cache, &mut head_cache)
+    };
+    let batched = run(&seqs);
+    let alone = Seq {
+        prompt: seqs[0].prompt.clone(),
+        split: seqs[0].prompt.len(),
+        blocks: vec![23, 22, 2, 4, 8, 10],
+    };
+    let alone = run(&[alone]);
+    assert!(batched.aux_rows[0] == alone.aux_rows[0], "aux");
+    assert!(batched.pre_rows[0] == alone.pre_rows[0], "pre");
+    assert!(batched.last_logits[0] == alone.last_logits[0], "logits");
+    assert_eq!(batched.next_token[0], alone.next_token[0]);
 }
 
 /// The inputs of the aux layers, recorded during the target's normal forward (in two
