@@ -5,14 +5,21 @@
 //! compared with a dense float64 reference written here (full-history causal attention,
 //! its own RoPE and RMSNorm, no paging). The target's auxiliary hidden states are compared
 //! with the float64 reference target's layer inputs, and bad checkpoints are refused with
-//! errors that name the field or tensor.
+//! errors that name the field or tensor. Through the serving engine, greedy outputs with
+//! EAGLE-3 drafts equal those without speculation, token for token.
 
 mod common;
 
+use common::engine::{collect, submit};
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
-use peregrine_models::eagle3::{Eagle3Head, HeadInput};
-use peregrine_models::{ForwardError, LlamaModel};
+use peregrine_actors::backend::cpu_backend;
+use peregrine_actors::draft::{DraftMethod, Eagle3};
+use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::messages::{HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage};
+use peregrine_models::eagle3::{Eagle3Config, Eagle3Head, HeadInput};
+use peregrine_models::{ForwardError, LlamaModel, Weights};
+use peregrine_ops::sampling::SamplingParams;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -925,5 +932,257 @@ fn bad_checkpoints_are_refused_naming_the_field_or_tensor() {
     for (name, edit, want) in cases {
         let e = load_error(edit, name);
         assert!(e.contains(want), "{name}: {e}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Through the serving engine.
+
+const ENGINE_BLOCK: usize = 16;
+
+/// Every prompt at once through the engine of the target in `target_dir`, greedy, drafting
+/// with the head in `head_dir` (none: no speculation); each one's tokens and usage.
+async fn served(
+    target_dir: &Path,
+    head_dir: Option<&Path>,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, Usage)> {
+    let model = LlamaModel::load(target_dir).unwrap();
+    let memory = 64 * ENGINE_BLOCK as u64 * model.kv_bytes_per_token();
+    let target = cpu_backend(model, memory, ENGINE_BLOCK).unwrap();
+    let drafter = head_dir.map(|dir| {
+        let head = Eagle3Head::from_weights(
+            Eagle3Config::from_dir(dir).unwrap(),
+            &Weights::open(dir).unwrap(),
+            target.config(),
+            target.embedding_table().unwrap(),
+        )
+        .unwrap();
+        let num_blocks = target.pool().layout.num_blocks;
+        Box::new(Eagle3::new(head, num_blocks, ENGINE_BLOCK).unwrap()) as Box<dyn DraftMethod>
+    });
+    let settings = EngineSettings {
+        block_size: ENGINE_BLOCK,
+        prefix_caching: false,
+        limits: SchedulerLimits {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 48,
+            max_waiting: 1000,
+            num_speculative_tokens: 3,
+        },
+        max_model_len: None,
+    };
+    let engine = start_engine(target, &settings, drafter).unwrap();
+    let mut streams = Vec::new();
+    for (i, prompt) in prompts.iter().enumerate() {
+        let params = SamplingParams::greedy();
+        streams.push(submit(&engine.scheduler, i as u64, prompt, &params, max_tokens).await);
+    }
+    let mut out = Vec::new();
+    for rx in streams {
+        let (tokens, _, usage) = collect(rx).await;
+        out.push((tokens, usage));
+    }
+    out
+}
+
+/// Random prompts of 3 to 60 tokens (longer ones are prefilled in chunks).
+fn engine_prompts(vocab: usize, n: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| {
+            let len = rng.random_range(3..60);
+            (0..len)
+                .map(|_| rng.random_range(0..vocab as u32))
+                .collect()
+        })
+        .collect()
+}
+
+/// Greedy outputs with a random head's drafts (nearly all rejected) equal the outputs
+/// without speculation, token for token, in a batch with chunked prefills.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_outputs_with_eagle3_equal_those_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 51);
+    target.write_hf(&dir.path().join("target"));
+    for (spec, name) in [
+        (HeadSpec::midlayer(), "midlayer"),
+        (HeadSpec::layers0(), "layers0"),
+    ] {
+        RandomHead::new(&spec, &target.spec, 52).write(&dir.path().join(name));
+    }
+    let prompts = engine_prompts(target.spec.vocab_size, 10, 53);
+    let plain = served(&dir.path().join("target"), None, &prompts, 24).await;
+    for name in ["midlayer", "layers0"] {
+        let head = dir.path().join(name);
+        let eagle = served(&dir.path().join("target"), Some(&head), &prompts, 24).await;
+        for (i, (want, got)) in plain.iter().zip(&eagle).enumerate() {
+            assert_eq!(got.0, want.0, "{name}: request {i}");
+        }
+        let drafted: usize = eagle.iter().map(|(_, u)| u.num_draft_tokens).sum();
+        assert!(drafted > 0, "{name}: no drafts were proposed");
+    }
+}
+
+/// A target whose logits are all equal (final norm zeroed) always picks token 0, and a
+/// head whose draft logits are all equal always drafts draft id 0, mapped to token 0:
+/// every draft is accepted, and the outputs still equal those without speculation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_eagle3_drafts_keep_greedy_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut target = TinyModel::random(target_spec(), 61);
+    let norm = target.tensors.get_mut("model.norm.weight").unwrap();
+    norm.1.iter_mut().for_each(|w| *w = 0.0);
+    target.write_hf(&dir.path().join("target"));
+    let mut head = RandomHead::new(&HeadSpec::layers0(), &target.spec, 62);
+    let lm_head = head.tensors.get_mut("lm_head.weight").unwrap();
+    lm_head.1.iter_mut().for_each(|w| *w = 0.0);
+    head.d2t[0] = 0;
+    head.write(&dir.path().join("head"));
+    let prompts = engine_prompts(target.spec.vocab_size, 6, 63);
+    let plain = served(&dir.path().join("target"), None, &prompts, 16).await;
+    let eagle = served(
+        &dir.path().join("target"),
+        Some(&dir.path().join("head")),
+        &prompts,
+        16,
+    )
+    .await;
+    for (i, (want, got)) in plain.iter().zip(&eagle).enumerate() {
+        assert_eq!(got.0, want.0, "request {i}");
+        assert!(got.0.iter().all(|&t| t == 0), "request {i}: {:?}", got.0);
+        assert!(got.1.num_draft_tokens > 0, "request {i}: no drafts");
+        assert_eq!(
+            got.1.num_accepted_tokens, got.1.num_draft_tokens,
+            "request {i}"
+        );
+    }
+}
+
+/// The drafts the head gives after `tokens` (the target has run all but the last), from
+/// fresh caches in one step-0 chunk: what the proposer must reproduce bit for bit.
+fn expected_drafts(model: &LlamaModel, head: &Eagle3Head, tokens: &[u32], k: usize) -> Vec<u32> {
+    let blocks: Vec<u32> = (0..NUM_BLOCKS as u32).rev().collect();
+    let mut target_cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    let mut head_cache = KvCache::new(1, head.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    let n = tokens.len() - 1;
+    let plan = |num_cached, num_new| {
+        let spec = SeqSpec {
+            num_cached,
+            num_new,
+            block_table: &blocks,
+        };
+        AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap()
+    };
+    let p = plan(0, n);
+    let (_, aux) = model
+        .forward_with_aux(&tokens[..n], &p, &mut target_cache, &[], head.aux_layers())
+        .unwrap();
+    let out = head
+        .forward(
+            &tokens[1..],
+            HeadInput::Aux(&aux),
+            &p,
+            &mut head_cache,
+            &[n - 1],
+        )
+        .unwrap();
+    let h = head.config().hidden_size;
+    let mut drafts = head.vocab().greedy(&out.logits);
+    let mut pre = out.pre[(n - 1) * h..].to_vec();
+    while drafts.len() < k {
+        let p = plan(n - 1 + drafts.len(), 1);
+        let token = [*drafts.last().unwrap()];
+        let out = head
+            .forward(&token, HeadInput::Pre(&pre), &p, &mut head_cache, &[0])
+            .unwrap();
+        drafts.extend(head.vocab().greedy(&out.logits));
+        pre = out.pre;
+    }
+    drafts
+}
+
+/// The proposer pairs each target feature with the next token, at the target's positions,
+/// drops the rows of rejected drafts and overwrites their head KV: after a prompt in two
+/// chunks, and after a verify step that accepted one draft, its drafts are those of the
+/// head run afresh over the whole history. (The head's q and k are scaled up so that its
+/// attention is sharp and a wrong position or row changes the drafts.)
+#[test]
+fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
+    const K: usize = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 71);
+    target.write_hf(&dir.path().join("target"));
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    for seed in 0..6 {
+        let mut random_head = RandomHead::new(&HeadSpec::midlayer(), &target.spec, 72 + seed);
+        for name in ["q_proj", "k_proj"] {
+            let w = random_head
+                .tensors
+                .get_mut(&format!("midlayer.self_attn.{name}.weight"))
+                .unwrap();
+            w.1.iter_mut().for_each(|x| *x *= 3.0);
+        }
+        let head_dir = dir.path().join(format!("head{seed}"));
+        random_head.write(&head_dir);
+        let load = || Eagle3Head::load(&head_dir, &model).unwrap();
+        let (head, reference) = (load(), load());
+        let mut method = Eagle3::new(head, NUM_BLOCKS, BLOCK).unwrap();
+        assert_eq!(method.hidden_layers(), Some(vec![0, 2, 3]));
+        let mut rng = ChaCha8Rng::seed_from_u64(73 + seed);
+        let mut tokens: Vec<u32> = (0..19).map(|_| rng.random_range(0..300)).collect();
+        let blocks = vec![9, 3, 17, 0, 12, 6, 21, 2];
+        let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+        let id = RequestId(7);
+        // The target runs `fed` from position `start`; its rows go to the proposer.
+        let mut target_step = |fed: &[u32], start: usize, method: &mut Eagle3| -> Vec<f32> {
+            let spec = SeqSpec {
+                num_cached: start,
+                num_new: fed.len(),
+                block_table: &blocks,
+            };
+            let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
+            let (logits, aux) = model
+                .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
+                .unwrap();
+            method.receive_hidden(vec![HiddenRows {
+                id,
+                first_pos: start,
+                data: aux,
+            }]);
+            logits
+        };
+        target_step(&tokens[..10], 0, &mut method);
+        let logits = target_step(&tokens[10..], 10, &mut method);
+        tokens.push(argmax(&logits));
+        let propose = |tokens: &[u32], method: &mut Eagle3| {
+            let seq = ProposeSeq {
+                id,
+                tokens: tokens.into(),
+                block_table: blocks.clone(),
+                max_drafts: K,
+            };
+            method.propose(&[seq]).unwrap().remove(0)
+        };
+        let drafts = propose(&tokens, &mut method);
+        assert_eq!(
+            drafts,
+            expected_drafts(&model, &reference, &tokens, K),
+            "seed {seed}"
+        );
+        // Verify [last, d1..dK]: d1 accepted, then a correction that is not d2.
+        let mut fed = vec![*tokens.last().unwrap()];
+        fed.extend(&drafts);
+        target_step(&fed, tokens.len() - 1, &mut method);
+        tokens.push(drafts[0]);
+        tokens.push((drafts[1] + 1) % 300);
+        let drafts = propose(&tokens, &mut method);
+        assert_eq!(
+            drafts,
+            expected_drafts(&model, &reference, &tokens, K),
+            "seed {seed}"
+        );
     }
 }
