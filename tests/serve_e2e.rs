@@ -11,6 +11,7 @@
 
 mod common;
 
+use common::eagle3_head::{HeadSpec, RandomHead};
 use common::tiny_model::{TinyModel, TinySpec};
 use common::tiny_tokenizer::write_tokenizer;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -324,9 +325,9 @@ fn sigterm_cancels_streams_past_the_deadline() {
     );
 }
 
-/// 11. With speculative decoding on (n-gram, and the model as its own draft), greedy
-///     requests return exactly what `peregrine generate` prints without it, alone and
-///     beside copies of themselves.
+/// 11. With speculative decoding on (n-gram, the model as its own draft, a random EAGLE-3
+///     head), greedy requests return exactly what `peregrine generate` prints without it,
+///     alone and beside copies of themselves.
 #[test]
 fn speculative_greedy_requests_match_generate() {
     let _serial = serial();
@@ -352,6 +353,13 @@ fn speculative_greedy_requests_match_generate() {
         }),
     );
     let draft = path_arg(model.path());
+    let head_dir = model.path().join("eagle3");
+    let head_spec = HeadSpec {
+        aux_ids: Some(vec![0, 1, 1]),
+        ..HeadSpec::midlayer()
+    };
+    RandomHead::new(&head_spec, &TinySpec::llama_tiny(), 12).write(&head_dir);
+    let head = path_arg(&head_dir);
     for method in [
         &["--speculative-method", "ngram", "--ngram-min", "1"][..],
         &[
@@ -360,6 +368,7 @@ fn speculative_greedy_requests_match_generate() {
             "--draft-model",
             &draft,
         ][..],
+        &["--speculative-method", "eagle3", "--draft-model", &head][..],
     ] {
         println!("server flags: {method:?}");
         let server = Server::start(model.path(), method);

@@ -35,10 +35,13 @@ pub struct Engine {
 /// decoding requests are verified against up to `num_speculative_tokens` of its drafts
 /// per step. Call from inside a tokio runtime.
 pub fn start_engine(
-    backend: Box<dyn ModelBackend>,
+    mut backend: Box<dyn ModelBackend>,
     settings: &EngineSettings,
     drafter: Option<Box<dyn DraftMethod>>,
 ) -> anyhow::Result<Engine> {
+    if let Some(layers) = drafter.as_ref().and_then(|d| d.hidden_layers()) {
+        backend.record_hidden(&layers)?;
+    }
     let config = backend.config();
     let max_model_len = match settings.max_model_len {
         Some(len) if len > config.max_model_len => bail!(

@@ -213,6 +213,21 @@ pub struct SeqOutput {
 pub struct StepDone {
     pub step: u64,
     pub sampled: Vec<SeqOutput>,
+    /// The target hidden states a draft method reads (EAGLE-3), of every row of every
+    /// sequence this step fed, when the backend records them; empty otherwise.
+    pub hidden: Vec<HiddenRows>,
+}
+
+/// One sequence's target hidden states for consecutive positions, handed from the target
+/// runner to the draft proposer (through the scheduler) as plain data. Rows at positions
+/// of drafts the target rejected are among them; the proposer drops those.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HiddenRows {
+    pub id: RequestId,
+    /// The position of the first row.
+    pub first_pos: usize,
+    /// `[rows, width]`, row-major.
+    pub data: Vec<f32>,
 }
 
 /// Messages to the target runner (on its own thread).
@@ -238,8 +253,10 @@ pub struct Propose {
     pub step: u64,
     pub seqs: Vec<ProposeSeq>,
     /// Requests that ended or were preempted since the last step: the proposer forgets
-    /// their state.
+    /// their state (after taking `hidden`).
     pub released: Vec<RequestId>,
+    /// The target hidden states of the steps since the last proposal, in step order.
+    pub hidden: Vec<HiddenRows>,
 }
 
 /// The draft proposer's reply: per sequence of `Propose`, in order, its drafts (possibly

@@ -5,8 +5,8 @@
 
 use crate::backend::{ModelBackend, RowSampling};
 use crate::messages::{
-    GeneratedToken, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq, SeqOutput,
-    StepDone,
+    GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq,
+    SeqOutput, StepDone,
 };
 use anyhow::anyhow;
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, Sampler};
@@ -118,9 +118,15 @@ impl TargetRunner {
         };
         self.seqs
             .extend(states.into_iter().map(|(s, state)| (s.id, state)));
+        let hidden = self
+            .model
+            .take_hidden()
+            .map(|h| split_hidden(&h, &batch, &plan))
+            .unwrap_or_default();
         Ok(StepDone {
             step: batch.step,
             sampled: outputs?,
+            hidden,
         })
     }
 
@@ -256,6 +262,22 @@ impl TargetRunner {
         }
         Ok(outputs)
     }
+}
+
+/// Cuts the hidden states of a step's rows (`[plan.rows(), width]`) into one piece per
+/// sequence, at its positions.
+fn split_hidden(hidden: &[f32], batch: &ScheduledBatch, plan: &AttentionPlan) -> Vec<HiddenRows> {
+    let width = hidden.len() / plan.rows().max(1);
+    batch
+        .seqs
+        .iter()
+        .zip(plan.seqs())
+        .map(|(s, p)| HiddenRows {
+            id: s.id,
+            first_pos: s.num_cached,
+            data: hidden[p.q_start * width..(p.q_start + p.q_len) * width].to_vec(),
+        })
+        .collect()
 }
 
 fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {

@@ -83,7 +83,7 @@ struct RawConfig {
     eos_token_id: Option<Value>,
 }
 
-fn required(value: Option<usize>, field: &'static str) -> Result<usize, ConfigError> {
+pub(crate) fn required(value: Option<usize>, field: &'static str) -> Result<usize, ConfigError> {
     match value {
         Some(v) if v > 0 => Ok(v),
         Some(_) => Err(field_error(field, "must be positive")),
@@ -91,7 +91,7 @@ fn required(value: Option<usize>, field: &'static str) -> Result<usize, ConfigEr
     }
 }
 
-fn field_error(field: &'static str, problem: impl Into<String>) -> ConfigError {
+pub(crate) fn field_error(field: &'static str, problem: impl Into<String>) -> ConfigError {
     ConfigError::Field {
         field,
         problem: problem.into(),
@@ -217,7 +217,7 @@ fn token_id(n: &serde_json::Number) -> Result<u32, ConfigError> {
         .ok_or_else(|| field_error("eos_token_id", format!("{n} is not a token id")))
 }
 
-fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigError> {
+pub(crate) fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigError> {
     let Some(v) = value.filter(|v| !v.is_null()) else {
         return Ok(RopeScaling::None);
     };

@@ -1,8 +1,9 @@
-//! Model architectures, Hugging Face config parsing, safetensors loading, GGUF import,
+//! Model architectures (the Llama family, EAGLE-3 draft heads), Hugging Face config parsing, safetensors loading, GGUF import,
 //! tokenizers and chat templates.
 
 pub mod chat_template;
 pub mod config;
+pub mod eagle3;
 pub mod fetch;
 pub mod gguf;
 pub mod llama;
@@ -12,5 +13,6 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, ConfigError, ModelConfig};
+pub use eagle3::{Eagle3Config, Eagle3Error, Eagle3Head};
 pub use llama::{ForwardError, LlamaModel};
 pub use weights::{WeightError, Weights};

@@ -18,6 +18,15 @@ pub enum ForwardError {
     TokenId { id: u32, vocab: usize },
     #[error("logits were asked for row {row} of a step of {rows} rows")]
     LogitRow { row: usize, rows: usize },
+    #[error("hidden states of layer {layer} were asked for a model of {layers} layers")]
+    AuxLayer { layer: usize, layers: usize },
+    #[error("{what} holds {len} values; {rows} rows of {width} were expected")]
+    HiddenShape {
+        what: &'static str,
+        len: usize,
+        rows: usize,
+        width: usize,
+    },
     #[error(transparent)]
     Plan(#[from] PlanError),
 }
@@ -131,6 +140,12 @@ impl LlamaModel {
         &self.config
     }
 
+    /// The token embedding table, `[vocab_size, hidden_size]` row-major (shared, not
+    /// copied: an EAGLE-3 head without its own `embed_tokens` uses it).
+    pub fn embedding_table(&self) -> Arc<[f32]> {
+        self.embed.clone()
+    }
+
     /// Bytes of parameters held.
     pub fn weight_bytes(&self) -> u64 {
         let layers: u64 = self
@@ -169,6 +184,43 @@ impl LlamaModel {
         cache: &mut KvCache,
         logit_rows: &[usize],
     ) -> Result<Vec<f32>, ForwardError> {
+        self.run(tokens, plan, cache, logit_rows, &[], &mut [])
+    }
+
+    /// [`forward`](Self::forward) that also records, for every row, the residual-stream
+    /// input of each layer in `aux_layers` (layer 0's input is the embedding; layer l's is
+    /// the residual after layer l-1's output was added): the hidden states an EAGLE-3 head
+    /// reads. They come back concatenated in the order of `aux_layers`, as
+    /// `[tokens, aux_layers.len() * hidden_size]`, next to the logits. Recording copies
+    /// rows during the one forward; it changes nothing the forward computes.
+    pub fn forward_with_aux(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut KvCache,
+        logit_rows: &[usize],
+        aux_layers: &[usize],
+    ) -> Result<(Vec<f32>, Vec<f32>), ForwardError> {
+        let layers = self.config.num_layers;
+        if let Some(&layer) = aux_layers.iter().find(|&&l| l >= layers) {
+            return Err(ForwardError::AuxLayer { layer, layers });
+        }
+        let mut aux = vec![0.0; tokens.len() * aux_layers.len() * self.config.hidden_size];
+        let logits = self.run(tokens, plan, cache, logit_rows, aux_layers, &mut aux)?;
+        Ok((logits, aux))
+    }
+
+    /// The forward; `aux` (`[tokens, aux_layers.len() * hidden]`) receives the inputs of
+    /// the layers in `aux_layers`, which the caller has checked.
+    fn run(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut KvCache,
+        logit_rows: &[usize],
+        aux_layers: &[usize],
+        aux: &mut [f32],
+    ) -> Result<Vec<f32>, ForwardError> {
         let c = &self.config;
         check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
         let n = tokens.len();
@@ -192,6 +244,7 @@ impl LlamaModel {
                     .input_norm
                     .forward_residual(&mut residual, &delta, &mut normed);
             }
+            record_layer_input(l, aux_layers, &residual, h, aux);
             layer.qkv.forward(&normed, &mut qkv);
             for (r, row) in qkv.chunks(qd + 2 * kvd).enumerate() {
                 q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
@@ -224,6 +277,23 @@ impl LlamaModel {
         let mut logits = vec![0.0; logit_rows.len() * c.vocab_size];
         self.lm_head.forward(&final_normed, &mut logits);
         Ok(logits)
+    }
+}
+
+/// Copies `residual` (`[rows, h]`, the input of layer `layer`) into every slot of `aux`
+/// (`[rows, aux_layers.len() * h]`) that `aux_layers` gives to that layer.
+fn record_layer_input(
+    layer: usize,
+    aux_layers: &[usize],
+    residual: &[f32],
+    h: usize,
+    aux: &mut [f32],
+) {
+    let width = aux_layers.len() * h;
+    for (slot, _) in aux_layers.iter().enumerate().filter(|(_, &l)| l == layer) {
+        for (row, out) in residual.chunks(h).zip(aux.chunks_mut(width)) {
+            out[slot * h..(slot + 1) * h].copy_from_slice(row);
+        }
     }
 }
 

@@ -1,6 +1,6 @@
 //! Memory-mapped safetensors checkpoints: one `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Tensors are read as float32 whatever their stored
-//! dtype (F32, F16 or BF16).
+//! `model.safetensors.index.json`. Floating-point tensors are read as float32 whatever
+//! their stored dtype (F32, F16 or BF16); integer tensors (EAGLE-3's `d2t`) as int64.
 
 use memmap2::Mmap;
 use rayon::prelude::*;
@@ -30,8 +30,12 @@ pub enum WeightError {
         expected: Vec<usize>,
         actual: Vec<usize>,
     },
-    #[error("tensor `{name}` is stored as {dtype:?}; only F32, F16 and BF16 are supported")]
-    DType { name: String, dtype: Dtype },
+    #[error("tensor `{name}` is stored as {dtype:?}; expected {expected}")]
+    DType {
+        name: String,
+        dtype: Dtype,
+        expected: &'static str,
+    },
 }
 
 struct Shard {
@@ -80,6 +84,41 @@ impl Weights {
 
     /// Tensor `name` as float32, checked to have `shape`.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
+        let (bytes, dtype) = self.raw(name, shape)?;
+        let widen: fn(&[u8]) -> f32 = match dtype {
+            Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
+            Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            dtype => {
+                return Err(WeightError::DType {
+                    name: name.to_string(),
+                    dtype,
+                    expected: "F32, F16 or BF16",
+                })
+            }
+        };
+        let size = dtype.bitsize() / 8;
+        Ok(bytes.par_chunks_exact(size).map(widen).collect())
+    }
+
+    /// Tensor `name` as int64, checked to have `shape` and to be stored as I64.
+    pub fn i64(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, WeightError> {
+        let (bytes, dtype) = self.raw(name, shape)?;
+        if dtype != Dtype::I64 {
+            return Err(WeightError::DType {
+                name: name.to_string(),
+                dtype,
+                expected: "I64",
+            });
+        }
+        Ok(bytes
+            .chunks_exact(8)
+            .map(|b| i64::from_le_bytes(b.try_into().expect("8-byte chunk")))
+            .collect())
+    }
+
+    /// The stored bytes and dtype of tensor `name`, checked to have `shape`.
+    fn raw(&self, name: &str, shape: &[usize]) -> Result<(&[u8], Dtype), WeightError> {
         let shard = &self.shards[*self
             .location
             .get(name)
@@ -103,19 +142,7 @@ impl Weights {
                 path: shard.path.clone(),
                 reason: format!("tensor `{name}` lies past the end of the file"),
             })?;
-        let widen: fn(&[u8]) -> f32 = match info.dtype {
-            Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
-            Dtype::F16 => |b| half::f16::from_le_bytes([b[0], b[1]]).to_f32(),
-            Dtype::BF16 => |b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32(),
-            dtype => {
-                return Err(WeightError::DType {
-                    name: name.to_string(),
-                    dtype,
-                })
-            }
-        };
-        let size = info.dtype.bitsize() / 8;
-        Ok(bytes.par_chunks_exact(size).map(widen).collect())
+        Ok((bytes, info.dtype))
     }
 }
 
@@ -162,4 +189,40 @@ fn map_shard(path: PathBuf) -> Result<Shard, WeightError> {
         data_start: 8 + header,
         metadata,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use safetensors::tensor::TensorView;
+
+    #[test]
+    fn reads_int64_and_refuses_the_wrong_dtype() {
+        let dir = tempfile::tempdir().unwrap();
+        let ids: Vec<u8> = [-3i64, 0, 1 << 40]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let floats: Vec<u8> = [0.5f32, -2.0]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let views = [
+            ("d2t", TensorView::new(Dtype::I64, vec![3], &ids).unwrap()),
+            ("w", TensorView::new(Dtype::F32, vec![2], &floats).unwrap()),
+        ];
+        safetensors::serialize_to_file(views, None, &dir.path().join("model.safetensors")).unwrap();
+        let w = Weights::open(dir.path()).unwrap();
+        assert_eq!(w.i64("d2t", &[3]).unwrap(), vec![-3, 0, 1 << 40]);
+        let e = w.i64("w", &[2]).unwrap_err();
+        assert_eq!(e.to_string(), "tensor `w` is stored as F32; expected I64");
+        let e = w.f32("d2t", &[3]).unwrap_err();
+        assert!(e.to_string().contains("`d2t` is stored as I64"), "{e}");
+        let e = w.i64("d2t", &[4]).unwrap_err();
+        assert!(
+            e.to_string().contains("`d2t` has shape [3], expected [4]"),
+            "{e}"
+        );
+        assert!(matches!(w.i64("t2d", &[3]), Err(WeightError::Missing(n)) if n == "t2d"));
+    }
 }

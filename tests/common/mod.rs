@@ -1,7 +1,8 @@
 //! Helpers shared by the integration tests: tiny random models in Hugging Face format, a
-//! dense float64 reference forward, and a GGUF writer.
+//! dense float64 reference forward, a GGUF writer, and random EAGLE-3 heads.
 #![allow(dead_code)]
 
+pub mod eagle3_head;
 pub mod engine;
 pub mod gguf_writer;
 pub mod reference;

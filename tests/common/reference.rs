@@ -48,6 +48,12 @@ impl RefModel {
 
     /// Logits at every position.
     pub fn forward(&self, tokens: &[u32]) -> Vec<Vec<f64>> {
+        self.forward_recording(tokens).0
+    }
+
+    /// Logits at every position, and the input of every layer (`[layer][position]`): the
+    /// embedding for layer 0, the residual stream after layer l-1 for layer l.
+    pub fn forward_recording(&self, tokens: &[u32]) -> (Vec<Vec<f64>>, Vec<Vec<Vec<f64>>>) {
         let h = self.usize("hidden_size");
         let heads = self.usize("num_attention_heads");
         let kv_heads = self.usize("num_key_value_heads");
@@ -69,7 +75,9 @@ impl RefModel {
             .iter()
             .map(|&t| embed[t as usize * h..(t as usize + 1) * h].to_vec())
             .collect();
+        let mut layer_inputs = Vec::new();
         for l in 0..self.usize("num_hidden_layers") {
+            layer_inputs.push(x.clone());
             let p = format!("model.layers.{l}");
             let normed: Vec<Vec<f64>> = x
                 .iter()
@@ -160,9 +168,11 @@ impl RefModel {
             .map(|v| v.as_slice())
             .unwrap_or(embed);
         let norm = self.t("model.norm.weight");
-        x.iter()
+        let logits = x
+            .iter()
             .map(|r| matvec(head, &rms(r, norm, eps), vocab))
-            .collect()
+            .collect();
+        (logits, layer_inputs)
     }
 }
 

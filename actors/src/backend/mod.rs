@@ -15,6 +15,7 @@ use peregrine_kernels::cpu::{AddressAudit, KvLayout};
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{argmax, log_softmax, Sampler};
 use peregrine_ops::AttentionPlan;
+use std::sync::Arc;
 
 /// What the pool is and what the address audit (DESIGN.md rule 2) found for it.
 #[derive(Clone, Debug)]
@@ -140,6 +141,26 @@ pub trait ModelBackend: Send {
             .chunks(vocab)
             .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
             .collect()
+    }
+    /// From now on, every forward also records the input of each layer in `layers` for
+    /// every row (concatenated in that order), for [`ModelBackend::take_hidden`]: the
+    /// target features of an EAGLE-3 head. Refused by a backend that cannot.
+    fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        let _ = layers;
+        bail!(
+            "the {} backend cannot hand target hidden states to a draft method",
+            self.pool().device
+        )
+    }
+    /// The hidden states the last forward recorded, `[rows, layers.len() * hidden]`, if it
+    /// recorded any; taken, so a later call returns `None` until the next forward.
+    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        None
+    }
+    /// The token embedding table on the host, `[vocab, hidden]`, where the backend holds
+    /// one (an EAGLE-3 head without its own shares it).
+    fn embedding_table(&self) -> Option<Arc<[f32]>> {
+        None
     }
 }
 

@@ -3,17 +3,19 @@
 //! draft model's forwards block. Each step the scheduler sends one `Propose` for every
 //! decoding sequence and gets their drafts back before it sends the target its batch.
 //!
-//! A method that needs the target's hidden states (EAGLE-3, MTP) is one more
-//! [`DraftMethod`]; it would also need the target runner to hand those states over, which
-//! is not built yet, so the configuration refuses those methods.
+//! A method that needs the target's hidden states (EAGLE-3) names the target layers it
+//! reads; the engine asks the target backend to record them, the runner returns them with
+//! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
 
 mod draft_model;
+mod eagle3;
 mod ngram;
 
 pub use draft_model::DraftModel;
+pub use eagle3::Eagle3;
 pub use ngram::Ngram;
 
-use crate::messages::{Drafts, Propose, ProposeSeq, ProposerMsg, RequestId};
+use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::anyhow;
 use tokio::sync::oneshot;
 
@@ -23,6 +25,14 @@ pub trait DraftMethod: Send {
     fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>>;
     /// Forgets what the method holds for `id` (it ended or was preempted).
     fn release(&mut self, id: RequestId);
+    /// The target layers whose inputs the method reads, if it reads any.
+    fn hidden_layers(&self) -> Option<Vec<usize>> {
+        None
+    }
+    /// The target hidden states of the steps since the last proposal, in step order.
+    fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
+        let _ = rows;
+    }
 }
 
 /// Sends `Propose` messages to the proposer's thread.
@@ -50,6 +60,7 @@ pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> DraftProposerHandle {
 }
 
 fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts> {
+    method.receive_hidden(propose.hidden);
     for id in &propose.released {
         method.release(*id);
     }

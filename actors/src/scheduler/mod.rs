@@ -19,9 +19,9 @@ mod seq;
 use crate::draft::DraftProposerHandle;
 use crate::kv_allocator::KvAllocatorHandle;
 use crate::messages::{
-    AdmitSeq, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, KvUsage, Propose,
-    ProposeSeq, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq,
-    SchedulerLimits, SchedulerMsg, StepDone, StepGrant, SubmitError,
+    AdmitSeq, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, HiddenRows,
+    KvUsage, Propose, ProposeSeq, RequestEvent, RequestId, SamplingSetup, ScheduledBatch,
+    ScheduledSeq, SchedulerLimits, SchedulerMsg, StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
 use crate::spec_stats::SpecStats;
@@ -61,6 +61,8 @@ pub struct Scheduler {
     /// Ended or preempted since the last proposal: the proposer forgets them.
     to_release_drafts: Vec<RequestId>,
     computed: Vec<ComputedSeq>,
+    /// Target hidden states since the last proposal, for the proposer.
+    hidden: Vec<HiddenRows>,
     spec: SpecStats,
     kv_seen: KvUsage,
     draining: Option<(Instant, oneshot::Sender<()>)>,
@@ -89,6 +91,7 @@ impl Scheduler {
             to_release: Vec::new(),
             to_release_drafts: Vec::new(),
             computed: Vec::new(),
+            hidden: Vec::new(),
             spec: SpecStats::new(),
             kv_seen: KvUsage::default(),
             draining: None,
@@ -372,6 +375,7 @@ impl Scheduler {
     async fn propose(&mut self) -> anyhow::Result<()> {
         let Some(proposer) = &self.proposer else {
             self.to_release_drafts.clear();
+            self.hidden.clear();
             return Ok(());
         };
         let seqs: Vec<ProposeSeq> = self
@@ -386,13 +390,14 @@ impl Scheduler {
                 max_drafts: s.chunk - 1,
             })
             .collect();
-        if seqs.is_empty() && self.to_release_drafts.is_empty() {
+        if seqs.is_empty() && self.to_release_drafts.is_empty() && self.hidden.is_empty() {
             return Ok(());
         }
         let propose = Propose {
             step: self.step + 1,
             seqs,
             released: std::mem::take(&mut self.to_release_drafts),
+            hidden: std::mem::take(&mut self.hidden),
         };
         let drafts = proposer.propose(propose).await?;
         for (id, drafts) in drafts.drafts {
@@ -442,7 +447,10 @@ impl Scheduler {
 
     /// Appends each request's new tokens (up to its first stop), advances what is in the
     /// cache by the tokens fed minus the rejected drafts, and ends finished requests.
-    fn apply_results(&mut self, done: StepDone) {
+    fn apply_results(&mut self, mut done: StepDone) {
+        if self.proposer.is_some() {
+            self.hidden.append(&mut done.hidden);
+        }
         let mut ended = Vec::new();
         let mut rejected: HashMap<RequestId, usize> = HashMap::new();
         for out in done.sampled {

@@ -72,10 +72,10 @@ pub struct ServeArgs {
     /// The model cache [default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine].
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<PathBuf>,
-    /// Speculative decoding: how drafts are proposed (eagle3 is not built yet) [default: no speculation].
+    /// Speculative decoding: how drafts are proposed [default: no speculation].
     #[arg(long, value_name = "METHOD")]
     pub speculative_method: Option<SpeculativeMethod>,
-    /// The draft model directory, for --speculative-method draft_model.
+    /// The draft model directory, for --speculative-method draft_model; the EAGLE-3 head's, for eagle3.
     #[arg(long, value_name = "DIR")]
     pub draft_model: Option<PathBuf>,
     /// The most draft tokens verified per request and step, 1 to 16 [default: 3].

@@ -420,8 +420,16 @@ fn speculation_settings_load_and_bad_ones_name_their_field() {
     let refused = |text: &str, list: &[&str]| from_file(text, list).unwrap_err().to_string();
     let e = refused("", &["--speculative-method", "eagle3"]);
     assert!(
-        e.starts_with("--speculative-method") && e.contains("eagle3"),
+        e.starts_with("--draft-model") && e.contains("eagle3"),
         "{e}"
+    );
+    let eagle = from_file(
+        "",
+        &["--speculative-method", "eagle3", "--draft-model", "head"],
+    );
+    assert_eq!(
+        eagle.expect("loads").draft_model,
+        Some(PathBuf::from("head"))
     );
     let e = refused("num_speculative_tokens = 0", &[]);
     assert!(
@@ -446,6 +454,9 @@ fn speculation_settings_load_and_bad_ones_name_their_field() {
     // Speculation is a device-independent setting: the GPU sizes its logits for it.
     let config = from_file("device = \"cuda\"", &["--speculative-method", "ngram"]).unwrap();
     assert_eq!(config.speculative_method, Some(SpeculativeMethod::Ngram));
+    let args = ["--speculative-method", "eagle3", "--draft-model", "d"];
+    let e = refused("device = \"cuda\"", &args);
+    assert!(e.contains("eagle3 runs on the CPU backend only"), "{e}");
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! Range checks on one layer, so that an error names the file key or the flag that set it.
 
-use super::{ConfigError, Layer, Origin, ServeConfig, SpeculativeMethod};
+use super::{ConfigError, DeviceKind, Layer, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
 
 /// The most draft tokens per step (the accepted-length histogram's buckets stop there).
@@ -33,14 +33,6 @@ impl Layer {
         {
             let reason = format!("must be from 1 to {MAX_SPECULATIVE_TOKENS}, not {k}");
             return Err(invalid("num_speculative_tokens", reason));
-        }
-        if self.speculative_method == Some(SpeculativeMethod::Eagle3) {
-            return Err(invalid(
-                "speculative_method",
-                "eagle3 is not built yet (its head loader and the target's hidden-state \
-                 hand-off are missing); use ngram or draft_model"
-                    .into(),
-            ));
         }
         if let Some(block_size) = self.block_size {
             let cache = CacheConfig {
@@ -128,18 +120,40 @@ impl ServeConfig {
                 ),
             });
         }
-        let wants_draft = self.speculative_method == Some(SpeculativeMethod::DraftModel);
-        if wants_draft && self.draft_model.is_none() {
+        if self.speculative_method == Some(SpeculativeMethod::Eagle3)
+            && self.device != DeviceKind::Cpu
+        {
+            return Err(ConfigError::Invalid {
+                at: at("speculative_method"),
+                reason: format!(
+                    "eagle3 runs on the CPU backend only for now (the {} backend does not hand \
+                     its hidden states to a draft head); use --device cpu, or ngram or \
+                     draft_model",
+                    self.device.as_str()
+                ),
+            });
+        }
+        let wants_draft = matches!(
+            self.speculative_method,
+            Some(SpeculativeMethod::DraftModel | SpeculativeMethod::Eagle3)
+        );
+        if let (Some(method), None) = (
+            self.speculative_method.filter(|_| wants_draft),
+            &self.draft_model,
+        ) {
             return Err(ConfigError::Invalid {
                 at: at("draft_model"),
-                reason: "must name the draft model's directory for speculative_method draft_model"
-                    .into(),
+                reason: format!(
+                    "must name the draft model's (or EAGLE-3 head's) directory for \
+                     speculative_method {}",
+                    method.as_str()
+                ),
             });
         }
         if !wants_draft && self.draft_model.is_some() {
             return Err(ConfigError::Invalid {
                 at: at("draft_model"),
-                reason: "is only used with speculative_method draft_model".into(),
+                reason: "is only used with speculative_method draft_model or eagle3".into(),
             });
         }
         Ok(())

@@ -2,15 +2,17 @@
 
 use anyhow::Context;
 use peregrine_actors::backend::ModelBackend;
-use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
+use peregrine_actors::draft::{DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
-use peregrine_models::LlamaModel;
+use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
+use peregrine_models::{LlamaModel, Weights};
 use std::path::Path;
+use std::sync::Arc;
 use tracing::info;
 
 /// The configured drafter, or `None` when speculation is off. The configuration was
-/// validated already: `draft_model` names a directory for the draft-model method, and
-/// eagle3 was refused.
+/// validated already: `draft_model` names a directory for the draft-model and eagle3
+/// methods.
 pub fn load_drafter(
     config: &ServeConfig,
     target: &dyn ModelBackend,
@@ -58,7 +60,32 @@ pub fn build_drafter(
             )?)
         }
         SpeculativeMethod::Eagle3 => {
-            anyhow::bail!("speculative_method eagle3 is not built yet; use ngram or draft_model")
+            let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
+            let head = load_eagle3(dir, target)
+                .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
+            let num_blocks = target.pool().layout.num_blocks;
+            Box::new(Eagle3::new(head, num_blocks, block_size)?)
         }
     })
+}
+
+/// The EAGLE-3 head in `dir` for `target`, sharing the target's embedding table when the
+/// head has none of its own.
+fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3Head> {
+    let config = Eagle3Config::from_dir(dir)?;
+    let weights = Weights::open(dir)?;
+    let embed = match target.embedding_table() {
+        Some(table) => table,
+        None if weights.contains("embed_tokens.weight") => Arc::from(Vec::new()),
+        None => anyhow::bail!(
+            "the head has no embed_tokens.weight and the {} backend does not share its table",
+            target.pool().device
+        ),
+    };
+    Ok(Eagle3Head::from_weights(
+        config,
+        &weights,
+        target.config(),
+        embed,
+    )?)
 }
