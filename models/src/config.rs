@@ -83,6 +83,74 @@ struct RawConfig {
     eos_token_id: Option<Value>,
 }
 
+/// The attention geometry every Llama-family config.json gives, checked.
+pub(crate) struct AttentionShape {
+    pub hidden_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Checks the activation and the attention fields of a config.json (`num_key_value_heads`
+/// defaults to the heads, `head_dim` to hidden over heads) and returns the geometry.
+pub(crate) fn attention_shape(
+    hidden_act: Option<&str>,
+    hidden_size: Option<usize>,
+    num_attention_heads: Option<usize>,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+) -> Result<AttentionShape, ConfigError> {
+    if let Some(act) = hidden_act.filter(|a| *a != "silu") {
+        return Err(field_error(
+            "hidden_act",
+            format!("is {act:?}; only \"silu\" is supported"),
+        ));
+    }
+    let hidden_size = required(hidden_size, "hidden_size")?;
+    let num_heads = required(num_attention_heads, "num_attention_heads")?;
+    let num_kv_heads = required(
+        num_key_value_heads.or(Some(num_heads)),
+        "num_key_value_heads",
+    )?;
+    if !num_heads.is_multiple_of(num_kv_heads) {
+        return Err(field_error(
+            "num_key_value_heads",
+            format!("({num_kv_heads}) must divide num_attention_heads ({num_heads})"),
+        ));
+    }
+    let head_dim = match head_dim {
+        Some(d) => required(Some(d), "head_dim")?,
+        None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
+        None => {
+            return Err(field_error(
+                "head_dim",
+                "is missing and hidden_size is not a multiple of num_attention_heads",
+            ))
+        }
+    };
+    if !head_dim.is_multiple_of(2) {
+        return Err(field_error(
+            "head_dim",
+            format!("({head_dim}) must be even for rotary embeddings"),
+        ));
+    }
+    Ok(AttentionShape {
+        hidden_size,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+    })
+}
+
+/// The text of `dir/config.json`.
+pub(crate) fn read_config_json(dir: &Path) -> Result<String, ConfigError> {
+    let path = dir.join("config.json");
+    std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 pub(crate) fn required(value: Option<usize>, field: &'static str) -> Result<usize, ConfigError> {
     match value {
         Some(v) if v > 0 => Ok(v),
@@ -101,12 +169,7 @@ pub(crate) fn field_error(field: &'static str, problem: impl Into<String>) -> Co
 impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<ModelConfig, ConfigError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        ModelConfig::from_json(&text)
+        ModelConfig::from_json(&read_config_json(dir)?)
     }
 
     /// Parses and validates the text of a config.json.
@@ -124,40 +187,18 @@ impl ModelConfig {
             "Qwen3ForCausalLM" => Architecture::Qwen3,
             other => return Err(ConfigError::Architecture(other.to_string())),
         };
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(field_error(
-                "hidden_act",
-                format!("is {act:?}; only \"silu\" is supported"),
-            ));
-        }
-        let hidden_size = required(raw.hidden_size, "hidden_size")?;
-        let num_heads = required(raw.num_attention_heads, "num_attention_heads")?;
-        let num_kv_heads = required(
-            raw.num_key_value_heads.or(Some(num_heads)),
-            "num_key_value_heads",
+        let AttentionShape {
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = attention_shape(
+            raw.hidden_act.as_deref(),
+            raw.hidden_size,
+            raw.num_attention_heads,
+            raw.num_key_value_heads,
+            raw.head_dim,
         )?;
-        if !num_heads.is_multiple_of(num_kv_heads) {
-            return Err(field_error(
-                "num_key_value_heads",
-                format!("({num_kv_heads}) must divide num_attention_heads ({num_heads})"),
-            ));
-        }
-        let head_dim = match raw.head_dim {
-            Some(d) => required(Some(d), "head_dim")?,
-            None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
-            None => {
-                return Err(field_error(
-                    "head_dim",
-                    "is missing and hidden_size is not a multiple of num_attention_heads",
-                ))
-            }
-        };
-        if !head_dim.is_multiple_of(2) {
-            return Err(field_error(
-                "head_dim",
-                format!("({head_dim}) must be even for rotary embeddings"),
-            ));
-        }
         let mut max_model_len = required(raw.max_position_embeddings, "max_position_embeddings")?;
         let windowed =
             architecture == Architecture::Mistral || raw.use_sliding_window == Some(true);

@@ -268,15 +268,14 @@ impl LlamaModel {
             layer.down.forward(&act, &mut delta);
         }
         residual.iter_mut().zip(&delta).for_each(|(r, d)| *r += d);
-        let picked: Vec<f32> = logit_rows
-            .iter()
-            .flat_map(|&r| residual[r * h..(r + 1) * h].iter().copied())
-            .collect();
-        let mut final_normed = vec![0.0; picked.len()];
-        self.norm.forward(&picked, &mut final_normed);
-        let mut logits = vec![0.0; logit_rows.len() * c.vocab_size];
-        self.lm_head.forward(&final_normed, &mut logits);
-        Ok(logits)
+        Ok(row_logits(
+            &residual,
+            h,
+            logit_rows,
+            &self.norm,
+            &self.lm_head,
+            c.vocab_size,
+        ))
     }
 }
 
@@ -295,6 +294,27 @@ fn record_layer_input(
             out[slot * h..(slot + 1) * h].copy_from_slice(row);
         }
     }
+}
+
+/// The logits (`[rows.len(), vocab]`) of the rows `rows` of the final residual stream
+/// (`[_, hidden]`): the final norm, then the head.
+pub(crate) fn row_logits(
+    residual: &[f32],
+    hidden: usize,
+    rows: &[usize],
+    norm: &RmsNorm,
+    head: &Linear,
+    vocab: usize,
+) -> Vec<f32> {
+    let picked: Vec<f32> = rows
+        .iter()
+        .flat_map(|&r| residual[r * hidden..(r + 1) * hidden].iter().copied())
+        .collect();
+    let mut normed = vec![0.0; picked.len()];
+    norm.forward(&picked, &mut normed);
+    let mut logits = vec![0.0; rows.len() * vocab];
+    head.forward(&normed, &mut logits);
+    logits
 }
 
 /// Checks a forward's inputs against the plan and the vocabulary, before any work.

@@ -1,6 +1,9 @@
 //! An EAGLE-3 head's `config.json`, as SafeAILab and SpecForge publish it.
 
-use crate::config::{field_error, required, rope_scaling, ConfigError};
+use crate::config::{
+    attention_shape, field_error, read_config_json, required, rope_scaling, AttentionShape,
+    ConfigError,
+};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::RopeScaling;
 use serde::Deserialize;
@@ -67,12 +70,7 @@ pub fn default_aux_layers(num_layers: usize) -> Option<Vec<usize>> {
 impl Eagle3Config {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Eagle3Config, ConfigError> {
-        let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ConfigError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
-        Eagle3Config::from_json(&text)
+        Eagle3Config::from_json(&read_config_json(dir)?)
     }
 
     /// Parses and validates the text of an EAGLE-3 config.json. The architecture name is
@@ -86,40 +84,18 @@ impl Eagle3Config {
                 format!("is {layers}; an EAGLE-3 head has exactly 1 decoder layer"),
             ));
         }
-        if let Some(act) = raw.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return Err(field_error(
-                "hidden_act",
-                format!("is {act:?}; only \"silu\" is supported"),
-            ));
-        }
-        let hidden_size = required(raw.hidden_size, "hidden_size")?;
-        let num_heads = required(raw.num_attention_heads, "num_attention_heads")?;
-        let num_kv_heads = required(
-            raw.num_key_value_heads.or(Some(num_heads)),
-            "num_key_value_heads",
+        let AttentionShape {
+            hidden_size,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        } = attention_shape(
+            raw.hidden_act.as_deref(),
+            raw.hidden_size,
+            raw.num_attention_heads,
+            raw.num_key_value_heads,
+            raw.head_dim,
         )?;
-        if !num_heads.is_multiple_of(num_kv_heads) {
-            return Err(field_error(
-                "num_key_value_heads",
-                format!("({num_kv_heads}) must divide num_attention_heads ({num_heads})"),
-            ));
-        }
-        let head_dim = match raw.head_dim {
-            Some(d) => required(Some(d), "head_dim")?,
-            None if hidden_size.is_multiple_of(num_heads) => hidden_size / num_heads,
-            None => {
-                return Err(field_error(
-                    "head_dim",
-                    "is missing and hidden_size is not a multiple of num_attention_heads",
-                ))
-            }
-        };
-        if !head_dim.is_multiple_of(2) {
-            return Err(field_error(
-                "head_dim",
-                format!("({head_dim}) must be even for rotary embeddings"),
-            ));
-        }
         let vocab_size = required(raw.vocab_size, "vocab_size")?;
         let draft_vocab_size = required(
             raw.draft_vocab_size.or(Some(vocab_size)),

@@ -8,7 +8,7 @@
 //! ```
 
 use super::Eagle3Head;
-use crate::llama::{check_inputs, ForwardError};
+use crate::llama::{check_inputs, row_logits, ForwardError};
 use peregrine_kernels::cpu::{embedding, silu_and_mul};
 use peregrine_ops::{AttentionPlan, KvCache};
 
@@ -97,14 +97,14 @@ impl Eagle3Head {
         silu_and_mul(&gate_up, inter, &mut act);
         self.down.forward(&act, &mut delta);
         residual.iter_mut().zip(&delta).for_each(|(r, d)| *r += d);
-        let picked: Vec<f32> = logit_rows
-            .iter()
-            .flat_map(|&r| residual[r * h..(r + 1) * h].iter().copied())
-            .collect();
-        let mut final_normed = vec![0.0; picked.len()];
-        self.norm.forward(&picked, &mut final_normed);
-        let mut logits = vec![0.0; logit_rows.len() * c.draft_vocab_size];
-        self.lm_head.forward(&final_normed, &mut logits);
+        let logits = row_logits(
+            &residual,
+            h,
+            logit_rows,
+            &self.norm,
+            &self.lm_head,
+            c.draft_vocab_size,
+        );
         Ok(HeadOutput {
             logits,
             pre: residual,
