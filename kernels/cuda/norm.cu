@@ -8,32 +8,47 @@
 // elements in ascending order.
 #define NORM_CACHED 8
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight, for an f32 residual stream x.
-extern "C" __global__ void rms_norm_f32_bf16(const float* __restrict__ x,
+// One row: out = x * rsqrt(mean(x^2) + eps) * weight, for an f32 residual stream x; with
+// ADD, x += delta first (written back), so x is read and written through one pointer.
+template <bool ADD>
+__device__ __forceinline__ void rms_norm_row(float* x, const bf16* __restrict__ delta,
                                              const bf16* __restrict__ weight,
                                              bf16* __restrict__ out, int dim, float eps) {
     __shared__ float scratch[32];
-    const i64 row = blockIdx.x;
-    const float* xr = x + row * dim;
-    bf16* outr = out + row * dim;
     float v[NORM_CACHED], w[NORM_CACHED];
     float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_CACHED; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
-        v[j] = i < dim ? xr[i] : 0.0f;
+        v[j] = i < dim ? (ADD ? x[i] + to_f32(delta[i]) : x[i]) : 0.0f;
         w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
-        if (i < dim) sq += v[j] * v[j];
+        if (i < dim) {
+            if (ADD) x[i] = v[j];
+            sq += v[j] * v[j];
+        }
     }
-    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x) sq += xr[i] * xr[i];
+    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x) {
+        const float t = ADD ? x[i] + to_f32(delta[i]) : x[i];
+        if (ADD) x[i] = t;
+        sq += t * t;
+    }
     const float inv = rsqrtf(block_sum(sq, scratch) / dim + eps);
 #pragma unroll
     for (int j = 0; j < NORM_CACHED; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) outr[i] = to_bf16(v[j] * inv * w[j]);
+        if (i < dim) out[i] = to_bf16(v[j] * inv * w[j]);
     }
     for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x)
-        outr[i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
+        out[i] = to_bf16(x[i] * inv * to_f32(weight[i]));
+}
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight (x is only read).
+extern "C" __global__ void rms_norm_f32_bf16(const float* __restrict__ x,
+                                             const bf16* __restrict__ weight,
+                                             bf16* __restrict__ out, int dim, float eps) {
+    const i64 row = blockIdx.x;
+    rms_norm_row<false>(const_cast<float*>(x + row * dim), nullptr, weight, out + row * dim, dim,
+                        eps);
 }
 
 // residual[r] += delta[r]; out[r] = rms_norm(residual[r]) * weight.
@@ -41,36 +56,9 @@ extern "C" __global__ void add_rms_norm_f32_bf16(float* __restrict__ residual,
                                                  const bf16* __restrict__ delta,
                                                  const bf16* __restrict__ weight,
                                                  bf16* __restrict__ out, int dim, float eps) {
-    __shared__ float scratch[32];
     const i64 row = blockIdx.x;
-    float* xr = residual + row * dim;
-    const bf16* dr = delta + row * dim;
-    bf16* outr = out + row * dim;
-    float v[NORM_CACHED], w[NORM_CACHED];
-    float sq = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NORM_CACHED; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        v[j] = i < dim ? xr[i] + to_f32(dr[i]) : 0.0f;
-        w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
-        if (i < dim) {
-            xr[i] = v[j];
-            sq += v[j] * v[j];
-        }
-    }
-    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x) {
-        const float t = xr[i] + to_f32(dr[i]);
-        xr[i] = t;
-        sq += t * t;
-    }
-    const float inv = rsqrtf(block_sum(sq, scratch) / dim + eps);
-#pragma unroll
-    for (int j = 0; j < NORM_CACHED; ++j) {
-        const int i = threadIdx.x + j * blockDim.x;
-        if (i < dim) outr[i] = to_bf16(v[j] * inv * w[j]);
-    }
-    for (int i = threadIdx.x + NORM_CACHED * blockDim.x; i < dim; i += blockDim.x)
-        outr[i] = to_bf16(xr[i] * inv * to_f32(weight[i]));
+    rms_norm_row<true>(residual + row * dim, delta + row * dim, weight, out + row * dim, dim,
+                       eps);
 }
 
 // In-place RMSNorm of each head of a bf16 [rows, width] matrix, `head_dim` elements at a

@@ -142,6 +142,19 @@ pub(crate) fn attention_shape(
     })
 }
 
+/// `value`, or `default` when absent, refused unless positive (NaN included).
+pub(crate) fn positive_or(
+    value: Option<f64>,
+    default: f64,
+    field: &'static str,
+) -> Result<f64, ConfigError> {
+    let value = value.unwrap_or(default);
+    if value.is_nan() || value <= 0.0 {
+        return Err(field_error(field, "must be positive"));
+    }
+    Ok(value)
+}
+
 /// The text of `dir/config.json`.
 pub(crate) fn read_config_json(dir: &Path) -> Result<String, ConfigError> {
     let path = dir.join("config.json");
@@ -222,14 +235,8 @@ impl ModelConfig {
                 ))
             }
         };
-        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
-        if rms_norm_eps.is_nan() || rms_norm_eps <= 0.0 {
-            return Err(field_error("rms_norm_eps", "must be positive"));
-        }
-        let rope_theta = raw.rope_theta.unwrap_or(10000.0);
-        if rope_theta.is_nan() || rope_theta <= 0.0 {
-            return Err(field_error("rope_theta", "must be positive"));
-        }
+        let rms_norm_eps = positive_or(raw.rms_norm_eps, 1e-6, "rms_norm_eps")?;
+        let rope_theta = positive_or(raw.rope_theta, 10000.0, "rope_theta")?;
         Ok(ModelConfig {
             architecture,
             vocab_size: required(raw.vocab_size, "vocab_size")?,

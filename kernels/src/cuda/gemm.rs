@@ -120,7 +120,7 @@ impl Gemm {
         m: usize,
         n: usize,
     ) -> Result<(), GemmError> {
-        let k = check_shapes(x.len(), w.len(), out.len(), m, n, 1);
+        let k = check_shapes(x.len(), w.len(), out.len(), m, n);
         if m == 0 {
             Ok(())
         } else if self.uses_gemv(m) {
@@ -145,13 +145,10 @@ impl Gemm {
         m: usize,
         n: usize,
     ) -> Result<(), GemmError> {
-        let k = check_shapes(gate_up.len(), w.len(), out.len(), m, n, 2);
-        if m == 0 {
-            Ok(())
-        } else {
-            silu_and_mul(kernels, stream, gate_up, act, m, k)?;
-            self.linear(kernels, stream, &act.as_view(), w, out, m, n)
-        }
+        // silu_and_mul checks gate_up and act against this depth, linear checks w.
+        let k = w.len() / n;
+        silu_and_mul(kernels, stream, gate_up, act, m, k)?;
+        self.linear(kernels, stream, &act.as_view(), w, out, m, n)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -212,14 +209,11 @@ impl Gemm {
     }
 }
 
-/// Checks a product's buffers (`x` holds `m` rows of `x_factor * k`) and returns `k`.
-fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize, x_factor: usize) -> usize {
+/// Checks a product's buffers (`x` holds `m` rows of `k`) and returns `k`.
+fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize) -> usize {
     let k = w / n;
     assert_eq!(w, n * k, "linear: weight is not [{n}, k]");
-    assert!(
-        x >= m * x_factor * k && out >= m * n,
-        "linear: short buffers"
-    );
+    assert!(x >= m * k && out >= m * n, "linear: short buffers");
     assert!(
         m <= i32::MAX as usize && n <= i32::MAX as usize && k <= i32::MAX as usize,
         "linear: dimensions past i32"

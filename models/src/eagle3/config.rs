@@ -1,8 +1,8 @@
 //! An EAGLE-3 head's `config.json`, as SafeAILab and SpecForge publish it.
 
 use crate::config::{
-    attention_shape, field_error, read_config_json, required, rope_scaling, AttentionShape,
-    ConfigError,
+    attention_shape, field_error, positive_or, read_config_json, required, rope_scaling,
+    AttentionShape, ConfigError,
 };
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::RopeScaling;
@@ -126,14 +126,8 @@ impl Eagle3Config {
                 "is empty",
             ));
         }
-        let rms_norm_eps = raw.rms_norm_eps.unwrap_or(1e-6);
-        if rms_norm_eps.is_nan() || rms_norm_eps <= 0.0 {
-            return Err(field_error("rms_norm_eps", "must be positive"));
-        }
-        let rope_theta = raw.rope_theta.unwrap_or(10000.0);
-        if rope_theta.is_nan() || rope_theta <= 0.0 {
-            return Err(field_error("rope_theta", "must be positive"));
-        }
+        let rms_norm_eps = positive_or(raw.rms_norm_eps, 1e-6, "rms_norm_eps")?;
+        let rope_theta = positive_or(raw.rope_theta, 10000.0, "rope_theta")?;
         Ok(Eagle3Config {
             hidden_size,
             intermediate_size: required(raw.intermediate_size, "intermediate_size")?,
