@@ -3,8 +3,8 @@
 #   scripts/gpu_run.sh tests      the GPU tests (every op against the CPU, the >4 GiB pool,
 #                                 the whole model; SmolLM2 too if /tmp/smollm2 exists)
 #   scripts/gpu_run.sh bench      bench latency on the Llama-3.2-1B and Llama-3-8B shapes
-#                                 (random weights): the default (cuBLAS), the GEMV kernel for
-#                                 up to 8 rows, and --deterministic
+#                                 (random weights): eager (--enforce-eager) and through CUDA
+#                                 graphs, with and without --deterministic
 #   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
@@ -37,14 +37,14 @@ tests)
     "$bin/cuda-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
     ;;
 bench)
-    # The default (cuBLAS), the GEMV kernel for up to 8 rows, and the deterministic mode.
+    # Eager and through CUDA graphs (the default), each with and without --deterministic.
     one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
-    for flags in "" "--gemv-max-rows 8" "--deterministic"; do
+    for flags in "--enforce-eager" "" "--deterministic --enforce-eager" "--deterministic"; do
         "$bin/peregrine" $one_b --batch-sizes 1,2,4,8,64 --input-len 128 --output-len 128 $flags 2>&1 |
             tee -a "$OUT/bench.log"
     done
     eight_b="bench latency --device cuda --random-weights scripts/configs/llama-3-8b.json"
-    for flags in "" "--gemv-max-rows 8"; do
+    for flags in "--enforce-eager" ""; do
         "$bin/peregrine" $eight_b --batch-sizes 1,64 --input-len 128 --output-len 64 $flags 2>&1 |
             tee -a "$OUT/bench.log"
     done

@@ -131,6 +131,13 @@ pub struct BenchLatencyArgs {
     /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all, the default).
     #[arg(long, default_value_t = 0)]
     pub gemv_max_rows: usize,
+    /// GPU decode steps run eagerly rather than through CUDA graphs (captured, one per batch
+    /// size timed, for contexts up to --max-seq-len-to-capture).
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// The longest context a CUDA graph serves; longer decode steps run eagerly.
+    #[arg(long, default_value_t = 8192)]
+    pub max_seq_len_to_capture: usize,
 }
 
 /// `peregrine bench serve`.

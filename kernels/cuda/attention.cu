@@ -30,10 +30,18 @@
 //   decode_work[2i], decode_work[2i+1]   = sequence, first split item (combine item i; only
 //                                          sequences of more than one partition)
 //   prefill_work[2w], prefill_work[2w+1] = sequence, query tile      (prefill item w)
+// live[PA_LIVE_SPLIT], live[PA_LIVE_DECODE], live[PA_LIVE_PREFILL] (device memory) are the
+// items of this step in each list. An eager launch has exactly that many items in its grid;
+// a captured graph launches the grid of its capacity and the blocks past the live items
+// return at once, so the graph serves every step whose items fit. Work-list lengths, as
+// passed by value (num_work), are the capacities that lay out the scratch records.
 // Grids are flattened, the item slowest: the split kernel runs one block per (item, KV head,
 // chunk of the query heads sharing it), the combine and prefill kernels one per (item, head),
 // the head fastest, so the heads that share a KV head run side by side.
 
+#define PA_LIVE_SPLIT 0         // index of each list's live count in `live`
+#define PA_LIVE_DECODE 1
+#define PA_LIVE_PREFILL 2
 #define PA_PARTITION 512        // tokens per split partition: a constant, never per batch
 #define PA_SPLIT_THREADS 256    // threads of the split kernel
 #define PA_UNROLL 4             // 16-byte loads in flight per lane in the split kernel
@@ -68,6 +76,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
                                          const i64* __restrict__ table_start,
                                          const int* __restrict__ block_table,
                                          const int* __restrict__ split_work, int num_work,
+                                         const int* __restrict__ live,
                                          float* __restrict__ scratch, bf16* __restrict__ o,
                                          int num_heads, int num_kv_heads, int block_size,
                                          float scale) {
@@ -87,6 +96,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     const int w = blockIdx.x / per_item;
     const int kv_head = (blockIdx.x % per_item) / chunks;
     const int g0 = (blockIdx.x % chunks) * MAXG;
+    if (w >= live[PA_LIVE_SPLIT]) return;  // past this step's items (a graph's fixed grid)
     const int heads_here = min(MAXG, group - g0);      // >= 1
     const int h0 = kv_head * group + g0;               // first query head
 
@@ -281,11 +291,11 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         const bf16 *__restrict__ v_cache, const int *__restrict__ q_start,                   \
         const int *__restrict__ context_len, const i64 *__restrict__ table_start,            \
         const int *__restrict__ block_table, const int *__restrict__ split_work, int num_work, \
-        float *__restrict__ scratch, bf16 *__restrict__ o, int num_heads, int num_kv_heads,   \
-        int block_size, float scale
+        const int *__restrict__ live, float *__restrict__ scratch, bf16 *__restrict__ o,      \
+        int num_heads, int num_kv_heads, int block_size, float scale
 #define PA_SPLIT_ARGS                                                                       \
     q, q_stride, k_cache, v_cache, q_start, context_len, table_start, block_table, split_work, \
-        num_work, scratch, o, num_heads, num_kv_heads, block_size, scale
+        num_work, live, scratch, o, num_heads, num_kv_heads, block_size, scale
 
 // One kernel per head size and bucket of query heads per KV head. A head's result does not
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
@@ -307,13 +317,14 @@ extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_s
 // PA_COMBINE_CHUNK at a time. head_dim divides the block size.
 extern "C" __global__ void __launch_bounds__(PA_COMBINE_THREADS) paged_attention_combine(
     const float* __restrict__ scratch, int num_work, int num_heads, int head_dim,
-    const int* __restrict__ decode_work, const int* __restrict__ q_start,
+    const int* __restrict__ decode_work, const int* __restrict__ live, const int* __restrict__ q_start,
     const int* __restrict__ context_len, bf16* __restrict__ o) {
     __shared__ float weights[PA_COMBINE_CHUNK];
     __shared__ float slice_sum[PA_COMBINE_THREADS];
     __shared__ float red[32];
     const int h = blockIdx.x % num_heads;
     const int i = blockIdx.x / num_heads;
+    if (i >= live[PA_LIVE_DECODE]) return;  // past this step's sequences (a graph's fixed grid)
     const int seq = decode_work[2 * i];
     const int first = decode_work[2 * i + 1];
     const int parts = (context_len[seq] + PA_PARTITION - 1) / PA_PARTITION;
@@ -371,6 +382,7 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
                                            const i64* __restrict__ table_start,
                                            const int* __restrict__ block_table,
                                            const int* __restrict__ prefill_work,
+                                           const int* __restrict__ live,
                                            bf16* __restrict__ o, int num_heads, int num_kv_heads,
                                            int block_size, float scale) {
     constexpr int WORDS = D / 2;             // bf16 pairs in a row
@@ -389,6 +401,7 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
 
     const int h = blockIdx.x % num_heads;
     const int w = blockIdx.x / num_heads;
+    if (w >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles (a graph's fixed grid)
     const int seq = prefill_work[2 * w];
     const int row0 = prefill_work[2 * w + 1] * PA_BQ;  // first query of the tile, in the sequence
     const int qlen = q_len[seq];
@@ -511,10 +524,10 @@ extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention
     const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
     const int* __restrict__ q_len, const int* __restrict__ context_len,
     const i64* __restrict__ table_start, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_work, bf16* __restrict__ o, int num_heads,
-    int num_kv_heads, int block_size, float scale) {
+    const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
+    int num_heads, int num_kv_heads, int block_size, float scale) {
     pa_prefill<64>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
-                   block_table, prefill_work, o, num_heads, num_kv_heads, block_size, scale);
+                   block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
 }
 
 extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d128(
@@ -522,8 +535,8 @@ extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention
     const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
     const int* __restrict__ q_len, const int* __restrict__ context_len,
     const i64* __restrict__ table_start, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_work, bf16* __restrict__ o, int num_heads,
-    int num_kv_heads, int block_size, float scale) {
+    const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
+    int num_heads, int num_kv_heads, int block_size, float scale) {
     pa_prefill<128>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
-                    block_table, prefill_work, o, num_heads, num_kv_heads, block_size, scale);
+                    block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
 }

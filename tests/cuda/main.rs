@@ -8,6 +8,7 @@ mod common;
 
 mod attention;
 mod engine;
+mod graphs;
 mod model;
 mod ops;
 mod sampling;

@@ -16,6 +16,9 @@ use crate::cpu::{AddressAudit, KvLayout};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
 use half::bf16;
 
+/// Entries of the live-count array the kernels read: split, decode and prefill pairs.
+pub const LIVE_COUNTS: usize = 3;
+
 /// Tokens per split partition (`PA_PARTITION` in the kernel source): a constant, never
 /// chosen from the batch, so that a row's partitions do not depend on the batch.
 pub const PARTITION_TOKENS: usize = 512;
@@ -173,9 +176,14 @@ pub struct AttentionMeta<'a> {
     pub decode: CudaView<'a, i32>,
     /// `AttentionWork::prefill`.
     pub prefill: CudaView<'a, i32>,
+    /// The pairs of this step in each list (`[split, decode, prefill]`, [`LIVE_COUNTS`]
+    /// entries), read by the kernels on the device: blocks past them return at once.
+    pub live: CudaView<'a, i32>,
     /// Sequences.
     pub num_seqs: usize,
-    /// Pairs in each work list.
+    /// Pairs each work list has room for: the grids and the scratch layout. An eager step
+    /// launches its live counts; a captured graph its capacity, so that one graph serves
+    /// every step that fits.
     pub counts: WorkCounts,
     /// Query rows the sequences cover (the largest `q_start + q_len`).
     pub rows: usize,
@@ -248,7 +256,8 @@ pub fn paged_attention(
             && meta.table_start.len() >= meta.num_seqs
             && meta.split.len() >= 2 * counts.split
             && meta.decode.len() >= 2 * counts.decode
-            && meta.prefill.len() >= 2 * counts.prefill,
+            && meta.prefill.len() >= 2 * counts.prefill
+            && meta.live.len() >= LIVE_COUNTS,
         "paged_attention: metadata shorter than its counts"
     );
     assert!(
@@ -289,6 +298,7 @@ pub fn paged_attention(
             .arg(&meta.block_table)
             .arg(&meta.split)
             .arg(&work_i)
+            .arg(&meta.live)
             .arg(&mut *scratch)
             .arg(&mut *o)
             .arg(&nh_i)
@@ -316,6 +326,7 @@ pub fn paged_attention(
             .arg(&nh_i)
             .arg(&d_i)
             .arg(&meta.decode)
+            .arg(&meta.live)
             .arg(&meta.q_start)
             .arg(&meta.context_len)
             .arg(&mut *o);
@@ -337,6 +348,7 @@ pub fn paged_attention(
             .arg(&meta.table_start)
             .arg(&meta.block_table)
             .arg(&meta.prefill)
+            .arg(&meta.live)
             .arg(&mut *o)
             .arg(&nh_i)
             .arg(&kvh_i)

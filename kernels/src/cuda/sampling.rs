@@ -16,7 +16,9 @@
 //! distribution. See `cuda/sampling.cu` for the details.
 
 use super::{grid, CudaKernels};
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PushKernelArg,
+};
 use std::sync::Arc;
 
 /// Threads per row of the sampling kernel (`SAMPLE_THREADS`).
@@ -88,28 +90,54 @@ pub fn sample_argmax(
     tokens: &mut CudaViewMut<u32>,
 ) -> Result<(), DriverError> {
     let rows = tokens.len();
+    if rows == 0 {
+        return Ok(());
+    }
+    // SAFETY: every element is written by sample_argmax_partial before the finish kernel,
+    // queued after it on the same stream, reads it.
+    let mut partial = unsafe { stream.alloc::<u64>(argmax_partials(rows, vocab)) }?;
+    sample_argmax_into(k, stream, logits, vocab, &mut partial, tokens)
+}
+
+/// The `u64` scratch [`sample_argmax_into`] needs for `rows` rows of `vocab` logits.
+pub fn argmax_partials(rows: usize, vocab: usize) -> usize {
+    rows * vocab.div_ceil(ARGMAX_CHUNK)
+}
+
+/// [`sample_argmax`] with its scratch given (at least [`argmax_partials`] elements): it
+/// allocates nothing, so a graph can capture it.
+pub fn sample_argmax_into(
+    k: &CudaKernels,
+    stream: &Arc<CudaStream>,
+    logits: &CudaView<f32>,
+    vocab: usize,
+    partial: &mut CudaSlice<u64>,
+    tokens: &mut CudaViewMut<u32>,
+) -> Result<(), DriverError> {
+    let rows = tokens.len();
     let vocab_i = vocab_arg("sample_argmax", vocab, rows, logits.len());
     if rows == 0 {
         return Ok(());
     }
     let chunks = vocab.div_ceil(ARGMAX_CHUNK);
+    assert!(
+        partial.len() >= argmax_partials(rows, vocab),
+        "sample_argmax: scratch too small"
+    );
     let blocks = u32::try_from(rows * chunks).expect("sample_argmax: grid too large");
-    // SAFETY: every element is written by sample_argmax_partial before the finish kernel,
-    // queued after it on the same stream, reads it.
-    let mut partial = unsafe { stream.alloc::<u64>(rows * chunks) }?;
     let chunks_i = chunks as i32;
     let mut launch = stream.launch_builder(k.function("sample_argmax_partial"));
     launch
         .arg(logits)
         .arg(&vocab_i)
         .arg(&chunks_i)
-        .arg(&mut partial);
+        .arg(&mut *partial);
     // SAFETY: `logits` holds `rows * vocab` elements (checked above) and every block reads
     // only indices below `vocab` of its row; block b writes `partial[b]`, and `partial`
     // holds one element per block.
     unsafe { launch.launch(grid(blocks, ARGMAX_THREADS, 0)) }?;
     let mut launch = stream.launch_builder(k.function("sample_argmax_finish"));
-    launch.arg(&partial).arg(&chunks_i).arg(tokens);
+    launch.arg(&*partial).arg(&chunks_i).arg(tokens);
     // SAFETY: one warp per row reads that row's `chunks` partial keys and writes its token;
     // `tokens` holds `rows` elements.
     unsafe { launch.launch(grid(rows as u32, 32, 0)) }?;

@@ -1,6 +1,7 @@
 //! The forward pass on the GPU, kernel for kernel the CPU `LlamaModel::forward`.
 
-use super::GpuLlama;
+use super::{GpuLlama, LlamaCore, Workspace};
+use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};
 use cudarc::driver::{CudaView, DriverError};
 use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows};
@@ -46,36 +47,87 @@ impl GpuLlama {
         cache: &mut GpuKvCache,
         logit_rows: &[usize],
     ) -> Result<CudaView<'_, f32>, GpuForwardError> {
-        let c = &self.config;
+        let core = &*self.core;
+        let c = &core.config;
         check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
         let (n, r) = (tokens.len(), logit_rows.len());
         let w = &mut self.work;
-        if n > w.max_tokens {
-            return Err(GpuForwardError::TooManyTokens {
-                tokens: n,
-                max: w.max_tokens,
-            });
-        }
-        if r > w.max_logit_rows {
-            return Err(GpuForwardError::TooManyLogitRows {
-                rows: r,
-                max: w.max_logit_rows,
-            });
-        }
-        if let Some(&position) = plan.positions().iter().max() {
-            if position as usize >= c.max_model_len {
-                return Err(GpuForwardError::Position {
-                    position,
-                    max: c.max_model_len,
-                });
-            }
-        }
-        if cache.num_layers() != c.num_layers {
-            return Err(GpuForwardError::CacheLayers {
-                cache: cache.num_layers(),
-                model: c.num_layers,
-            });
-        }
+        check_step(c, w, n, r, plan.positions().iter().max().copied(), cache)?;
+        self.plan.stage(plan, n)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        let stream = core.gpu.stream();
+        stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;
+        let rows: Vec<i32> = logit_rows.iter().map(|&row| row as i32).collect();
+        stream.memcpy_htod(&rows, &mut w.logit_rows.slice_mut(0..r))?;
+        core.launch(w, n, r, &self.plan, cache)?;
+        Ok(w.logits.slice(0..r * c.vocab_size))
+    }
+
+    /// [`GpuLlama::forward`] with the logits copied to the host.
+    pub fn forward_to_host(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<Vec<f32>, GpuForwardError> {
+        let gpu = self.gpu().clone();
+        let logits = self.forward(tokens, plan, cache, logit_rows)?;
+        Ok(gpu.download(&logits)?)
+    }
+}
+
+/// Refuses a step of `n` tokens and `r` logit rows that the workspace `w` cannot hold, a
+/// position past the model's, or a cache of another depth.
+pub(super) fn check_step(
+    c: &ModelConfig,
+    w: &Workspace,
+    n: usize,
+    r: usize,
+    max_position: Option<u32>,
+    cache: &GpuKvCache,
+) -> Result<(), GpuForwardError> {
+    if n > w.max_tokens {
+        return Err(GpuForwardError::TooManyTokens {
+            tokens: n,
+            max: w.max_tokens,
+        });
+    }
+    if r > w.max_logit_rows {
+        return Err(GpuForwardError::TooManyLogitRows {
+            rows: r,
+            max: w.max_logit_rows,
+        });
+    }
+    if let Some(position) = max_position.filter(|&p| p as usize >= c.max_model_len) {
+        return Err(GpuForwardError::Position {
+            position,
+            max: c.max_model_len,
+        });
+    }
+    if cache.num_layers() != c.num_layers {
+        return Err(GpuForwardError::CacheLayers {
+            cache: cache.num_layers(),
+            model: c.num_layers,
+        });
+    }
+    Ok(())
+}
+
+impl LlamaCore {
+    /// Queues the forward of the `n` rows staged in `w.tokens` and `dplan` (the plan's own
+    /// rows, or a captured size it is padded to), leaving the logits of the `r` rows in
+    /// `w.logit_rows` in `w.logits`. Reads no host value of the step but its sizes, so a
+    /// graph captured from it serves every step staged into the same buffers.
+    pub(super) fn launch(
+        &self,
+        w: &mut Workspace,
+        n: usize,
+        r: usize,
+        dplan: &DeviceAttentionPlan,
+        cache: &mut GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
         let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let width = qd + 2 * kvd;
@@ -83,12 +135,6 @@ impl GpuLlama {
         let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
         let weights = &self.weights;
         let layout = *cache.layout();
-
-        let dplan = DeviceAttentionPlan::upload(&self.gpu, plan, self.decode_kernel)?;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;
-        let rows: Vec<i32> = logit_rows.iter().map(|&row| row as i32).collect();
-        stream.memcpy_htod(&rows, &mut w.logit_rows.slice_mut(0..r))?;
 
         let residual = &mut w.residual.slice_mut(0..n * h);
         let normed = &mut w.normed.slice_mut(0..n * h);
@@ -147,7 +193,7 @@ impl GpuLlama {
                 k_cache,
                 v_cache,
                 &layout,
-                &dplan,
+                dplan,
             )?;
             self.attention.forward(
                 k,
@@ -157,7 +203,7 @@ impl GpuLlama {
                 k_cache,
                 v_cache,
                 &layout,
-                &dplan,
+                dplan,
                 attn,
             )?;
             gemm.linear(
@@ -199,19 +245,6 @@ impl GpuLlama {
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let logits = &mut w.logits.slice_mut(0..r * c.vocab_size);
         gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;
-        Ok(w.logits.slice(0..r * c.vocab_size))
-    }
-
-    /// [`GpuLlama::forward`] with the logits copied to the host.
-    pub fn forward_to_host(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-    ) -> Result<Vec<f32>, GpuForwardError> {
-        let gpu = self.gpu.clone();
-        let logits = self.forward(tokens, plan, cache, logit_rows)?;
-        Ok(gpu.download(&logits)?)
+        Ok(())
     }
 }

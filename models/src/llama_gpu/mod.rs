@@ -2,10 +2,12 @@
 //! `LlamaModel` kernel for kernel, logits in f32. Built with the `cuda` feature.
 
 mod forward;
+mod graph;
 mod weights;
 mod workspace;
 
 pub use forward::GpuForwardError;
+pub use graph::{CapturedDecode, GraphLimits, ReplayedStep, SharedKvCache};
 pub use weights::GpuWeights;
 pub use workspace::Workspace;
 
@@ -16,7 +18,7 @@ use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_ops::cuda::attention::GpuPagedAttention;
+use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::{Rotary, RotaryLayout};
 use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
@@ -37,6 +39,19 @@ pub struct GpuModelOptions {
 
 /// A Llama-family model on one GPU.
 pub struct GpuLlama {
+    core: Arc<LlamaCore>,
+    /// The activations of eager steps.
+    work: Workspace,
+    /// The metadata of eager steps, restaged every step into buffers that only grow.
+    plan: DeviceAttentionPlan,
+    /// The buffers of the decode graphs, while any graph was captured from them: shared by
+    /// every graph (each holds them too) and replaced only by a capture for more rows.
+    graph_buffers: Option<Arc<std::sync::Mutex<graph::GraphBuffers>>>,
+}
+
+/// What every kernel of the forward reads and never writes: the weights, the rotary table,
+/// the products' handles and workspace. Captured graphs hold it, so it outlives them.
+struct LlamaCore {
     config: ModelConfig,
     gpu: Arc<Gpu>,
     kernels: Arc<CudaKernels>,
@@ -48,7 +63,6 @@ pub struct GpuLlama {
     /// so that no position's result depends on how its prompt was cut into chunks.
     decode_kernel: DecodeKernel,
     gemm: Gemm,
-    work: Workspace,
 }
 
 impl GpuLlama {
@@ -96,7 +110,13 @@ impl GpuLlama {
         let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows)?;
         let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
             .with_gemv_max_rows(options.gemv_max_rows);
-        Ok(GpuLlama {
+        let decode_kernel = if options.deterministic {
+            DecodeKernel::Prefill
+        } else {
+            DecodeKernel::Split
+        };
+        let plan = DeviceAttentionPlan::growing(&gpu, decode_kernel)?;
+        let core = LlamaCore {
             attention: GpuPagedAttention {
                 num_heads: c.num_heads,
                 num_kv_heads: c.num_kv_heads,
@@ -104,34 +124,35 @@ impl GpuLlama {
                 scale: 1.0 / (c.head_dim as f32).sqrt(),
             },
             interleaved: rotary.is_interleaved(),
-            decode_kernel: if options.deterministic {
-                DecodeKernel::Prefill
-            } else {
-                DecodeKernel::Split
-            },
+            decode_kernel,
             config,
             gpu,
             kernels,
             weights,
             cos_sin,
             gemm,
+        };
+        Ok(GpuLlama {
+            core: Arc::new(core),
             work,
+            plan,
+            graph_buffers: None,
         })
     }
 
     /// The model's configuration.
     pub fn config(&self) -> &ModelConfig {
-        &self.config
+        &self.core.config
     }
 
     /// The device the model is on.
     pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.gpu
+        &self.core.gpu
     }
 
     /// Bytes of parameters on the device.
     pub fn weight_bytes(&self) -> u64 {
-        self.weights.bytes()
+        self.core.weights.bytes()
     }
 
     /// Bytes of the activation workspace.
@@ -141,12 +162,12 @@ impl GpuLlama {
 
     /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
-        self.config.kv_layout(num_blocks, block_size)
+        self.core.config.kv_layout(num_blocks, block_size)
     }
 
     /// Bytes of K and V one token takes across all layers (bf16).
     pub fn kv_bytes_per_token(&self) -> u64 {
-        let c = &self.config;
+        let c = &self.core.config;
         (2 * c.num_layers * c.num_kv_heads * c.head_dim * 2) as u64
     }
 }

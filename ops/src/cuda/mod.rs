@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod kv_cache;
+pub mod plan;
 pub mod sampler;
 
 pub use kv_cache::GpuKvCache;

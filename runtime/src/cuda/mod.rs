@@ -8,7 +8,7 @@ pub use compiler::{cuda_include_dir, CompiledModule, KernelCompiler, KernelSourc
 pub use cudarc;
 
 use cudarc::driver::{
-    CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits,
+    sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits,
 };
 use std::sync::Arc;
 
@@ -63,7 +63,8 @@ impl Gpu {
         // SAFETY: called before any allocation or stream of this context exists.
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability()?;
-        let stream = ctx.default_stream();
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream()?;
         Ok(Gpu {
             name: ctx.name()?,
             arch: format!("sm_{major}{minor}"),
@@ -92,8 +93,18 @@ impl Gpu {
         &self.arch
     }
 
-    /// Free and total device memory, in bytes.
+    /// Free and total device memory, in bytes, once the stream's work is done and the memory
+    /// freed on it has left the device's pool (stream-ordered frees wait there otherwise, and
+    /// would count as used).
     pub fn memory(&self) -> Result<(u64, u64), GpuError> {
+        self.stream.synchronize()?;
+        let mut pool = std::ptr::null_mut();
+        // SAFETY: the context is current (synchronize bound it), `pool` receives the device's
+        // current pool, which trimming only shrinks to what its live allocations hold.
+        unsafe {
+            sys::cuDeviceGetMemPool(&mut pool, self.ctx.cu_device()).result()?;
+            sys::cuMemPoolTrimTo(pool, 0).result()?;
+        }
         let (free, total) = self.ctx.mem_get_info()?;
         Ok((free as u64, total as u64))
     }

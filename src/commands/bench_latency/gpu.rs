@@ -6,18 +6,22 @@ use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::fetch::default_cache_dir;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_models::llama_gpu::{
+    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, SharedKvCache,
+};
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::greedy_tokens;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::Gpu;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub struct GpuModel {
+    /// Decode graphs, by ascending size (none with --enforce-eager).
+    graphs: Vec<CapturedDecode>,
     model: GpuLlama,
-    cache: GpuKvCache,
+    cache: SharedKvCache,
     kernels: Arc<CudaKernels>,
     source: String,
     products: String,
@@ -25,7 +29,8 @@ pub struct GpuModel {
 
 impl GpuModel {
     /// Opens device 0, compiles the kernels and loads or makes the model.
-    pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<GpuModel> {
+    pub fn open(args: &BenchLatencyArgs) -> anyhow::Result<GpuModel> {
+        let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
         let gpu = Arc::new(Gpu::open(0)?);
         let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
         let kernels = Arc::new(CudaKernels::load(&gpu, &cache_dir)?);
@@ -35,7 +40,7 @@ impl GpuModel {
             deterministic: args.deterministic,
             gemv_max_rows: args.gemv_max_rows,
         };
-        let (model, source) = match &args.random_weights {
+        let (mut model, source) = match &args.random_weights {
             Some(config) => {
                 let text = std::fs::read_to_string(config)
                     .with_context(|| format!("reading {}", config.display()))?;
@@ -51,9 +56,12 @@ impl GpuModel {
                 (model, dir.display().to_string())
             }
         };
-        let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
+        // One block more than the sequences use: the scratch block padded graph rows write.
+        let blocks = blocks_needed(args, largest) + 1;
+        let layout = model.kv_layout(blocks, args.block_size as u64);
         let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
-        let products = if args.deterministic {
+        let cache = Arc::new(Mutex::new(cache));
+        let mut products = if args.deterministic {
             "products by the batch-invariant GEMV kernel".to_string()
         } else {
             format!(
@@ -61,7 +69,31 @@ impl GpuModel {
                 args.gemv_max_rows
             )
         };
+        let mut graphs = Vec::new();
+        if !args.enforce_eager {
+            let limits = GraphLimits {
+                max_rows: largest,
+                max_context: args.max_seq_len_to_capture,
+                scratch_slot: ((blocks - 1) * args.block_size as u64) as i64,
+            };
+            let mut sizes = args.batch_sizes.clone();
+            sizes.sort_unstable_by(|a, b| b.cmp(a));
+            sizes.dedup();
+            let start = Instant::now();
+            for &size in &sizes {
+                graphs.push(model.capture_decode(size, limits, &cache)?);
+            }
+            graphs.reverse();
+            products.push_str(&format!(
+                ", decode through CUDA graphs ({} sizes captured in {:.2} s)",
+                sizes.len(),
+                start.elapsed().as_secs_f64()
+            ));
+        } else {
+            products.push_str(", eager decode (--enforce-eager)");
+        }
         Ok(GpuModel {
+            graphs,
             model,
             cache,
             kernels,
@@ -93,7 +125,7 @@ impl LatencyModel for GpuModel {
     }
 
     fn num_blocks(&self) -> u64 {
-        self.cache.layout().num_blocks
+        self.cache.lock().map_or(0, |c| c.layout().num_blocks)
     }
 
     fn weight_bytes(&self) -> u64 {
@@ -124,11 +156,20 @@ impl LatencyModel for GpuModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens> {
+        // A decode step asking the logits of every row, in order, is what the graphs run.
+        let decode = plan.seqs().iter().all(|s| s.q_len == 1)
+            && logit_rows.iter().copied().eq(0..tokens.len());
+        let graph = self.graphs.iter().find(|g| g.size() >= tokens.len());
+        if let Some(graph) = graph.filter(|_| decode) {
+            let replayed = graph.replay(tokens, plan)?;
+            let queued = Instant::now();
+            let tokens = replayed.greedy_ids()?;
+            return Ok(StepTokens { tokens, queued });
+        }
         let gpu = self.model.gpu().clone();
         let vocab = self.vocab_size();
-        let logits = self
-            .model
-            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         // The argmax's two launches are left out of the queued time: they are queued just
         // before the download that waits.
         let queued = Instant::now();

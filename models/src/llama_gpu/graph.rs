@@ -1,0 +1,269 @@
+//! Decode steps captured as CUDA graphs: one graph per batch size, all reading and writing
+//! one set of buffers allocated at the largest size, which every graph holds (DESIGN.md
+//! rule 4), with the model's weights and the KV cache.
+//!
+//! A step is padded up to its graph's size: token ids and positions repeat the last real
+//! row, slot mappings point padded rows at a scratch slot no sequence owns, and attention
+//! is planned over the real rows only (the graph's grids are those of its size; the kernels
+//! skip the work items past the step's). The argmax of every row is part of the graph.
+
+use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
+use crate::llama::check_inputs;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaSlice, CudaView};
+use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into};
+use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
+use peregrine_ops::cuda::plan::PlanCapacity;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_runtime::{Padding, StagedInput};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// A KV cache that captured graphs share with the eager steps: a graph holds it, so the
+/// cache cannot be freed while the graph lives.
+pub type SharedKvCache = Arc<Mutex<GpuKvCache>>;
+
+/// What the decode graphs of a model serve.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphLimits {
+    /// The largest captured size: the rows the shared buffers hold.
+    pub max_rows: usize,
+    /// The longest context a graph serves (longer steps run eagerly).
+    pub max_context: usize,
+    /// The slot padded rows write into; its block belongs to no sequence.
+    pub scratch_slot: i64,
+}
+
+/// The buffers every decode graph of a model addresses.
+pub(super) struct GraphBuffers {
+    limits: GraphLimits,
+    plan: DeviceAttentionPlan,
+    tokens: StagedInput<i32>,
+    work: Workspace,
+    ids: CudaSlice<u32>,
+    partials: CudaSlice<u64>,
+}
+
+/// One captured decode step and everything its kernels address.
+pub struct CapturedDecode {
+    size: usize,
+    graph: CudaGraph,
+    buffers: Arc<Mutex<GraphBuffers>>,
+    core: Arc<LlamaCore>,
+    _cache: SharedKvCache,
+}
+
+// SAFETY: a graph's executable may be launched from any thread; it is launched only under
+// the lock of its buffers, so never concurrently with itself or another graph that shares
+// them. The other fields are Send.
+unsafe impl Send for CapturedDecode {}
+
+impl CapturedDecode {
+    /// The batch size the graph was captured for.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+}
+
+/// The outputs of one replay; the graphs' buffers stay locked while it lives.
+pub struct ReplayedStep<'a> {
+    buffers: MutexGuard<'a, GraphBuffers>,
+    core: &'a LlamaCore,
+    rows: usize,
+}
+
+impl ReplayedStep<'_> {
+    /// The logits of the real rows, `[rows, vocab]` f32.
+    pub fn logits(&self) -> CudaView<'_, f32> {
+        let vocab = self.core.config.vocab_size;
+        self.buffers.work.logits.slice(0..self.rows * vocab)
+    }
+
+    /// The argmax of each real row, copied to the host (waits for the graph).
+    pub fn greedy_ids(&self) -> Result<Vec<u32>, GpuForwardError> {
+        Ok(self
+            .core
+            .gpu
+            .download(&self.buffers.ids.slice(0..self.rows))?)
+    }
+}
+
+impl GraphBuffers {
+    fn new(core: &LlamaCore, limits: GraphLimits, block_size: usize) -> anyhow::Result<Self> {
+        let c = &core.config;
+        let gpu = &core.gpu;
+        let capacity = PlanCapacity {
+            rows: limits.max_rows,
+            max_context: limits.max_context,
+            block_size,
+            scratch_slot: limits.scratch_slot,
+        };
+        let plan =
+            DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
+        let mut work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows)?;
+        // Decode graphs want the logits of every row, in order.
+        let rows: Vec<i32> = (0..limits.max_rows as i32).collect();
+        gpu.stream().memcpy_htod(&rows, &mut work.logit_rows)?;
+        let tokens = StagedInput::new("token_ids", &[limits.max_rows], 0, Padding::RepeatLast)?;
+        let partials = argmax_partials(limits.max_rows, c.vocab_size);
+        Ok(GraphBuffers {
+            limits,
+            plan,
+            tokens,
+            work,
+            ids: gpu.zeros(limits.max_rows)?,
+            partials: gpu.zeros(partials)?,
+        })
+    }
+
+    /// Stages a step (`tokens` over `plan`) padded to `size` rows.
+    fn stage(
+        &mut self,
+        core: &LlamaCore,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        size: usize,
+    ) -> Result<(), GpuForwardError> {
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
+        self.tokens
+            .stage(&ids, ids.len(), size)
+            .map_err(|e| AttentionError::Shape(e.to_string()))?;
+        self.plan.stage(plan, size)?;
+        let padded = &self.tokens.as_slice()[..size];
+        let stream = core.gpu.stream();
+        stream.memcpy_htod(padded, &mut self.work.tokens.slice_mut(0..size))?;
+        Ok(())
+    }
+
+    /// Queues the forward and argmax of `size` staged rows.
+    fn launch(
+        &mut self,
+        core: &LlamaCore,
+        size: usize,
+        cache: &mut GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        core.launch(&mut self.work, size, size, &self.plan, cache)?;
+        let vocab = core.config.vocab_size;
+        let logits = self.work.logits.slice(0..size * vocab);
+        sample_argmax_into(
+            &core.kernels,
+            core.gpu.stream(),
+            &logits,
+            vocab,
+            &mut self.partials,
+            &mut self.ids.slice_mut(0..size),
+        )?;
+        Ok(())
+    }
+}
+
+impl GpuLlama {
+    /// Captures the decode step of `size` sequences (one token each) as a graph over
+    /// `cache`, whose blocks are `block_size` tokens; graphs serve contexts up to
+    /// `limits.max_context`. The first capture, or one for larger limits, allocates the
+    /// graphs' shared buffers (capture the largest size first); the step is run once
+    /// eagerly before it is captured, over the scratch slot alone, so that every lazy
+    /// allocation and choice (cuBLASLt plans) happens outside the capture.
+    pub fn capture_decode(
+        &mut self,
+        size: usize,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedDecode> {
+        let core = self.core.clone();
+        let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let block_size = kv.layout().block_size as usize;
+        let reuse = self.graph_buffers.as_ref().filter(|b| {
+            let b = b.lock().unwrap_or_else(|e| e.into_inner());
+            b.limits.max_rows >= size
+                && b.limits.max_context == limits.max_context
+                && b.limits.scratch_slot == limits.scratch_slot
+        });
+        let buffers = match reuse {
+            Some(b) => b.clone(),
+            None => {
+                let fresh = GraphBuffers::new(&core, limits, block_size)?;
+                let fresh = Arc::new(Mutex::new(fresh));
+                self.graph_buffers = Some(fresh.clone());
+                fresh
+            }
+        };
+        anyhow::ensure!(
+            size >= 1 && size <= limits.max_rows,
+            "a decode graph of {size} rows past the {} its buffers hold",
+            limits.max_rows
+        );
+        let scratch_block = (limits.scratch_slot as usize / block_size) as u32;
+        let table = [scratch_block];
+        let specs: Vec<SeqSpec> = (0..size)
+            .map(|_| SeqSpec {
+                num_cached: 0,
+                num_new: 1,
+                block_table: &table,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&specs, block_size, kv.layout().num_blocks)?;
+        let tokens = vec![0u32; size];
+        let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
+        b.stage(&core, &tokens, &plan, size)?;
+        b.launch(&core, size, &mut kv)?;
+        core.gpu.synchronize()?;
+        let stream = core.gpu.stream();
+        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let queued = b.launch(&core, size, &mut kv);
+        // The capture ends whatever happened, so that the stream is usable again.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        queued?;
+        let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
+        graph.upload()?;
+        drop(b);
+        Ok(CapturedDecode {
+            size,
+            graph,
+            buffers,
+            core,
+            _cache: cache.clone(),
+        })
+    }
+}
+
+impl CapturedDecode {
+    /// Runs the decode step `tokens` over `plan` (planned over the real rows, one per
+    /// sequence) through the graph, padded to its size. Refused, with nothing launched, when
+    /// the step does not fit the graph (more rows, a longer context, or a sequence of more
+    /// than one row): run it eagerly then.
+    pub fn replay(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+    ) -> Result<ReplayedStep<'_>, GpuForwardError> {
+        let core = &*self.core;
+        let c = &core.config;
+        check_inputs(tokens, plan, &[], c.vocab_size)?;
+        let n = tokens.len();
+        if plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len() {
+            return Err(
+                AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
+            );
+        }
+        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        plan.check_fits(self.size, self.size)
+            .map_err(AttentionError::from)?;
+        if let Some(&position) = plan.positions().iter().max() {
+            if position as usize >= c.max_model_len {
+                return Err(GpuForwardError::Position {
+                    position,
+                    max: c.max_model_len,
+                });
+            }
+        }
+        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        b.stage(core, tokens, plan, self.size)?;
+        self.graph.launch()?;
+        Ok(ReplayedStep {
+            buffers: b,
+            core,
+            rows: n,
+        })
+    }
+}

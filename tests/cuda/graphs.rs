@@ -1,0 +1,366 @@
+//! CUDA graphs of the decode step against eager steps: every captured size replayed after
+//! the allocator was churned, padded batches, sentinels after the graph buffers' q and o
+//! rows, and the scratch slot that padded rows write.
+
+use crate::common::tiny_model::{TinyModel, TinySpec};
+use crate::model::gpu_sized;
+use crate::{random_f32, rng, setup};
+use half::bf16;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS;
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphLimits};
+use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
+use peregrine_ops::cuda::plan::PlanCapacity;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use rand::Rng;
+use std::sync::{Arc, Mutex};
+
+/// 1, 2, 4, 8 and every multiple of 8 up to 96: fifteen sizes.
+fn sizes() -> Vec<usize> {
+    let mut sizes = vec![1, 2, 4, 8];
+    sizes.extend((16..=96).step_by(8));
+    sizes
+}
+
+const BLOCK_SIZE: usize = 16;
+/// Blocks per sequence: contexts up to 128 tokens.
+const PER_SEQ: usize = 8;
+
+struct Fixture {
+    model: GpuLlama,
+    eager_cache: GpuKvCache,
+    graph_cache: Arc<Mutex<GpuKvCache>>,
+    tables: Vec<Vec<u32>>,
+    num_blocks: u64,
+}
+
+/// A tiny model with both caches holding the same prompts of random lengths for `seqs`
+/// sequences; returns the fixture and each sequence's (cached tokens, next token).
+fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(usize, u32)>) {
+    let s = setup().expect("a GPU");
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 21).write_hf(dir.path());
+    let options = GpuModelOptions {
+        max_tokens: 4096,
+        max_logit_rows: 128,
+        deterministic,
+        gemv_max_rows: GEMV_MAX_ROWS,
+    };
+    let mut model = GpuLlama::load(dir.path(), s.gpu.clone(), s.kernels.clone(), options).unwrap();
+    let c = model.config().clone();
+    // One block past the sequences': the scratch block.
+    let num_blocks = (seqs * PER_SEQ + 1) as u64;
+    let layout = model.kv_layout(num_blocks, BLOCK_SIZE as u64);
+    let mut eager_cache = GpuKvCache::new(&s.gpu, c.num_layers, layout).unwrap();
+    let graph_cache = GpuKvCache::new(&s.gpu, c.num_layers, layout).unwrap();
+    let graph_cache = Arc::new(Mutex::new(graph_cache));
+    let mut rng = rng(seed_name);
+    // Scattered tables: sequence s owns blocks s, s + seqs, s + 2 seqs, ...
+    let tables: Vec<Vec<u32>> = (0..seqs)
+        .map(|s| (0..PER_SEQ).map(|i| (s + i * seqs) as u32).collect())
+        .collect();
+    let mut state = Vec::new();
+    for table in &tables {
+        let len = rng.random_range(1..60usize);
+        let prompt: Vec<u32> = (0..len).map(|_| rng.random_range(0..1000u32)).collect();
+        let spec = SeqSpec {
+            num_cached: 0,
+            num_new: len,
+            block_table: table,
+        };
+        let plan = AttentionPlan::new(&[spec], BLOCK_SIZE, num_blocks).unwrap();
+        let last = [len - 1];
+        let a = model
+            .forward_to_host(&prompt, &plan, &mut eager_cache, &last)
+            .unwrap();
+        let mut kv = graph_cache.lock().unwrap();
+        let b = model
+            .forward_to_host(&prompt, &plan, &mut kv, &last)
+            .unwrap();
+        assert_eq!(a, b, "the same prefill into both caches");
+        state.push((len, rng.random_range(0..1000u32)));
+    }
+    let f = Fixture {
+        model,
+        eager_cache,
+        graph_cache,
+        tables,
+        num_blocks,
+    };
+    (f, state)
+}
+
+impl Fixture {
+    fn limits(&self, max_rows: usize) -> GraphLimits {
+        GraphLimits {
+            max_rows,
+            max_context: PER_SEQ * BLOCK_SIZE,
+            scratch_slot: ((self.num_blocks - 1) * BLOCK_SIZE as u64) as i64,
+        }
+    }
+
+    /// The decode plan of the first `n` sequences.
+    fn plan(&self, state: &[(usize, u32)], n: usize) -> (Vec<u32>, AttentionPlan) {
+        let specs: Vec<SeqSpec> = (0..n)
+            .map(|s| SeqSpec {
+                num_cached: state[s].0,
+                num_new: 1,
+                block_table: &self.tables[s],
+            })
+            .collect();
+        let tokens = (0..n).map(|s| state[s].1).collect();
+        let plan = AttentionPlan::new(&specs, BLOCK_SIZE, self.num_blocks).unwrap();
+        (tokens, plan)
+    }
+}
+
+/// Largest |a - b| over the logits' range.
+fn relative_error(a: &[f32], b: &[f32]) -> f32 {
+    let range =
+        b.iter().fold(f32::MIN, |m, &x| m.max(x)) - b.iter().fold(f32::MAX, |m, &x| m.min(x));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / range
+}
+
+/// Captures every size, churns the allocator, then for every size replays a full batch and
+/// a padded one (one row fewer) and compares logits and greedy tokens with eager steps
+/// that write the eager cache. `exact`: deterministic mode, where a row's logits do not
+/// depend on the batch, so padding changes no bit.
+fn replay_matches_eager(deterministic: bool, name: &str) {
+    let s = setup().expect("a GPU");
+    let largest = *sizes().last().unwrap();
+    let (mut f, mut state) = fixture(deterministic, largest, name);
+    let limits = f.limits(largest);
+    let mut graphs = Vec::new();
+    for &size in sizes().iter().rev() {
+        graphs.push(
+            f.model
+                .capture_decode(size, limits, &f.graph_cache)
+                .unwrap(),
+        );
+    }
+    graphs.reverse();
+    assert!(graphs.len() >= 12);
+    // Churn: many buffers of the graph buffers' sizes (and others) allocated and freed, so
+    // that a graph reading freed memory would read someone else's data.
+    let c = f.model.config().clone();
+    for round in 0..50 {
+        let bufs: Vec<_> = [
+            largest,
+            largest * c.hidden_size,
+            largest * c.vocab_size,
+            4096,
+        ]
+        .iter()
+        .map(|&n| s.gpu.upload(&vec![f32::NAN; n + round]).unwrap())
+        .collect();
+        drop(bufs);
+    }
+    let vocab = c.vocab_size;
+    for graph in &graphs {
+        let size = graph.size();
+        for n in [size, size - 1].into_iter().filter(|&n| n >= 1) {
+            let (tokens, plan) = f.plan(&state, n);
+            let rows: Vec<usize> = (0..n).collect();
+            let eager = f
+                .model
+                .forward_to_host(&tokens, &plan, &mut f.eager_cache, &rows)
+                .unwrap();
+            let eager_ids: Vec<u32> = eager
+                .chunks(vocab)
+                .map(|row| peregrine_ops::sampling::argmax(row).unwrap())
+                .collect();
+            let replayed = graph.replay(&tokens, &plan).unwrap();
+            let got = s.gpu.download(&replayed.logits()).unwrap();
+            let ids = replayed.greedy_ids().unwrap();
+            drop(replayed);
+            if deterministic {
+                assert!(
+                    got == eager,
+                    "size {size}, {n} rows: logits differ from eager"
+                );
+                assert_eq!(ids, eager_ids, "size {size}, {n} rows");
+            } else {
+                let err = relative_error(&got, &eager);
+                assert!(
+                    err < 0.02,
+                    "size {size}, {n} rows: error {err} of the range"
+                );
+            }
+            // Both caches advanced by the same step; the next step feeds eager's tokens.
+            for (s, id) in state.iter_mut().take(n).zip(&eager_ids) {
+                *s = (s.0 + 1, *id);
+            }
+        }
+    }
+    // The caches agree in every block a sequence owns (deterministic mode: bit for bit);
+    // only the graph cache's scratch block took writes, from the padded rows.
+    let kv = f.graph_cache.lock().unwrap();
+    let block = BLOCK_SIZE * kv.layout().slot_elems() as usize;
+    for layer in 0..c.num_layers {
+        for (a, b) in [
+            (kv.layer(layer).0, f.eager_cache.layer(layer).0),
+            (kv.layer(layer).1, f.eager_cache.layer(layer).1),
+        ] {
+            let (a, b) = (s.gpu.download(a).unwrap(), s.gpu.download(b).unwrap());
+            let (owned, scratch) = a.split_at(a.len() - block);
+            let (owned_eager, scratch_eager) = b.split_at(b.len() - block);
+            if deterministic {
+                assert!(
+                    owned == owned_eager,
+                    "layer {layer}: the sequences' KV differs"
+                );
+            }
+            assert!(scratch_eager.iter().all(|v| v.to_f32() == 0.0));
+            assert!(
+                scratch.iter().any(|v| v.to_f32() != 0.0),
+                "no padded row wrote the scratch block"
+            );
+        }
+    }
+}
+
+#[test]
+fn decode_graphs_replay_like_eager_steps_at_every_size_deterministic() {
+    if setup().is_none() {
+        return;
+    }
+    replay_matches_eager(
+        true,
+        "decode_graphs_replay_like_eager_steps_at_every_size_deterministic",
+    );
+}
+
+#[test]
+fn decode_graphs_replay_like_eager_steps_at_every_size() {
+    if setup().is_none() {
+        return;
+    }
+    replay_matches_eager(false, "decode_graphs_replay_like_eager_steps_at_every_size");
+}
+
+/// Sentinel bits no kernel writes.
+fn sentinel() -> bf16 {
+    bf16::from_f32(-12345.0)
+}
+
+#[test]
+fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_slot_only() {
+    let Some(s) = setup() else { return };
+    let mut rng =
+        rng("a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_slot_only");
+    let (heads, kv_heads, d) = (4usize, 2usize, 64usize);
+    let (width, kv_width) = (heads * d, kv_heads * d);
+    let stride = width + 2 * kv_width;
+    let largest = *sizes().last().unwrap();
+    let per_seq = 4usize;
+    let num_blocks = (largest * per_seq + 1) as u64;
+    let layout = KvLayout {
+        num_blocks,
+        block_size: BLOCK_SIZE as u64,
+        num_kv_heads: kv_heads as u64,
+        head_dim: d as u64,
+    };
+    let scratch_block = num_blocks - 1;
+    let capacity = PlanCapacity {
+        rows: largest,
+        max_context: per_seq * BLOCK_SIZE,
+        block_size: BLOCK_SIZE,
+        scratch_slot: (scratch_block * BLOCK_SIZE as u64) as i64,
+    };
+    let attention = GpuPagedAttention {
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: d,
+        scale: 0.125,
+    };
+    let stream = s.gpu.stream();
+    for decode in [DecodeKernel::Split, DecodeKernel::Prefill] {
+        let mut fixed = DeviceAttentionPlan::fixed(&s.gpu, decode, capacity, heads, d).unwrap();
+        // A pool of random values, so that a read of a wrong slot reads wrong data.
+        let cache: Vec<bf16> = random_f32(&mut rng, layout.layer_elems() as usize, 1.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        for size in sizes() {
+            let n = size.div_ceil(2);
+            let tables: Vec<Vec<u32>> = (0..n)
+                .map(|q| (0..per_seq).map(|i| (q + i * largest) as u32).collect())
+                .collect();
+            let specs: Vec<SeqSpec> = tables
+                .iter()
+                .map(|t| SeqSpec {
+                    num_cached: rng.random_range(0..per_seq * BLOCK_SIZE - 1),
+                    num_new: 1,
+                    block_table: t,
+                })
+                .collect();
+            let plan = AttentionPlan::new(&specs, BLOCK_SIZE, num_blocks).unwrap();
+            // q with every padded row random too, then a sentinel tail; o poisoned over the
+            // real rows, sentinels over the padded rows and the tail.
+            let mut qkv: Vec<bf16> = random_f32(&mut rng, size * stride, 1.0)
+                .into_iter()
+                .map(bf16::from_f32)
+                .collect();
+            qkv.extend(vec![sentinel(); 8 * stride]);
+            let mut o = vec![bf16::NAN; n * width];
+            o.extend(vec![sentinel(); (size - n + 8) * width]);
+            let run = |plan: &DeviceAttentionPlan, rows: usize| {
+                let mut qkv_dev = s.gpu.upload(&qkv).unwrap();
+                let mut o_dev = s.gpu.upload(&o).unwrap();
+                let mut k = s.gpu.upload(&cache).unwrap();
+                let mut v = s.gpu.upload(&cache).unwrap();
+                let qkv_rows = &mut qkv_dev.slice_mut(0..rows * stride);
+                write_kv(
+                    &s.kernels, stream, qkv_rows, stride, heads, None, &mut k, &mut v, &layout,
+                    plan,
+                )
+                .unwrap();
+                let q = qkv_dev.slice(0..rows * stride);
+                let o_rows = &mut o_dev.slice_mut(0..rows * width);
+                attention
+                    .forward(
+                        &s.kernels, stream, &q, stride, &k, &v, &layout, plan, o_rows,
+                    )
+                    .unwrap();
+                let all = |b| s.gpu.download(b).unwrap();
+                (all(&o_dev), all(&k), all(&v))
+            };
+            fixed.stage(&plan, size).unwrap();
+            let (o_graph, k_graph, v_graph) = run(&fixed, size);
+            let eager = DeviceAttentionPlan::upload(&s.gpu, &plan, decode).unwrap();
+            let (o_eager, k_eager, v_eager) = run(&eager, n);
+            let bits = |x: &[bf16]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&o_graph[..n * width]),
+                bits(&o_eager[..n * width]),
+                "size {size}: real rows"
+            );
+            assert!(
+                o_graph[n * width..]
+                    .iter()
+                    .all(|v| v.to_bits() == sentinel().to_bits()),
+                "size {size}: a padded row or the tail of o was written"
+            );
+            // Every slot but the scratch slot as the eager step left it; the scratch slot
+            // written when a row was padded.
+            let slot = layout.slot_elems() as usize;
+            let at = capacity.scratch_slot as usize * slot;
+            for (graph, eager) in [(&k_graph, &k_eager), (&v_graph, &v_eager)] {
+                assert_eq!(bits(&graph[..at]), bits(&eager[..at]), "size {size}");
+                assert_eq!(
+                    bits(&graph[at + slot..]),
+                    bits(&eager[at + slot..]),
+                    "size {size}"
+                );
+                let written = bits(&graph[at..at + slot]) != bits(&eager[at..at + slot]);
+                assert_eq!(written, size > n, "size {size}: the scratch slot");
+            }
+        }
+    }
+}
