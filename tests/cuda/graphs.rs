@@ -25,8 +25,8 @@ fn sizes() -> Vec<usize> {
 }
 
 const BLOCK_SIZE: usize = 16;
-/// Blocks per sequence: contexts up to 128 tokens.
-const PER_SEQ: usize = 8;
+/// Blocks per sequence: contexts up to 1,024 tokens, past one split partition (512).
+const PER_SEQ: usize = 64;
 
 struct Fixture {
     model: GpuLlama,
@@ -36,8 +36,8 @@ struct Fixture {
     num_blocks: u64,
 }
 
-/// A tiny model with both caches holding the same prompts of random lengths for `seqs`
-/// sequences; returns the fixture and each sequence's (cached tokens, next token).
+/// A tiny model with both caches holding the same prompts of random lengths (some past one
+/// split partition) for `seqs` sequences; returns the fixture and each sequence's (cached tokens, next token).
 fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(usize, u32)>) {
     let s = setup().expect("a GPU");
     let dir = tempfile::tempdir().unwrap();
@@ -62,8 +62,14 @@ fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(
         .map(|s| (0..PER_SEQ).map(|i| (s + i * seqs) as u32).collect())
         .collect();
     let mut state = Vec::new();
-    for table in &tables {
-        let len = rng.random_range(1..60usize);
+    for (i, table) in tables.iter().enumerate() {
+        // Every fourth sequence (from the fourth) past one split partition: batches of up
+        // to three run the short-context graphs, larger ones the long.
+        let len = if i % 4 == 3 {
+            rng.random_range(520..900usize)
+        } else {
+            rng.random_range(1..60usize)
+        };
         let prompt: Vec<u32> = (0..len).map(|_| rng.random_range(0..1000u32)).collect();
         let spec = SeqSpec {
             num_cached: 0,
@@ -258,7 +264,8 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
     let (width, kv_width) = (heads * d, kv_heads * d);
     let stride = width + 2 * kv_width;
     let largest = *sizes().last().unwrap();
-    let per_seq = 4usize;
+    // Contexts up to 1,280 tokens: both context classes of the split kernel.
+    let per_seq = 80usize;
     let num_blocks = (largest * per_seq + 1) as u64;
     let layout = KvLayout {
         num_blocks,
@@ -292,14 +299,25 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
             let tables: Vec<Vec<u32>> = (0..n)
                 .map(|q| (0..per_seq).map(|i| (q + i * largest) as u32).collect())
                 .collect();
+            // Short contexts at even sizes, some long ones at odd.
+            let longest = if size % 2 == 0 {
+                500
+            } else {
+                per_seq * BLOCK_SIZE - 1
+            };
             let specs: Vec<SeqSpec> = tables
                 .iter()
                 .map(|t| SeqSpec {
-                    num_cached: rng.random_range(0..per_seq * BLOCK_SIZE - 1),
+                    num_cached: rng.random_range(0..longest),
                     num_new: 1,
                     block_table: t,
                 })
                 .collect();
+            let class = if size % 2 == 0 {
+                512
+            } else {
+                capacity.max_context
+            };
             let plan = AttentionPlan::new(&specs, BLOCK_SIZE, num_blocks).unwrap();
             // q with every padded row random too, then a sentinel tail; o poisoned over the
             // real rows, sentinels over the padded rows and the tail.
@@ -331,7 +349,7 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
                 let all = |b| s.gpu.download(b).unwrap();
                 (all(&o_dev), all(&k), all(&v))
             };
-            fixed.stage(&plan, size).unwrap();
+            fixed.stage_padded(&plan, size, class).unwrap();
             let (o_graph, k_graph, v_graph) = run(&fixed, size);
             let eager = DeviceAttentionPlan::upload(&s.gpu, &plan, decode).unwrap();
             let (o_eager, k_eager, v_eager) = run(&eager, n);

@@ -53,7 +53,7 @@ impl GpuLlama {
         let (n, r) = (tokens.len(), logit_rows.len());
         let w = &mut self.work;
         check_step(c, w, n, r, plan.positions().iter().max().copied(), cache)?;
-        self.plan.stage(plan, n)?;
+        self.plan.stage(plan)?;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let stream = core.gpu.stream();
         stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;

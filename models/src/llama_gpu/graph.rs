@@ -2,6 +2,8 @@
 //! one set of buffers allocated at the largest size, which every graph holds (DESIGN.md
 //! rule 4), with the model's weights and the KV cache.
 //!
+//! Each size is captured once per context class (contexts of one split partition, and the
+//! rest up to the longest a graph serves), so that short contexts launch no combine.
 //! A step is padded up to its graph's size: token ids and positions repeat the last real
 //! row, slot mappings point padded rows at a scratch slot no sequence owns, and attention
 //! is planned over the real rows only (the graph's grids are those of its size; the kernels
@@ -11,6 +13,7 @@ use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::llama::check_inputs;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaSlice, CudaView};
+use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
 use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into};
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
@@ -47,7 +50,8 @@ pub(super) struct GraphBuffers {
 /// One captured decode step and everything its kernels address.
 pub struct CapturedDecode {
     size: usize,
-    graph: CudaGraph,
+    /// A graph per context class, by ascending class: the longest context it serves.
+    graphs: Vec<(usize, CudaGraph)>,
     buffers: Arc<Mutex<GraphBuffers>>,
     core: Arc<LlamaCore>,
     _cache: SharedKvCache,
@@ -62,6 +66,23 @@ impl CapturedDecode {
     /// The batch size the graph was captured for.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// The longest context the graph serves.
+    pub fn max_context(&self) -> usize {
+        self.graphs.last().map_or(0, |(c, _)| *c)
+    }
+}
+
+/// The context classes a decode step is captured for: contexts of one split partition
+/// (whose grids launch no combine), then every context up to `max_context`. The prefill
+/// kernel's grid does not depend on the context: one class.
+fn context_classes(max_context: usize, decode: DecodeKernel) -> Vec<usize> {
+    match decode {
+        DecodeKernel::Split if max_context > PARTITION_TOKENS => {
+            vec![PARTITION_TOKENS, max_context]
+        }
+        _ => vec![max_context],
     }
 }
 
@@ -116,19 +137,21 @@ impl GraphBuffers {
         })
     }
 
-    /// Stages a step (`tokens` over `plan`) padded to `size` rows.
+    /// Stages a step (`tokens` over `plan`) padded to `size` rows, for grids that serve
+    /// contexts up to `context`.
     fn stage(
         &mut self,
         core: &LlamaCore,
         tokens: &[u32],
         plan: &AttentionPlan,
         size: usize,
+        context: usize,
     ) -> Result<(), GpuForwardError> {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         self.tokens
             .stage(&ids, ids.len(), size)
             .map_err(|e| AttentionError::Shape(e.to_string()))?;
-        self.plan.stage(plan, size)?;
+        self.plan.stage_padded(plan, size, context)?;
         let padded = &self.tokens.as_slice()[..size];
         let stream = core.gpu.stream();
         stream.memcpy_htod(padded, &mut self.work.tokens.slice_mut(0..size))?;
@@ -205,21 +228,25 @@ impl GpuLlama {
         let plan = AttentionPlan::new(&specs, block_size, kv.layout().num_blocks)?;
         let tokens = vec![0u32; size];
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(&core, &tokens, &plan, size)?;
-        b.launch(&core, size, &mut kv)?;
-        core.gpu.synchronize()?;
-        let stream = core.gpu.stream();
-        stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let queued = b.launch(&core, size, &mut kv);
-        // The capture ends whatever happened, so that the stream is usable again.
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        queued?;
-        let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
-        graph.upload()?;
+        let mut graphs = Vec::new();
+        for context in context_classes(limits.max_context, core.decode_kernel) {
+            b.stage(&core, &tokens, &plan, size, context)?;
+            b.launch(&core, size, &mut kv)?;
+            core.gpu.synchronize()?;
+            let stream = core.gpu.stream();
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let queued = b.launch(&core, size, &mut kv);
+            // The capture ends whatever happened, so that the stream is usable again.
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            queued?;
+            let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
+            graph.upload()?;
+            graphs.push((context, graph));
+        }
         drop(b);
         Ok(CapturedDecode {
             size,
-            graph,
+            graphs,
             buffers,
             core,
             _cache: cache.clone(),
@@ -257,9 +284,17 @@ impl CapturedDecode {
                 });
             }
         }
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        let Some((context, graph)) = self.graphs.iter().find(|(c, _)| *c >= longest) else {
+            return Err(AttentionError::Shape(format!(
+                "a context of {longest} tokens, past the graphs' {}",
+                self.max_context()
+            ))
+            .into());
+        };
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(core, tokens, plan, self.size)?;
-        self.graph.launch()?;
+        b.stage(core, tokens, plan, self.size, *context)?;
+        graph.launch()?;
         Ok(ReplayedStep {
             buffers: b,
             core,

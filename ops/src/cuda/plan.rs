@@ -45,18 +45,22 @@ impl PlanCapacity {
         self.max_context.div_ceil(self.block_size)
     }
 
-    /// Split partitions one sequence may have.
-    pub fn partitions_per_seq(&self) -> usize {
-        self.max_context.div_ceil(PARTITION_TOKENS)
-    }
-
-    /// The grids (and scratch layout) of a batch padded to `rows` rows.
-    pub fn grid(&self, rows: usize) -> WorkCounts {
-        WorkCounts {
-            split: rows * self.partitions_per_seq(),
-            decode: rows,
-            // A sequence's query tiles never outnumber its rows.
-            prefill: rows,
+    /// The grids (and scratch layout) of a step of one-row sequences padded to `rows` rows,
+    /// with contexts up to `max_context` tokens, whose rows go to the `decode` kernel: a grid
+    /// is empty where no such step has work (no combine when a context fits one partition).
+    pub fn grid(&self, rows: usize, max_context: usize, decode: DecodeKernel) -> WorkCounts {
+        let partitions = max_context.div_ceil(PARTITION_TOKENS);
+        match decode {
+            DecodeKernel::Split => WorkCounts {
+                split: rows * partitions,
+                decode: if partitions > 1 { rows } else { 0 },
+                prefill: 0,
+            },
+            DecodeKernel::Prefill => WorkCounts {
+                split: 0,
+                decode: 0,
+                prefill: rows,
+            },
         }
     }
 }
@@ -204,7 +208,7 @@ impl DeviceAttentionPlan {
         decode: DecodeKernel,
     ) -> Result<DeviceAttentionPlan, AttentionError> {
         let mut dplan = DeviceAttentionPlan::growing(gpu, decode)?;
-        dplan.stage(plan, plan.rows())?;
+        dplan.stage(plan)?;
         Ok(dplan)
     }
 
@@ -219,7 +223,7 @@ impl DeviceAttentionPlan {
     ) -> Result<DeviceAttentionPlan, AttentionError> {
         let stage = |e: StageError| AttentionError::Shape(e.to_string());
         let n = capacity.rows;
-        let grid = capacity.grid(n);
+        let grid = capacity.grid(n, capacity.max_context, decode);
         let repeat = |name, shape: &[usize]| StagedInput::new(name, shape, 0, Padding::RepeatLast);
         let fill = |name, shape: &[usize]| StagedInput::new(name, shape, 0, Padding::Fill(0));
         let inputs = FixedInputs {
@@ -229,9 +233,9 @@ impl DeviceAttentionPlan {
             q_len: repeat("q_len", &[n]).map_err(stage)?,
             context_len: repeat("context_len", &[n]).map_err(stage)?,
             block_table: repeat("block_table", &[n, capacity.blocks_per_seq()]).map_err(stage)?,
-            split: fill("split_work", &[grid.split, 2]).map_err(stage)?,
-            decode: fill("decode_work", &[grid.decode, 2]).map_err(stage)?,
-            prefill: fill("prefill_work", &[grid.prefill, 2]).map_err(stage)?,
+            split: fill("split_work", &[grid.split.max(1), 2]).map_err(stage)?,
+            decode: fill("decode_work", &[grid.decode.max(1), 2]).map_err(stage)?,
+            prefill: fill("prefill_work", &[grid.prefill.max(1), 2]).map_err(stage)?,
             slot_mapping: StagedInput::new(
                 "slot_mapping",
                 &[n],
@@ -275,14 +279,44 @@ impl DeviceAttentionPlan {
         Ok(plan)
     }
 
-    /// Stages `plan` (planned over the real tokens) for a step whose token-wise kernels run
-    /// over `padded_rows` rows: the real ones for an eager step, a captured size for a graph
-    /// (fixed layout only). Refused, with nothing staged, when it does not fit the fixed
-    /// layout.
-    pub fn stage(
+    /// Stages `plan` (planned over the real tokens) into a growing plan.
+    pub fn stage(&mut self, plan: &AttentionPlan) -> Result<(), AttentionError> {
+        if self.fixed.is_some() {
+            return Err(AttentionError::Shape(
+                "a fixed plan stages a step padded to a captured size".into(),
+            ));
+        }
+        self.stage_step(plan, plan.rows(), 0)
+    }
+
+    /// Stages `plan` (planned over the real tokens) into a fixed plan for a graph of
+    /// `padded_rows` rows (the token-wise kernels run over all of them) whose grids serve
+    /// contexts up to `max_context`. Refused, with nothing staged, when the step does not
+    /// fit them.
+    pub fn stage_padded(
         &mut self,
         plan: &AttentionPlan,
         padded_rows: usize,
+        max_context: usize,
+    ) -> Result<(), AttentionError> {
+        match &self.fixed {
+            None => Err(AttentionError::Shape(
+                "a growing plan stages the real rows only".into(),
+            )),
+            Some(f) if max_context > f.capacity.max_context => Err(AttentionError::Shape(format!(
+                "grids for contexts of {max_context} tokens past the plan's {}",
+                f.capacity.max_context
+            ))),
+            Some(_) => self.stage_step(plan, padded_rows, max_context),
+        }
+    }
+
+    /// [`stage`](Self::stage) or [`stage_padded`](Self::stage_padded), checked.
+    fn stage_step(
+        &mut self,
+        plan: &AttentionPlan,
+        padded_rows: usize,
+        max_context: usize,
     ) -> Result<(), AttentionError> {
         let shapes: Vec<SeqRows> = plan
             .seqs()
@@ -310,13 +344,6 @@ impl DeviceAttentionPlan {
         };
         let (ints_len, longs_len) = match self.fixed.as_mut() {
             None => {
-                if padded_rows != plan.rows() {
-                    return Err(AttentionError::Shape(format!(
-                        "{padded_rows} rows asked of a growing plan of {} rows: only a fixed \
-                         plan pads",
-                        plan.rows()
-                    )));
-                }
                 let seq = SeqArrays::new(plan, None);
                 let (ints, longs) = (&mut self.host_ints, &mut self.host_longs);
                 ints.clear();
@@ -341,17 +368,19 @@ impl DeviceAttentionPlan {
             }
             Some(f) => {
                 let (ints, longs) = (&mut self.host_ints, &mut self.host_longs);
-                stage_fixed(
-                    f,
-                    ints,
-                    longs,
-                    &self.at,
+                let grid = f
+                    .capacity
+                    .grid(padded_rows, max_context, self.decode_kernel);
+                let step = FixedStep {
                     plan,
-                    &work,
-                    &positions,
-                    padded_rows,
-                )?;
-                self.grid = f.capacity.grid(padded_rows);
+                    work: &work,
+                    positions: &positions,
+                    padded: padded_rows,
+                    max_context,
+                    grid,
+                };
+                stage_fixed(f, ints, longs, &self.at, &step)?;
+                self.grid = grid;
                 let table = self.at.block_table.0 + padded_rows * f.capacity.blocks_per_seq();
                 (table, longs.len())
             }
@@ -534,37 +563,48 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     Ok(())
 }
 
-/// Stages `plan` into the fixed inputs `f`, padded to `padded` rows, and packs them into the
-/// host arrays at their offsets `at`.
-#[allow(clippy::too_many_arguments)]
+/// One step for a fixed plan: the host plan and its work lists, padded to `padded` rows,
+/// for grids `grid` that serve contexts up to `max_context`.
+struct FixedStep<'a> {
+    plan: &'a AttentionPlan,
+    work: &'a AttentionWork,
+    positions: &'a [i32],
+    padded: usize,
+    max_context: usize,
+    grid: WorkCounts,
+}
+
+/// Stages `step` into the fixed inputs `f` and packs them into the host arrays at their
+/// offsets `at`; refused when it does not fit.
 fn stage_fixed(
     f: &mut FixedInputs,
     ints: &mut [i32],
     longs: &mut [i64],
     at: &Offsets,
-    plan: &AttentionPlan,
-    work: &AttentionWork,
-    positions: &[i32],
-    padded: usize,
+    step: &FixedStep,
 ) -> Result<(), AttentionError> {
+    let FixedStep {
+        plan,
+        work,
+        positions,
+        padded,
+        max_context,
+        grid,
+    } = *step;
     let cap = f.capacity;
     let too_big = |what: &str, n: usize, most: usize| {
         AttentionError::Shape(format!(
             "a step of {what} {n} does not fit a graph plan with room for {most}"
         ))
     };
-    let grid = cap.grid(padded);
     let counts = work.counts();
     let (rows, seqs) = (plan.rows(), plan.seqs().len());
+    let context = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
     for (what, n, most) in [
         ("padded rows", padded, cap.rows),
         ("rows", rows, padded),
         ("sequences", seqs, padded),
-        (
-            "context",
-            plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
-            cap.max_context,
-        ),
+        ("context", context, max_context),
         ("split items", counts.split, grid.split),
         ("decode items", counts.decode, grid.decode),
         ("prefill items", counts.prefill, grid.prefill),
@@ -658,4 +698,29 @@ fn stage_fixed(
     )
     .map_err(stage)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_graph_grid_launches_only_what_its_steps_can_use() {
+        let cap = PlanCapacity {
+            rows: 64,
+            max_context: 8192,
+            block_size: 16,
+            scratch_slot: 0,
+        };
+        assert_eq!(cap.blocks_per_seq(), 512);
+        let short = cap.grid(8, 512, DecodeKernel::Split);
+        assert_eq!((short.split, short.decode, short.prefill), (8, 0, 0));
+        let long = cap.grid(8, 8192, DecodeKernel::Split);
+        assert_eq!((long.split, long.decode, long.prefill), (128, 8, 0));
+        let invariant = cap.grid(8, 8192, DecodeKernel::Prefill);
+        assert_eq!(
+            (invariant.split, invariant.decode, invariant.prefill),
+            (0, 0, 8)
+        );
+    }
 }

@@ -93,11 +93,11 @@ impl Gpu {
         &self.arch
     }
 
-    /// Free and total device memory, in bytes, once the stream's work is done and the memory
-    /// freed on it has left the device's pool (stream-ordered frees wait there otherwise, and
-    /// would count as used).
+    /// Free and total device memory, in bytes, once the context's work is done (every
+    /// stream's, another `Gpu` of the same device included) and the memory freed has left
+    /// the device's pool (stream-ordered frees wait there otherwise, and would count as used).
     pub fn memory(&self) -> Result<(u64, u64), GpuError> {
-        self.stream.synchronize()?;
+        self.ctx.synchronize()?;
         let mut pool = std::ptr::null_mut();
         // SAFETY: the context is current (synchronize bound it), `pool` receives the device's
         // current pool, which trimming only shrinks to what its live allocations hold.
