@@ -23,7 +23,7 @@ use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::LlamaModel;
-use reload::{gateway_config, limits, Reloader};
+use reload::{gateway_config, graph_sizes, limits, Reloader};
 use speculation::load_drafter;
 use std::io::IsTerminal;
 use std::path::Path;
@@ -113,6 +113,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         };
         let drafter = load_drafter(&config, backend.as_ref())?;
         let engine = start_engine(backend, &settings, drafter)?;
+        engine
+            .runner
+            .capture_graphs(graph_sizes(&config)?)
+            .await
+            .context("capturing graphs")?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(
             args,
@@ -120,6 +125,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             served_model_name.clone(),
             shared.clone(),
             engine.scheduler.clone(),
+            engine.runner.clone(),
             log_level,
             engine.capacity,
         );
