@@ -1,9 +1,8 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
-use super::cpu_graphs::DecodeGraphs;
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling};
-use crate::graphs::CaptureSizes;
+use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
 use crate::messages::GeneratedToken;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache};
@@ -18,7 +17,7 @@ struct CpuBackend {
     /// What the last forward recorded.
     hidden: Option<Vec<f32>>,
     /// The captured decode graphs, if any.
-    graphs: Option<DecodeGraphs>,
+    graphs: Option<CpuDecodeGraphs>,
 }
 
 impl CpuBackend {
@@ -158,7 +157,7 @@ impl ModelBackend for CpuBackend {
         };
         let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
         let scratch_slot = scratch * self.pool.layout.block_size as i64;
-        let graphs = DecodeGraphs::capture(
+        let graphs = CpuDecodeGraphs::capture(
             &self.model,
             sizes,
             self.max_blocks(),

@@ -2,7 +2,6 @@
 //! in f32, or (with the `cuda` feature) the GPU model in bf16.
 
 mod cpu;
-mod cpu_graphs;
 #[cfg(feature = "cuda")]
 mod gpu;
 

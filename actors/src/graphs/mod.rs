@@ -2,8 +2,10 @@
 //! owning every buffer it reads or writes. A decode batch is padded up to the smallest
 //! captured size that holds it and replayed; a larger one runs eagerly.
 
+mod cpu;
 mod manager;
 mod sizes;
 
+pub use cpu::{CpuDecodeGraphs, Replayed};
 pub use manager::GraphCaptureManager;
 pub use sizes::CaptureSizes;

@@ -2,13 +2,13 @@
 //! viewing one set of buffers sized for the largest, and the staging that pads a batch up
 //! to its graph's size.
 
-use crate::graphs::{CaptureSizes, GraphCaptureManager};
+use super::{CaptureSizes, GraphCaptureManager};
 use peregrine_models::{LlamaBuffers, LlamaModel, StepShape, StepStaging};
 use peregrine_ops::{AttentionPlan, KvCache};
 use peregrine_runtime::cpu_graph::CpuGraph;
 
 /// Graphs of the decode step with the buffers they share (each graph also owns them).
-pub(super) struct DecodeGraphs {
+pub struct CpuDecodeGraphs {
     manager: GraphCaptureManager<CpuGraph<KvCache>>,
     buffers: LlamaBuffers,
     staging: StepStaging,
@@ -16,12 +16,16 @@ pub(super) struct DecodeGraphs {
 
 /// What a replay gives back: the logits of the real rows, and their hidden states when
 /// recorded.
-pub(super) struct Replayed {
+pub struct Replayed {
+    /// `[n, vocab]`: the real rows' logits.
     pub logits: Vec<f32>,
+    /// `[n, aux_layers * hidden]`: the real rows' recorded hidden states, if recorded.
     pub hidden: Option<Vec<f32>>,
+    /// The captured size the batch was padded to.
+    pub size: usize,
 }
 
-impl DecodeGraphs {
+impl CpuDecodeGraphs {
     /// Captures `model`'s decode step for every size of `sizes`, over block tables of
     /// `max_blocks`, recording the inputs of `aux_layers`; padded rows write their keys and
     /// values into `scratch_slot`.
@@ -31,7 +35,7 @@ impl DecodeGraphs {
         max_blocks: usize,
         scratch_slot: i64,
         aux_layers: &[usize],
-    ) -> anyhow::Result<DecodeGraphs> {
+    ) -> anyhow::Result<CpuDecodeGraphs> {
         let largest = StepShape::decode(sizes.largest());
         let buffers = model.buffers(largest, max_blocks, aux_layers.len());
         let staging = StepStaging::new(largest, max_blocks, scratch_slot)?;
@@ -40,7 +44,7 @@ impl DecodeGraphs {
             model.record(&mut graph, &buffers, StepShape::decode(size), aux_layers)?;
             Ok(graph)
         })?;
-        Ok(DecodeGraphs {
+        Ok(CpuDecodeGraphs {
             manager,
             buffers,
             staging,
@@ -84,6 +88,10 @@ impl DecodeGraphs {
         let aux = self.buffers.aux.read();
         let width = aux.len() / size.max(1);
         let hidden = (width > 0).then(|| aux[..n * width].to_vec());
-        Ok(Some(Replayed { logits, hidden }))
+        Ok(Some(Replayed {
+            logits,
+            hidden,
+            size,
+        }))
     }
 }
