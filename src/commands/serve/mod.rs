@@ -124,10 +124,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             config.clone(),
             served_model_name.clone(),
             shared.clone(),
-            engine.scheduler.clone(),
-            engine.runner.clone(),
+            &engine,
             log_level,
-            engine.capacity,
         );
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone()),

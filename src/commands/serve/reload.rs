@@ -2,6 +2,7 @@
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
 use peregrine_actors::backend::StepCapacity;
+use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
@@ -95,26 +96,24 @@ struct Live {
 }
 
 impl Reloader {
-    /// A reloader for a server running `live`.
+    /// A reloader for a server running `live` on `engine`.
     pub fn new(
         args: ServeArgs,
         live: ServeConfig,
         served_model_name: String,
         gateway: SharedConfig,
-        scheduler: mpsc::Sender<SchedulerMsg>,
-        runner: TargetRunnerHandle,
+        engine: &Engine,
         log_level: reload::Handle<EnvFilter, Registry>,
-        capacity: Option<StepCapacity>,
     ) -> Reloader {
         Reloader(Arc::new(Live {
             args,
             live: Mutex::new(live),
             served_model_name,
             gateway,
-            scheduler,
-            runner,
+            scheduler: engine.scheduler.clone(),
+            runner: engine.runner.clone(),
             log_level,
-            capacity,
+            capacity: engine.capacity,
         }))
     }
 
