@@ -6,7 +6,7 @@ use crate::draft::{spawn_proposer, DraftMethod};
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
-use crate::target_runner::TargetRunner;
+use crate::target_runner::{TargetRunner, TargetRunnerHandle};
 use anyhow::bail;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -29,6 +29,8 @@ pub struct Engine {
     pub max_model_len: usize,
     /// The largest step the backend can run, if it is bounded; a reload must stay within.
     pub capacity: Option<StepCapacity>,
+    /// The target runner, for graph capture at start-up and on reload.
+    pub runner: TargetRunnerHandle,
 }
 
 /// Prints the backend's pool and address audit, and starts the actors; with a `drafter`,
@@ -64,7 +66,8 @@ pub fn start_engine(
         }
     }
     let pool = backend.pool();
-    let num_blocks = pool.layout.num_blocks as u32;
+    // The scratch block (where a graph's padded rows write) is no sequence's.
+    let num_blocks = pool.usable_blocks() as u32;
     info!(
         kernels = pool.kernels,
         largest_byte_offset = pool.audit.largest_byte_offset,
@@ -78,6 +81,7 @@ pub fn start_engine(
         block_size = settings.block_size,
         bytes_per_layer = pool.bytes_per_layer,
         largest_block_id = num_blocks - 1,
+        scratch_block = ?pool.scratch_block,
         tokens = num_blocks as u64 * settings.block_size as u64,
         "KV pool"
     );
@@ -92,9 +96,10 @@ pub fn start_engine(
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
     let runner = TargetRunner::spawn(backend, block_size);
     Ok(Engine {
-        scheduler: Scheduler::spawn(setup, kv, runner, drafter.map(spawn_proposer)),
+        scheduler: Scheduler::spawn(setup, kv, runner.clone(), drafter.map(spawn_proposer)),
         num_blocks,
         max_model_len,
         capacity,
+        runner,
     })
 }

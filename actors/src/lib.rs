@@ -1,7 +1,8 @@
 //! The serving runtime: the actors (scheduler, KV allocator, target runner; the gateway
 //! lives in the binary's `serve` command), the typed messages between them, and the
 //! single-request generator that `peregrine generate` drives; the DraftProposer and the
-//! speculation statistics. The GraphCaptureManager joins with its own issue.
+//! speculation statistics.
+//! The GraphCaptureManager (`graphs`) captures the decode step per batch size.
 
 pub mod backend;
 pub mod block_pool;
@@ -9,6 +10,7 @@ pub mod draft;
 pub mod engine;
 pub mod gateway;
 pub mod generator;
+pub mod graphs;
 pub mod kv_allocator;
 pub mod messages;
 pub mod metrics;

@@ -12,6 +12,7 @@
 //! ```
 //! The scheduler sends one message per actor per step, whatever the number of requests.
 
+use crate::graphs::CaptureSizes;
 use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
 use std::sync::Arc;
 use std::time::Instant;
@@ -230,9 +231,13 @@ pub struct HiddenRows {
     pub data: Vec<f32>,
 }
 
-/// Messages to the target runner (on its own thread).
+/// Messages to the target runner (on its own thread), handled in order, so a capture runs
+/// between two steps and no request in flight is dropped.
 pub enum RunnerMsg {
     Step(ScheduledBatch, oneshot::Sender<anyhow::Result<StepDone>>),
+    /// Capture graphs for these sizes, replacing the ones held (on failure they stay);
+    /// `None` drops them all and runs eagerly.
+    CaptureGraphs(Option<CaptureSizes>, oneshot::Sender<anyhow::Result<()>>),
 }
 
 /// A running sequence the draft proposer drafts for this step.

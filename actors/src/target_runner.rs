@@ -4,6 +4,7 @@
 //! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
 use crate::backend::{ModelBackend, RowSampling};
+use crate::graphs::CaptureSizes;
 use crate::messages::{
     GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq,
     SeqOutput, StepDone,
@@ -53,6 +54,9 @@ impl TargetRunner {
                     match msg {
                         RunnerMsg::Step(batch, reply) => {
                             let _ = reply.send(runner.step(batch));
+                        }
+                        RunnerMsg::CaptureGraphs(sizes, reply) => {
+                            let _ = reply.send(runner.model.capture_graphs(sizes.as_ref()));
                         }
                     }
                 }
@@ -290,6 +294,17 @@ fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {
 }
 
 impl TargetRunnerHandle {
+    /// Captures graphs for `sizes` on the runner's thread, between two steps (`None`:
+    /// drops them); on failure the graphs held before stay.
+    pub async fn capture_graphs(&self, sizes: Option<CaptureSizes>) -> anyhow::Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(RunnerMsg::CaptureGraphs(sizes, reply))
+            .map_err(|_| anyhow!("the target runner has stopped"))?;
+        rx.await
+            .map_err(|_| anyhow!("the target runner dropped a capture"))?
+    }
+
     /// Runs `batch` on the runner's thread and waits for its result.
     pub async fn step(&self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let (reply, rx) = oneshot::channel();

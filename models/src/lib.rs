@@ -9,10 +9,12 @@ pub mod gguf;
 pub mod llama;
 #[cfg(feature = "cuda")]
 pub mod llama_gpu;
+pub mod step_io;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, ConfigError, ModelConfig};
 pub use eagle3::{Eagle3Config, Eagle3Error, Eagle3Head};
-pub use llama::{ForwardError, LlamaModel};
+pub use llama::{ForwardError, LlamaBuffers, LlamaModel};
+pub use step_io::{StepInputs, StepShape, StepStaging};
 pub use weights::{WeightError, Weights};

@@ -10,7 +10,7 @@ pub mod norm;
 pub mod rotary;
 pub mod sampling;
 
-pub use attention::{AttentionPlan, PagedAttention, PlanError, SeqSpec};
+pub use attention::{AttentionPlan, PagedAttention, PlanError, SeqSpec, StagedMeta};
 pub use kv_cache::KvCache;
 pub use linear::Linear;
 pub use norm::RmsNorm;

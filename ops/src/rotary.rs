@@ -53,15 +53,27 @@ impl Rotary {
     /// The cos/sin tables for tokens at `positions`, computed in float64 and rounded once.
     pub fn tables(&self, positions: &[u32]) -> RotaryTables {
         let n = positions.len() * self.inv_freq.len();
-        let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        for &p in positions {
-            for f in &self.inv_freq {
-                let (s, c) = (p as f64 * f).sin_cos();
-                cos.push(c as f32);
-                sin.push(s as f32);
+        let (mut cos, mut sin) = (vec![0.0; n], vec![0.0; n]);
+        self.tables_into(positions, &mut cos, &mut sin);
+        RotaryTables { cos, sin }
+    }
+
+    /// Cosines and sines per position (`head_dim / 2` each), as [`Rotary::tables`] holds
+    /// them, into `cos` and `sin` (`[positions.len(), head_dim / 2]`).
+    pub fn tables_into(&self, positions: &[u32], cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.inv_freq.len();
+        let rows = cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half));
+        for (&p, (cos, sin)) in positions.iter().zip(rows) {
+            for ((f, c), s) in self.inv_freq.iter().zip(cos).zip(sin) {
+                let (sv, cv) = (p as f64 * f).sin_cos();
+                (*c, *s) = (cv as f32, sv as f32);
             }
         }
-        RotaryTables { cos, sin }
+    }
+
+    /// Elements of one position's cosines (or sines): `head_dim / 2`.
+    pub fn half_dim(&self) -> usize {
+        self.inv_freq.len()
     }
 
     /// The table the GPU rotary kernel reads: for each position `0..positions`, the
@@ -85,7 +97,12 @@ impl Rotary {
 
     /// Rotates every head of `x` (`[tokens, heads * head_dim]`) in place.
     pub fn apply(&self, x: &mut [f32], tables: &RotaryTables) {
-        cpu::apply_rotary(x, self.head_dim, &tables.cos, &tables.sin, self.layout);
+        self.apply_with(x, &tables.cos, &tables.sin);
+    }
+
+    /// [`Rotary::apply`] with the tables as [`Rotary::tables_into`] wrote them.
+    pub fn apply_with(&self, x: &mut [f32], cos: &[f32], sin: &[f32]) {
+        cpu::apply_rotary(x, self.head_dim, cos, sin, self.layout);
     }
 }
 

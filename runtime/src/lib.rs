@@ -1,9 +1,11 @@
 //! Devices and memory: the `Device` a computation runs on, element types, host buffers and
-//! tensor views whose offsets are 64-bit, and the staged inputs of captured graphs.
+//! tensor views whose offsets are 64-bit, the staged inputs of captured graphs, and the CPU's
+//! pooled buffers and recorded graphs (`cpu_graph`).
 //!
 //! The CPU backend is always built; the CUDA backend (`cuda` module) comes with the `cuda`
 //! cargo feature.
 
+pub mod cpu_graph;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 mod device;

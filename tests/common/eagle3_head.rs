@@ -81,7 +81,7 @@ impl HeadSpec {
     pub fn aux_layers(&self, target_layers: usize) -> Vec<usize> {
         self.aux_ids
             .clone()
-            .unwrap_or(vec![2, target_layers / 2, target_layers - 3])
+            .unwrap_or_else(|| vec![2, target_layers / 2, target_layers - 3])
     }
 }
 

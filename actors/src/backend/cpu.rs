@@ -1,6 +1,8 @@
-//! The CPU backend: the f32 model and its host KV cache.
+//! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
+//! padded rows of replayed decode graphs.
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling};
+use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
 use crate::messages::GeneratedToken;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache};
@@ -14,16 +16,26 @@ struct CpuBackend {
     hidden_layers: Vec<usize>,
     /// What the last forward recorded.
     hidden: Option<Vec<f32>>,
+    /// The captured decode graphs, if any.
+    graphs: Option<CpuDecodeGraphs>,
 }
 
 impl CpuBackend {
-    /// The forward, recording the hidden states when asked to.
+    /// The forward, replayed through a graph when one serves the step, recording the
+    /// hidden states when asked to.
     fn forward(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>> {
+        let vocab = self.model.config().vocab_size;
+        if let Some(graphs) = &mut self.graphs {
+            if let Some(out) = graphs.replay(tokens, plan, logit_rows, &mut self.cache, vocab)? {
+                self.hidden = out.hidden;
+                return Ok(out.logits);
+            }
+        }
         if self.hidden_layers.is_empty() {
             return Ok(self
                 .model
@@ -39,10 +51,18 @@ impl CpuBackend {
         self.hidden = Some(hidden);
         Ok(logits)
     }
+
+    /// Block-table entries a captured graph stages: enough for the model's longest
+    /// sequence, within the pool.
+    fn max_blocks(&self) -> usize {
+        let block_size = self.pool.layout.block_size as usize;
+        let longest = self.model.config().max_model_len.div_ceil(block_size);
+        longest.min(self.pool.usable_blocks() as usize).max(1)
+    }
 }
 
 /// The CPU model with a pool of `kv_cache_memory` bytes in blocks of `block_size` tokens,
-/// audited before it is allocated.
+/// plus one scratch block, audited before it is allocated.
 pub fn cpu_backend(
     model: LlamaModel,
     kv_cache_memory: u64,
@@ -50,7 +70,11 @@ pub fn cpu_backend(
 ) -> anyhow::Result<Box<dyn ModelBackend>> {
     let block_bytes = model.kv_bytes_per_token() * block_size as u64;
     let num_blocks = blocks_in(kv_cache_memory, block_bytes, block_size, "kv_cache_memory")?;
-    let layout = model.kv_layout(num_blocks as u64, block_size as u64);
+    let scratch_block = num_blocks;
+    let with_scratch = num_blocks
+        .checked_add(1)
+        .ok_or_else(|| anyhow::anyhow!("kv_cache_memory makes more blocks than u32 names"))?;
+    let layout = model.kv_layout(with_scratch as u64, block_size as u64);
     let audit = layout
         .audit(4)
         .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
@@ -62,6 +86,7 @@ pub fn cpu_backend(
         kernels: "write_kv, paged_attention",
         computed_in: "u64",
         device: "cpu".into(),
+        scratch_block: Some(scratch_block),
     };
     Ok(Box::new(CpuBackend {
         model,
@@ -69,6 +94,7 @@ pub fn cpu_backend(
         pool,
         hidden_layers: Vec::new(),
         hidden: None,
+        graphs: None,
     }))
 }
 
@@ -108,7 +134,12 @@ impl ModelBackend for CpuBackend {
             anyhow::bail!("hidden states of layer {l} asked of a target of {num_layers} layers");
         }
         self.hidden_layers = layers.to_vec();
-        Ok(())
+        // Graphs captured before record the old layers: capture them again.
+        let sizes = self.graphs.as_ref().map(|g| g.sizes().clone());
+        match sizes {
+            Some(sizes) => self.capture_graphs(Some(&sizes)),
+            None => Ok(()),
+        }
     }
 
     fn take_hidden(&mut self) -> Option<Vec<f32>> {
@@ -117,5 +148,23 @@ impl ModelBackend for CpuBackend {
 
     fn embedding_table(&self) -> Option<Arc<[f32]>> {
         Some(self.model.embedding_table())
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
+        let scratch_slot = scratch * self.pool.layout.block_size as i64;
+        let graphs = CpuDecodeGraphs::capture(
+            &self.model,
+            sizes,
+            self.max_blocks(),
+            scratch_slot,
+            &self.hidden_layers,
+        )?;
+        self.graphs = Some(graphs);
+        Ok(())
     }
 }

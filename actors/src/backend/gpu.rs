@@ -89,6 +89,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         kernels: "kv_write, paged_attention",
         computed_in: "i64",
         device: format!("{} ({})", gpu.name(), gpu.arch()),
+        scratch_block: None,
     };
     Ok(Box::new(GpuBackend {
         model,

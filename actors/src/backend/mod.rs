@@ -9,6 +9,7 @@ pub use cpu::cpu_backend;
 #[cfg(feature = "cuda")]
 pub use gpu::{cuda_backend, GpuSettings};
 
+use crate::graphs::CaptureSizes;
 use crate::messages::GeneratedToken;
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout};
@@ -32,6 +33,17 @@ pub struct PoolInfo {
     pub computed_in: &'static str,
     /// The device, in words.
     pub device: String,
+    /// A block no sequence owns, where the padded rows of a replayed graph write their
+    /// keys and values: when `Some(b)`, `b` is the last block of `layout`, and the KV
+    /// allocator hands out the `layout.num_blocks - 1` blocks before it.
+    pub scratch_block: Option<u32>,
+}
+
+impl PoolInfo {
+    /// The blocks sequences may own: the layout's, less the scratch block.
+    pub fn usable_blocks(&self) -> u64 {
+        self.layout.num_blocks - u64::from(self.scratch_block.is_some())
+    }
 }
 
 /// The sampling state of the request a logit row belongs to.
@@ -161,6 +173,18 @@ pub trait ModelBackend: Send {
     /// one (an EAGLE-3 head without its own shares it).
     fn embedding_table(&self) -> Option<Arc<[f32]>> {
         None
+    }
+    /// Captures the decode step for every size of `sizes`, replacing the graphs held (on
+    /// failure the old ones stay); `None` drops every graph and runs eagerly. From then on
+    /// [`ModelBackend::step`] and the forwards replay a graph when the batch is pure decode
+    /// (one new token and one logit row per sequence) and a captured size holds it,
+    /// padding it up; any other batch runs eagerly. Refused by a backend that cannot.
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let _ = sizes;
+        bail!(
+            "the {} backend cannot capture graphs; run with --enforce-eager",
+            self.pool().device
+        )
     }
 }
 

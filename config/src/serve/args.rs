@@ -60,6 +60,13 @@ pub struct ServeArgs {
     /// batch (the CPU backend always is).
     #[arg(long)]
     pub deterministic: bool,
+    /// Run every step eagerly: capture no graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
+    /// Batch sizes to capture graphs for, each from 1 to max_num_seqs [default: 1,2,4,8
+    /// and every multiple of 8 up to max_num_seqs].
+    #[arg(long, value_name = "1,2,4,...", value_delimiter = ',')]
+    pub cudagraph_sizes: Option<Vec<usize>>,
     /// Requests that may wait for a slot before new ones get 429 [default: 1024].
     #[arg(long, value_name = "N")]
     pub max_waiting_requests: Option<usize>,
@@ -110,6 +117,8 @@ impl ServeArgs {
             gpu_memory_utilization,
             no_prefix_caching,
             deterministic,
+            enforce_eager,
+            cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,
             log_level,
@@ -137,6 +146,8 @@ impl ServeArgs {
             gpu_memory_utilization,
             enable_prefix_caching: no_prefix_caching.then_some(false),
             deterministic: deterministic.then_some(true),
+            enforce_eager: enforce_eager.then_some(true),
+            cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,
             log_level,

@@ -43,6 +43,12 @@ pub struct ServeConfig {
     pub enable_prefix_caching: bool,
     /// Batch-invariant GPU kernels.
     pub deterministic: bool,
+    /// Run every step eagerly, capturing no graphs.
+    pub enforce_eager: bool,
+    /// The batch sizes graphs are captured for; `None`: 1, 2, 4, 8 and every multiple of 8
+    /// up to `max_num_seqs` (captured again when a reload changes it). Each size is at most
+    /// `max_num_seqs`: a configuration with a larger one is refused.
+    pub cudagraph_sizes: Option<Vec<usize>>,
     /// Requests that may wait for a slot before new ones are refused with 429.
     pub max_waiting_requests: usize,
     /// How long in-flight requests get to finish at shutdown.
@@ -85,6 +91,8 @@ impl Default for ServeConfig {
             gpu_memory_utilization: 0.9,
             enable_prefix_caching: true,
             deterministic: false,
+            enforce_eager: false,
+            cudagraph_sizes: None,
             max_waiting_requests: 1024,
             shutdown_timeout: Duration::from_secs(30),
             log_level: "info".to_string(),
@@ -136,6 +144,7 @@ impl ServeConfig {
         flags.validate(&Origin::Flags)?;
         let config = Self::fill(flags.over(below));
         config.validate_speculation(file.map(|(path, _)| path))?;
+        config.validate_graph_sizes(file.map(|(path, _)| path))?;
         Ok(config)
     }
 
@@ -159,6 +168,8 @@ impl ServeConfig {
             gpu_memory_utilization,
             enable_prefix_caching,
             deterministic,
+            enforce_eager,
+            cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,
             log_level,
@@ -187,6 +198,8 @@ impl ServeConfig {
             gpu_memory_utilization: gpu_memory_utilization.unwrap_or(d.gpu_memory_utilization),
             enable_prefix_caching: enable_prefix_caching.unwrap_or(d.enable_prefix_caching),
             deterministic: deterministic.unwrap_or(d.deterministic),
+            enforce_eager: enforce_eager.unwrap_or(d.enforce_eager),
+            cudagraph_sizes: cudagraph_sizes.or(d.cudagraph_sizes),
             max_waiting_requests: max_waiting_requests.unwrap_or(d.max_waiting_requests),
             shutdown_timeout: shutdown_timeout.map_or(d.shutdown_timeout, Duration::from_secs),
             log_level: log_level.unwrap_or(d.log_level),

@@ -336,6 +336,8 @@ fn the_reloadable_fields_are_exactly_these() {
         "admin_token",
         "max_num_seqs",
         "max_num_batched_tokens",
+        "enforce_eager",
+        "cudagraph_sizes",
         "max_waiting_requests",
         "shutdown_timeout",
         "log_level",
@@ -343,7 +345,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "num_speculative_tokens",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 26);
+    assert_eq!(ServeConfig::default().fields().len(), 28);
 }
 
 #[test]
@@ -516,4 +518,33 @@ fn the_example_file_loads() {
     assert_eq!(config.api_keys.len(), 1);
     assert_eq!(config.default_sampling.max_tokens, Some(512));
     assert_eq!(config.kv_cache_memory, 1 << 30);
+}
+
+#[test]
+fn graph_sizes_come_from_a_comma_list_or_the_file_and_stay_within_max_num_seqs() {
+    let config = from_file("", &["--cudagraph-sizes", "1,2,4,32"]).expect("loads");
+    assert_eq!(config.cudagraph_sizes, Some(vec![1, 2, 4, 32]));
+    assert!(!config.enforce_eager);
+    let config = file("cudagraph_sizes = [8, 1]\nenforce_eager = true");
+    assert_eq!(config.cudagraph_sizes, Some(vec![8, 1]));
+    assert!(config.enforce_eager);
+    assert!(from_file("", &["--enforce-eager"]).unwrap().enforce_eager);
+    assert_eq!(
+        error("cudagraph_sizes = [1, 0]"),
+        "config.toml: cudagraph_sizes must list batch sizes of at least 1, not [1, 0]"
+    );
+    assert!(error("cudagraph_sizes = []").starts_with("config.toml: cudagraph_sizes must list"));
+    let past = from_file("max_num_seqs = 16", &["--cudagraph-sizes", "8,32"])
+        .expect_err("refused")
+        .to_string();
+    assert_eq!(
+        past,
+        "--cudagraph-sizes (or config.toml: cudagraph_sizes) holds 32, past max_num_seqs 16: \
+         a step never has that many sequences"
+    );
+    assert!(Serve::try_parse_from(["serve", "--cudagraph-sizes", "1,x"]).is_err());
+    // Sizes reload live; lowering max_num_seqs under a listed size is refused whole.
+    let old = file("cudagraph_sizes = [1, 2]");
+    let new = file("cudagraph_sizes = [1, 2, 4]");
+    assert_eq!(old.reload_changes(&new), Ok(vec!["cudagraph_sizes"]));
 }

@@ -59,6 +59,12 @@ impl Layer {
                 format!("must be in (0, 1], not {u}"),
             ));
         }
+        if let Some(sizes) = &self.cudagraph_sizes {
+            if sizes.is_empty() || sizes.contains(&0) {
+                let reason = format!("must list batch sizes of at least 1, not {sizes:?}");
+                return Err(invalid("cudagraph_sizes", reason));
+            }
+        }
         if let Some(level) = self.log_level.as_deref().filter(|l| !is_log_filter(l)) {
             let reason = format!(
                 "must be error, warn, info, debug, trace, off or a filter such as \
@@ -157,6 +163,31 @@ impl ServeConfig {
             });
         }
         Ok(())
+    }
+}
+
+impl ServeConfig {
+    /// Refuses a graph size past `max_num_seqs` once the file and the flags are merged
+    /// (such a graph would never replay; on a reload that lowers `max_num_seqs`, lower the
+    /// sizes with it); `file` names the config file, if any, in the error.
+    pub(super) fn validate_graph_sizes(&self, file: Option<&Path>) -> Result<(), ConfigError> {
+        let Some(size) = self.cudagraph_sizes.iter().flatten().copied().max() else {
+            return Ok(());
+        };
+        if size <= self.max_num_seqs {
+            return Ok(());
+        }
+        let flag = Origin::Flags.name("cudagraph_sizes");
+        Err(ConfigError::Invalid {
+            at: match file {
+                Some(path) => format!("{flag} (or {}: cudagraph_sizes)", path.display()),
+                None => flag,
+            },
+            reason: format!(
+                "holds {size}, past max_num_seqs {}: a step never has that many sequences",
+                self.max_num_seqs
+            ),
+        })
     }
 }
 

@@ -19,6 +19,8 @@ pub enum PlanError {
     },
     #[error("sequence {seq} feeds no tokens")]
     EmptySequence { seq: usize },
+    #[error("staged attention metadata, sequence {seq}: {reason}")]
+    Metadata { seq: usize, reason: String },
     #[error("attention plan covers {planned} rows but {buffer} has only {rows}")]
     RowsExceedBuffer {
         planned: usize,
@@ -129,10 +131,16 @@ impl AttentionPlan {
 
     /// Refuses the plan if it covers more rows than q or o hold.
     pub fn check_fits(&self, q_rows: usize, o_rows: usize) -> Result<(), PlanError> {
+        Self::check_rows(self.rows(), q_rows, o_rows)
+    }
+
+    /// Refuses `planned` rows over q or o of fewer rows: the host's check before every
+    /// attention launch, on plain integers.
+    pub fn check_rows(planned: usize, q_rows: usize, o_rows: usize) -> Result<(), PlanError> {
         for (buffer, rows) in [("q", q_rows), ("o", o_rows)] {
-            if self.rows() > rows {
+            if planned > rows {
                 return Err(PlanError::RowsExceedBuffer {
-                    planned: self.rows(),
+                    planned,
                     buffer,
                     rows,
                 });

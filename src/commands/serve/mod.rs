@@ -23,7 +23,7 @@ use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::LlamaModel;
-use reload::{gateway_config, limits, Reloader};
+use reload::{gateway_config, graph_sizes, limits, Reloader};
 use speculation::load_drafter;
 use std::io::IsTerminal;
 use std::path::Path;
@@ -113,15 +113,19 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         };
         let drafter = load_drafter(&config, backend.as_ref())?;
         let engine = start_engine(backend, &settings, drafter)?;
+        engine
+            .runner
+            .capture_graphs(graph_sizes(&config)?)
+            .await
+            .context("capturing graphs")?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(
             args,
             config.clone(),
             served_model_name.clone(),
             shared.clone(),
-            engine.scheduler.clone(),
+            &engine,
             log_level,
-            engine.capacity,
         );
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone()),

@@ -2,8 +2,11 @@
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
 use peregrine_actors::backend::StepCapacity;
+use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
+use peregrine_actors::target_runner::TargetRunnerHandle;
 use peregrine_config::{ServeArgs, ServeConfig};
 use peregrine_ops::sampling::SamplingParams;
 use std::sync::{Arc, Mutex};
@@ -20,6 +23,18 @@ pub fn limits(config: &ServeConfig) -> SchedulerLimits {
         max_waiting: config.max_waiting_requests,
         num_speculative_tokens: config.num_speculative_tokens,
     }
+}
+
+/// The batch sizes a configuration captures graphs for: none with `enforce_eager`, else
+/// `cudagraph_sizes`, else the default set for `max_num_seqs` (so a reload that changes
+/// `max_num_seqs` captures again unless the sizes are listed).
+pub fn graph_sizes(config: &ServeConfig) -> anyhow::Result<Option<CaptureSizes>> {
+    CaptureSizes::configured(
+        config.enforce_eager,
+        config.cudagraph_sizes.as_deref(),
+        config.max_num_seqs,
+    )
+    .map_err(anyhow::Error::msg)
 }
 
 /// The gateway's live settings from a configuration.
@@ -73,30 +88,32 @@ struct Live {
     served_model_name: String,
     gateway: SharedConfig,
     scheduler: mpsc::Sender<SchedulerMsg>,
+    /// Captures graphs again when the sizes change.
+    runner: TargetRunnerHandle,
     log_level: reload::Handle<EnvFilter, Registry>,
     /// The largest step the engine's buffers hold (the GPU's, sized at start-up).
     capacity: Option<StepCapacity>,
 }
 
 impl Reloader {
-    /// A reloader for a server running `live`.
+    /// A reloader for a server running `live` on `engine`.
     pub fn new(
         args: ServeArgs,
         live: ServeConfig,
         served_model_name: String,
         gateway: SharedConfig,
-        scheduler: mpsc::Sender<SchedulerMsg>,
+        engine: &Engine,
         log_level: reload::Handle<EnvFilter, Registry>,
-        capacity: Option<StepCapacity>,
     ) -> Reloader {
         Reloader(Arc::new(Live {
             args,
             live: Mutex::new(live),
             served_model_name,
             gateway,
-            scheduler,
+            scheduler: engine.scheduler.clone(),
+            runner: engine.runner.clone(),
             log_level,
-            capacity,
+            capacity: engine.capacity,
         }))
     }
 
@@ -134,6 +151,18 @@ impl Reloader {
         })?;
         if changes.is_empty() {
             return Ok("configuration unchanged".to_string());
+        }
+        let sizes =
+            graph_sizes(&new).map_err(|e| format!("{e}; the running configuration stays"))?;
+        let old_sizes = graph_sizes(&self.live()).ok().flatten();
+        if sizes != old_sizes {
+            // On the runner's thread between two steps; a failed capture keeps the graphs
+            // (and the configuration) that run now.
+            self.0
+                .runner
+                .capture_graphs(sizes)
+                .await
+                .map_err(|e| format!("capturing graphs: {e:#}; the running configuration stays"))?;
         }
         let (reply, applied) = oneshot::channel();
         self.0

@@ -1,11 +1,18 @@
 //! The Llama family (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
 
+mod record;
+
+pub use record::LlamaBuffers;
+
 use crate::config::ModelConfig;
+use crate::step_io::{StepInputs, StepShape, StepStaging};
 use crate::weights::{WeightError, Weights};
-use peregrine_kernels::cpu::{embedding, silu_and_mul, KvLayout};
+use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::{
     AttentionPlan, KvCache, Linear, PagedAttention, PlanError, RmsNorm, Rotary, RotaryLayout,
 };
+use peregrine_runtime::cpu_graph::{BufferPool, CpuGraph, GraphError};
+use peregrine_runtime::StageError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -27,8 +34,18 @@ pub enum ForwardError {
         rows: usize,
         width: usize,
     },
+    #[error("sequence {seq}: a block table of {blocks} blocks, past the {max} staged")]
+    TableWidth {
+        seq: usize,
+        blocks: usize,
+        max: usize,
+    },
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Stage(#[from] StageError),
+    #[error(transparent)]
+    Graph(#[from] GraphError),
 }
 
 struct Layer {
@@ -43,15 +60,17 @@ struct Layer {
 }
 
 /// A loaded Llama-family model. Weights are held as float32 on the CPU; q/k/v and
-/// gate/up are fused into one matrix each.
+/// gate/up are fused into one matrix each. Weights are shared (`Arc`) with the graphs that
+/// record the forward; its buffers come from its own pool.
 pub struct LlamaModel {
     config: ModelConfig,
     embed: Arc<[f32]>,
-    layers: Vec<Layer>,
-    norm: RmsNorm,
-    lm_head: Linear,
-    rotary: Rotary,
+    layers: Vec<Arc<Layer>>,
+    norm: Arc<RmsNorm>,
+    lm_head: Arc<Linear>,
+    rotary: Arc<Rotary>,
     attention: PagedAttention,
+    pool: BufferPool,
 }
 
 impl LlamaModel {
@@ -96,7 +115,7 @@ impl LlamaModel {
             };
             let mut gate_up = get("mlp.gate_proj.weight", &[c.intermediate_size, h])?;
             gate_up.extend(get("mlp.up_proj.weight", &[c.intermediate_size, h])?);
-            layers.push(Layer {
+            layers.push(Arc::new(Layer {
                 input_norm: RmsNorm::new(get("input_layernorm.weight", &[h])?, eps),
                 qkv: Linear::new(qkv.into(), qkv_bias, qd + 2 * kvd),
                 q_norm,
@@ -109,7 +128,7 @@ impl LlamaModel {
                     None,
                     h,
                 ),
-            });
+            }));
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
             Linear::new(embed.clone(), None, c.vocab_size)
@@ -122,7 +141,7 @@ impl LlamaModel {
         };
         let rotary = Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit);
         Ok(LlamaModel {
-            norm: RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps),
+            norm: Arc::new(RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps)),
             attention: PagedAttention {
                 num_heads: c.num_heads,
                 scale: 1.0 / (d as f32).sqrt(),
@@ -130,8 +149,9 @@ impl LlamaModel {
             config,
             embed,
             layers,
-            lm_head,
-            rotary,
+            lm_head: Arc::new(lm_head),
+            rotary: Arc::new(rotary),
+            pool: BufferPool::new(),
         })
     }
 
@@ -210,7 +230,9 @@ impl LlamaModel {
         Ok((logits, aux))
     }
 
-    /// The forward; `aux` (`[tokens, aux_layers.len() * hidden]`) receives the inputs of
+    /// The forward: stages the step at its own size into buffers from the model's pool,
+    /// records it into a graph and replays that once (a captured graph replays the same
+    /// recording). `aux` (`[tokens, aux_layers.len() * hidden]`) receives the inputs of
     /// the layers in `aux_layers`, which the caller has checked.
     fn run(
         &self,
@@ -221,78 +243,45 @@ impl LlamaModel {
         aux_layers: &[usize],
         aux: &mut [f32],
     ) -> Result<Vec<f32>, ForwardError> {
-        let c = &self.config;
-        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
-        let n = tokens.len();
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
-        let tables = self.rotary.tables(plan.positions());
-        let mut residual = vec![0.0; n * h];
-        embedding(tokens, &self.embed, h, &mut residual);
-        let mut normed = vec![0.0; n * h];
-        let mut delta = vec![0.0; n * h];
-        let mut qkv = vec![0.0; n * (qd + 2 * kvd)];
-        let (mut q, mut k, mut v) = (vec![0.0; n * qd], vec![0.0; n * kvd], vec![0.0; n * kvd]);
-        let mut attn = vec![0.0; n * qd];
-        let mut gate_up = vec![0.0; n * 2 * c.intermediate_size];
-        let mut act = vec![0.0; n * c.intermediate_size];
-        for (l, layer) in self.layers.iter().enumerate() {
-            if l == 0 {
-                layer.input_norm.forward(&residual, &mut normed);
-            } else {
-                layer
-                    .input_norm
-                    .forward_residual(&mut residual, &delta, &mut normed);
-            }
-            record_layer_input(l, aux_layers, &residual, h, aux);
-            layer.qkv.forward(&normed, &mut qkv);
-            for (r, row) in qkv.chunks(qd + 2 * kvd).enumerate() {
-                q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
-                k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
-                v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
-            }
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                qn.forward_in_place(&mut q);
-                kn.forward_in_place(&mut k);
-            }
-            self.rotary.apply(&mut q, &tables);
-            self.rotary.apply(&mut k, &tables);
-            cache.write(l, plan.slot_mapping(), &k, &v);
-            self.attention.forward(&q, &mut attn, cache, l, plan)?;
-            layer.o_proj.forward(&attn, &mut delta);
-            layer
-                .post_norm
-                .forward_residual(&mut residual, &delta, &mut normed);
-            layer.gate_up.forward(&normed, &mut gate_up);
-            silu_and_mul(&gate_up, c.intermediate_size, &mut act);
-            layer.down.forward(&act, &mut delta);
-        }
-        residual.iter_mut().zip(&delta).for_each(|(r, d)| *r += d);
-        Ok(row_logits(
-            &residual,
-            h,
+        check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
+        let shape = StepShape {
+            rows: tokens.len(),
+            seqs: plan.seqs().len(),
+            logit_rows: logit_rows.len(),
+        };
+        let max_blocks = plan.seqs().iter().map(|s| s.block_table.len()).max();
+        let max_blocks = max_blocks.unwrap_or(0);
+        let buffers = self.buffers(shape, max_blocks, aux_layers.len());
+        StepStaging::new(shape, max_blocks, -1)?.stage(
+            &buffers.inputs,
+            tokens,
+            plan,
             logit_rows,
-            &self.norm,
-            &self.lm_head,
-            c.vocab_size,
-        ))
+            shape,
+        )?;
+        let mut graph = CpuGraph::new();
+        self.record(&mut graph, &buffers, shape, aux_layers)?;
+        graph.replay(cache)?;
+        aux.copy_from_slice(&buffers.aux.read());
+        let logits = buffers.logits.read().to_vec();
+        Ok(logits)
     }
-}
 
-/// Copies `residual` (`[rows, h]`, the input of layer `layer`) into every slot of `aux`
-/// (`[rows, aux_layers.len() * h]`) that `aux_layers` gives to that layer.
-fn record_layer_input(
-    layer: usize,
-    aux_layers: &[usize],
-    residual: &[f32],
-    h: usize,
-    aux: &mut [f32],
-) {
-    let width = aux_layers.len() * h;
-    for (slot, _) in aux_layers.iter().enumerate().filter(|(_, &l)| l == layer) {
-        for (row, out) in residual.chunks(h).zip(aux.chunks_mut(width)) {
-            out[slot * h..(slot + 1) * h].copy_from_slice(row);
-        }
+    /// The buffers a forward of up to `capacity` reads and writes, from the model's pool,
+    /// with block tables of `max_blocks` and room for the inputs of `aux_layers` layers.
+    pub fn buffers(
+        &self,
+        capacity: StepShape,
+        max_blocks: usize,
+        aux_layers: usize,
+    ) -> LlamaBuffers {
+        let inputs = StepInputs::new(&self.pool, capacity, max_blocks);
+        LlamaBuffers::new(&self.pool, &self.config, inputs, aux_layers)
+    }
+
+    /// The pool the model's buffers come from.
+    pub fn pool(&self) -> &BufferPool {
+        &self.pool
     }
 }
 

@@ -1,0 +1,101 @@
+//! Captures one graph per batch size at start-up (and again when the sizes change) and
+//! finds the graph a batch replays through.
+
+use super::CaptureSizes;
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::time::Instant;
+use tracing::info;
+
+/// The captured graphs, one per size, of any graph type `G` (the CPU's recorded graph, a
+/// CUDA graph with its buffers). Dropping the manager drops every graph, and with them the
+/// buffers only they held.
+pub struct GraphCaptureManager<G> {
+    sizes: CaptureSizes,
+    /// `graphs[i]` serves `sizes.sizes()[i]`.
+    graphs: Vec<G>,
+}
+
+impl<G> GraphCaptureManager<G> {
+    /// Captures a graph for every size with `capture`, largest first (so that buffers
+    /// sized for the largest are allocated once and the smaller graphs view them), with a
+    /// progress bar; logs the total capture time. The first failure refuses the whole set.
+    pub fn capture(
+        sizes: CaptureSizes,
+        mut capture: impl FnMut(usize) -> anyhow::Result<G>,
+    ) -> anyhow::Result<GraphCaptureManager<G>> {
+        let start = Instant::now();
+        let bar = ProgressBar::new(sizes.sizes().len() as u64);
+        if let Ok(style) =
+            ProgressStyle::with_template("capturing graphs {bar:30} {pos}/{len} batch {msg}")
+        {
+            bar.set_style(style);
+        }
+        let mut graphs = Vec::with_capacity(sizes.sizes().len());
+        for &size in sizes.sizes().iter().rev() {
+            bar.set_message(size.to_string());
+            let graph =
+                capture(size).with_context(|| format!("capturing the graph of batch {size}"))?;
+            graphs.push(graph);
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        graphs.reverse();
+        info!(
+            sizes = ?sizes.sizes(),
+            seconds = start.elapsed().as_secs_f64(),
+            "captured {} graphs",
+            graphs.len()
+        );
+        Ok(GraphCaptureManager { sizes, graphs })
+    }
+
+    /// The graph a batch of `n` sequences replays through, with the size it is padded to;
+    /// `None` when `n` is past the largest size (the batch runs eagerly).
+    pub fn graph_for(&self, n: usize) -> Option<(usize, &G)> {
+        let size = self.sizes.padded(n)?;
+        let at = self.sizes.sizes().partition_point(|&s| s < size);
+        Some((size, &self.graphs[at]))
+    }
+
+    /// The captured sizes.
+    pub fn sizes(&self) -> &CaptureSizes {
+        &self.sizes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captures_largest_first_and_pads_batches_up() {
+        let mut order = Vec::new();
+        let sizes = CaptureSizes::for_max_num_seqs(32);
+        let manager = GraphCaptureManager::capture(sizes, |size| {
+            order.push(size);
+            Ok(format!("graph {size}"))
+        })
+        .unwrap();
+        assert_eq!(order, [32, 24, 16, 8, 4, 2, 1]);
+        assert_eq!(manager.graph_for(3), Some((4, &"graph 4".to_string())));
+        assert_eq!(manager.graph_for(17).map(|(s, _)| s), Some(24));
+        assert_eq!(manager.graph_for(33), None);
+        assert_eq!(manager.sizes().largest(), 32);
+    }
+
+    #[test]
+    fn one_failed_capture_refuses_the_set() {
+        let sizes = CaptureSizes::from_list(&[1, 2, 4], 4).unwrap();
+        let err = GraphCaptureManager::capture(sizes, |size| match size {
+            2 => anyhow::bail!("out of memory"),
+            _ => Ok(size),
+        })
+        .err()
+        .unwrap();
+        assert_eq!(
+            format!("{err:#}"),
+            "capturing the graph of batch 2: out of memory"
+        );
+    }
+}
