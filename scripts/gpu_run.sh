@@ -5,6 +5,8 @@
 #   scripts/gpu_run.sh bench      bench latency on the Llama-3.2-1B and Llama-3-8B shapes
 #                                 (random weights): eager (--enforce-eager) and through CUDA
 #                                 graphs, with and without --deterministic
+#   scripts/gpu_run.sh graphs     bench latency eager and through CUDA graphs: SmolLM2-135M
+#                                 (after smollm2) and the Llama-3.2-1B shape
 #   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
@@ -47,6 +49,17 @@ bench)
     for flags in "--enforce-eager" ""; do
         "$bin/peregrine" $eight_b --batch-sizes 1,64 --input-len 128 --output-len 64 $flags 2>&1 |
             tee -a "$OUT/bench.log"
+    done
+    ;;
+graphs)
+    # Batch-1 (and 8, 64) decode eager and through CUDA graphs: SmolLM2-135M (after
+    # smollm2) and the Llama-3.2-1B shape.
+    common="bench latency --device cuda --batch-sizes 1,8,64 --input-len 128 --output-len 128"
+    for flags in "--enforce-eager" ""; do
+        [ -d /tmp/smollm2 ] && "$bin/peregrine" $common --model /tmp/smollm2 $flags 2>&1 |
+            tee -a "$OUT/graphs.log"
+        "$bin/peregrine" $common --random-weights scripts/configs/llama-3.2-1b.json $flags 2>&1 |
+            tee -a "$OUT/graphs.log"
     done
     ;;
 hf)

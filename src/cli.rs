@@ -128,8 +128,9 @@ pub struct BenchLatencyArgs {
     #[arg(long)]
     pub deterministic: bool,
     /// GPU products of up to this many rows use the fixed-order GEMV kernel of
-    /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all, the default).
-    #[arg(long, default_value_t = 0)]
+    /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all; default: single rows,
+    /// as `serve` does).
+    #[arg(long, default_value_t = peregrine_kernels::GEMV_MAX_ROWS)]
     pub gemv_max_rows: usize,
     /// GPU decode steps run eagerly rather than through CUDA graphs (captured, one per batch
     /// size timed, for contexts up to --max-seq-len-to-capture).

@@ -85,3 +85,6 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     v = lane < warps ? scratch[lane] : NEG_INF;
     return warp_max(v);
 }
+
+// silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }

@@ -21,7 +21,7 @@ extern "C" __global__ void silu_and_mul_bf16(const bf16* __restrict__ gate_up,
     const i64 c = i % inter;
     const float g = to_f32(gate_up[r * 2 * inter + c]);
     const float u = to_f32(gate_up[r * 2 * inter + inter + c]);
-    out[i] = to_bf16(g / (1.0f + __expf(-g)) * u);
+    out[i] = to_bf16(silu_times(g, u));
 }
 
 // out[j, :] = src[rows[j], :] for bf16 rows of `dim`.

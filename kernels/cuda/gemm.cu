@@ -30,119 +30,169 @@ __device__ __forceinline__ void store_out<bf16>(bf16* out, i64 at, float v) { ou
 template <>
 __device__ __forceinline__ void store_out<float>(float* out, i64 at, float v) { out[at] = v; }
 
-template <typename OUT, int ROWS>
+// GATED: the launcher's n is the MLP's intermediate size and w holds 2n rows, gate rows
+// then up rows; column j streams rows j and n + j side by side, rounds both sums to bf16 as
+// the product would, and stores silu(gate) * up (the arithmetic of silu_and_mul_bf16), so
+// the gate/up activation never goes through memory.
+template <typename OUT, int ROWS, bool GATED>
 __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                           OUT* __restrict__ out, int m, int n, int k,
                                           int slices) {
-    __shared__ float partial[GEMV_WARPS][ROWS];
+    constexpr int HALVES = GATED ? 2 : 1;
+    __shared__ float partial[GEMV_WARPS][HALVES][ROWS];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int slice = warp % slices;
     const i64 col = (i64)blockIdx.x * (GEMV_WARPS / slices) + warp / slices;
     // A warp past the last column still reaches every barrier below.
     const bool active = col < n;
     const int k_slice = k / slices;
-    const bf16* w_row = w + (active ? col : 0) * k;
+    const bf16* w_rows[HALVES];
+#pragma unroll
+    for (int h = 0; h < HALVES; h++) w_rows[h] = w + ((active ? col : 0) + (i64)h * n) * k;
     constexpr int piece = WARP_SIZE * 8;  // elements one step of the warp covers
     const uint4 zero = make_uint4(0, 0, 0, 0);
     const int first = slice * k_slice, end = first + k_slice;
     for (int r0 = 0; r0 < m; r0 += ROWS) {
-        float acc[ROWS];
+        float acc[HALVES][ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+        for (int h = 0; h < HALVES; h++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
         for (int base = first + lane * 8; active && base < end; base += piece * GEMV_UNROLL) {
             // Every weight load of the stretch is issued before the first is used.
-            uint4 wv[GEMV_UNROLL];
+            uint4 wv[HALVES][GEMV_UNROLL];
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * piece;
-                wv[u] = kb < end ? load_bf16x8(w_row + kb) : zero;
+#pragma unroll
+                for (int h = 0; h < HALVES; h++)
+                    wv[h][u] = kb < end ? load_bf16x8(w_rows[h] + kb) : zero;
             }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * piece;
                 if (kb >= end) break;
-                float wf[8];
-                unpack_bf16x8(wv[u], wf);
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
                     if (r0 + r < m) {
                         float xf[8];
                         unpack_bf16x8(load_bf16x8(x + (i64)(r0 + r) * k + kb), xf);
 #pragma unroll
-                        for (int j = 0; j < 8; j++) acc[r] = fmaf(xf[j], wf[j], acc[r]);
+                        for (int h = 0; h < HALVES; h++) {
+                            float wf[8];
+                            unpack_bf16x8(wv[h][u], wf);
+#pragma unroll
+                            for (int j = 0; j < 8; j++) acc[h][r] = fmaf(xf[j], wf[j], acc[h][r]);
+                        }
                     }
                 }
             }
         }
-        if (slices == 1) {
+        // The column's slices, summed in order 0, 1, 2, ... by its first warp (a warp alone
+        // when slices == 1).
+#pragma unroll
+        for (int h = 0; h < HALVES; h++)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) {
-                if (r0 + r >= m) break;
-                const float v = warp_sum(acc[r]);
-                if (active && lane == 0) store_out(out, (i64)(r0 + r) * n + col, v);
+                const float v = warp_sum(acc[h][r]);
+                if (lane == 0) partial[warp][h][r] = v;
             }
-            continue;
+        if (slices > 1) {
+            __syncthreads();
+        } else {
+            __syncwarp();
         }
-        // The column's slices, summed in order 0, 1, 2, ... by its first warp.
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            const float v = warp_sum(acc[r]);
-            if (lane == 0) partial[warp][r] = v;
-        }
-        __syncthreads();
         if (active && slice == 0 && lane < ROWS && r0 + lane < m) {
-            float v = partial[warp][lane];
-            for (int s = 1; s < slices; s++) v += partial[warp + s][lane];
-            store_out(out, (i64)(r0 + lane) * n + col, v);
+            float v[HALVES];
+#pragma unroll
+            for (int h = 0; h < HALVES; h++) {
+                v[h] = partial[warp][h][lane];
+                for (int s = 1; s < slices; s++) v[h] += partial[warp + s][h][lane];
+            }
+            const i64 at = (i64)(r0 + lane) * n + col;
+            if (GATED) {
+                store_out(out, at, silu_times(to_f32(to_bf16(v[0])), to_f32(to_bf16(v[HALVES - 1]))));
+            } else {
+                store_out(out, at, v[0]);
+            }
         }
-        __syncthreads();
+        // The partials are read before the next pass writes them.
+        if (slices > 1) {
+            __syncthreads();
+        } else {
+            __syncwarp();
+        }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<bf16, 1>(x, w, out, m, n, k, slices);
+    gemv_body<bf16, 1, false>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<float, 1>(x, w, out, m, n, k, slices);
+    gemv_body<float, 1, false>(x, w, out, m, n, k, slices);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r1(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
+    int k, int slices) {
+    gemv_body<bf16, 1, true>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<bf16, 2>(x, w, out, m, n, k, slices);
+    gemv_body<bf16, 2, false>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<float, 2>(x, w, out, m, n, k, slices);
+    gemv_body<float, 2, false>(x, w, out, m, n, k, slices);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
+    int k, int slices) {
+    gemv_body<bf16, 2, true>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<bf16, 4>(x, w, out, m, n, k, slices);
+    gemv_body<bf16, 4, false>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<float, 4>(x, w, out, m, n, k, slices);
+    gemv_body<float, 4, false>(x, w, out, m, n, k, slices);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
+    int k, int slices) {
+    gemv_body<bf16, 4, true>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(
     const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<bf16, 8>(x, w, out, m, n, k, slices);
+    gemv_body<bf16, 8, false>(x, w, out, m, n, k, slices);
 }
 
 extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(
     const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
     int k, int slices) {
-    gemv_body<float, 8>(x, w, out, m, n, k, slices);
+    gemv_body<float, 8, false>(x, w, out, m, n, k, slices);
+}
+
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8(
+    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
+    int k, int slices) {
+    gemv_body<bf16, 8, true>(x, w, out, m, n, k, slices);
 }

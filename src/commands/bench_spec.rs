@@ -106,6 +106,7 @@ fn open_backend(
                 max_num_seqs: args.concurrency,
                 num_speculative_tokens: drafts,
                 deterministic: args.deterministic,
+                max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)

@@ -10,6 +10,7 @@ use crate::setup;
 use peregrine_actors::backend::{cuda_backend, GpuSettings};
 use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
@@ -35,6 +36,7 @@ fn gpu_engine_drafting(
         max_num_seqs: 32,
         num_speculative_tokens: k,
         deterministic,
+        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
     };
     let backend = cuda_backend(dir, &settings).unwrap();
@@ -62,8 +64,41 @@ fn gpu_engine_drafting(
     start_engine(backend, &engine, drafter).unwrap()
 }
 
+/// Every request of `reqs` together, then each alone, through a deterministic engine, with
+/// decode graphs for every default size when `graphs`; the tokens of both runs.
+async fn together_and_alone(
+    dir: &Path,
+    reqs: &[(Vec<u32>, SamplingParams)],
+    graphs: bool,
+) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let engine = gpu_engine(dir, true);
+    if graphs {
+        let sizes = CaptureSizes::for_max_num_seqs(32);
+        engine.runner.capture_graphs(Some(sizes)).await.unwrap();
+    }
+    let mut streams = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
+    }
+    let mut together = Vec::new();
+    for rx in streams {
+        let (tokens, reason, usage) = collect(rx).await;
+        assert_eq!(reason, FinishReason::Length);
+        assert_eq!(usage.completion_tokens, MAX_TOKENS);
+        together.push(tokens);
+    }
+    let mut alone = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        let id = (100 + i) as u64;
+        let (tokens, _, _) =
+            collect(submit(&engine.scheduler, id, prompt, params, MAX_TOKENS).await).await;
+        alone.push(tokens);
+    }
+    (together, alone)
+}
+
 #[test]
-fn deterministic_gpu_engine_gives_each_request_the_same_tokens_alone_and_batched() {
+fn deterministic_gpu_engine_gives_each_request_the_same_tokens_alone_batched_and_through_graphs() {
     if setup().is_none() {
         return;
     }
@@ -71,30 +106,20 @@ fn deterministic_gpu_engine_gives_each_request_the_same_tokens_alone_and_batched
     TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 21).write_hf(dir.path());
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let engine = gpu_engine(dir.path(), true);
         let reqs = requests(1000, 24, 21);
-        let mut streams = Vec::new();
-        for (i, (prompt, params)) in reqs.iter().enumerate() {
-            streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
-        }
-        let mut together = Vec::new();
-        for rx in streams {
-            let (tokens, reason, usage) = collect(rx).await;
-            assert_eq!(reason, FinishReason::Length);
-            assert_eq!(usage.completion_tokens, MAX_TOKENS);
-            together.push(tokens);
-        }
-        for (i, (prompt, params)) in reqs.iter().enumerate() {
-            let id = (100 + i) as u64;
-            let (alone, _, _) =
-                collect(submit(&engine.scheduler, id, prompt, params, MAX_TOKENS).await).await;
+        let (together, alone) = together_and_alone(dir.path(), &reqs, false).await;
+        for i in 0..reqs.len() {
             assert_eq!(
-                alone,
+                alone[i],
                 together[i],
                 "request {i}: alone vs among {}",
                 reqs.len()
             );
         }
+        // Through decode graphs, padded batches included: the same tokens again.
+        let (graph_together, graph_alone) = together_and_alone(dir.path(), &reqs, true).await;
+        assert_eq!(graph_together, together, "batched, graphs vs eager");
+        assert_eq!(graph_alone, together, "alone, graphs vs eager");
     });
 }
 

@@ -8,7 +8,7 @@ use crate::{random_f32, rng, setup};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
-use peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS;
+use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphLimits};
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
@@ -349,7 +349,10 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
                 let all = |b| s.gpu.download(b).unwrap();
                 (all(&o_dev), all(&k), all(&v))
             };
-            fixed.stage_padded(&plan, size, class).unwrap();
+            let (tokens, rows) = (vec![0u32; n], (0..n).collect::<Vec<_>>());
+            fixed
+                .stage_padded(&tokens, &plan, &rows, size, class)
+                .unwrap();
             let (o_graph, k_graph, v_graph) = run(&fixed, size);
             let eager = DeviceAttentionPlan::upload(&s.gpu, &plan, decode).unwrap();
             let (o_eager, k_eager, v_eager) = run(&eager, n);

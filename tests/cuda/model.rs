@@ -25,7 +25,7 @@ fn gpu_model(dir: &Path, deterministic: bool) -> GpuLlama {
         max_tokens: 2048,
         max_logit_rows: 64,
         deterministic,
-        gemv_max_rows: peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS,
+        gemv_max_rows: peregrine_kernels::GEMV_MAX_ROWS,
     };
     GpuLlama::load(dir, s.gpu.clone(), s.kernels.clone(), options).unwrap()
 }

@@ -338,36 +338,51 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
 }
 
 #[test]
-fn the_gated_down_projection_matches_the_cpu_on_both_paths() {
+fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
     let Some(s) = setup() else { return };
-    let mut rng = rng("gated_linear");
-    let (n, k) = (1024, 1536);
-    for (m, deterministic) in [(1, false), (5, false), (40, false), (40, true)] {
+    let mut rng = rng("gate_up_act");
+    let (inter, k) = (1024, 1536);
+    let w = bf16_round(&random_f32(&mut rng, 2 * inter * k, 0.05));
+    let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
+    let x = bf16_round(&random_f32(&mut rng, 40 * k, 1.0));
+    let x_d = s.gpu.upload(&to_bf16(&x)).unwrap();
+    let run = |m: usize, deterministic: bool, x: &CudaSlice<bf16>| -> Vec<bf16> {
         let gemm = Gemm::new(s.gpu.stream().clone(), deterministic).unwrap();
-        let gate_up = bf16_round(&random_f32(&mut rng, m * 2 * k, 3.0));
-        let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
-        let gu_d = s.gpu.upload(&to_bf16(&gate_up)).unwrap();
-        let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
-        let mut act_d = s.gpu.zeros::<bf16>(m * k).unwrap();
-        let mut out_d = poisoned(&s.gpu, m * n, POISON);
-        gemm.gated_linear(
+        let mut gate_up = s.gpu.zeros::<bf16>(m * 2 * inter).unwrap();
+        let mut act = poisoned(&s.gpu, m * inter, POISON);
+        gemm.gate_up_act(
             &s.kernels,
             s.gpu.stream(),
-            &gu_d.as_view(),
-            &mut act_d.as_view_mut(),
+            &x.slice(..m * k),
             &w_d.as_view(),
-            &mut out_d.slice_mut(..m * n),
+            &mut gate_up.as_view_mut(),
+            &mut act.slice_mut(..m * inter),
             m,
-            n,
+            inter,
         )
         .unwrap();
-        let got = to_f32(&download_checked(&s.gpu, &out_d, m * n, POISON));
-        let mut act = vec![0.0; m * k];
-        cpu::silu_and_mul(&gate_up, k, &mut act);
-        let act = bf16_round(&act);
-        let mut want = vec![0.0; m * n];
-        cpu::linear(&act, k, &w, n, &mut want);
-        let what = format!("gated linear m={m} deterministic={deterministic}");
-        assert_close(&what, &got, &want, 2e-3, 1e-2);
+        download_checked(&s.gpu, &act, m * inter, POISON)
+    };
+    // m = 1 takes the fused GEMV kernel, m = 5 cuBLAS and silu_and_mul, deterministic mode
+    // the fused kernel at every m.
+    for (m, deterministic) in [(1, false), (5, false), (40, true)] {
+        let got = to_f32(&run(m, deterministic, &x_d));
+        let mut gate_up = vec![0.0; m * 2 * inter];
+        cpu::linear(&x[..m * k], k, &w, 2 * inter, &mut gate_up);
+        let mut want = vec![0.0; m * inter];
+        cpu::silu_and_mul(&bf16_round(&gate_up), inter, &mut want);
+        let what = format!("gate_up_act m={m} deterministic={deterministic}");
+        assert_close(&what, &got, &bf16_round(&want), 2e-3, 1e-2);
     }
+    // Deterministic mode: row 7 alone gives the bits it gives in the batch of 40.
+    let batch = run(40, true, &x_d);
+    let row = s.gpu.upload(&to_bf16(&x[7 * k..8 * k])).unwrap();
+    let alone = run(1, true, &row);
+    assert!(
+        alone
+            .iter()
+            .zip(&batch[7 * inter..8 * inter])
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "row 7 differs alone and in a batch of 40"
+    );
 }

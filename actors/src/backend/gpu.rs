@@ -2,19 +2,23 @@
 //! `--gpu-memory-utilization` after a profiling forward of the largest step.
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
+use crate::graphs::{CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
-use peregrine_kernels::cuda::gemm::GEMV_MAX_ROWS;
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_kernels::GEMV_MAX_ROWS;
+use peregrine_models::llama_gpu::{
+    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, ReplayedStep, SharedKvCache,
+};
 use peregrine_models::ModelConfig;
-use peregrine_ops::cuda::sampler::{greedy_tokens, GpuSampler, SampleRequest};
+use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use peregrine_runtime::cuda::Gpu;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tracing::info;
 
 /// How the GPU backend is set up.
@@ -32,17 +36,26 @@ pub struct GpuSettings {
     pub num_speculative_tokens: usize,
     /// Batch-invariant kernels.
     pub deterministic: bool,
+    /// The longest context a decode graph serves (longer steps run eagerly).
+    pub max_seq_len_to_capture: usize,
     /// Where compiled kernels are cached.
     pub kernel_cache: PathBuf,
 }
 
 struct GpuBackend {
+    /// The decode graphs (none until captured, or with --enforce-eager).
+    graphs: Option<GraphCaptureManager<CapturedDecode>>,
     model: GpuLlama,
     kernels: Arc<CudaKernels>,
     capacity: StepCapacity,
-    cache: GpuKvCache,
+    /// Shared with the graphs, which write it too.
+    cache: SharedKvCache,
     pool: PoolInfo,
+    max_seq_len_to_capture: usize,
 }
+
+/// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
+pub const MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
 
 /// Loads the checkpoint in `dir` onto device 0 and sizes its pool: what is free after the
 /// weights and a profiling forward of `max_num_batched_tokens` tokens, less the share of
@@ -79,6 +92,11 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
     };
     let block_bytes = model.kv_bytes_per_token() * s.block_size as u64;
     let num_blocks = blocks_in(budget, block_bytes, s.block_size, "the GPU memory left")?;
+    if num_blocks < 2 {
+        bail!("the GPU memory left holds one KV block, and one is the graphs' scratch block");
+    }
+    // The last block is the scratch block that padded graph rows write; no sequence owns it.
+    let scratch_block = num_blocks - 1;
     let layout = model.kv_layout(num_blocks as u64, s.block_size as u64);
     let audit = audit(&layout, 2).map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
     let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
@@ -89,9 +107,10 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         kernels: "kv_write, paged_attention",
         computed_in: "i64",
         device: format!("{} ({})", gpu.name(), gpu.arch()),
-        scratch_block: None,
+        scratch_block: Some(scratch_block),
     };
     Ok(Box::new(GpuBackend {
+        graphs: None,
         model,
         kernels,
         capacity: StepCapacity {
@@ -99,8 +118,9 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
             max_seqs: s.max_num_seqs,
             max_logit_rows,
         },
-        cache,
+        cache: Arc::new(Mutex::new(cache)),
         pool,
+        max_seq_len_to_capture: s.max_seq_len_to_capture,
     }))
 }
 
@@ -137,6 +157,62 @@ fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::
     Ok(())
 }
 
+impl GpuBackend {
+    /// Replays the graph that serves this step, if it is pure decode (one token and one
+    /// logit row per sequence, in order) and a captured size and context class hold it;
+    /// `None` leaves it to the eager forward.
+    fn replay(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Option<ReplayedStep<'_>>> {
+        let Some(graphs) = &self.graphs else {
+            return Ok(None);
+        };
+        let n = plan.seqs().len();
+        let decode = tokens.len() == n
+            && plan.seqs().iter().all(|s| s.q_len == 1)
+            && logit_rows.iter().copied().eq(0..n);
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        match graphs.graph_for(n) {
+            Some((_, graph)) if decode && longest <= graph.max_context() => {
+                Ok(Some(graph.replay(tokens, plan)?))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+/// Samples every row of the device `logits` (`[sampling.len(), vocab]`): on the device (one
+/// download of the chosen ids), unless a row asks for logprobs: then the logits come to the
+/// host and the CPU samples, as it would.
+fn sample_logits(
+    gpu: &Gpu,
+    kernels: &CudaKernels,
+    logits: &CudaView<f32>,
+    vocab: usize,
+    sampling: &mut [RowSampling],
+) -> anyhow::Result<Vec<GeneratedToken>> {
+    if sampling.iter().any(|s| s.logprobs.is_some()) {
+        let host = gpu.download(logits)?;
+        return Ok(sample_on_host(&host, vocab, sampling));
+    }
+    let mut requests: Vec<SampleRequest> = sampling
+        .iter_mut()
+        .map(|s| SampleRequest {
+            sampler: &mut *s.sampler,
+            prompt_tokens: s.prompt,
+            output_tokens: s.output,
+        })
+        .collect();
+    let ids = GpuSampler::new(kernels, gpu).sample_view(logits, vocab, &mut requests)?;
+    Ok(ids
+        .into_iter()
+        .map(|id| GeneratedToken { id, logprobs: None })
+        .collect())
+}
+
 impl ModelBackend for GpuBackend {
     fn config(&self) -> &ModelConfig {
         self.model.config()
@@ -150,8 +226,8 @@ impl ModelBackend for GpuBackend {
         Some(self.capacity)
     }
 
-    /// Samples on the device (one download of the chosen ids), unless a row asks for
-    /// logprobs: then the logits come to the host and the CPU samples, as it would.
+    /// Through a decode graph where one serves the step, else eagerly; sampled by
+    /// `sample_logits`.
     fn step(
         &mut self,
         tokens: &[u32],
@@ -162,48 +238,29 @@ impl ModelBackend for GpuBackend {
         let vocab = self.model.config().vocab_size;
         let gpu = self.model.gpu().clone();
         let kernels = self.kernels.clone();
-        let logits = self
-            .model
-            .forward(tokens, plan, &mut self.cache, logit_rows)?;
-        if sampling.iter().any(|s| s.logprobs.is_some()) {
-            let host = gpu.download(&logits)?;
-            return Ok(sample_on_host(&host, vocab, sampling));
+        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
+            return sample_logits(&gpu, &kernels, &replayed.logits(), vocab, sampling);
         }
-        let mut requests: Vec<SampleRequest> = sampling
-            .iter_mut()
-            .map(|s| SampleRequest {
-                sampler: &mut *s.sampler,
-                prompt_tokens: s.prompt,
-                output_tokens: s.output,
-            })
-            .collect();
-        let ids = GpuSampler::new(&kernels, &gpu).sample_view(&logits, vocab, &mut requests)?;
-        Ok(ids
-            .into_iter()
-            .map(|id| GeneratedToken { id, logprobs: None })
-            .collect())
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
+        sample_logits(&gpu, &kernels, &logits, vocab, sampling)
     }
 
-    /// The argmax on the device, one download of the ids.
+    /// The argmax on the device (inside the graph, where one serves the step), one
+    /// download of the ids.
     fn forward_argmax(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<u32>> {
-        let vocab = self.model.config().vocab_size;
-        let gpu = self.model.gpu().clone();
-        let kernels = self.kernels.clone();
-        let logits = self
+        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
+            return Ok(replayed.greedy_ids()?);
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(self
             .model
-            .forward(tokens, plan, &mut self.cache, logit_rows)?;
-        Ok(greedy_tokens(
-            &kernels,
-            &gpu,
-            &logits,
-            logit_rows.len(),
-            vocab,
-        )?)
+            .forward_argmax(tokens, plan, &mut cache, logit_rows)?)
     }
 
     /// One download of the picked rows' logits after the forward.
@@ -214,9 +271,32 @@ impl ModelBackend for GpuBackend {
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>> {
         let gpu = self.model.gpu().clone();
-        let logits = self
-            .model
-            .forward(tokens, plan, &mut self.cache, logit_rows)?;
+        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
+            return Ok(gpu.download(&replayed.logits())?);
+        }
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         Ok(gpu.download(&logits)?)
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
+        let limits = GraphLimits {
+            max_rows: sizes.largest(),
+            max_context: self
+                .max_seq_len_to_capture
+                .min(self.model.config().max_model_len),
+            scratch_slot: scratch * self.pool.layout.block_size as i64,
+        };
+        let (model, cache) = (&mut self.model, &self.cache);
+        let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
+            model.capture_decode(size, limits, cache)
+        })?;
+        self.graphs = Some(graphs);
+        Ok(())
     }
 }

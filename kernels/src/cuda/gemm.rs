@@ -49,10 +49,7 @@ impl GemmOutput for f32 {
     const GEMV_KERNEL: &'static str = "gemv_fixed_order_f32";
 }
 
-/// Outside deterministic mode, products of up to this many rows go through the GEMV kernel
-/// by default. None do: on the H200 the kernel still streams the weights slower than cuBLAS,
-/// even for one row (`bench latency --gemv-max-rows N` measures the two side by side).
-pub const GEMV_MAX_ROWS: usize = 0;
+use crate::GEMV_MAX_ROWS;
 
 /// Warps per block of the GEMV kernel (`GEMV_WARPS` in its source).
 const GEMV_BLOCK_COLS: usize = 8;
@@ -73,6 +70,9 @@ fn gemv_slices(k: usize) -> usize {
     }
     slices
 }
+
+/// The GEMV kernels of the MLP's gated activation, less their `_r{rows}` suffix.
+const GEMV_GATED_KERNEL: &str = "gemv_gated_bf16";
 
 /// Rows of x per pass of the GEMV kernels (`_r1` .. `_r8`).
 const GEMV_PASS_ROWS: [usize; 4] = [1, 2, 4, 8];
@@ -130,25 +130,50 @@ impl Gemm {
         }
     }
 
-    /// The MLP's down projection of the gated activation: `out = (silu(gate) * up) · wᵀ`
-    /// for the `[m, 2k]` matrix `gate_up` (gate columns, then up columns), through `act`
-    /// (`[m, k]`, the activation rounded to bf16).
+    /// The MLP's gated activation `act[m, inter] = silu(x · w_gateᵀ) * (x · w_upᵀ)` for the
+    /// `[2 · inter, k]` weight `w` (gate rows, then up rows). Where `m` rows take the GEMV
+    /// path it is one kernel that streams each gate row beside its up row and never writes
+    /// the products; otherwise the product goes to `gate_up` (`[m, 2 · inter]`) and then
+    /// through silu_and_mul. Both round the products to bf16 first, so they agree.
     #[allow(clippy::too_many_arguments)]
-    pub fn gated_linear(
+    pub fn gate_up_act(
         &self,
         kernels: &CudaKernels,
         stream: &CudaStream,
-        gate_up: &CudaView<bf16>,
-        act: &mut CudaViewMut<bf16>,
+        x: &CudaView<bf16>,
         w: &CudaView<bf16>,
-        out: &mut CudaViewMut<bf16>,
+        gate_up: &mut CudaViewMut<bf16>,
+        act: &mut CudaViewMut<bf16>,
         m: usize,
-        n: usize,
+        inter: usize,
     ) -> Result<(), GemmError> {
-        // silu_and_mul checks gate_up and act against this depth, linear checks w.
-        let k = w.len() / n;
-        silu_and_mul(kernels, stream, gate_up, act, m, k)?;
-        self.linear(kernels, stream, &act.as_view(), w, out, m, n)
+        let k = check_shapes(x.len(), w.len(), gate_up.len(), m, 2 * inter);
+        assert!(act.len() >= m * inter, "gate_up_act: short activation");
+        if m == 0 {
+            Ok(())
+        } else if self.uses_gemv(m) {
+            Ok(gemv(
+                kernels,
+                stream,
+                GEMV_GATED_KERNEL,
+                x,
+                w,
+                act,
+                m,
+                inter,
+                k,
+            )?)
+        } else {
+            self.cublas(stream, x, w, gate_up, m, 2 * inter, k)?;
+            Ok(silu_and_mul(
+                kernels,
+                stream,
+                &gate_up.as_view(),
+                act,
+                m,
+                inter,
+            )?)
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -291,7 +316,7 @@ mod tests {
         let line = format!("#define GEMV_WARPS {GEMV_BLOCK_COLS}\n");
         assert!(source.contains(&line), "gemm.cu lacks `{line}`");
         for rows in GEMV_PASS_ROWS {
-            for kernel in [bf16::GEMV_KERNEL, f32::GEMV_KERNEL] {
+            for kernel in [bf16::GEMV_KERNEL, f32::GEMV_KERNEL, GEMV_GATED_KERNEL] {
                 assert!(source.contains(&format!("{kernel}_r{rows}(")));
             }
         }

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaView, DriverError};
 use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::GemmError;
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
+use peregrine_kernels::cuda::sampling::sample_argmax_into;
 use peregrine_ops::cuda::attention::{write_kv, AttentionError, DeviceAttentionPlan, RotaryTable};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
@@ -53,14 +54,35 @@ impl GpuLlama {
         let (n, r) = (tokens.len(), logit_rows.len());
         let w = &mut self.work;
         check_step(c, w, n, r, plan.positions().iter().max().copied(), cache)?;
-        self.plan.stage(plan)?;
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let stream = core.gpu.stream();
-        stream.memcpy_htod(&ids, &mut w.tokens.slice_mut(0..n))?;
-        let rows: Vec<i32> = logit_rows.iter().map(|&row| row as i32).collect();
-        stream.memcpy_htod(&rows, &mut w.logit_rows.slice_mut(0..r))?;
+        self.plan.stage(tokens, plan, logit_rows)?;
         core.launch(w, n, r, &self.plan, cache)?;
         Ok(w.logits.slice(0..r * c.vocab_size))
+    }
+
+    /// [`GpuLlama::forward`], then [`GpuLlama::last_argmax`] of its logit rows.
+    pub fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<Vec<u32>, GpuForwardError> {
+        self.forward(tokens, plan, cache, logit_rows)?;
+        self.last_argmax(logit_rows.len())
+    }
+
+    /// The argmax (the lowest id among ties) of the first `rows` logit rows of the last
+    /// forward, on the device, into buffers kept from step to step: only the ids come to
+    /// the host.
+    pub fn last_argmax(&mut self, rows: usize) -> Result<Vec<u32>, GpuForwardError> {
+        if rows > self.work.max_logit_rows {
+            return Err(GpuForwardError::TooManyLogitRows {
+                rows,
+                max: self.work.max_logit_rows,
+            });
+        }
+        self.core.argmax(&mut self.work, rows)?;
+        Ok(self.core.gpu.download(&self.work.ids.slice(0..rows))?)
     }
 
     /// [`GpuLlama::forward`] with the logits copied to the host.
@@ -115,9 +137,19 @@ pub(super) fn check_step(
 }
 
 impl LlamaCore {
-    /// Queues the forward of the `n` rows staged in `w.tokens` and `dplan` (the plan's own
-    /// rows, or a captured size it is padded to), leaving the logits of the `r` rows in
-    /// `w.logit_rows` in `w.logits`. Reads no host value of the step but its sizes, so a
+    /// Queues the argmax of the first `rows` rows of `w.logits` into `w.ids`.
+    pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
+        let vocab = self.config.vocab_size;
+        let logits = w.logits.slice(0..rows * vocab);
+        let ids = &mut w.ids.slice_mut(0..rows);
+        let stream = self.gpu.stream();
+        sample_argmax_into(&self.kernels, stream, &logits, vocab, &mut w.partials, ids)?;
+        Ok(())
+    }
+
+    /// Queues the forward of the `n` rows staged in `dplan` (the plan's own rows, or a
+    /// captured size it is padded to), leaving the logits of its `r` logit rows in
+    /// `w.logits`. Reads no host value of the step but its sizes, so a
     /// graph captured from it serves every step staged into the same buffers.
     pub(super) fn launch(
         &self,
@@ -153,7 +185,7 @@ impl LlamaCore {
         embedding(
             k,
             stream,
-            &w.tokens.slice(0..n),
+            &dplan.token_ids(),
             &weights.embed.as_view(),
             residual,
             h,
@@ -218,9 +250,9 @@ impl LlamaCore {
             let post = layer.post_norm.as_view();
             add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
             let gu = layer.gate_up.as_view();
-            gemm.linear(k, stream, &normed.as_view(), &gu, gate_up, n, 2 * inter)?;
+            gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
             let down = layer.down.as_view();
-            gemm.gated_linear(k, stream, &gate_up.as_view(), act, &down, delta, n, h)?;
+            gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
         }
         let final_norm = weights.norm.as_view();
         add_rms_norm(
@@ -234,14 +266,7 @@ impl LlamaCore {
             eps,
         )?;
         let picked = &mut w.picked.slice_mut(0..r * h);
-        gather_rows(
-            k,
-            stream,
-            &normed.as_view(),
-            &w.logit_rows.slice(0..r),
-            picked,
-            h,
-        )?;
+        gather_rows(k, stream, &normed.as_view(), &dplan.logit_rows(), picked, h)?;
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let logits = &mut w.logits.slice_mut(0..r * c.vocab_size);
         gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;

@@ -12,14 +12,12 @@
 use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::llama::check_inputs;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaSlice, CudaView};
+use cudarc::driver::{CudaGraph, CudaView};
 use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
-use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into};
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
-use peregrine_runtime::{Padding, StagedInput};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A KV cache that captured graphs share with the eager steps: a graph holds it, so the
@@ -41,10 +39,7 @@ pub struct GraphLimits {
 pub(super) struct GraphBuffers {
     limits: GraphLimits,
     plan: DeviceAttentionPlan,
-    tokens: StagedInput<i32>,
     work: Workspace,
-    ids: CudaSlice<u32>,
-    partials: CudaSlice<u64>,
 }
 
 /// One captured decode step and everything its kernels address.
@@ -105,7 +100,7 @@ impl ReplayedStep<'_> {
         Ok(self
             .core
             .gpu
-            .download(&self.buffers.ids.slice(0..self.rows))?)
+            .download(&self.buffers.work.ids.slice(0..self.rows))?)
     }
 }
 
@@ -121,40 +116,22 @@ impl GraphBuffers {
         };
         let plan =
             DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
-        let mut work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows)?;
-        // Decode graphs want the logits of every row, in order.
-        let rows: Vec<i32> = (0..limits.max_rows as i32).collect();
-        gpu.stream().memcpy_htod(&rows, &mut work.logit_rows)?;
-        let tokens = StagedInput::new("token_ids", &[limits.max_rows], 0, Padding::RepeatLast)?;
-        let partials = argmax_partials(limits.max_rows, c.vocab_size);
-        Ok(GraphBuffers {
-            limits,
-            plan,
-            tokens,
-            work,
-            ids: gpu.zeros(limits.max_rows)?,
-            partials: gpu.zeros(partials)?,
-        })
+        let work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows)?;
+        Ok(GraphBuffers { limits, plan, work })
     }
 
     /// Stages a step (`tokens` over `plan`) padded to `size` rows, for grids that serve
     /// contexts up to `context`.
     fn stage(
         &mut self,
-        core: &LlamaCore,
         tokens: &[u32],
         plan: &AttentionPlan,
         size: usize,
         context: usize,
     ) -> Result<(), GpuForwardError> {
-        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        self.tokens
-            .stage(&ids, ids.len(), size)
-            .map_err(|e| AttentionError::Shape(e.to_string()))?;
-        self.plan.stage_padded(plan, size, context)?;
-        let padded = &self.tokens.as_slice()[..size];
-        let stream = core.gpu.stream();
-        stream.memcpy_htod(padded, &mut self.work.tokens.slice_mut(0..size))?;
+        // Decode graphs want the logits of every row, in order.
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        self.plan.stage_padded(tokens, plan, &rows, size, context)?;
         Ok(())
     }
 
@@ -166,17 +143,7 @@ impl GraphBuffers {
         cache: &mut GpuKvCache,
     ) -> Result<(), GpuForwardError> {
         core.launch(&mut self.work, size, size, &self.plan, cache)?;
-        let vocab = core.config.vocab_size;
-        let logits = self.work.logits.slice(0..size * vocab);
-        sample_argmax_into(
-            &core.kernels,
-            core.gpu.stream(),
-            &logits,
-            vocab,
-            &mut self.partials,
-            &mut self.ids.slice_mut(0..size),
-        )?;
-        Ok(())
+        core.argmax(&mut self.work, size)
     }
 }
 
@@ -230,7 +197,7 @@ impl GpuLlama {
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
         let mut graphs = Vec::new();
         for context in context_classes(limits.max_context, core.decode_kernel) {
-            b.stage(&core, &tokens, &plan, size, context)?;
+            b.stage(&tokens, &plan, size, context)?;
             b.launch(&core, size, &mut kv)?;
             core.gpu.synchronize()?;
             let stream = core.gpu.stream();
@@ -293,7 +260,7 @@ impl CapturedDecode {
             .into());
         };
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(core, tokens, plan, self.size, *context)?;
+        b.stage(tokens, plan, self.size, *context)?;
         graph.launch()?;
         Ok(ReplayedStep {
             buffers: b,

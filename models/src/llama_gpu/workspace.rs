@@ -4,6 +4,7 @@
 use crate::config::ModelConfig;
 use cudarc::driver::CudaSlice;
 use half::bf16;
+use peregrine_kernels::cuda::sampling::argmax_partials;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 
 /// Activations for up to `max_tokens` tokens and `max_logit_rows` logit rows.
@@ -24,14 +25,14 @@ pub struct Workspace {
     pub gate_up: CudaSlice<bf16>,
     /// The MLP activation, `[tokens, intermediate]`.
     pub act: CudaSlice<bf16>,
-    /// Token ids of the step.
-    pub tokens: CudaSlice<i32>,
-    /// Rows whose logits are wanted.
-    pub logit_rows: CudaSlice<i32>,
     /// Final-normed hidden states of those rows, `[logit rows, hidden]`.
     pub picked: CudaSlice<bf16>,
     /// Logits, f32 `[logit rows, vocab]`.
     pub logits: CudaSlice<f32>,
+    /// The argmax of each logit row.
+    pub ids: CudaSlice<u32>,
+    /// The argmax's per-chunk partial results.
+    pub partials: CudaSlice<u64>,
 }
 
 impl Workspace {
@@ -55,10 +56,10 @@ impl Workspace {
             delta: gpu.zeros(t * h)?,
             gate_up: gpu.zeros(t * 2 * inter)?,
             act: gpu.zeros(t * inter)?,
-            tokens: gpu.zeros(t)?,
-            logit_rows: gpu.zeros(max_logit_rows)?,
             picked: gpu.zeros(max_logit_rows * h)?,
             logits: gpu.zeros(max_logit_rows * c.vocab_size)?,
+            ids: gpu.zeros(max_logit_rows)?,
+            partials: gpu.zeros(argmax_partials(max_logit_rows, c.vocab_size))?,
         })
     }
 
@@ -76,7 +77,6 @@ impl Workspace {
         .iter()
         .map(|s| s.len() as u64 * 2)
         .sum::<u64>();
-        b16 + 4 * (self.residual.len() + self.tokens.len() + self.logit_rows.len()) as u64
-            + 4 * self.logits.len() as u64
+        b16 + 4 * self.residual.len() as u64 + 4 * self.logits.len() as u64
     }
 }

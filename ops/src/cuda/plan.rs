@@ -68,6 +68,8 @@ impl PlanCapacity {
 /// The fixed layout's inputs, each with its batch axis.
 struct FixedInputs {
     capacity: PlanCapacity,
+    tokens: StagedInput<i32>,
+    logit_rows: StagedInput<i32>,
     positions: StagedInput<i32>,
     q_start: StagedInput<i32>,
     q_len: StagedInput<i32>,
@@ -83,6 +85,8 @@ struct FixedInputs {
 /// Where each array starts in the packed `i32` and `i64` buffers, and how long it is.
 #[derive(Clone, Copy, Debug, Default)]
 struct Offsets {
+    tokens: (usize, usize),
+    logit_rows: (usize, usize),
     positions: (usize, usize),
     q_start: (usize, usize),
     q_len: (usize, usize),
@@ -103,6 +107,8 @@ struct StepNumbers {
     rows: usize,
     /// Rows the token-wise kernels run over: the real ones, or the captured size.
     padded_rows: usize,
+    /// Rows whose logits are computed (padded like the rows in a fixed plan).
+    logit_rows: usize,
     num_seqs: usize,
     max_context_len: usize,
     max_block: Option<u32>,
@@ -141,6 +147,41 @@ fn pack<T: Copy>(all: &mut Vec<T>, part: &[T]) -> (usize, usize) {
 /// The live counts as the kernels read them (`[split, decode, prefill]`).
 fn live_array(c: WorkCounts) -> [i32; LIVE_COUNTS] {
     [c.split as i32, c.decode as i32, c.prefill as i32]
+}
+
+/// A step's token ids and logit rows as the kernels read them, with its plan.
+struct StepRows<'a> {
+    plan: &'a AttentionPlan,
+    tokens: Vec<i32>,
+    logit_rows: Vec<i32>,
+}
+
+impl<'a> StepRows<'a> {
+    /// Refuses token ids that are not one per planned row, and logit rows past them.
+    fn new(
+        tokens: &[u32],
+        plan: &'a AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Result<StepRows<'a>, AttentionError> {
+        if tokens.len() != plan.rows() {
+            return Err(AttentionError::Shape(format!(
+                "{} token ids for {} planned rows",
+                tokens.len(),
+                plan.rows()
+            )));
+        }
+        if let Some(&row) = logit_rows.iter().find(|&&r| r >= plan.rows()) {
+            return Err(AttentionError::Shape(format!(
+                "logit row {row} of {} planned rows",
+                plan.rows()
+            )));
+        }
+        Ok(StepRows {
+            plan,
+            tokens: tokens.iter().map(|&t| t as i32).collect(),
+            logit_rows: logit_rows.iter().map(|&r| r as i32).collect(),
+        })
+    }
 }
 
 /// A plan's per-sequence arrays on the host.
@@ -201,14 +242,16 @@ impl DeviceAttentionPlan {
         })
     }
 
-    /// [`DeviceAttentionPlan::growing`] staged with `plan`.
+    /// [`DeviceAttentionPlan::growing`] staged with `plan` alone (token ids 0, no logit
+    /// rows): for the attention ops, which read neither.
     pub fn upload(
         gpu: &Gpu,
         plan: &AttentionPlan,
         decode: DecodeKernel,
     ) -> Result<DeviceAttentionPlan, AttentionError> {
         let mut dplan = DeviceAttentionPlan::growing(gpu, decode)?;
-        dplan.stage(plan)?;
+        let tokens = vec![0; plan.rows()];
+        dplan.stage(&tokens, plan, &[])?;
         Ok(dplan)
     }
 
@@ -228,6 +271,8 @@ impl DeviceAttentionPlan {
         let fill = |name, shape: &[usize]| StagedInput::new(name, shape, 0, Padding::Fill(0));
         let inputs = FixedInputs {
             capacity,
+            tokens: repeat("token_ids", &[n]).map_err(stage)?,
+            logit_rows: repeat("logit_rows", &[n]).map_err(stage)?,
             positions: repeat("positions", &[n]).map_err(stage)?,
             q_start: repeat("q_start", &[n]).map_err(stage)?,
             q_len: repeat("q_len", &[n]).map_err(stage)?,
@@ -248,6 +293,8 @@ impl DeviceAttentionPlan {
         };
         let (mut ints, mut longs) = (Vec::new(), Vec::new());
         let at = Offsets {
+            tokens: pack(&mut ints, inputs.tokens.as_slice()),
+            logit_rows: pack(&mut ints, inputs.logit_rows.as_slice()),
             positions: pack(&mut ints, inputs.positions.as_slice()),
             q_start: pack(&mut ints, inputs.q_start.as_slice()),
             q_len: pack(&mut ints, inputs.q_len.as_slice()),
@@ -279,14 +326,21 @@ impl DeviceAttentionPlan {
         Ok(plan)
     }
 
-    /// Stages `plan` (planned over the real tokens) into a growing plan.
-    pub fn stage(&mut self, plan: &AttentionPlan) -> Result<(), AttentionError> {
+    /// Stages a step into a growing plan: `tokens` (one per row) over `plan` (planned over
+    /// the real tokens), asking the logits of `logit_rows`.
+    pub fn stage(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Result<(), AttentionError> {
         if self.fixed.is_some() {
             return Err(AttentionError::Shape(
                 "a fixed plan stages a step padded to a captured size".into(),
             ));
         }
-        self.stage_step(plan, plan.rows(), 0)
+        let step = StepRows::new(tokens, plan, logit_rows)?;
+        self.stage_step(&step, plan.rows(), 0)
     }
 
     /// Stages `plan` (planned over the real tokens) into a fixed plan for a graph of
@@ -295,10 +349,13 @@ impl DeviceAttentionPlan {
     /// fit them.
     pub fn stage_padded(
         &mut self,
+        tokens: &[u32],
         plan: &AttentionPlan,
+        logit_rows: &[usize],
         padded_rows: usize,
         max_context: usize,
     ) -> Result<(), AttentionError> {
+        let step = StepRows::new(tokens, plan, logit_rows)?;
         match &self.fixed {
             None => Err(AttentionError::Shape(
                 "a growing plan stages the real rows only".into(),
@@ -307,17 +364,18 @@ impl DeviceAttentionPlan {
                 "grids for contexts of {max_context} tokens past the plan's {}",
                 f.capacity.max_context
             ))),
-            Some(_) => self.stage_step(plan, padded_rows, max_context),
+            Some(_) => self.stage_step(&step, padded_rows, max_context),
         }
     }
 
     /// [`stage`](Self::stage) or [`stage_padded`](Self::stage_padded), checked.
     fn stage_step(
         &mut self,
-        plan: &AttentionPlan,
+        rows: &StepRows,
         padded_rows: usize,
         max_context: usize,
     ) -> Result<(), AttentionError> {
+        let plan = rows.plan;
         let shapes: Vec<SeqRows> = plan
             .seqs()
             .iter()
@@ -331,6 +389,11 @@ impl DeviceAttentionPlan {
         let step = StepNumbers {
             rows: plan.rows(),
             padded_rows,
+            logit_rows: if self.fixed.is_some() {
+                padded_rows
+            } else {
+                rows.logit_rows.len()
+            },
             num_seqs: plan.seqs().len(),
             max_context_len: plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
             max_block: plan
@@ -349,6 +412,8 @@ impl DeviceAttentionPlan {
                 ints.clear();
                 longs.clear();
                 self.at = Offsets {
+                    tokens: pack(ints, &rows.tokens),
+                    logit_rows: pack(ints, &rows.logit_rows),
                     positions: pack(ints, &positions),
                     q_start: pack(ints, &seq.q_start),
                     q_len: pack(ints, &seq.q_len),
@@ -372,7 +437,7 @@ impl DeviceAttentionPlan {
                     .capacity
                     .grid(padded_rows, max_context, self.decode_kernel);
                 let step = FixedStep {
-                    plan,
+                    rows,
                     work: &work,
                     positions: &positions,
                     padded: padded_rows,
@@ -432,6 +497,19 @@ impl DeviceAttentionPlan {
     /// This step's work items.
     pub fn live_counts(&self) -> WorkCounts {
         self.live
+    }
+
+    /// Token id of every row, `padded_rows()` entries.
+    pub fn token_ids(&self) -> CudaView<'_, i32> {
+        let (start, _) = self.at.tokens;
+        self.ints.slice(start..start + self.step.padded_rows)
+    }
+
+    /// The rows whose logits the step computes: those asked for, or, in a fixed plan, the
+    /// captured size of them (padded by repeating the last).
+    pub fn logit_rows(&self) -> CudaView<'_, i32> {
+        let (start, _) = self.at.logit_rows;
+        self.ints.slice(start..start + self.step.logit_rows)
     }
 
     /// Position of every row, `padded_rows()` entries.
@@ -566,7 +644,7 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 /// One step for a fixed plan: the host plan and its work lists, padded to `padded` rows,
 /// for grids `grid` that serve contexts up to `max_context`.
 struct FixedStep<'a> {
-    plan: &'a AttentionPlan,
+    rows: &'a StepRows<'a>,
     work: &'a AttentionWork,
     positions: &'a [i32],
     padded: usize,
@@ -584,13 +662,14 @@ fn stage_fixed(
     step: &FixedStep,
 ) -> Result<(), AttentionError> {
     let FixedStep {
-        plan,
+        rows: step_rows,
         work,
         positions,
         padded,
         max_context,
         grid,
     } = *step;
+    let plan = step_rows.plan;
     let cap = f.capacity;
     let too_big = |what: &str, n: usize, most: usize| {
         AttentionError::Shape(format!(
@@ -634,6 +713,18 @@ fn stage_fixed(
         dst[start..start + len].copy_from_slice(&input.as_slice()[..len]);
         Ok(())
     }
+    let (tokens, logit_rows) = (&step_rows.tokens, &step_rows.logit_rows);
+    put(ints, at.tokens, &mut f.tokens, tokens, rows, padded).map_err(stage)?;
+    let (real_logits, rows_at) = (logit_rows.len(), at.logit_rows);
+    put(
+        ints,
+        rows_at,
+        &mut f.logit_rows,
+        logit_rows,
+        real_logits,
+        padded,
+    )
+    .map_err(stage)?;
     put(
         ints,
         at.positions,

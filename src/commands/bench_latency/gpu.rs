@@ -10,7 +10,6 @@ use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, SharedKvCache,
 };
 use peregrine_models::ModelConfig;
-use peregrine_ops::cuda::sampler::greedy_tokens;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::Gpu;
@@ -22,7 +21,6 @@ pub struct GpuModel {
     graphs: Vec<CapturedDecode>,
     model: GpuLlama,
     cache: SharedKvCache,
-    kernels: Arc<CudaKernels>,
     source: String,
     products: String,
 }
@@ -96,7 +94,6 @@ impl GpuModel {
             graphs,
             model,
             cache,
-            kernels,
             source,
             products,
         })
@@ -166,14 +163,12 @@ impl LatencyModel for GpuModel {
             let tokens = replayed.greedy_ids()?;
             return Ok(StepTokens { tokens, queued });
         }
-        let gpu = self.model.gpu().clone();
-        let vocab = self.vocab_size();
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
+        self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         // The argmax's two launches are left out of the queued time: they are queued just
         // before the download that waits.
         let queued = Instant::now();
-        let tokens = greedy_tokens(&self.kernels, &gpu, &logits, logit_rows.len(), vocab)?;
+        let tokens = self.model.last_argmax(logit_rows.len())?;
         Ok(StepTokens { tokens, queued })
     }
 

@@ -54,6 +54,7 @@ fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn Mode
                     0
                 },
                 deterministic: config.deterministic,
+                max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)
