@@ -44,7 +44,7 @@
 #define PA_LIVE_PREFILL 2
 #define PA_PARTITION 512        // tokens per split partition: a constant, never per batch
 #define PA_SPLIT_THREADS 256    // threads of the split kernel
-#define PA_UNROLL 4             // 16-byte loads in flight per lane in the split kernel
+#define PA_UNROLL 8             // 16-byte loads in flight per lane in the split kernel
 #define PA_COMBINE_THREADS 512  // threads of the combine kernel
 #define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
 #define PA_BQ 32                // queries per prefill tile

@@ -55,7 +55,8 @@ impl GpuLlama {
         let w = &mut self.work;
         check_step(c, w, n, r, plan.positions().iter().max().copied(), cache)?;
         self.plan.stage(tokens, plan, logit_rows)?;
-        core.launch(w, n, r, &self.plan, cache)?;
+        let every_row = logit_rows.iter().copied().eq(0..n);
+        core.launch(w, n, r, every_row, &self.plan, cache)?;
         Ok(w.logits.slice(0..r * c.vocab_size))
     }
 
@@ -149,16 +150,22 @@ impl LlamaCore {
 
     /// Queues the forward of the `n` rows staged in `dplan` (the plan's own rows, or a
     /// captured size it is padded to), leaving the logits of its `r` logit rows in
-    /// `w.logits`. Reads no host value of the step but its sizes, so a
+    /// `w.logits`; `every_row` says that they are all `n` rows in order (a decode step), so
+    /// that the final hidden states need no gather. Reads no host value of the step but its sizes, so a
     /// graph captured from it serves every step staged into the same buffers.
     pub(super) fn launch(
         &self,
         w: &mut Workspace,
         n: usize,
         r: usize,
+        every_row: bool,
         dplan: &DeviceAttentionPlan,
         cache: &mut GpuKvCache,
     ) -> Result<(), GpuForwardError> {
+        assert!(
+            !every_row || r == n,
+            "every row's logits, but {r} of {n} rows"
+        );
         let c = &self.config;
         let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
@@ -265,11 +272,16 @@ impl LlamaCore {
             n,
             eps,
         )?;
-        let picked = &mut w.picked.slice_mut(0..r * h);
-        gather_rows(k, stream, &normed.as_view(), &dplan.logit_rows(), picked, h)?;
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let logits = &mut w.logits.slice_mut(0..r * c.vocab_size);
-        gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;
+        if every_row {
+            // A decode step asks every row's logits, in order: no gather.
+            gemm.linear(k, stream, &normed.as_view(), &head, logits, r, c.vocab_size)?;
+        } else {
+            let picked = &mut w.picked.slice_mut(0..r * h);
+            gather_rows(k, stream, &normed.as_view(), &dplan.logit_rows(), picked, h)?;
+            gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;
+        }
         Ok(())
     }
 }

@@ -142,7 +142,7 @@ impl GraphBuffers {
         size: usize,
         cache: &mut GpuKvCache,
     ) -> Result<(), GpuForwardError> {
-        core.launch(&mut self.work, size, size, &self.plan, cache)?;
+        core.launch(&mut self.work, size, size, true, &self.plan, cache)?;
         core.argmax(&mut self.work, size)
     }
 }
