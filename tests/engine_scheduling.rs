@@ -4,35 +4,17 @@
 
 mod common;
 
-use common::engine::{collect, requests, submit};
+use common::engine::{collect, requests, solo, submit};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
-use peregrine_actors::{GenerationRequest, Generator};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
 const MAX_TOKENS: usize = 12;
-
-/// Each request alone through the single-request generator.
-fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<u32>> {
-    let mut generator = Generator::new(LlamaModel::load(dir).unwrap(), 64, 16);
-    reqs.iter()
-        .map(|(prompt, params)| {
-            let request = GenerationRequest {
-                prompt: prompt.clone(),
-                params: params.clone(),
-                max_tokens: MAX_TOKENS,
-                stop_token_ids: vec![],
-                ignore_eos: true,
-            };
-            generator.generate(&request, |_| {}).unwrap().0
-        })
-        .collect()
-}
 
 /// All requests at once through the serving engine; returns each one's tokens and usage.
 async fn served(
@@ -110,7 +92,7 @@ async fn batching_chunking_and_preemption_leave_outputs_unchanged() {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(TinySpec::llama_tiny(), 77).write_hf(dir.path());
     let reqs = requests(300, 12, 5);
-    let alone = solo(dir.path(), &reqs);
+    let alone = solo(dir.path(), &reqs, MAX_TOKENS);
 
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
@@ -150,5 +132,5 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     // 40 prompt tokens: two full blocks of 16 can be served from the cache.
     assert_eq!(runs[1].1.cached_tokens, 32);
     assert_eq!(runs[0].0, runs[1].0);
-    assert_eq!(runs[0].0, solo(dir.path(), &req)[0]);
+    assert_eq!(runs[0].0, solo(dir.path(), &req, MAX_TOKENS)[0]);
 }

@@ -5,13 +5,12 @@
 
 mod common;
 
-use common::engine::{collect, requests, submit};
+use common::engine::{collect, requests, solo, submit};
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::cpu_backend;
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::{CaptureSizes, CpuDecodeGraphs};
 use peregrine_actors::messages::{FinishReason, SchedulerLimits, SchedulerMsg};
-use peregrine_actors::{GenerationRequest, Generator};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_models::{LlamaModel, StepInputs, StepShape, StepStaging};
 use peregrine_ops::sampling::argmax;
@@ -273,20 +272,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(TinySpec::llama_tiny(), 92).write_hf(dir.path());
     let reqs = requests(300, 12, 9);
-    let mut generator = Generator::new(LlamaModel::load(dir.path()).unwrap(), 64, 16);
-    let alone: Vec<Vec<u32>> = reqs
-        .iter()
-        .map(|(prompt, params)| {
-            let request = GenerationRequest {
-                prompt: prompt.clone(),
-                params: params.clone(),
-                max_tokens: MAX_TOKENS,
-                stop_token_ids: vec![],
-                ignore_eos: true,
-            };
-            generator.generate(&request, |_| {}).unwrap().0
-        })
-        .collect();
+    let alone = solo(dir.path(), &reqs, MAX_TOKENS);
     let limits = |max_num_seqs| SchedulerLimits {
         max_num_seqs,
         max_num_batched_tokens: 64,

@@ -4,9 +4,12 @@
 use peregrine_actors::messages::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, Usage,
 };
+use peregrine_actors::{GenerationRequest, Generator};
+use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -75,6 +78,24 @@ pub fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParam
                 }
             };
             (prompt, params)
+        })
+        .collect()
+}
+
+/// Each request alone through the single-request generator (pool of 64 blocks of 16), its
+/// `max_tokens` tokens past EOS: what the engine must give it whatever else runs.
+pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) -> Vec<Vec<u32>> {
+    let mut generator = Generator::new(LlamaModel::load(dir).unwrap(), 64, 16);
+    reqs.iter()
+        .map(|(prompt, params)| {
+            let request = GenerationRequest {
+                prompt: prompt.clone(),
+                params: params.clone(),
+                max_tokens,
+                stop_token_ids: vec![],
+                ignore_eos: true,
+            };
+            generator.generate(&request, |_| {}).unwrap().0
         })
         .collect()
 }

@@ -501,27 +501,23 @@ impl DeviceAttentionPlan {
 
     /// Token id of every row, `padded_rows()` entries.
     pub fn token_ids(&self) -> CudaView<'_, i32> {
-        let (start, _) = self.at.tokens;
-        self.ints.slice(start..start + self.step.padded_rows)
+        self.int_array((self.at.tokens.0, self.step.padded_rows))
     }
 
     /// The rows whose logits the step computes: those asked for, or, in a fixed plan, the
     /// captured size of them (padded by repeating the last).
     pub fn logit_rows(&self) -> CudaView<'_, i32> {
-        let (start, _) = self.at.logit_rows;
-        self.ints.slice(start..start + self.step.logit_rows)
+        self.int_array((self.at.logit_rows.0, self.step.logit_rows))
     }
 
     /// Position of every row, `padded_rows()` entries.
     pub fn positions(&self) -> CudaView<'_, i32> {
-        let (start, _) = self.at.positions;
-        self.ints.slice(start..start + self.step.padded_rows)
+        self.int_array((self.at.positions.0, self.step.padded_rows))
     }
 
     /// Cache slot of every row, `padded_rows()` entries (padded rows: the scratch slot).
     pub fn slot_mapping(&self) -> CudaView<'_, i64> {
-        let (start, _) = self.at.slot_mapping;
-        self.longs.slice(start..start + self.step.padded_rows)
+        self.long_array((self.at.slot_mapping.0, self.step.padded_rows))
     }
 
     /// Largest slot the step writes, if any.
