@@ -3,25 +3,30 @@
 // not depend on the other rows of the batch.
 
 // Row elements a thread keeps in registers between the sum of squares and the output, with
-// their weights, loaded before the block reduction; rows longer than NORM_CACHED threads'
-// worth (8192 elements at 1024 threads) read the rest again. Each thread still adds its
-// elements in ascending order.
+// their weights; rows longer than NORM_CACHED threads' worth (8192 elements at 1024
+// threads) read the rest again. Each thread still adds its elements in ascending order.
 #define NORM_CACHED 8
 
 // One row: out = x * rsqrt(mean(x^2) + eps) * weight, for an f32 residual stream x; with
-// ADD, x += delta first (written back), so x is read and written through one pointer.
+// ADD, x += delta first (written back), so x is read and written through one pointer. Every
+// cached element is loaded before the first is stored back, so that the loads are in
+// flight together rather than one round trip each behind a store that might alias them.
 template <bool ADD>
 __device__ __forceinline__ void rms_norm_row(float* x, const bf16* __restrict__ delta,
                                              const bf16* __restrict__ weight,
                                              bf16* __restrict__ out, int dim, float eps) {
     __shared__ float scratch[32];
     float v[NORM_CACHED], w[NORM_CACHED];
-    float sq = 0.0f;
 #pragma unroll
     for (int j = 0; j < NORM_CACHED; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         v[j] = i < dim ? (ADD ? x[i] + to_f32(delta[i]) : x[i]) : 0.0f;
         w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
+    }
+    float sq = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
         if (i < dim) {
             if (ADD) x[i] = v[j];
             sq += v[j] * v[j];
