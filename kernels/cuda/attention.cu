@@ -52,6 +52,20 @@
 #define PA_TPR 4                // prefill threads per query row
 #define PA_PREFILL_THREADS 128  // PA_BQ * PA_TPR
 
+// The KV write of a decode step, fused into the split kernel (fuse != 0): each sequence's
+// last token takes its key (rotated by `rotary` as in kv_write_bf16, at positions[row]) and
+// value from qkv's K and V columns, and the KV head's first block writes them to slot
+// slot_mapping[row] (skipped when negative or past num_slots). With fuse == 0 the caches
+// already hold the step's keys and q is already rotated; the other fields are not read.
+struct PaNewKv {
+    const int* positions;
+    const float* cos_sin;
+    int rotary;
+    const i64* slot_mapping;
+    i64 num_slots;
+    int fuse;
+};
+
 // Element offset of the slot holding token t of a sequence whose block ids are `table`.
 // The block id is widened before it is multiplied.
 __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block_size, i64 slot_elems) {
@@ -69,8 +83,7 @@ __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block
 // order of every sum depends on the partition's tokens only.
 template <int D, int MAXG>
 __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_stride,
-                                         const bf16* __restrict__ k_cache,
-                                         const bf16* __restrict__ v_cache,
+                                         bf16* k_cache, bf16* v_cache,
                                          const int* __restrict__ q_start,
                                          const int* __restrict__ context_len,
                                          const i64* __restrict__ table_start,
@@ -79,7 +92,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
                                          const int* __restrict__ live,
                                          float* __restrict__ scratch, bf16* __restrict__ o,
                                          int num_heads, int num_kv_heads, int block_size,
-                                         float scale) {
+                                         float scale, PaNewKv nk) {
     constexpr int VEC = 8;           // bf16 per 16-byte load
     constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
     constexpr int WARPS = PA_SPLIT_THREADS / WARP_SIZE;
@@ -117,17 +130,52 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     // The partition's rows, looked up in the block table once (64-bit offsets).
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         slot_at[i] = pa_slot_offset(table, first + i, block_size, slot_elems) + (i64)kv_head * D;
+    // With the KV write fused in, this step's token (the sequence's last) comes from qkv,
+    // its key rotated here as kv_write_bf16 would, and never from the cache: no block reads
+    // the slot that another block of the launch writes.
+    __shared__ __align__(16) bf16 new_k[D];
+    __shared__ __align__(16) bf16 new_v[D];
+    const i64 row = q_start[seq];
+    const int last = nk.fuse ? ctx - 1 - first : -1;  // its index in the partition
+    const bool has_new = last >= 0 && last < n;
+    const int new_at = has_new ? last : -1;           // -1: no token of the loops
+    const float* angles = nk.fuse && nk.rotary ? nk.cos_sin + (i64)nk.positions[row] * D : nullptr;
+    if (has_new) {
+        const bf16* k_new = q + row * q_stride + ((i64)num_heads + kv_head) * D;
+        const bf16* v_new = q + row * q_stride + ((i64)num_heads + num_kv_heads + kv_head) * D;
+        for (int e = threadIdx.x; e < D; e += blockDim.x) {
+            new_k[e] = angles ? rope_element(k_new, e, D / 2, nk.rotary, angles) : k_new[e];
+            new_v[e] = v_new[e];
+        }
+    }
     __syncthreads();
+    // The first block of the KV head stores the token's key and value in its slot.
+    if (has_new && g0 == 0) {
+        const i64 slot = nk.slot_mapping[row];
+        if (slot >= 0 && slot < nk.num_slots) {
+            const i64 dst = (slot * num_kv_heads + kv_head) * D;
+            for (int e = threadIdx.x; e < D; e += blockDim.x) {
+                k_cache[dst + e] = new_k[e];
+                v_cache[dst + e] = new_v[e];
+            }
+        }
+    }
 
     // This lane's 8 elements of each query head (scalar loads: q's stride need not be
-    // aligned). Loops over heads run to MAXG so the arrays stay in registers.
-    const bf16* q_row = q + (i64)q_start[seq] * q_stride + gl * VEC;
+    // aligned), rotated here when the KV write is fused in (kv_write_bf16 rotates them in
+    // place otherwise). Loops over heads run to MAXG so the arrays stay in registers.
+    const bf16* q_row = q + row * q_stride;
     float qv[MAXG][VEC];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
+        const bf16* head = q_row + (i64)(h0 + g) * D;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j)
-            qv[g][j] = g < heads_here ? to_f32(q_row[(i64)(h0 + g) * D + j]) : 0.0f;
+        for (int j = 0; j < VEC; ++j) {
+            const int e = gl * VEC + j;
+            qv[g][j] = g >= heads_here ? 0.0f
+                       : angles        ? to_f32(rope_element(head, e, D / 2, nk.rotary, angles))
+                                       : to_f32(head[e]);
+        }
     }
 
     // Scores of the partition's tokens. The loop bounds are the same for the whole block,
@@ -138,7 +186,8 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
+            if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_k + gl * VEC);
+            else if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
         for (int u = 0; u < PA_UNROLL; ++u) {
@@ -214,7 +263,8 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
+            if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_v + gl * VEC);
+            else if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
         for (int u = 0; u < PA_UNROLL; ++u) {
@@ -287,15 +337,15 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 }
 
 #define PA_SPLIT_PARAMS                                                                      \
-    const bf16 *__restrict__ q, i64 q_stride, const bf16 *__restrict__ k_cache,              \
-        const bf16 *__restrict__ v_cache, const int *__restrict__ q_start,                   \
+    const bf16 *__restrict__ q, i64 q_stride, bf16 *k_cache, bf16 *v_cache,                  \
+        const int *__restrict__ q_start,                                                     \
         const int *__restrict__ context_len, const i64 *__restrict__ table_start,            \
         const int *__restrict__ block_table, const int *__restrict__ split_work, int num_work, \
         const int *__restrict__ live, float *__restrict__ scratch, bf16 *__restrict__ o,      \
-        int num_heads, int num_kv_heads, int block_size, float scale
+        int num_heads, int num_kv_heads, int block_size, float scale, PaNewKv nk
 #define PA_SPLIT_ARGS                                                                       \
     q, q_stride, k_cache, v_cache, q_start, context_len, table_start, block_table, split_work, \
-        num_work, live, scratch, o, num_heads, num_kv_heads, block_size, scale
+        num_work, live, scratch, o, num_heads, num_kv_heads, block_size, scale, nk
 
 // One kernel per head size and bucket of query heads per KV head. A head's result does not
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to

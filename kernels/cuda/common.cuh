@@ -88,3 +88,18 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 
 // silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
+// The rotary embedding of element e of one head x (head_dim = 2 * half elements) by the
+// angles `table` (half cosines, then half sines), rounded to bf16 as a rotated value is
+// stored: rotary == 1 pairs element i with i + half, rotary == 2 pairs 2i with 2i + 1.
+// Every kernel that rotates goes through here, with the products and sums spelled out, so
+// they agree to the bit.
+__device__ __forceinline__ bf16 rope_element(const bf16* x, int e, int half, int rotary,
+                                             const float* table) {
+    const int p = rotary == 2 ? e / 2 : (e < half ? e : e - half);
+    const int a = rotary == 2 ? 2 * p : p;
+    const int b = rotary == 2 ? 2 * p + 1 : p + half;
+    const float x0 = to_f32(x[a]), x1 = to_f32(x[b]);
+    const float c = table[p], s = table[half + p];
+    return to_bf16(e == a ? __fmaf_rn(x0, c, -__fmul_rn(x1, s)) : __fmaf_rn(x1, c, __fmul_rn(x0, s)));
+}

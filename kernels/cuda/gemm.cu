@@ -72,18 +72,20 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * piece;
                 if (kb >= end) break;
+                // Each weight piece is unpacked once, for every row of the pass.
+                float wf[HALVES][8];
+#pragma unroll
+                for (int h = 0; h < HALVES; h++) unpack_bf16x8(wv[h][u], wf[h]);
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
                     if (r0 + r < m) {
                         float xf[8];
                         unpack_bf16x8(load_bf16x8(x + (i64)(r0 + r) * k + kb), xf);
 #pragma unroll
-                        for (int h = 0; h < HALVES; h++) {
-                            float wf[8];
-                            unpack_bf16x8(wv[h][u], wf);
+                        for (int h = 0; h < HALVES; h++)
 #pragma unroll
-                            for (int j = 0; j < 8; j++) acc[h][r] = fmaf(xf[j], wf[j], acc[h][r]);
-                        }
+                            for (int j = 0; j < 8; j++)
+                                acc[h][r] = fmaf(xf[j], wf[h][j], acc[h][r]);
                     }
                 }
             }

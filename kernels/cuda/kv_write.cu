@@ -18,18 +18,6 @@
 
 #define KV_WRITE_THREADS 64  // threads per (row, head) block
 
-// The rotated pair (x[a], x[b]) of pair p, as bf16, by the angles of `table`.
-__device__ __forceinline__ void rotate_pair(const bf16* x, int p, int half, int rotary,
-                                            const float* table, int* a, int* b, bf16* ya,
-                                            bf16* yb) {
-    *a = rotary == 2 ? 2 * p : p;
-    *b = rotary == 2 ? 2 * p + 1 : p + half;
-    const float x0 = to_f32(x[*a]), x1 = to_f32(x[*b]);
-    const float c = table[p], s = table[half + p];
-    *ya = to_bf16(x0 * c - x1 * s);
-    *yb = to_bf16(x1 * c + x0 * s);
-}
-
 // One block per (row, head): blocks 0 .. q_heads - 1 of a row rotate its query heads (and
 // do nothing without rotary), the next kv_heads write one KV head each, so a one-row decode
 // step still spreads over q_heads + kv_heads blocks.
@@ -48,10 +36,11 @@ extern "C" __global__ void __launch_bounds__(KV_WRITE_THREADS) kv_write_bf16(
     if (head < q_heads) {
         if (!rotary) return;
         bf16* x = q + (i64)head * head_dim;
+        // Each thread rotates whole pairs, so it reads both elements before writing them.
         for (int p = threadIdx.x; p < half; p += blockDim.x) {
-            int a, b;
-            bf16 ya, yb;
-            rotate_pair(x, p, half, rotary, table, &a, &b, &ya, &yb);
+            const int a = rotary == 2 ? 2 * p : p, b = rotary == 2 ? 2 * p + 1 : p + half;
+            const bf16 ya = rope_element(x, a, half, rotary, table);
+            const bf16 yb = rope_element(x, b, half, rotary, table);
             x[a] = ya;
             x[b] = yb;
         }
@@ -64,13 +53,8 @@ extern "C" __global__ void __launch_bounds__(KV_WRITE_THREADS) kv_write_bf16(
     const bf16* v = q + ((i64)q_heads + kv_heads + kv) * head_dim;
     const i64 dst = (slot * kv_heads + kv) * head_dim;
     if (rotary) {
-        for (int p = threadIdx.x; p < half; p += blockDim.x) {
-            int a, b;
-            bf16 ya, yb;
-            rotate_pair(k, p, half, rotary, table, &a, &b, &ya, &yb);
-            k_cache[dst + a] = ya;
-            k_cache[dst + b] = yb;
-        }
+        for (int e = threadIdx.x; e < head_dim; e += blockDim.x)
+            k_cache[dst + e] = rope_element(k, e, half, rotary, table);
     } else {
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) k_cache[dst + i] = k[i];
     }

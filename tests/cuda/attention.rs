@@ -12,8 +12,9 @@ use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::{attention as kernel, kv_write};
 use peregrine_ops::cuda::attention::{
-    write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention,
+    write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
 };
+use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
 use rand::seq::SliceRandom;
@@ -690,8 +691,8 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
             stream,
             &qkv_dev.slice(..),
             stride,
-            &k_dev,
-            &v_dev,
+            &mut k_dev,
+            &mut v_dev,
             &layout,
             &device_plan,
             &mut o_dev.slice_mut(..9 * width),
@@ -705,8 +706,8 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
             stream,
             &qkv_dev.slice(..9 * stride),
             stride,
-            &k_dev,
-            &v_dev,
+            &mut k_dev,
+            &mut v_dev,
             &layout,
             &device_plan,
             &mut o_dev.slice_mut(..),
@@ -737,8 +738,8 @@ fn a_plan_past_its_buffers_or_pool_is_refused_before_launch() {
             stream,
             &qkv_dev.slice(..),
             stride,
-            &k_dev,
-            &v_dev,
+            &mut k_dev,
+            &mut v_dev,
             &smaller,
             &device_plan,
             &mut o_dev.slice_mut(..),
@@ -842,5 +843,133 @@ fn a_pool_past_4_gib_is_addressed_exactly() {
             .download(&caches.v_dev.slice(b * block..(b + 1) * block))
             .unwrap();
         assert_same_bits(&format!("untouched V block {b}"), &got, &zeros);
+    }
+}
+
+#[test]
+fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("the_fused_kv_write_gives_the_bits_of_write_kv_then_attention");
+    let stream = s.gpu.stream();
+    for (heads, kv_heads, d, rotary) in [
+        (8, 2, 64, Some(false)),
+        (4, 4, 128, Some(true)),
+        (6, 3, 64, None),
+    ] {
+        let (width, kv_width) = (heads * d, kv_heads * d);
+        let stride = width + 2 * kv_width + 8; // a row with spare columns after V
+        let (block_size, per_seq, seqs) = (16usize, 80usize, 9usize);
+        let num_blocks = (seqs * per_seq) as u64;
+        let layout = KvLayout {
+            num_blocks,
+            block_size: block_size as u64,
+            num_kv_heads: kv_heads as u64,
+            head_dim: d as u64,
+        };
+        // Contexts of one partition and of several (up to 1,280 tokens), scattered tables.
+        let tables: Vec<Vec<u32>> = (0..seqs)
+            .map(|q| (0..per_seq).map(|i| (i * seqs + q) as u32).rev().collect())
+            .collect();
+        let specs: Vec<SeqSpec> = tables
+            .iter()
+            .enumerate()
+            .map(|(q, t)| SeqSpec {
+                num_cached: if q % 3 == 0 {
+                    rng.random_range(600..per_seq * block_size - 1)
+                } else {
+                    rng.random_range(0..500)
+                },
+                num_new: 1,
+                block_table: t,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&specs, block_size, num_blocks).unwrap();
+        let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
+        let qkv = to_bf16(&random_f32(&mut rng, seqs * stride, Q_SCALE));
+        let cache = to_bf16(&random_f32(&mut rng, layout.layer_elems() as usize, 1.0));
+        let positions = 2048usize;
+        let table = random_f32(&mut rng, positions * d, 1.0);
+        let table_d = s.gpu.upload(&table).unwrap();
+        let cos_sin = table_d.slice(..);
+        let rot = rotary.map(|interleaved| RotaryTable {
+            cos_sin: &cos_sin,
+            positions,
+            interleaved,
+        });
+        let attention = GpuPagedAttention {
+            num_heads: heads,
+            num_kv_heads: kv_heads,
+            head_dim: d,
+            scale: 1.0 / (d as f32).sqrt(),
+        };
+        let mut o_host = vec![bf16::NAN; seqs * width];
+        o_host.extend(vec![sentinel(); TAIL * width]);
+        // Two launches: write_kv (rotating q in place), then attention.
+        let mut qkv_a = s.gpu.upload(&qkv).unwrap();
+        let (mut k_a, mut v_a) = (s.gpu.upload(&cache).unwrap(), s.gpu.upload(&cache).unwrap());
+        let mut o_a = s.gpu.upload(&o_host).unwrap();
+        let q_a = &mut qkv_a.slice_mut(..);
+        write_kv(
+            &s.kernels, stream, q_a, stride, heads, rot, &mut k_a, &mut v_a, &layout, &dplan,
+        )
+        .unwrap();
+        let o_rows = &mut o_a.slice_mut(..seqs * width);
+        let q = qkv_a.slice(..);
+        attention
+            .forward(
+                &s.kernels, stream, &q, stride, &mut k_a, &mut v_a, &layout, &dplan, o_rows,
+            )
+            .unwrap();
+        // One launch.
+        let qkv_b = s.gpu.upload(&qkv).unwrap();
+        let (mut k_b, mut v_b) = (s.gpu.upload(&cache).unwrap(), s.gpu.upload(&cache).unwrap());
+        let mut o_b = s.gpu.upload(&o_host).unwrap();
+        let o_rows = &mut o_b.slice_mut(..seqs * width);
+        let q = qkv_b.slice(..);
+        attention
+            .forward_writing_kv(
+                &s.kernels, stream, &q, stride, rot, &mut k_b, &mut v_b, &layout, &dplan, o_rows,
+            )
+            .unwrap();
+        // One launch again, through a graph's fixed plan padded by 3 rows (random ones in
+        // qkv): the padded rows write no KV and no row of o.
+        let padded = seqs + 3;
+        let capacity = PlanCapacity {
+            rows: 16,
+            max_context: per_seq * block_size,
+            block_size,
+            scratch_slot: 0,
+        };
+        let mut fixed =
+            DeviceAttentionPlan::fixed(&s.gpu, DecodeKernel::Split, capacity, heads, d).unwrap();
+        let rows: Vec<usize> = (0..seqs).collect();
+        let tokens = vec![0u32; seqs];
+        let class = capacity.max_context;
+        fixed
+            .stage_padded(&tokens, &plan, &rows, padded, class)
+            .unwrap();
+        let mut qkv_c = qkv.clone();
+        qkv_c.extend(to_bf16(&random_f32(&mut rng, 3 * stride, Q_SCALE)));
+        let qkv_c = s.gpu.upload(&qkv_c).unwrap();
+        let (mut k_c, mut v_c) = (s.gpu.upload(&cache).unwrap(), s.gpu.upload(&cache).unwrap());
+        let mut o_c = s.gpu.upload(&o_host).unwrap();
+        let o_rows = &mut o_c.slice_mut(..padded * width);
+        let q = qkv_c.slice(..);
+        attention
+            .forward_writing_kv(
+                &s.kernels, stream, &q, stride, rot, &mut k_c, &mut v_c, &layout, &fixed, o_rows,
+            )
+            .unwrap();
+        let label = format!("{heads}/{kv_heads} d{d} rotary {rotary:?}");
+        for (what, a, b, c) in [
+            ("o", &o_a, &o_b, &o_c),
+            ("K cache", &k_a, &k_b, &k_c),
+            ("V cache", &v_a, &v_b, &v_c),
+        ] {
+            let (a, b) = (s.gpu.download(a).unwrap(), s.gpu.download(b).unwrap());
+            let c = s.gpu.download(c).unwrap();
+            assert_same_bits(&format!("{label}: {what}"), &b, &a);
+            assert_same_bits(&format!("{label}: {what}, padded"), &c, &a);
+        }
     }
 }

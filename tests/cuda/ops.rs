@@ -363,9 +363,9 @@ fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
         .unwrap();
         download_checked(&s.gpu, &act, m * inter, POISON)
     };
-    // m = 1 takes the fused GEMV kernel, m = 5 cuBLAS and silu_and_mul, deterministic mode
-    // the fused kernel at every m.
-    for (m, deterministic) in [(1, false), (5, false), (40, true)] {
+    // m = 1 takes the fused GEMV kernel, m = 5 cuBLAS and silu_and_mul; deterministic mode
+    // the fused kernel for 8 rows and the GEMV and silu_and_mul for 40.
+    for (m, deterministic) in [(1, false), (5, false), (8, true), (40, true)] {
         let got = to_f32(&run(m, deterministic, &x_d));
         let mut gate_up = vec![0.0; m * 2 * inter];
         cpu::linear(&x[..m * k], k, &w, 2 * inter, &mut gate_up);
@@ -374,7 +374,8 @@ fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
         let what = format!("gate_up_act m={m} deterministic={deterministic}");
         assert_close(&what, &got, &bf16_round(&want), 2e-3, 1e-2);
     }
-    // Deterministic mode: row 7 alone gives the bits it gives in the batch of 40.
+    // Deterministic mode: row 7 alone (the fused kernel) gives the bits it gives in the
+    // batch of 40 (the GEMV, then silu_and_mul).
     let batch = run(40, true, &x_d);
     let row = s.gpu.upload(&to_bf16(&x[7 * k..8 * k])).unwrap();
     let alone = run(1, true, &row);

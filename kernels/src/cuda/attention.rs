@@ -13,7 +13,9 @@
 
 use super::{grid, CudaKernels};
 use crate::cpu::{AddressAudit, KvLayout};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use cudarc::driver::{
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, DriverError, PushKernelArg,
+};
 use half::bf16;
 
 /// Entries of the live-count array the kernels read: split, decode and prefill pairs.
@@ -189,6 +191,34 @@ pub struct AttentionMeta<'a> {
     pub rows: usize,
 }
 
+/// The KV write of a decode step, fused into the split kernel: each sequence's token is
+/// written to `slot_mapping[row]` (rotated by `rotary`, the table and whether pairs are
+/// interleaved, at `positions[row]`) and read from q's K and V columns, as `kv_write_bf16`
+/// would write it; q is rotated as it is read.
+pub struct FusedKvWrite<'a, 'b> {
+    /// Position of every row.
+    pub positions: &'a CudaView<'b, i32>,
+    /// The cos/sin table (`[positions, head_dim]`) and the pairing, if the model rotates.
+    pub rotary: Option<(&'a CudaView<'b, f32>, bool)>,
+    /// Cache slot of every row.
+    pub slot_mapping: &'a CudaView<'b, i64>,
+}
+
+/// `PaNewKv` of the kernel source, as the launcher passes it by value.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct PaNewKv {
+    positions: u64,
+    cos_sin: u64,
+    rotary: i32,
+    slot_mapping: u64,
+    num_slots: i64,
+    fuse: i32,
+}
+
+// SAFETY: a plain C struct of integers, laid out as the kernel's `PaNewKv`.
+unsafe impl DeviceRepr for PaNewKv {}
+
 /// The head geometry of one attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Heads {
@@ -212,11 +242,12 @@ pub fn paged_attention(
     stream: &CudaStream,
     q: &CudaView<bf16>,
     q_stride: usize,
-    k_cache: &CudaSlice<bf16>,
-    v_cache: &CudaSlice<bf16>,
+    k_cache: &mut CudaSlice<bf16>,
+    v_cache: &mut CudaSlice<bf16>,
     layout: &KvLayout,
     heads: Heads,
     meta: &AttentionMeta,
+    fused: Option<FusedKvWrite>,
     scratch: &mut CudaSlice<f32>,
     o: &mut CudaViewMut<bf16>,
 ) -> Result<(), DriverError> {
@@ -280,6 +311,34 @@ pub fn paged_attention(
         d as i32,
     );
     let scale = heads.scale;
+    let new_kv = match &fused {
+        None => PaNewKv::default(),
+        Some(f) => {
+            assert!(
+                counts.prefill == 0 && q_stride >= width + 2 * kv_heads * d,
+                "paged_attention: a fused KV write needs a decode step and K and V columns"
+            );
+            assert!(
+                f.positions.len() >= meta.rows && f.slot_mapping.len() >= meta.rows,
+                "paged_attention: short positions or slot mapping"
+            );
+            let (cos_sin, rotary) = match &f.rotary {
+                Some((table, interleaved)) => {
+                    assert!(table.len() >= d, "paged_attention: empty rotary table");
+                    (table.device_ptr(stream).0, if *interleaved { 2 } else { 1 })
+                }
+                None => (0, 0),
+            };
+            PaNewKv {
+                positions: f.positions.device_ptr(stream).0,
+                cos_sin,
+                rotary,
+                slot_mapping: f.slot_mapping.device_ptr(stream).0,
+                num_slots: (layout.num_blocks * layout.block_size) as i64,
+                fuse: 1,
+            }
+        }
+    };
 
     if counts.split > 0 {
         let work_i = counts.split as i32;
@@ -290,8 +349,8 @@ pub fn paged_attention(
         launch
             .arg(q)
             .arg(&q_stride_i)
-            .arg(k_cache)
-            .arg(v_cache)
+            .arg(&mut *k_cache)
+            .arg(&mut *v_cache)
             .arg(&meta.q_start)
             .arg(&meta.context_len)
             .arg(&meta.table_start)
@@ -304,7 +363,8 @@ pub fn paged_attention(
             .arg(&nh_i)
             .arg(&kvh_i)
             .arg(&bs_i)
-            .arg(&scale);
+            .arg(&scale)
+            .arg(&new_kv);
         let split_blocks = counts.split * per_item;
         assert!(
             split_blocks <= i32::MAX as usize,
@@ -314,7 +374,9 @@ pub fn paged_attention(
         // and block ids the metadata names lie inside q and the caches (the caller's
         // contract, checked on the host by the ops layer), every record written lies
         // inside scratch (checked above), and a one-partition row writes its own row of o
-        // (below `meta.rows`, checked).
+        // (below `meta.rows`, checked). A fused KV write reads positions and slots of rows
+        // below `meta.rows` (checked above) and skips slots outside the pool; the caller
+        // vouches that positions lie inside the rotary table (checked by the ops layer).
         unsafe { launch.launch(grid(split_blocks as u32, SPLIT_THREADS, 0)) }?;
     }
     if counts.decode > 0 {
@@ -340,8 +402,8 @@ pub fn paged_attention(
         launch
             .arg(q)
             .arg(&q_stride_i)
-            .arg(k_cache)
-            .arg(v_cache)
+            .arg(&*k_cache)
+            .arg(&*v_cache)
             .arg(&meta.q_start)
             .arg(&meta.q_len)
             .arg(&meta.context_len)

@@ -4,6 +4,7 @@ use super::{GpuLlama, LlamaCore, Workspace};
 use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};
 use cudarc::driver::{CudaView, DriverError};
+use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::GemmError;
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
@@ -188,6 +189,9 @@ impl LlamaCore {
             positions: c.max_model_len,
             interleaved: self.interleaved,
         };
+        // A decode step through the split kernel writes its keys and values inside the
+        // attention launch.
+        let fuse_kv = self.decode_kernel == DecodeKernel::Split && dplan.live_counts().prefill == 0;
 
         embedding(
             k,
@@ -222,29 +226,29 @@ impl LlamaCore {
                 head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
             }
             let (k_cache, v_cache) = cache.layer_mut(l);
-            write_kv(
-                k,
-                stream,
-                qkv,
-                width,
-                c.num_heads,
-                Some(rotary),
-                k_cache,
-                v_cache,
-                &layout,
-                dplan,
-            )?;
-            self.attention.forward(
-                k,
-                stream,
-                &qkv.as_view(),
-                width,
-                k_cache,
-                v_cache,
-                &layout,
-                dplan,
-                attn,
-            )?;
+            if fuse_kv {
+                self.attention.forward_writing_kv(
+                    k,
+                    stream,
+                    &qkv.as_view(),
+                    width,
+                    Some(rotary),
+                    k_cache,
+                    v_cache,
+                    &layout,
+                    dplan,
+                    attn,
+                )?;
+            } else {
+                let heads = c.num_heads;
+                let rot = Some(rotary);
+                write_kv(
+                    k, stream, qkv, width, heads, rot, k_cache, v_cache, &layout, dplan,
+                )?;
+                let q = qkv.as_view();
+                let attention = &self.attention;
+                attention.forward(k, stream, &q, width, k_cache, v_cache, &layout, dplan, attn)?;
+            }
             gemm.linear(
                 k,
                 stream,

@@ -10,7 +10,7 @@ use crate::attention::PlanError;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_kernels::cuda::attention::{self as kernel, Heads};
+use peregrine_kernels::cuda::attention::{self as kernel, FusedKvWrite, Heads};
 use peregrine_kernels::cuda::kv_write::{self, RotaryInput};
 use peregrine_kernels::cuda::CudaKernels;
 
@@ -66,8 +66,9 @@ impl GpuPagedAttention {
     /// Attention for the planned rows of `q` (bf16 rows of `q_stride` elements, query heads
     /// at column 0: a view of the fused qkv activation) into the dense `o`
     /// (`[rows, num_heads * head_dim]`), over one layer's `k_cache` / `v_cache` laid out as
-    /// `layout`. Checks first, on the host, that the plan's rows fit q and o and its blocks
-    /// fit the pool; nothing is launched otherwise.
+    /// `layout`, which already hold the step's keys and values. Checks first, on the host,
+    /// that the plan's rows fit q and o and its blocks fit the pool; nothing is launched
+    /// otherwise.
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -75,10 +76,86 @@ impl GpuPagedAttention {
         stream: &CudaStream,
         q: &CudaView<bf16>,
         q_stride: usize,
-        k_cache: &CudaSlice<bf16>,
-        v_cache: &CudaSlice<bf16>,
+        k_cache: &mut CudaSlice<bf16>,
+        v_cache: &mut CudaSlice<bf16>,
         layout: &KvLayout,
         plan: &DeviceAttentionPlan,
+        o: &mut CudaViewMut<bf16>,
+    ) -> Result<(), AttentionError> {
+        let caches = (k_cache, v_cache);
+        self.run(kernels, stream, q, q_stride, caches, layout, plan, None, o)
+    }
+
+    /// [`write_kv`] and [`forward`](Self::forward) of a decode step (one row per sequence,
+    /// through the split kernel) in one launch: each sequence's key and value go from
+    /// `qkv` (rows of `row_stride`: query heads, then keys, then values) to its slot, the
+    /// key and q rotated by `rotary` on the way, the same bits as the two calls. Refused,
+    /// with nothing launched, for a step with rows of the prefill kernel, or where either
+    /// call's checks refuse.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_writing_kv(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        qkv: &CudaView<bf16>,
+        row_stride: usize,
+        rotary: Option<RotaryTable>,
+        k_cache: &mut CudaSlice<bf16>,
+        v_cache: &mut CudaSlice<bf16>,
+        layout: &KvLayout,
+        plan: &DeviceAttentionPlan,
+        o: &mut CudaViewMut<bf16>,
+    ) -> Result<(), AttentionError> {
+        if plan.live_counts().prefill > 0 {
+            return Err(AttentionError::Shape(
+                "the KV write fuses into decode steps of the split kernel only".into(),
+            ));
+        }
+        let rows = qkv.len() / row_stride.max(1);
+        let caches = (k_cache.len(), v_cache.len());
+        check_kv_write(
+            rows,
+            row_stride,
+            self.num_heads,
+            rotary.as_ref(),
+            caches,
+            layout,
+            plan,
+        )?;
+        let positions = plan.positions();
+        let slot_mapping = plan.slot_mapping();
+        let cos_sin = rotary.as_ref().map(|t| (t.cos_sin, t.interleaved));
+        let fused = FusedKvWrite {
+            positions: &positions,
+            rotary: cos_sin,
+            slot_mapping: &slot_mapping,
+        };
+        let caches = (k_cache, v_cache);
+        self.run(
+            kernels,
+            stream,
+            qkv,
+            row_stride,
+            caches,
+            layout,
+            plan,
+            Some(fused),
+            o,
+        )
+    }
+
+    /// The checks and the launch of both entry points.
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        q: &CudaView<bf16>,
+        q_stride: usize,
+        (k_cache, v_cache): (&mut CudaSlice<bf16>, &mut CudaSlice<bf16>),
+        layout: &KvLayout,
+        plan: &DeviceAttentionPlan,
+        fused: Option<FusedKvWrite>,
         o: &mut CudaViewMut<bf16>,
     ) -> Result<(), AttentionError> {
         self.check_shape(layout, q_stride)?;
@@ -106,6 +183,7 @@ impl GpuPagedAttention {
             layout,
             heads,
             &plan.meta(),
+            fused,
             scratch,
             o,
         )?;
@@ -165,45 +243,17 @@ pub fn write_kv(
     layout: &KvLayout,
     plan: &DeviceAttentionPlan,
 ) -> Result<(), AttentionError> {
-    let columns = (q_heads + 2 * layout.num_kv_heads as usize) * layout.head_dim as usize;
-    if columns > row_stride {
-        return Err(AttentionError::Shape(format!(
-            "{q_heads} query heads and {} KV heads of {} take {columns} columns, past rows of \
-             {row_stride}",
-            layout.num_kv_heads, layout.head_dim
-        )));
-    }
-    let qkv_rows = qkv.len() / row_stride;
-    if plan.padded_rows() > qkv_rows {
-        return Err(PlanError::RowsExceedBuffer {
-            planned: plan.padded_rows(),
-            buffer: "qkv",
-            rows: qkv_rows,
-        }
-        .into());
-    }
-    let slots = layout.num_blocks * layout.block_size;
-    if let Some(slot) = plan.max_slot().filter(|&s| s as u64 >= slots) {
-        return Err(AttentionError::OutsidePool {
-            what: "slot",
-            index: slot as u64,
-            limit: slots,
-        });
-    }
-    if let Some(table) = &rotary {
-        let rows = table.cos_sin.len() / layout.head_dim as usize;
-        if plan
-            .max_position()
-            .is_some_and(|p| p as usize >= rows.min(table.positions))
-        {
-            return Err(AttentionError::Shape(format!(
-                "position {} past the rotary table's {} positions",
-                plan.max_position().unwrap_or(0),
-                rows.min(table.positions)
-            )));
-        }
-    }
-    check_caches(k_cache.len(), v_cache.len(), layout)?;
+    let rows = qkv.len() / row_stride.max(1);
+    let caches = (k_cache.len(), v_cache.len());
+    check_kv_write(
+        rows,
+        row_stride,
+        q_heads,
+        rotary.as_ref(),
+        caches,
+        layout,
+        plan,
+    )?;
     let slot_mapping = plan.slot_mapping();
     let positions = plan.positions();
     let rotary = rotary.map(|table| RotaryInput {
@@ -225,4 +275,57 @@ pub fn write_kv(
         layout,
     )?;
     Ok(())
+}
+
+/// The host checks of a KV write of `plan`'s rows from `qkv_rows` rows of `row_stride`
+/// (`q_heads` query heads, then the layout's keys and values) into caches of `caches`
+/// (K, V) elements: the rows fit qkv, the heads a row, every slot the pool and every
+/// position the rotary table.
+fn check_kv_write(
+    qkv_rows: usize,
+    row_stride: usize,
+    q_heads: usize,
+    rotary: Option<&RotaryTable>,
+    caches: (usize, usize),
+    layout: &KvLayout,
+    plan: &DeviceAttentionPlan,
+) -> Result<(), AttentionError> {
+    let columns = (q_heads + 2 * layout.num_kv_heads as usize) * layout.head_dim as usize;
+    if columns > row_stride {
+        return Err(AttentionError::Shape(format!(
+            "{q_heads} query heads and {} KV heads of {} take {columns} columns, past rows of \
+             {row_stride}",
+            layout.num_kv_heads, layout.head_dim
+        )));
+    }
+    if plan.padded_rows() > qkv_rows {
+        return Err(PlanError::RowsExceedBuffer {
+            planned: plan.padded_rows(),
+            buffer: "qkv",
+            rows: qkv_rows,
+        }
+        .into());
+    }
+    let slots = layout.num_blocks * layout.block_size;
+    if let Some(slot) = plan.max_slot().filter(|&s| s as u64 >= slots) {
+        return Err(AttentionError::OutsidePool {
+            what: "slot",
+            index: slot as u64,
+            limit: slots,
+        });
+    }
+    if let Some(table) = rotary {
+        let rows = table.cos_sin.len() / layout.head_dim as usize;
+        if plan
+            .max_position()
+            .is_some_and(|p| p as usize >= rows.min(table.positions))
+        {
+            return Err(AttentionError::Shape(format!(
+                "position {} past the rotary table's {} positions",
+                plan.max_position().unwrap_or(0),
+                rows.min(table.positions)
+            )));
+        }
+    }
+    check_caches(caches.0, caches.1, layout)
 }
