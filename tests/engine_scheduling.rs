@@ -4,13 +4,11 @@
 
 mod common;
 
-use common::engine::{collect, requests, solo, submit};
+use common::engine::{collect, requests, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
-use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
@@ -22,7 +20,7 @@ async fn served(
     reqs: &[(Vec<u32>, SamplingParams)],
     (settings, kv_blocks): (EngineSettings, u64),
 ) -> Vec<(Vec<u32>, Usage)> {
-    let engine = start_engine(backend(dir, kv_blocks), &settings, None).unwrap();
+    let engine = start_engine(tiny_backend(dir, kv_blocks), &settings, None).unwrap();
     let mut streams = Vec::new();
     for (i, (prompt, params)) in reqs.iter().enumerate() {
         streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
@@ -35,18 +33,6 @@ async fn served(
         out.push((tokens, usage));
     }
     out
-}
-
-/// The tiny model of `dir` on the CPU with a pool of `kv_blocks` blocks of 16 tokens.
-fn backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
-    let spec = TinySpec::llama_tiny();
-    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
-    cpu_backend(
-        LlamaModel::load(dir).unwrap(),
-        kv_blocks * 16 * bytes_per_token,
-        16,
-    )
-    .unwrap()
 }
 
 fn settings(
@@ -121,7 +107,7 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     let prompt: Vec<u32> = (0..40).map(|i| (i * 7 + 3) % 300).collect();
     let req = vec![(prompt, SamplingParams::greedy())];
     let (engine_settings, kv_blocks) = settings(64, 4, 64);
-    let engine = start_engine(backend(dir.path(), kv_blocks), &engine_settings, None).unwrap();
+    let engine = start_engine(tiny_backend(dir.path(), kv_blocks), &engine_settings, None).unwrap();
     let mut runs = Vec::new();
     for i in 0..2 {
         let rx = submit(&engine.scheduler, i, &req[0].0, &req[0].1, MAX_TOKENS).await;

@@ -5,9 +5,8 @@
 
 mod common;
 
-use common::engine::{collect, requests, solo, submit};
+use common::engine::{collect, requests, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
-use peregrine_actors::backend::cpu_backend;
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::{CaptureSizes, CpuDecodeGraphs};
 use peregrine_actors::messages::{FinishReason, SchedulerLimits, SchedulerMsg};
@@ -254,18 +253,6 @@ fn padded_attention_leaves_the_padded_rows_and_a_sentinel_tail_alone_at_every_si
     }
 }
 
-/// The tiny model of `dir` on the CPU with a pool of `blocks` blocks of 16 tokens.
-fn backend(dir: &std::path::Path, blocks: u64) -> Box<dyn peregrine_actors::backend::ModelBackend> {
-    let spec = TinySpec::llama_tiny();
-    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
-    cpu_backend(
-        LlamaModel::load(dir).unwrap(),
-        blocks * 16 * bytes_per_token,
-        16,
-    )
-    .unwrap()
-}
-
 #[tokio::test]
 async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
     const MAX_TOKENS: usize = 16;
@@ -285,7 +272,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
         limits: limits(16),
         max_model_len: None,
     };
-    let engine = start_engine(backend(dir.path(), 64), &settings, None).unwrap();
+    let engine = start_engine(tiny_backend(dir.path(), 64), &settings, None).unwrap();
     assert_eq!(engine.num_blocks, 64, "the scratch block is nobody's");
     engine
         .runner

@@ -1,6 +1,8 @@
 //! Driving the serving engine directly (no HTTP): submitting requests to its scheduler and
 //! collecting their events.
 
+use super::tiny_model::TinySpec;
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::messages::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, Usage,
 };
@@ -98,4 +100,16 @@ pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) 
             generator.generate(&request, |_| {}).unwrap().0
         })
         .collect()
+}
+
+/// The tiny Llama model of `dir` on the CPU with a pool of `kv_blocks` blocks of 16 tokens.
+pub fn tiny_backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
+    let spec = TinySpec::llama_tiny();
+    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
+    cpu_backend(
+        LlamaModel::load(dir).unwrap(),
+        kv_blocks * 16 * bytes_per_token,
+        16,
+    )
+    .unwrap()
 }
