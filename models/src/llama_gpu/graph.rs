@@ -148,10 +148,10 @@ impl GraphBuffers {
 }
 
 impl GpuLlama {
-    /// Captures the decode step of `size` sequences (one token each) as a graph over
-    /// `cache`, whose blocks are `block_size` tokens; graphs serve contexts up to
-    /// `limits.max_context`. The first capture, or one for larger limits, allocates the
-    /// graphs' shared buffers (capture the largest size first); the step is run once
+    /// Captures the decode step of `size` sequences (one token each) over `cache` as one
+    /// graph per context class, serving contexts up to `limits.max_context`. The first
+    /// capture, or one past the rows of the shared buffers or with other limits, allocates
+    /// new shared buffers (capture the largest size first). Each graph's step is run once
     /// eagerly before it is captured, over the scratch slot alone, so that every lazy
     /// allocation and choice (cuBLASLt plans) happens outside the capture.
     pub fn capture_decode(
@@ -160,6 +160,11 @@ impl GpuLlama {
         limits: GraphLimits,
         cache: &SharedKvCache,
     ) -> anyhow::Result<CapturedDecode> {
+        anyhow::ensure!(
+            size >= 1 && size <= limits.max_rows,
+            "a decode graph of {size} rows past the {} its buffers hold",
+            limits.max_rows
+        );
         let core = self.core.clone();
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
@@ -178,11 +183,6 @@ impl GpuLlama {
                 fresh
             }
         };
-        anyhow::ensure!(
-            size >= 1 && size <= limits.max_rows,
-            "a decode graph of {size} rows past the {} its buffers hold",
-            limits.max_rows
-        );
         let scratch_block = (limits.scratch_slot as usize / block_size) as u32;
         let table = [scratch_block];
         let specs: Vec<SeqSpec> = (0..size)
