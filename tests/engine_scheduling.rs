@@ -4,11 +4,11 @@
 
 mod common;
 
-use common::engine::{collect, requests, solo, submit, tiny_backend};
+use common::engine::{collect, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
+use peregrine_actors::messages::{SchedulerLimits, Usage};
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
@@ -21,18 +21,7 @@ async fn served(
     (settings, kv_blocks): (EngineSettings, u64),
 ) -> Vec<(Vec<u32>, Usage)> {
     let engine = start_engine(tiny_backend(dir, kv_blocks), &settings, None).unwrap();
-    let mut streams = Vec::new();
-    for (i, (prompt, params)) in reqs.iter().enumerate() {
-        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
-    }
-    let mut out = Vec::new();
-    for rx in streams {
-        let (tokens, reason, usage) = collect(rx).await;
-        assert_eq!(reason, FinishReason::Length);
-        assert_eq!(usage.completion_tokens, tokens.len());
-        out.push((tokens, usage));
-    }
-    out
+    run_all(&engine.scheduler, reqs, MAX_TOKENS).await
 }
 
 fn settings(

@@ -48,6 +48,28 @@ pub async fn submit(
     rx
 }
 
+/// Submits every request of `reqs` at once (ids 0, 1, ...; `max_tokens` each, past EOS)
+/// and returns each one's tokens and usage, checking that each ran to its length and that
+/// its usage counts the tokens it streamed.
+pub async fn run_all(
+    scheduler: &mpsc::Sender<SchedulerMsg>,
+    reqs: &[(Vec<u32>, SamplingParams)],
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, Usage)> {
+    let mut streams = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        streams.push(submit(scheduler, i as u64, prompt, params, max_tokens).await);
+    }
+    let mut out = Vec::new();
+    for (i, rx) in streams.into_iter().enumerate() {
+        let (tokens, reason, usage) = collect(rx).await;
+        assert_eq!(reason, FinishReason::Length, "request {i}");
+        assert_eq!(usage.completion_tokens, tokens.len(), "request {i}");
+        out.push((tokens, usage));
+    }
+    out
+}
+
 /// A request's tokens, finish reason and usage.
 pub async fn collect(
     mut rx: mpsc::UnboundedReceiver<RequestEvent>,

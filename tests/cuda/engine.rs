@@ -3,7 +3,7 @@
 //! In deterministic mode a request's tokens are the same alone and among many others,
 //! however the scheduler cuts its prompt into chunks and whatever the prefix cache holds.
 
-use crate::common::engine::{collect, requests, submit};
+use crate::common::engine::{collect, requests, run_all, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
 use crate::setup;
@@ -11,7 +11,7 @@ use peregrine_actors::backend::{cuda_backend, GpuSettings};
 use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
+use peregrine_actors::messages::SchedulerLimits;
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
@@ -76,14 +76,8 @@ async fn together_and_alone(
         let sizes = CaptureSizes::for_max_num_seqs(32);
         engine.runner.capture_graphs(Some(sizes)).await.unwrap();
     }
-    let mut streams = Vec::new();
-    for (i, (prompt, params)) in reqs.iter().enumerate() {
-        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
-    }
     let mut together = Vec::new();
-    for rx in streams {
-        let (tokens, reason, usage) = collect(rx).await;
-        assert_eq!(reason, FinishReason::Length);
+    for (tokens, usage) in run_all(&engine.scheduler, reqs, MAX_TOKENS).await {
         assert_eq!(usage.completion_tokens, MAX_TOKENS);
         together.push(tokens);
     }
@@ -145,24 +139,6 @@ fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
         .collect()
 }
 
-/// Every request at once through `engine`; each one's tokens and usage.
-async fn run_all(
-    engine: &peregrine_actors::engine::Engine,
-    reqs: &[(Vec<u32>, SamplingParams)],
-) -> Vec<(Vec<u32>, Usage)> {
-    let mut streams = Vec::new();
-    for (i, (prompt, params)) in reqs.iter().enumerate() {
-        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
-    }
-    let mut out = Vec::new();
-    for rx in streams {
-        let (tokens, reason, usage) = collect(rx).await;
-        assert_eq!(reason, FinishReason::Length);
-        out.push((tokens, usage));
-    }
-    out
-}
-
 /// Under --deterministic a verification forward (K+1 rows a request) computes each row as
 /// a one-row decode would, so speculation must not change a greedy token: n-gram drafts,
 /// and a draft model (the same weights, on the CPU) whose drafts are mostly accepted.
@@ -176,7 +152,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     let reqs = greedy_requests(12, 22);
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let plain = run_all(&gpu_engine(dir.path(), true), &reqs).await;
+        let plain = run_all(&gpu_engine(dir.path(), true).scheduler, &reqs, MAX_TOKENS).await;
         let k = 3;
         for method in ["ngram", "draft_model"] {
             let engine = {
@@ -193,7 +169,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                 };
                 gpu_engine_drafting(dir.path(), true, Some(drafter), k)
             };
-            let drafted = run_all(&engine, &reqs).await;
+            let drafted = run_all(&engine.scheduler, &reqs, MAX_TOKENS).await;
             let (mut proposed, mut accepted) = (0, 0);
             for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {
                 assert_eq!(got, want, "{method}: request {i} changed with speculation");

@@ -2,7 +2,7 @@
 //! `--gpu-memory-utilization` after a profiling forward of the largest step.
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
-use crate::graphs::{CaptureSizes, GraphCaptureManager};
+use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
@@ -171,9 +171,7 @@ impl GpuBackend {
             return Ok(None);
         };
         let n = plan.seqs().len();
-        let decode = tokens.len() == n
-            && plan.seqs().iter().all(|s| s.q_len == 1)
-            && logit_rows.iter().copied().eq(0..n);
+        let decode = is_decode_step(tokens, plan, logit_rows);
         let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
         match graphs.graph_for(n) {
             Some((_, graph)) if decode && longest <= graph.max_context() => {

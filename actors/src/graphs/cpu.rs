@@ -2,7 +2,7 @@
 //! viewing one set of buffers sized for the largest, and the staging that pads a batch up
 //! to its graph's size.
 
-use super::{CaptureSizes, GraphCaptureManager};
+use super::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use peregrine_models::{LlamaBuffers, LlamaModel, StepShape, StepStaging};
 use peregrine_ops::{AttentionPlan, KvCache};
 use peregrine_runtime::cpu_graph::CpuGraph;
@@ -68,9 +68,7 @@ impl CpuDecodeGraphs {
         vocab: usize,
     ) -> anyhow::Result<Option<Replayed>> {
         let n = plan.seqs().len();
-        let decode = tokens.len() == n
-            && plan.seqs().iter().all(|s| s.q_len == 1)
-            && logit_rows.iter().copied().eq(0..n);
+        let decode = is_decode_step(tokens, plan, logit_rows);
         let max_blocks = self.buffers.inputs.max_blocks;
         let fits = plan
             .seqs()

@@ -10,3 +10,14 @@ mod sizes;
 pub use cpu::{CpuDecodeGraphs, Replayed};
 pub use manager::GraphCaptureManager;
 pub use sizes::CaptureSizes;
+
+use peregrine_ops::AttentionPlan;
+
+/// Whether a step is what a decode graph runs: one token per sequence, and the logits of
+/// every row, in order.
+pub fn is_decode_step(tokens: &[u32], plan: &AttentionPlan, logit_rows: &[usize]) -> bool {
+    let n = plan.seqs().len();
+    tokens.len() == n
+        && plan.seqs().iter().all(|s| s.q_len == 1)
+        && logit_rows.iter().copied().eq(0..n)
+}

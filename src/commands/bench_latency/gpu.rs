@@ -4,6 +4,7 @@
 use super::backend::{blocks_needed, LatencyModel, StepTokens};
 use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
+use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::fetch::default_cache_dir;
 use peregrine_models::llama_gpu::{
@@ -17,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub struct GpuModel {
-    /// Decode graphs, by ascending size (none with --enforce-eager).
-    graphs: Vec<CapturedDecode>,
+    /// Decode graphs, one per batch size timed (none with --enforce-eager).
+    graphs: Option<GraphCaptureManager<CapturedDecode>>,
     model: GpuLlama,
     cache: SharedKvCache,
     source: String,
@@ -67,29 +68,28 @@ impl GpuModel {
                 args.gemv_max_rows
             )
         };
-        let mut graphs = Vec::new();
-        if !args.enforce_eager {
+        let graphs = if args.enforce_eager {
+            products.push_str(", eager decode (--enforce-eager)");
+            None
+        } else {
             let limits = GraphLimits {
                 max_rows: largest,
                 max_context: args.max_seq_len_to_capture,
                 scratch_slot: ((blocks - 1) * args.block_size as u64) as i64,
             };
-            let mut sizes = args.batch_sizes.clone();
-            sizes.sort_unstable_by(|a, b| b.cmp(a));
-            sizes.dedup();
+            let sizes = CaptureSizes::from_list(&args.batch_sizes, largest)
+                .map_err(|e| anyhow::anyhow!("--batch-sizes: {e}"))?;
             let start = Instant::now();
-            for &size in &sizes {
-                graphs.push(model.capture_decode(size, limits, &cache)?);
-            }
-            graphs.reverse();
+            let graphs = GraphCaptureManager::capture(sizes, |size| {
+                model.capture_decode(size, limits, &cache)
+            })?;
             products.push_str(&format!(
                 ", decode through CUDA graphs ({} sizes captured in {:.2} s)",
-                sizes.len(),
+                graphs.sizes().sizes().len(),
                 start.elapsed().as_secs_f64()
             ));
-        } else {
-            products.push_str(", eager decode (--enforce-eager)");
-        }
+            Some(graphs)
+        };
         Ok(GpuModel {
             graphs,
             model,
@@ -153,11 +153,13 @@ impl LatencyModel for GpuModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens> {
-        // A decode step asking the logits of every row, in order, is what the graphs run.
-        let decode = plan.seqs().iter().all(|s| s.q_len == 1)
-            && logit_rows.iter().copied().eq(0..tokens.len());
-        let graph = self.graphs.iter().find(|g| g.size() >= tokens.len());
-        if let Some(graph) = graph.filter(|_| decode) {
+        let graph = match &self.graphs {
+            Some(graphs) if is_decode_step(tokens, plan, logit_rows) => {
+                graphs.graph_for(tokens.len())
+            }
+            _ => None,
+        };
+        if let Some((_, graph)) = graph {
             let replayed = graph.replay(tokens, plan)?;
             let queued = Instant::now();
             let tokens = replayed.greedy_ids()?;
