@@ -7,6 +7,8 @@
 #                                 graphs, with and without --deterministic
 #   scripts/gpu_run.sh graphs     bench latency eager and through CUDA graphs: SmolLM2-135M
 #                                 (after smollm2) and the Llama-3.2-1B shape
+#   scripts/gpu_run.sh pdl        bench latency on the Llama-3.2-1B shape, eager and through
+#                                 graphs, each with and without programmatic dependent launch
 #   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
@@ -60,6 +62,14 @@ graphs)
             tee -a "$OUT/graphs.log"
         "$bin/peregrine" $common --random-weights scripts/configs/llama-3.2-1b.json $flags 2>&1 |
             tee -a "$OUT/graphs.log"
+    done
+    ;;
+pdl)
+    one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
+    for flags in "--enforce-eager --no-programmatic-launch" "--enforce-eager" \
+        "--no-programmatic-launch" ""; do
+        "$bin/peregrine" $one_b --batch-sizes 1,8,64 --input-len 128 --output-len 128 $flags 2>&1 |
+            tee -a "$OUT/pdl.log"
     done
     ;;
 hf)

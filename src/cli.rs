@@ -139,6 +139,10 @@ pub struct BenchLatencyArgs {
     /// The longest context a CUDA graph serves; longer decode steps run eagerly.
     #[arg(long, default_value_t = 8192)]
     pub max_seq_len_to_capture: usize,
+    /// GPU kernels start only when the one before has finished, rather than overlapping
+    /// its tail through programmatic dependent launch (the baseline it is measured against).
+    #[arg(long)]
+    pub no_programmatic_launch: bool,
 }
 
 /// `peregrine bench serve`.

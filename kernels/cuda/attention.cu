@@ -351,12 +351,12 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
 // the one that holds the group) that still fills the GPU, several blocks per KV head when
 // the bucket is smaller than the group.
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pa_split<64, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pa_split<64, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pa_split<64, 4>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pa_split<128, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pa_split<128, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pa_split<128, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 4>(PA_SPLIT_ARGS); }
 
 // One block per (decode sequence, head): merges the sequence's partition records and writes
 // its output row: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) s_p. The max and the
@@ -369,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(PA_COMBINE_THREADS) paged_attention
     const float* __restrict__ scratch, int num_work, int num_heads, int head_dim,
     const int* __restrict__ decode_work, const int* __restrict__ live, const int* __restrict__ q_start,
     const int* __restrict__ context_len, bf16* __restrict__ o) {
+    pdl_begin();
     __shared__ float weights[PA_COMBINE_CHUNK];
     __shared__ float slice_sum[PA_COMBINE_THREADS];
     __shared__ float red[32];
@@ -576,6 +577,7 @@ extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention
     const i64* __restrict__ table_start, const int* __restrict__ block_table,
     const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
     int num_heads, int num_kv_heads, int block_size, float scale) {
+    pdl_begin();
     pa_prefill<64>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
                    block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
 }
@@ -587,6 +589,7 @@ extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention
     const i64* __restrict__ table_start, const int* __restrict__ block_table,
     const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
     int num_heads, int num_kv_heads, int block_size, float scale) {
+    pdl_begin();
     pa_prefill<128>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
                     block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
 }

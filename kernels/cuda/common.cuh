@@ -24,6 +24,32 @@ typedef __nv_bfloat16 bf16;
 
 typedef long long i64;
 
+// Programmatic dependent launch (kernels/src/cuda/launch.rs): every kernel is launched so
+// that it may start while the kernel ahead of it in the stream is still running. Until
+// pdl_wait() returns, a kernel reads nothing but weights (which nothing writes once the
+// model is loaded) and writes nothing; after it, every earlier kernel of the stream has
+// finished and its writes are visible. pdl_launch_dependents() lets the next kernel start
+// (it still waits for this one to finish). Both are no-ops where the device lacks them
+// (before sm_90, HIP) or the kernel was launched the ordinary way.
+__device__ __forceinline__ void pdl_wait() {
+#if !defined(__HIPCC__) && !defined(__HIPCC_RTC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if !defined(__HIPCC__) && !defined(__HIPCC_RTC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The opening of a kernel that loads no weights ahead: let the next kernel start, then
+// wait for the one before.
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch_dependents();
+    pdl_wait();
+}
+
 // -infinity without <math.h> (NVRTC has no standard headers).
 #define NEG_INF (-__int_as_float(0x7f800000))
 

@@ -5,6 +5,7 @@
 extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
                                               const bf16* __restrict__ table,
                                               float* __restrict__ out, int rows, int dim) {
+    pdl_begin();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * dim) return;
     const i64 r = i / dim;
@@ -15,6 +16,7 @@ extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
 extern "C" __global__ void silu_and_mul_bf16(const bf16* __restrict__ gate_up,
                                              bf16* __restrict__ out, int rows, int inter) {
+    pdl_begin();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * inter) return;
     const i64 r = i / inter;
@@ -28,6 +30,7 @@ extern "C" __global__ void silu_and_mul_bf16(const bf16* __restrict__ gate_up,
 extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ src,
                                             const int* __restrict__ rows,
                                             bf16* __restrict__ out, int count, int dim) {
+    pdl_begin();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)count * dim) return;
     const i64 j = i / dim;
@@ -38,6 +41,7 @@ extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ src,
 // device, as a dummy load format, without a host copy.
 extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, i64 n,
                                              unsigned long long seed, float scale) {
+    pdl_begin();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     unsigned long long z = seed + 0x9e3779b97f4a7c15ull * (unsigned long long)(i + 1);
@@ -51,6 +55,7 @@ extern "C" __global__ void fill_uniform_bf16(bf16* __restrict__ out, i64 n,
 // x[r, :] += bias for bf16 rows of `n` elements (Qwen2's q/k/v bias).
 extern "C" __global__ void add_bias_bf16(bf16* __restrict__ x, const bf16* __restrict__ bias,
                                          int rows, int n) {
+    pdl_begin();
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * n) return;
     x[i] = to_bf16(to_f32(x[i]) + to_f32(bias[i % n]));

@@ -16,6 +16,11 @@
 // of one accumulator and more blocks fit a multiprocessor); past ROWS rows the column is
 // streamed again, from L2 rather than memory.
 //
+// As soon as it starts, while the kernel ahead may still run (programmatic dependent
+// launch, common.cuh), a warp loads the first stretch of its column's weights into
+// registers; it reads x only after pdl_wait(). So the weights of a product stream from
+// memory while the kernels it depends on finish.
+//
 // Requires k % 8 == 0 and 16-byte aligned rows (checked by the launcher).
 
 #define GEMV_WARPS 8
@@ -29,6 +34,24 @@ __device__ __forceinline__ void store_out<bf16>(bf16* out, i64 at, float v) { ou
 
 template <>
 __device__ __forceinline__ void store_out<float>(float* out, i64 at, float v) { out[at] = v; }
+
+// Elements one step of a warp covers.
+#define GEMV_PIECE (WARP_SIZE * 8)
+
+// One stretch of a lane's weights from `base`: every load is issued before the first is
+// used (zeros past `end`).
+template <int HALVES>
+__device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROLL],
+                                                  const bf16* const (&w_rows)[HALVES], int base,
+                                                  int end) {
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int u = 0; u < GEMV_UNROLL; u++) {
+        const int kb = base + u * GEMV_PIECE;
+#pragma unroll
+        for (int h = 0; h < HALVES; h++) wv[h][u] = kb < end ? load_bf16x8(w_rows[h] + kb) : zero;
+    }
+}
 
 // GATED: the launcher's n is the MLP's intermediate size and w holds 2n rows, gate rows
 // then up rows; column j streams rows j and n + j side by side, rounds both sums to bf16 as
@@ -49,28 +72,24 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
     const bf16* w_rows[HALVES];
 #pragma unroll
     for (int h = 0; h < HALVES; h++) w_rows[h] = w + ((active ? col : 0) + (i64)h * n) * k;
-    constexpr int piece = WARP_SIZE * 8;  // elements one step of the warp covers
-    const uint4 zero = make_uint4(0, 0, 0, 0);
     const int first = slice * k_slice, end = first + k_slice;
+    // The first stretch of weights is loaded while the kernel ahead finishes; x only after.
+    const int start = first + lane * 8;
+    uint4 wv[HALVES][GEMV_UNROLL];
+    pdl_launch_dependents();
+    if (active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
+    pdl_wait();
     for (int r0 = 0; r0 < m; r0 += ROWS) {
         float acc[HALVES][ROWS];
 #pragma unroll
         for (int h = 0; h < HALVES; h++)
 #pragma unroll
             for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
-        for (int base = first + lane * 8; active && base < end; base += piece * GEMV_UNROLL) {
-            // Every weight load of the stretch is issued before the first is used.
-            uint4 wv[HALVES][GEMV_UNROLL];
+        for (int base = start; active && base < end; base += GEMV_PIECE * GEMV_UNROLL) {
+            if (r0 > 0 || base != start) gemv_load_weights<HALVES>(wv, w_rows, base, end);
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int kb = base + u * piece;
-#pragma unroll
-                for (int h = 0; h < HALVES; h++)
-                    wv[h][u] = kb < end ? load_bf16x8(w_rows[h] + kb) : zero;
-            }
-#pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int kb = base + u * piece;
+                const int kb = base + u * GEMV_PIECE;
                 if (kb >= end) break;
                 // Each weight piece is unpacked once, for every row of the pass.
                 float wf[HALVES][8];

@@ -26,6 +26,7 @@ extern "C" __global__ void __launch_bounds__(KV_WRITE_THREADS) kv_write_bf16(
     const int* __restrict__ positions, const float* __restrict__ cos_sin, int rotary,
     const i64* __restrict__ slot_mapping, int rows, i64 num_slots, bf16* __restrict__ k_cache,
     bf16* __restrict__ v_cache) {
+    pdl_begin();
     const int heads = q_heads + kv_heads;
     const i64 row = blockIdx.x / heads;
     const int head = blockIdx.x % heads;

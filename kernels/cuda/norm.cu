@@ -17,11 +17,18 @@ __device__ __forceinline__ void rms_norm_row(float* x, const bf16* __restrict__ 
                                              bf16* __restrict__ out, int dim, float eps) {
     __shared__ float scratch[32];
     float v[NORM_CACHED], w[NORM_CACHED];
+    // The weights are loaded while the kernel ahead finishes.
+    pdl_launch_dependents();
+#pragma unroll
+    for (int j = 0; j < NORM_CACHED; ++j) {
+        const int i = threadIdx.x + j * blockDim.x;
+        w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
+    }
+    pdl_wait();
 #pragma unroll
     for (int j = 0; j < NORM_CACHED; ++j) {
         const int i = threadIdx.x + j * blockDim.x;
         v[j] = i < dim ? (ADD ? x[i] + to_f32(delta[i]) : x[i]) : 0.0f;
-        w[j] = i < dim ? to_f32(weight[i]) : 0.0f;
     }
     float sq = 0.0f;
 #pragma unroll
@@ -72,6 +79,7 @@ extern "C" __global__ void add_rms_norm_f32_bf16(float* __restrict__ residual,
 extern "C" __global__ void head_rms_norm_bf16(bf16* __restrict__ x, const bf16* __restrict__ weight,
                                               int rows, int width, int first_col, int heads,
                                               int head_dim, float eps) {
+    pdl_begin();
     const i64 warp = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / WARP_SIZE;
     const int lane = threadIdx.x % WARP_SIZE;
     if (warp >= (i64)rows * heads) return;

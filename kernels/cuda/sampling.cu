@@ -85,6 +85,7 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_PENALTY_THREADS)
     sample_penalties(float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
                      const i64* __restrict__ offsets, const unsigned int* __restrict__ history,
                      i64 entries) {
+    pdl_begin();
     const i64 row = blockIdx.x;
     const SampleRow p = rows[row];
     i64 begin = offsets[row];
@@ -197,6 +198,7 @@ __device__ unsigned int sample_argmax_row(const float* __restrict__ lg, int voca
 extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
     sample_argmax_partial(const float* __restrict__ logits, int vocab, int chunks,
                           u64* __restrict__ partial) {
+    pdl_begin();
     __shared__ u64 scratch[32];
     const i64 row = blockIdx.x / chunks;
     const int chunk = blockIdx.x % chunks;
@@ -222,6 +224,7 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 extern "C" __global__ void __launch_bounds__(WARP_SIZE)
     sample_argmax_finish(const u64* __restrict__ partial, int chunks,
                          unsigned int* __restrict__ tokens) {
+    pdl_begin();
     const i64 row = blockIdx.x;
     u64 best = 0;
     for (int c = threadIdx.x; c < chunks; c += WARP_SIZE) {
@@ -519,6 +522,7 @@ __device__ u64 sample_select(const SampleCtx& c, int mode, u64 lo, u64 r_fixed, 
 extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
     sample_rows(const float* __restrict__ logits, int vocab, const SampleRow* __restrict__ rows,
                 unsigned int* __restrict__ tokens, unsigned int* __restrict__ kept) {
+    pdl_begin();
     __shared__ SampleShared s;
     const i64 row = blockIdx.x;
     const SampleRow p = rows[row];

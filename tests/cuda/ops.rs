@@ -232,6 +232,8 @@ fn check_linear(s: &crate::Setup, deterministic: bool) {
         (3, 521, 8192, 0),
         // 999 columns leave the last block's last warps without one.
         (5, 999, 2048, 0),
+        // 2,500 blocks of the GEMV kernel, many waves of them.
+        (2, 20_000, 1024, 0),
     ] {
         let x = bf16_round(&random_f32(&mut rng, m * k, 1.0));
         let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
@@ -281,6 +283,62 @@ fn check_linear(s: &crate::Setup, deterministic: bool) {
                 ),
             }
         }
+    }
+}
+
+/// Products chained on one stream without a synchronization, each reading what the one
+/// before wrote into a buffer filled with poison: under programmatic dependent launch (on
+/// where the device has it), a kernel that read its input before waiting for the kernel
+/// ahead would read poison, or an input not yet complete.
+#[test]
+fn chained_products_read_what_the_kernel_ahead_wrote() {
+    let Some(s) = setup() else { return };
+    eprintln!(
+        "programmatic dependent launch: {}",
+        s.kernels.programmatic_launch()
+    );
+    let mut rng = rng("chained_products");
+    let (k, rounds) = (2048, 24);
+    // Uniform in ±sqrt(3 / k): each product keeps the input's scale.
+    let scale = (3.0 / k as f32).sqrt();
+    let w: Vec<Vec<f32>> = (0..2)
+        .map(|_| bf16_round(&random_f32(&mut rng, k * k, scale)))
+        .collect();
+    let w_d: Vec<_> = w
+        .iter()
+        .map(|w| s.gpu.upload(&to_bf16(w)).unwrap())
+        .collect();
+    let x0 = bf16_round(&random_f32(&mut rng, k, 1.0));
+    let mut outs = vec![s.gpu.upload(&to_bf16(&x0)).unwrap()];
+    outs.extend((0..rounds).map(|_| poisoned(&s.gpu, k, POISON)));
+    s.gpu.stream().synchronize().unwrap();
+    let gemm = Gemm::new(s.gpu.stream().clone(), true).unwrap();
+    for i in 0..rounds {
+        let (done, rest) = outs.split_at_mut(i + 1);
+        gemm.linear(
+            &s.kernels,
+            s.gpu.stream(),
+            &done[i].slice(..k),
+            &w_d[i % 2].as_view(),
+            &mut rest[0].slice_mut(..k),
+            1,
+            k,
+        )
+        .unwrap();
+    }
+    let mut input = x0;
+    for (i, out) in outs[1..].iter().enumerate() {
+        let got = to_f32(&download_checked(&s.gpu, out, k, POISON));
+        let mut want = vec![0.0; k];
+        cpu::linear(&input, k, &w[i % 2], k, &mut want);
+        assert_close(
+            &format!("product {i} of the chain"),
+            &got,
+            &bf16_round(&want),
+            1e-2,
+            1e-2,
+        );
+        input = got;
     }
 }
 
@@ -341,7 +399,8 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
 fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
     let Some(s) = setup() else { return };
     let mut rng = rng("gate_up_act");
-    let (inter, k) = (1024, 1536);
+    // 512 blocks of the gated GEMV kernel, more than one wave.
+    let (inter, k) = (4096, 512);
     let w = bf16_round(&random_f32(&mut rng, 2 * inter * k, 0.05));
     let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
     let x = bf16_round(&random_f32(&mut rng, 40 * k, 1.0));

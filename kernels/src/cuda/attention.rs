@@ -11,10 +11,11 @@
 //! order depend only on the sequence's own shape, so a row's result is the same whatever else
 //! is in the batch.
 
+use super::launch::ByValue;
 use super::{grid, CudaKernels};
 use crate::cpu::{AddressAudit, KvLayout};
 use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, DriverError, PushKernelArg,
+    CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, DriverError,
 };
 use half::bf16;
 
@@ -345,7 +346,7 @@ pub fn paged_attention(
         let bucket = split_bucket(counts.split, nh / kv_heads, kv_heads);
         let per_item = kv_heads * (nh / kv_heads).div_ceil(bucket);
         let name = format!("paged_attention_split_d{d}_g{bucket}");
-        let mut launch = stream.launch_builder(k.function(&name));
+        let mut launch = k.launch(stream, &name);
         launch
             .arg(q)
             .arg(&q_stride_i)
@@ -364,7 +365,7 @@ pub fn paged_attention(
             .arg(&kvh_i)
             .arg(&bs_i)
             .arg(&scale)
-            .arg(&new_kv);
+            .arg(ByValue(new_kv));
         let split_blocks = counts.split * per_item;
         assert!(
             split_blocks <= i32::MAX as usize,
@@ -381,7 +382,7 @@ pub fn paged_attention(
     }
     if counts.decode > 0 {
         let work_i = counts.split as i32;
-        let mut launch = stream.launch_builder(k.function("paged_attention_combine"));
+        let mut launch = k.launch(stream, "paged_attention_combine");
         launch
             .arg(&*scratch)
             .arg(&work_i)
@@ -398,7 +399,7 @@ pub fn paged_attention(
     }
     if counts.prefill > 0 {
         let name = format!("paged_attention_prefill_d{d}");
-        let mut launch = stream.launch_builder(k.function(&name));
+        let mut launch = k.launch(stream, &name);
         launch
             .arg(q)
             .arg(&q_stride_i)

@@ -1,7 +1,7 @@
 //! Launchers of the element-wise kernels (`cuda/elementwise.cu`).
 
 use super::{grid, CudaKernels};
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 
 const THREADS: u32 = 256;
@@ -26,7 +26,7 @@ pub fn embedding(
         return Ok(());
     }
     let (rows_i, dim_i) = (rows as i32, dim as i32);
-    let mut launch = stream.launch_builder(k.function("embedding_bf16_f32"));
+    let mut launch = k.launch(stream, "embedding_bf16_f32");
     launch
         .arg(tokens)
         .arg(table)
@@ -55,7 +55,7 @@ pub fn silu_and_mul(
         return Ok(());
     }
     let (rows_i, inter_i) = (rows as i32, inter as i32);
-    let mut launch = stream.launch_builder(k.function("silu_and_mul_bf16"));
+    let mut launch = k.launch(stream, "silu_and_mul_bf16");
     launch.arg(gate_up).arg(out).arg(&rows_i).arg(&inter_i);
     // SAFETY: buffer lengths checked above.
     unsafe { launch.launch(grid(blocks(rows * inter), THREADS, 0)) }?;
@@ -77,7 +77,7 @@ pub fn gather_rows(
         return Ok(());
     }
     let (count_i, dim_i) = (count as i32, dim as i32);
-    let mut launch = stream.launch_builder(k.function("gather_rows_bf16"));
+    let mut launch = k.launch(stream, "gather_rows_bf16");
     launch.arg(src).arg(rows).arg(out).arg(&count_i).arg(&dim_i);
     // SAFETY: `out` holds count * dim elements; row ids are checked by the caller.
     unsafe { launch.launch(grid(blocks(count * dim), THREADS, 0)) }?;
@@ -96,7 +96,7 @@ pub fn fill_uniform(
     if n == 0 {
         return Ok(());
     }
-    let mut launch = stream.launch_builder(k.function("fill_uniform_bf16"));
+    let mut launch = k.launch(stream, "fill_uniform_bf16");
     launch.arg(out).arg(&n).arg(&seed).arg(&scale);
     // SAFETY: one thread per element of `out`.
     unsafe { launch.launch(grid(blocks(n as usize), THREADS, 0)) }?;
@@ -117,7 +117,7 @@ pub fn add_bias(
         return Ok(());
     }
     let (rows_i, n_i) = (rows as i32, n as i32);
-    let mut launch = stream.launch_builder(k.function("add_bias_bf16"));
+    let mut launch = k.launch(stream, "add_bias_bf16");
     launch.arg(x).arg(bias).arg(&rows_i).arg(&n_i);
     // SAFETY: `x` holds rows * n elements (checked above).
     unsafe { launch.launch(grid(blocks(rows * n), THREADS, 0)) }?;

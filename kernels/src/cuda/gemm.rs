@@ -9,7 +9,6 @@ use super::{grid, CudaKernels};
 use cudarc::cublas::{result::gemm_ex, sys, CudaBlas};
 use cudarc::driver::{
     CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
-    PushKernelArg,
 };
 use half::bf16;
 use std::sync::Arc;
@@ -271,7 +270,7 @@ fn gemv<T: DeviceRepr>(
         .find(|&r| r >= m)
         .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
     let kernel = format!("{name}_r{rows}");
-    let mut launch = stream.launch_builder(kernels.function(&kernel));
+    let mut launch = kernels.launch(stream, &kernel);
     launch
         .arg(x)
         .arg(w)

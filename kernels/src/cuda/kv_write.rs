@@ -2,7 +2,7 @@
 
 use super::{grid, CudaKernels};
 use crate::cpu::KvLayout;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 
 /// Threads per (row, head) block (`KV_WRITE_THREADS`).
@@ -75,7 +75,7 @@ pub fn write_kv(
     let mode = rotary.map_or(0i32, |r| if r.interleaved { 2 } else { 1 });
     // A null pointer for the tables the kernel does not read without rotary.
     let null = 0u64;
-    let mut launch = stream.launch_builder(k.function("kv_write_bf16"));
+    let mut launch = k.launch(stream, "kv_write_bf16");
     launch
         .arg(qkv)
         .arg(&stride_i)

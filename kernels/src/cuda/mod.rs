@@ -7,10 +7,12 @@ pub mod elementwise;
 pub mod gemm;
 pub mod gemm_lt;
 pub mod kv_write;
+pub mod launch;
 pub mod norm;
 pub mod sampling;
 
-use cudarc::driver::{CudaFunction, LaunchConfig};
+use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
+use launch::KernelLaunch;
 use peregrine_runtime::cuda::{Gpu, GpuError, KernelCompiler, KernelSource};
 use std::collections::HashMap;
 use std::path::Path;
@@ -50,6 +52,8 @@ pub const MODULES: &[KernelSource] = &[
 pub struct CudaKernels {
     functions: HashMap<String, CudaFunction>,
     compiled: usize,
+    /// Launches use programmatic dependent launch (see [`launch`]).
+    programmatic: bool,
 }
 
 impl CudaKernels {
@@ -70,7 +74,25 @@ impl CudaKernels {
         Ok(CudaKernels {
             functions,
             compiled,
+            programmatic: supports_programmatic_launch(gpu.arch()),
         })
+    }
+
+    /// The same kernels, launched one after another without programmatic dependent launch
+    /// (`bench latency --no-programmatic-launch` measures the two side by side).
+    pub fn without_programmatic_launch(mut self) -> CudaKernels {
+        self.programmatic = false;
+        self
+    }
+
+    /// Whether launches use programmatic dependent launch.
+    pub fn programmatic_launch(&self) -> bool {
+        self.programmatic
+    }
+
+    /// A launch of the kernel `name` on `stream`, to be given its parameters.
+    pub(crate) fn launch<'a>(&'a self, stream: &'a CudaStream, name: &'a str) -> KernelLaunch<'a> {
+        KernelLaunch::new(self, stream, name)
     }
 
     /// How many modules were compiled now rather than taken from the cache.
@@ -85,6 +107,14 @@ impl CudaKernels {
             .get(name)
             .unwrap_or_else(|| panic!("no GPU kernel named `{name}` was loaded"))
     }
+}
+
+/// Whether devices of `arch` (such as `sm_90`) have programmatic dependent launch: compute
+/// capability 9.0 and up.
+fn supports_programmatic_launch(arch: &str) -> bool {
+    arch.strip_prefix("sm_")
+        .and_then(|digits| digits.parse::<u32>().ok())
+        .is_some_and(|cc| cc >= 90)
 }
 
 /// Names of the `extern "C" __global__` functions a source defines.
@@ -121,6 +151,15 @@ pub(crate) fn grid(blocks: u32, threads: u32, shared_bytes: u32) -> LaunchConfig
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn programmatic_launch_from_compute_capability_9() {
+        assert!(supports_programmatic_launch("sm_90"));
+        assert!(supports_programmatic_launch("sm_100"));
+        assert!(!supports_programmatic_launch("sm_89"));
+        assert!(!supports_programmatic_launch("sm_80"));
+        assert!(!supports_programmatic_launch("gfx942"));
+    }
 
     #[test]
     fn kernel_names_are_read_from_the_source() {

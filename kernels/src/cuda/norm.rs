@@ -1,7 +1,7 @@
 //! Launchers of the RMSNorm kernels (`cuda/norm.cu`).
 
 use super::{grid, CudaKernels};
-use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError, PushKernelArg};
+use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 
 /// Threads per row of the row-wise norms: the most a block has, so that each thread loads
@@ -31,7 +31,7 @@ pub fn rms_norm(
         return Ok(());
     }
     let dim_i = dim as i32;
-    let mut launch = stream.launch_builder(k.function("rms_norm_f32_bf16"));
+    let mut launch = k.launch(stream, "rms_norm_f32_bf16");
     launch.arg(x).arg(weight).arg(out).arg(&dim_i).arg(&eps);
     // SAFETY: the buffers hold `rows * dim` elements (checked above); one block per row.
     unsafe { launch.launch(grid(rows as u32, ROW_THREADS, 0)) }?;
@@ -59,7 +59,7 @@ pub fn add_rms_norm(
         return Ok(());
     }
     let dim_i = dim as i32;
-    let mut launch = stream.launch_builder(k.function("add_rms_norm_f32_bf16"));
+    let mut launch = k.launch(stream, "add_rms_norm_f32_bf16");
     launch
         .arg(residual)
         .arg(delta)
@@ -105,7 +105,7 @@ pub fn head_rms_norm(
         heads as i32,
         head_dim as i32,
     );
-    let mut launch = stream.launch_builder(k.function("head_rms_norm_bf16"));
+    let mut launch = k.launch(stream, "head_rms_norm_bf16");
     launch
         .arg(x)
         .arg(weight)

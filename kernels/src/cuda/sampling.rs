@@ -16,9 +16,7 @@
 //! distribution. See `cuda/sampling.cu` for the details.
 
 use super::{grid, CudaKernels};
-use cudarc::driver::{
-    CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError, PushKernelArg,
-};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError};
 use std::sync::Arc;
 
 /// Threads per row of the sampling kernel (`SAMPLE_THREADS`).
@@ -126,7 +124,7 @@ pub fn sample_argmax_into(
     );
     let blocks = u32::try_from(rows * chunks).expect("sample_argmax: grid too large");
     let chunks_i = chunks as i32;
-    let mut launch = stream.launch_builder(k.function("sample_argmax_partial"));
+    let mut launch = k.launch(stream, "sample_argmax_partial");
     launch
         .arg(logits)
         .arg(&vocab_i)
@@ -136,7 +134,7 @@ pub fn sample_argmax_into(
     // only indices below `vocab` of its row; block b writes `partial[b]`, and `partial`
     // holds one element per block.
     unsafe { launch.launch(grid(blocks, ARGMAX_THREADS, 0)) }?;
-    let mut launch = stream.launch_builder(k.function("sample_argmax_finish"));
+    let mut launch = k.launch(stream, "sample_argmax_finish");
     launch.arg(&*partial).arg(&chunks_i).arg(tokens);
     // SAFETY: one warp per row reads that row's `chunks` partial keys and writes its token;
     // `tokens` holds `rows` elements.
@@ -179,7 +177,7 @@ pub fn sample_penalties(
         return Ok(());
     }
     let entries = (history.len() / 2) as i64;
-    let mut launch = stream.launch_builder(k.function("sample_penalties"));
+    let mut launch = k.launch(stream, "sample_penalties");
     launch
         .arg(logits)
         .arg(&vocab_i)
@@ -218,7 +216,7 @@ pub fn sample_rows(
     if rows == 0 {
         return Ok(());
     }
-    let mut launch = stream.launch_builder(k.function("sample_rows"));
+    let mut launch = k.launch(stream, "sample_rows");
     launch
         .arg(logits)
         .arg(&vocab_i)

@@ -125,7 +125,7 @@ impl GpuWeights {
                 &w.f32("lm_head.weight", &[c.vocab_size, h])?,
             )?)
         };
-        Ok(GpuWeights {
+        let weights = GpuWeights {
             embed: to_device(
                 gpu,
                 &w.f32("model.embed_tokens.weight", &[c.vocab_size, h])?,
@@ -133,7 +133,16 @@ impl GpuWeights {
             layers,
             norm: to_device(gpu, &w.f32("model.norm.weight", &[h])?)?,
             lm_head,
-        })
+        };
+        weights.settle(gpu)
+    }
+
+    /// Waits until every weight is on the device. Kernels load weights before they wait for
+    /// the kernel ahead of them (programmatic dependent launch, `kernels/src/cuda/launch.rs`),
+    /// so no kernel may be queued while a weight is still being written.
+    fn settle(self, gpu: &Gpu) -> Result<GpuWeights, GpuWeightError> {
+        gpu.stream().synchronize()?;
+        Ok(self)
     }
 
     /// Random weights of `c`'s shapes, made on the device: matrices uniform in
@@ -184,12 +193,13 @@ impl GpuWeights {
         } else {
             Some(matrix(c.vocab_size, h, fan_in(h))?)
         };
-        Ok(GpuWeights {
+        let weights = GpuWeights {
             embed: matrix(c.vocab_size, h, 1.0)?,
             layers,
             norm: ones(h)?,
             lm_head,
-        })
+        };
+        weights.settle(gpu)
     }
 
     /// Bytes of parameters held.

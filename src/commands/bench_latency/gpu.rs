@@ -32,7 +32,12 @@ impl GpuModel {
         let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
         let gpu = Arc::new(Gpu::open(0)?);
         let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
-        let kernels = Arc::new(CudaKernels::load(&gpu, &cache_dir)?);
+        let mut kernels = CudaKernels::load(&gpu, &cache_dir)?;
+        if args.no_programmatic_launch {
+            kernels = kernels.without_programmatic_launch();
+        }
+        let programmatic = kernels.programmatic_launch();
+        let kernels = Arc::new(kernels);
         let options = GpuModelOptions {
             max_tokens: largest * args.input_len,
             max_logit_rows: largest,
@@ -68,6 +73,9 @@ impl GpuModel {
                 args.gemv_max_rows
             )
         };
+        if !programmatic {
+            products.push_str(", no programmatic dependent launch");
+        }
         let graphs = if args.enforce_eager {
             products.push_str(", eager decode (--enforce-eager)");
             None
