@@ -99,6 +99,10 @@ pub struct BenchSpecArgs {
     /// Batch-invariant GPU kernels (cuda).
     #[arg(long)]
     pub deterministic: bool,
+    /// Decode steps run eagerly rather than through graphs (captured for 1, 2, 4, 8 and
+    /// every multiple of 8 up to --concurrency, in both runs).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// `peregrine bench latency`.

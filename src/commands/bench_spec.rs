@@ -1,6 +1,6 @@
 //! `peregrine bench spec`: speculative decoding offline (no HTTP). The same greedy
-//! prompts go through the engine without drafts and then with them; it prints the wall
-//! time of each, the speedup, the acceptance rate, the tokens per verification forward,
+//! prompts go through the engine without drafts and then with them (decode steps through
+//! graphs in both unless --enforce-eager); it prints the wall time of each, the speedup, the acceptance rate, the tokens per verification forward,
 //! and how many outputs were identical (greedy decoding must not change).
 
 use super::bench_serve::prompts;
@@ -8,6 +8,7 @@ use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{
     GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SchedulerMsg, Usage,
 };
@@ -130,7 +131,10 @@ async fn run_engine(
     } else {
         0
     };
-    let backend = open_backend(args, dir, drafts)?;
+    let mut backend = open_backend(args, dir, drafts)?;
+    if !args.enforce_eager {
+        backend.capture_graphs(Some(&CaptureSizes::for_max_num_seqs(args.concurrency)))?;
+    }
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,
