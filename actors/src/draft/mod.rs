@@ -15,6 +15,7 @@ pub use draft_model::DraftModel;
 pub use eagle3::Eagle3;
 pub use ngram::Ngram;
 
+use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::anyhow;
 use tokio::sync::oneshot;
@@ -32,6 +33,13 @@ pub trait DraftMethod: Send {
     /// The target hidden states of the steps since the last proposal, in step order.
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let _ = rows;
+    }
+    /// Captures graphs of the method's decode steps for every size of `sizes`, replacing
+    /// those held (on failure they stay); `None` drops them. A method that runs no graphs
+    /// has nothing to capture.
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let _ = sizes;
+        Ok(())
     }
 }
 
