@@ -1,21 +1,27 @@
 //! The draft model's decode graphs: its steps after the first replay graphs captured for
 //! the target's sizes, padded up to a captured size, and draft exactly what the eager
 //! draft model drafts, at exact, padded and oversized batches; the padded rows write draft
-//! KV into the target pool's scratch block and nowhere else; the KV fault hook acts alike
-//! on both paths.
+//! KV into the target pool's scratch block and nowhere else; through the engine, greedy
+//! outputs with speculation over graphs equal those without, and a reload that changes the
+//! sizes recaptures the draft's graphs without losing a request.
 
 mod common;
 
-use common::engine::tiny_backend;
+use common::engine::{collect, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::PoolInfo;
 use peregrine_actors::draft::{DraftMethod, DraftModel};
+use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::{ProposeSeq, RequestId};
+use peregrine_actors::messages::{
+    FinishReason, ProposeSeq, RequestId, SchedulerLimits, SchedulerMsg,
+};
 use peregrine_models::LlamaModel;
+use peregrine_ops::sampling::SamplingParams;
 use peregrine_ops::KvCache;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot;
 
 const BLOCK: usize = 16;
 /// Drafts per sequence and step.
@@ -250,4 +256,209 @@ fn the_kv_fault_hook_zeroes_the_same_draft_kv_eagerly_and_through_graphs() {
         });
     }
     assert!(faulted > 0, "no sequence reached a faulty block");
+}
+
+/// What a watched draft model saw.
+#[derive(Default)]
+struct Seen {
+    /// The sizes of every capture asked of it, in order.
+    captures: Vec<Option<Vec<usize>>>,
+    /// Proposals that wrote its scratch block (a padded graph replay).
+    scratch_writes: usize,
+}
+
+/// A draft model that reports what it does, and refuses to capture the sizes `refuse`.
+struct Watched {
+    draft: DraftModel,
+    refuse: Option<Vec<usize>>,
+    seen: Arc<Mutex<Seen>>,
+}
+
+impl Watched {
+    fn scratch(&self) -> Vec<u32> {
+        let cache = self.draft.cache();
+        block_bits(cache, cache.layout().num_blocks as usize - 1)
+    }
+}
+
+impl DraftMethod for Watched {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+        let before = self.scratch();
+        let drafts = self.draft.propose(seqs)?;
+        if self.scratch() != before {
+            self.seen.lock().unwrap().scratch_writes += 1;
+        }
+        Ok(drafts)
+    }
+
+    fn release(&mut self, id: RequestId) {
+        self.draft.release(id);
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let list = sizes.map(|s| s.sizes().to_vec());
+        self.seen.lock().unwrap().captures.push(list.clone());
+        if list.is_some() && list == self.refuse {
+            anyhow::bail!("refused by the test");
+        }
+        self.draft.capture_graphs(sizes)
+    }
+}
+
+/// An engine of the tiny model in `dir` (pool of 64 blocks), verifying up to 3 drafts a
+/// step of the same model as a draft watched by `seen` when given, which refuses to
+/// capture the sizes `refuse`.
+fn engine(
+    dir: &Path,
+    max_num_seqs: usize,
+    seen: Option<&Arc<Mutex<Seen>>>,
+    refuse: Option<Vec<usize>>,
+) -> Engine {
+    let target = tiny_backend(dir, POOL_BLOCKS);
+    let drafter = seen.map(|seen| {
+        let model = LlamaModel::load(dir).unwrap();
+        let draft = DraftModel::new(model, target.config(), target.pool()).unwrap();
+        Box::new(Watched {
+            draft,
+            refuse,
+            seen: seen.clone(),
+        }) as Box<dyn DraftMethod>
+    });
+    let settings = EngineSettings {
+        block_size: BLOCK,
+        prefix_caching: true,
+        limits: limits(max_num_seqs),
+        max_model_len: None,
+    };
+    start_engine(target, &settings, drafter).unwrap()
+}
+
+fn limits(max_num_seqs: usize) -> SchedulerLimits {
+    SchedulerLimits {
+        max_num_seqs,
+        max_num_batched_tokens: 64,
+        max_waiting: 100,
+        num_speculative_tokens: 3,
+    }
+}
+
+/// `n` greedy requests of random prompts of 5 to 44 tokens.
+fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
+    requests(300, n, seed)
+        .into_iter()
+        .map(|(prompt, _)| (prompt, SamplingParams::greedy()))
+        .collect()
+}
+
+#[tokio::test]
+async fn greedy_outputs_with_draft_graphs_equal_those_without_speculation() {
+    const MAX_TOKENS: usize = 24;
+    let dir = tiny_dir(62);
+    let reqs = greedy_requests(12, 5);
+    let plain = run_all(
+        &engine(dir.path(), 12, None, None).scheduler,
+        &reqs,
+        MAX_TOKENS,
+    )
+    .await;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let drafting = engine(dir.path(), 12, Some(&seen), None);
+    let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 12).unwrap();
+    drafting.graphs.capture(Some(sizes)).await.unwrap();
+    let drafted = run_all(&drafting.scheduler, &reqs, MAX_TOKENS).await;
+    let (mut proposed, mut accepted) = (0, 0);
+    for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {
+        assert_eq!(got, want, "request {i}");
+        proposed += usage.num_draft_tokens;
+        accepted += usage.num_accepted_tokens;
+    }
+    // The target is its own draft, and replayed graphs compute what the eager forward
+    // does: every draft is the target's own greedy token.
+    assert!(proposed > 0, "no draft verified");
+    assert_eq!(accepted, proposed, "drafts rejected");
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.captures, [Some(vec![1, 2, 4, 8])]);
+    assert!(seen.scratch_writes > 0, "no padded draft step replayed");
+}
+
+/// What a reload of `max_num_seqs` does to the engine: capture `sizes`, then apply the
+/// scheduler's new limits.
+async fn reload(engine: &Engine, max_num_seqs: usize, sizes: &CaptureSizes) {
+    engine.graphs.capture(Some(sizes.clone())).await.unwrap();
+    let (reply, applied) = oneshot::channel();
+    let msg = SchedulerMsg::Reconfigure(limits(max_num_seqs), reply);
+    engine.scheduler.send(msg).await.unwrap();
+    applied.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reload_of_the_sizes_recaptures_the_draft_graphs_and_loses_no_request() {
+    const MAX_TOKENS: usize = 16;
+    let dir = tiny_dir(63);
+    let reqs = greedy_requests(12, 9);
+    let alone = solo(dir.path(), &reqs, MAX_TOKENS);
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let refused = CaptureSizes::from_list(&[1, 3], 24).unwrap();
+    let engine = engine(dir.path(), 16, Some(&seen), Some(refused.sizes().to_vec()));
+    let first = CaptureSizes::for_max_num_seqs(16);
+    engine.graphs.capture(Some(first.clone())).await.unwrap();
+    let mut streams = Vec::new();
+    for (i, (prompt, params)) in reqs.iter().enumerate() {
+        streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);
+    }
+    // Once the first tokens are out, reload max_num_seqs 16 -> 6; a capture the draft
+    // refuses is refused as a whole; then 24.
+    let first_event = streams[0].recv().await.expect("a first event");
+    let (six, twenty_four) = (
+        CaptureSizes::for_max_num_seqs(6),
+        CaptureSizes::for_max_num_seqs(24),
+    );
+    reload(&engine, 6, &six).await;
+    let err = engine.graphs.capture(Some(refused.clone())).await;
+    let err = format!("{:#}", err.unwrap_err());
+    assert!(
+        err.contains("the draft's graphs: refused by the test"),
+        "{err}"
+    );
+    reload(&engine, 24, &twenty_four).await;
+    let mut outputs = Vec::new();
+    for rx in streams {
+        outputs.push(collect(rx).await);
+    }
+    let peregrine_actors::messages::RequestEvent::Tokens(first_tokens) = first_event else {
+        panic!("the first event was not tokens");
+    };
+    let mut head: Vec<u32> = first_tokens.iter().map(|t| t.id).collect();
+    head.extend(&outputs[0].0);
+    outputs[0].0 = head;
+    for (i, (tokens, reason, usage)) in outputs.iter().enumerate() {
+        assert_eq!(*reason, FinishReason::Length, "request {i}");
+        assert_eq!(usage.completion_tokens, MAX_TOKENS, "request {i}");
+        assert_eq!(tokens, &alone[i], "request {i}");
+        // The target is its own draft: every draft it verified was its own token.
+        assert_eq!(
+            usage.num_accepted_tokens, usage.num_draft_tokens,
+            "request {i}"
+        );
+    }
+    let captured: Vec<Option<Vec<usize>>> = [first, six, refused, twenty_four]
+        .iter()
+        .map(|s| Some(s.sizes().to_vec()))
+        .collect();
+    assert_eq!(seen.lock().unwrap().captures, captured);
+    // The recaptured graphs serve the next requests: their padded steps replay.
+    let writes = seen.lock().unwrap().scratch_writes;
+    let again = run_all(&engine.scheduler, &reqs, MAX_TOKENS).await;
+    for (i, (tokens, usage)) in again.iter().enumerate() {
+        assert_eq!(tokens, &alone[i], "request {i}, after the reloads");
+        let accepted = usage.num_accepted_tokens;
+        assert_eq!(
+            accepted, usage.num_draft_tokens,
+            "request {i}, after the reloads"
+        );
+    }
+    assert!(
+        seen.lock().unwrap().scratch_writes > writes,
+        "no padded replay"
+    );
 }

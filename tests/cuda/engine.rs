@@ -76,7 +76,7 @@ async fn together_and_alone(
     let engine = gpu_engine(dir, true);
     if graphs {
         let sizes = CaptureSizes::for_max_num_seqs(32);
-        engine.runner.capture_graphs(Some(sizes)).await.unwrap();
+        engine.graphs.capture(Some(sizes)).await.unwrap();
     }
     let mut together = Vec::new();
     for (tokens, usage) in run_all(&engine.scheduler, reqs, MAX_TOKENS).await {

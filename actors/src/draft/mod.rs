@@ -6,6 +6,9 @@
 //! A method that needs the target's hidden states (EAGLE-3) names the target layers it
 //! reads; the engine asks the target backend to record them, the runner returns them with
 //! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
+//!
+//! A draft model replays captured decode graphs for its steps after the first; the engine
+//! captures them with the target's (`CaptureGraphs`), between two proposals.
 
 mod draft_model;
 mod eagle3;
@@ -43,7 +46,7 @@ pub trait DraftMethod: Send {
     }
 }
 
-/// Sends `Propose` messages to the proposer's thread.
+/// Sends messages to the proposer's thread: proposals, and graph captures.
 #[derive(Clone)]
 pub struct DraftProposerHandle {
     tx: crossbeam_channel::Sender<ProposerMsg>,
@@ -59,6 +62,9 @@ pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> DraftProposerHandle {
                 match msg {
                     ProposerMsg::Propose(propose, reply) => {
                         let _ = reply.send(run(method.as_mut(), propose));
+                    }
+                    ProposerMsg::CaptureGraphs(sizes, reply) => {
+                        let _ = reply.send(method.capture_graphs(sizes.as_ref()));
                     }
                 }
             }
@@ -103,5 +109,16 @@ impl DraftProposerHandle {
             .map_err(|_| anyhow!("the draft proposer has stopped"))?;
         rx.await
             .map_err(|_| anyhow!("the draft proposer dropped a step"))?
+    }
+
+    /// Captures the method's graphs for `sizes` on the proposer's thread, between two
+    /// proposals (`None`: drops them); on failure the graphs held before stay.
+    pub async fn capture_graphs(&self, sizes: Option<CaptureSizes>) -> anyhow::Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ProposerMsg::CaptureGraphs(sizes, reply))
+            .map_err(|_| anyhow!("the draft proposer has stopped"))?;
+        rx.await
+            .map_err(|_| anyhow!("the draft proposer dropped a capture"))?
     }
 }
