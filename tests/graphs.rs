@@ -275,8 +275,8 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
     let engine = start_engine(tiny_backend(dir.path(), 64), &settings, None).unwrap();
     assert_eq!(engine.num_blocks, 64, "the scratch block is nobody's");
     engine
-        .runner
-        .capture_graphs(Some(CaptureSizes::for_max_num_seqs(16)))
+        .graphs
+        .capture(Some(CaptureSizes::for_max_num_seqs(16)))
         .await
         .unwrap();
     let mut streams = Vec::new();
@@ -287,7 +287,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
     let first = streams[0].recv().await.expect("a first event");
     for max_num_seqs in [6, 24] {
         let sizes = CaptureSizes::for_max_num_seqs(max_num_seqs);
-        engine.runner.capture_graphs(Some(sizes)).await.unwrap();
+        engine.graphs.capture(Some(sizes)).await.unwrap();
         let (reply, applied) = oneshot::channel();
         engine
             .scheduler
@@ -297,10 +297,10 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
         applied.await.unwrap();
     }
     // Dropping the graphs (enforce_eager) and capturing again loses nothing either.
-    engine.runner.capture_graphs(None).await.unwrap();
+    engine.graphs.capture(None).await.unwrap();
     engine
-        .runner
-        .capture_graphs(Some(CaptureSizes::for_max_num_seqs(24)))
+        .graphs
+        .capture(Some(CaptureSizes::for_max_num_seqs(24)))
         .await
         .unwrap();
     let mut outputs = Vec::new();

@@ -88,13 +88,12 @@ async fn served(
     sequential: bool,
 ) -> Vec<(Vec<u32>, Usage)> {
     let target = backend(dir, run.kv_blocks);
-    let num_blocks = target.pool().layout.num_blocks;
     let drafter: Option<Box<dyn DraftMethod>> = match run.method {
         Method::Off => None,
         Method::Ngram => Some(Box::new(Ngram::new(1, 3).unwrap())),
         Method::Draft(draft_dir, fault) => {
             let model = LlamaModel::load(draft_dir).unwrap();
-            let draft = DraftModel::new(model, target.config(), num_blocks, BLOCK).unwrap();
+            let draft = DraftModel::new(model, target.config(), target.pool()).unwrap();
             Some(Box::new(match fault {
                 Some(block) => draft.with_kv_fault_above(block),
                 None => draft,
@@ -440,9 +439,8 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(TinySpec::llama_tiny(), 97).write_hf(dir.path());
     let target = backend(dir.path(), 64);
-    let num_blocks = target.pool().layout.num_blocks;
     let model = LlamaModel::load(dir.path()).unwrap();
-    let draft = DraftModel::new(model, target.config(), num_blocks, BLOCK).unwrap();
+    let draft = DraftModel::new(model, target.config(), target.pool()).unwrap();
     let limits = SchedulerLimits {
         max_num_seqs: 4,
         max_num_batched_tokens: 64,
@@ -555,8 +553,7 @@ async fn logprobs_of_accepted_drafts_equal_those_without_speculation() {
     let draft = DraftModel::new(
         LlamaModel::load(dir.path()).unwrap(),
         target.config(),
-        target.pool().layout.num_blocks,
-        BLOCK,
+        target.pool(),
     )
     .unwrap();
     let spec = with_logprobs(dir.path(), Some(Box::new(draft)), &prompt).await;

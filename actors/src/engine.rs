@@ -2,11 +2,12 @@
 //! speculating) on their threads, the KvAllocator and the Scheduler as tokio tasks.
 
 use crate::backend::{ModelBackend, StepCapacity};
+use crate::capture::GraphCapture;
 use crate::draft::{spawn_proposer, DraftMethod};
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
-use crate::target_runner::{TargetRunner, TargetRunnerHandle};
+use crate::target_runner::TargetRunner;
 use anyhow::bail;
 use tokio::sync::mpsc;
 use tracing::info;
@@ -29,8 +30,8 @@ pub struct Engine {
     pub max_model_len: usize,
     /// The largest step the backend can run, if it is bounded; a reload must stay within.
     pub capacity: Option<StepCapacity>,
-    /// The target runner, for graph capture at start-up and on reload.
-    pub runner: TargetRunnerHandle,
+    /// Captures the target's and the draft's graphs, at start-up and on reload.
+    pub graphs: GraphCapture,
 }
 
 /// Prints the backend's pool and address audit, and starts the actors; with a `drafter`,
@@ -95,11 +96,12 @@ pub fn start_engine(
     let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
     let runner = TargetRunner::spawn(backend, block_size);
+    let proposer = drafter.map(spawn_proposer);
     Ok(Engine {
-        scheduler: Scheduler::spawn(setup, kv, runner.clone(), drafter.map(spawn_proposer)),
+        scheduler: Scheduler::spawn(setup, kv, runner.clone(), proposer.clone()),
         num_blocks,
         max_model_len,
         capacity,
-        runner,
+        graphs: GraphCapture::new(runner, proposer),
     })
 }

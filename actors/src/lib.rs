@@ -2,10 +2,12 @@
 //! lives in the binary's `serve` command), the typed messages between them, and the
 //! single-request generator that `peregrine generate` drives; the DraftProposer and the
 //! speculation statistics.
-//! The GraphCaptureManager (`graphs`) captures the decode step per batch size.
+//! The GraphCaptureManager (`graphs`) captures the decode step per batch size; `capture`
+//! captures the target's and the draft's graphs together.
 
 pub mod backend;
 pub mod block_pool;
+pub mod capture;
 pub mod draft;
 pub mod engine;
 pub mod gateway;

@@ -272,9 +272,13 @@ pub struct Drafts {
     pub drafts: Vec<(RequestId, Vec<u32>)>,
 }
 
-/// Messages to the draft proposer (on its own thread).
+/// Messages to the draft proposer (on its own thread), handled in order, so a capture runs
+/// between two proposals.
 pub enum ProposerMsg {
     Propose(Propose, oneshot::Sender<anyhow::Result<Drafts>>),
+    /// Capture the draft's graphs for these sizes, replacing the ones held (on failure
+    /// they stay); `None` drops them all and drafts eagerly.
+    CaptureGraphs(Option<CaptureSizes>, oneshot::Sender<anyhow::Result<()>>),
 }
 
 /// A sequence the scheduler wants to start (or restart after preemption) this step.

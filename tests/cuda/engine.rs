@@ -7,7 +7,7 @@ use crate::common::engine::{collect, requests, run_all, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
 use crate::setup;
-use peregrine_actors::backend::{cuda_backend, GpuSettings};
+use peregrine_actors::backend::{cuda_backend, GpuSettings, ModelBackend};
 use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
@@ -19,14 +19,15 @@ use std::path::Path;
 const MAX_TOKENS: usize = 16;
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
-    gpu_engine_drafting(dir, deterministic, None, 0)
+    gpu_engine_drafting(dir, deterministic, |_| None, 0)
 }
 
-/// The GPU engine of the model in `dir`, verifying up to `k` drafts of `drafter` a step.
+/// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
+/// `drafter` builds over the target backend.
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
-    drafter: Option<Box<dyn DraftMethod>>,
+    drafter: impl FnOnce(&dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
     k: usize,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
@@ -61,6 +62,7 @@ fn gpu_engine_drafting(
         },
         max_model_len: None,
     };
+    let drafter = drafter(backend.as_ref());
     start_engine(backend, &engine, drafter).unwrap()
 }
 
@@ -74,7 +76,7 @@ async fn together_and_alone(
     let engine = gpu_engine(dir, true);
     if graphs {
         let sizes = CaptureSizes::for_max_num_seqs(32);
-        engine.runner.capture_graphs(Some(sizes)).await.unwrap();
+        engine.graphs.capture(Some(sizes)).await.unwrap();
     }
     let mut together = Vec::new();
     for (tokens, usage) in run_all(&engine.scheduler, reqs, MAX_TOKENS).await {
@@ -155,20 +157,17 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
         let plain = run_all(&gpu_engine(dir.path(), true).scheduler, &reqs, MAX_TOKENS).await;
         let k = 3;
         for method in ["ngram", "draft_model"] {
-            let engine = {
-                let probe = gpu_engine_drafting(dir.path(), true, None, k);
-                let num_blocks = u64::from(probe.num_blocks);
-                drop(probe);
-                let drafter: Box<dyn DraftMethod> = match method {
+            let drafter = |target: &dyn ModelBackend| -> Option<Box<dyn DraftMethod>> {
+                Some(match method {
                     "ngram" => Box::new(Ngram::new(1, 3).unwrap()),
                     _ => {
                         let model = LlamaModel::load(dir.path()).unwrap();
-                        let config = model.config().clone();
-                        Box::new(DraftModel::new(model, &config, num_blocks, 16).unwrap())
+                        let draft = DraftModel::new(model, target.config(), target.pool());
+                        Box::new(draft.unwrap())
                     }
-                };
-                gpu_engine_drafting(dir.path(), true, Some(drafter), k)
+                })
             };
+            let engine = gpu_engine_drafting(dir.path(), true, drafter, k);
             let drafted = run_all(&engine.scheduler, &reqs, MAX_TOKENS).await;
             let (mut proposed, mut accepted) = (0, 0);
             for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {

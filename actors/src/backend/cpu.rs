@@ -51,14 +51,6 @@ impl CpuBackend {
         self.hidden = Some(hidden);
         Ok(logits)
     }
-
-    /// Block-table entries a captured graph stages: enough for the model's longest
-    /// sequence, within the pool.
-    fn max_blocks(&self) -> usize {
-        let block_size = self.pool.layout.block_size as usize;
-        let longest = self.model.config().max_model_len.div_ceil(block_size);
-        longest.min(self.pool.usable_blocks() as usize).max(1)
-    }
 }
 
 /// The CPU model with a pool of `kv_cache_memory` bytes in blocks of `block_size` tokens,
@@ -155,12 +147,14 @@ impl ModelBackend for CpuBackend {
             self.graphs = None;
             return Ok(());
         };
-        let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
-        let scratch_slot = scratch * self.pool.layout.block_size as i64;
+        let scratch_slot = self.pool.scratch_slot().unwrap_or_default();
+        let max_blocks = self
+            .pool
+            .graph_table_width(self.model.config().max_model_len);
         let graphs = CpuDecodeGraphs::capture(
             &self.model,
             sizes,
-            self.max_blocks(),
+            max_blocks,
             scratch_slot,
             &self.hidden_layers,
         )?;

@@ -44,6 +44,20 @@ impl PoolInfo {
     pub fn usable_blocks(&self) -> u64 {
         self.layout.num_blocks - u64::from(self.scratch_block.is_some())
     }
+
+    /// The first slot of the scratch block, where every padded row of a replayed graph
+    /// writes its keys and values; `None` without a scratch block.
+    pub fn scratch_slot(&self) -> Option<i64> {
+        let block_size = self.layout.block_size as i64;
+        self.scratch_block.map(|b| i64::from(b) * block_size)
+    }
+
+    /// Block-table entries a captured CPU graph stages: enough for a sequence of
+    /// `max_model_len` tokens, within the blocks sequences may own (at least one).
+    pub fn graph_table_width(&self, max_model_len: usize) -> usize {
+        let longest = max_model_len.div_ceil(self.layout.block_size as usize);
+        longest.min(self.usable_blocks() as usize).max(1)
+    }
 }
 
 /// The sampling state of the request a logit row belongs to.

@@ -5,8 +5,15 @@
 //! a block-table change, else the tokens accepted last step), then decodes greedily.
 //! Draft KV written for drafts the target rejects is simply overwritten by the next
 //! catch-up, which starts at the first position the draft has not verified.
+//!
+//! The decode steps after the first (one row per sequence) replay captured graphs of the
+//! draft model when graphs are captured and a size holds the batch, padded up to it; the
+//! padded rows write their KV into the target pool's scratch block, which no sequence owns.
+//! The catch-up step, and a batch past the largest size, run eagerly.
 
 use super::DraftMethod;
+use crate::backend::PoolInfo;
+use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{ProposeSeq, RequestId};
 use anyhow::{bail, Context};
 use peregrine_models::{LlamaModel, ModelConfig};
@@ -28,6 +35,12 @@ pub struct DraftModel {
     cache: KvCache,
     block_size: usize,
     num_blocks: u64,
+    /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
+    scratch_slot: Option<i64>,
+    /// Block-table entries the graphs stage.
+    graph_table_width: usize,
+    /// The captured decode graphs, if any.
+    graphs: Option<CpuDecodeGraphs>,
     seqs: HashMap<RequestId, DraftSeq>,
     argmax: Sampler,
     /// The fault hook's block id threshold.
@@ -36,14 +49,13 @@ pub struct DraftModel {
 }
 
 impl DraftModel {
-    /// The draft `model` for `target`, with a draft cache of the target pool's
-    /// `num_blocks` blocks of `block_size` tokens. Refused when the vocabularies differ or
-    /// the draft's context is shorter than the target's.
+    /// The draft `model` for `target`, with a draft cache of as many blocks as the
+    /// target's `pool` (its scratch block included), of the same size. Refused when the
+    /// vocabularies differ or the draft's context is shorter than the target's.
     pub fn new(
         model: LlamaModel,
         target: &ModelConfig,
-        num_blocks: u64,
-        block_size: usize,
+        pool: &PoolInfo,
     ) -> anyhow::Result<DraftModel> {
         let c = model.config();
         if c.vocab_size != target.vocab_size {
@@ -60,7 +72,8 @@ impl DraftModel {
                 target.max_model_len
             );
         }
-        let layout = model.kv_layout(num_blocks, block_size as u64);
+        let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
+        let layout = model.kv_layout(num_blocks, block_size);
         layout
             .audit(4)
             .map_err(|e| anyhow::anyhow!("draft KV address audit: {e}"))?;
@@ -68,8 +81,11 @@ impl DraftModel {
         Ok(DraftModel {
             model,
             cache,
-            block_size,
+            block_size: block_size as usize,
             num_blocks,
+            scratch_slot: pool.scratch_slot(),
+            graph_table_width: pool.graph_table_width(target.max_model_len),
+            graphs: None,
             seqs: HashMap::new(),
             argmax: Sampler::new(&SamplingParams::greedy())?,
             #[cfg(feature = "fault-hooks")]
@@ -86,23 +102,40 @@ impl DraftModel {
         self
     }
 
-    /// One forward over `specs`/`tokens`, returning the greedy token of each row in `rows`.
+    /// The draft KV cache, in the blocks of the target's pool.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// One forward over `specs`/`tokens`, returning the greedy token of each row in `rows`;
+    /// replayed through a captured graph when `replay` allows it and one serves the step,
+    /// else eager.
     fn run(
         &mut self,
         specs: &[SeqSpec],
         tokens: &[u32],
         rows: &[usize],
+        replay: bool,
     ) -> anyhow::Result<Vec<u32>> {
         let plan = AttentionPlan::new(specs, self.block_size, self.num_blocks)?;
-        let logits = self
-            .model
-            .forward(tokens, &plan, &mut self.cache, rows)
-            .context("draft model forward")?;
+        let vocab = self.model.config().vocab_size;
+        let replayed = match &mut self.graphs {
+            Some(graphs) if replay => graphs
+                .replay(tokens, &plan, rows, &mut self.cache, vocab)
+                .context("draft model graph replay")?,
+            _ => None,
+        };
+        let logits = match replayed {
+            Some(out) => out.logits,
+            None => self
+                .model
+                .forward(tokens, &plan, &mut self.cache, rows)
+                .context("draft model forward")?,
+        };
         #[cfg(feature = "fault-hooks")]
         if let Some(above) = self.fault_above {
             self.corrupt(specs, above);
         }
-        let vocab = self.model.config().vocab_size;
         Ok(logits
             .chunks(vocab)
             .map(|row| self.argmax.sample(row, &[], &[]))
@@ -165,14 +198,15 @@ impl DraftMethod for DraftModel {
             tokens.extend_from_slice(&s.tokens[starts[i]..]);
             rows.push(tokens.len() - 1);
         }
-        let first = self.run(&specs, &tokens, &rows)?;
+        let first = self.run(&specs, &tokens, &rows, false)?;
         for (&i, d) in live.iter().zip(first) {
             drafts[i].push(d);
             let state = self.seqs.get_mut(&seqs[i].id).expect("entered above");
             state.computed = seqs[i].tokens.len();
             state.table.clone_from(&seqs[i].block_table);
         }
-        // Steps 1..: one row per sequence that wants more, at the next position.
+        // Steps 1..: one row per sequence that wants more, at the next position (a pure
+        // decode step, replayed through a graph where one serves it).
         loop {
             let more: Vec<usize> = live
                 .iter()
@@ -192,7 +226,7 @@ impl DraftMethod for DraftModel {
                 .collect();
             let tokens: Vec<u32> = more.iter().map(|&i| *drafts[i].last().unwrap()).collect();
             let rows: Vec<usize> = (0..more.len()).collect();
-            let next = self.run(&specs, &tokens, &rows)?;
+            let next = self.run(&specs, &tokens, &rows, true)?;
             for (&i, d) in more.iter().zip(next) {
                 drafts[i].push(d);
             }
@@ -201,5 +235,25 @@ impl DraftMethod for DraftModel {
 
     fn release(&mut self, id: RequestId) {
         self.seqs.remove(&id);
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch_slot = self.scratch_slot.context(
+            "the target pool has no scratch block for the padded rows of the draft's graphs",
+        )?;
+        let graphs = CpuDecodeGraphs::capture(
+            &self.model,
+            sizes,
+            self.graph_table_width,
+            scratch_slot,
+            &[],
+        )
+        .context("capturing the draft model's graphs")?;
+        self.graphs = Some(graphs);
+        Ok(())
     }
 }

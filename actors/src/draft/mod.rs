@@ -6,6 +6,9 @@
 //! A method that needs the target's hidden states (EAGLE-3) names the target layers it
 //! reads; the engine asks the target backend to record them, the runner returns them with
 //! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
+//!
+//! A draft model replays captured decode graphs for its steps after the first; the engine
+//! captures them with the target's (`CaptureGraphs`), between two proposals.
 
 mod draft_model;
 mod eagle3;
@@ -15,6 +18,7 @@ pub use draft_model::DraftModel;
 pub use eagle3::Eagle3;
 pub use ngram::Ngram;
 
+use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::anyhow;
 use tokio::sync::oneshot;
@@ -33,9 +37,16 @@ pub trait DraftMethod: Send {
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let _ = rows;
     }
+    /// Captures graphs of the method's decode steps for every size of `sizes`, replacing
+    /// those held (on failure they stay); `None` drops them. A method that runs no graphs
+    /// has nothing to capture.
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let _ = sizes;
+        Ok(())
+    }
 }
 
-/// Sends `Propose` messages to the proposer's thread.
+/// Sends messages to the proposer's thread: proposals, and graph captures.
 #[derive(Clone)]
 pub struct DraftProposerHandle {
     tx: crossbeam_channel::Sender<ProposerMsg>,
@@ -51,6 +62,9 @@ pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> DraftProposerHandle {
                 match msg {
                     ProposerMsg::Propose(propose, reply) => {
                         let _ = reply.send(run(method.as_mut(), propose));
+                    }
+                    ProposerMsg::CaptureGraphs(sizes, reply) => {
+                        let _ = reply.send(method.capture_graphs(sizes.as_ref()));
                     }
                 }
             }
@@ -95,5 +109,16 @@ impl DraftProposerHandle {
             .map_err(|_| anyhow!("the draft proposer has stopped"))?;
         rx.await
             .map_err(|_| anyhow!("the draft proposer dropped a step"))?
+    }
+
+    /// Captures the method's graphs for `sizes` on the proposer's thread, between two
+    /// proposals (`None`: drops them); on failure the graphs held before stay.
+    pub async fn capture_graphs(&self, sizes: Option<CaptureSizes>) -> anyhow::Result<()> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(ProposerMsg::CaptureGraphs(sizes, reply))
+            .map_err(|_| anyhow!("the draft proposer has stopped"))?;
+        rx.await
+            .map_err(|_| anyhow!("the draft proposer dropped a capture"))?
     }
 }

@@ -115,8 +115,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let drafter = load_drafter(&config, backend.as_ref())?;
         let engine = start_engine(backend, &settings, drafter)?;
         engine
-            .runner
-            .capture_graphs(graph_sizes(&config)?)
+            .graphs
+            .capture(graph_sizes(&config)?)
             .await
             .context("capturing graphs")?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));

@@ -2,11 +2,11 @@
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
 use peregrine_actors::backend::StepCapacity;
+use peregrine_actors::capture::GraphCapture;
 use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
-use peregrine_actors::target_runner::TargetRunnerHandle;
 use peregrine_config::{ServeArgs, ServeConfig};
 use peregrine_ops::sampling::SamplingParams;
 use std::sync::{Arc, Mutex};
@@ -88,8 +88,8 @@ struct Live {
     served_model_name: String,
     gateway: SharedConfig,
     scheduler: mpsc::Sender<SchedulerMsg>,
-    /// Captures graphs again when the sizes change.
-    runner: TargetRunnerHandle,
+    /// Captures the target's and the draft's graphs again when the sizes change.
+    graphs: GraphCapture,
     log_level: reload::Handle<EnvFilter, Registry>,
     /// The largest step the engine's buffers hold (the GPU's, sized at start-up).
     capacity: Option<StepCapacity>,
@@ -111,7 +111,7 @@ impl Reloader {
             served_model_name,
             gateway,
             scheduler: engine.scheduler.clone(),
-            runner: engine.runner.clone(),
+            graphs: engine.graphs.clone(),
             log_level,
             capacity: engine.capacity,
         }))
@@ -156,11 +156,11 @@ impl Reloader {
             graph_sizes(&new).map_err(|e| format!("{e}; the running configuration stays"))?;
         let old_sizes = graph_sizes(&self.live()).ok().flatten();
         if sizes != old_sizes {
-            // On the runner's thread between two steps; a failed capture keeps the graphs
-            // (and the configuration) that run now.
+            // On the runner's and the proposer's threads between two steps; a failed
+            // capture keeps the graphs (and the configuration) that run now.
             self.0
-                .runner
-                .capture_graphs(sizes)
+                .graphs
+                .capture(sizes)
                 .await
                 .map_err(|e| format!("capturing graphs: {e:#}; the running configuration stays"))?;
         }

@@ -51,13 +51,7 @@ pub fn build_drafter(
                 draft_model.context("speculative_method draft_model needs --draft-model DIR")?;
             let model = LlamaModel::load(dir)
                 .with_context(|| format!("loading the draft model {}", dir.display()))?;
-            let num_blocks = target.pool().layout.num_blocks;
-            Box::new(DraftModel::new(
-                model,
-                target.config(),
-                num_blocks,
-                block_size,
-            )?)
+            Box::new(DraftModel::new(model, target.config(), target.pool())?)
         }
         SpeculativeMethod::Eagle3 => {
             let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
