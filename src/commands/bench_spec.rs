@@ -109,6 +109,13 @@ fn open_backend(
                 deterministic: args.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
+                // The draft model of the speculating run, beside the target.
+                draft_model: match args.speculative_method {
+                    peregrine_config::SpeculativeMethod::DraftModel if drafts > 0 => {
+                        args.draft_model.clone()
+                    }
+                    _ => None,
+                },
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)
         }
@@ -132,15 +139,12 @@ async fn run_engine(
         0
     };
     let mut backend = open_backend(args, dir, drafts)?;
-    if !args.enforce_eager {
-        backend.capture_graphs(Some(&CaptureSizes::for_max_num_seqs(args.concurrency)))?;
-    }
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,
             args.draft_model.as_deref(),
             (args.ngram_min, args.ngram_max),
-            backend.as_ref(),
+            backend.as_mut(),
             args.block_size,
         )?)
     } else {
@@ -158,6 +162,8 @@ async fn run_engine(
         max_model_len: None,
     };
     let engine = start_engine(backend, &settings, drafter)?;
+    let sizes = (!args.enforce_eager).then(|| CaptureSizes::for_max_num_seqs(args.concurrency));
+    engine.graphs.capture(sizes).await?;
     let start = Instant::now();
     let mut streams = Vec::new();
     for (i, (prompt, max_tokens, ignore_eos)) in reqs.iter().enumerate() {

@@ -8,7 +8,7 @@ use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
 use crate::setup;
 use peregrine_actors::backend::{cuda_backend, GpuSettings, ModelBackend};
-use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
+use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
@@ -19,16 +19,18 @@ use std::path::Path;
 const MAX_TOKENS: usize = 16;
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
-    gpu_engine_drafting(dir, deterministic, |_| None, 0)
+    gpu_engine_drafting(dir, deterministic, |_| None, 0, None)
 }
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
-/// `drafter` builds over the target backend.
+/// `drafter` builds over the target backend (which loads the model in `gpu_draft` beside
+/// the target, when given).
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
-    drafter: impl FnOnce(&dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
+    drafter: impl FnOnce(&mut dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
     k: usize,
+    gpu_draft: Option<&Path>,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
@@ -39,8 +41,9 @@ fn gpu_engine_drafting(
         deterministic,
         max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
+        draft_model: gpu_draft.map(Path::to_path_buf),
     };
-    let backend = cuda_backend(dir, &settings).unwrap();
+    let mut backend = cuda_backend(dir, &settings).unwrap();
     let pool = backend.pool().clone();
     eprintln!(
         "GPU pool: {} blocks, {} bytes per layer, audit: largest byte offset {} in {}",
@@ -62,7 +65,7 @@ fn gpu_engine_drafting(
         },
         max_model_len: None,
     };
-    let drafter = drafter(backend.as_ref());
+    let drafter = drafter(backend.as_mut());
     start_engine(backend, &engine, drafter).unwrap()
 }
 
@@ -143,7 +146,9 @@ fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
 
 /// Under --deterministic a verification forward (K+1 rows a request) computes each row as
 /// a one-row decode would, so speculation must not change a greedy token: n-gram drafts,
-/// and a draft model (the same weights, on the CPU) whose drafts are mostly accepted.
+/// and a draft model (the same weights) whose drafts are mostly accepted, on the CPU and on
+/// the GPU beside the target, there eagerly and through its decode graphs. Graphs of the
+/// draft give the drafts of its eager steps, so each request accepts as many.
 #[test]
 fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     if setup().is_none() {
@@ -156,18 +161,28 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     runtime.block_on(async {
         let plain = run_all(&gpu_engine(dir.path(), true).scheduler, &reqs, MAX_TOKENS).await;
         let k = 3;
-        for method in ["ngram", "draft_model"] {
-            let drafter = |target: &dyn ModelBackend| -> Option<Box<dyn DraftMethod>> {
+        let mut accepted_on_gpu = Vec::new();
+        for method in ["ngram", "draft_model", "gpu draft", "gpu draft graphs"] {
+            let drafter = |target: &mut dyn ModelBackend| -> Option<Box<dyn DraftMethod>> {
                 Some(match method {
                     "ngram" => Box::new(Ngram::new(1, 3).unwrap()),
-                    _ => {
+                    "draft_model" => {
                         let model = LlamaModel::load(dir.path()).unwrap();
                         let draft = DraftModel::new(model, target.config(), target.pool());
                         Box::new(draft.unwrap())
                     }
+                    _ => {
+                        let draft = target.take_draft().expect("the backend loaded a draft");
+                        Box::new(BackendDraft::new(draft, target.pool()).unwrap())
+                    }
                 })
             };
-            let engine = gpu_engine_drafting(dir.path(), true, drafter, k);
+            let gpu_draft = method.starts_with("gpu").then_some(dir.path());
+            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, gpu_draft);
+            if method == "gpu draft graphs" {
+                let sizes = CaptureSizes::for_max_num_seqs(32);
+                engine.graphs.capture(Some(sizes)).await.unwrap();
+            }
             let drafted = run_all(&engine.scheduler, &reqs, MAX_TOKENS).await;
             let (mut proposed, mut accepted) = (0, 0);
             for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {
@@ -178,12 +193,21 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             eprintln!("{method}: {accepted} of {proposed} drafts accepted");
             assert!(proposed > 0, "{method}: no draft was verified");
             // The draft model has the target's weights: most of its drafts are right.
-            if method == "draft_model" {
+            if method != "ngram" {
                 assert!(
                     accepted * 2 > proposed,
-                    "draft_model: {accepted} of {proposed}"
+                    "{method}: {accepted} of {proposed}"
                 );
             }
+            if method.starts_with("gpu") {
+                let per_request: Vec<usize> =
+                    drafted.iter().map(|(_, u)| u.num_accepted_tokens).collect();
+                accepted_on_gpu.push(per_request);
+            }
         }
+        assert_eq!(
+            accepted_on_gpu[0], accepted_on_gpu[1],
+            "the GPU draft's graphs changed what its drafts were accepted"
+        );
     });
 }

@@ -1,5 +1,7 @@
 //! The CUDA backend: the bf16 model on device 0, its KV pool sized from
-//! `--gpu-memory-utilization` after a profiling forward of the largest step.
+//! `--gpu-memory-utilization` after a profiling forward of the largest step; with a draft
+//! model (`--speculative-method draft_model`), that model too, on a stream of its own, its
+//! KV cache in the same blocks as the target's (a pool of the draft's shape).
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
@@ -40,6 +42,9 @@ pub struct GpuSettings {
     pub max_seq_len_to_capture: usize,
     /// Where compiled kernels are cached.
     pub kernel_cache: PathBuf,
+    /// A draft model of the same tokenizer, loaded beside the target (its KV takes its
+    /// share of every block) and handed out by [`ModelBackend::take_draft`].
+    pub draft_model: Option<PathBuf>,
 }
 
 struct GpuBackend {
@@ -52,6 +57,8 @@ struct GpuBackend {
     cache: SharedKvCache,
     pool: PoolInfo,
     max_seq_len_to_capture: usize,
+    /// The draft model's backend, until taken.
+    draft: Option<Box<dyn ModelBackend>>,
 }
 
 /// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
@@ -71,15 +78,19 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
     );
     let max_logit_rows =
         (s.max_num_seqs * (1 + s.num_speculative_tokens)).min(s.max_num_batched_tokens);
-    let options = GpuModelOptions {
-        max_tokens: s.max_num_batched_tokens,
-        max_logit_rows,
-        deterministic: s.deterministic,
-        gemv_max_rows: GEMV_MAX_ROWS,
+    let model = load_profiled(dir, gpu.clone(), &kernels, s, max_logit_rows)?;
+    // The draft runs on a stream of its own (a second handle on the device) and asks one
+    // logit row per sequence.
+    let draft = match &s.draft_model {
+        Some(draft_dir) => {
+            let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
+            let draft = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
+                .with_context(|| format!("the draft model {}", draft_dir.display()))?;
+            check_draft(draft.config(), model.config())?;
+            Some(draft)
+        }
+        None => None,
     };
-    let mut model = GpuLlama::load(dir, gpu.clone(), kernels.clone(), options)
-        .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
-    profile(&mut model, s, max_logit_rows)?;
     let (free, total) = gpu.memory()?;
     let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
     let Some(budget) = free.checked_sub(reserved).filter(|&b| b > 0) else {
@@ -87,41 +98,112 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
             "gpu_memory_utilization {} leaves no room for the KV cache: {free} of {total} bytes \
              are free after the weights ({} bytes) and activations, and {reserved} must stay free",
             s.gpu_memory_utilization,
-            model.weight_bytes()
+            model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())
         );
     };
-    let block_bytes = model.kv_bytes_per_token() * s.block_size as u64;
+    let per_token =
+        model.kv_bytes_per_token() + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token());
+    let block_bytes = per_token * s.block_size as u64;
     let num_blocks = blocks_in(budget, block_bytes, s.block_size, "the GPU memory left")?;
     if num_blocks < 2 {
         bail!("the GPU memory left holds one KV block, and one is the graphs' scratch block");
     }
-    // The last block is the scratch block that padded graph rows write; no sequence owns it.
-    let scratch_block = num_blocks - 1;
-    let layout = model.kv_layout(num_blocks as u64, s.block_size as u64);
-    let audit = audit(&layout, 2).map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
-    let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
-    let pool = PoolInfo {
-        layout,
-        bytes_per_layer: cache.bytes_per_layer(),
-        audit,
-        kernels: "kv_write, paged_attention",
-        computed_in: "i64",
-        device: format!("{} ({})", gpu.name(), gpu.arch()),
-        scratch_block: Some(scratch_block),
+    let capacity = StepCapacity {
+        max_tokens: s.max_num_batched_tokens,
+        max_seqs: s.max_num_seqs,
+        max_logit_rows,
     };
-    Ok(Box::new(GpuBackend {
-        graphs: None,
-        model,
-        kernels,
-        capacity: StepCapacity {
-            max_tokens: s.max_num_batched_tokens,
-            max_seqs: s.max_num_seqs,
-            max_logit_rows,
-        },
-        cache: Arc::new(Mutex::new(cache)),
-        pool,
-        max_seq_len_to_capture: s.max_seq_len_to_capture,
-    }))
+    let mut target = GpuBackend::new(model, kernels.clone(), capacity, num_blocks as u64, s)?;
+    if let Some(draft) = draft {
+        let capacity = StepCapacity {
+            max_logit_rows: s.max_num_seqs,
+            ..capacity
+        };
+        let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, s)?;
+        info!(
+            blocks = num_blocks,
+            draft_bytes_per_layer = draft.pool.bytes_per_layer,
+            "draft model loaded beside the target"
+        );
+        target.draft = Some(Box::new(draft));
+    }
+    Ok(Box::new(target))
+}
+
+/// Loads the checkpoint in `dir` onto `gpu` and runs its profiling forward.
+fn load_profiled(
+    dir: &Path,
+    gpu: Arc<Gpu>,
+    kernels: &Arc<CudaKernels>,
+    s: &GpuSettings,
+    max_logit_rows: usize,
+) -> anyhow::Result<GpuLlama> {
+    let options = GpuModelOptions {
+        max_tokens: s.max_num_batched_tokens,
+        max_logit_rows,
+        deterministic: s.deterministic,
+        gemv_max_rows: GEMV_MAX_ROWS,
+    };
+    let mut model = GpuLlama::load(dir, gpu, kernels.clone(), options)
+        .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
+    profile(&mut model, s, max_logit_rows)?;
+    Ok(model)
+}
+
+/// Refuses a draft whose vocabulary differs from the target's or whose context is shorter.
+fn check_draft(draft: &ModelConfig, target: &ModelConfig) -> anyhow::Result<()> {
+    if draft.vocab_size != target.vocab_size {
+        bail!(
+            "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
+            draft.vocab_size,
+            target.vocab_size
+        );
+    }
+    if draft.max_model_len < target.max_model_len {
+        bail!(
+            "draft_model's context ({} tokens) is shorter than the target's ({})",
+            draft.max_model_len,
+            target.max_model_len
+        );
+    }
+    Ok(())
+}
+
+impl GpuBackend {
+    /// `model` with a pool of `num_blocks` blocks, the last of them the scratch block that
+    /// padded graph rows write (no sequence owns it).
+    fn new(
+        model: GpuLlama,
+        kernels: Arc<CudaKernels>,
+        capacity: StepCapacity,
+        num_blocks: u64,
+        s: &GpuSettings,
+    ) -> anyhow::Result<GpuBackend> {
+        let gpu = model.gpu().clone();
+        let scratch_block = u32::try_from(num_blocks - 1)?;
+        let layout = model.kv_layout(num_blocks, s.block_size as u64);
+        let audit = audit(&layout, 2).map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
+        let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+        let pool = PoolInfo {
+            layout,
+            bytes_per_layer: cache.bytes_per_layer(),
+            audit,
+            kernels: "kv_write, paged_attention",
+            computed_in: "i64",
+            device: format!("{} ({})", gpu.name(), gpu.arch()),
+            scratch_block: Some(scratch_block),
+        };
+        Ok(GpuBackend {
+            graphs: None,
+            model,
+            kernels,
+            capacity,
+            cache: Arc::new(Mutex::new(cache)),
+            pool,
+            max_seq_len_to_capture: s.max_seq_len_to_capture,
+            draft: None,
+        })
+    }
 }
 
 /// Runs the largest step the scheduler may send, prefill of `max_num_batched_tokens`
@@ -275,6 +357,10 @@ impl ModelBackend for GpuBackend {
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         Ok(gpu.download(&logits)?)
+    }
+
+    fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
+        self.draft.take()
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

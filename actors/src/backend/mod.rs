@@ -188,6 +188,11 @@ pub trait ModelBackend: Send {
     fn embedding_table(&self) -> Option<Arc<[f32]>> {
         None
     }
+    /// The draft model's backend that was loaded beside this one (`GpuSettings::draft_model`),
+    /// over a pool of the same blocks; taken, so a later call returns `None`.
+    fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
+        None
+    }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on
     /// failure the old ones stay); `None` drops every graph and runs eagerly. From then on
     /// [`ModelBackend::step`] and the forwards replay a graph when the batch is pure decode

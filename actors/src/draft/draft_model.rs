@@ -1,16 +1,14 @@
 //! Drafting with a smaller model of the same tokenizer, on the CPU, with its own KV cache
 //! over the target's block ids: each sequence's draft cache lives in the same blocks as
-//! its target cache, in a separate pool of the draft's shape. Each step the draft first
-//! catches up over the tokens it has not seen (the whole sequence after a preemption or
-//! a block-table change, else the tokens accepted last step), then decodes greedily.
-//! Draft KV written for drafts the target rejects is simply overwritten by the next
-//! catch-up, which starts at the first position the draft has not verified.
+//! its target cache, in a separate pool of the draft's shape. The drafting loop is
+//! `DraftProgress`'s.
 //!
 //! The decode steps after the first (one row per sequence) replay captured graphs of the
 //! draft model when graphs are captured and a size holds the batch, padded up to it; the
 //! padded rows write their KV into the target pool's scratch block, which no sequence owns.
 //! The catch-up step, and a batch past the largest size, run eagerly.
 
+use super::progress::DraftProgress;
 use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
@@ -19,18 +17,15 @@ use anyhow::{bail, Context};
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
-use std::collections::HashMap;
-
-/// What the draft holds for one sequence.
-struct DraftSeq {
-    /// Tokens of the sequence whose draft KV is in the cache.
-    computed: usize,
-    /// The block table those tokens were written through.
-    table: Vec<u32>,
-}
 
 /// The draft-model method.
 pub struct DraftModel {
+    forward: CpuDraftForward,
+    progress: DraftProgress,
+}
+
+/// The draft model on the CPU with its cache and graphs.
+struct CpuDraftForward {
     model: LlamaModel,
     cache: KvCache,
     block_size: usize,
@@ -41,7 +36,6 @@ pub struct DraftModel {
     graph_table_width: usize,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
-    seqs: HashMap<RequestId, DraftSeq>,
     argmax: Sampler,
     /// The fault hook's block id threshold.
     #[cfg(feature = "fault-hooks")]
@@ -78,7 +72,7 @@ impl DraftModel {
             .audit(4)
             .map_err(|e| anyhow::anyhow!("draft KV address audit: {e}"))?;
         let cache = KvCache::new(c.num_layers, layout);
-        Ok(DraftModel {
+        let forward = CpuDraftForward {
             model,
             cache,
             block_size: block_size as usize,
@@ -86,10 +80,13 @@ impl DraftModel {
             scratch_slot: pool.scratch_slot(),
             graph_table_width: pool.graph_table_width(target.max_model_len),
             graphs: None,
-            seqs: HashMap::new(),
             argmax: Sampler::new(&SamplingParams::greedy())?,
             #[cfg(feature = "fault-hooks")]
             fault_above: None,
+        };
+        Ok(DraftModel {
+            forward,
+            progress: DraftProgress::new(block_size as usize),
         })
     }
 
@@ -98,15 +95,17 @@ impl DraftModel {
     /// garbage (the failure of a kernel that reads the wrong block past an id limit).
     #[cfg(feature = "fault-hooks")]
     pub fn with_kv_fault_above(mut self, block: u32) -> DraftModel {
-        self.fault_above = Some(block);
+        self.forward.fault_above = Some(block);
         self
     }
 
     /// The draft KV cache, in the blocks of the target's pool.
     pub fn cache(&self) -> &KvCache {
-        &self.cache
+        &self.forward.cache
     }
+}
 
+impl CpuDraftForward {
     /// One forward over `specs`/`tokens`, returning the greedy token of each row in `rows`;
     /// replayed through a captured graph when `replay` allows it and one serves the step,
     /// else eager.
@@ -164,96 +163,34 @@ impl DraftModel {
 
 impl DraftMethod for DraftModel {
     fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
-        // Step 0: catch up over every unseen token; its last row gives the first draft.
-        let mut starts = Vec::with_capacity(seqs.len());
-        for s in seqs {
-            let state = self.seqs.entry(s.id).or_insert(DraftSeq {
-                computed: 0,
-                table: Vec::new(),
-            });
-            let blocks_seen = state.computed.div_ceil(self.block_size);
-            let same_blocks = s.block_table.get(..blocks_seen) == state.table.get(..blocks_seen);
-            if !same_blocks || state.computed >= s.tokens.len() {
-                state.computed = 0;
-            }
-            starts.push(state.computed);
-        }
-        let live: Vec<usize> = (0..seqs.len())
-            .filter(|&i| seqs[i].max_drafts > 0)
-            .collect();
-        let mut drafts = vec![Vec::new(); seqs.len()];
-        if live.is_empty() {
-            return Ok(drafts);
-        }
-        let mut specs = Vec::new();
-        let mut tokens = Vec::new();
-        let mut rows = Vec::new();
-        for &i in &live {
-            let s = &seqs[i];
-            specs.push(SeqSpec {
-                num_cached: starts[i],
-                num_new: s.tokens.len() - starts[i],
-                block_table: &s.block_table,
-            });
-            tokens.extend_from_slice(&s.tokens[starts[i]..]);
-            rows.push(tokens.len() - 1);
-        }
-        let first = self.run(&specs, &tokens, &rows, false)?;
-        for (&i, d) in live.iter().zip(first) {
-            drafts[i].push(d);
-            let state = self.seqs.get_mut(&seqs[i].id).expect("entered above");
-            state.computed = seqs[i].tokens.len();
-            state.table.clone_from(&seqs[i].block_table);
-        }
-        // Steps 1..: one row per sequence that wants more, at the next position (a pure
-        // decode step, replayed through a graph where one serves it).
-        loop {
-            let more: Vec<usize> = live
-                .iter()
-                .copied()
-                .filter(|&i| drafts[i].len() < seqs[i].max_drafts)
-                .collect();
-            if more.is_empty() {
-                return Ok(drafts);
-            }
-            let specs: Vec<SeqSpec> = more
-                .iter()
-                .map(|&i| SeqSpec {
-                    num_cached: seqs[i].tokens.len() + drafts[i].len() - 1,
-                    num_new: 1,
-                    block_table: &seqs[i].block_table,
-                })
-                .collect();
-            let tokens: Vec<u32> = more.iter().map(|&i| *drafts[i].last().unwrap()).collect();
-            let rows: Vec<usize> = (0..more.len()).collect();
-            let next = self.run(&specs, &tokens, &rows, true)?;
-            for (&i, d) in more.iter().zip(next) {
-                drafts[i].push(d);
-            }
-        }
+        let forward = &mut self.forward;
+        self.progress
+            .propose(seqs, &mut |specs, tokens, rows, decode| {
+                forward.run(specs, tokens, rows, decode)
+            })
     }
 
     fn release(&mut self, id: RequestId) {
-        self.seqs.remove(&id);
+        self.progress.release(id);
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         let Some(sizes) = sizes else {
-            self.graphs = None;
+            self.forward.graphs = None;
             return Ok(());
         };
-        let scratch_slot = self.scratch_slot.context(
+        let scratch_slot = self.forward.scratch_slot.context(
             "the target pool has no scratch block for the padded rows of the draft's graphs",
         )?;
         let graphs = CpuDecodeGraphs::capture(
-            &self.model,
+            &self.forward.model,
             sizes,
-            self.graph_table_width,
+            self.forward.graph_table_width,
             scratch_slot,
             &[],
         )
         .context("capturing the draft model's graphs")?;
-        self.graphs = Some(graphs);
+        self.forward.graphs = Some(graphs);
         Ok(())
     }
 }

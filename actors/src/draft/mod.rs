@@ -10,10 +10,13 @@
 //! A draft model replays captured decode graphs for its steps after the first; the engine
 //! captures them with the target's (`CaptureGraphs`), between two proposals.
 
+mod backend_draft;
 mod draft_model;
 mod eagle3;
 mod ngram;
+mod progress;
 
+pub use backend_draft::BackendDraft;
 pub use draft_model::DraftModel;
 pub use eagle3::Eagle3;
 pub use ngram::Ngram;

@@ -56,6 +56,13 @@ fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn Mode
                 deterministic: config.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
+                // The draft model runs on the GPU beside the target.
+                draft_model: match config.speculative_method {
+                    Some(peregrine_config::SpeculativeMethod::DraftModel) => {
+                        config.draft_model.clone()
+                    }
+                    _ => None,
+                },
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)
         }
@@ -91,7 +98,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
-    let backend = load_backend(&config, &dir)?;
+    let mut backend = load_backend(&config, &dir)?;
     let mut prometheus = PrometheusBuilder::new();
     for name in HISTOGRAMS {
         prometheus =
@@ -112,7 +119,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             limits: limits(&config),
             max_model_len: config.max_model_len,
         };
-        let drafter = load_drafter(&config, backend.as_ref())?;
+        let drafter = load_drafter(&config, backend.as_mut())?;
         let engine = start_engine(backend, &settings, drafter)?;
         engine
             .graphs

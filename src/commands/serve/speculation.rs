@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use peregrine_actors::backend::ModelBackend;
-use peregrine_actors::draft::{DraftMethod, DraftModel, Eagle3, Ngram};
+use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
 use peregrine_models::{LlamaModel, Weights};
@@ -15,7 +15,7 @@ use tracing::info;
 /// methods.
 pub fn load_drafter(
     config: &ServeConfig,
-    target: &dyn ModelBackend,
+    target: &mut dyn ModelBackend,
 ) -> anyhow::Result<Option<Box<dyn DraftMethod>>> {
     let Some(method) = config.speculative_method else {
         return Ok(None);
@@ -36,23 +36,28 @@ pub fn load_drafter(
 }
 
 /// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model in
-/// `draft_model` with a draft cache over `target`'s pool of blocks of `block_size`.
+/// `draft_model` with a draft cache over `target`'s pool of blocks of `block_size` (on the
+/// GPU when the target's backend loaded it there, else on the CPU).
 pub fn build_drafter(
     method: SpeculativeMethod,
     draft_model: Option<&Path>,
     (ngram_min, ngram_max): (usize, usize),
-    target: &dyn ModelBackend,
+    target: &mut dyn ModelBackend,
     block_size: usize,
 ) -> anyhow::Result<Box<dyn DraftMethod>> {
     Ok(match method {
         SpeculativeMethod::Ngram => Box::new(Ngram::new(ngram_min, ngram_max)?),
-        SpeculativeMethod::DraftModel => {
-            let dir =
-                draft_model.context("speculative_method draft_model needs --draft-model DIR")?;
-            let model = LlamaModel::load(dir)
-                .with_context(|| format!("loading the draft model {}", dir.display()))?;
-            Box::new(DraftModel::new(model, target.config(), target.pool())?)
-        }
+        SpeculativeMethod::DraftModel => match target.take_draft() {
+            // The GPU backend loaded the draft beside the target.
+            Some(draft) => Box::new(BackendDraft::new(draft, target.pool())?),
+            None => {
+                let dir = draft_model
+                    .context("speculative_method draft_model needs --draft-model DIR")?;
+                let model = LlamaModel::load(dir)
+                    .with_context(|| format!("loading the draft model {}", dir.display()))?;
+                Box::new(DraftModel::new(model, target.config(), target.pool())?)
+            }
+        },
         SpeculativeMethod::Eagle3 => {
             let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
             let head = load_eagle3(dir, target)
