@@ -14,7 +14,8 @@
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
 #                                 per step by scripts/ncu_step_summary.py
 #   scripts/gpu_run.sh spec       bench spec (n-gram speculation against none) on SmolLM2-135M
-#                                 (after smollm2), default and --deterministic
+#                                 (after smollm2), default and --deterministic; and the
+#                                 draft_model method with the draft on the GPU
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -97,6 +98,11 @@ spec)
             "$bin/peregrine" $spec $run $flags 2>&1 | grep -v "^20" | tee -a "$OUT/spec.log"
         done
     done
+    # The draft model on the GPU beside the target (SmolLM2 as its own draft: the path, not
+    # a speedup).
+    "$bin/peregrine" $spec --dataset scripts/spec_prompts.jsonl --num-prompts 8 --concurrency 8 \
+        --speculative-method draft_model --draft-model /tmp/smollm2 2>&1 | grep -v "^20" |
+        tee -a "$OUT/spec.log"
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts

@@ -144,7 +144,8 @@ pub struct BenchLatencyArgs {
     #[arg(long, default_value_t = 8192)]
     pub max_seq_len_to_capture: usize,
     /// GPU kernels start only when the one before has finished, rather than overlapping
-    /// its tail through programmatic dependent launch (the baseline it is measured against).
+    /// its tail through programmatic dependent launch (the baseline it is measured against;
+    /// --deterministic never uses it).
     #[arg(long)]
     pub no_programmatic_launch: bool,
 }

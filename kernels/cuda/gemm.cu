@@ -17,8 +17,8 @@
 // streamed again, from L2 rather than memory.
 //
 // As soon as it starts, while the kernel ahead may still run (programmatic dependent
-// launch, common.cuh), a warp loads the first stretch of its column's weights into
-// registers; it reads x only after pdl_wait(). So the weights of a product stream from
+// launch, common.cuh), a warp of the one-row kernels loads the first stretch of its
+// column's weights into registers; it reads x only after pdl_wait(). So the weights of a product stream from
 // memory while the kernels it depends on finish.
 //
 // Requires k % 8 == 0 and 16-byte aligned rows (checked by the launcher).
@@ -73,11 +73,14 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
 #pragma unroll
     for (int h = 0; h < HALVES; h++) w_rows[h] = w + ((active ? col : 0) + (i64)h * n) * k;
     const int first = slice * k_slice, end = first + k_slice;
-    // The first stretch of weights is loaded while the kernel ahead finishes; x only after.
+    // One row (decode): the first stretch of weights is loaded while the kernel ahead
+    // finishes, x only after. More rows load every stretch in the loop: registers held
+    // across the passes would cost the accumulators theirs.
+    constexpr bool AHEAD = ROWS == 1;
     const int start = first + lane * 8;
     uint4 wv[HALVES][GEMV_UNROLL];
     pdl_launch_dependents();
-    if (active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
+    if (AHEAD && active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
     pdl_wait();
     for (int r0 = 0; r0 < m; r0 += ROWS) {
         float acc[HALVES][ROWS];
@@ -86,7 +89,7 @@ __device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16
 #pragma unroll
             for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
         for (int base = start; active && base < end; base += GEMV_PIECE * GEMV_UNROLL) {
-            if (r0 > 0 || base != start) gemv_load_weights<HALVES>(wv, w_rows, base, end);
+            if (!AHEAD || r0 > 0 || base != start) gemv_load_weights<HALVES>(wv, w_rows, base, end);
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int kb = base + u * GEMV_PIECE;

@@ -7,7 +7,7 @@ mod gpu;
 
 pub use cpu::cpu_backend;
 #[cfg(feature = "cuda")]
-pub use gpu::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+pub use gpu::{cuda_backend, kernels_for, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::messages::GeneratedToken;

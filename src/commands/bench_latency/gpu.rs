@@ -4,8 +4,8 @@
 use super::backend::{blocks_needed, LatencyModel, StepTokens};
 use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
+use peregrine_actors::backend::kernels_for;
 use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
-use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::fetch::default_cache_dir;
 use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, SharedKvCache,
@@ -32,7 +32,7 @@ impl GpuModel {
         let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
         let gpu = Arc::new(Gpu::open(0)?);
         let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
-        let mut kernels = CudaKernels::load(&gpu, &cache_dir)?;
+        let mut kernels = kernels_for(&gpu, &cache_dir, args.deterministic)?;
         if args.no_programmatic_launch {
             kernels = kernels.without_programmatic_launch();
         }
