@@ -86,7 +86,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
             let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
             let draft = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
                 .with_context(|| format!("the draft model {}", draft_dir.display()))?;
-            check_draft(draft.config(), model.config())?;
+            crate::draft::check_draft(draft.config(), model.config())?;
             Some(draft)
         }
         None => None,
@@ -161,25 +161,6 @@ fn load_profiled(
         .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
     profile(&mut model, s, max_logit_rows)?;
     Ok(model)
-}
-
-/// Refuses a draft whose vocabulary differs from the target's or whose context is shorter.
-fn check_draft(draft: &ModelConfig, target: &ModelConfig) -> anyhow::Result<()> {
-    if draft.vocab_size != target.vocab_size {
-        bail!(
-            "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
-            draft.vocab_size,
-            target.vocab_size
-        );
-    }
-    if draft.max_model_len < target.max_model_len {
-        bail!(
-            "draft_model's context ({} tokens) is shorter than the target's ({})",
-            draft.max_model_len,
-            target.max_model_len
-        );
-    }
-    Ok(())
 }
 
 impl GpuBackend {

@@ -13,7 +13,7 @@ use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{ProposeSeq, RequestId};
-use anyhow::{bail, Context};
+use anyhow::Context;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
@@ -52,20 +52,7 @@ impl DraftModel {
         pool: &PoolInfo,
     ) -> anyhow::Result<DraftModel> {
         let c = model.config();
-        if c.vocab_size != target.vocab_size {
-            bail!(
-                "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
-                c.vocab_size,
-                target.vocab_size
-            );
-        }
-        if c.max_model_len < target.max_model_len {
-            bail!(
-                "draft_model's context ({} tokens) is shorter than the target's ({})",
-                c.max_model_len,
-                target.max_model_len
-            );
-        }
+        super::check_draft(c, target)?;
         let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
         let layout = model.kv_layout(num_blocks, block_size);
         layout
