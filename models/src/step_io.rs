@@ -199,7 +199,7 @@ impl StepStaging {
 /// Stages `real` (`real_batch` entries) padded to `padded` entries and copies the padded
 /// view into the first elements of `buffer` (every input here has its batch on axis 0, so
 /// the view is a prefix of the staged data).
-fn copy<T: Copy + Default + bytemuck::Pod>(
+pub(crate) fn copy<T: Copy + Default + bytemuck::Pod>(
     staged: &mut StagedInput<T>,
     real: &[T],
     real_batch: usize,

@@ -7,10 +7,13 @@
 //! pre = h2;  logits = lm_head(norm(h2))                       [rows, V_d]
 //! ```
 
+use super::record::FeatureKind;
+use super::stage::HeadStaging;
 use super::Eagle3Head;
-use crate::llama::{check_inputs, row_logits, ForwardError};
-use peregrine_kernels::cpu::{embedding, silu_and_mul};
+use crate::llama::{check_inputs, ForwardError};
+use crate::step_io::StepShape;
 use peregrine_ops::{AttentionPlan, KvCache};
+use peregrine_runtime::cpu_graph::CpuGraph;
 
 /// The feature `g` of each row.
 #[derive(Clone, Copy, Debug)]
@@ -31,11 +34,23 @@ pub struct HeadOutput {
     pub pre: Vec<f32>,
 }
 
+impl HeadInput<'_> {
+    /// The kind of feature, and its rows.
+    pub fn parts(&self) -> (FeatureKind, &[f32]) {
+        match *self {
+            HeadInput::Aux(aux) => (FeatureKind::Aux, aux),
+            HeadInput::Pre(pre) => (FeatureKind::Pre, pre),
+        }
+    }
+}
+
 impl Eagle3Head {
     /// Runs `tokens` (target ids, one per planned row) with features `input` through the
     /// head, writing their keys and values into layer 0 of `cache` (a one-layer cache of
     /// [`kv_layout`](Self::kv_layout), addressed by the same plan as the target), and
-    /// returns the logits of `logit_rows` and `pre` of every row.
+    /// returns the logits of `logit_rows` and `pre` of every row. The step is staged at its
+    /// own size into buffers from the head's pool, recorded into a graph and replayed once
+    /// (a captured graph replays the same recording).
     pub fn forward(
         &self,
         tokens: &[u32],
@@ -44,71 +59,30 @@ impl Eagle3Head {
         cache: &mut KvCache,
         logit_rows: &[usize],
     ) -> Result<HeadOutput, ForwardError> {
-        let c = &self.config;
-        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
-        let n = tokens.len();
-        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
-        let mut g = vec![0.0; n * h];
-        match input {
-            HeadInput::Aux(aux) => {
-                check_width("aux hidden states", aux, n, self.fc.in_features())?;
-                self.fc.forward(aux, &mut g);
-            }
-            HeadInput::Pre(pre) => {
-                check_width("pre", pre, n, h)?;
-                g.copy_from_slice(pre);
-            }
-        }
-        let mut e = vec![0.0; n * h];
-        embedding(tokens, &self.embed, h, &mut e);
-        let (mut e_normed, mut g_normed) = (vec![0.0; n * h], vec![0.0; n * h]);
-        self.input_norm.forward(&e, &mut e_normed);
-        self.hidden_norm.forward(&g, &mut g_normed);
-        let u: Vec<f32> = e_normed
-            .chunks(h)
-            .zip(g_normed.chunks(h))
-            .flat_map(|(a, b)| a.iter().chain(b).copied())
-            .collect();
-        let mut qkv = vec![0.0; n * (qd + 2 * kvd)];
-        self.qkv.forward(&u, &mut qkv);
-        let (mut q, mut k, mut v) = (vec![0.0; n * qd], vec![0.0; n * kvd], vec![0.0; n * kvd]);
-        for (r, row) in qkv.chunks(qd + 2 * kvd).enumerate() {
-            q[r * qd..(r + 1) * qd].copy_from_slice(&row[..qd]);
-            k[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd..qd + kvd]);
-            v[r * kvd..(r + 1) * kvd].copy_from_slice(&row[qd + kvd..]);
-        }
-        let tables = self.rotary.tables(plan.positions());
-        self.rotary.apply(&mut q, &tables);
-        self.rotary.apply(&mut k, &tables);
-        cache.write(0, plan.slot_mapping(), &k, &v);
-        let mut attn = vec![0.0; n * qd];
-        self.attention.forward(&q, &mut attn, cache, 0, plan)?;
-        let mut delta = vec![0.0; n * h];
-        self.o_proj.forward(&attn, &mut delta);
-        // The residual stream: g, or hidden_norm(g); it becomes h1, then h2.
-        let mut residual = if c.norm_before_residual { g_normed } else { g };
-        let mut normed = vec![0.0; n * h];
-        self.post_norm
-            .forward_residual(&mut residual, &delta, &mut normed);
-        let mut gate_up = vec![0.0; n * 2 * inter];
-        self.gate_up.forward(&normed, &mut gate_up);
-        let mut act = vec![0.0; n * inter];
-        silu_and_mul(&gate_up, inter, &mut act);
-        self.down.forward(&act, &mut delta);
-        residual.iter_mut().zip(&delta).for_each(|(r, d)| *r += d);
-        let logits = row_logits(
-            &residual,
-            h,
-            logit_rows,
-            &self.norm,
-            &self.lm_head,
-            c.draft_vocab_size,
-        );
-        Ok(HeadOutput {
-            logits,
-            pre: residual,
-        })
+        check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
+        let (kind, features) = input.parts();
+        let width = self.feature_width(kind);
+        let what = match kind {
+            FeatureKind::Aux => "aux hidden states",
+            FeatureKind::Pre => "pre",
+        };
+        check_width(what, features, tokens.len(), width)?;
+        let shape = StepShape {
+            rows: tokens.len(),
+            seqs: plan.seqs().len(),
+            logit_rows: logit_rows.len(),
+        };
+        let max_blocks = plan.seqs().iter().map(|s| s.block_table.len()).max();
+        let max_blocks = max_blocks.unwrap_or(0);
+        let buffers = self.buffers(shape, max_blocks, kind);
+        HeadStaging::new(shape, max_blocks, -1, width)?
+            .stage(&buffers, tokens, features, plan, logit_rows, shape)?;
+        let mut graph = CpuGraph::new();
+        self.record(&mut graph, &buffers, shape)?;
+        graph.replay(cache)?;
+        let logits = buffers.logits.read().to_vec();
+        let pre = buffers.pre().read().to_vec();
+        Ok(HeadOutput { logits, pre })
     }
 }
 

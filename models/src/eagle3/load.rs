@@ -5,14 +5,25 @@ use crate::config::ModelConfig;
 use crate::llama::LlamaModel;
 use crate::weights::Weights;
 use peregrine_ops::{Linear, PagedAttention, RmsNorm, Rotary, RotaryLayout};
+use peregrine_runtime::cpu_graph::BufferPool;
 use std::path::Path;
 use std::sync::Arc;
 
-/// A loaded EAGLE-3 head, float32 on the CPU; q/k/v and gate/up are fused.
+/// A loaded EAGLE-3 head, float32 on the CPU; q/k/v and gate/up are fused. Its weights are
+/// shared (`Arc`) with the graphs that record its forward; its buffers come from its own
+/// pool.
 pub struct Eagle3Head {
     pub(super) config: Eagle3Config,
     /// Target layers whose inputs feed `fc`, in concatenation order.
     pub(super) aux_layers: Vec<usize>,
+    pub(super) weights: Arc<HeadWeights>,
+    pub(super) vocab: DraftVocab,
+    pub(super) attention: PagedAttention,
+    pub(super) pool: BufferPool,
+}
+
+/// The head's parameters.
+pub(super) struct HeadWeights {
     /// `[vocab_size, hidden_size]`: the head's own `embed_tokens`, or the target's.
     pub(super) embed: Arc<[f32]>,
     /// `[H, aux_layers.len() * H_t]`, no bias.
@@ -25,12 +36,10 @@ pub struct Eagle3Head {
     pub(super) post_norm: RmsNorm,
     pub(super) gate_up: Linear,
     pub(super) down: Linear,
-    pub(super) norm: RmsNorm,
+    pub(super) norm: Arc<RmsNorm>,
     /// `[V_d, H]`.
-    pub(super) lm_head: Linear,
-    pub(super) vocab: DraftVocab,
-    pub(super) rotary: Rotary,
-    pub(super) attention: PagedAttention,
+    pub(super) lm_head: Arc<Linear>,
+    pub(super) rotary: Arc<Rotary>,
 }
 
 impl Eagle3Head {
@@ -95,8 +104,7 @@ impl Eagle3Head {
         let mut gate_up = get("mlp.gate_proj.weight", &[inter, h])?;
         gate_up.extend(get("mlp.up_proj.weight", &[inter, h])?);
         let d2t = w.i64("d2t", &[c.draft_vocab_size])?;
-        Ok(Eagle3Head {
-            aux_layers,
+        let weights = HeadWeights {
             embed,
             fc,
             input_norm: RmsNorm::new(get("input_layernorm.weight", &[h])?, eps),
@@ -106,18 +114,28 @@ impl Eagle3Head {
             post_norm: RmsNorm::new(get("post_attention_layernorm.weight", &[h])?, eps),
             gate_up: Linear::new(gate_up.into(), None, 2 * inter),
             down: Linear::new(get("mlp.down_proj.weight", &[h, inter])?.into(), None, h),
-            norm: RmsNorm::new(w.f32("norm.weight", &[h])?, eps),
-            lm_head: Linear::new(
+            norm: Arc::new(RmsNorm::new(w.f32("norm.weight", &[h])?, eps)),
+            lm_head: Arc::new(Linear::new(
                 w.f32("lm_head.weight", &[c.draft_vocab_size, h])?.into(),
                 None,
                 c.draft_vocab_size,
-            ),
+            )),
+            rotary: Arc::new(Rotary::new(
+                d,
+                c.rope_theta,
+                &c.rope_scaling,
+                RotaryLayout::HalfSplit,
+            )),
+        };
+        Ok(Eagle3Head {
+            aux_layers,
+            weights: Arc::new(weights),
             vocab: DraftVocab::from_d2t(&d2t, c.vocab_size)?,
-            rotary: Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit),
             attention: PagedAttention {
                 num_heads: c.num_heads,
                 scale: 1.0 / (d as f32).sqrt(),
             },
+            pool: BufferPool::new(),
             config,
         })
     }

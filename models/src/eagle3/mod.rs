@@ -11,16 +11,22 @@
 //! - [`load`]: the published tensors (`midlayer.*` or `layers.0.*`), checked against the
 //!   target.
 //! - [`forward`]: one forward of the head on the CPU.
+//! - [`record`]: the forward, recorded into a CPU graph over the head's buffers.
+//! - [`stage`]: a step's inputs and features, staged into those buffers.
 //! - [`vocab`]: draft id → target id.
 
 pub mod config;
 pub mod forward;
 pub mod load;
+pub mod record;
+pub mod stage;
 pub mod vocab;
 
 pub use config::{default_aux_layers, Eagle3Config};
 pub use forward::{HeadInput, HeadOutput};
 pub use load::Eagle3Head;
+pub use record::{FeatureKind, HeadBuffers};
+pub use stage::HeadStaging;
 pub use vocab::DraftVocab;
 
 use crate::config::ConfigError;

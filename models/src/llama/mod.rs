@@ -285,27 +285,6 @@ impl LlamaModel {
     }
 }
 
-/// The logits (`[rows.len(), vocab]`) of the rows `rows` of the final residual stream
-/// (`[_, hidden]`): the final norm, then the head.
-pub(crate) fn row_logits(
-    residual: &[f32],
-    hidden: usize,
-    rows: &[usize],
-    norm: &RmsNorm,
-    head: &Linear,
-    vocab: usize,
-) -> Vec<f32> {
-    let picked: Vec<f32> = rows
-        .iter()
-        .flat_map(|&r| residual[r * hidden..(r + 1) * hidden].iter().copied())
-        .collect();
-    let mut normed = vec![0.0; picked.len()];
-    norm.forward(&picked, &mut normed);
-    let mut logits = vec![0.0; rows.len() * vocab];
-    head.forward(&normed, &mut logits);
-    logits
-}
-
 /// Checks a forward's inputs against the plan and the vocabulary, before any work.
 pub(crate) fn check_inputs(
     tokens: &[u32],
