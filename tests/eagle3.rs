@@ -14,7 +14,7 @@ use common::eagle3_head::{HeadSpec, RandomHead};
 use common::engine::{collect, submit};
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
-use peregrine_actors::backend::cpu_backend;
+use peregrine_actors::backend::{cpu_backend, PoolInfo};
 use peregrine_actors::draft::{DraftMethod, Eagle3};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage};
@@ -728,8 +728,7 @@ async fn served(
             target.embedding_table().unwrap(),
         )
         .unwrap();
-        let num_blocks = target.pool().layout.num_blocks;
-        Box::new(Eagle3::new(head, num_blocks, ENGINE_BLOCK).unwrap()) as Box<dyn DraftMethod>
+        Box::new(Eagle3::new(head, target.config(), target.pool()).unwrap()) as Box<dyn DraftMethod>
     });
     let settings = EngineSettings {
         block_size: ENGINE_BLOCK,
@@ -830,6 +829,16 @@ async fn accepted_eagle3_drafts_keep_greedy_outputs() {
     }
 }
 
+/// The CPU target pool of the model in `dir`: `NUM_BLOCKS` blocks of `BLOCK` tokens, the
+/// last of them its scratch block.
+fn target_pool(dir: &Path) -> PoolInfo {
+    let model = LlamaModel::load(dir).unwrap();
+    let memory = (NUM_BLOCKS - 1) * BLOCK as u64 * model.kv_bytes_per_token();
+    let pool = cpu_backend(model, memory, BLOCK).unwrap().pool().clone();
+    assert_eq!(pool.layout.num_blocks, NUM_BLOCKS);
+    pool
+}
+
 /// The drafts the head gives after `tokens` (the target has run all but the last), from
 /// fresh caches in one step-0 chunk: what the proposer must reproduce bit for bit.
 fn expected_drafts(model: &LlamaModel, head: &Eagle3Head, tokens: &[u32], k: usize) -> Vec<u32> {
@@ -885,6 +894,7 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
     let target = TinyModel::random(target_spec(), 71);
     target.write_hf(&dir.path().join("target"));
     let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let pool = target_pool(&dir.path().join("target"));
     for seed in 0..6 {
         let mut random_head = RandomHead::new(&HeadSpec::midlayer(), &target.spec, 72 + seed);
         for name in ["q_proj", "k_proj"] {
@@ -898,7 +908,7 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
         random_head.write(&head_dir);
         let load = || Eagle3Head::load(&head_dir, &model).unwrap();
         let (head, reference) = (load(), load());
-        let mut method = Eagle3::new(head, NUM_BLOCKS, BLOCK).unwrap();
+        let mut method = Eagle3::new(head, model.config(), &pool).unwrap();
         assert_eq!(method.hidden_layers(), Some(vec![0, 2, 3]));
         let mut rng = ChaCha8Rng::seed_from_u64(73 + seed);
         let mut tokens: Vec<u32> = (0..19).map(|_| rng.random_range(0..300)).collect();

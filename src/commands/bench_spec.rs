@@ -145,7 +145,6 @@ async fn run_engine(
             args.draft_model.as_deref(),
             (args.ngram_min, args.ngram_max),
             backend.as_mut(),
-            args.block_size,
         )?)
     } else {
         None

@@ -10,13 +10,21 @@
 //! steps 1.. run one row per request at the next position, fed the previous `pre`.
 //! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`.
 //!
+//! Steps 1.. replay captured graphs of the head's decode step when graphs are captured
+//! and a size holds the batch, padded up to it (the padded rows repeat the last real
+//! row's token and `pre`, and write their KV into the target pool's scratch block, which
+//! no sequence owns); step 0, and a batch past the largest size, run eagerly.
+//!
 //! A request whose hidden states have a gap (a prompt prefix served from the prefix cache,
 //! which the target did not recompute) gets no drafts; its output is unchanged.
 
 use super::DraftMethod;
+use crate::backend::PoolInfo;
+use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use crate::messages::{HiddenRows, ProposeSeq, RequestId};
 use anyhow::Context;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
+use peregrine_models::ModelConfig;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use std::collections::HashMap;
 
@@ -40,13 +48,20 @@ pub struct Eagle3 {
     /// Width of one row of target features.
     width: usize,
     seqs: HashMap<RequestId, HeadSeq>,
+    /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
+    scratch_slot: Option<i64>,
+    /// Block-table entries the graphs stage.
+    graph_table_width: usize,
+    /// The captured graphs of the head's decode step, if any.
+    graphs: Option<CpuHeadGraphs>,
 }
 
 impl Eagle3 {
-    /// The `head`, with a one-layer cache of the target pool's `num_blocks` blocks of
-    /// `block_size` tokens.
-    pub fn new(head: Eagle3Head, num_blocks: u64, block_size: usize) -> anyhow::Result<Eagle3> {
-        let layout = head.kv_layout(num_blocks, block_size as u64);
+    /// The `head` for `target`, with a one-layer cache of as many blocks as the target's
+    /// `pool` (its scratch block included), of the same size.
+    pub fn new(head: Eagle3Head, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<Eagle3> {
+        let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
+        let layout = head.kv_layout(num_blocks, block_size);
         layout
             .audit(4)
             .map_err(|e| anyhow::anyhow!("EAGLE-3 KV address audit: {e}"))?;
@@ -55,15 +70,24 @@ impl Eagle3 {
         Ok(Eagle3 {
             head,
             cache: KvCache::new(1, layout),
-            block_size,
+            block_size: block_size as usize,
             num_blocks,
             width,
             seqs: HashMap::new(),
+            scratch_slot: pool.scratch_slot(),
+            graph_table_width: pool.graph_table_width(target.max_model_len),
+            graphs: None,
         })
     }
 
+    /// The head's KV cache, in the blocks of the target's pool.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
     /// One forward of the head over `specs`; the draft (a target id) of each row in
-    /// `rows`, and `pre` of every row.
+    /// `rows`, and `pre` of every row. A step fed `pre` replays a captured graph when one
+    /// serves it, else runs eagerly.
     fn run(
         &mut self,
         specs: &[SeqSpec],
@@ -72,10 +96,19 @@ impl Eagle3 {
         rows: &[usize],
     ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
         let plan = AttentionPlan::new(specs, self.block_size, self.num_blocks)?;
-        let out = self
-            .head
-            .forward(tokens, input, &plan, &mut self.cache, rows)
-            .context("EAGLE-3 head forward")?;
+        let replayed = match (&mut self.graphs, input) {
+            (Some(graphs), HeadInput::Pre(pre)) => graphs
+                .replay(tokens, pre, &plan, rows, &mut self.cache)
+                .context("EAGLE-3 head graph replay")?,
+            _ => None,
+        };
+        let out = match replayed {
+            Some(out) => out,
+            None => self
+                .head
+                .forward(tokens, input, &plan, &mut self.cache, rows)
+                .context("EAGLE-3 head forward")?,
+        };
         Ok((self.head.vocab().greedy(&out.logits), out.pre))
     }
 }
@@ -187,5 +220,20 @@ impl DraftMethod for Eagle3 {
 
     fn release(&mut self, id: RequestId) {
         self.seqs.remove(&id);
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch_slot = self.scratch_slot.context(
+            "the target pool has no scratch block for the padded rows of the head's graphs",
+        )?;
+        let graphs =
+            CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
+                .context("capturing the EAGLE-3 head's graphs")?;
+        self.graphs = Some(graphs);
+        Ok(())
     }
 }

@@ -25,7 +25,6 @@ pub fn load_drafter(
         config.draft_model.as_deref(),
         (config.ngram_min, config.ngram_max),
         target,
-        config.block_size,
     )?;
     info!(
         method = method.as_str(),
@@ -36,14 +35,13 @@ pub fn load_drafter(
 }
 
 /// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model in
-/// `draft_model` with a draft cache over `target`'s pool of blocks of `block_size` (on the
-/// GPU when the target's backend loaded it there, else on the CPU).
+/// `draft_model` with a draft cache over `target`'s pool of blocks (on the GPU when the
+/// target's backend loaded it there, else on the CPU).
 pub fn build_drafter(
     method: SpeculativeMethod,
     draft_model: Option<&Path>,
     (ngram_min, ngram_max): (usize, usize),
     target: &mut dyn ModelBackend,
-    block_size: usize,
 ) -> anyhow::Result<Box<dyn DraftMethod>> {
     Ok(match method {
         SpeculativeMethod::Ngram => Box::new(Ngram::new(ngram_min, ngram_max)?),
@@ -62,8 +60,7 @@ pub fn build_drafter(
             let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
             let head = load_eagle3(dir, target)
                 .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
-            let num_blocks = target.pool().layout.num_blocks;
-            Box::new(Eagle3::new(head, num_blocks, block_size)?)
+            Box::new(Eagle3::new(head, target.config(), target.pool())?)
         }
     })
 }
