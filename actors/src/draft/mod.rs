@@ -7,8 +7,9 @@
 //! reads; the engine asks the target backend to record them, the runner returns them with
 //! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
 //!
-//! A draft model replays captured decode graphs for its steps after the first; the engine
-//! captures them with the target's (`CaptureGraphs`), between two proposals.
+//! A draft model, and an EAGLE-3 head on the CPU, replay captured decode graphs for their
+//! steps after the first; the engine captures them with the target's (`CaptureGraphs`),
+//! between two proposals.
 
 mod backend_draft;
 mod draft_model;
