@@ -10,6 +10,8 @@
 //! stream too. What it buys: the next kernel's launch and its first weight loads overlap
 //! the tail of the one before, which at batch 1 decode is most of a small product's time.
 //! A kernel of another library (cuBLAS) is launched as usual and waits for all before it.
+//! The CUDA backend launches the ordinary way in --deterministic mode, where this measured
+//! slower (`peregrine_actors::backend::kernels_for`).
 
 use super::CudaKernels;
 use cudarc::driver::sys::{
