@@ -7,6 +7,10 @@
 
 mod common;
 
+use common::draft_rounds::{
+    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, BATCHES, BLOCK,
+    POOL_BLOCKS,
+};
 use common::engine::{collect, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::PoolInfo;
@@ -22,17 +26,6 @@ use peregrine_ops::KvCache;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
-
-const BLOCK: usize = 16;
-/// Drafts per sequence and step.
-const K: usize = 4;
-/// The most sequences a direct proposal holds.
-const MAX_SEQS: usize = 11;
-/// Blocks each sequence may own: prompts of up to 36 tokens, three rounds of up to K + 1
-/// accepted tokens, and K draft positions.
-const SEQ_BLOCKS: usize = 4;
-/// Usable blocks of the target pool (its scratch block comes after them).
-const POOL_BLOCKS: u64 = 64;
 
 /// The tiny Llama, written to a fresh directory.
 fn tiny_dir(seed: u64) -> tempfile::TempDir {
@@ -64,42 +57,9 @@ fn draft(
     draft
 }
 
-/// The bits of block `block` in every layer of `cache`, K then V.
+/// The bits of block `block` in every layer of the draft's `cache`, K then V.
 fn block_bits(cache: &KvCache, block: usize) -> Vec<u32> {
-    let layout = cache.layout();
-    let per_block = (layout.block_size * layout.slot_elems()) as usize;
-    let mut bits = Vec::new();
-    for l in 0..TinySpec::llama_tiny().num_layers {
-        let (k, v) = cache.layer(l);
-        for x in [k, v] {
-            let block = &x[block * per_block..(block + 1) * per_block];
-            bits.extend(block.iter().map(|f| f.to_bits()));
-        }
-    }
-    bits
-}
-
-/// Sequence `i`'s `j`-th block: the sequences' blocks interleave.
-fn block_of(i: usize, j: usize) -> u32 {
-    (j * MAX_SEQS + i) as u32
-}
-
-/// How many drafts sequence `i` asks for: K, but 2 for every fourth, so that the later
-/// steps hold fewer sequences than the first.
-fn max_drafts(i: usize) -> usize {
-    if i % 4 == 3 {
-        2
-    } else {
-        K
-    }
-}
-
-/// Whether a proposal for `n` sequences pads a step after the first up to a larger size.
-fn pads(n: usize, sizes: &CaptureSizes) -> bool {
-    (1..K).any(|step| {
-        let m = (0..n).filter(|&i| max_drafts(i) > step).count();
-        m > 0 && sizes.padded(m).is_some_and(|s| s > m)
-    })
+    draft_rounds::block_bits(cache, TinySpec::llama_tiny().num_layers, block)
 }
 
 /// One round of proposals to the eager draft model and to the one with graphs.
@@ -137,18 +97,7 @@ fn rounds(n: usize, fault: Option<u32>, mut check: impl FnMut(&Round)) {
         })
         .collect();
     for round in 0..3 {
-        let seqs: Vec<ProposeSeq> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ProposeSeq {
-                id: RequestId(i as u64),
-                tokens: Arc::from(t.as_slice()),
-                block_table: (0..(t.len() + K).div_ceil(BLOCK))
-                    .map(|j| block_of(i, j))
-                    .collect(),
-                max_drafts: max_drafts(i),
-            })
-            .collect();
+        let seqs = proposal(&tokens);
         let scratch_before = block_bits(graphs.cache(), scratch);
         let eager_drafts = eager.propose(&seqs).unwrap();
         let graph_drafts = graphs.propose(&seqs).unwrap();
@@ -163,35 +112,25 @@ fn rounds(n: usize, fault: Option<u32>, mut check: impl FnMut(&Round)) {
             padded: pads(n, &sizes),
             scratch_before,
         });
-        for (i, (t, d)) in tokens.iter_mut().zip(&eager_drafts).enumerate() {
-            let accepted = (i + round) % (d.len() + 1);
-            t.extend(&d[..accepted]);
-            t.push((3 + (i * 31 + round * 17) % 290) as u32);
-        }
+        accept(&mut tokens, &eager_drafts, round);
     }
 }
-
-/// Batch sizes of the direct proposals: exact sizes (1, 2, 8 at first), padded ones (3, 4
-/// and 5, and 8 in its later steps) and one past the largest size (11, eager).
-const BATCHES: [usize; 7] = [1, 2, 3, 4, 5, 8, MAX_SEQS];
 
 #[test]
 fn graph_drafts_equal_eager_drafts_at_exact_padded_and_oversized_batches() {
     let mut padded_rounds = 0;
     for n in BATCHES {
         rounds(n, None, |r| {
-            assert_eq!(
-                r.graph_drafts, r.eager_drafts,
-                "batch {}, round {}",
-                r.n, r.round
+            assert_same_drafts(
+                r.n,
+                r.round,
+                &r.graph_drafts,
+                &r.eager_drafts,
+                r.graphs.cache(),
+                TinySpec::llama_tiny().num_layers,
+                &r.scratch_before,
+                r.padded,
             );
-            let lens: Vec<usize> = r.graph_drafts.iter().map(Vec::len).collect();
-            let want: Vec<usize> = (0..r.n).map(max_drafts).collect();
-            assert_eq!(lens, want, "batch {}, round {}", r.n, r.round);
-            // The padded steps replayed a graph: their padded rows wrote the scratch block.
-            let scratch = r.graphs.cache().layout().num_blocks as usize - 1;
-            let written = block_bits(r.graphs.cache(), scratch) != r.scratch_before;
-            assert_eq!(written, r.padded, "batch {}, round {}", r.n, r.round);
             padded_rounds += usize::from(r.padded);
         });
     }
@@ -202,24 +141,14 @@ fn graph_drafts_equal_eager_drafts_at_exact_padded_and_oversized_batches() {
 fn padded_draft_steps_write_no_kv_outside_the_sequences_slots_but_the_scratch_block() {
     for n in BATCHES {
         rounds(n, None, |r| {
-            let layout = *r.graphs.cache().layout();
-            let scratch = layout.num_blocks as usize - 1;
-            let at = format!("batch {}, round {}", r.n, r.round);
-            let zeros = vec![0; block_bits(r.graphs.cache(), 0).len()];
-            for block in 0..layout.num_blocks as usize {
-                let got = block_bits(r.graphs.cache(), block);
-                let owned =
-                    (0..r.n).any(|i| (0..SEQ_BLOCKS).any(|j| block_of(i, j) as usize == block));
-                if block == scratch {
-                    assert_eq!(block_bits(r.eager.cache(), block), zeros, "{at}");
-                } else if owned {
-                    // The same keys and values as the eager draft wrote, bit for bit.
-                    let want = block_bits(r.eager.cache(), block);
-                    assert!(got == want, "{at}: block {block} differs from eager");
-                } else {
-                    assert!(got == zeros, "{at}: block {block}, owned by none, written");
-                }
-            }
+            let (graphs, eager) = (r.graphs.cache(), r.eager.cache());
+            assert_kv_only_where_owned(
+                r.n,
+                r.round,
+                graphs,
+                eager,
+                TinySpec::llama_tiny().num_layers,
+            );
         });
     }
 }

@@ -8,8 +8,12 @@
 
 mod common;
 
+use common::draft_rounds::{
+    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, BATCHES, BLOCK,
+    POOL_BLOCKS,
+};
 use common::eagle3_head::{HeadSpec, RandomHead};
-use common::engine::{collect, submit};
+use common::engine::run_all;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::draft::{DraftMethod, Eagle3};
@@ -25,16 +29,6 @@ use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-const BLOCK: usize = 16;
-/// Drafts per sequence and step.
-const K: usize = 4;
-/// The most sequences a direct proposal holds.
-const MAX_SEQS: usize = 11;
-/// Blocks each sequence may own: prompts of up to 36 tokens, three rounds of up to K + 1
-/// accepted tokens, and K draft positions.
-const SEQ_BLOCKS: usize = 4;
-/// Usable blocks of the target pool (its scratch block comes after them).
-const POOL_BLOCKS: u64 = 64;
 const TARGET_LAYERS: usize = 4;
 
 /// A tiny random target and a random EAGLE-3 head for it (its q and k scaled up, so that
@@ -79,37 +73,7 @@ fn eagle3(dir: &Path, target: &dyn ModelBackend, sizes: Option<&CaptureSizes>) -
 
 /// The bits of block `block` of the head's one-layer `cache`, K then V.
 fn block_bits(cache: &KvCache, block: usize) -> Vec<u32> {
-    let layout = cache.layout();
-    let per_block = (layout.block_size * layout.slot_elems()) as usize;
-    let (k, v) = cache.layer(0);
-    [k, v]
-        .iter()
-        .flat_map(|x| x[block * per_block..(block + 1) * per_block].iter())
-        .map(|f| f.to_bits())
-        .collect()
-}
-
-/// Sequence `i`'s `j`-th block: the sequences' blocks interleave.
-fn block_of(i: usize, j: usize) -> u32 {
-    (j * MAX_SEQS + i) as u32
-}
-
-/// How many drafts sequence `i` asks for: K, but 2 for every fourth, so that the later
-/// steps hold fewer sequences than the first.
-fn max_drafts(i: usize) -> usize {
-    if i % 4 == 3 {
-        2
-    } else {
-        K
-    }
-}
-
-/// Whether a proposal for `n` sequences pads a step after the first up to a larger size.
-fn pads(n: usize, sizes: &CaptureSizes) -> bool {
-    (1..K).any(|step| {
-        let m = (0..n).filter(|&i| max_drafts(i) > step).count();
-        m > 0 && sizes.padded(m).is_some_and(|s| s > m)
-    })
+    draft_rounds::block_bits(cache, 1, block)
 }
 
 /// The target features of sequence `i` at positions `from..to`: random rows of `width`,
@@ -173,18 +137,7 @@ fn rounds(n: usize, mut check: impl FnMut(&Round)) {
         };
         eager.receive_hidden(hidden(&fed));
         graphs.receive_hidden(hidden(&fed));
-        let seqs: Vec<ProposeSeq> = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| ProposeSeq {
-                id: RequestId(i as u64),
-                tokens: Arc::from(t.as_slice()),
-                block_table: (0..(t.len() + K).div_ceil(BLOCK))
-                    .map(|j| block_of(i, j))
-                    .collect(),
-                max_drafts: max_drafts(i),
-            })
-            .collect();
+        let seqs = proposal(&tokens);
         let scratch_before = block_bits(graphs.cache(), scratch);
         let eager_drafts = eager.propose(&seqs).unwrap();
         let graph_drafts = graphs.propose(&seqs).unwrap();
@@ -198,33 +151,28 @@ fn rounds(n: usize, mut check: impl FnMut(&Round)) {
             padded: pads(n, &sizes),
             scratch_before,
         });
-        for (i, (t, d)) in tokens.iter_mut().zip(&eager_drafts).enumerate() {
-            fed[i] = t.len() - 1;
-            let accepted = (i + round) % (d.len() + 1);
-            t.extend(&d[..accepted]);
-            t.push((3 + (i * 31 + round * 17) % 290) as u32);
+        for (f, t) in fed.iter_mut().zip(&tokens) {
+            *f = t.len() - 1;
         }
+        accept(&mut tokens, &eager_drafts, round);
     }
 }
-
-/// Batch sizes of the direct proposals: exact sizes (1, 2, 8 at first), padded ones (3, 4
-/// and 5, and 8 in its later steps) and one past the largest size (11, eager).
-const BATCHES: [usize; 7] = [1, 2, 3, 4, 5, 8, MAX_SEQS];
 
 #[test]
 fn head_graph_drafts_equal_eager_drafts_at_exact_padded_and_oversized_batches() {
     let mut padded_rounds = 0;
     for n in BATCHES {
         rounds(n, |r| {
-            let at = format!("batch {}, round {}", r.n, r.round);
-            assert_eq!(r.graph_drafts, r.eager_drafts, "{at}");
-            let lens: Vec<usize> = r.graph_drafts.iter().map(Vec::len).collect();
-            let want: Vec<usize> = (0..r.n).map(max_drafts).collect();
-            assert_eq!(lens, want, "{at}");
-            // The padded steps replayed a graph: their padded rows wrote the scratch block.
-            let scratch = r.graphs.cache().layout().num_blocks as usize - 1;
-            let written = block_bits(r.graphs.cache(), scratch) != r.scratch_before;
-            assert_eq!(written, r.padded, "{at}");
+            assert_same_drafts(
+                r.n,
+                r.round,
+                &r.graph_drafts,
+                &r.eager_drafts,
+                r.graphs.cache(),
+                1,
+                &r.scratch_before,
+                r.padded,
+            );
             padded_rounds += usize::from(r.padded);
         });
     }
@@ -235,24 +183,8 @@ fn head_graph_drafts_equal_eager_drafts_at_exact_padded_and_oversized_batches() 
 fn padded_head_steps_write_no_kv_outside_the_sequences_slots_but_the_scratch_block() {
     for n in BATCHES {
         rounds(n, |r| {
-            let layout = *r.graphs.cache().layout();
-            let scratch = layout.num_blocks as usize - 1;
-            let at = format!("batch {}, round {}", r.n, r.round);
-            let zeros = vec![0; block_bits(r.graphs.cache(), 0).len()];
-            for block in 0..layout.num_blocks as usize {
-                let got = block_bits(r.graphs.cache(), block);
-                let owned =
-                    (0..r.n).any(|i| (0..SEQ_BLOCKS).any(|j| block_of(i, j) as usize == block));
-                if block == scratch {
-                    assert_eq!(block_bits(r.eager.cache(), block), zeros, "{at}");
-                } else if owned {
-                    // The same keys and values as the eager head wrote, bit for bit.
-                    let want = block_bits(r.eager.cache(), block);
-                    assert!(got == want, "{at}: block {block} differs from eager");
-                } else {
-                    assert!(got == zeros, "{at}: block {block}, owned by none, written");
-                }
-            }
+            let (graphs, eager) = (r.graphs.cache(), r.eager.cache());
+            assert_kv_only_where_owned(r.n, r.round, graphs, eager, 1);
         });
     }
 }
@@ -346,17 +278,11 @@ async fn served(
     let engine = start_engine(target, &settings, drafter).unwrap();
     let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 12).unwrap();
     engine.graphs.capture(Some(sizes)).await.unwrap();
-    let mut streams = Vec::new();
-    for (i, prompt) in prompts.iter().enumerate() {
-        let params = SamplingParams::greedy();
-        streams.push(submit(&engine.scheduler, i as u64, prompt, &params, max_tokens).await);
-    }
-    let mut out = Vec::new();
-    for rx in streams {
-        let (tokens, _, usage) = collect(rx).await;
-        out.push((tokens, usage));
-    }
-    out
+    let reqs: Vec<_> = prompts
+        .iter()
+        .map(|p| (p.clone(), SamplingParams::greedy()))
+        .collect();
+    run_all(&engine.scheduler, &reqs, max_tokens).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,18 @@ pub struct StepShape {
 }
 
 impl StepShape {
+    /// The shape of the step `plan` plans for `tokens`, asking the logits of `logit_rows`,
+    /// with the entries of its widest block table.
+    pub fn of(tokens: &[u32], plan: &AttentionPlan, logit_rows: &[usize]) -> (StepShape, usize) {
+        let shape = StepShape {
+            rows: tokens.len(),
+            seqs: plan.seqs().len(),
+            logit_rows: logit_rows.len(),
+        };
+        let max_blocks = plan.seqs().iter().map(|s| s.block_table.len()).max();
+        (shape, max_blocks.unwrap_or(0))
+    }
+
     /// A decode step of `n` sequences: one row each, every row a logit row.
     pub fn decode(n: usize) -> StepShape {
         StepShape {

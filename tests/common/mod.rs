@@ -2,6 +2,7 @@
 //! dense float64 reference forward, a GGUF writer, and random EAGLE-3 heads.
 #![allow(dead_code)]
 
+pub mod draft_rounds;
 pub mod eagle3_head;
 pub mod engine;
 pub mod gguf_writer;

@@ -2,7 +2,7 @@
 //! viewing one set of buffers sized for the largest, and the staging that pads a batch up
 //! to its graph's size.
 
-use super::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use super::{CaptureSizes, GraphCaptureManager};
 use peregrine_models::{LlamaBuffers, LlamaModel, StepShape, StepStaging};
 use peregrine_ops::{AttentionPlan, KvCache};
 use peregrine_runtime::cpu_graph::CpuGraph;
@@ -68,13 +68,11 @@ impl CpuDecodeGraphs {
         vocab: usize,
     ) -> anyhow::Result<Option<Replayed>> {
         let n = plan.seqs().len();
-        let decode = is_decode_step(tokens, plan, logit_rows);
         let max_blocks = self.buffers.inputs.max_blocks;
-        let fits = plan
-            .seqs()
-            .iter()
-            .all(|s| s.block_table.len() <= max_blocks);
-        let Some((size, graph)) = self.manager.graph_for(n).filter(|_| decode && fits) else {
+        let Some((size, graph)) = self
+            .manager
+            .graph_for_step(tokens, plan, logit_rows, max_blocks)
+        else {
             return Ok(None);
         };
         let padded = StepShape::decode(size);

@@ -3,7 +3,7 @@
 //! forward per batch size, all viewing one set of buffers sized for the largest, and the
 //! staging that pads a batch (and its `pre` rows) up to its graph's size.
 
-use super::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use super::{CaptureSizes, GraphCaptureManager};
 use peregrine_models::eagle3::{Eagle3Head, FeatureKind, HeadBuffers, HeadOutput, HeadStaging};
 use peregrine_models::StepShape;
 use peregrine_ops::{AttentionPlan, KvCache};
@@ -63,13 +63,11 @@ impl CpuHeadGraphs {
         cache: &mut KvCache,
     ) -> anyhow::Result<Option<HeadOutput>> {
         let n = plan.seqs().len();
-        let decode = is_decode_step(tokens, plan, logit_rows);
         let max_blocks = self.buffers.inputs.max_blocks;
-        let fits = plan
-            .seqs()
-            .iter()
-            .all(|s| s.block_table.len() <= max_blocks);
-        let Some((size, graph)) = self.manager.graph_for(n).filter(|_| decode && fits) else {
+        let Some((size, graph)) = self
+            .manager
+            .graph_for_step(tokens, plan, logit_rows, max_blocks)
+        else {
             return Ok(None);
         };
         let padded = StepShape::decode(size);

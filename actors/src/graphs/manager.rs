@@ -1,9 +1,10 @@
 //! Captures one graph per batch size at start-up (and again when the sizes change) and
 //! finds the graph a batch replays through.
 
-use super::CaptureSizes;
+use super::{is_decode_step, CaptureSizes};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
+use peregrine_ops::AttentionPlan;
 use std::time::Instant;
 use tracing::info;
 
@@ -56,6 +57,26 @@ impl<G> GraphCaptureManager<G> {
         let size = self.sizes.padded(n)?;
         let at = self.sizes.sizes().partition_point(|&s| s < size);
         Some((size, &self.graphs[at]))
+    }
+
+    /// The graph a step replays through, with the size it is padded to: `None` unless the
+    /// step is pure decode (one token and one logit row per sequence, in order), its block
+    /// tables fit the `max_blocks` entries the graphs stage, and a captured size holds it.
+    pub fn graph_for_step(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        max_blocks: usize,
+    ) -> Option<(usize, &G)> {
+        let fits = plan
+            .seqs()
+            .iter()
+            .all(|s| s.block_table.len() <= max_blocks);
+        if !fits || !is_decode_step(tokens, plan, logit_rows) {
+            return None;
+        }
+        self.graph_for(plan.seqs().len())
     }
 
     /// The captured sizes.

@@ -67,13 +67,7 @@ impl Eagle3Head {
             FeatureKind::Pre => "pre",
         };
         check_width(what, features, tokens.len(), width)?;
-        let shape = StepShape {
-            rows: tokens.len(),
-            seqs: plan.seqs().len(),
-            logit_rows: logit_rows.len(),
-        };
-        let max_blocks = plan.seqs().iter().map(|s| s.block_table.len()).max();
-        let max_blocks = max_blocks.unwrap_or(0);
+        let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
         let buffers = self.buffers(shape, max_blocks, kind);
         HeadStaging::new(shape, max_blocks, -1, width)?
             .stage(&buffers, tokens, features, plan, logit_rows, shape)?;

@@ -244,13 +244,7 @@ impl LlamaModel {
         aux: &mut [f32],
     ) -> Result<Vec<f32>, ForwardError> {
         check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
-        let shape = StepShape {
-            rows: tokens.len(),
-            seqs: plan.seqs().len(),
-            logit_rows: logit_rows.len(),
-        };
-        let max_blocks = plan.seqs().iter().map(|s| s.block_table.len()).max();
-        let max_blocks = max_blocks.unwrap_or(0);
+        let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
         let buffers = self.buffers(shape, max_blocks, aux_layers.len());
         StepStaging::new(shape, max_blocks, -1)?.stage(
             &buffers.inputs,
