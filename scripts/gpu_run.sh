@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root, what scripts/gpu_build.sh built:
-#   scripts/gpu_run.sh tests      the GPU tests (every op against the CPU, the >4 GiB pool,
-#                                 the whole model; SmolLM2 too if /tmp/smollm2 exists)
+#   scripts/gpu_run.sh tests [FILTER...]
+#                                 the GPU tests (every op against the CPU, the >4 GiB pool,
+#                                 the whole model, EAGLE-3 heads; SmolLM2 too if
+#                                 /tmp/smollm2 exists), those whose names hold a FILTER if any
 #   scripts/gpu_run.sh bench      bench latency on the Llama-3.2-1B and Llama-3-8B shapes
 #                                 (random weights): eager (--enforce-eager) and through CUDA
 #                                 graphs, with and without --deterministic
@@ -39,7 +41,7 @@ case "$mode" in
 tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     [ -d /tmp/smollm2 ] && export PEREGRINE_SMOLLM2_DIR=/tmp/smollm2
-    "$bin/cuda-tests" --test-threads=1 --nocapture 2>&1 | tee "$OUT/tests.log"
+    "$bin/cuda-tests" --test-threads=1 --nocapture "${@:2}" 2>&1 | tee "$OUT/tests.log"
     ;;
 bench)
     # Eager and through CUDA graphs (the default), each with and without --deterministic.

@@ -54,6 +54,7 @@ __device__ __forceinline__ void pdl_begin() {
 #define NEG_INF (-__int_as_float(0x7f800000))
 
 __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16(x); }
 
 // Eight consecutive bf16 in one 16-byte load (the address must be 16-byte aligned).

@@ -1,5 +1,5 @@
 // Element-wise kernels of the model path: token embedding, the gated MLP activation, row
-// gathers and random weights. One thread per output element; all offsets 64-bit.
+// gathers, column copies and random weights. One thread per output element; all offsets 64-bit.
 
 // out[r, :] = table[tokens[r], :] widened to f32 (the residual stream is f32).
 extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
@@ -59,4 +59,31 @@ extern "C" __global__ void add_bias_bf16(bf16* __restrict__ x, const bf16* __res
     const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (i64)rows * n) return;
     x[i] = to_bf16(to_f32(x[i]) + to_f32(bias[i % n]));
+}
+
+// dst[r, c] = src[r, c] widened to f32, for `rows` rows of `dim` columns of matrices whose
+// rows are `src_stride` and `dst_stride` elements apart (the callers offset the pointers to
+// the first column): a block of columns copied into or out of a wider matrix.
+template <typename S>
+__device__ __forceinline__ void copy_columns(const S* __restrict__ src, int src_stride,
+                                             float* __restrict__ dst, int dst_stride, int rows,
+                                             int dim) {
+    pdl_begin();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * dim) return;
+    const i64 r = i / dim;
+    const i64 c = i % dim;
+    dst[r * dst_stride + c] = to_f32(src[r * src_stride + c]);
+}
+
+extern "C" __global__ void copy_columns_f32(const float* __restrict__ src, int src_stride,
+                                            float* __restrict__ dst, int dst_stride, int rows,
+                                            int dim) {
+    copy_columns(src, src_stride, dst, dst_stride, rows, dim);
+}
+
+extern "C" __global__ void copy_columns_bf16_f32(const bf16* __restrict__ src, int src_stride,
+                                                 float* __restrict__ dst, int dst_stride,
+                                                 int rows, int dim) {
+    copy_columns(src, src_stride, dst, dst_stride, rows, dim);
 }

@@ -54,13 +54,16 @@ __device__ __forceinline__ void rms_norm_row(float* x, const bf16* __restrict__ 
         out[i] = to_bf16(x[i] * inv * to_f32(weight[i]));
 }
 
-// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight (x is only read).
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight (x is only read), row r of the output
+// starting `out_stride` elements after row r - 1 (dim for a dense output; wider to write
+// into columns of a wider matrix).
 extern "C" __global__ void rms_norm_f32_bf16(const float* __restrict__ x,
                                              const bf16* __restrict__ weight,
-                                             bf16* __restrict__ out, int dim, float eps) {
+                                             bf16* __restrict__ out, int dim, int out_stride,
+                                             float eps) {
     const i64 row = blockIdx.x;
-    rms_norm_row<false>(const_cast<float*>(x + row * dim), nullptr, weight, out + row * dim, dim,
-                        eps);
+    rms_norm_row<false>(const_cast<float*>(x + row * dim), nullptr, weight,
+                        out + row * out_stride, dim, eps);
 }
 
 // residual[r] += delta[r]; out[r] = rms_norm(residual[r]) * weight.

@@ -15,6 +15,11 @@ impl RmsNorm {
         RmsNorm { weight, eps }
     }
 
+    /// The learned gain, one value per element of a row.
+    pub fn weight(&self) -> &[f32] {
+        &self.weight
+    }
+
     /// `out = rms_norm(x)` row by row.
     pub fn forward(&self, x: &[f32], out: &mut [f32]) {
         cpu::rms_norm(x, &self.weight, self.eps, out);

@@ -109,12 +109,13 @@ fn open_backend(
                 deterministic: args.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
-                // The draft model of the speculating run, beside the target.
-                draft_model: match args.speculative_method {
-                    peregrine_config::SpeculativeMethod::DraftModel if drafts > 0 => {
-                        args.draft_model.clone()
-                    }
-                    _ => None,
+                // The draft model or EAGLE-3 head of the speculating run, beside the target.
+                draft: match drafts {
+                    0 => None,
+                    _ => super::serve::speculation::gpu_draft(
+                        Some(args.speculative_method),
+                        args.draft_model.as_deref(),
+                    ),
                 },
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)

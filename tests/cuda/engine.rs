@@ -3,12 +3,14 @@
 //! In deterministic mode a request's tokens are the same alone and among many others,
 //! however the scheduler cuts its prompt into chunks and whatever the prefix cache holds.
 
+use crate::common::eagle3_head::{HeadSpec, RandomHead};
 use crate::common::engine::{collect, requests, run_all, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
+use crate::eagle3::gpu_head_spec;
 use crate::model::gpu_sized;
 use crate::setup;
-use peregrine_actors::backend::{cuda_backend, GpuSettings, ModelBackend};
-use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Ngram};
+use peregrine_actors::backend::{cuda_backend, GpuDraft, GpuSettings, ModelBackend};
+use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
@@ -23,14 +25,14 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
 }
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
-/// `drafter` builds over the target backend (which loads the model in `gpu_draft` beside
-/// the target, when given).
+/// `drafter` builds over the target backend (which loads `gpu_draft` beside the target,
+/// when given).
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
     drafter: impl FnOnce(&mut dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
     k: usize,
-    gpu_draft: Option<&Path>,
+    gpu_draft: Option<GpuDraft>,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
@@ -41,7 +43,7 @@ fn gpu_engine_drafting(
         deterministic,
         max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
-        draft_model: gpu_draft.map(Path::to_path_buf),
+        draft: gpu_draft,
     };
     let mut backend = cuda_backend(dir, &settings).unwrap();
     let pool = backend.pool().clone();
@@ -146,9 +148,11 @@ fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
 
 /// Under --deterministic a verification forward (K+1 rows a request) computes each row as
 /// a one-row decode would, so speculation must not change a greedy token: n-gram drafts,
-/// and a draft model (the same weights) whose drafts are mostly accepted, on the CPU and on
-/// the GPU beside the target, there eagerly and through its decode graphs. Graphs of the
-/// draft give the drafts of its eager steps, so each request accepts as many.
+/// a draft model (the same weights) whose drafts are mostly accepted, on the CPU and on
+/// the GPU beside the target, there eagerly and through its decode graphs, and a random
+/// EAGLE-3 head on the GPU (sharing the target's embedding, reading the target's layer
+/// inputs), eagerly and through its graphs. Graphs of a drafter give the drafts of its
+/// eager steps, so each request accepts as many.
 #[test]
 fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     if setup().is_none() {
@@ -162,7 +166,22 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
         let plain = run_all(&gpu_engine(dir.path(), true).scheduler, &reqs, MAX_TOKENS).await;
         let k = 3;
         let mut accepted_on_gpu = Vec::new();
-        for method in ["ngram", "draft_model", "gpu draft", "gpu draft graphs"] {
+        let head_dir = dir.path().join("eagle3");
+        let head_spec = HeadSpec {
+            aux_ids: Some(vec![1, 0, 1]),
+            ..gpu_head_spec(true, false)
+        };
+        let target_spec = gpu_sized(TinySpec::llama_tiny());
+        RandomHead::new(&head_spec, &target_spec, 23).write(&head_dir);
+        let methods = [
+            "ngram",
+            "draft_model",
+            "gpu draft",
+            "gpu draft graphs",
+            "gpu eagle3",
+            "gpu eagle3 graphs",
+        ];
+        for method in methods {
             let drafter = |target: &mut dyn ModelBackend| -> Option<Box<dyn DraftMethod>> {
                 Some(match method {
                     "ngram" => Box::new(Ngram::new(1, 3).unwrap()),
@@ -171,15 +190,25 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                         let draft = DraftModel::new(model, target.config(), target.pool());
                         Box::new(draft.unwrap())
                     }
+                    m if m.starts_with("gpu eagle3") => {
+                        let head = target
+                            .take_eagle3_head()
+                            .expect("the backend loaded a head");
+                        Box::new(Eagle3::with_runner(head))
+                    }
                     _ => {
                         let draft = target.take_draft().expect("the backend loaded a draft");
                         Box::new(BackendDraft::new(draft, target.pool()).unwrap())
                     }
                 })
             };
-            let gpu_draft = method.starts_with("gpu").then_some(dir.path());
+            let gpu_draft = match method {
+                m if m.starts_with("gpu eagle3") => Some(GpuDraft::Eagle3Head(head_dir.clone())),
+                m if m.starts_with("gpu") => Some(GpuDraft::Model(dir.path().to_path_buf())),
+                _ => None,
+            };
             let engine = gpu_engine_drafting(dir.path(), true, drafter, k, gpu_draft);
-            if method == "gpu draft graphs" {
+            if method.ends_with("graphs") {
                 let sizes = CaptureSizes::for_max_num_seqs(32);
                 engine.graphs.capture(Some(sizes)).await.unwrap();
             }
@@ -193,7 +222,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             eprintln!("{method}: {accepted} of {proposed} drafts accepted");
             assert!(proposed > 0, "{method}: no draft was verified");
             // The draft model has the target's weights: most of its drafts are right.
-            if method != "ngram" {
+            if method.contains("draft") {
                 assert!(
                     accepted * 2 > proposed,
                     "{method}: {accepted} of {proposed}"
@@ -208,6 +237,10 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
         assert_eq!(
             accepted_on_gpu[0], accepted_on_gpu[1],
             "the GPU draft's graphs changed what its drafts were accepted"
+        );
+        assert_eq!(
+            accepted_on_gpu[2], accepted_on_gpu[3],
+            "the EAGLE-3 head's graphs changed what its drafts were accepted"
         );
     });
 }

@@ -7,6 +7,7 @@
 mod common;
 
 mod attention;
+mod eagle3;
 mod engine;
 mod graphs;
 mod model;

@@ -1,15 +1,19 @@
 //! The CUDA backend: the bf16 model on device 0, its KV pool sized from
 //! `--gpu-memory-utilization` after a profiling forward of the largest step; with a draft
-//! model (`--speculative-method draft_model`), that model too, on a stream of its own, its
-//! KV cache in the same blocks as the target's (a pool of the draft's shape).
+//! model (`--speculative-method draft_model`) or an EAGLE-3 head (`eagle3`), that too, on a
+//! stream of its own, its KV cache in the same blocks as the target's (a pool of its own
+//! shape). The target records the inputs of the head's aux layers when asked.
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
+use crate::draft::{GpuHead, HeadCapacity, HeadRunner};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::GEMV_MAX_ROWS;
+use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadOptions};
+use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, ReplayedStep, SharedKvCache,
 };
@@ -42,9 +46,20 @@ pub struct GpuSettings {
     pub max_seq_len_to_capture: usize,
     /// Where compiled kernels are cached.
     pub kernel_cache: PathBuf,
-    /// A draft model of the same tokenizer, loaded beside the target (its KV takes its
-    /// share of every block) and handed out by [`ModelBackend::take_draft`].
-    pub draft_model: Option<PathBuf>,
+    /// What drafts beside the target, loaded with it: its KV takes its share of every
+    /// block.
+    pub draft: Option<GpuDraft>,
+}
+
+/// A drafter the CUDA backend loads beside the target.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GpuDraft {
+    /// A draft model of the same tokenizer in this directory, handed out by
+    /// [`ModelBackend::take_draft`].
+    Model(PathBuf),
+    /// An EAGLE-3 head in this directory, handed out by
+    /// [`ModelBackend::take_eagle3_head`].
+    Eagle3Head(PathBuf),
 }
 
 struct GpuBackend {
@@ -59,6 +74,10 @@ struct GpuBackend {
     max_seq_len_to_capture: usize,
     /// The draft model's backend, until taken.
     draft: Option<Box<dyn ModelBackend>>,
+    /// The EAGLE-3 head, until taken.
+    head: Option<Box<dyn HeadRunner>>,
+    /// What the last forward recorded of the layers `ModelBackend::record_hidden` named.
+    hidden: Option<Vec<f32>>,
 }
 
 /// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
@@ -78,19 +97,39 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
     );
     let max_logit_rows =
         (s.max_num_seqs * (1 + s.num_speculative_tokens)).min(s.max_num_batched_tokens);
-    let model = load_profiled(dir, gpu.clone(), &kernels, s, max_logit_rows)?;
-    // The draft runs on a stream of its own (a second handle on the device) and asks one
+    let mut model = load_profiled(dir, gpu.clone(), &kernels, s, max_logit_rows)?;
+    // A drafter runs on a stream of its own (a second handle on the device) and asks one
     // logit row per sequence.
-    let draft = match &s.draft_model {
-        Some(draft_dir) => {
+    let (mut draft, mut head) = (None, None);
+    match &s.draft {
+        Some(GpuDraft::Model(draft_dir)) => {
             let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let draft = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
+            let loaded = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
                 .with_context(|| format!("the draft model {}", draft_dir.display()))?;
-            crate::draft::check_draft(draft.config(), model.config())?;
-            Some(draft)
+            crate::draft::check_draft(loaded.config(), model.config())?;
+            draft = Some(loaded);
         }
-        None => None,
-    };
+        Some(GpuDraft::Eagle3Head(head_dir)) => {
+            let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
+            let options = GpuHeadOptions {
+                max_tokens: s.max_num_batched_tokens,
+                max_logit_rows: s.max_num_seqs,
+                deterministic: s.deterministic,
+                gemv_max_rows: GEMV_MAX_ROWS,
+            };
+            // The target's recorded layer inputs take their memory before the pool's is
+            // measured.
+            let aux = Eagle3Config::from_dir(head_dir)?.aux_layers(model.config().num_layers)?;
+            model.record_aux(&aux)?;
+            let embed = model.shared_embedding();
+            let target = model.config();
+            let loaded =
+                GpuEagle3Head::load(head_dir, target, embed, head_gpu, kernels.clone(), options)
+                    .with_context(|| format!("loading the EAGLE-3 head {}", head_dir.display()))?;
+            head = Some(loaded);
+        }
+        None => {}
+    }
     let (free, total) = gpu.memory()?;
     let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
     let Some(budget) = free.checked_sub(reserved).filter(|&b| b > 0) else {
@@ -101,8 +140,9 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
             model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())
         );
     };
-    let per_token =
-        model.kv_bytes_per_token() + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token());
+    let per_token = model.kv_bytes_per_token()
+        + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token())
+        + head.as_ref().map_or(0, |h| h.kv_bytes_per_token());
     let block_bytes = per_token * s.block_size as u64;
     let num_blocks = blocks_in(budget, block_bytes, s.block_size, "the GPU memory left")?;
     if num_blocks < 2 {
@@ -127,7 +167,43 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         );
         target.draft = Some(Box::new(draft));
     }
+    if let Some(head) = head {
+        target.head = Some(Box::new(head_runner(head, &target.pool, s)?));
+    }
     Ok(Box::new(target))
+}
+
+/// The EAGLE-3 `head` with a one-layer cache of the head's shape in the blocks of the
+/// target's `pool` (the scratch block included), address-audited.
+fn head_runner(head: GpuEagle3Head, pool: &PoolInfo, s: &GpuSettings) -> anyhow::Result<GpuHead> {
+    let layout = head
+        .config()
+        .kv_layout(pool.layout.num_blocks, pool.layout.block_size);
+    audit(&layout, 2).map_err(|e| anyhow::anyhow!("EAGLE-3 head KV address audit: {e}"))?;
+    let cache = GpuKvCache::new(head.gpu(), 1, layout)?;
+    info!(
+        blocks = layout.num_blocks,
+        bytes_per_layer = cache.bytes_per_layer(),
+        "EAGLE-3 head loaded beside the target"
+    );
+    let capacity = HeadCapacity {
+        max_tokens: s.max_num_batched_tokens,
+        max_logit_rows: s.max_num_seqs,
+    };
+    let scratch_slot = pool
+        .scratch_slot()
+        .context("the pool has no scratch block")?;
+    let max_context = s
+        .max_seq_len_to_capture
+        .min(head.config().max_model_len.max(1));
+    let cache = Arc::new(Mutex::new(cache));
+    Ok(GpuHead::new(
+        head,
+        cache,
+        capacity,
+        scratch_slot,
+        max_context,
+    ))
 }
 
 /// The kernels for `gpu`, launched with programmatic dependent launch except in
@@ -196,6 +272,8 @@ impl GpuBackend {
             pool,
             max_seq_len_to_capture: s.max_seq_len_to_capture,
             draft: None,
+            head: None,
+            hidden: None,
         })
     }
 }
@@ -258,6 +336,14 @@ impl GpuBackend {
     }
 }
 
+/// The recorded layer inputs `aux` (when the forward recorded some), on the host.
+fn download_aux(gpu: &Gpu, aux: Option<CudaView<f32>>) -> anyhow::Result<Option<Vec<f32>>> {
+    Ok(match aux {
+        Some(aux) => Some(gpu.download(&aux)?),
+        None => None,
+    })
+}
+
 /// Samples every row of the device `logits` (`[sampling.len(), vocab]`): on the device (one
 /// download of the chosen ids), unless a row asks for logprobs: then the logits come to the
 /// host and the CPU samples, as it would.
@@ -312,12 +398,23 @@ impl ModelBackend for GpuBackend {
         let vocab = self.model.config().vocab_size;
         let gpu = self.model.gpu().clone();
         let kernels = self.kernels.clone();
-        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
-            return sample_logits(&gpu, &kernels, &replayed.logits(), vocab, sampling);
+        let replayed = match self.replay(tokens, plan, logit_rows)? {
+            Some(r) => Some((
+                sample_logits(&gpu, &kernels, &r.logits(), vocab, sampling)?,
+                download_aux(&gpu, r.aux())?,
+            )),
+            None => None,
+        };
+        if let Some((sampled, hidden)) = replayed {
+            self.hidden = hidden;
+            return Ok(sampled);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
-        sample_logits(&gpu, &kernels, &logits, vocab, sampling)
+        let sampled = sample_logits(&gpu, &kernels, &logits, vocab, sampling)?;
+        drop(cache);
+        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
+        Ok(sampled)
     }
 
     /// The argmax on the device (inside the graph, where one serves the step), one
@@ -328,13 +425,22 @@ impl ModelBackend for GpuBackend {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<u32>> {
-        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
-            return Ok(replayed.greedy_ids()?);
+        let gpu = self.model.gpu().clone();
+        let replayed = match self.replay(tokens, plan, logit_rows)? {
+            Some(r) => Some((r.greedy_ids()?, download_aux(&gpu, r.aux())?)),
+            None => None,
+        };
+        if let Some((ids, hidden)) = replayed {
+            self.hidden = hidden;
+            return Ok(ids);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        Ok(self
+        let ids = self
             .model
-            .forward_argmax(tokens, plan, &mut cache, logit_rows)?)
+            .forward_argmax(tokens, plan, &mut cache, logit_rows)?;
+        drop(cache);
+        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
+        Ok(ids)
     }
 
     /// One download of the picked rows' logits after the forward.
@@ -345,16 +451,43 @@ impl ModelBackend for GpuBackend {
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>> {
         let gpu = self.model.gpu().clone();
-        if let Some(replayed) = self.replay(tokens, plan, logit_rows)? {
-            return Ok(gpu.download(&replayed.logits())?);
+        let replayed = match self.replay(tokens, plan, logit_rows)? {
+            Some(r) => Some((gpu.download(&r.logits())?, download_aux(&gpu, r.aux())?)),
+            None => None,
+        };
+        if let Some((logits, hidden)) = replayed {
+            self.hidden = hidden;
+            return Ok(logits);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
-        Ok(gpu.download(&logits)?)
+        let logits = gpu.download(&logits)?;
+        drop(cache);
+        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
+        Ok(logits)
     }
 
     fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
         self.draft.take()
+    }
+
+    fn take_eagle3_head(&mut self) -> Option<Box<dyn HeadRunner>> {
+        self.head.take()
+    }
+
+    /// Drops the decode graphs captured before, which do not record the layers: capture
+    /// them again.
+    fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        self.model.record_aux(layers)?;
+        let sizes = self.graphs.take().map(|g| g.sizes().clone());
+        match sizes {
+            Some(sizes) => self.capture_graphs(Some(&sizes)),
+            None => Ok(()),
+        }
+    }
+
+    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        self.hidden.take()
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

@@ -7,8 +7,9 @@ mod gpu;
 
 pub use cpu::cpu_backend;
 #[cfg(feature = "cuda")]
-pub use gpu::{cuda_backend, kernels_for, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
+use crate::draft::HeadRunner;
 use crate::graphs::CaptureSizes;
 use crate::messages::GeneratedToken;
 use anyhow::bail;
@@ -191,6 +192,11 @@ pub trait ModelBackend: Send {
     /// The draft model's backend that was loaded beside this one (`GpuSettings::draft_model`),
     /// over a pool of the same blocks; taken, so a later call returns `None`.
     fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
+        None
+    }
+    /// The EAGLE-3 head that was loaded beside this model (`GpuDraft::Eagle3Head`), with its
+    /// cache in the pool's blocks; taken, so a later call returns `None`.
+    fn take_eagle3_head(&mut self) -> Option<Box<dyn HeadRunner>> {
         None
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on

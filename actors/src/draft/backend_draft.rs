@@ -41,12 +41,16 @@ impl BackendDraft {
 }
 
 /// One forward's pieces: (the spec it belongs to, the piece, where its tokens start).
-type Forward<'a> = Vec<(usize, SeqSpec<'a>, usize)>;
+pub(super) type Forward<'a> = Vec<(usize, SeqSpec<'a>, usize)>;
 
 /// `specs` (whose tokens follow one another) cut into forwards of at most `max_tokens`
 /// tokens and `max_seqs` pieces, in order: a spec longer than `max_tokens` is cut into
 /// pieces, each ending a forward, so no forward holds two pieces of one sequence.
-fn forwards<'a>(specs: &[SeqSpec<'a>], max_tokens: usize, max_seqs: usize) -> Vec<Forward<'a>> {
+pub(super) fn forwards<'a>(
+    specs: &[SeqSpec<'a>],
+    max_tokens: usize,
+    max_seqs: usize,
+) -> Vec<Forward<'a>> {
     let mut all = Vec::new();
     let mut current: Forward = Vec::new();
     let mut gathered = 0;

@@ -1,5 +1,6 @@
-//! Drafting with an EAGLE-3 head on the CPU (reference §1.6), its one-layer KV cache over
-//! the target's block ids in a pool of the head's shape.
+//! Drafting with an EAGLE-3 head (reference §1.6), on the CPU or (run by the CUDA backend)
+//! the GPU, its one-layer KV cache over the target's block ids in a pool of the head's
+//! shape.
 //!
 //! The target records the inputs of the head's aux layers for every row it runs; they
 //! arrive here with each `Propose` and wait, per request, until the token after each
@@ -18,14 +19,14 @@
 //! A request whose hidden states have a gap (a prompt prefix served from the prefix cache,
 //! which the target did not recompute) gets no drafts; its output is unchanged.
 
+use super::head_runner::{CpuHead, HeadRunner};
 use super::DraftMethod;
 use crate::backend::PoolInfo;
-use crate::graphs::{CaptureSizes, CpuHeadGraphs};
+use crate::graphs::CaptureSizes;
 use crate::messages::{HiddenRows, ProposeSeq, RequestId};
-use anyhow::Context;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
-use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_ops::{KvCache, SeqSpec};
 use std::collections::HashMap;
 
 /// What the head holds for one request.
@@ -39,55 +40,39 @@ struct HeadSeq {
     broken: bool,
 }
 
-/// The EAGLE-3 method.
-pub struct Eagle3 {
-    head: Eagle3Head,
-    cache: KvCache,
-    block_size: usize,
-    num_blocks: u64,
+/// The EAGLE-3 method, its head run by `R` (on the CPU by default).
+pub struct Eagle3<R = CpuHead> {
+    runner: R,
     /// Width of one row of target features.
     width: usize,
     seqs: HashMap<RequestId, HeadSeq>,
-    /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
-    scratch_slot: Option<i64>,
-    /// Block-table entries the graphs stage.
-    graph_table_width: usize,
-    /// The captured graphs of the head's decode step, if any.
-    graphs: Option<CpuHeadGraphs>,
 }
 
-impl Eagle3 {
-    /// The `head` for `target`, with a one-layer cache of as many blocks as the target's
-    /// `pool` (its scratch block included), of the same size.
-    pub fn new(head: Eagle3Head, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<Eagle3> {
-        let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
-        let layout = head.kv_layout(num_blocks, block_size);
-        layout
-            .audit(4)
-            .map_err(|e| anyhow::anyhow!("EAGLE-3 KV address audit: {e}"))?;
-        let c = head.config();
-        let width = head.aux_layers().len() * c.target_hidden_size;
-        Ok(Eagle3 {
-            head,
-            cache: KvCache::new(1, layout),
-            block_size: block_size as usize,
-            num_blocks,
-            width,
-            seqs: HashMap::new(),
-            scratch_slot: pool.scratch_slot(),
-            graph_table_width: pool.graph_table_width(target.max_model_len),
-            graphs: None,
-        })
+impl Eagle3<CpuHead> {
+    /// The `head` on the CPU for `target`, with a one-layer cache of as many blocks as the
+    /// target's `pool` (its scratch block included), of the same size.
+    pub fn new(head: Eagle3Head, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<Self> {
+        Ok(Eagle3::with_runner(CpuHead::new(head, target, pool)?))
     }
 
     /// The head's KV cache, in the blocks of the target's pool.
     pub fn cache(&self) -> &KvCache {
-        &self.cache
+        self.runner.cache()
+    }
+}
+
+impl<R: HeadRunner> Eagle3<R> {
+    /// The method over a head run by `runner`.
+    pub fn with_runner(runner: R) -> Eagle3<R> {
+        Eagle3 {
+            width: runner.aux_width(),
+            runner,
+            seqs: HashMap::new(),
+        }
     }
 
     /// One forward of the head over `specs`; the draft (a target id) of each row in
-    /// `rows`, and `pre` of every row. A step fed `pre` replays a captured graph when one
-    /// serves it, else runs eagerly.
+    /// `rows`, and `pre` of every row.
     fn run(
         &mut self,
         specs: &[SeqSpec],
@@ -95,27 +80,13 @@ impl Eagle3 {
         input: HeadInput,
         rows: &[usize],
     ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
-        let plan = AttentionPlan::new(specs, self.block_size, self.num_blocks)?;
-        let replayed = match (&mut self.graphs, input) {
-            (Some(graphs), HeadInput::Pre(pre)) => graphs
-                .replay(tokens, pre, &plan, rows, &mut self.cache)
-                .context("EAGLE-3 head graph replay")?,
-            _ => None,
-        };
-        let out = match replayed {
-            Some(out) => out,
-            None => self
-                .head
-                .forward(tokens, input, &plan, &mut self.cache, rows)
-                .context("EAGLE-3 head forward")?,
-        };
-        Ok((self.head.vocab().greedy(&out.logits), out.pre))
+        self.runner.run(specs, tokens, input, rows)
     }
 }
 
-impl DraftMethod for Eagle3 {
+impl<R: HeadRunner> DraftMethod for Eagle3<R> {
     fn hidden_layers(&self) -> Option<Vec<usize>> {
-        Some(self.head.aux_layers().to_vec())
+        Some(self.runner.aux_layers().to_vec())
     }
 
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
@@ -174,7 +145,7 @@ impl DraftMethod for Eagle3 {
             return Ok(drafts);
         }
         let (first, pre) = self.run(&specs, &tokens, HeadInput::Aux(&features), &rows)?;
-        let h = self.head.config().hidden_size;
+        let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
             .iter()
             .map(|&r| pre[r * h..(r + 1) * h].to_vec())
@@ -223,17 +194,6 @@ impl DraftMethod for Eagle3 {
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
-        let Some(sizes) = sizes else {
-            self.graphs = None;
-            return Ok(());
-        };
-        let scratch_slot = self.scratch_slot.context(
-            "the target pool has no scratch block for the padded rows of the head's graphs",
-        )?;
-        let graphs =
-            CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
-                .context("capturing the EAGLE-3 head's graphs")?;
-        self.graphs = Some(graphs);
-        Ok(())
+        self.runner.capture_graphs(sizes)
     }
 }

@@ -7,19 +7,25 @@
 //! reads; the engine asks the target backend to record them, the runner returns them with
 //! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
 //!
-//! A draft model, and an EAGLE-3 head on the CPU, replay captured decode graphs for their
-//! steps after the first; the engine captures them with the target's (`CaptureGraphs`),
-//! between two proposals.
+//! A draft model and an EAGLE-3 head (on either device) replay captured decode graphs for
+//! their steps after the first; the engine captures them with the target's
+//! (`CaptureGraphs`), between two proposals.
 
 mod backend_draft;
 mod draft_model;
 mod eagle3;
+#[cfg(feature = "cuda")]
+mod gpu_head;
+mod head_runner;
 mod ngram;
 mod progress;
 
 pub use backend_draft::BackendDraft;
 pub use draft_model::DraftModel;
 pub use eagle3::Eagle3;
+#[cfg(feature = "cuda")]
+pub use gpu_head::{GpuHead, HeadCapacity};
+pub use head_runner::{CpuHead, HeadRunner};
 pub use ngram::Ngram;
 
 use crate::graphs::CaptureSizes;

@@ -123,3 +123,59 @@ pub fn add_bias(
     unsafe { launch.launch(grid(blocks(rows * n), THREADS, 0)) }?;
     Ok(())
 }
+
+/// A value a column copy reads: f32 or bf16, widened to f32.
+pub trait ColumnSource: cudarc::driver::DeviceRepr {
+    /// The kernel that reads it.
+    const KERNEL: &'static str;
+}
+
+impl ColumnSource for f32 {
+    const KERNEL: &'static str = "copy_columns_f32";
+}
+
+impl ColumnSource for bf16 {
+    const KERNEL: &'static str = "copy_columns_bf16_f32";
+}
+
+/// `dst[r, c] = src[r, c]` widened to f32 for `rows` rows of `dim` columns, where `src`'s
+/// rows are `src_stride` elements apart and `dst`'s `dst_stride` (views offset to the
+/// first column copied): a block of columns into or out of a wider matrix.
+#[allow(clippy::too_many_arguments)]
+pub fn copy_columns<S: ColumnSource>(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    src: &CudaView<S>,
+    src_stride: usize,
+    dst: &mut CudaViewMut<f32>,
+    dst_stride: usize,
+    rows: usize,
+    dim: usize,
+) -> Result<(), DriverError> {
+    if rows * dim == 0 {
+        return Ok(());
+    }
+    assert!(
+        src_stride >= dim && dst_stride >= dim,
+        "copy_columns: rows overlap"
+    );
+    let reach = |stride: usize| (rows - 1) * stride + dim;
+    assert!(
+        src.len() >= reach(src_stride) && dst.len() >= reach(dst_stride),
+        "copy_columns: short buffers"
+    );
+    let i32_of = |v: usize| i32::try_from(v).expect("copy_columns: a size past i32");
+    let (rows_i, dim_i) = (i32_of(rows), i32_of(dim));
+    let (src_i, dst_i) = (i32_of(src_stride), i32_of(dst_stride));
+    let mut launch = k.launch(stream, S::KERNEL);
+    launch
+        .arg(src)
+        .arg(&src_i)
+        .arg(dst)
+        .arg(&dst_i)
+        .arg(&rows_i)
+        .arg(&dim_i);
+    // SAFETY: both views reach their last row's columns (checked above).
+    unsafe { launch.launch(grid(blocks(rows * dim), THREADS, 0)) }?;
+    Ok(())
+}

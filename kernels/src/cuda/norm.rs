@@ -30,10 +30,42 @@ pub fn rms_norm(
     if rows == 0 {
         return Ok(());
     }
-    let dim_i = dim as i32;
+    rms_norm_columns(k, stream, x, weight, out, rows, dim, eps)
+}
+
+/// [`rms_norm`] into the first `weight.len()` columns of the `[rows, out_stride]` matrix
+/// `out` (offset the view to start at another column): one half of a concatenation.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_columns(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &CudaView<f32>,
+    weight: &CudaView<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    rows: usize,
+    out_stride: usize,
+    eps: f32,
+) -> Result<(), DriverError> {
+    let dim = weight.len();
+    assert!(out_stride >= dim, "rms_norm_columns: rows overlap");
+    assert!(
+        x.len() >= rows * dim && (rows == 0 || out.len() >= (rows - 1) * out_stride + dim),
+        "rms_norm_columns: short buffers"
+    );
+    if rows == 0 {
+        return Ok(());
+    }
+    let (dim_i, stride_i) = (dim as i32, out_stride as i32);
     let mut launch = k.launch(stream, "rms_norm_f32_bf16");
-    launch.arg(x).arg(weight).arg(out).arg(&dim_i).arg(&eps);
-    // SAFETY: the buffers hold `rows * dim` elements (checked above); one block per row.
+    launch
+        .arg(x)
+        .arg(weight)
+        .arg(out)
+        .arg(&dim_i)
+        .arg(&stride_i)
+        .arg(&eps);
+    // SAFETY: `x` holds `rows * dim` elements and `out` the last row's columns (checked
+    // above); one block per row.
     unsafe { launch.launch(grid(rows as u32, ROW_THREADS, 0)) }?;
     Ok(())
 }

@@ -14,9 +14,15 @@
 //! - [`record`]: the forward, recorded into a CPU graph over the head's buffers.
 //! - [`stage`]: a step's inputs and features, staged into those buffers.
 //! - [`vocab`]: draft id → target id.
+//! - `gpu` and `gpu_graph` (`cuda` feature): the head on the GPU, eagerly and through CUDA
+//!   graphs of its decode step.
 
 pub mod config;
 pub mod forward;
+#[cfg(feature = "cuda")]
+pub mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_graph;
 pub mod load;
 pub mod record;
 pub mod stage;

@@ -3,13 +3,18 @@
 use super::{GpuLlama, LlamaCore, Workspace};
 use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};
-use cudarc::driver::{CudaView, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
+use half::bf16;
+use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
-use peregrine_kernels::cuda::elementwise::{add_bias, embedding, gather_rows};
-use peregrine_kernels::cuda::gemm::GemmError;
+use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
+use peregrine_kernels::cuda::gemm::{Gemm, GemmError};
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use peregrine_kernels::cuda::sampling::sample_argmax_into;
-use peregrine_ops::cuda::attention::{write_kv, AttentionError, DeviceAttentionPlan, RotaryTable};
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_ops::cuda::attention::{
+    write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
+};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::GpuError;
@@ -208,6 +213,14 @@ impl LlamaCore {
             } else {
                 add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
             }
+            // The residual now holds the layer's input: recorded where asked.
+            if let Some(aux) = &mut w.aux {
+                let stride = aux.layers.len() * h;
+                for j in (0..aux.layers.len()).filter(|&j| aux.layers[j] == l) {
+                    let dst = &mut aux.states.slice_mut(j * h..n * stride);
+                    copy_columns(k, stream, &residual.as_view(), h, dst, stride, n, h)?;
+                }
+            }
             gemm.linear(
                 k,
                 stream,
@@ -226,29 +239,15 @@ impl LlamaCore {
                 head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
             }
             let (k_cache, v_cache) = cache.layer_mut(l);
-            if fuse_kv {
-                self.attention.forward_writing_kv(
-                    k,
-                    stream,
-                    &qkv.as_view(),
-                    width,
-                    Some(rotary),
-                    k_cache,
-                    v_cache,
-                    &layout,
-                    dplan,
-                    attn,
-                )?;
-            } else {
-                let heads = c.num_heads;
-                let rot = Some(rotary);
-                write_kv(
-                    k, stream, qkv, width, heads, rot, k_cache, v_cache, &layout, dplan,
-                )?;
-                let q = qkv.as_view();
-                let attention = &self.attention;
-                attention.forward(k, stream, &q, width, k_cache, v_cache, &layout, dplan, attn)?;
-            }
+            let kv = LayerKv {
+                k_cache,
+                v_cache,
+                layout: &layout,
+            };
+            let attention = &self.attention;
+            attend(
+                k, stream, attention, fuse_kv, qkv, width, rotary, kv, dplan, attn,
+            )?;
             gemm.linear(
                 k,
                 stream,
@@ -277,15 +276,93 @@ impl LlamaCore {
             eps,
         )?;
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
-        let logits = &mut w.logits.slice_mut(0..r * c.vocab_size);
-        if every_row {
-            // A decode step asks every row's logits, in order: no gather.
-            gemm.linear(k, stream, &normed.as_view(), &head, logits, r, c.vocab_size)?;
-        } else {
-            let picked = &mut w.picked.slice_mut(0..r * h);
-            gather_rows(k, stream, &normed.as_view(), &dplan.logit_rows(), picked, h)?;
-            gemm.linear(k, stream, &picked.as_view(), &head, logits, r, c.vocab_size)?;
-        }
-        Ok(())
+        let out = LogitRows {
+            picked: &mut w.picked,
+            logits: &mut w.logits,
+            rows: r,
+            every_row,
+        };
+        project_logits(k, stream, gemm, &normed.as_view(), h, &head, dplan, out)
     }
+}
+
+/// One layer's KV cache and its layout.
+pub(crate) struct LayerKv<'a> {
+    pub k_cache: &'a mut CudaSlice<bf16>,
+    pub v_cache: &'a mut CudaSlice<bf16>,
+    pub layout: &'a KvLayout,
+}
+
+/// Writes the keys and values of the `qkv` rows (`[rows, width]`, rotary applied to q and
+/// k in place) into `kv` and queues their attention over it into `attn`: in one launch when
+/// `fuse_kv` (a decode step through the split kernel), else a write then the attention.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    attention: &GpuPagedAttention,
+    fuse_kv: bool,
+    qkv: &mut CudaViewMut<bf16>,
+    width: usize,
+    rotary: RotaryTable,
+    kv: LayerKv,
+    dplan: &DeviceAttentionPlan,
+    attn: &mut CudaViewMut<bf16>,
+) -> Result<(), GpuForwardError> {
+    let LayerKv {
+        k_cache,
+        v_cache,
+        layout,
+    } = kv;
+    if fuse_kv {
+        let qkv = &qkv.as_view();
+        let rot = Some(rotary);
+        attention.forward_writing_kv(
+            k, stream, qkv, width, rot, k_cache, v_cache, layout, dplan, attn,
+        )?;
+    } else {
+        let heads = attention.num_heads;
+        let rot = Some(rotary);
+        write_kv(
+            k, stream, qkv, width, heads, rot, k_cache, v_cache, layout, dplan,
+        )?;
+        let q = qkv.as_view();
+        attention.forward(k, stream, &q, width, k_cache, v_cache, layout, dplan, attn)?;
+    }
+    Ok(())
+}
+
+/// Where the logits of a forward go: `rows` rows into `logits`, through `picked` unless
+/// `every_row` (the rows are every staged row, in order: no gather).
+pub(crate) struct LogitRows<'a> {
+    pub picked: &'a mut CudaSlice<bf16>,
+    pub logits: &'a mut CudaSlice<f32>,
+    pub rows: usize,
+    pub every_row: bool,
+}
+
+/// Queues `logits = normed[logit rows] · headᵀ` (f32) for rows of `h`, the logit rows
+/// staged in `dplan`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn project_logits(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    gemm: &Gemm,
+    normed: &CudaView<bf16>,
+    h: usize,
+    head: &CudaView<bf16>,
+    dplan: &DeviceAttentionPlan,
+    out: LogitRows,
+) -> Result<(), GpuForwardError> {
+    let r = out.rows;
+    let vocab = head.len() / h;
+    let logits = &mut out.logits.slice_mut(0..r * vocab);
+    if out.every_row {
+        gemm.linear(k, stream, normed, head, logits, r, vocab)?;
+    } else {
+        let picked = &mut out.picked.slice_mut(0..r * h);
+        gather_rows(k, stream, normed, &dplan.logit_rows(), picked, h)?;
+        gemm.linear(k, stream, &picked.as_view(), head, logits, r, vocab)?;
+    }
+    Ok(())
 }

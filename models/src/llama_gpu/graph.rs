@@ -72,7 +72,7 @@ impl CapturedDecode {
 /// The context classes a decode step is captured for: contexts of one split partition
 /// (whose grids launch no combine), then every context up to `max_context`. The prefill
 /// kernel's grid does not depend on the context: one class.
-fn context_classes(max_context: usize, decode: DecodeKernel) -> Vec<usize> {
+pub fn context_classes(max_context: usize, decode: DecodeKernel) -> Vec<usize> {
     match decode {
         DecodeKernel::Split if max_context > PARTITION_TOKENS => {
             vec![PARTITION_TOKENS, max_context]
@@ -95,6 +95,14 @@ impl ReplayedStep<'_> {
         self.buffers.work.logits.slice(0..self.rows * vocab)
     }
 
+    /// The layer inputs the graph recorded for the real rows, f32 `[rows, layers *
+    /// hidden]`, when its model records some.
+    pub fn aux(&self) -> Option<CudaView<'_, f32>> {
+        let aux = self.buffers.work.aux.as_ref()?;
+        let width = aux.layers.len() * self.core.config.hidden_size;
+        Some(aux.states.slice(0..self.rows * width))
+    }
+
     /// The argmax of each real row, copied to the host (waits for the graph).
     pub fn greedy_ids(&self) -> Result<Vec<u32>, GpuForwardError> {
         Ok(self
@@ -105,7 +113,12 @@ impl ReplayedStep<'_> {
 }
 
 impl GraphBuffers {
-    fn new(core: &LlamaCore, limits: GraphLimits, block_size: usize) -> anyhow::Result<Self> {
+    fn new(
+        core: &LlamaCore,
+        limits: GraphLimits,
+        block_size: usize,
+        aux_layers: &[usize],
+    ) -> anyhow::Result<Self> {
         let c = &core.config;
         let gpu = &core.gpu;
         let capacity = PlanCapacity {
@@ -116,7 +129,7 @@ impl GraphBuffers {
         };
         let plan =
             DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
-        let work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows)?;
+        let work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows, aux_layers)?;
         Ok(GraphBuffers { limits, plan, work })
     }
 
@@ -168,16 +181,18 @@ impl GpuLlama {
         let core = self.core.clone();
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
+        let aux_layers = self.work.aux_layers().to_vec();
         let reuse = self.graph_buffers.as_ref().filter(|b| {
             let b = b.lock().unwrap_or_else(|e| e.into_inner());
             b.limits.max_rows >= size
                 && b.limits.max_context == limits.max_context
                 && b.limits.scratch_slot == limits.scratch_slot
+                && b.work.aux_layers() == aux_layers
         });
         let buffers = match reuse {
             Some(b) => b.clone(),
             None => {
-                let fresh = GraphBuffers::new(&core, limits, block_size)?;
+                let fresh = GraphBuffers::new(&core, limits, block_size, &aux_layers)?;
                 let fresh = Arc::new(Mutex::new(fresh));
                 self.graph_buffers = Some(fresh.clone());
                 fresh

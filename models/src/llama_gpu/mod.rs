@@ -7,13 +7,15 @@ mod weights;
 mod workspace;
 
 pub use forward::GpuForwardError;
-pub use graph::{CapturedDecode, GraphLimits, ReplayedStep, SharedKvCache};
+pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
+pub use graph::{context_classes, CapturedDecode, GraphLimits, ReplayedStep, SharedKvCache};
 pub use weights::GpuWeights;
-pub use workspace::Workspace;
+pub use workspace::{AuxStates, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;
 use crate::weights::Weights;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaView};
+use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::gemm::Gemm;
@@ -65,6 +67,23 @@ struct LlamaCore {
     gemm: Gemm,
 }
 
+/// A model's embedding table on the device, kept alive (with the rest of the model's
+/// weights) while this handle lives.
+#[derive(Clone)]
+pub struct SharedEmbedding(Arc<LlamaCore>);
+
+impl SharedEmbedding {
+    /// `[vocab, hidden]` bf16.
+    pub fn table(&self) -> CudaView<'_, bf16> {
+        self.0.weights.embed.as_view()
+    }
+
+    /// The device the table is on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.0.gpu
+    }
+}
+
 impl GpuLlama {
     /// Loads the checkpoint in `dir` onto the GPU in bf16.
     pub fn load(
@@ -107,7 +126,7 @@ impl GpuLlama {
         );
         let positions = u32::try_from(c.max_model_len)?;
         let cos_sin = gpu.upload(&rotary.cos_sin_table(positions))?;
-        let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows)?;
+        let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows, &[])?;
         let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
             .with_gemv_max_rows(options.gemv_max_rows);
         let decode_kernel = if options.deterministic {
@@ -163,6 +182,40 @@ impl GpuLlama {
     /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
         self.core.config.kv_layout(num_blocks, block_size)
+    }
+
+    /// From now on, every forward records the input of each layer in `layers` (the
+    /// residual stream entering it) for every row, in that order of columns, for
+    /// [`GpuLlama::last_aux`]; empty: none. Unless it records those already, drops the
+    /// graph buffers, so that graphs captured from now on record them too (capture again:
+    /// graphs captured before do not).
+    pub fn record_aux(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        let c = &self.core.config;
+        if let Some(l) = layers.iter().find(|&&l| l >= c.num_layers) {
+            anyhow::bail!(
+                "the input of layer {l} asked of a model of {} layers",
+                c.num_layers
+            );
+        }
+        if self.work.aux_layers() == layers {
+            return Ok(());
+        }
+        self.work.record(&self.core.gpu, layers, c.hidden_size)?;
+        self.graph_buffers = None;
+        Ok(())
+    }
+
+    /// The layer inputs the last eager forward of `rows` rows recorded, f32
+    /// `[rows, layers * hidden]`; `None` when it records none.
+    pub fn last_aux(&self, rows: usize) -> Option<CudaView<'_, f32>> {
+        let aux = self.work.aux.as_ref()?;
+        let width = aux.layers.len() * self.core.config.hidden_size;
+        Some(aux.states.slice(0..rows.min(self.work.max_tokens) * width))
+    }
+
+    /// The embedding table on the device, shared: an EAGLE-3 head without its own reads it.
+    pub fn shared_embedding(&self) -> SharedEmbedding {
+        SharedEmbedding(self.core.clone())
     }
 
     /// Bytes of K and V one token takes across all layers (bf16).

@@ -7,6 +7,41 @@ use half::bf16;
 use peregrine_kernels::cuda::sampling::argmax_partials;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 
+/// The widths a workspace is sized by.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkspaceDims {
+    pub hidden: usize,
+    pub head_dim: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub intermediate: usize,
+    /// Logits per row.
+    pub vocab: usize,
+}
+
+impl WorkspaceDims {
+    /// The widths of model `c`.
+    pub fn of(c: &ModelConfig) -> WorkspaceDims {
+        WorkspaceDims {
+            hidden: c.hidden_size,
+            head_dim: c.head_dim,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            intermediate: c.intermediate_size,
+            vocab: c.vocab_size,
+        }
+    }
+}
+
+/// The inputs of some layers, recorded for every row of a forward (the target features of
+/// an EAGLE-3 head).
+pub struct AuxStates {
+    /// The recorded layers, in the order of their columns.
+    pub layers: Vec<usize>,
+    /// f32 `[tokens, layers.len() * hidden]`: row r holds each layer's input of row r.
+    pub states: CudaSlice<f32>,
+}
+
 /// Activations for up to `max_tokens` tokens and `max_logit_rows` logit rows.
 pub struct Workspace {
     pub max_tokens: usize,
@@ -33,19 +68,54 @@ pub struct Workspace {
     pub ids: CudaSlice<u32>,
     /// The argmax's per-chunk partial results.
     pub partials: CudaSlice<u64>,
+    /// The recorded layer inputs, when the forward records some.
+    pub aux: Option<AuxStates>,
 }
 
 impl Workspace {
-    /// Allocates the buffers for `c`.
+    /// Allocates the buffers for `c`, recording the inputs of `aux_layers` (none when empty).
     pub fn new(
         gpu: &Gpu,
         c: &ModelConfig,
         max_tokens: usize,
         max_logit_rows: usize,
+        aux_layers: &[usize],
+    ) -> Result<Workspace, GpuError> {
+        let mut work = Workspace::with_dims(gpu, WorkspaceDims::of(c), max_tokens, max_logit_rows)?;
+        work.record(gpu, aux_layers, c.hidden_size)?;
+        Ok(work)
+    }
+
+    /// From now on the forward records the inputs of `layers` (none when empty) into
+    /// buffers for rows of `hidden`, replacing those it recorded before.
+    pub fn record(&mut self, gpu: &Gpu, layers: &[usize], hidden: usize) -> Result<(), GpuError> {
+        self.aux = None;
+        if !layers.is_empty() {
+            self.aux = Some(AuxStates {
+                layers: layers.to_vec(),
+                states: gpu.zeros(self.max_tokens * layers.len() * hidden)?,
+            });
+        }
+        Ok(())
+    }
+
+    /// Allocates the buffers for widths `dims`, recording no layer.
+    pub fn with_dims(
+        gpu: &Gpu,
+        dims: WorkspaceDims,
+        max_tokens: usize,
+        max_logit_rows: usize,
     ) -> Result<Workspace, GpuError> {
         let t = max_tokens;
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, inter) = (c.num_heads * d, c.num_kv_heads * d, c.intermediate_size);
+        let WorkspaceDims {
+            hidden: h,
+            head_dim: d,
+            heads,
+            kv_heads,
+            intermediate: inter,
+            vocab,
+        } = dims;
+        let (qd, kvd) = (heads * d, kv_heads * d);
         Ok(Workspace {
             max_tokens,
             max_logit_rows,
@@ -57,10 +127,16 @@ impl Workspace {
             gate_up: gpu.zeros(t * 2 * inter)?,
             act: gpu.zeros(t * inter)?,
             picked: gpu.zeros(max_logit_rows * h)?,
-            logits: gpu.zeros(max_logit_rows * c.vocab_size)?,
+            logits: gpu.zeros(max_logit_rows * vocab)?,
             ids: gpu.zeros(max_logit_rows)?,
-            partials: gpu.zeros(argmax_partials(max_logit_rows, c.vocab_size))?,
+            partials: gpu.zeros(argmax_partials(max_logit_rows, vocab))?,
+            aux: None,
         })
+    }
+
+    /// The layers whose inputs a forward records (empty: none).
+    pub fn aux_layers(&self) -> &[usize] {
+        self.aux.as_ref().map_or(&[], |a| &a.layers)
     }
 
     /// Bytes held.
@@ -77,6 +153,8 @@ impl Workspace {
         .iter()
         .map(|s| s.len() as u64 * 2)
         .sum::<u64>();
-        b16 + 4 * self.residual.len() as u64 + 4 * self.logits.len() as u64
+        let f32s = self.residual.len() + self.logits.len();
+        let aux = self.aux.as_ref().map_or(0, |a| a.states.len());
+        b16 + 4 * (f32s + aux) as u64
     }
 }

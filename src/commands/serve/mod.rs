@@ -56,13 +56,11 @@ fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn Mode
                 deterministic: config.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
-                // The draft model runs on the GPU beside the target.
-                draft_model: match config.speculative_method {
-                    Some(peregrine_config::SpeculativeMethod::DraftModel) => {
-                        config.draft_model.clone()
-                    }
-                    _ => None,
-                },
+                // A draft model or EAGLE-3 head runs on the GPU beside the target.
+                draft: speculation::gpu_draft(
+                    config.speculative_method,
+                    config.draft_model.as_deref(),
+                ),
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)
         }

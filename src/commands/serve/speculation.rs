@@ -34,9 +34,9 @@ pub fn load_drafter(
     Ok(Some(drafter))
 }
 
-/// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model in
-/// `draft_model` with a draft cache over `target`'s pool of blocks (on the GPU when the
-/// target's backend loaded it there, else on the CPU).
+/// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model or
+/// EAGLE-3 head in `draft_model` with a draft cache over `target`'s pool of blocks (on the
+/// GPU when the target's backend loaded it there, else on the CPU).
 pub fn build_drafter(
     method: SpeculativeMethod,
     draft_model: Option<&Path>,
@@ -56,13 +56,34 @@ pub fn build_drafter(
                 Box::new(DraftModel::new(model, target.config(), target.pool())?)
             }
         },
-        SpeculativeMethod::Eagle3 => {
-            let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
-            let head = load_eagle3(dir, target)
-                .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
-            Box::new(Eagle3::new(head, target.config(), target.pool())?)
-        }
+        SpeculativeMethod::Eagle3 => match target.take_eagle3_head() {
+            // The GPU backend loaded the head beside the target.
+            Some(head) => Box::new(Eagle3::with_runner(head)),
+            None => {
+                let dir =
+                    draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
+                let head = load_eagle3(dir, target)
+                    .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
+                Box::new(Eagle3::new(head, target.config(), target.pool())?)
+            }
+        },
     })
+}
+
+/// What the CUDA backend loads beside the target for `method`: the draft model or the
+/// EAGLE-3 head in `draft_model`; nothing for n-gram or without speculation.
+#[cfg(feature = "cuda")]
+pub fn gpu_draft(
+    method: Option<SpeculativeMethod>,
+    draft_model: Option<&Path>,
+) -> Option<peregrine_actors::backend::GpuDraft> {
+    use peregrine_actors::backend::GpuDraft;
+    let dir = draft_model?.to_path_buf();
+    match method? {
+        SpeculativeMethod::DraftModel => Some(GpuDraft::Model(dir)),
+        SpeculativeMethod::Eagle3 => Some(GpuDraft::Eagle3Head(dir)),
+        SpeculativeMethod::Ngram => None,
+    }
 }
 
 /// The EAGLE-3 head in `dir` for `target`, sharing the target's embedding table when the

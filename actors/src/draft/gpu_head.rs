@@ -1,0 +1,178 @@
+//! An EAGLE-3 head on the GPU, as the CUDA backend loads it beside the target: its
+//! one-layer cache in the blocks of the target's pool, its decode steps replayed through
+//! CUDA graphs where one serves the batch, and a catch-up larger than its buffers run in
+//! forwards that fit them.
+
+use super::backend_draft::forwards;
+use super::head_runner::HeadRunner;
+use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use anyhow::Context;
+use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
+use peregrine_models::eagle3::HeadInput;
+use peregrine_models::llama_gpu::{GraphLimits, SharedKvCache};
+use peregrine_ops::{AttentionPlan, SeqSpec};
+
+/// The largest step the head's buffers hold.
+#[derive(Clone, Copy, Debug)]
+pub struct HeadCapacity {
+    /// Tokens of one forward.
+    pub max_tokens: usize,
+    /// Rows of one forward that ask drafts.
+    pub max_logit_rows: usize,
+}
+
+/// An EAGLE-3 head on the GPU with its KV cache.
+pub struct GpuHead {
+    head: GpuEagle3Head,
+    cache: SharedKvCache,
+    capacity: HeadCapacity,
+    /// The slot the padded rows of a replayed graph write: in the target pool's scratch
+    /// block, which no sequence owns.
+    scratch_slot: i64,
+    /// The longest context a graph serves.
+    max_context: usize,
+    graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
+}
+
+impl GpuHead {
+    /// `head` over `cache` (one layer of the head's shape in the blocks of the target's
+    /// pool), its buffers holding `capacity`; graphs serve contexts up to `max_context` and
+    /// their padded rows write into `scratch_slot`.
+    pub fn new(
+        head: GpuEagle3Head,
+        cache: SharedKvCache,
+        capacity: HeadCapacity,
+        scratch_slot: i64,
+        max_context: usize,
+    ) -> GpuHead {
+        GpuHead {
+            head,
+            cache,
+            capacity,
+            scratch_slot,
+            max_context,
+            graphs: None,
+        }
+    }
+
+    /// Replays the graph that serves a decode step fed `pre`, if one does.
+    fn replay(
+        &self,
+        plan: &AttentionPlan,
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+    ) -> anyhow::Result<Option<(Vec<u32>, Vec<f32>)>> {
+        let (Some(graphs), HeadInput::Pre(pre)) = (&self.graphs, input) else {
+            return Ok(None);
+        };
+        if !is_decode_step(tokens, plan, rows) {
+            return Ok(None);
+        }
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        match graphs.graph_for(plan.seqs().len()) {
+            Some((_, graph)) if longest <= graph.max_context() => {
+                let out = graph
+                    .replay(tokens, pre, plan)
+                    .context("EAGLE-3 head graph replay")?;
+                Ok(Some((out.drafts, out.pre)))
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
+impl HeadRunner for GpuHead {
+    fn aux_layers(&self) -> &[usize] {
+        self.head.aux_layers()
+    }
+
+    fn aux_width(&self) -> usize {
+        self.head.aux_layers().len() * self.head.config().target_hidden_size
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.head.config().hidden_size
+    }
+
+    fn run(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
+        let layout = *self
+            .cache
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .layout();
+        let (block_size, num_blocks) = (layout.block_size as usize, layout.num_blocks);
+        let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
+        if let Some(out) = self.replay(&plan, tokens, input, rows)? {
+            return Ok(out);
+        }
+        // Eagerly, in forwards the buffers hold.
+        let (kind, features) = input.parts();
+        let h = self.hidden_size();
+        let width = features.len() / tokens.len().max(1);
+        let mut drafts = vec![0; rows.len()];
+        let mut pre = vec![0.0; tokens.len() * h];
+        let cap = self.capacity;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for pieces in forwards(specs, cap.max_tokens, cap.max_logit_rows) {
+            let piece_specs: Vec<SeqSpec> = pieces.iter().map(|(_, p, _)| *p).collect();
+            let plan = AttentionPlan::new(&piece_specs, block_size, num_blocks)?;
+            // Where each row of this forward comes from.
+            let from: Vec<usize> = pieces
+                .iter()
+                .flat_map(|(_, p, start)| *start..*start + p.num_new)
+                .collect();
+            let ids: Vec<u32> = from.iter().map(|&t| tokens[t]).collect();
+            let feats: Vec<f32> = from
+                .iter()
+                .flat_map(|&t| &features[t * width..(t + 1) * width])
+                .copied()
+                .collect();
+            let (wanted, local): (Vec<usize>, Vec<usize>) = rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, r)| from.iter().position(|t| t == r).map(|j| (i, j)))
+                .unzip();
+            let input = match kind {
+                peregrine_models::eagle3::FeatureKind::Aux => HeadInput::Aux(&feats),
+                peregrine_models::eagle3::FeatureKind::Pre => HeadInput::Pre(&feats),
+            };
+            let out = self
+                .head
+                .forward_greedy(&ids, input, &plan, &mut cache, &local)
+                .context("EAGLE-3 head forward")?;
+            for (i, d) in wanted.into_iter().zip(out.drafts) {
+                drafts[i] = d;
+            }
+            for (j, &t) in from.iter().enumerate() {
+                pre[t * h..(t + 1) * h].copy_from_slice(&out.pre[j * h..(j + 1) * h]);
+            }
+        }
+        Ok((drafts, pre))
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let limits = GraphLimits {
+            max_rows: sizes.largest(),
+            max_context: self.max_context,
+            scratch_slot: self.scratch_slot,
+        };
+        let (head, cache) = (&mut self.head, &self.cache);
+        let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
+            head.capture_decode(size, limits, cache)
+        })
+        .context("capturing the EAGLE-3 head's graphs")?;
+        self.graphs = Some(graphs);
+        Ok(())
+    }
+}

@@ -1,0 +1,153 @@
+//! Where an EAGLE-3 head runs: its forwards over its own one-layer KV cache (in the blocks
+//! of the target's pool) and the graphs of its decode step. [`CpuHead`] runs the head on
+//! the CPU; the CUDA backend's runs it on the GPU (`gpu_head`).
+
+use crate::backend::PoolInfo;
+use crate::graphs::{CaptureSizes, CpuHeadGraphs};
+use anyhow::Context;
+use peregrine_models::eagle3::{Eagle3Head, HeadInput};
+use peregrine_models::ModelConfig;
+use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+
+/// An EAGLE-3 head with its KV cache, on some device.
+pub trait HeadRunner: Send {
+    /// The target layers whose inputs feed the head, in concatenation order.
+    fn aux_layers(&self) -> &[usize];
+    /// The width of one row of target features (the aux layers' inputs side by side).
+    fn aux_width(&self) -> usize;
+    /// The head's width H: one row of `pre`.
+    fn hidden_size(&self) -> usize;
+    /// The forward of `tokens` (those of `specs`, one after another) fed `input`, writing
+    /// the head's KV; the greedy draft (a target id) of each row of `rows`, and `pre` of
+    /// every row (`[tokens, H]`). A step fed `pre` replays a captured graph when one serves
+    /// it.
+    fn run(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)>;
+    /// Captures the head's decode step for every size of `sizes`, replacing the graphs held
+    /// (on failure they stay); `None` drops them.
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()>;
+}
+
+impl HeadRunner for Box<dyn HeadRunner> {
+    fn aux_layers(&self) -> &[usize] {
+        (**self).aux_layers()
+    }
+
+    fn aux_width(&self) -> usize {
+        (**self).aux_width()
+    }
+
+    fn hidden_size(&self) -> usize {
+        (**self).hidden_size()
+    }
+
+    fn run(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
+        (**self).run(specs, tokens, input, rows)
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        (**self).capture_graphs(sizes)
+    }
+}
+
+/// An EAGLE-3 head on the CPU, its cache a [`KvCache`] of the head's shape over as many
+/// blocks as the target's pool.
+pub struct CpuHead {
+    head: Eagle3Head,
+    cache: KvCache,
+    /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
+    scratch_slot: Option<i64>,
+    /// Block-table entries the graphs stage.
+    graph_table_width: usize,
+    /// The captured graphs of the head's decode step, if any.
+    graphs: Option<CpuHeadGraphs>,
+}
+
+impl CpuHead {
+    /// The `head` for `target`, with a one-layer cache of as many blocks as the target's
+    /// `pool` (its scratch block included), of the same size.
+    pub fn new(head: Eagle3Head, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<CpuHead> {
+        let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
+        let layout = head.kv_layout(num_blocks, block_size);
+        layout
+            .audit(4)
+            .map_err(|e| anyhow::anyhow!("EAGLE-3 KV address audit: {e}"))?;
+        Ok(CpuHead {
+            head,
+            cache: KvCache::new(1, layout),
+            scratch_slot: pool.scratch_slot(),
+            graph_table_width: pool.graph_table_width(target.max_model_len),
+            graphs: None,
+        })
+    }
+
+    /// The head's KV cache, in the blocks of the target's pool.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+}
+
+impl HeadRunner for CpuHead {
+    fn aux_layers(&self) -> &[usize] {
+        self.head.aux_layers()
+    }
+
+    fn aux_width(&self) -> usize {
+        self.head.aux_layers().len() * self.head.config().target_hidden_size
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.head.config().hidden_size
+    }
+
+    fn run(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
+        let layout = self.cache.layout();
+        let plan = &AttentionPlan::new(specs, layout.block_size as usize, layout.num_blocks)?;
+        let replayed = match (&mut self.graphs, input) {
+            (Some(graphs), HeadInput::Pre(pre)) => graphs
+                .replay(tokens, pre, plan, rows, &mut self.cache)
+                .context("EAGLE-3 head graph replay")?,
+            _ => None,
+        };
+        let out = match replayed {
+            Some(out) => out,
+            None => self
+                .head
+                .forward(tokens, input, plan, &mut self.cache, rows)
+                .context("EAGLE-3 head forward")?,
+        };
+        Ok((self.head.vocab().greedy(&out.logits), out.pre))
+    }
+
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch_slot = self.scratch_slot.context(
+            "the target pool has no scratch block for the padded rows of the head's graphs",
+        )?;
+        let graphs =
+            CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
+                .context("capturing the EAGLE-3 head's graphs")?;
+        self.graphs = Some(graphs);
+        Ok(())
+    }
+}

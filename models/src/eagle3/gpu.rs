@@ -1,0 +1,568 @@
+//! An EAGLE-3 head on the GPU (`cuda` feature): the head's tensors in bf16 and its forward,
+//! kernel for kernel the CPU [`Eagle3Head::forward`]; the greedy draft is chosen on the
+//! device and only its id comes back.
+//!
+//! `u = cat(input_layernorm(e), hidden_norm(g))` is written by two norms into the two
+//! halves of one `[T, 2H]` matrix; `g` (from `fc`, or the staged `pre`) is widened into the
+//! f32 residual stream, which becomes `h1`, then `h2` (the next step's `pre`).
+
+use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
+use crate::llama::{check_inputs, ForwardError};
+use crate::llama_gpu::{
+    attend, project_logits, GpuForwardError, LayerKv, LogitRows, SharedEmbedding, Workspace,
+    WorkspaceDims,
+};
+use crate::weights::Weights;
+use crate::ModelConfig;
+use cudarc::driver::{CudaSlice, CudaView};
+use half::bf16;
+use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_kernels::cuda::elementwise::{copy_columns, embedding};
+use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::norm::{add_rms_norm, rms_norm_columns};
+use peregrine_kernels::cuda::sampling::sample_argmax_into;
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, Rotary, RotaryLayout};
+use peregrine_runtime::cuda::{Gpu, GpuError};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+pub use super::gpu_graph::CapturedHeadDecode;
+use super::gpu_graph::HeadGraphBuffers;
+
+/// An EAGLE-3 head on one GPU.
+pub struct GpuEagle3Head {
+    pub(super) core: Arc<HeadCore>,
+    /// The activations of eager steps.
+    work: HeadWorkspace,
+    /// The metadata of eager steps.
+    plan: DeviceAttentionPlan,
+    /// The buffers of the decode graphs, while any graph was captured from them.
+    pub(super) graph_buffers: Option<Arc<Mutex<HeadGraphBuffers>>>,
+}
+
+/// The head's embedding table: its own, or the target's.
+enum HeadEmbedding {
+    Own(CudaSlice<bf16>),
+    Target(SharedEmbedding),
+}
+
+/// What every kernel of the head's forward reads and never writes; graphs hold it.
+pub(super) struct HeadCore {
+    pub(super) config: Eagle3Config,
+    aux_layers: Vec<usize>,
+    vocab: super::DraftVocab,
+    pub(super) gpu: Arc<Gpu>,
+    kernels: Arc<CudaKernels>,
+    embed: HeadEmbedding,
+    fc: CudaSlice<bf16>,
+    input_norm: CudaSlice<bf16>,
+    hidden_norm: CudaSlice<bf16>,
+    qkv: CudaSlice<bf16>,
+    o_proj: CudaSlice<bf16>,
+    post_norm: CudaSlice<bf16>,
+    gate_up: CudaSlice<bf16>,
+    down: CudaSlice<bf16>,
+    norm: CudaSlice<bf16>,
+    lm_head: CudaSlice<bf16>,
+    cos_sin: CudaSlice<f32>,
+    /// Positions the rotary table holds.
+    positions: usize,
+    interleaved: bool,
+    attention: GpuPagedAttention,
+    pub(super) decode_kernel: DecodeKernel,
+    gemm: Gemm,
+}
+
+/// The activations of one forward of the head, at its largest step.
+pub(super) struct HeadWorkspace {
+    /// The decoder layer's activations, logits `[logit rows, V_d]`.
+    pub(super) work: Workspace,
+    /// bf16 `[tokens, fc_in]`: the staged target features of a step fed them.
+    aux: CudaSlice<bf16>,
+    /// f32 `[tokens, H]`: the staged `pre` of a step fed it.
+    pub(super) feature: CudaSlice<f32>,
+    /// bf16 `[tokens, H]`: `fc`'s output.
+    g: CudaSlice<bf16>,
+    /// f32 `[tokens, H]`: the tokens' embeddings.
+    e: CudaSlice<f32>,
+    /// bf16 `[tokens, 2H]`: the layer's input.
+    u: CudaSlice<bf16>,
+}
+
+/// The greedy drafts of one forward and every row's `pre`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuHeadDrafts {
+    /// The draft of each logit row, a target id.
+    pub drafts: Vec<u32>,
+    /// `h2` of every row, f32 `[rows, H]`.
+    pub pre: Vec<f32>,
+}
+
+impl HeadWorkspace {
+    /// Buffers for `max_tokens` tokens and `max_logit_rows` logit rows; room for target
+    /// features only when `aux` (graphs run steps fed `pre`).
+    pub(super) fn new(
+        core: &HeadCore,
+        max_tokens: usize,
+        max_logit_rows: usize,
+        aux: bool,
+    ) -> Result<HeadWorkspace, GpuError> {
+        let c = &core.config;
+        let (gpu, t, h) = (&core.gpu, max_tokens, c.hidden_size);
+        let dims = WorkspaceDims {
+            hidden: h,
+            head_dim: c.head_dim,
+            heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            intermediate: c.intermediate_size,
+            vocab: c.draft_vocab_size,
+        };
+        let fc_in = if aux { core.fc.len() / h } else { 0 };
+        Ok(HeadWorkspace {
+            work: Workspace::with_dims(gpu, dims, max_tokens, max_logit_rows)?,
+            aux: gpu.zeros((t * fc_in).max(1))?,
+            feature: gpu.zeros(t * h)?,
+            g: gpu.zeros(t * h)?,
+            e: gpu.zeros(t * h)?,
+            u: gpu.zeros(t * 2 * h)?,
+        })
+    }
+
+    /// Copies `features` (`[n, width]` of `kind`) into the staged feature buffer.
+    fn stage_features(
+        &mut self,
+        gpu: &Gpu,
+        kind: FeatureKind,
+        features: &[f32],
+    ) -> Result<(), GpuForwardError> {
+        let stream = gpu.stream();
+        match kind {
+            FeatureKind::Aux => {
+                let host: Vec<bf16> = features.iter().map(|&v| bf16::from_f32(v)).collect();
+                let dst = &mut self.aux.slice_mut(0..host.len());
+                stream.memcpy_htod(&host, dst)?;
+            }
+            FeatureKind::Pre => {
+                let dst = &mut self.feature.slice_mut(0..features.len());
+                stream.memcpy_htod(features, dst)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
+    let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+    gpu.upload(&host)
+}
+
+/// How a GPU head is set up.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuHeadOptions {
+    /// The most tokens one forward may carry.
+    pub max_tokens: usize,
+    /// The most rows one forward may ask drafts for.
+    pub max_logit_rows: usize,
+    /// Batch-invariant kernels (`--deterministic`).
+    pub deterministic: bool,
+    /// Products of up to this many rows use the GEMV kernel rather than cuBLAS.
+    pub gemv_max_rows: usize,
+}
+
+impl GpuEagle3Head {
+    /// Loads the head in `dir` for `target` onto `gpu`, reading the target's embedding
+    /// table from `target_embed` when the head has none of its own. The tensors are read
+    /// and checked as [`Eagle3Head::from_weights`] does, then converted to bf16.
+    pub fn load(
+        dir: &Path,
+        target: &ModelConfig,
+        target_embed: SharedEmbedding,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuHeadOptions,
+    ) -> anyhow::Result<GpuEagle3Head> {
+        let config = Eagle3Config::from_dir(dir)?;
+        let weights = Weights::open(dir)?;
+        let own = weights.contains("embed_tokens.weight");
+        // The target's table stays on the device: the host head gets none.
+        let host = Eagle3Head::from_weights(config, &weights, target, Arc::from([]))?;
+        let embed = if own {
+            HeadEmbedding::Own(upload(&gpu, &host.weights.embed)?)
+        } else {
+            HeadEmbedding::Target(target_embed)
+        };
+        GpuEagle3Head::new(&host, embed, target.max_model_len, gpu, kernels, options)
+    }
+
+    /// The head `host` (whose embedding table must be its own) on `gpu`, with a rotary
+    /// table of `max_positions` positions: for tests that compare the two.
+    pub fn from_host(
+        host: &Eagle3Head,
+        max_positions: usize,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuHeadOptions,
+    ) -> anyhow::Result<GpuEagle3Head> {
+        let embed = HeadEmbedding::Own(upload(&gpu, &host.weights.embed)?);
+        GpuEagle3Head::new(host, embed, max_positions, gpu, kernels, options)
+    }
+
+    fn new(
+        host: &Eagle3Head,
+        embed: HeadEmbedding,
+        max_positions: usize,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuHeadOptions,
+    ) -> anyhow::Result<GpuEagle3Head> {
+        let c = host.config.clone();
+        let w = &*host.weights;
+        let up = |values: &[f32]| upload(&gpu, values);
+        let rotary = Rotary::new(
+            c.head_dim,
+            c.rope_theta,
+            &c.rope_scaling,
+            RotaryLayout::HalfSplit,
+        );
+        let positions = max_positions.max(c.max_model_len);
+        let cos_sin = gpu.upload(&rotary.cos_sin_table(u32::try_from(positions)?))?;
+        let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
+            .with_gemv_max_rows(options.gemv_max_rows);
+        let decode_kernel = if options.deterministic {
+            DecodeKernel::Prefill
+        } else {
+            DecodeKernel::Split
+        };
+        let core = HeadCore {
+            aux_layers: host.aux_layers.clone(),
+            vocab: host.vocab.clone(),
+            embed,
+            fc: up(&w.fc.weight())?,
+            input_norm: up(w.input_norm.weight())?,
+            hidden_norm: up(w.hidden_norm.weight())?,
+            qkv: up(&w.qkv.weight())?,
+            o_proj: up(&w.o_proj.weight())?,
+            post_norm: up(w.post_norm.weight())?,
+            gate_up: up(&w.gate_up.weight())?,
+            down: up(&w.down.weight())?,
+            norm: up(w.norm.weight())?,
+            lm_head: up(&w.lm_head.weight())?,
+            cos_sin,
+            positions,
+            interleaved: rotary.is_interleaved(),
+            attention: GpuPagedAttention {
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+            },
+            decode_kernel,
+            gemm,
+            config: c,
+            gpu: gpu.clone(),
+            kernels,
+        };
+        // No kernel may read a weight still on its way (programmatic dependent launch).
+        gpu.synchronize()?;
+        let work = HeadWorkspace::new(&core, options.max_tokens, options.max_logit_rows, true)?;
+        let plan = DeviceAttentionPlan::growing(&gpu, decode_kernel)?;
+        Ok(GpuEagle3Head {
+            core: Arc::new(core),
+            work,
+            plan,
+            graph_buffers: None,
+        })
+    }
+
+    /// The head's configuration.
+    pub fn config(&self) -> &Eagle3Config {
+        &self.core.config
+    }
+
+    /// The target layers whose inputs feed `fc`, in concatenation order.
+    pub fn aux_layers(&self) -> &[usize] {
+        &self.core.aux_layers
+    }
+
+    /// The device the head runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.core.gpu
+    }
+
+    /// Bytes of K and V one token takes in the head's one-layer cache (bf16).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let c = &self.core.config;
+        (2 * c.num_kv_heads * c.head_dim * 2) as u64
+    }
+
+    /// Runs `tokens` (one per planned row) with features `input` through the head, writing
+    /// their keys and values into layer 0 of `cache`, and returns the draft-vocabulary
+    /// logits of `logit_rows` (`[rows, V_d]`) and every row's `pre`, as
+    /// [`Eagle3Head::forward`] does.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<super::HeadOutput, GpuForwardError> {
+        self.run(tokens, input, plan, cache, logit_rows)?;
+        let (gpu, n) = (&self.core.gpu, tokens.len());
+        let (h, v) = (
+            self.core.config.hidden_size,
+            self.core.config.draft_vocab_size,
+        );
+        let w = &self.work.work;
+        Ok(super::HeadOutput {
+            logits: gpu.download(&w.logits.slice(0..logit_rows.len() * v))?,
+            pre: gpu.download(&w.residual.slice(0..n * h))?,
+        })
+    }
+
+    /// [`GpuEagle3Head::forward`], choosing each logit row's greedy draft on the device.
+    pub fn forward_greedy(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        self.run(tokens, input, plan, cache, logit_rows)?;
+        let core = &*self.core;
+        core.argmax(&mut self.work.work, logit_rows.len())?;
+        core.drafts(&self.work.work, tokens.len(), logit_rows.len())
+    }
+
+    /// Checks and stages a step, then queues its forward.
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<(), GpuForwardError> {
+        let core = &*self.core;
+        let (kind, features) = input.parts();
+        let (n, r) = (tokens.len(), logit_rows.len());
+        core.check(tokens, kind, features, plan, logit_rows, &self.work, cache)?;
+        self.work.stage_features(&core.gpu, kind, features)?;
+        self.plan.stage(tokens, plan, logit_rows)?;
+        let every_row = logit_rows.iter().copied().eq(0..n);
+        core.launch(&mut self.work, n, r, every_row, kind, &self.plan, cache)
+    }
+}
+
+impl HeadCore {
+    /// The width of one row of the feature of `kind`.
+    fn width(&self, kind: FeatureKind) -> usize {
+        match kind {
+            FeatureKind::Aux => self.fc.len() / self.config.hidden_size,
+            FeatureKind::Pre => self.config.hidden_size,
+        }
+    }
+
+    /// Refuses a step the buffers, the rotary table or the cache cannot hold.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn check(
+        &self,
+        tokens: &[u32],
+        kind: FeatureKind,
+        features: &[f32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        work: &HeadWorkspace,
+        cache: &GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
+        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
+        let (n, r) = (tokens.len(), logit_rows.len());
+        let width = self.width(kind);
+        if features.len() != n * width {
+            return Err(ForwardError::HiddenShape {
+                what: "head features",
+                len: features.len(),
+                rows: n,
+                width,
+            }
+            .into());
+        }
+        if n > work.work.max_tokens {
+            let max = work.work.max_tokens;
+            return Err(GpuForwardError::TooManyTokens { tokens: n, max });
+        }
+        if r > work.work.max_logit_rows {
+            let max = work.work.max_logit_rows;
+            return Err(GpuForwardError::TooManyLogitRows { rows: r, max });
+        }
+        self.check_positions(plan)?;
+        if cache.num_layers() != 1 {
+            let layers = cache.num_layers();
+            return Err(GpuForwardError::CacheLayers {
+                cache: layers,
+                model: 1,
+            });
+        }
+        Ok(())
+    }
+
+    /// Refuses a plan with a position past the rotary table.
+    pub(super) fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError> {
+        match plan.positions().iter().max() {
+            Some(&position) if position as usize >= self.positions => {
+                Err(GpuForwardError::Position {
+                    position,
+                    max: self.positions,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues the forward of the `n` rows staged in `dplan` (features of `kind` staged in
+    /// `w`), leaving the logits of its `r` logit rows in `w.work.logits` and every row's
+    /// `pre` in `w.work.residual`. Reads no host value of the step but its sizes, so that a
+    /// graph captured from it serves every step staged into the same buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &self,
+        w: &mut HeadWorkspace,
+        n: usize,
+        r: usize,
+        every_row: bool,
+        kind: FeatureKind,
+        dplan: &DeviceAttentionPlan,
+        cache: &mut GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
+        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
+        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
+        let width = qd + 2 * kvd;
+        let eps = c.rms_norm_eps as f32;
+        let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
+        let layout = *cache.layout();
+        let a = &mut w.work;
+        let residual = &mut a.residual.slice_mut(0..n * h);
+        let normed = &mut a.normed.slice_mut(0..n * h);
+        let delta = &mut a.delta.slice_mut(0..n * h);
+        let qkv = &mut a.qkv.slice_mut(0..n * width);
+        let attn = &mut a.attn.slice_mut(0..n * qd);
+        let gate_up = &mut a.gate_up.slice_mut(0..n * 2 * inter);
+        let act = &mut a.act.slice_mut(0..n * inter);
+        let u = &mut w.u.slice_mut(0..n * 2 * h);
+
+        // g into the residual stream, in f32.
+        match kind {
+            FeatureKind::Aux => {
+                let fc_in = self.width(kind);
+                let g = &mut w.g.slice_mut(0..n * h);
+                let aux = w.aux.slice(0..n * fc_in);
+                gemm.linear(k, stream, &aux, &self.fc.as_view(), g, n, h)?;
+                copy_columns(k, stream, &g.as_view(), h, residual, h, n, h)?;
+            }
+            FeatureKind::Pre => {
+                let pre = w.feature.slice(0..n * h);
+                copy_columns(k, stream, &pre, h, residual, h, n, h)?;
+            }
+        }
+        let e = &mut w.e.slice_mut(0..n * h);
+        embedding(k, stream, &dplan.token_ids(), &self.embedding(), e, h)?;
+        let input_norm = self.input_norm.as_view();
+        rms_norm_columns(k, stream, &e.as_view(), &input_norm, u, n, 2 * h, eps)?;
+        let hidden_norm = self.hidden_norm.as_view();
+        let u_g = &mut u.slice_mut(h..);
+        rms_norm_columns(
+            k,
+            stream,
+            &residual.as_view(),
+            &hidden_norm,
+            u_g,
+            n,
+            2 * h,
+            eps,
+        )?;
+        if c.norm_before_residual {
+            // The residual stream starts from hidden_norm(g) rather than g.
+            let g_normed = u.slice(h..);
+            copy_columns(k, stream, &g_normed, 2 * h, residual, h, n, h)?;
+        }
+        gemm.linear(k, stream, &u.as_view(), &self.qkv.as_view(), qkv, n, width)?;
+        let cos_sin = self.cos_sin.as_view();
+        let rotary = RotaryTable {
+            cos_sin: &cos_sin,
+            positions: self.positions,
+            interleaved: self.interleaved,
+        };
+        let fuse_kv = self.decode_kernel == DecodeKernel::Split && dplan.live_counts().prefill == 0;
+        let (k_cache, v_cache) = cache.layer_mut(0);
+        let kv = LayerKv {
+            k_cache,
+            v_cache,
+            layout: &layout,
+        };
+        let attention = &self.attention;
+        attend(
+            k, stream, attention, fuse_kv, qkv, width, rotary, kv, dplan, attn,
+        )?;
+        let o_proj = self.o_proj.as_view();
+        gemm.linear(k, stream, &attn.as_view(), &o_proj, delta, n, h)?;
+        let post = self.post_norm.as_view();
+        add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
+        let gu = self.gate_up.as_view();
+        gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
+        let down = self.down.as_view();
+        gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
+        let norm = self.norm.as_view();
+        add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
+        let out = LogitRows {
+            picked: &mut a.picked,
+            logits: &mut a.logits,
+            rows: r,
+            every_row,
+        };
+        let head = self.lm_head.as_view();
+        project_logits(k, stream, gemm, &normed.as_view(), h, &head, dplan, out)
+    }
+
+    /// The embedding table the head reads.
+    fn embedding(&self) -> CudaView<'_, bf16> {
+        match &self.embed {
+            HeadEmbedding::Own(table) => table.as_view(),
+            HeadEmbedding::Target(shared) => shared.table(),
+        }
+    }
+
+    /// Queues the argmax of the first `rows` logit rows of `w` into its ids.
+    pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
+        let v = self.config.draft_vocab_size;
+        let logits = w.logits.slice(0..rows * v);
+        let ids = &mut w.ids.slice_mut(0..rows);
+        let stream = self.gpu.stream();
+        sample_argmax_into(&self.kernels, stream, &logits, v, &mut w.partials, ids)?;
+        Ok(())
+    }
+
+    /// The drafts (target ids) of the first `r` argmax ids of `w` and the `pre` of its
+    /// first `n` rows, downloaded (waits for the stream).
+    pub(super) fn drafts(
+        &self,
+        w: &Workspace,
+        n: usize,
+        r: usize,
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        let ids = self.gpu.download(&w.ids.slice(0..r))?;
+        let h = self.config.hidden_size;
+        Ok(GpuHeadDrafts {
+            drafts: ids
+                .into_iter()
+                .map(|id| self.vocab.target(id as usize))
+                .collect(),
+            pre: self.gpu.download(&w.residual.slice(0..n * h))?,
+        })
+    }
+}

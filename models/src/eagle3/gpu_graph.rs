@@ -1,0 +1,234 @@
+//! The head's decode step (one row per sequence, fed its `pre`) captured as CUDA graphs, as
+//! the target's are (`llama_gpu::graph`): one graph per batch size and context class, all
+//! over one set of buffers allocated at the largest size, which every graph holds with the
+//! head's weights and its KV cache (DESIGN.md rule 4). A step is padded up to its graph's
+//! size: token ids, positions and the staged `pre` repeat the last real row, and slot
+//! mappings point padded rows at a scratch slot no sequence owns.
+
+use super::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore, HeadWorkspace};
+use super::FeatureKind;
+use crate::llama::{check_inputs, ForwardError};
+use crate::llama_gpu::{context_classes, GpuForwardError, GraphLimits, SharedKvCache};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
+use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
+use peregrine_ops::cuda::plan::PlanCapacity;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_runtime::{Padding, StagedInput};
+use std::sync::{Arc, Mutex};
+
+/// The buffers every decode graph of a head addresses.
+pub(super) struct HeadGraphBuffers {
+    limits: GraphLimits,
+    plan: DeviceAttentionPlan,
+    work: HeadWorkspace,
+    /// The host side of the staged `pre`, `[rows, H]` (batch on axis 0).
+    pre: StagedInput<f32>,
+}
+
+/// One captured decode step of the head and everything its kernels address.
+pub struct CapturedHeadDecode {
+    size: usize,
+    /// A graph per context class, by ascending class: the longest context it serves.
+    graphs: Vec<(usize, CudaGraph)>,
+    buffers: Arc<Mutex<HeadGraphBuffers>>,
+    core: Arc<HeadCore>,
+    _cache: SharedKvCache,
+}
+
+// SAFETY: as for the target's `CapturedDecode`: launched only under the lock of its
+// buffers; the other fields are Send.
+unsafe impl Send for CapturedHeadDecode {}
+
+impl HeadGraphBuffers {
+    fn new(core: &HeadCore, limits: GraphLimits, block_size: usize) -> anyhow::Result<Self> {
+        let c = &core.config;
+        let capacity = PlanCapacity {
+            rows: limits.max_rows,
+            max_context: limits.max_context,
+            block_size,
+            scratch_slot: limits.scratch_slot,
+        };
+        let gpu = &core.gpu;
+        let plan =
+            DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
+        let work = HeadWorkspace::new(core, limits.max_rows, limits.max_rows, false)?;
+        let shape = [limits.max_rows, c.hidden_size];
+        let pre = StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?;
+        Ok(HeadGraphBuffers {
+            limits,
+            plan,
+            work,
+            pre,
+        })
+    }
+
+    /// Stages a step (`tokens` fed `pre` over `plan`) padded to `size` rows, for grids that
+    /// serve contexts up to `context`.
+    fn stage(
+        &mut self,
+        core: &HeadCore,
+        tokens: &[u32],
+        pre: &[f32],
+        plan: &AttentionPlan,
+        size: usize,
+        context: usize,
+    ) -> Result<(), GpuForwardError> {
+        let rows: Vec<usize> = (0..tokens.len()).collect();
+        self.plan.stage_padded(tokens, plan, &rows, size, context)?;
+        let h = core.config.hidden_size;
+        self.pre
+            .stage(pre, tokens.len(), size)
+            .map_err(|e| AttentionError::Shape(e.to_string()))?;
+        let staged = &self.pre.as_slice()[..size * h];
+        let dst = &mut self.work.feature.slice_mut(0..size * h);
+        core.gpu.stream().memcpy_htod(staged, dst)?;
+        Ok(())
+    }
+
+    /// Queues the forward and argmax of `size` staged rows.
+    fn launch(
+        &mut self,
+        core: &HeadCore,
+        size: usize,
+        cache: &mut GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let kind = FeatureKind::Pre;
+        core.launch(&mut self.work, size, size, true, kind, &self.plan, cache)?;
+        core.argmax(&mut self.work.work, size)
+    }
+}
+
+impl GpuEagle3Head {
+    /// Captures the head's decode step of `size` sequences (one row each, fed its `pre`)
+    /// over `cache` (the head's one-layer cache) as one graph per context class, serving
+    /// contexts up to `limits.max_context`. The first capture, or one past the rows of the
+    /// shared buffers or with other limits, allocates new shared buffers (capture the
+    /// largest size first). Each graph's step runs once eagerly before it is captured,
+    /// over the scratch slot alone.
+    pub fn capture_decode(
+        &mut self,
+        size: usize,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedHeadDecode> {
+        anyhow::ensure!(
+            size >= 1 && size <= limits.max_rows,
+            "a head graph of {size} rows past the {} its buffers hold",
+            limits.max_rows
+        );
+        let core = self.core.clone();
+        let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
+        let block_size = kv.layout().block_size as usize;
+        let reuse = self.graph_buffers.as_ref().filter(|b| {
+            let b = b.lock().unwrap_or_else(|e| e.into_inner());
+            b.limits.max_rows >= size
+                && b.limits.max_context == limits.max_context
+                && b.limits.scratch_slot == limits.scratch_slot
+        });
+        let buffers = match reuse {
+            Some(b) => b.clone(),
+            None => {
+                let fresh = HeadGraphBuffers::new(&core, limits, block_size)?;
+                let fresh = Arc::new(Mutex::new(fresh));
+                self.graph_buffers = Some(fresh.clone());
+                fresh
+            }
+        };
+        let scratch_block = (limits.scratch_slot as usize / block_size) as u32;
+        let table = [scratch_block];
+        let specs: Vec<SeqSpec> = (0..size)
+            .map(|_| SeqSpec {
+                num_cached: 0,
+                num_new: 1,
+                block_table: &table,
+            })
+            .collect();
+        let plan = AttentionPlan::new(&specs, block_size, kv.layout().num_blocks)?;
+        let tokens = vec![0u32; size];
+        let pre = vec![0.5f32; size * core.config.hidden_size];
+        let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut graphs = Vec::new();
+        for context in context_classes(limits.max_context, core.decode_kernel) {
+            b.stage(&core, &tokens, &pre, &plan, size, context)?;
+            b.launch(&core, size, &mut kv)?;
+            core.gpu.synchronize()?;
+            let stream = core.gpu.stream();
+            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+            let queued = b.launch(&core, size, &mut kv);
+            // The capture ends whatever happened, so that the stream is usable again.
+            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+            queued?;
+            let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
+            graph.upload()?;
+            graphs.push((context, graph));
+        }
+        drop(b);
+        Ok(CapturedHeadDecode {
+            size,
+            graphs,
+            buffers,
+            core,
+            _cache: cache.clone(),
+        })
+    }
+}
+
+impl CapturedHeadDecode {
+    /// The batch size the graph was captured for.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The longest context the graph serves.
+    pub fn max_context(&self) -> usize {
+        self.graphs.last().map_or(0, |(c, _)| *c)
+    }
+
+    /// Runs the head's decode step `tokens` fed `pre` (`[rows, H]`) over `plan` (planned
+    /// over the real rows, one per sequence) through the graph, padded to its size, and
+    /// returns each row's greedy draft and `pre`. Refused, with nothing launched, when the
+    /// step does not fit the graph: run it eagerly then.
+    pub fn replay(
+        &self,
+        tokens: &[u32],
+        pre: &[f32],
+        plan: &AttentionPlan,
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        let core = &*self.core;
+        let c = &core.config;
+        check_inputs(tokens, plan, &[], c.vocab_size)?;
+        let n = tokens.len();
+        if plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len() {
+            return Err(
+                AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
+            );
+        }
+        if pre.len() != n * c.hidden_size {
+            return Err(ForwardError::HiddenShape {
+                what: "pre",
+                len: pre.len(),
+                rows: n,
+                width: c.hidden_size,
+            }
+            .into());
+        }
+        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        plan.check_fits(self.size, self.size)
+            .map_err(AttentionError::from)?;
+        core.check_positions(plan)?;
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        let Some((context, graph)) = self.graphs.iter().find(|(c, _)| *c >= longest) else {
+            return Err(AttentionError::Shape(format!(
+                "a context of {longest} tokens, past the graphs' {}",
+                self.max_context()
+            ))
+            .into());
+        };
+        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        b.stage(core, tokens, pre, plan, self.size, *context)?;
+        graph.launch()?;
+        core.drafts(&b.work.work, n, n)
+    }
+}
