@@ -176,8 +176,8 @@ mod tests {
             log: draft_log.clone(),
             refuse: 7,
         };
-        let runner = TargetRunner::spawn(Box::new(target), 16);
-        let proposer = spawn_proposer(Box::new(draft));
+        let (runner, _) = TargetRunner::spawn(Box::new(target), 16);
+        let (proposer, _) = spawn_proposer(Box::new(draft));
         (
             GraphCapture::new(runner, Some(proposer)),
             target_log,

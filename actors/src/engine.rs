@@ -1,6 +1,7 @@
 //! Assembles the engine's actors for serving: the TargetRunner and the DraftProposer (when
 //! speculating) on their threads, the KvAllocator and the Scheduler as tokio tasks.
 
+use crate::actor_thread::Stopped;
 use crate::backend::{ModelBackend, StepCapacity};
 use crate::capture::GraphCapture;
 use crate::draft::{spawn_proposer, DraftMethod};
@@ -32,6 +33,45 @@ pub struct Engine {
     pub capacity: Option<StepCapacity>,
     /// Captures the target's and the draft's graphs, at start-up and on reload.
     pub graphs: GraphCapture,
+    /// Fires when the runner's and the proposer's threads have stopped.
+    stopped: EngineStopped,
+}
+
+/// Fires when the engine's threads have stopped and dropped the models they drove: once
+/// every sender to the scheduler is dropped, the scheduler stops, and with it the handles
+/// it holds.
+pub struct EngineStopped(Vec<Stopped>);
+
+impl EngineStopped {
+    /// Waits for every thread.
+    pub async fn wait(self) {
+        for stopped in self.0 {
+            stopped.wait().await;
+        }
+    }
+}
+
+impl Engine {
+    /// Drops the engine's handles and waits until its threads have stopped and dropped
+    /// the models they drove (and their device memory): before a process exits, or before
+    /// another engine is sized from the memory left. Any other sender to the scheduler
+    /// must be dropped first.
+    pub async fn shutdown(self) {
+        let Engine {
+            scheduler,
+            graphs,
+            stopped,
+            ..
+        } = self;
+        drop((scheduler, graphs));
+        stopped.wait().await;
+    }
+
+    /// Takes the signal of the threads' stop, for a caller that hands the engine's parts
+    /// out and waits on it itself (a later [`Engine::shutdown`] then waits for nothing).
+    pub fn take_stopped(&mut self) -> EngineStopped {
+        std::mem::replace(&mut self.stopped, EngineStopped(Vec::new()))
+    }
 }
 
 /// Prints the backend's pool and address audit, and starts the actors; with a `drafter`,
@@ -95,13 +135,20 @@ pub fn start_engine(
     };
     let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
-    let runner = TargetRunner::spawn(backend, block_size);
-    let proposer = drafter.map(spawn_proposer);
+    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size);
+    let mut stopped = vec![runner_stopped];
+    let proposer = drafter
+        .map(spawn_proposer)
+        .map(|(proposer, proposer_stopped)| {
+            stopped.push(proposer_stopped);
+            proposer
+        });
     Ok(Engine {
         scheduler: Scheduler::spawn(setup, kv, runner.clone(), proposer.clone()),
         num_blocks,
         max_model_len,
         capacity,
         graphs: GraphCapture::new(runner, proposer),
+        stopped: EngineStopped(stopped),
     })
 }

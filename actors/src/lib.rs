@@ -5,6 +5,7 @@
 //! The GraphCaptureManager (`graphs`) captures the decode step per batch size; `capture`
 //! captures the target's and the draft's graphs together.
 
+pub mod actor_thread;
 pub mod backend;
 pub mod block_pool;
 pub mod capture;

@@ -3,6 +3,7 @@
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
 //! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
+use crate::actor_thread::{spawn_actor_thread, Stopped};
 use crate::backend::{ModelBackend, RowSampling};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
@@ -39,30 +40,28 @@ pub struct TargetRunnerHandle {
 }
 
 impl TargetRunner {
-    /// Starts the runner on its own thread, driving `model` and its pool.
-    pub fn spawn(model: Box<dyn ModelBackend>, block_size: usize) -> TargetRunnerHandle {
+    /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
+    /// (and drops the model) once every handle is dropped.
+    pub fn spawn(model: Box<dyn ModelBackend>, block_size: usize) -> (TargetRunnerHandle, Stopped) {
         let mut runner = TargetRunner {
             model,
             block_size,
             seqs: HashMap::new(),
         };
         let (tx, rx) = crossbeam_channel::unbounded::<RunnerMsg>();
-        std::thread::Builder::new()
-            .name("target-runner".into())
-            .spawn(move || {
-                for msg in rx {
-                    match msg {
-                        RunnerMsg::Step(batch, reply) => {
-                            let _ = reply.send(runner.step(batch));
-                        }
-                        RunnerMsg::CaptureGraphs(sizes, reply) => {
-                            let _ = reply.send(runner.model.capture_graphs(sizes.as_ref()));
-                        }
+        let stopped = spawn_actor_thread("target-runner", move || {
+            for msg in rx {
+                match msg {
+                    RunnerMsg::Step(batch, reply) => {
+                        let _ = reply.send(runner.step(batch));
+                    }
+                    RunnerMsg::CaptureGraphs(sizes, reply) => {
+                        let _ = reply.send(runner.model.capture_graphs(sizes.as_ref()));
                     }
                 }
-            })
-            .expect("spawning the target runner thread");
-        TargetRunnerHandle { tx }
+            }
+        });
+        (TargetRunnerHandle { tx }, stopped)
     }
 
     /// Runs one step.

@@ -193,10 +193,11 @@ async fn run_engine(
             }
         }
     }
-    Ok(RunResult {
-        outputs,
-        seconds: start.elapsed().as_secs_f64(),
-    })
+    let seconds = start.elapsed().as_secs_f64();
+    // The next run sizes its pool from the memory this one leaves, and the process must not
+    // exit while a thread still frees device memory.
+    engine.shutdown().await;
+    Ok(RunResult { outputs, seconds })
 }
 
 async fn submit(

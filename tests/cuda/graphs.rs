@@ -1,6 +1,7 @@
 //! CUDA graphs of the decode step against eager steps: every captured size replayed after
 //! the allocator was churned, padded batches, sentinels after the graph buffers' q and o
-//! rows, and the scratch slot that padded rows write.
+//! rows, and the scratch slot that padded rows write; verification graphs (up to K + 1
+//! rows a sequence) against eager verification forwards.
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
@@ -9,7 +10,7 @@ use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::GEMV_MAX_ROWS;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphLimits};
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GraphLimits};
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
@@ -250,6 +251,130 @@ fn decode_graphs_replay_like_eager_steps_at_every_size() {
         return;
     }
     replay_matches_eager(false, "decode_graphs_replay_like_eager_steps_at_every_size");
+}
+
+/// Verification graphs of 4, 8, 16 and 32 rows replay steps of sequences of 1 to 4 rows
+/// each (the last token and up to 3 drafts), filling each graph or padding it, as eager
+/// verification forwards do: the same logits bit for bit and the same KV in every block a
+/// sequence owns in deterministic mode, within bf16 error otherwise.
+fn verify_replay_matches_eager(deterministic: bool, name: &str) {
+    let s = setup().expect("a GPU");
+    let (most_rows, seqs) = (32usize, 8usize);
+    let (mut f, mut state) = fixture(deterministic, seqs, name);
+    let limits = GraphLimits {
+        max_rows: most_rows,
+        ..f.limits(most_rows)
+    };
+    let graphs: Vec<_> = [32, 16, 8, 4]
+        .into_iter()
+        .map(|rows| {
+            f.model
+                .capture_verify(rows, limits, &f.graph_cache)
+                .unwrap()
+        })
+        .collect();
+    let vocab = f.model.config().vocab_size;
+    let mut rng = rng(name);
+    for graph in graphs.iter().rev() {
+        let size = graph.size();
+        assert_eq!(graph.kind(), GraphKind::Verify);
+        for round in 0..3 {
+            // Sequences of 1 to 4 rows while they fit the graph: the first round as many
+            // as fit, the others fewer (padded).
+            let mut q_lens = Vec::new();
+            while q_lens.len() < seqs {
+                let q = rng.random_range(1..=4usize);
+                if q_lens.iter().sum::<usize>() + q > size {
+                    break;
+                }
+                q_lens.push(q);
+                if round > 0 && rng.random_bool(0.3) {
+                    break;
+                }
+            }
+            if q_lens.is_empty() {
+                q_lens.push(1);
+            }
+            let specs: Vec<SeqSpec> = q_lens
+                .iter()
+                .enumerate()
+                .map(|(i, &q)| SeqSpec {
+                    num_cached: state[i].0,
+                    num_new: q,
+                    block_table: &f.tables[i],
+                })
+                .collect();
+            let tokens: Vec<u32> = q_lens
+                .iter()
+                .enumerate()
+                .flat_map(|(i, &q)| {
+                    let drafts: Vec<u32> = (1..q).map(|_| rng.random_range(0..1000)).collect();
+                    std::iter::once(state[i].1).chain(drafts)
+                })
+                .collect();
+            let plan = AttentionPlan::new(&specs, BLOCK_SIZE, f.num_blocks).unwrap();
+            let rows: Vec<usize> = (0..tokens.len()).collect();
+            let eager = f
+                .model
+                .forward_to_host(&tokens, &plan, &mut f.eager_cache, &rows)
+                .unwrap();
+            let replayed = graph.replay(&tokens, &plan).unwrap();
+            let got = s.gpu.download(&replayed.logits()).unwrap();
+            let ids = replayed.greedy_ids().unwrap();
+            drop(replayed);
+            let eager_ids: Vec<u32> = eager
+                .chunks(vocab)
+                .map(|row| peregrine_ops::sampling::argmax(row).unwrap())
+                .collect();
+            let what = format!("graph of {size} rows, sequences of {q_lens:?} rows");
+            if deterministic {
+                assert!(got == eager, "{what}: logits differ");
+                assert_eq!(ids, eager_ids, "{what}");
+            } else {
+                let err = relative_error(&got, &eager);
+                assert!(err < 0.02, "{what}: error {err}");
+            }
+            // Every draft accepted: the next step starts after them.
+            let mut end = 0;
+            for (st, &q) in state.iter_mut().zip(&q_lens) {
+                end += q;
+                *st = (st.0 + q, eager_ids[end - 1]);
+            }
+        }
+    }
+    if deterministic {
+        let kv = f.graph_cache.lock().unwrap();
+        let block = BLOCK_SIZE * kv.layout().slot_elems() as usize;
+        for layer in 0..f.model.config().num_layers {
+            for (a, b) in [
+                (kv.layer(layer).0, f.eager_cache.layer(layer).0),
+                (kv.layer(layer).1, f.eager_cache.layer(layer).1),
+            ] {
+                let (a, b) = (s.gpu.download(a).unwrap(), s.gpu.download(b).unwrap());
+                let owned = a.len() - block;
+                assert!(
+                    a[..owned] == b[..owned],
+                    "layer {layer}: the sequences' KV differs"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn verification_graphs_replay_like_eager_verification_deterministic() {
+    if setup().is_none() {
+        return;
+    }
+    verify_replay_matches_eager(true, "verification_graphs_deterministic");
+}
+
+#[test]
+fn verification_graphs_replay_like_eager_verification() {
+    if setup().is_none() {
+        return;
+    }
+    verify_replay_matches_eager(false, "verification_graphs");
 }
 
 /// Sentinel bits no kernel writes.

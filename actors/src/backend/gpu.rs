@@ -6,7 +6,7 @@
 
 use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
 use crate::draft::{GpuHead, HeadCapacity, HeadRunner};
-use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use crate::graphs::{CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
@@ -65,6 +65,12 @@ pub enum GpuDraft {
 struct GpuBackend {
     /// The decode graphs (none until captured, or with --enforce-eager).
     graphs: Option<GraphCaptureManager<CapturedDecode>>,
+    /// The verification graphs, by rows (captured with the decode graphs when the target
+    /// verifies drafts).
+    verify_graphs: Option<GraphCaptureManager<CapturedDecode>>,
+    /// The most rows a sequence verifies: 1 + `num_speculative_tokens` (1: no
+    /// verification graphs).
+    verify_rows: usize,
     model: GpuLlama,
     kernels: Arc<CudaKernels>,
     capacity: StepCapacity,
@@ -153,13 +159,15 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         max_seqs: s.max_num_seqs,
         max_logit_rows,
     };
-    let mut target = GpuBackend::new(model, kernels.clone(), capacity, num_blocks as u64, s)?;
+    let drafts = s.num_speculative_tokens;
+    let blocks = num_blocks as u64;
+    let mut target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
     if let Some(draft) = draft {
         let capacity = StepCapacity {
             max_logit_rows: s.max_num_seqs,
             ..capacity
         };
-        let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, s)?;
+        let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, 0, s)?;
         info!(
             blocks = num_blocks,
             draft_bytes_per_layer = draft.pool.bytes_per_layer,
@@ -241,12 +249,14 @@ fn load_profiled(
 
 impl GpuBackend {
     /// `model` with a pool of `num_blocks` blocks, the last of them the scratch block that
-    /// padded graph rows write (no sequence owns it).
+    /// padded graph rows write (no sequence owns it), verifying up to `drafts` drafts a
+    /// sequence.
     fn new(
         model: GpuLlama,
         kernels: Arc<CudaKernels>,
         capacity: StepCapacity,
         num_blocks: u64,
+        drafts: usize,
         s: &GpuSettings,
     ) -> anyhow::Result<GpuBackend> {
         let gpu = model.gpu().clone();
@@ -265,6 +275,8 @@ impl GpuBackend {
         };
         Ok(GpuBackend {
             graphs: None,
+            verify_graphs: None,
+            verify_rows: 1 + drafts,
             model,
             kernels,
             capacity,
@@ -312,23 +324,33 @@ fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::
 }
 
 impl GpuBackend {
-    /// Replays the graph that serves this step, if it is pure decode (one token and one
-    /// logit row per sequence, in order) and a captured size and context class hold it;
-    /// `None` leaves it to the eager forward.
+    /// Replays the graph that serves this step, if every row is a logit row, in order, and
+    /// a captured size and context class hold it: a decode graph for pure decode (one row a
+    /// sequence), else a verification graph when no sequence has more rows than the last
+    /// token and every draft; `None` leaves it to the eager forward.
     fn replay(
         &self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Option<ReplayedStep<'_>>> {
-        let Some(graphs) = &self.graphs else {
+        if !logit_rows.iter().copied().eq(0..tokens.len()) {
+            return Ok(None);
+        }
+        let seqs = plan.seqs();
+        let (graphs, n) = if seqs.iter().all(|s| s.q_len == 1) {
+            (&self.graphs, seqs.len())
+        } else if seqs.iter().all(|s| s.q_len <= self.verify_rows) {
+            (&self.verify_graphs, tokens.len())
+        } else {
             return Ok(None);
         };
-        let n = plan.seqs().len();
-        let decode = is_decode_step(tokens, plan, logit_rows);
-        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        let Some(graphs) = graphs else {
+            return Ok(None);
+        };
+        let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
         match graphs.graph_for(n) {
-            Some((_, graph)) if decode && longest <= graph.max_context() => {
+            Some((_, graph)) if longest <= graph.max_context() => {
                 Ok(Some(graph.replay(tokens, plan)?))
             }
             _ => Ok(None),
@@ -490,9 +512,13 @@ impl ModelBackend for GpuBackend {
         self.hidden.take()
     }
 
+    /// The decode graphs, and with speculation the verification graphs: for each size, one
+    /// of as many sequences of `1 + num_speculative_tokens` rows; on failure the graphs held
+    /// before stay.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         let Some(sizes) = sizes else {
             self.graphs = None;
+            self.verify_graphs = None;
             return Ok(());
         };
         let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
@@ -507,7 +533,22 @@ impl ModelBackend for GpuBackend {
         let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
             model.capture_decode(size, limits, cache)
         })?;
+        let verify_graphs = match self.verify_rows {
+            1 => None,
+            per_seq => {
+                let rows = sizes.scaled(per_seq);
+                let limits = GraphLimits {
+                    max_rows: rows.largest(),
+                    ..limits
+                };
+                let graphs = GraphCaptureManager::capture(rows, |size| {
+                    model.capture_verify(size, limits, cache)
+                });
+                Some(graphs.context("capturing the verification graphs")?)
+            }
+        };
         self.graphs = Some(graphs);
+        self.verify_graphs = verify_graphs;
         Ok(())
     }
 }

@@ -28,6 +28,7 @@ pub use gpu_head::{GpuHead, HeadCapacity};
 pub use head_runner::{CpuHead, HeadRunner};
 pub use ngram::Ngram;
 
+use crate::actor_thread::{spawn_actor_thread, Stopped};
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
@@ -83,25 +84,23 @@ pub struct DraftProposerHandle {
     tx: crossbeam_channel::Sender<ProposerMsg>,
 }
 
-/// Starts the proposer on its own thread, driving `method`.
-pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> DraftProposerHandle {
+/// Starts the proposer on its own thread, driving `method`; the thread stops (and drops the
+/// method) once every handle is dropped.
+pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> (DraftProposerHandle, Stopped) {
     let (tx, rx) = crossbeam_channel::unbounded::<ProposerMsg>();
-    std::thread::Builder::new()
-        .name("draft-proposer".into())
-        .spawn(move || {
-            for msg in rx {
-                match msg {
-                    ProposerMsg::Propose(propose, reply) => {
-                        let _ = reply.send(run(method.as_mut(), propose));
-                    }
-                    ProposerMsg::CaptureGraphs(sizes, reply) => {
-                        let _ = reply.send(method.capture_graphs(sizes.as_ref()));
-                    }
+    let stopped = spawn_actor_thread("draft-proposer", move || {
+        for msg in rx {
+            match msg {
+                ProposerMsg::Propose(propose, reply) => {
+                    let _ = reply.send(run(method.as_mut(), propose));
+                }
+                ProposerMsg::CaptureGraphs(sizes, reply) => {
+                    let _ = reply.send(method.capture_graphs(sizes.as_ref()));
                 }
             }
-        })
-        .expect("spawning the draft proposer thread");
-    DraftProposerHandle { tx }
+        }
+    });
+    (DraftProposerHandle { tx }, stopped)
 }
 
 fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts> {

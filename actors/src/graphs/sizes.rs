@@ -58,6 +58,13 @@ impl CaptureSizes {
         self.0.get(at).copied()
     }
 
+    /// Every size times `factor`: the rows of steps of up to `factor` rows a sequence over
+    /// as many sequences as each size.
+    pub fn scaled(&self, factor: usize) -> CaptureSizes {
+        let factor = factor.max(1);
+        CaptureSizes(self.0.iter().map(|&s| s * factor).collect())
+    }
+
     /// The sizes, ascending.
     pub fn sizes(&self) -> &[usize] {
         &self.0
@@ -72,6 +79,15 @@ impl CaptureSizes {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scaled_sizes_hold_as_many_sequences_of_that_many_rows() {
+        let sizes = CaptureSizes::for_max_num_seqs(16).scaled(4);
+        assert_eq!(sizes.sizes(), [4, 8, 16, 32, 64]);
+        assert_eq!(sizes.padded(9), Some(16));
+        assert_eq!(sizes.padded(65), None);
+        assert_eq!(CaptureSizes::for_max_num_seqs(2).scaled(0).sizes(), [1, 2]);
+    }
 
     #[test]
     fn the_default_set_doubles_to_8_then_steps_by_8() {

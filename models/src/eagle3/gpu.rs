@@ -498,7 +498,8 @@ impl HeadCore {
             positions: self.positions,
             interleaved: self.interleaved,
         };
-        let fuse_kv = self.decode_kernel == DecodeKernel::Split && dplan.live_counts().prefill == 0;
+        let fuse_kv =
+            dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
         let (k_cache, v_cache) = cache.layer_mut(0);
         let kv = LayerKv {
             k_cache,

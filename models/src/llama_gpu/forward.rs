@@ -195,8 +195,9 @@ impl LlamaCore {
             interleaved: self.interleaved,
         };
         // A decode step through the split kernel writes its keys and values inside the
-        // attention launch.
-        let fuse_kv = self.decode_kernel == DecodeKernel::Split && dplan.live_counts().prefill == 0;
+        // attention launch (the plan's kernel: a verification graph's is the prefill one).
+        let fuse_kv =
+            dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
 
         embedding(
             k,

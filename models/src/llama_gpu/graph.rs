@@ -1,9 +1,14 @@
 //! Decode steps captured as CUDA graphs: one graph per batch size, all reading and writing
 //! one set of buffers allocated at the largest size, which every graph holds (DESIGN.md
-//! rule 4), with the model's weights and the KV cache.
+//! rule 4), with the model's weights and the KV cache. Verification steps (each sequence's
+//! last token and its drafts, any number a sequence, every row a logit row) are captured
+//! the same way per number of rows, over a set of buffers of their own, their attention
+//! through the prefill kernel: its grid of one work item per row holds the query tiles of
+//! any such step (a tile holds at least one row).
 //!
-//! Each size is captured once per context class (contexts of one split partition, and the
-//! rest up to the longest a graph serves), so that short contexts launch no combine.
+//! Each decode size is captured once per context class (contexts of one split partition,
+//! and the rest up to the longest a graph serves), so that short contexts launch no
+//! combine; the prefill kernel has one grid for every context.
 //! A step is padded up to its graph's size: token ids and positions repeat the last real
 //! row, slot mappings point padded rows at a scratch slot no sequence owns, and attention
 //! is planned over the real rows only (the graph's grids are those of its size; the kernels
@@ -35,16 +40,28 @@ pub struct GraphLimits {
     pub scratch_slot: i64,
 }
 
-/// The buffers every decode graph of a model addresses.
+/// What a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GraphKind {
+    /// Decode steps: one row a sequence, through the model's decode kernel.
+    Decode,
+    /// Verification steps: any rows a sequence, through the prefill kernel.
+    Verify,
+}
+
+/// The buffers every graph of one kind of a model addresses.
 pub(super) struct GraphBuffers {
     limits: GraphLimits,
+    kind: GraphKind,
     plan: DeviceAttentionPlan,
     work: Workspace,
 }
 
-/// One captured decode step and everything its kernels address.
+/// One captured decode (or verification) step and everything its kernels address.
 pub struct CapturedDecode {
+    /// Rows: sequences of a decode graph.
     size: usize,
+    kind: GraphKind,
     /// A graph per context class, by ascending class: the longest context it serves.
     graphs: Vec<(usize, CudaGraph)>,
     buffers: Arc<Mutex<GraphBuffers>>,
@@ -58,9 +75,14 @@ pub struct CapturedDecode {
 unsafe impl Send for CapturedDecode {}
 
 impl CapturedDecode {
-    /// The batch size the graph was captured for.
+    /// The rows (the sequences of a decode step) the graph was captured for.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// What the graph runs.
+    pub fn kind(&self) -> GraphKind {
+        self.kind
     }
 
     /// The longest context the graph serves.
@@ -116,21 +138,28 @@ impl GraphBuffers {
     fn new(
         core: &LlamaCore,
         limits: GraphLimits,
+        kind: GraphKind,
         block_size: usize,
         aux_layers: &[usize],
     ) -> anyhow::Result<Self> {
         let c = &core.config;
         let gpu = &core.gpu;
+        let rows = limits.max_rows;
         let capacity = PlanCapacity {
-            rows: limits.max_rows,
+            rows,
             max_context: limits.max_context,
             block_size,
             scratch_slot: limits.scratch_slot,
         };
-        let plan =
-            DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
-        let work = Workspace::new(gpu, c, limits.max_rows, limits.max_rows, aux_layers)?;
-        Ok(GraphBuffers { limits, plan, work })
+        let kernel = kind.kernel(core.decode_kernel);
+        let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, c.num_heads, c.head_dim)?;
+        let work = Workspace::new(gpu, c, rows, rows, aux_layers)?;
+        Ok(GraphBuffers {
+            limits,
+            kind,
+            plan,
+            work,
+        })
     }
 
     /// Stages a step (`tokens` over `plan`) padded to `size` rows, for grids that serve
@@ -142,13 +171,13 @@ impl GraphBuffers {
         size: usize,
         context: usize,
     ) -> Result<(), GpuForwardError> {
-        // Decode graphs want the logits of every row, in order.
+        // Decode and verification graphs give the logits of every row, in order.
         let rows: Vec<usize> = (0..tokens.len()).collect();
         self.plan.stage_padded(tokens, plan, &rows, size, context)?;
         Ok(())
     }
 
-    /// Queues the forward and argmax of `size` staged rows.
+    /// Queues the forward and argmax of `size` staged rows (all of them logit rows).
     fn launch(
         &mut self,
         core: &LlamaCore,
@@ -157,6 +186,17 @@ impl GraphBuffers {
     ) -> Result<(), GpuForwardError> {
         core.launch(&mut self.work, size, size, true, &self.plan, cache)?;
         core.argmax(&mut self.work, size)
+    }
+}
+
+impl GraphKind {
+    /// The kernel the one-row sequences of this kind's steps go to, in a model whose
+    /// decode steps go to `decode`.
+    fn kernel(self, decode: DecodeKernel) -> DecodeKernel {
+        match self {
+            GraphKind::Decode => decode,
+            GraphKind::Verify => DecodeKernel::Prefill,
+        }
     }
 }
 
@@ -173,18 +213,41 @@ impl GpuLlama {
         limits: GraphLimits,
         cache: &SharedKvCache,
     ) -> anyhow::Result<CapturedDecode> {
+        self.capture(size, GraphKind::Decode, limits, cache)
+    }
+
+    /// [`GpuLlama::capture_decode`] for verification steps of up to `rows` rows (any
+    /// number a sequence, every row a logit row), over buffers of their own of
+    /// `limits.max_rows` rows.
+    pub fn capture_verify(
+        &mut self,
+        rows: usize,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedDecode> {
+        self.capture(rows, GraphKind::Verify, limits, cache)
+    }
+
+    fn capture(
+        &mut self,
+        size: usize,
+        kind: GraphKind,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedDecode> {
         anyhow::ensure!(
             size >= 1 && size <= limits.max_rows,
-            "a decode graph of {size} rows past the {} its buffers hold",
+            "a graph of {size} rows past the {} its buffers hold",
             limits.max_rows
         );
         let core = self.core.clone();
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
         let aux_layers = self.work.aux_layers().to_vec();
-        let reuse = self.graph_buffers.as_ref().filter(|b| {
+        let reuse = self.graph_buffers.iter().find(|b| {
             let b = b.lock().unwrap_or_else(|e| e.into_inner());
-            b.limits.max_rows >= size
+            b.kind == kind
+                && b.limits.max_rows >= size
                 && b.limits.max_context == limits.max_context
                 && b.limits.scratch_slot == limits.scratch_slot
                 && b.work.aux_layers() == aux_layers
@@ -192,9 +255,11 @@ impl GpuLlama {
         let buffers = match reuse {
             Some(b) => b.clone(),
             None => {
-                let fresh = GraphBuffers::new(&core, limits, block_size, &aux_layers)?;
+                let fresh = GraphBuffers::new(&core, limits, kind, block_size, &aux_layers)?;
                 let fresh = Arc::new(Mutex::new(fresh));
-                self.graph_buffers = Some(fresh.clone());
+                self.graph_buffers
+                    .retain(|b| b.lock().unwrap_or_else(|e| e.into_inner()).kind != kind);
+                self.graph_buffers.push(fresh.clone());
                 fresh
             }
         };
@@ -211,7 +276,8 @@ impl GpuLlama {
         let tokens = vec![0u32; size];
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
         let mut graphs = Vec::new();
-        for context in context_classes(limits.max_context, core.decode_kernel) {
+        let kernel = kind.kernel(core.decode_kernel);
+        for context in context_classes(limits.max_context, kernel) {
             b.stage(&tokens, &plan, size, context)?;
             b.launch(&core, size, &mut kv)?;
             core.gpu.synchronize()?;
@@ -228,6 +294,7 @@ impl GpuLlama {
         drop(b);
         Ok(CapturedDecode {
             size,
+            kind,
             graphs,
             buffers,
             core,
@@ -237,10 +304,10 @@ impl GpuLlama {
 }
 
 impl CapturedDecode {
-    /// Runs the decode step `tokens` over `plan` (planned over the real rows, one per
-    /// sequence) through the graph, padded to its size. Refused, with nothing launched, when
-    /// the step does not fit the graph (more rows, a longer context, or a sequence of more
-    /// than one row): run it eagerly then.
+    /// Runs the step `tokens` over `plan` (planned over the real rows) through the graph,
+    /// padded to its size; every row is a logit row. Refused, with nothing launched, when
+    /// the step does not fit the graph (more rows, a longer context, or for a decode graph
+    /// a sequence of more than one row): run it eagerly then.
     pub fn replay(
         &self,
         tokens: &[u32],
@@ -250,7 +317,9 @@ impl CapturedDecode {
         let c = &core.config;
         check_inputs(tokens, plan, &[], c.vocab_size)?;
         let n = tokens.len();
-        if plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len() {
+        if self.kind == GraphKind::Decode
+            && (plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len())
+        {
             return Err(
                 AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
             );

@@ -8,7 +8,9 @@ mod workspace;
 
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
-pub use graph::{context_classes, CapturedDecode, GraphLimits, ReplayedStep, SharedKvCache};
+pub use graph::{
+    context_classes, CapturedDecode, GraphKind, GraphLimits, ReplayedStep, SharedKvCache,
+};
 pub use weights::GpuWeights;
 pub use workspace::{AuxStates, Workspace, WorkspaceDims};
 
@@ -46,9 +48,10 @@ pub struct GpuLlama {
     work: Workspace,
     /// The metadata of eager steps, restaged every step into buffers that only grow.
     plan: DeviceAttentionPlan,
-    /// The buffers of the decode graphs, while any graph was captured from them: shared by
-    /// every graph (each holds them too) and replaced only by a capture for more rows.
-    graph_buffers: Option<Arc<std::sync::Mutex<graph::GraphBuffers>>>,
+    /// The buffers of the graphs, one set for decode steps and one for verification steps,
+    /// while any graph was captured from them: shared by every graph of their kind (each
+    /// holds them too) and replaced only by a capture for more rows.
+    graph_buffers: Vec<Arc<std::sync::Mutex<graph::GraphBuffers>>>,
 }
 
 /// What every kernel of the forward reads and never writes: the weights, the rotary table,
@@ -155,7 +158,7 @@ impl GpuLlama {
             core: Arc::new(core),
             work,
             plan,
-            graph_buffers: None,
+            graph_buffers: Vec::new(),
         })
     }
 
@@ -201,7 +204,7 @@ impl GpuLlama {
             return Ok(());
         }
         self.work.record(&self.core.gpu, layers, c.hidden_size)?;
-        self.graph_buffers = None;
+        self.graph_buffers.clear();
         Ok(())
     }
 

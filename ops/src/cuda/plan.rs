@@ -473,6 +473,11 @@ impl DeviceAttentionPlan {
         Ok(())
     }
 
+    /// The kernel one-row sequences go to.
+    pub fn decode_kernel(&self) -> DecodeKernel {
+        self.decode_kernel
+    }
+
     /// Query rows planned: the real token count of the step.
     pub fn rows(&self) -> usize {
         self.step.rows

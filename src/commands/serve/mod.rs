@@ -118,7 +118,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             max_model_len: config.max_model_len,
         };
         let drafter = load_drafter(&config, backend.as_mut())?;
-        let engine = start_engine(backend, &settings, drafter)?;
+        let mut engine = start_engine(backend, &settings, drafter)?;
+        let stopped = engine.take_stopped();
         engine
             .graphs
             .capture(graph_sizes(&config)?)
@@ -166,6 +167,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             server.handle(),
             config_file,
         ));
-        server.await.context("HTTP server")
+        let served = server.await.context("HTTP server");
+        // The runner's thread frees the model's device memory before the process exits
+        // (within a bound, should a sender to the scheduler outlive the server).
+        drop(engine.graphs);
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stopped.wait()).await;
+        served
     })
 }
