@@ -10,7 +10,7 @@ use crate::model::gpu_sized;
 use crate::{random_f32, rng, setup};
 use half::bf16;
 use peregrine_kernels::GEMV_MAX_ROWS;
-use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadOptions};
+use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphLimits};
 use peregrine_models::LlamaModel;
@@ -64,8 +64,8 @@ pub fn write_target_and_head(dir: &Path, spec: &HeadSpec, seed: u64) {
     RandomHead::new(spec, &target.spec, seed + 1).write(&dir.join("head"));
 }
 
-fn options(deterministic: bool) -> GpuHeadOptions {
-    GpuHeadOptions {
+fn options(deterministic: bool) -> GpuModelOptions {
+    GpuModelOptions {
         max_tokens: 256,
         max_logit_rows: 16,
         deterministic,
@@ -89,6 +89,28 @@ fn heads(dir: &Path, deterministic: bool) -> (Eagle3Head, GpuEagle3Head) {
 /// Sequence `i`'s block table: blocks i, i + 8, i + 16, i + 24.
 fn table(i: usize) -> Vec<u32> {
     (0..4).map(|j| (i + 8 * j) as u32).collect()
+}
+
+/// The first step of sequences of `lens` new tokens over `tables`, and the row of each
+/// sequence's last token.
+fn first_step<'a>(lens: &[usize], tables: &'a [Vec<u32>]) -> (Vec<SeqSpec<'a>>, Vec<usize>) {
+    let specs = lens
+        .iter()
+        .zip(tables)
+        .map(|(&n, t)| SeqSpec {
+            num_cached: 0,
+            num_new: n,
+            block_table: t,
+        })
+        .collect();
+    let last_rows = lens
+        .iter()
+        .scan(0, |end, &n| {
+            *end += n;
+            Some(*end - 1)
+        })
+        .collect();
+    (specs, last_rows)
 }
 
 /// Fails unless every value of `got` is within `frac` of the largest magnitude of `want`.
@@ -135,27 +157,12 @@ fn gpu_head_follows_the_cpu_head(spec: HeadSpec, seed: u64) {
     let mut cpu_cache = KvCache::new(1, layout);
     let mut gpu_cache = GpuKvCache::new(setup().unwrap().gpu.as_ref(), 1, layout).unwrap();
     let mut rng = rng("gpu_head_follows_the_cpu_head");
-    let lens = [7usize, 12, 1, 30];
+    let lens = [7usize, 12, 1, 30, 3, 9, 20, 5];
     let tables: Vec<Vec<u32>> = (0..lens.len()).map(table).collect();
-    let specs: Vec<SeqSpec> = lens
-        .iter()
-        .zip(&tables)
-        .map(|(&n, t)| SeqSpec {
-            num_cached: 0,
-            num_new: n,
-            block_table: t,
-        })
-        .collect();
+    let (specs, mut rows) = first_step(&lens, &tables);
     let total: usize = lens.iter().sum();
     let mut tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
     let aux = random_f32(&mut rng, total * width, 2.0);
-    let mut rows: Vec<usize> = lens
-        .iter()
-        .scan(0, |end, &n| {
-            *end += n;
-            Some(*end - 1)
-        })
-        .collect();
     let mut input = aux;
     let (mut clear, mut agree) = (0, 0);
     for step in 0..4 {
@@ -200,7 +207,7 @@ fn gpu_head_follows_the_cpu_head(spec: HeadSpec, seed: u64) {
         rows = (0..lens.len()).collect();
     }
     eprintln!("{agree} of {clear} clear drafts agree");
-    assert!(clear > 8, "only {clear} clear drafts");
+    assert!(clear >= 8, "only {clear} clear drafts of 32");
 }
 
 /// `specs` after `step` one-row draft steps: step 0 is `specs` itself.
@@ -271,25 +278,10 @@ fn head_graphs_draft_exactly_as_eager_steps_and_pad_into_the_scratch_block() {
     let n = 5;
     let tables: Vec<Vec<u32>> = (0..n).map(table).collect();
     let lens: Vec<usize> = (0..n).map(|_| rng.random_range(2..40)).collect();
-    let specs: Vec<SeqSpec> = lens
-        .iter()
-        .zip(&tables)
-        .map(|(&len, t)| SeqSpec {
-            num_cached: 0,
-            num_new: len,
-            block_table: t,
-        })
-        .collect();
+    let (specs, rows) = first_step(&lens, &tables);
     let total: usize = lens.iter().sum();
     let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
     let aux = random_f32(&mut rng, total * width, 2.0);
-    let rows: Vec<usize> = lens
-        .iter()
-        .scan(0, |end, &len| {
-            *end += len;
-            Some(*end - 1)
-        })
-        .collect();
     let plan = AttentionPlan::new(&specs, BLOCK, NUM_BLOCKS).unwrap();
     let first = eager
         .forward_greedy(
@@ -370,12 +362,7 @@ fn the_target_records_the_layer_inputs_as_the_cpu_and_its_graphs_do() {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(gpu_target_spec(), 34).write_hf(dir.path());
     let cpu = LlamaModel::load(dir.path()).unwrap();
-    let options = GpuModelOptions {
-        max_tokens: 256,
-        max_logit_rows: 16,
-        deterministic: true,
-        gemv_max_rows: GEMV_MAX_ROWS,
-    };
+    let options = options(true);
     let load = || GpuLlama::load(dir.path(), s.gpu.clone(), s.kernels.clone(), options).unwrap();
     let (mut eager, mut graphed) = (load(), load());
     let layers = [3, 0, 3, 1];
@@ -391,15 +378,7 @@ fn the_target_records_the_layer_inputs_as_the_cpu_and_its_graphs_do() {
     let mut rng = rng("the_target_records_the_layer_inputs");
     let lens = [9usize, 17, 4];
     let tables: Vec<Vec<u32>> = (0..lens.len()).map(table).collect();
-    let specs: Vec<SeqSpec> = lens
-        .iter()
-        .zip(&tables)
-        .map(|(&n, t)| SeqSpec {
-            num_cached: 0,
-            num_new: n,
-            block_table: t,
-        })
-        .collect();
+    let (specs, _) = first_step(&lens, &tables);
     let total: usize = lens.iter().sum();
     let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
     let plan = AttentionPlan::new(&specs, BLOCK, NUM_BLOCKS).unwrap();

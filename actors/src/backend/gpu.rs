@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::GEMV_MAX_ROWS;
-use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadOptions};
+use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, ReplayedStep, SharedKvCache,
@@ -117,7 +117,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
         }
         Some(GpuDraft::Eagle3Head(head_dir)) => {
             let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let options = GpuHeadOptions {
+            let options = GpuModelOptions {
                 max_tokens: s.max_num_batched_tokens,
                 max_logit_rows: s.max_num_seqs,
                 deterministic: s.deterministic,

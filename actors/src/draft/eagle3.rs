@@ -70,18 +70,6 @@ impl<R: HeadRunner> Eagle3<R> {
             seqs: HashMap::new(),
         }
     }
-
-    /// One forward of the head over `specs`; the draft (a target id) of each row in
-    /// `rows`, and `pre` of every row.
-    fn run(
-        &mut self,
-        specs: &[SeqSpec],
-        tokens: &[u32],
-        input: HeadInput,
-        rows: &[usize],
-    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
-        self.runner.run(specs, tokens, input, rows)
-    }
 }
 
 impl<R: HeadRunner> DraftMethod for Eagle3<R> {
@@ -144,7 +132,9 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         if live.is_empty() {
             return Ok(drafts);
         }
-        let (first, pre) = self.run(&specs, &tokens, HeadInput::Aux(&features), &rows)?;
+        let (first, pre) = self
+            .runner
+            .run(&specs, &tokens, HeadInput::Aux(&features), &rows)?;
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
             .iter()
@@ -181,7 +171,9 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 .collect();
             let input: Vec<f32> = more.iter().flat_map(|&k| last_pre[k].clone()).collect();
             let rows: Vec<usize> = (0..more.len()).collect();
-            let (next, pre) = self.run(&specs, &tokens, HeadInput::Pre(&input), &rows)?;
+            let (next, pre) = self
+                .runner
+                .run(&specs, &tokens, HeadInput::Pre(&input), &rows)?;
             for (j, (&k, d)) in more.iter().zip(next).enumerate() {
                 drafts[live[k]].push(d);
                 last_pre[k] = pre[j * h..(j + 1) * h].to_vec();

@@ -8,7 +8,7 @@ use super::head_runner::HeadRunner;
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
-use peregrine_models::eagle3::HeadInput;
+use peregrine_models::eagle3::{Eagle3Config, FeatureKind, HeadInput};
 use peregrine_models::llama_gpu::{GraphLimits, SharedKvCache};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 
@@ -83,16 +83,12 @@ impl GpuHead {
 }
 
 impl HeadRunner for GpuHead {
+    fn config(&self) -> &Eagle3Config {
+        self.head.config()
+    }
+
     fn aux_layers(&self) -> &[usize] {
         self.head.aux_layers()
-    }
-
-    fn aux_width(&self) -> usize {
-        self.head.aux_layers().len() * self.head.config().target_hidden_size
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.head.config().hidden_size
     }
 
     fn run(
@@ -140,8 +136,8 @@ impl HeadRunner for GpuHead {
                 .filter_map(|(i, r)| from.iter().position(|t| t == r).map(|j| (i, j)))
                 .unzip();
             let input = match kind {
-                peregrine_models::eagle3::FeatureKind::Aux => HeadInput::Aux(&feats),
-                peregrine_models::eagle3::FeatureKind::Pre => HeadInput::Pre(&feats),
+                FeatureKind::Aux => HeadInput::Aux(&feats),
+                FeatureKind::Pre => HeadInput::Pre(&feats),
             };
             let out = self
                 .head

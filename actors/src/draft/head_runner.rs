@@ -5,18 +5,24 @@
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
-use peregrine_models::eagle3::{Eagle3Head, HeadInput};
+use peregrine_models::eagle3::{Eagle3Config, Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 
 /// An EAGLE-3 head with its KV cache, on some device.
 pub trait HeadRunner: Send {
+    /// The head's configuration.
+    fn config(&self) -> &Eagle3Config;
     /// The target layers whose inputs feed the head, in concatenation order.
     fn aux_layers(&self) -> &[usize];
     /// The width of one row of target features (the aux layers' inputs side by side).
-    fn aux_width(&self) -> usize;
+    fn aux_width(&self) -> usize {
+        self.aux_layers().len() * self.config().target_hidden_size
+    }
     /// The head's width H: one row of `pre`.
-    fn hidden_size(&self) -> usize;
+    fn hidden_size(&self) -> usize {
+        self.config().hidden_size
+    }
     /// The forward of `tokens` (those of `specs`, one after another) fed `input`, writing
     /// the head's KV; the greedy draft (a target id) of each row of `rows`, and `pre` of
     /// every row (`[tokens, H]`). A step fed `pre` replays a captured graph when one serves
@@ -34,16 +40,12 @@ pub trait HeadRunner: Send {
 }
 
 impl HeadRunner for Box<dyn HeadRunner> {
+    fn config(&self) -> &Eagle3Config {
+        (**self).config()
+    }
+
     fn aux_layers(&self) -> &[usize] {
         (**self).aux_layers()
-    }
-
-    fn aux_width(&self) -> usize {
-        (**self).aux_width()
-    }
-
-    fn hidden_size(&self) -> usize {
-        (**self).hidden_size()
     }
 
     fn run(
@@ -99,16 +101,12 @@ impl CpuHead {
 }
 
 impl HeadRunner for CpuHead {
+    fn config(&self) -> &Eagle3Config {
+        self.head.config()
+    }
+
     fn aux_layers(&self) -> &[usize] {
         self.head.aux_layers()
-    }
-
-    fn aux_width(&self) -> usize {
-        self.head.aux_layers().len() * self.head.config().target_hidden_size
-    }
-
-    fn hidden_size(&self) -> usize {
-        self.head.config().hidden_size
     }
 
     fn run(

@@ -22,15 +22,7 @@ pub fn rms_norm(
     rows: usize,
     eps: f32,
 ) -> Result<(), DriverError> {
-    let dim = weight.len();
-    assert!(
-        x.len() >= rows * dim && out.len() >= rows * dim,
-        "rms_norm: short buffers"
-    );
-    if rows == 0 {
-        return Ok(());
-    }
-    rms_norm_columns(k, stream, x, weight, out, rows, dim, eps)
+    rms_norm_columns(k, stream, x, weight, out, rows, weight.len(), eps)
 }
 
 /// [`rms_norm`] into the first `weight.len()` columns of the `[rows, out_stride]` matrix

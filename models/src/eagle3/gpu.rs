@@ -9,8 +9,8 @@
 use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
 use crate::llama::{check_inputs, ForwardError};
 use crate::llama_gpu::{
-    attend, project_logits, GpuForwardError, LayerKv, LogitRows, SharedEmbedding, Workspace,
-    WorkspaceDims,
+    attend, project_logits, GpuForwardError, GpuModelOptions, LayerKv, LogitRows, SharedEmbedding,
+    Workspace, WorkspaceDims,
 };
 use crate::weights::Weights;
 use crate::ModelConfig;
@@ -20,7 +20,6 @@ use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{copy_columns, embedding};
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::norm::{add_rms_norm, rms_norm_columns};
-use peregrine_kernels::cuda::sampling::sample_argmax_into;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
 use peregrine_ops::cuda::GpuKvCache;
@@ -159,19 +158,6 @@ fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
     gpu.upload(&host)
 }
 
-/// How a GPU head is set up.
-#[derive(Clone, Copy, Debug)]
-pub struct GpuHeadOptions {
-    /// The most tokens one forward may carry.
-    pub max_tokens: usize,
-    /// The most rows one forward may ask drafts for.
-    pub max_logit_rows: usize,
-    /// Batch-invariant kernels (`--deterministic`).
-    pub deterministic: bool,
-    /// Products of up to this many rows use the GEMV kernel rather than cuBLAS.
-    pub gemv_max_rows: usize,
-}
-
 impl GpuEagle3Head {
     /// Loads the head in `dir` for `target` onto `gpu`, reading the target's embedding
     /// table from `target_embed` when the head has none of its own. The tensors are read
@@ -182,7 +168,7 @@ impl GpuEagle3Head {
         target_embed: SharedEmbedding,
         gpu: Arc<Gpu>,
         kernels: Arc<CudaKernels>,
-        options: GpuHeadOptions,
+        options: GpuModelOptions,
     ) -> anyhow::Result<GpuEagle3Head> {
         let config = Eagle3Config::from_dir(dir)?;
         let weights = Weights::open(dir)?;
@@ -204,7 +190,7 @@ impl GpuEagle3Head {
         max_positions: usize,
         gpu: Arc<Gpu>,
         kernels: Arc<CudaKernels>,
-        options: GpuHeadOptions,
+        options: GpuModelOptions,
     ) -> anyhow::Result<GpuEagle3Head> {
         let embed = HeadEmbedding::Own(upload(&gpu, &host.weights.embed)?);
         GpuEagle3Head::new(host, embed, max_positions, gpu, kernels, options)
@@ -216,7 +202,7 @@ impl GpuEagle3Head {
         max_positions: usize,
         gpu: Arc<Gpu>,
         kernels: Arc<CudaKernels>,
-        options: GpuHeadOptions,
+        options: GpuModelOptions,
     ) -> anyhow::Result<GpuEagle3Head> {
         let c = host.config.clone();
         let w = &*host.weights;
@@ -229,13 +215,8 @@ impl GpuEagle3Head {
         );
         let positions = max_positions.max(c.max_model_len);
         let cos_sin = gpu.upload(&rotary.cos_sin_table(u32::try_from(positions)?))?;
-        let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
-            .with_gemv_max_rows(options.gemv_max_rows);
-        let decode_kernel = if options.deterministic {
-            DecodeKernel::Prefill
-        } else {
-            DecodeKernel::Split
-        };
+        let gemm = options.gemm(&gpu)?;
+        let decode_kernel = options.decode_kernel();
         let core = HeadCore {
             aux_layers: host.aux_layers.clone(),
             vocab: host.vocab.clone(),
@@ -445,15 +426,10 @@ impl HeadCore {
         let width = qd + 2 * kvd;
         let eps = c.rms_norm_eps as f32;
         let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
-        let layout = *cache.layout();
-        let a = &mut w.work;
-        let residual = &mut a.residual.slice_mut(0..n * h);
-        let normed = &mut a.normed.slice_mut(0..n * h);
-        let delta = &mut a.delta.slice_mut(0..n * h);
-        let qkv = &mut a.qkv.slice_mut(0..n * width);
-        let attn = &mut a.attn.slice_mut(0..n * qd);
-        let gate_up = &mut a.gate_up.slice_mut(0..n * 2 * inter);
-        let act = &mut a.act.slice_mut(0..n * inter);
+        let mut b = w.work.step(n);
+        let (residual, normed, delta) = (&mut b.residual, &mut b.normed, &mut b.delta);
+        let (qkv, attn) = (&mut b.qkv, &mut b.attn);
+        let (gate_up, act) = (&mut b.gate_up, &mut b.act);
         let u = &mut w.u.slice_mut(0..n * 2 * h);
 
         // g into the residual stream, in f32.
@@ -498,18 +474,9 @@ impl HeadCore {
             positions: self.positions,
             interleaved: self.interleaved,
         };
-        let fuse_kv =
-            dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
-        let (k_cache, v_cache) = cache.layer_mut(0);
-        let kv = LayerKv {
-            k_cache,
-            v_cache,
-            layout: &layout,
-        };
+        let kv = LayerKv::of(cache, 0);
         let attention = &self.attention;
-        attend(
-            k, stream, attention, fuse_kv, qkv, width, rotary, kv, dplan, attn,
-        )?;
+        attend(k, stream, attention, qkv, width, rotary, kv, dplan, attn)?;
         let o_proj = self.o_proj.as_view();
         gemm.linear(k, stream, &attn.as_view(), &o_proj, delta, n, h)?;
         let post = self.post_norm.as_view();
@@ -521,8 +488,8 @@ impl HeadCore {
         let norm = self.norm.as_view();
         add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
         let out = LogitRows {
-            picked: &mut a.picked,
-            logits: &mut a.logits,
+            picked: b.picked,
+            logits: b.logits,
             rows: r,
             every_row,
         };
@@ -541,11 +508,7 @@ impl HeadCore {
     /// Queues the argmax of the first `rows` logit rows of `w` into its ids.
     pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
         let v = self.config.draft_vocab_size;
-        let logits = w.logits.slice(0..rows * v);
-        let ids = &mut w.ids.slice_mut(0..rows);
-        let stream = self.gpu.stream();
-        sample_argmax_into(&self.kernels, stream, &logits, v, &mut w.partials, ids)?;
-        Ok(())
+        w.argmax(&self.kernels, self.gpu.stream(), rows, v)
     }
 
     /// The drafts (target ids) of the first `r` argmax ids of `w` and the `pre` of its

@@ -8,13 +8,13 @@
 use super::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore, HeadWorkspace};
 use super::FeatureKind;
 use crate::llama::{check_inputs, ForwardError};
-use crate::llama_gpu::{context_classes, GpuForwardError, GraphLimits, SharedKvCache};
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
+use crate::llama_gpu::{
+    context_classes, scratch_plan, ContextGraphs, GpuForwardError, GraphLimits, SharedKvCache,
+};
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_ops::AttentionPlan;
 use peregrine_runtime::{Padding, StagedInput};
 use std::sync::{Arc, Mutex};
 
@@ -30,8 +30,7 @@ pub(super) struct HeadGraphBuffers {
 /// One captured decode step of the head and everything its kernels address.
 pub struct CapturedHeadDecode {
     size: usize,
-    /// A graph per context class, by ascending class: the longest context it serves.
-    graphs: Vec<(usize, CudaGraph)>,
+    graphs: ContextGraphs,
     buffers: Arc<Mutex<HeadGraphBuffers>>,
     core: Arc<HeadCore>,
     _cache: SharedKvCache,
@@ -136,34 +135,18 @@ impl GpuEagle3Head {
                 fresh
             }
         };
-        let scratch_block = (limits.scratch_slot as usize / block_size) as u32;
-        let table = [scratch_block];
-        let specs: Vec<SeqSpec> = (0..size)
-            .map(|_| SeqSpec {
-                num_cached: 0,
-                num_new: 1,
-                block_table: &table,
-            })
-            .collect();
-        let plan = AttentionPlan::new(&specs, block_size, kv.layout().num_blocks)?;
+        let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
         let pre = vec![0.5f32; size * core.config.hidden_size];
+        let classes = context_classes(limits.max_context, core.decode_kernel);
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut graphs = Vec::new();
-        for context in context_classes(limits.max_context, core.decode_kernel) {
-            b.stage(&core, &tokens, &pre, &plan, size, context)?;
-            b.launch(&core, size, &mut kv)?;
-            core.gpu.synchronize()?;
-            let stream = core.gpu.stream();
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let queued = b.launch(&core, size, &mut kv);
-            // The capture ends whatever happened, so that the stream is usable again.
-            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-            queued?;
-            let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
-            graph.upload()?;
-            graphs.push((context, graph));
-        }
+        let graphs = ContextGraphs::capture(
+            &core.gpu,
+            classes,
+            &mut (&mut *b, &mut *kv),
+            |(b, _), context| b.stage(&core, &tokens, &pre, &plan, size, context),
+            |(b, kv)| b.launch(&core, size, kv),
+        )?;
         drop(b);
         Ok(CapturedHeadDecode {
             size,
@@ -183,7 +166,7 @@ impl CapturedHeadDecode {
 
     /// The longest context the graph serves.
     pub fn max_context(&self) -> usize {
-        self.graphs.last().map_or(0, |(c, _)| *c)
+        self.graphs.max_context()
     }
 
     /// Runs the head's decode step `tokens` fed `pre` (`[rows, H]`) over `plan` (planned
@@ -218,16 +201,9 @@ impl CapturedHeadDecode {
         plan.check_fits(self.size, self.size)
             .map_err(AttentionError::from)?;
         core.check_positions(plan)?;
-        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
-        let Some((context, graph)) = self.graphs.iter().find(|(c, _)| *c >= longest) else {
-            return Err(AttentionError::Shape(format!(
-                "a context of {longest} tokens, past the graphs' {}",
-                self.max_context()
-            ))
-            .into());
-        };
+        let (context, graph) = self.graphs.serving(plan)?;
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(core, tokens, pre, plan, self.size, *context)?;
+        b.stage(core, tokens, pre, plan, self.size, context)?;
         graph.launch()?;
         core.drafts(&b.work.work, n, n)
     }

@@ -10,7 +10,6 @@ use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::{Gemm, GemmError};
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
-use peregrine_kernels::cuda::sampling::sample_argmax_into;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{
     write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
@@ -147,11 +146,7 @@ impl LlamaCore {
     /// Queues the argmax of the first `rows` rows of `w.logits` into `w.ids`.
     pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
         let vocab = self.config.vocab_size;
-        let logits = w.logits.slice(0..rows * vocab);
-        let ids = &mut w.ids.slice_mut(0..rows);
-        let stream = self.gpu.stream();
-        sample_argmax_into(&self.kernels, stream, &logits, vocab, &mut w.partials, ids)?;
-        Ok(())
+        w.argmax(&self.kernels, self.gpu.stream(), rows, vocab)
     }
 
     /// Queues the forward of the `n` rows staged in `dplan` (the plan's own rows, or a
@@ -179,25 +174,17 @@ impl LlamaCore {
         let eps = c.rms_norm_eps as f32;
         let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
         let weights = &self.weights;
-        let layout = *cache.layout();
 
-        let residual = &mut w.residual.slice_mut(0..n * h);
-        let normed = &mut w.normed.slice_mut(0..n * h);
-        let delta = &mut w.delta.slice_mut(0..n * h);
-        let qkv = &mut w.qkv.slice_mut(0..n * width);
-        let attn = &mut w.attn.slice_mut(0..n * qd);
-        let gate_up = &mut w.gate_up.slice_mut(0..n * 2 * inter);
-        let act = &mut w.act.slice_mut(0..n * inter);
+        let mut b = w.step(n);
+        let (residual, normed, delta) = (&mut b.residual, &mut b.normed, &mut b.delta);
+        let (qkv, attn) = (&mut b.qkv, &mut b.attn);
+        let (gate_up, act) = (&mut b.gate_up, &mut b.act);
         let cos_sin = self.cos_sin.as_view();
         let rotary = RotaryTable {
             cos_sin: &cos_sin,
             positions: c.max_model_len,
             interleaved: self.interleaved,
         };
-        // A decode step through the split kernel writes its keys and values inside the
-        // attention launch (the plan's kernel: a verification graph's is the prefill one).
-        let fuse_kv =
-            dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
 
         embedding(
             k,
@@ -215,7 +202,7 @@ impl LlamaCore {
                 add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
             }
             // The residual now holds the layer's input: recorded where asked.
-            if let Some(aux) = &mut w.aux {
+            if let Some(aux) = b.aux.as_deref_mut() {
                 let stride = aux.layers.len() * h;
                 for j in (0..aux.layers.len()).filter(|&j| aux.layers[j] == l) {
                     let dst = &mut aux.states.slice_mut(j * h..n * stride);
@@ -239,16 +226,9 @@ impl LlamaCore {
                 head_rms_norm(k, stream, qkv, &qn.as_view(), n, width, 0, q_heads, eps)?;
                 head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
             }
-            let (k_cache, v_cache) = cache.layer_mut(l);
-            let kv = LayerKv {
-                k_cache,
-                v_cache,
-                layout: &layout,
-            };
+            let kv = LayerKv::of(cache, l);
             let attention = &self.attention;
-            attend(
-                k, stream, attention, fuse_kv, qkv, width, rotary, kv, dplan, attn,
-            )?;
+            attend(k, stream, attention, qkv, width, rotary, kv, dplan, attn)?;
             gemm.linear(
                 k,
                 stream,
@@ -278,8 +258,8 @@ impl LlamaCore {
         )?;
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let out = LogitRows {
-            picked: &mut w.picked,
-            logits: &mut w.logits,
+            picked: b.picked,
+            logits: b.logits,
             rows: r,
             every_row,
         };
@@ -291,18 +271,31 @@ impl LlamaCore {
 pub(crate) struct LayerKv<'a> {
     pub k_cache: &'a mut CudaSlice<bf16>,
     pub v_cache: &'a mut CudaSlice<bf16>,
-    pub layout: &'a KvLayout,
+    pub layout: KvLayout,
+}
+
+impl LayerKv<'_> {
+    /// Layer `layer` of `cache`.
+    pub(crate) fn of(cache: &mut GpuKvCache, layer: usize) -> LayerKv<'_> {
+        let layout = *cache.layout();
+        let (k_cache, v_cache) = cache.layer_mut(layer);
+        LayerKv {
+            k_cache,
+            v_cache,
+            layout,
+        }
+    }
 }
 
 /// Writes the keys and values of the `qkv` rows (`[rows, width]`, rotary applied to q and
-/// k in place) into `kv` and queues their attention over it into `attn`: in one launch when
-/// `fuse_kv` (a decode step through the split kernel), else a write then the attention.
+/// k in place) into `kv` and queues their attention over it into `attn`: in one launch for
+/// a decode step through the split kernel (the plan's kernel: a verification graph's is
+/// the prefill one), else a write then the attention.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     k: &CudaKernels,
     stream: &CudaStream,
     attention: &GpuPagedAttention,
-    fuse_kv: bool,
     qkv: &mut CudaViewMut<bf16>,
     width: usize,
     rotary: RotaryTable,
@@ -315,6 +308,8 @@ pub(crate) fn attend(
         v_cache,
         layout,
     } = kv;
+    let layout = &layout;
+    let fuse_kv = dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
     if fuse_kv {
         let qkv = &qkv.as_view();
         let rot = Some(rotary);

@@ -18,11 +18,13 @@ use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::llama::check_inputs;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaGraph, CudaView};
+use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
+use peregrine_runtime::cuda::Gpu;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// A KV cache that captured graphs share with the eager steps: a graph holds it, so the
@@ -62,8 +64,7 @@ pub struct CapturedDecode {
     /// Rows: sequences of a decode graph.
     size: usize,
     kind: GraphKind,
-    /// A graph per context class, by ascending class: the longest context it serves.
-    graphs: Vec<(usize, CudaGraph)>,
+    graphs: ContextGraphs,
     buffers: Arc<Mutex<GraphBuffers>>,
     core: Arc<LlamaCore>,
     _cache: SharedKvCache,
@@ -87,7 +88,7 @@ impl CapturedDecode {
 
     /// The longest context the graph serves.
     pub fn max_context(&self) -> usize {
-        self.graphs.last().map_or(0, |(c, _)| *c)
+        self.graphs.max_context()
     }
 }
 
@@ -189,6 +190,91 @@ impl GraphBuffers {
     }
 }
 
+/// One captured step's graphs, one per context class, by ascending class: the longest
+/// context each serves.
+pub struct ContextGraphs(Vec<(usize, CudaGraph)>);
+
+impl ContextGraphs {
+    /// A graph per class of `classes` (ascending): `stage` stages the step into `state`
+    /// for grids that serve contexts up to a class, `queue` queues it (see
+    /// [`capture_graph`]).
+    pub(crate) fn capture<S>(
+        gpu: &Gpu,
+        classes: Vec<usize>,
+        state: &mut S,
+        stage: impl Fn(&mut S, usize) -> Result<(), GpuForwardError>,
+        queue: impl Fn(&mut S) -> Result<(), GpuForwardError>,
+    ) -> anyhow::Result<ContextGraphs> {
+        let mut graphs = Vec::with_capacity(classes.len());
+        for context in classes {
+            stage(state, context)?;
+            graphs.push((context, capture_graph(gpu, || queue(state))?));
+        }
+        Ok(ContextGraphs(graphs))
+    }
+
+    /// The longest context a graph serves.
+    pub fn max_context(&self) -> usize {
+        self.0.last().map_or(0, |(c, _)| *c)
+    }
+
+    /// The graph of the smallest class that serves a step whose longest context is
+    /// `plan`'s, with that class; refused past the largest class.
+    pub(crate) fn serving(
+        &self,
+        plan: &AttentionPlan,
+    ) -> Result<(usize, &CudaGraph), GpuForwardError> {
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        match self.0.iter().find(|(c, _)| *c >= longest) {
+            Some((context, graph)) => Ok((*context, graph)),
+            None => Err(AttentionError::Shape(format!(
+                "a context of {longest} tokens, past the graphs' {}",
+                self.max_context()
+            ))
+            .into()),
+        }
+    }
+}
+
+/// The plan of a step of `size` one-token sequences at position 0 of the scratch block (that
+/// of `scratch_slot`): the step a graph is captured from, which writes no sequence's KV.
+pub(crate) fn scratch_plan(
+    size: usize,
+    scratch_slot: i64,
+    layout: &KvLayout,
+) -> Result<AttentionPlan, PlanError> {
+    let block_size = layout.block_size as usize;
+    let table = [(scratch_slot as usize / block_size) as u32];
+    let specs: Vec<SeqSpec> = (0..size)
+        .map(|_| SeqSpec {
+            num_cached: 0,
+            num_new: 1,
+            block_table: &table,
+        })
+        .collect();
+    AttentionPlan::new(&specs, block_size, layout.num_blocks)
+}
+
+/// Runs `queue` once eagerly and waits for it, so that every lazy allocation and choice
+/// (cuBLASLt plans) happens outside the capture, then captures what it queues on `gpu`'s
+/// stream into a graph, uploaded.
+pub(crate) fn capture_graph(
+    gpu: &Gpu,
+    mut queue: impl FnMut() -> Result<(), GpuForwardError>,
+) -> anyhow::Result<CudaGraph> {
+    queue()?;
+    gpu.synchronize()?;
+    let stream = gpu.stream();
+    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let queued = queue();
+    // The capture ends whatever happened, so that the stream is usable again.
+    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+    queued?;
+    let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
+    graph.upload()?;
+    Ok(graph)
+}
+
 impl GraphKind {
     /// The kernel the one-row sequences of this kind's steps go to, in a model whose
     /// decode steps go to `decode`.
@@ -205,8 +291,7 @@ impl GpuLlama {
     /// graph per context class, serving contexts up to `limits.max_context`. The first
     /// capture, or one past the rows of the shared buffers or with other limits, allocates
     /// new shared buffers (capture the largest size first). Each graph's step is run once
-    /// eagerly before it is captured, over the scratch slot alone, so that every lazy
-    /// allocation and choice (cuBLASLt plans) happens outside the capture.
+    /// eagerly before it is captured, over the scratch slot alone.
     pub fn capture_decode(
         &mut self,
         size: usize,
@@ -263,34 +348,17 @@ impl GpuLlama {
                 fresh
             }
         };
-        let scratch_block = (limits.scratch_slot as usize / block_size) as u32;
-        let table = [scratch_block];
-        let specs: Vec<SeqSpec> = (0..size)
-            .map(|_| SeqSpec {
-                num_cached: 0,
-                num_new: 1,
-                block_table: &table,
-            })
-            .collect();
-        let plan = AttentionPlan::new(&specs, block_size, kv.layout().num_blocks)?;
+        let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
+        let classes = context_classes(limits.max_context, kind.kernel(core.decode_kernel));
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let mut graphs = Vec::new();
-        let kernel = kind.kernel(core.decode_kernel);
-        for context in context_classes(limits.max_context, kernel) {
-            b.stage(&tokens, &plan, size, context)?;
-            b.launch(&core, size, &mut kv)?;
-            core.gpu.synchronize()?;
-            let stream = core.gpu.stream();
-            stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-            let queued = b.launch(&core, size, &mut kv);
-            // The capture ends whatever happened, so that the stream is usable again.
-            let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-            queued?;
-            let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
-            graph.upload()?;
-            graphs.push((context, graph));
-        }
+        let graphs = ContextGraphs::capture(
+            &core.gpu,
+            classes,
+            &mut (&mut *b, &mut *kv),
+            |(b, _), context| b.stage(&tokens, &plan, size, context),
+            |(b, kv)| b.launch(&core, size, kv),
+        )?;
         drop(b);
         Ok(CapturedDecode {
             size,
@@ -335,16 +403,9 @@ impl CapturedDecode {
                 });
             }
         }
-        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
-        let Some((context, graph)) = self.graphs.iter().find(|(c, _)| *c >= longest) else {
-            return Err(AttentionError::Shape(format!(
-                "a context of {longest} tokens, past the graphs' {}",
-                self.max_context()
-            ))
-            .into());
-        };
+        let (context, graph) = self.graphs.serving(plan)?;
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(tokens, plan, self.size, *context)?;
+        b.stage(tokens, plan, self.size, context)?;
         graph.launch()?;
         Ok(ReplayedStep {
             buffers: b,

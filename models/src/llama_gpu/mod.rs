@@ -8,11 +8,13 @@ mod workspace;
 
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
+pub(crate) use graph::scratch_plan;
 pub use graph::{
-    context_classes, CapturedDecode, GraphKind, GraphLimits, ReplayedStep, SharedKvCache,
+    context_classes, CapturedDecode, ContextGraphs, GraphKind, GraphLimits, ReplayedStep,
+    SharedKvCache,
 };
 pub use weights::GpuWeights;
-pub use workspace::{AuxStates, Workspace, WorkspaceDims};
+pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;
 use crate::weights::Weights;
@@ -39,6 +41,24 @@ pub struct GpuModelOptions {
     pub deterministic: bool,
     /// Products of up to this many rows use the GEMV kernel rather than cuBLAS.
     pub gemv_max_rows: usize,
+}
+
+impl GpuModelOptions {
+    /// The products' handles on `gpu`'s stream, GEMV up to `gemv_max_rows` rows.
+    pub(crate) fn gemm(&self, gpu: &Gpu) -> anyhow::Result<Gemm> {
+        Ok(Gemm::new(gpu.stream().clone(), self.deterministic)?
+            .with_gemv_max_rows(self.gemv_max_rows))
+    }
+
+    /// The attention kernel of one-token steps: the prefill kernel in deterministic mode,
+    /// so that no position's result depends on how its prompt was cut into chunks.
+    pub(crate) fn decode_kernel(&self) -> DecodeKernel {
+        if self.deterministic {
+            DecodeKernel::Prefill
+        } else {
+            DecodeKernel::Split
+        }
+    }
 }
 
 /// A Llama-family model on one GPU.
@@ -130,13 +150,8 @@ impl GpuLlama {
         let positions = u32::try_from(c.max_model_len)?;
         let cos_sin = gpu.upload(&rotary.cos_sin_table(positions))?;
         let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows, &[])?;
-        let gemm = Gemm::new(gpu.stream().clone(), options.deterministic)?
-            .with_gemv_max_rows(options.gemv_max_rows);
-        let decode_kernel = if options.deterministic {
-            DecodeKernel::Prefill
-        } else {
-            DecodeKernel::Split
-        };
+        let gemm = options.gemm(&gpu)?;
+        let decode_kernel = options.decode_kernel();
         let plan = DeviceAttentionPlan::growing(&gpu, decode_kernel)?;
         let core = LlamaCore {
             attention: GpuPagedAttention {

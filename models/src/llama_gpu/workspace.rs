@@ -1,11 +1,14 @@
 //! The activation buffers of one forward, allocated once at the largest step and viewed
 //! per step, so a step allocates nothing and its peak memory is known at start-up.
 
+use super::GpuForwardError;
 use crate::config::ModelConfig;
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut};
 use half::bf16;
-use peregrine_kernels::cuda::sampling::argmax_partials;
+use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into};
+use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{Gpu, GpuError};
+use std::sync::Arc;
 
 /// The widths a workspace is sized by.
 #[derive(Clone, Copy, Debug)]
@@ -33,6 +36,21 @@ impl WorkspaceDims {
     }
 }
 
+/// A forward's views of a [`Workspace`] (see [`Workspace::step`]).
+pub struct StepBuffers<'a> {
+    pub residual: CudaViewMut<'a, f32>,
+    pub normed: CudaViewMut<'a, bf16>,
+    pub delta: CudaViewMut<'a, bf16>,
+    pub qkv: CudaViewMut<'a, bf16>,
+    pub attn: CudaViewMut<'a, bf16>,
+    pub gate_up: CudaViewMut<'a, bf16>,
+    pub act: CudaViewMut<'a, bf16>,
+    /// Whole: the logit rows are counted apart from the forward's rows.
+    pub picked: &'a mut CudaSlice<bf16>,
+    pub logits: &'a mut CudaSlice<f32>,
+    pub aux: Option<&'a mut AuxStates>,
+}
+
 /// The inputs of some layers, recorded for every row of a forward (the target features of
 /// an EAGLE-3 head).
 pub struct AuxStates {
@@ -46,6 +64,8 @@ pub struct AuxStates {
 pub struct Workspace {
     pub max_tokens: usize,
     pub max_logit_rows: usize,
+    /// The widths the buffers were sized by.
+    pub dims: WorkspaceDims,
     /// Residual stream, f32 `[tokens, hidden]`.
     pub residual: CudaSlice<f32>,
     /// Normed activations, `[tokens, hidden]`.
@@ -119,6 +139,7 @@ impl Workspace {
         Ok(Workspace {
             max_tokens,
             max_logit_rows,
+            dims,
             residual: gpu.zeros(t * h)?,
             normed: gpu.zeros(t * h)?,
             qkv: gpu.zeros(t * (qd + 2 * kvd))?,
@@ -132,6 +153,47 @@ impl Workspace {
             partials: gpu.zeros(argmax_partials(max_logit_rows, vocab))?,
             aux: None,
         })
+    }
+
+    /// The views of a forward of `n` rows, each buffer its own, so that the kernels of the
+    /// forward can read one and write another.
+    pub fn step(&mut self, n: usize) -> StepBuffers<'_> {
+        let WorkspaceDims {
+            hidden: h,
+            head_dim: d,
+            heads,
+            kv_heads,
+            intermediate: inter,
+            ..
+        } = self.dims;
+        let (qd, width) = (heads * d, (heads + 2 * kv_heads) * d);
+        StepBuffers {
+            residual: self.residual.slice_mut(0..n * h),
+            normed: self.normed.slice_mut(0..n * h),
+            delta: self.delta.slice_mut(0..n * h),
+            qkv: self.qkv.slice_mut(0..n * width),
+            attn: self.attn.slice_mut(0..n * qd),
+            gate_up: self.gate_up.slice_mut(0..n * 2 * inter),
+            act: self.act.slice_mut(0..n * inter),
+            picked: &mut self.picked,
+            logits: &mut self.logits,
+            aux: self.aux.as_mut(),
+        }
+    }
+
+    /// Queues the argmax (the lowest id among ties) of the first `rows` logit rows of
+    /// `vocab` into `ids`.
+    pub fn argmax(
+        &mut self,
+        kernels: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        rows: usize,
+        vocab: usize,
+    ) -> Result<(), GpuForwardError> {
+        let logits = self.logits.slice(0..rows * vocab);
+        let ids = &mut self.ids.slice_mut(0..rows);
+        sample_argmax_into(kernels, stream, &logits, vocab, &mut self.partials, ids)?;
+        Ok(())
     }
 
     /// The layers whose inputs a forward records (empty: none).
