@@ -201,9 +201,7 @@ fn head_runner(head: GpuEagle3Head, pool: &PoolInfo, s: &GpuSettings) -> anyhow:
     let scratch_slot = pool
         .scratch_slot()
         .context("the pool has no scratch block")?;
-    let max_context = s
-        .max_seq_len_to_capture
-        .min(head.config().max_model_len.max(1));
+    let max_context = s.max_seq_len_to_capture.min(head.max_positions());
     let cache = Arc::new(Mutex::new(cache));
     Ok(GpuHead::new(
         head,

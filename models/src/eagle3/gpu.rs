@@ -268,6 +268,12 @@ impl GpuEagle3Head {
         &self.core.aux_layers
     }
 
+    /// The positions the head serves: its rotary table's, the longer of its own context
+    /// and the target's.
+    pub fn max_positions(&self) -> usize {
+        self.core.positions
+    }
+
     /// The device the head runs on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.core.gpu
