@@ -18,6 +18,10 @@
 #   scripts/gpu_run.sh spec       bench spec (n-gram speculation against none) on SmolLM2-135M
 #                                 (after smollm2), default and --deterministic; and the
 #                                 draft_model method with the draft on the GPU
+#   scripts/gpu_run.sh eagle3     bench spec with a random EAGLE-3 head for SmolLM2-135M (after
+#                                 smollm2; scripts/random_eagle3_head.py) drafting beside it
+#                                 on the GPU: the path and its cost, since its drafts are
+#                                 random; through graphs and eagerly, and --deterministic
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -105,6 +109,16 @@ spec)
     "$bin/peregrine" $spec --dataset scripts/spec_prompts.jsonl --num-prompts 8 --concurrency 8 \
         --speculative-method draft_model --draft-model /tmp/smollm2 2>&1 | grep -v "^20" |
         tee -a "$OUT/spec.log"
+    ;;
+eagle3)
+    python3 scripts/random_eagle3_head.py /tmp/smollm2 /tmp/eagle3-random | tee -a "$OUT/eagle3.log"
+    spec="bench spec --model /tmp/smollm2 --device cuda --gpu-memory-utilization 0.3 \
+        --speculative-method eagle3 --draft-model /tmp/eagle3-random \
+        --dataset scripts/spec_prompts.jsonl --num-prompts 8"
+    for flags in "--concurrency 1" "--concurrency 8" "--concurrency 1 --enforce-eager" \
+        "--concurrency 8 --deterministic"; do
+        "$bin/peregrine" $spec $flags 2>&1 | grep -v "^20" | tee -a "$OUT/eagle3.log"
+    done
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts
