@@ -9,6 +9,7 @@ use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
 use crate::{random_f32, rng, setup};
 use half::bf16;
+use peregrine_actors::draft::{GpuHead, HeadCapacity, HeadRunner};
 use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
@@ -423,4 +424,40 @@ fn the_target_records_the_layer_inputs_as_the_cpu_and_its_graphs_do() {
         "decode layer inputs, graph vs eager"
     );
     assert_eq!(want.len(), lens.len() * layers.len() * c.hidden_size);
+}
+
+/// A step-0 catch-up past the GPU runner's buffers is cut into forwards that fit
+/// (deterministic mode): the same drafts and `pre`, bit for bit, as one forward over it all.
+#[test]
+fn a_catch_up_past_the_buffers_drafts_as_one_forward_does() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_target_and_head(dir.path(), &gpu_head_spec(false, true), 35);
+    let runner = |max_tokens: usize, max_logit_rows: usize| {
+        let (host, head) = heads(dir.path(), true);
+        let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
+        let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
+        let capacity = HeadCapacity {
+            max_tokens,
+            max_logit_rows,
+        };
+        let scratch = i64::from(SCRATCH) * BLOCK as i64;
+        GpuHead::new(head, cache, capacity, scratch, 1024)
+    };
+    let (mut whole, mut cut) = (runner(256, 16), runner(16, 2));
+    let mut rng = rng("a_catch_up_past_the_buffers_drafts_as_one_forward_does");
+    let lens = [7usize, 12, 1, 30, 3];
+    let tables: Vec<Vec<u32>> = (0..lens.len()).map(table).collect();
+    let (specs, rows) = first_step(&lens, &tables);
+    let total: usize = lens.iter().sum();
+    let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
+    let aux = random_f32(&mut rng, total * whole.aux_width(), 2.0);
+    let input = HeadInput::Aux(&aux);
+    let want = whole.run(&specs, &tokens, input, &rows).unwrap();
+    let got = cut.run(&specs, &tokens, input, &rows).unwrap();
+    assert_eq!(got.0, want.0, "drafts");
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got.1), bits(&want.1), "pre");
 }

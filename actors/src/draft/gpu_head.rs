@@ -31,6 +31,9 @@ pub struct GpuHead {
     scratch_slot: i64,
     /// The longest context a graph serves.
     max_context: usize,
+    /// The cache's block size and blocks, which plans are made over.
+    block_size: usize,
+    num_blocks: u64,
     graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
 }
 
@@ -45,12 +48,15 @@ impl GpuHead {
         scratch_slot: i64,
         max_context: usize,
     ) -> GpuHead {
+        let layout = *cache.lock().unwrap_or_else(|e| e.into_inner()).layout();
         GpuHead {
             head,
             cache,
             capacity,
             scratch_slot,
             max_context,
+            block_size: layout.block_size as usize,
+            num_blocks: layout.num_blocks,
             graphs: None,
         }
     }
@@ -98,24 +104,31 @@ impl HeadRunner for GpuHead {
         input: HeadInput,
         rows: &[usize],
     ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
-        let layout = *self
-            .cache
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .layout();
-        let (block_size, num_blocks) = (layout.block_size as usize, layout.num_blocks);
+        let (block_size, num_blocks) = (self.block_size, self.num_blocks);
         let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
         if let Some(out) = self.replay(&plan, tokens, input, rows)? {
             return Ok(out);
         }
-        // Eagerly, in forwards the buffers hold.
+        let cap = self.capacity;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = tokens.len() <= cap.max_tokens
+            && specs.len() <= cap.max_logit_rows
+            && rows.len() <= cap.max_logit_rows;
+        if fits {
+            let out = self
+                .head
+                .forward_greedy(tokens, input, &plan, &mut cache, rows)
+                .context("EAGLE-3 head forward")?;
+            return Ok((out.drafts, out.pre));
+        }
+        // A catch-up past the buffers: in forwards they hold.
         let (kind, features) = input.parts();
         let h = self.hidden_size();
         let width = features.len() / tokens.len().max(1);
         let mut drafts = vec![0; rows.len()];
         let mut pre = vec![0.0; tokens.len() * h];
-        let cap = self.capacity;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        // The forward row each token lands on, in the forward being run.
+        let mut local_row = vec![None; tokens.len()];
         for pieces in forwards(specs, cap.max_tokens, cap.max_logit_rows) {
             let piece_specs: Vec<SeqSpec> = pieces.iter().map(|(_, p, _)| *p).collect();
             let plan = AttentionPlan::new(&piece_specs, block_size, num_blocks)?;
@@ -130,10 +143,14 @@ impl HeadRunner for GpuHead {
                 .flat_map(|&t| &features[t * width..(t + 1) * width])
                 .copied()
                 .collect();
+            local_row.fill(None);
+            for (j, &t) in from.iter().enumerate() {
+                local_row[t] = Some(j);
+            }
             let (wanted, local): (Vec<usize>, Vec<usize>) = rows
                 .iter()
                 .enumerate()
-                .filter_map(|(i, r)| from.iter().position(|t| t == r).map(|j| (i, j)))
+                .filter_map(|(i, &r)| local_row.get(r).copied().flatten().map(|j| (i, j)))
                 .unzip();
             let input = match kind {
                 FeatureKind::Aux => HeadInput::Aux(&feats),
