@@ -22,6 +22,15 @@
 #                                 smollm2; scripts/random_eagle3_head.py) drafting beside it
 #                                 on the GPU: the path and its cost, since its drafts are
 #                                 random; through graphs and eagerly, and --deterministic
+#   scripts/gpu_run.sh ab         bench latency of a base build (scripts/gpu_build.sh at the
+#                                 base commit, its target/gpu-carry/peregrine.gz moved to
+#                                 target/gpu-carry-base/) and of this one, in turns on the
+#                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
+#                                 (after smollm2), eager and through graphs
+#   scripts/gpu_run.sh chain      scripts/decode_chain_bench.cu (built here with nvcc): the
+#                                 kernel chain of batch-1 decode layers replayed as a graph,
+#                                 unfused against fused norms and at several GEMV grid caps,
+#                                 on the Llama-3.2-1B and SmolLM2-135M shapes
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -119,6 +128,28 @@ eagle3)
         "--concurrency 8 --deterministic"; do
         "$bin/peregrine" $spec $flags 2>&1 | grep -v "^20" | tee -a "$OUT/eagle3.log"
     done
+    ;;
+ab)
+    gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
+    common="bench latency --device cuda --batch-sizes 1,8,64 --input-len 128 --output-len 128"
+    models="--random-weights=scripts/configs/llama-3.2-1b.json"
+    [ -d /tmp/smollm2 ] && models="$models --model=/tmp/smollm2"
+    for round in 1 2; do
+        for model in $models; do
+            for flags in "" "--enforce-eager"; do
+                for build in peregrine-base peregrine; do
+                    echo "== round $round $build $model $flags" | tee -a "$OUT/ab.log"
+                    "$bin/$build" $common "$model" $flags 2>&1 | grep -v "^20" | tee -a "$OUT/ab.log"
+                done
+            done
+        done
+    done
+    ;;
+chain)
+    nvcc -O3 -std=c++17 -arch=sm_90 -include kernels/cuda/common.cuh scripts/decode_chain_bench.cu \
+        -o /tmp/decode_chain_bench 2>&1 | grep -i error
+    /tmp/decode_chain_bench 2>&1 | tee -a "$OUT/chain.log"
+    /tmp/decode_chain_bench 576 960 1536 30 2>&1 | tee -a "$OUT/chain.log"
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts

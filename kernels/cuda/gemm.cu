@@ -21,7 +21,16 @@
 // column's weights into registers; it reads x only after pdl_wait(). So the weights of a product stream from
 // memory while the kernels it depends on finish.
 //
-// Requires k % 8 == 0 and 16-byte aligned rows (checked by the launcher).
+// Two fusions serve the decode steps of one row (gemv_normed_*, gemv_add_*): a normed
+// product reads the f32 residual stream x and the norm's weight gamma instead of a normed
+// activation, sums w * (x * gamma) and x * x side by side, and scales the sum by
+// rsqrt(mean(x^2) + eps) at the end, so the RMSNorm costs no kernel of its own and no
+// barrier; an adding product (the o and down projections) adds its bf16-rounded result into
+// the f32 residual stream, as add_rms_norm would. Each column is one warp's, so the add
+// needs no atomics.
+//
+// Requires k % 8 == 0 and 16-byte aligned rows (32-byte for an f32 x; checked by the
+// launcher).
 
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 8
@@ -34,6 +43,25 @@ __device__ __forceinline__ void store_out<bf16>(bf16* out, i64 at, float v) { ou
 
 template <>
 __device__ __forceinline__ void store_out<float>(float* out, i64 at, float v) { out[at] = v; }
+
+// Eight consecutive elements of x, widened to f32: a bf16 activation or the f32 residual.
+__device__ __forceinline__ void load_x8(const bf16* p, float out[8]) { unpack_bf16x8(load_bf16x8(p), out); }
+
+__device__ __forceinline__ void load_x8(const float* p, float out[8]) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+    out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+
+// What a GEMV does with its input and its result.
+enum GemvMode {
+    GEMV_PLAIN,   // out = x . w
+    GEMV_GATED,   // out = silu(x . w_gate) * (x . w_up), see gemv_body
+    GEMV_NORMED,  // out = rms_norm(x) * gamma . w, x the f32 residual stream
+    GEMV_NORMED_GATED,  // both
+    GEMV_ADD,     // out (f32) += bf16(x . w)
+};
 
 // Elements one step of a warp covers.
 #define GEMV_PIECE (WARP_SIZE * 8)
@@ -57,166 +85,177 @@ __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROL
 // then up rows; column j streams rows j and n + j side by side, rounds both sums to bf16 as
 // the product would, and stores silu(gate) * up (the arithmetic of silu_and_mul_bf16), so
 // the gate/up activation never goes through memory.
-template <typename OUT, int ROWS, bool GATED>
-__device__ __forceinline__ void gemv_body(const bf16* __restrict__ x, const bf16* __restrict__ w,
-                                          OUT* __restrict__ out, int m, int n, int k,
-                                          int slices) {
+template <typename X, typename OUT, int ROWS, int MODE>
+__device__ __forceinline__ void gemv_body(const X* __restrict__ x, const bf16* __restrict__ gamma,
+                                          const bf16* __restrict__ w, OUT* __restrict__ out,
+                                          int m, int n, int k, int slices, float eps) {
+    constexpr bool GATED = MODE == GEMV_GATED || MODE == GEMV_NORMED_GATED;
+    constexpr bool NORMED = MODE == GEMV_NORMED || MODE == GEMV_NORMED_GATED;
     constexpr int HALVES = GATED ? 2 : 1;
-    __shared__ float partial[GEMV_WARPS][HALVES][ROWS];
+    // The sums of each half, and with NORMED the sum of squares of x after them.
+    constexpr int SUMS = HALVES + (NORMED ? 1 : 0);
+    __shared__ float partial[GEMV_WARPS][SUMS][ROWS];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int slice = warp % slices;
-    const i64 col = (i64)blockIdx.x * (GEMV_WARPS / slices) + warp / slices;
-    // A warp past the last column still reaches every barrier below.
-    const bool active = col < n;
+    // Blocks take groups of GEMV_WARPS / slices columns, group blockIdx.x first and then
+    // every gridDim.x-th: a grid of fewer blocks than groups stays resident and streams
+    // without waves of blocks starting together. Which block computes a column never
+    // changes its arithmetic.
+    const int per_group = GEMV_WARPS / slices;
+    const i64 groups = ((i64)n + per_group - 1) / per_group;
     const int k_slice = k / slices;
-    const bf16* w_rows[HALVES];
-#pragma unroll
-    for (int h = 0; h < HALVES; h++) w_rows[h] = w + ((active ? col : 0) + (i64)h * n) * k;
     const int first = slice * k_slice, end = first + k_slice;
-    // One row (decode): the first stretch of weights is loaded while the kernel ahead
-    // finishes, x only after. More rows load every stretch in the loop: registers held
-    // across the passes would cost the accumulators theirs.
-    constexpr bool AHEAD = ROWS == 1;
     const int start = first + lane * 8;
+    // One row (decode): the first stretch of a column's weights is loaded before the
+    // column's turn: the first column's while the kernel ahead finishes (x is read only
+    // after pdl_wait), each next one's while the column before is summed and stored. More
+    // rows load every stretch in the loop: registers held across the passes would cost
+    // the accumulators theirs.
+    constexpr bool AHEAD = ROWS == 1;
     uint4 wv[HALVES][GEMV_UNROLL];
+    const bf16* w_rows[HALVES];
+    // Points w_rows at the column of group g this warp serves; whether it is a column.
+    auto select = [&](i64 g) {
+        const i64 col = g * per_group + warp / slices;
+        const bool active = col < n;
+#pragma unroll
+        for (int h = 0; h < HALVES; h++) w_rows[h] = w + ((active ? col : 0) + (i64)h * n) * k;
+        return active;
+    };
+    bool active = select(blockIdx.x);
     pdl_launch_dependents();
     if (AHEAD && active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
     pdl_wait();
-    for (int r0 = 0; r0 < m; r0 += ROWS) {
-        float acc[HALVES][ROWS];
+    for (i64 g = blockIdx.x; g < groups; g += gridDim.x) {
+        // A warp past the last column still reaches every barrier below.
+        const i64 col = g * per_group + warp / slices;
+        const bf16* rows_now[HALVES];
 #pragma unroll
-        for (int h = 0; h < HALVES; h++)
+        for (int h = 0; h < HALVES; h++) rows_now[h] = w_rows[h];
+        for (int r0 = 0; r0 < m; r0 += ROWS) {
+            float acc[SUMS][ROWS];
 #pragma unroll
-            for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
-        for (int base = start; active && base < end; base += GEMV_PIECE * GEMV_UNROLL) {
-            if (!AHEAD || r0 > 0 || base != start) gemv_load_weights<HALVES>(wv, w_rows, base, end);
+            for (int h = 0; h < SUMS; h++)
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int kb = base + u * GEMV_PIECE;
-                if (kb >= end) break;
-                // Each weight piece is unpacked once, for every row of the pass.
-                float wf[HALVES][8];
+                for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
+            for (int base = start; active && base < end; base += GEMV_PIECE * GEMV_UNROLL) {
+                if (!AHEAD || r0 > 0 || base != start) gemv_load_weights<HALVES>(wv, rows_now, base, end);
 #pragma unroll
-                for (int h = 0; h < HALVES; h++) unpack_bf16x8(wv[h][u], wf[h]);
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const int kb = base + u * GEMV_PIECE;
+                    if (kb >= end) break;
+                    // Each weight piece is unpacked once, for every row of the pass.
+                    float wf[HALVES][8];
 #pragma unroll
-                for (int r = 0; r < ROWS; r++) {
-                    if (r0 + r < m) {
-                        float xf[8];
-                        unpack_bf16x8(load_bf16x8(x + (i64)(r0 + r) * k + kb), xf);
+                    for (int h = 0; h < HALVES; h++) unpack_bf16x8(wv[h][u], wf[h]);
+                    float gf[8];
+                    if (NORMED) load_x8(gamma + kb, gf);
 #pragma unroll
-                        for (int h = 0; h < HALVES; h++)
+                    for (int r = 0; r < ROWS; r++) {
+                        if (r0 + r < m) {
+                            float xf[8];
+                            load_x8(x + (i64)(r0 + r) * k + kb, xf);
+                            if (NORMED) {
 #pragma unroll
-                            for (int j = 0; j < 8; j++)
-                                acc[h][r] = fmaf(xf[j], wf[h][j], acc[h][r]);
+                                for (int j = 0; j < 8; j++) {
+                                    acc[HALVES][r] = fmaf(xf[j], xf[j], acc[HALVES][r]);
+                                    xf[j] *= gf[j];
+                                }
+                            }
+#pragma unroll
+                            for (int h = 0; h < HALVES; h++)
+#pragma unroll
+                                for (int j = 0; j < 8; j++)
+                                    acc[h][r] = fmaf(xf[j], wf[h][j], acc[h][r]);
+                        }
                     }
                 }
             }
-        }
-        // The column's slices, summed in order 0, 1, 2, ... by its first warp (a warp alone
-        // when slices == 1).
-#pragma unroll
-        for (int h = 0; h < HALVES; h++)
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                const float v = warp_sum(acc[h][r]);
-                if (lane == 0) partial[warp][h][r] = v;
+            // The next group's first stretch, in flight while this column is summed.
+            const bool was_active = active;
+            if (AHEAD && r0 + ROWS >= m) {
+                active = select(g + gridDim.x) && g + gridDim.x < groups;
+                if (active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
             }
-        if (slices > 1) {
-            __syncthreads();
-        } else {
-            __syncwarp();
-        }
-        if (active && slice == 0 && lane < ROWS && r0 + lane < m) {
-            float v[HALVES];
+            // The column's slices, summed in order 0, 1, 2, ... by its first warp (a warp
+            // alone when slices == 1).
 #pragma unroll
-            for (int h = 0; h < HALVES; h++) {
-                v[h] = partial[warp][h][lane];
-                for (int s = 1; s < slices; s++) v[h] += partial[warp + s][h][lane];
-            }
-            const i64 at = (i64)(r0 + lane) * n + col;
-            if (GATED) {
-                store_out(out, at, silu_times(to_f32(to_bf16(v[0])), to_f32(to_bf16(v[HALVES - 1]))));
+            for (int h = 0; h < SUMS; h++)
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    const float v = warp_sum(acc[h][r]);
+                    if (lane == 0) partial[warp][h][r] = v;
+                }
+            if (slices > 1) {
+                __syncthreads();
             } else {
-                store_out(out, at, v[0]);
+                __syncwarp();
+            }
+            if (was_active && slice == 0 && lane < ROWS && r0 + lane < m) {
+                float v[SUMS];
+#pragma unroll
+                for (int h = 0; h < SUMS; h++) {
+                    v[h] = partial[warp][h][lane];
+                    for (int s = 1; s < slices; s++) v[h] += partial[warp + s][h][lane];
+                }
+                if (NORMED) {
+                    const float inv = rsqrtf(v[HALVES] / k + eps);
+#pragma unroll
+                    for (int h = 0; h < HALVES; h++) v[h] *= inv;
+                }
+                const i64 at = (i64)(r0 + lane) * n + col;
+                if (GATED) {
+                    store_out(out, at, silu_times(to_f32(to_bf16(v[0])), to_f32(to_bf16(v[HALVES - 1]))));
+                } else if (MODE == GEMV_ADD) {
+                    store_out(out, at, to_f32(out[at]) + to_f32(to_bf16(v[0])));
+                } else {
+                    store_out(out, at, v[0]);
+                }
+            }
+            // The partials are read before the next pass writes them.
+            if (slices > 1) {
+                __syncthreads();
+            } else {
+                __syncwarp();
             }
         }
-        // The partials are read before the next pass writes them.
-        if (slices > 1) {
-            __syncthreads();
-        } else {
-            __syncwarp();
-        }
+        if (!AHEAD) active = select(g + gridDim.x);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 1, false>(x, w, out, m, n, k, slices);
-}
+// The kernels of each pass size ROWS (_r1 .. _r8): plain products into bf16 or f32, the
+// gated MLP activation, and the two fusions of the decode steps (see the top of this file).
+#define GEMV_PARAMS(OUT) \
+    const bf16 *__restrict__ x, const bf16 *__restrict__ w, OUT *__restrict__ out, int m, int n, int k, int slices
+#define GEMV_NORMED_PARAMS                                                                      \
+    const float *__restrict__ x, const bf16 *__restrict__ gamma, const bf16 *__restrict__ w,    \
+        bf16 *__restrict__ out, int m, int n, int k, int slices, float eps
+#define GEMV_ARGS(GAMMA, EPS) x, GAMMA, w, out, m, n, k, slices, EPS
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<float, 1, false>(x, w, out, m, n, k, slices);
-}
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r1(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 1, true>(x, w, out, m, n, k, slices);
-}
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 2, false>(x, w, out, m, n, k, slices);
-}
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<float, 2, false>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 2, true>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 4, false>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<float, 4, false>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 4, true>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 8, false>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, float* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<float, 8, false>(x, w, out, m, n, k, slices);
-}
-
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8(
-    const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ out, int m, int n,
-    int k, int slices) {
-    gemv_body<bf16, 8, true>(x, w, out, m, n, k, slices);
-}
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }

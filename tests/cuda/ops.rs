@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use half::bf16;
 use peregrine_kernels::cpu;
 use peregrine_kernels::cuda::elementwise;
-use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::gemm::{Gemm, NormedInput};
 use peregrine_kernels::cuda::norm;
 use peregrine_runtime::cuda::Gpu;
 use rand::Rng;
@@ -445,4 +445,130 @@ fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
             .all(|(a, b)| a.to_bits() == b.to_bits()),
         "row 7 differs alone and in a batch of 40"
     );
+}
+
+/// `rms_norm(x[r]) * gamma · w[c]` of every row r and column c, in f64 from the same
+/// inputs: the decode fusions' reference.
+fn normed_products(x: &[f32], gamma: &[f32], w: &[f32], k: usize, eps: f32) -> Vec<f64> {
+    let n = w.len() / k;
+    let mut out = Vec::with_capacity(x.len() / k * n);
+    for row in x.chunks(k) {
+        let mean_sq = row.iter().map(|&v| (v as f64).powi(2)).sum::<f64>() / k as f64;
+        let inv = 1.0 / (mean_sq + eps as f64).sqrt();
+        let normed: Vec<f64> = row
+            .iter()
+            .zip(gamma)
+            .map(|(&v, &g)| v as f64 * inv * g as f64)
+            .collect();
+        for col in w.chunks(k) {
+            out.push(normed.iter().zip(col).map(|(a, &b)| a * b as f64).sum());
+        }
+    }
+    out
+}
+
+fn round_bf16(v: f64) -> f32 {
+    bf16::from_f64(v).to_f32()
+}
+
+/// The decode fusions (a norm folded into the product after it, a residual add into the
+/// product before it) against an f64 reference, at one row (the GEMV's one-row kernels) and
+/// three (its two-row passes), at depths of one warp per column (2048, and 576 with a
+/// partial stretch) and of four (8192), with more column groups than the grid has blocks.
+#[test]
+fn the_decode_fusions_match_an_f64_reference() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("decode_fusions");
+    let eps = 1e-5f32;
+    assert!(!Gemm::new(s.gpu.stream().clone(), true)
+        .unwrap()
+        .fuses_norms(1));
+    let gemm = Gemm::new(s.gpu.stream().clone(), false)
+        .unwrap()
+        .with_gemv_max_rows(4);
+    assert!(gemm.fuses_norms(1) && gemm.fuses_norms(3) && !gemm.fuses_norms(5));
+    let stream = s.gpu.stream();
+    for (m, n, k) in [
+        (1, 3072, 2048),
+        (3, 999, 576),
+        (1, 521, 8192),
+        (1, 40_000, 2048),
+    ] {
+        let x = random_f32(&mut rng, m * k, 3.0);
+        let gamma = bf16_round(&random_f32(&mut rng, k, 1.5));
+        let w = bf16_round(&random_f32(&mut rng, 2 * n * k, 0.05));
+        let (x_d, gamma_d, w_d) = (
+            s.gpu.upload(&x).unwrap(),
+            s.gpu.upload(&to_bf16(&gamma)).unwrap(),
+            s.gpu.upload(&to_bf16(&w)).unwrap(),
+        );
+        let (residual, weight) = (&x_d.as_view(), &gamma_d.as_view());
+        let normed = NormedInput {
+            residual,
+            weight,
+            eps,
+        };
+        let want = normed_products(&x, &gamma, &w, k, eps);
+
+        // The plain product over the first n rows of w.
+        let mut out_d = poisoned(&s.gpu, m * n, POISON);
+        let w_plain = w_d.slice(..n * k);
+        let mut out = out_d.slice_mut(..m * n);
+        gemm.normed_linear(&s.kernels, stream, normed, &w_plain, &mut out, m, n)
+            .unwrap();
+        let got = to_f32(&download_checked(&s.gpu, &out_d, m * n, POISON));
+        let want_plain: Vec<f32> = (0..m * n)
+            .map(|i| round_bf16(want[i / n * 2 * n + i % n]))
+            .collect();
+        let what = format!("normed_linear {m}x{n}x{k}");
+        assert_close(&what, &got, &want_plain, 1e-3, 1e-2);
+
+        // The gated activation over all 2n rows (gate rows, then up rows).
+        let mut act_d = poisoned(&s.gpu, m * n, POISON);
+        let mut act = act_d.slice_mut(..m * n);
+        let w_all = w_d.as_view();
+        gemm.normed_gate_up_act(&s.kernels, stream, normed, &w_all, &mut act, m, n)
+            .unwrap();
+        let got = to_f32(&download_checked(&s.gpu, &act_d, m * n, POISON));
+        let want_act: Vec<f32> = (0..m * n)
+            .map(|i| {
+                let (row, col) = (i / n, i % n);
+                let gate = round_bf16(want[row * 2 * n + col]) as f64;
+                let up = round_bf16(want[row * 2 * n + n + col]) as f64;
+                (gate / (1.0 + (-gate).exp()) * up) as f32
+            })
+            .collect();
+        let what = format!("normed_gate_up_act {m}x{n}x{k}");
+        assert_close(&what, &got, &want_act, 1e-3, 1e-2);
+
+        // The residual add: a bf16 input of m rows of k, its product added into an f32
+        // residual of m rows of n followed by a sentinel tail.
+        let input = bf16_round(&random_f32(&mut rng, m * k, 1.0));
+        let start = random_f32(&mut rng, m * n, 3.0);
+        let input_d = s.gpu.upload(&to_bf16(&input)).unwrap();
+        let sentinel = -12_345.0f32;
+        let mut tail = start.clone();
+        tail.extend([sentinel; 64]);
+        let mut residual_d = s.gpu.upload(&tail).unwrap();
+        let mut target = residual_d.slice_mut(..m * n);
+        gemm.add_linear(
+            &s.kernels,
+            stream,
+            &input_d.as_view(),
+            &w_plain,
+            &mut target,
+            m,
+            n,
+        )
+        .unwrap();
+        let got = download_checked(&s.gpu, &residual_d, m * n, sentinel);
+        let mut product = vec![0.0; m * n];
+        cpu::linear(&input, k, &w[..n * k], n, &mut product);
+        // What was added: the product rounded to bf16, within one bf16 ulp (2^-7 relative)
+        // where the two sums round apart.
+        let added: Vec<f32> = got.iter().zip(&start).map(|(g, r)| g - r).collect();
+        let want_added: Vec<f32> = product.iter().map(|&p| round_bf16(p as f64)).collect();
+        let what = format!("add_linear {m}x{n}x{k}");
+        assert_close(&what, &added, &want_added, 1e-5, 1.0 / 128.0);
+    }
 }

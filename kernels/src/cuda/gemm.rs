@@ -5,10 +5,12 @@
 
 use super::elementwise::silu_and_mul;
 use super::gemm_lt::{alignment, LtError, LtMatmul, LtShape};
+use super::launch::KernelLaunch;
 use super::{grid, CudaKernels};
 use cudarc::cublas::{result::gemm_ex, sys, CudaBlas};
 use cudarc::driver::{
     CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DeviceRepr, DriverError,
+    LaunchConfig,
 };
 use half::bf16;
 use std::sync::Arc;
@@ -72,6 +74,23 @@ fn gemv_slices(k: usize) -> usize {
 
 /// The GEMV kernels of the MLP's gated activation, less their `_r{rows}` suffix.
 const GEMV_GATED_KERNEL: &str = "gemv_gated_bf16";
+
+/// The GEMV kernels fused with the RMSNorm ahead, plain and gated, and the one that adds
+/// into the residual stream, less their `_r{rows}` suffix.
+const GEMV_NORMED_KERNEL: &str = "gemv_normed_bf16";
+const GEMV_NORMED_GATED_KERNEL: &str = "gemv_normed_gated_bf16";
+const GEMV_ADD_KERNEL: &str = "gemv_add_f32";
+
+/// The input of a product fused with the RMSNorm ahead of it ([`Gemm::normed_linear`]).
+#[derive(Clone, Copy)]
+pub struct NormedInput<'a, 'b> {
+    /// The f32 residual stream, `[m, k]`.
+    pub residual: &'a CudaView<'b, f32>,
+    /// The norm's weight, `[k]`.
+    pub weight: &'a CudaView<'b, bf16>,
+    /// The norm's epsilon.
+    pub eps: f32,
+}
 
 /// The most rows the gated GEMV kernel takes: one pass of its largest variant, the decode
 /// steps it was written for. Larger products (--deterministic batches, prefill) take the
@@ -168,6 +187,127 @@ impl Gemm {
         }
     }
 
+    /// Whether products of `m` rows take the decode fusions: [`Gemm::normed_linear`],
+    /// [`Gemm::normed_gate_up_act`] and [`Gemm::add_linear`] in place of an RMSNorm (or an
+    /// add and an RMSNorm) and a product. They are for steps whose products all go through
+    /// the GEMV kernel in one pass, and not for --deterministic mode: their sums are not
+    /// those of the unfused kernels, so a row's result would depend on whether its batch
+    /// fits them.
+    pub fn fuses_norms(&self, m: usize) -> bool {
+        !self.deterministic && m >= 1 && m <= self.gemv_max_rows.min(GEMV_GATED_MAX_ROWS)
+    }
+
+    /// `out[m, n] = rms_norm(x.residual) · w[n, k]ᵀ` (the norm's weight and epsilon from `x`)
+    /// in one kernel: the norm's scale is applied to each sum, so the normed activation is
+    /// never written. Only where [`Gemm::fuses_norms`] holds for `m`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn normed_linear(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        x: NormedInput,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<bf16>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), GemmError> {
+        self.normed(kernels, stream, GEMV_NORMED_KERNEL, x, w, out, m, n)
+    }
+
+    /// `act[m, inter] = silu(rms_norm(x) · w_gateᵀ) * (rms_norm(x) · w_upᵀ)` in one kernel,
+    /// the gated activation of [`Gemm::gate_up_act`] over the norm of
+    /// [`Gemm::normed_linear`]. Only where [`Gemm::fuses_norms`] holds for `m`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn normed_gate_up_act(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        x: NormedInput,
+        w: &CudaView<bf16>,
+        act: &mut CudaViewMut<bf16>,
+        m: usize,
+        inter: usize,
+    ) -> Result<(), GemmError> {
+        self.normed(
+            kernels,
+            stream,
+            GEMV_NORMED_GATED_KERNEL,
+            x,
+            w,
+            act,
+            m,
+            inter,
+        )
+    }
+
+    /// `residual[m, n] += bf16(x[m, k] · w[n, k]ᵀ)`: the product rounded to bf16 as
+    /// [`Gemm::linear`] stores it, then added into the f32 residual stream as the residual
+    /// add of `add_rms_norm` does. Only where [`Gemm::fuses_norms`] holds for `m`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_linear(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        x: &CudaView<bf16>,
+        w: &CudaView<bf16>,
+        residual: &mut CudaViewMut<f32>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), GemmError> {
+        assert!(self.fuses_norms(m), "add_linear: {m} rows are not fused");
+        let k = check_shapes(x.len(), w.len(), residual.len(), m, n);
+        Ok(gemv(
+            kernels,
+            stream,
+            GEMV_ADD_KERNEL,
+            x,
+            w,
+            residual,
+            m,
+            n,
+            k,
+        )?)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn normed(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        name: &str,
+        x: NormedInput,
+        w: &CudaView<bf16>,
+        out: &mut CudaViewMut<bf16>,
+        m: usize,
+        n: usize,
+    ) -> Result<(), GemmError> {
+        assert!(self.fuses_norms(m), "{name}: {m} rows are not fused");
+        let halves = if name == GEMV_NORMED_GATED_KERNEL {
+            2
+        } else {
+            1
+        };
+        let k = check_shapes(x.residual.len(), w.len(), usize::MAX, m, halves * n);
+        assert!(out.len() >= m * n, "{name}: short output");
+        assert_eq!(x.weight.len(), k, "{name}: the norm's weight is not [k]");
+        let gamma_ptr = x.weight.device_ptr(stream).0;
+        assert!(
+            gamma_ptr.is_multiple_of(16),
+            "{name}: unaligned norm weight"
+        );
+        let ptrs = [x.residual.device_ptr(stream).0, w.device_ptr(stream).0];
+        let plan = GemvPlan::new(kernels, name, ptrs, m, n, k)?;
+        let mut launch = kernels.launch(stream, &plan.kernel);
+        launch.arg(x.residual).arg(x.weight).arg(w).arg(out);
+        plan.shape_args(&mut launch);
+        launch.arg(&x.eps);
+        // SAFETY: the residual holds m rows of k, the weight k, w halves * n rows of k and out
+        // m * n elements (checked above), every row 16-byte aligned with k % 8 == 0 (checked
+        // by the plan); each warp guards its column and rows.
+        unsafe { launch.launch(plan.config()) }?;
+        Ok(())
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn cublas<T: GemmOutput>(
         &self,
@@ -238,6 +378,78 @@ fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize) -> usize {
     k
 }
 
+/// A GEMV launch: its kernel (with the `_r{rows}` suffix of its pass size), its grid and
+/// its shape arguments.
+struct GemvPlan {
+    kernel: String,
+    blocks: u32,
+    m: i32,
+    n: i32,
+    k: i32,
+    slices: i32,
+}
+
+impl GemvPlan {
+    /// The launch of the GEMV kernel family `name` for `m` rows, `n` columns of depth `k`,
+    /// reading x and w through `x_ptr` and `w_ptr`. The grid is one block per group of
+    /// columns, capped at the blocks the device runs at once: each block then loops over
+    /// groups, so the product streams without waves of blocks.
+    fn new(
+        kernels: &CudaKernels,
+        name: &str,
+        [x_ptr, w_ptr]: [u64; 2],
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<GemvPlan, DriverError> {
+        assert!(
+            k.is_multiple_of(8),
+            "linear: the GEMV kernel needs k % 8 == 0, not {k}"
+        );
+        for (what, ptr) in [("x", x_ptr), ("w", w_ptr)] {
+            assert!(
+                ptr.is_multiple_of(16),
+                "linear: {what} is not 16-byte aligned"
+            );
+        }
+        let slices = gemv_slices(k);
+        let groups = n.div_ceil(GEMV_BLOCK_COLS / slices);
+        let rows = GEMV_PASS_ROWS
+            .into_iter()
+            .find(|&r| r >= m)
+            .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
+        let kernel = format!("{name}_r{rows}");
+        let resident = kernels.resident_blocks(&kernel, GEMV_THREADS)?;
+        let blocks = u32::try_from(groups)
+            .expect("linear: n past the grid")
+            .min(resident);
+        Ok(GemvPlan {
+            kernel,
+            blocks,
+            m: m as i32,
+            n: n as i32,
+            k: k as i32,
+            slices: slices as i32,
+        })
+    }
+
+    /// Appends the shape arguments every GEMV kernel takes after its buffers.
+    fn shape_args(&self, launch: &mut KernelLaunch) {
+        launch
+            .arg(&self.m)
+            .arg(&self.n)
+            .arg(&self.k)
+            .arg(&self.slices);
+    }
+
+    fn config(&self) -> LaunchConfig {
+        grid(self.blocks, GEMV_THREADS, 0)
+    }
+}
+
+/// Threads per block of the GEMV kernels.
+const GEMV_THREADS: u32 = 32 * GEMV_BLOCK_COLS as u32;
+
 #[allow(clippy::too_many_arguments)]
 fn gemv<T: DeviceRepr>(
     kernels: &CudaKernels,
@@ -250,39 +462,15 @@ fn gemv<T: DeviceRepr>(
     n: usize,
     k: usize,
 ) -> Result<(), DriverError> {
-    assert!(
-        k.is_multiple_of(8),
-        "linear: the GEMV kernel needs k % 8 == 0, not {k}"
-    );
-    for (name, ptr) in [("x", x.device_ptr(stream).0), ("w", w.device_ptr(stream).0)] {
-        assert!(
-            ptr.is_multiple_of(16),
-            "linear: {name} is not 16-byte aligned"
-        );
-    }
-    let (m_i, n_i, k_i) = (m as i32, n as i32, k as i32);
-    let slices = gemv_slices(k);
-    let per_block = GEMV_BLOCK_COLS / slices;
-    let blocks = u32::try_from(n.div_ceil(per_block)).expect("linear: n past the grid");
-    let slices_i = slices as i32;
-    let rows = GEMV_PASS_ROWS
-        .into_iter()
-        .find(|&r| r >= m)
-        .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
-    let kernel = format!("{name}_r{rows}");
-    let mut launch = kernels.launch(stream, &kernel);
-    launch
-        .arg(x)
-        .arg(w)
-        .arg(out)
-        .arg(&m_i)
-        .arg(&n_i)
-        .arg(&k_i)
-        .arg(&slices_i);
+    let ptrs = [x.device_ptr(stream).0, w.device_ptr(stream).0];
+    let plan = GemvPlan::new(kernels, name, ptrs, m, n, k)?;
+    let mut launch = kernels.launch(stream, &plan.kernel);
+    launch.arg(x).arg(w).arg(out);
+    plan.shape_args(&mut launch);
     // SAFETY: x, w and out hold m rows, n*k and m*n elements (checked by the callers), rows are
-    // 16-byte aligned with k % 8 == 0 (checked above); each warp guards its column and rows.
-    unsafe { launch.launch(grid(blocks, 32 * GEMV_BLOCK_COLS as u32, 0)) }?;
-    Ok(())
+    // 16-byte aligned with k % 8 == 0 (checked by the plan); each warp guards its column and
+    // rows.
+    unsafe { launch.launch(plan.config()) }
 }
 
 #[cfg(test)]
@@ -307,9 +495,18 @@ mod tests {
         let source = include_str!("../../cuda/gemm.cu");
         let line = format!("#define GEMV_WARPS {GEMV_BLOCK_COLS}\n");
         assert!(source.contains(&line), "gemm.cu lacks `{line}`");
+        let names: Vec<&str> = crate::cuda::kernel_names(source).collect();
         for rows in GEMV_PASS_ROWS {
-            for kernel in [bf16::GEMV_KERNEL, f32::GEMV_KERNEL, GEMV_GATED_KERNEL] {
-                assert!(source.contains(&format!("{kernel}_r{rows}(")));
+            for kernel in [
+                bf16::GEMV_KERNEL,
+                f32::GEMV_KERNEL,
+                GEMV_GATED_KERNEL,
+                GEMV_NORMED_KERNEL,
+                GEMV_NORMED_GATED_KERNEL,
+                GEMV_ADD_KERNEL,
+            ] {
+                let name = format!("{kernel}_r{rows}");
+                assert!(names.contains(&name.as_str()), "gemm.cu lacks {name}");
             }
         }
     }

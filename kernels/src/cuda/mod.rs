@@ -11,11 +11,13 @@ pub mod launch;
 pub mod norm;
 pub mod sampling;
 
-use cudarc::driver::{CudaFunction, CudaStream, LaunchConfig};
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig};
 use launch::KernelLaunch;
 use peregrine_runtime::cuda::{Gpu, GpuError, KernelCompiler, KernelSource};
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Mutex;
 
 /// The header prepended to every module.
 const HEADER: &str = include_str!("../../cuda/common.cuh");
@@ -54,6 +56,10 @@ pub struct CudaKernels {
     compiled: usize,
     /// Launches use programmatic dependent launch (see [`launch`]).
     programmatic: bool,
+    /// The device's multiprocessors.
+    multiprocessors: u32,
+    /// [`CudaKernels::resident_blocks`] of each kernel asked about so far.
+    resident: Mutex<HashMap<String, u32>>,
 }
 
 impl CudaKernels {
@@ -71,10 +77,15 @@ impl CudaKernels {
                 functions.insert(name.to_string(), function);
             }
         }
+        let multiprocessors = gpu
+            .context()
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
         Ok(CudaKernels {
             functions,
             compiled,
             programmatic: supports_programmatic_launch(gpu.arch()),
+            multiprocessors: multiprocessors.max(1) as u32,
+            resident: Mutex::new(HashMap::new()),
         })
     }
 
@@ -93,6 +104,22 @@ impl CudaKernels {
     /// A launch of the kernel `name` on `stream`, to be given its parameters.
     pub(crate) fn launch<'a>(&'a self, stream: &'a CudaStream, name: &'a str) -> KernelLaunch<'a> {
         KernelLaunch::new(self, stream, name)
+    }
+
+    /// How many blocks of `threads` threads of the kernel `name` the device runs at once:
+    /// what one multiprocessor holds, times their number. Asked of the driver once per
+    /// kernel (each kernel's launcher always uses one block size).
+    pub(crate) fn resident_blocks(&self, name: &str, threads: u32) -> Result<u32, DriverError> {
+        let mut known = self.resident.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&blocks) = known.get(name) {
+            return Ok(blocks);
+        }
+        let per_sm = self
+            .function(name)
+            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+        let blocks = per_sm.max(1) * self.multiprocessors;
+        known.insert(name.to_string(), blocks);
+        Ok(blocks)
     }
 
     /// How many modules were compiled now rather than taken from the cache.
@@ -130,13 +157,21 @@ pub fn kernel_names(code: &str) -> impl Iterator<Item = &str> {
 }
 
 /// Compiles every module for `arch` without a device (NVRTC alone), so that a machine
-/// without a GPU can still check the sources; returns the number of modules.
-pub fn compile_all(arch: &str, cache_dir: &Path) -> Result<usize, GpuError> {
+/// without a GPU can still check the sources; returns the names [`kernel_names`] reads
+/// from each module that its PTX does not define (a loader would fail on them), module by
+/// module.
+pub fn compile_all(arch: &str, cache_dir: &Path) -> Result<Vec<Vec<String>>, GpuError> {
     let compiler = KernelCompiler::new(arch, cache_dir, HEADER)?;
+    let mut missing = Vec::new();
     for source in MODULES {
-        compiler.ptx(source)?;
+        let (ptx, _) = compiler.ptx(source)?;
+        let absent = kernel_names(source.code)
+            .filter(|name| !ptx.contains(&format!(".entry {name}(")))
+            .map(str::to_string)
+            .collect();
+        missing.push(absent);
     }
-    Ok(MODULES.len())
+    Ok(missing)
 }
 
 /// A one-dimensional launch of `blocks` blocks of `threads` threads.
@@ -182,10 +217,15 @@ mod tests {
         match compiled {
             Err(_) => eprintln!("skipped: NVRTC could not be loaded"),
             Ok(result) => {
-                let modules = result.unwrap_or_else(|err| panic!("{err}"));
-                assert_eq!(modules, MODULES.len());
-                for source in MODULES {
+                let missing = result.unwrap_or_else(|err| panic!("{err}"));
+                assert_eq!(missing.len(), MODULES.len());
+                for (source, missing) in MODULES.iter().zip(missing) {
                     assert!(kernel_names(source.code).count() > 0, "{}", source.name);
+                    assert!(
+                        missing.is_empty(),
+                        "{}: no kernels {missing:?}",
+                        source.name
+                    );
                 }
             }
         }

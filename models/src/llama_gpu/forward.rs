@@ -8,7 +8,7 @@ use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
-use peregrine_kernels::cuda::gemm::{Gemm, GemmError};
+use peregrine_kernels::cuda::gemm::{Gemm, GemmError, NormedInput};
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{
@@ -194,11 +194,15 @@ impl LlamaCore {
             residual,
             h,
         )?;
+        // One-row decode steps fold each RMSNorm into the product after it and each
+        // residual add into the product before it (Gemm::fuses_norms): the residual stream
+        // then always holds the next norm's input.
+        let fused = gemm.fuses_norms(n);
         for (l, layer) in weights.layers.iter().enumerate() {
             let norm = layer.input_norm.as_view();
-            if l == 0 {
+            if !fused && l == 0 {
                 rms_norm(k, stream, &residual.as_view(), &norm, normed, n, eps)?;
-            } else {
+            } else if !fused {
                 add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
             }
             // The residual now holds the layer's input: recorded where asked.
@@ -209,15 +213,17 @@ impl LlamaCore {
                     copy_columns(k, stream, &residual.as_view(), h, dst, stride, n, h)?;
                 }
             }
-            gemm.linear(
-                k,
-                stream,
-                &normed.as_view(),
-                &layer.qkv.as_view(),
-                qkv,
-                n,
-                width,
-            )?;
+            let qkv_w = layer.qkv.as_view();
+            if fused {
+                let x = NormedInput {
+                    residual: &residual.as_view(),
+                    weight: &norm,
+                    eps,
+                };
+                gemm.normed_linear(k, stream, x, &qkv_w, qkv, n, width)?;
+            } else {
+                gemm.linear(k, stream, &normed.as_view(), &qkv_w, qkv, n, width)?;
+            }
             if let Some(bias) = &layer.qkv_bias {
                 add_bias(k, stream, qkv, &bias.as_view(), n)?;
             }
@@ -229,33 +235,39 @@ impl LlamaCore {
             let kv = LayerKv::of(cache, l);
             let attention = &self.attention;
             attend(k, stream, attention, qkv, width, rotary, kv, dplan, attn)?;
-            gemm.linear(
-                k,
-                stream,
-                &attn.as_view(),
-                &layer.o_proj.as_view(),
-                delta,
-                n,
-                h,
-            )?;
-            let post = layer.post_norm.as_view();
-            add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
-            let gu = layer.gate_up.as_view();
-            gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
-            let down = layer.down.as_view();
-            gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
+            let (o_w, post) = (layer.o_proj.as_view(), layer.post_norm.as_view());
+            let (gu, down) = (layer.gate_up.as_view(), layer.down.as_view());
+            if fused {
+                gemm.add_linear(k, stream, &attn.as_view(), &o_w, residual, n, h)?;
+                let x = NormedInput {
+                    residual: &residual.as_view(),
+                    weight: &post,
+                    eps,
+                };
+                gemm.normed_gate_up_act(k, stream, x, &gu, act, n, inter)?;
+                gemm.add_linear(k, stream, &act.as_view(), &down, residual, n, h)?;
+            } else {
+                gemm.linear(k, stream, &attn.as_view(), &o_w, delta, n, h)?;
+                add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
+                gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
+                gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
+            }
         }
         let final_norm = weights.norm.as_view();
-        add_rms_norm(
-            k,
-            stream,
-            residual,
-            &delta.as_view(),
-            &final_norm,
-            normed,
-            n,
-            eps,
-        )?;
+        if fused {
+            rms_norm(k, stream, &residual.as_view(), &final_norm, normed, n, eps)?;
+        } else {
+            add_rms_norm(
+                k,
+                stream,
+                residual,
+                &delta.as_view(),
+                &final_norm,
+                normed,
+                n,
+                eps,
+            )?;
+        }
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let out = LogitRows {
             picked: b.picked,

@@ -1,0 +1,256 @@
+// A model-free timing of the kernel chain of one batch-1 decode step of a Llama shape
+// (default: Llama-3.2-1B), replayed as a CUDA graph with programmatic dependent launch as
+// the engine launches it, to compare ways of chaining the same kernels:
+//   unfused: add_rms_norm, qkv, attention stand-in, o, add_rms_norm, gate/up, down
+//   fused:   normed qkv, attention stand-in, adding o, normed gate/up, adding down
+//   no-norm: the unfused chain less its norms (what the fused one can at best reach)
+//   empty:   as many one-block kernels as the unfused chain, doing nothing (the chain's
+//            own cost)
+// The attention stand-in copies q into the attention output (a decode step's attention
+// over a short context reads little, so it is a dependent step and little else). Every
+// layer has weights of its own, so nothing comes from L2 that would come from memory in a
+// real step. Each chain runs with the GEMV grids capped at 1, 2, 3, 4 and 8 blocks per
+// multiprocessor (at most the kernel's occupancy) and uncapped (a block per column group).
+// It also checks that the fused chain's residual stream matches the unfused one's after
+// all layers. Arguments: hidden, qkv width, intermediate size, layers.
+//
+// Build and run on a GPU machine: scripts/gpu_run.sh chain.
+#include "../kernels/cuda/gemm.cu"
+#include "../kernels/cuda/norm.cu"
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(call)                                                                       \
+    do {                                                                                  \
+        cudaError_t e = (call);                                                           \
+        if (e != cudaSuccess) {                                                           \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
+            exit(1);                                                                      \
+        }                                                                                 \
+    } while (0)
+
+extern "C" __global__ void attention_standin(const bf16* __restrict__ qkv, bf16* __restrict__ out, int dim) {
+    pdl_begin();
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) out[i] = qkv[i];
+}
+
+extern "C" __global__ void empty_kernel() { pdl_begin(); }
+
+struct Shape {
+    int hidden = 2048, qkv = 3072, inter = 8192, layers = 16;
+};
+
+static cudaStream_t stream;
+
+template <typename... Args>
+static void launch(void (*kernel)(Args...), int blocks, int threads, Args... args) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(blocks);
+    config.blockDim = dim3(threads);
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+static int slices_for(int k) {
+    int s = 1;
+    while (s < 8 && k > s * 2048 && k % (2 * s * 8) == 0) s *= 2;
+    return s;
+}
+
+// Blocks per multiprocessor a GEMV grid is capped at: 0 for none (a block per column group),
+// else that many times the multiprocessors, at most what the kernel's occupancy allows.
+static int cap_per_sm = 0;
+static int sms = 0;
+
+template <typename Kernel>
+static int gemv_blocks(Kernel kernel, int n, int k) {
+    const int groups = (n + 8 / slices_for(k) - 1) / (8 / slices_for(k));
+    if (cap_per_sm == 0) return groups;
+    int occupancy = 0;
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 256, 0));
+    const int cap = sms * (cap_per_sm < occupancy ? cap_per_sm : occupancy);
+    return groups < cap ? groups : cap;
+}
+
+// Uniform values in [-scale, scale) from a hash of the index and the seed, made on the device.
+__global__ void fill_random(bf16* out, size_t n, float scale, unsigned seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        unsigned h = (unsigned)i * 2654435761u ^ (unsigned)(i >> 32) * 40503u ^ seed * 2246822519u;
+        h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
+        out[i] = __float2bfloat16(scale * ((h >> 8) * (1.0f / 8388608.0f) - 1.0f));
+    }
+}
+
+static bf16* random_bf16(size_t n, float scale, unsigned seed) {
+    bf16* d;
+    CHECK(cudaMalloc(&d, n * sizeof(bf16)));
+    fill_random<<<1024, 256>>>(d, n, scale, seed);
+    CHECK(cudaDeviceSynchronize());
+    return d;
+}
+
+struct Layer {
+    bf16 *g1, *qkv, *o, *g2, *gate_up, *down;
+};
+
+struct Buffers {
+    float* residual;
+    bf16 *normed, *qkv, *attn, *delta, *act;
+};
+
+enum Chain { UNFUSED, FUSED, NO_NORM, EMPTY };
+
+static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layers, Buffers& b) {
+    const float eps = 1e-5f;
+    const int H = s.hidden;
+    for (int l = 0; l < s.layers; l++) {
+        const Layer& w = layers[l];
+        if (chain == EMPTY) {
+            for (int i = 0; i < 7; i++) launch(empty_kernel, 1, 32);
+            continue;
+        }
+        if (chain == FUSED) {
+            launch(gemv_normed_bf16_r1, gemv_blocks(gemv_normed_bf16_r1, s.qkv, H), 256, (const float*)b.residual,
+                   (const bf16*)w.g1, (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
+            launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
+            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, H), 256, (const bf16*)b.attn, (const bf16*)w.o,
+                   b.residual, 1, H, H, slices_for(H));
+            launch(gemv_normed_gated_bf16_r1, gemv_blocks(gemv_normed_gated_bf16_r1, s.inter, H), 256,
+                   (const float*)b.residual, (const bf16*)w.g2, (const bf16*)w.gate_up, b.act, 1,
+                   s.inter, H, slices_for(H), eps);
+            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, s.inter), 256, (const bf16*)b.act,
+                   (const bf16*)w.down, b.residual, 1, H, s.inter, slices_for(s.inter));
+            continue;
+        }
+        const bool norms = chain == UNFUSED;
+        if (norms)
+            launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g1,
+                   b.normed, H, eps);
+        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, s.qkv, H), 256, (const bf16*)b.normed,
+               (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H));
+        launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
+        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, H, H), 256, (const bf16*)b.attn,
+               (const bf16*)w.o, b.delta, 1, H, H, slices_for(H));
+        if (norms)
+            launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g2,
+                   b.normed, H, eps);
+        launch(gemv_gated_bf16_r1, gemv_blocks(gemv_gated_bf16_r1, s.inter, H), 256, (const bf16*)b.normed,
+               (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H));
+        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, H, s.inter), 256, (const bf16*)b.act,
+               (const bf16*)w.down, b.delta, 1, H, s.inter, slices_for(s.inter));
+    }
+    if (chain == UNFUSED) {
+        // The last layer's down projection joins the residual stream, as the final norm's
+        // add would (the fused chain's last product adds it itself).
+        launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)layers[0].g1,
+               b.normed, H, eps);
+    }
+}
+
+static std::vector<float> residual_after(Chain chain, const Shape& s, const std::vector<Layer>& layers,
+                                         Buffers& b, const std::vector<float>& start) {
+    CHECK(cudaMemcpy(b.residual, start.data(), start.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CHECK(cudaMemset(b.delta, 0, s.hidden * sizeof(bf16)));
+    enqueue(chain, s, layers, b);
+    CHECK(cudaStreamSynchronize(stream));
+    std::vector<float> out(start.size());
+    CHECK(cudaMemcpy(out.data(), b.residual, out.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    return out;
+}
+
+static double time_chain(Chain chain, const Shape& s, const std::vector<Layer>& layers, Buffers& b) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    enqueue(chain, s, layers, b);
+    CHECK(cudaStreamEndCapture(stream, &graph));
+    CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 20; i++) CHECK(cudaGraphLaunch(exec, stream));
+    cudaEvent_t start, stop;
+    CHECK(cudaEventCreate(&start));
+    CHECK(cudaEventCreate(&stop));
+    const int reps = 200;
+    CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < reps; i++) CHECK(cudaGraphLaunch(exec, stream));
+    CHECK(cudaEventRecord(stop, stream));
+    CHECK(cudaEventSynchronize(stop));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    CHECK(cudaGraphExecDestroy(exec));
+    CHECK(cudaGraphDestroy(graph));
+    return 1000.0 * ms / reps;
+}
+
+int main(int argc, char** argv) {
+    Shape s;
+    if (argc == 5) s = Shape{atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4])};
+    CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    const int H = s.hidden;
+    std::vector<Layer> layers;
+    double bytes = 0;
+    for (int l = 0; l < s.layers; l++) {
+        const unsigned seed = 100 + 10 * l;
+        layers.push_back(Layer{random_bf16(H, 1.0f, seed), random_bf16((size_t)s.qkv * H, 0.03f, seed + 1),
+                               random_bf16((size_t)H * H, 0.03f, seed + 2), random_bf16(H, 1.0f, seed + 3),
+                               random_bf16((size_t)2 * s.inter * H, 0.03f, seed + 4),
+                               random_bf16((size_t)H * s.inter, 0.03f, seed + 5)});
+        bytes += 2.0 * ((double)s.qkv * H + (double)H * H + 3.0 * s.inter * H);
+    }
+    Buffers b;
+    CHECK(cudaMalloc(&b.residual, H * sizeof(float)));
+    CHECK(cudaMalloc(&b.normed, H * sizeof(bf16)));
+    CHECK(cudaMalloc(&b.qkv, s.qkv * sizeof(bf16)));
+    CHECK(cudaMalloc(&b.attn, H * sizeof(bf16)));
+    CHECK(cudaMalloc(&b.delta, H * sizeof(bf16)));
+    CHECK(cudaMalloc(&b.act, s.inter * sizeof(bf16)));
+
+    // The fused chain against the unfused one: the same residual stream within bf16 noise.
+    std::vector<float> start(H);
+    srand(7);
+    for (auto& v : start) v = (rand() / (float)RAND_MAX) * 2.0f - 1.0f;
+    const auto want = residual_after(UNFUSED, s, layers, b, start);
+    const auto got = residual_after(FUSED, s, layers, b, start);
+    double worst = 0, largest = 0;
+    for (int i = 0; i < H; i++) {
+        worst = fmax(worst, fabs(want[i] - got[i]));
+        largest = fmax(largest, fabs(want[i]));
+    }
+    printf("residual after %d layers: largest |x| %.4f, fused vs unfused max |diff| %.5f (%.2e of largest)\n",
+           s.layers, largest, worst, worst / largest);
+
+    printf("shape hidden %d qkv %d inter %d layers %d: %.1f MB of weights\n", s.hidden, s.qkv, s.inter,
+           s.layers, bytes / 1e6);
+    const char* names[] = {"unfused", "fused", "no-norm", "empty"};
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int caps[] = {0, 1, 2, 3, 4, 8};
+    for (int round = 0; round < 2; round++) {
+        for (int cap : caps) {
+            cap_per_sm = cap;
+            for (int c = 0; c < 4; c++) {
+                if (c == EMPTY && cap != 0) continue;
+                const double us = time_chain((Chain)c, s, layers, b);
+                printf("round %d cap %d %-8s %8.1f us/step  %6.2f us/layer  %.2f TB/s\n", round, cap,
+                       names[c], us, us / s.layers, c == EMPTY ? 0.0 : bytes / (us * 1e-6) / 1e12);
+            }
+        }
+    }
+    const struct {
+        const char* name;
+        const void* kernel;
+    } kernels[] = {{"plain", (const void*)gemv_fixed_order_bf16_r1}, {"gated", (const void*)gemv_gated_bf16_r1},
+                   {"normed", (const void*)gemv_normed_bf16_r1},
+                   {"normed gated", (const void*)gemv_normed_gated_bf16_r1}, {"add", (const void*)gemv_add_f32_r1}};
+    for (const auto& k : kernels) {
+        int occupancy = 0;
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, k.kernel, 256, 0));
+        printf("occupancy of %s: %d blocks/SM\n", k.name, occupancy);
+    }
+    return 0;
+}
