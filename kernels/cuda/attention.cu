@@ -140,6 +140,26 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     const bool has_new = last >= 0 && last < n;
     const int new_at = has_new ? last : -1;           // -1: no token of the loops
     const float* angles = nk.fuse && nk.rotary ? nk.cos_sin + (i64)nk.positions[row] * D : nullptr;
+
+    // Everything above reads only what the host staged for the step. With the KV write
+    // fused in, every other token's key and value was written by an earlier step too, so
+    // the one-head kernels (chosen when few sequences run, and latency-bound then) load
+    // their first pass of keys and values here, while the kernel ahead finishes. Kernels
+    // of more heads keep those registers for their heads.
+    constexpr bool PRELOAD = MAXG == 1;
+    const bool preload = PRELOAD && nk.fuse;
+    uint4 k_pre[PRELOAD ? PA_UNROLL : 1], v_pre[PRELOAD ? PA_UNROLL : 1];
+    if (PRELOAD) {
+        __syncthreads();  // slot_at is read across threads
+#pragma unroll
+        for (int u = 0; u < (PRELOAD ? PA_UNROLL : 1); ++u) {
+            const int i = u * step + warp * per_warp + group_lane;
+            const bool cached = preload && i < n && i != new_at;
+            k_pre[u] = cached ? load_bf16x8(k_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
+            v_pre[u] = cached ? load_bf16x8(v_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+    pdl_wait();
     if (has_new) {
         const bf16* k_new = q + row * q_stride + ((i64)num_heads + kv_head) * D;
         const bf16* v_new = q + row * q_stride + ((i64)num_heads + num_kv_heads + kv_head) * D;
@@ -187,6 +207,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_k + gl * VEC);
+            else if (preload && base == 0) raw[u] = k_pre[PRELOAD ? u : 0];
             else if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
@@ -264,6 +285,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_v + gl * VEC);
+            else if (preload && base == 0) raw[u] = v_pre[PRELOAD ? u : 0];
             else if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
@@ -351,12 +373,12 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
 // the one that holds the group) that still fills the GPU, several blocks per KV head when
 // the bucket is smaller than the group.
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<64, 4>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_begin(); pa_split<128, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4>(PA_SPLIT_ARGS); }
 
 // One block per (decode sequence, head): merges the sequence's partition records and writes
 // its output row: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) s_p. The max and the

@@ -26,8 +26,11 @@ typedef long long i64;
 
 // Programmatic dependent launch (kernels/src/cuda/launch.rs): every kernel is launched so
 // that it may start while the kernel ahead of it in the stream is still running. Until
-// pdl_wait() returns, a kernel reads nothing but weights (which nothing writes once the
-// model is loaded) and writes nothing; after it, every earlier kernel of the stream has
+// pdl_wait() returns, a kernel writes nothing and reads only what no kernel of the step
+// writes: weights (which nothing writes once the model is loaded), what the host staged for
+// the step (copied before the step's first kernel, which a copy does not let start early),
+// and, in a decode step whose KV write is fused into attention, the keys and values of
+// tokens that earlier steps wrote. After it, every earlier kernel of the stream has
 // finished and its writes are visible. pdl_launch_dependents() lets the next kernel start
 // (it still waits for this one to finish). Both are no-ops where the device lacks them
 // (before sm_90, HIP) or the kernel was launched the ordinary way.

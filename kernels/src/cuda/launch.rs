@@ -4,8 +4,10 @@
 //! A kernel launched that way may start while the kernel ahead of it in the stream is
 //! still running, once every block of that one has begun; it then waits in
 //! `pdl_wait()` (`common.cuh`) until the kernel ahead has finished and its writes are
-//! visible. Every kernel of this crate keeps to one rule: before `pdl_wait()` it reads
-//! nothing but weights (which no kernel writes) and writes nothing. Since a kernel only
+//! visible. Every kernel of this crate keeps to one rule: before `pdl_wait()` it writes
+//! nothing and reads only what no kernel of the step writes (weights, the step's staged
+//! inputs, and in a fused decode attention the KV of earlier steps' tokens; `common.cuh`
+//! says why each is safe). Since a kernel only
 //! finishes after its own wait returned, the wait covers every earlier kernel of the
 //! stream too. What it buys: the next kernel's launch and its first weight loads overlap
 //! the tail of the one before, which at batch 1 decode is most of a small product's time.
