@@ -211,7 +211,7 @@ impl Gemm {
         m: usize,
         n: usize,
     ) -> Result<(), GemmError> {
-        self.normed(kernels, stream, GEMV_NORMED_KERNEL, x, w, out, m, n)
+        self.normed(kernels, stream, false, x, w, out, m, n)
     }
 
     /// `act[m, inter] = silu(rms_norm(x) · w_gateᵀ) * (rms_norm(x) · w_upᵀ)` in one kernel,
@@ -228,16 +228,7 @@ impl Gemm {
         m: usize,
         inter: usize,
     ) -> Result<(), GemmError> {
-        self.normed(
-            kernels,
-            stream,
-            GEMV_NORMED_GATED_KERNEL,
-            x,
-            w,
-            act,
-            m,
-            inter,
-        )
+        self.normed(kernels, stream, true, x, w, act, m, inter)
     }
 
     /// `residual[m, n] += bf16(x[m, k] · w[n, k]ᵀ)`: the product rounded to bf16 as
@@ -269,26 +260,29 @@ impl Gemm {
         )?)
     }
 
+    /// [`Gemm::normed_linear`], or with `gated` [`Gemm::normed_gate_up_act`] (w then holds
+    /// 2n rows).
     #[allow(clippy::too_many_arguments)]
     fn normed(
         &self,
         kernels: &CudaKernels,
         stream: &CudaStream,
-        name: &str,
+        gated: bool,
         x: NormedInput,
         w: &CudaView<bf16>,
         out: &mut CudaViewMut<bf16>,
         m: usize,
         n: usize,
     ) -> Result<(), GemmError> {
-        assert!(self.fuses_norms(m), "{name}: {m} rows are not fused");
-        let halves = if name == GEMV_NORMED_GATED_KERNEL {
-            2
+        let (name, halves) = if gated {
+            (GEMV_NORMED_GATED_KERNEL, 2)
         } else {
-            1
+            (GEMV_NORMED_KERNEL, 1)
         };
-        let k = check_shapes(x.residual.len(), w.len(), usize::MAX, m, halves * n);
-        assert!(out.len() >= m * n, "{name}: short output");
+        assert!(self.fuses_norms(m), "{name}: {m} rows are not fused");
+        // w is [halves * n, k] and out [m, n]: out holds m * n exactly when halves times it
+        // holds m * (halves * n).
+        let k = check_shapes(x.residual.len(), w.len(), halves * out.len(), m, halves * n);
         assert_eq!(x.weight.len(), k, "{name}: the norm's weight is not [k]");
         let gamma_ptr = x.weight.device_ptr(stream).0;
         assert!(
