@@ -6,20 +6,26 @@
 //   no-norm: the unfused chain less its norms (what the fused one can at best reach)
 //   empty:   as many one-block kernels as the unfused chain, doing nothing (the chain's
 //            own cost)
+//   program: the fused chain's products as gemv_program (gemv_program_probe.cuh), a
+//            persistent grid per layer between the attention stand-ins, and timings of
+//            one product alone through it and through the kernels
 // The attention stand-in copies q into the attention output (a decode step's attention
 // over a short context reads little, so it is a dependent step and little else). Every
 // layer has weights of its own, so nothing comes from L2 that would come from memory in a
 // real step. Each chain runs with the GEMV grids capped at 1, 2, 3, 4 and 8 blocks per
 // multiprocessor (at most the kernel's occupancy) and uncapped (a block per column group).
 // It also checks that the fused chain's residual stream matches the unfused one's after
-// all layers. Arguments: hidden, qkv width, intermediate size, layers.
+// all layers, and the program's the fused one's to the bit. Arguments: hidden, qkv width,
+// intermediate size, layers.
 //
 // Build and run on a GPU machine: scripts/gpu_run.sh chain.
 #include "../kernels/cuda/gemm.cu"
 #include "../kernels/cuda/norm.cu"
+#include "gemv_program_probe.cuh"
 
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <vector>
 
 #define CHECK(call)                                                                       \
@@ -37,6 +43,8 @@ extern "C" __global__ void attention_standin(const bf16* __restrict__ qkv, bf16*
 }
 
 extern "C" __global__ void empty_kernel() { pdl_begin(); }
+
+
 
 struct Shape {
     int hidden = 2048, qkv = 3072, inter = 8192, layers = 16;
@@ -105,7 +113,68 @@ struct Buffers {
     bf16 *normed, *qkv, *attn, *delta, *act;
 };
 
-enum Chain { UNFUSED, FUSED, NO_NORM, EMPTY };
+enum Chain {
+    UNFUSED,
+    FUSED,
+    NO_NORM,
+    EMPTY,
+    PROGRAM,
+    // One product alone, in every layer.
+    GATE_KERNELS,
+    GATE_PROGRAM1,
+    GATE_PROGRAM4,
+    DOWN_KERNELS,
+    DOWN_PROGRAM1,
+};
+
+static unsigned* barrier;
+
+// A gemv_program step.
+static ProgramStep step(ProgramMode mode, const void* x, const bf16* gamma, const bf16* w, void* out, int n,
+                        int k) {
+    return ProgramStep{x, gamma, w, out, (int)mode, n, k, slices_for(k)};
+}
+
+static int shared_optin = 0;
+
+static void launch_program(const std::vector<ProgramStep>& steps) {
+    Program p = {};
+    int stretch_most = 0, x_bytes = 0, normed_elems = 0;
+    for (size_t i = 0; i < steps.size(); i++) {
+        const ProgramStep& st = steps[i];
+        const bool normed = st.mode == PROGRAM_NORMED || st.mode == PROGRAM_NORMED_GATED;
+        const int halves = st.mode == PROGRAM_NORMED_GATED ? 2 : 1;
+        stretch_most = std::max(stretch_most, halves * st.k / st.slices * 2);
+        x_bytes = std::max(x_bytes, st.k * (normed ? 4 : 2));
+        if (normed) normed_elems = std::max(normed_elems, st.k);
+    }
+    // A slot holds the longest stretch (shorter ones leave the rest unused: packing two into
+    // a copy group measured slower).
+    p.slot_bytes = (stretch_most + 127) / 128 * 128;
+    for (size_t i = 0; i < steps.size(); i++) p.steps[i] = steps[i];
+    p.count = (int)steps.size();
+    p.barrier = barrier;
+    p.eps = 1e-5f;
+    p.x_bytes = x_bytes;
+    p.normed_elems = normed_elems;
+    const int smem = PROGRAM_WARPS * PROGRAM_DEPTH * p.slot_bytes + x_bytes + normed_elems * 4;
+    if (smem > shared_optin) {
+        fprintf(stderr, "%d slots of %d bytes and x do not fit\n", PROGRAM_WARPS * PROGRAM_DEPTH, p.slot_bytes);
+        exit(1);
+    }
+    CHECK(cudaFuncSetAttribute(gemv_program, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(sms);
+    config.blockDim = dim3(PROGRAM_WARPS * 32);
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    config.attrs = attr;
+    config.numAttrs = 1;
+    CHECK(cudaLaunchKernelEx(&config, gemv_program, p));
+}
 
 static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layers, Buffers& b) {
     const float eps = 1e-5f;
@@ -114,6 +183,49 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
         const Layer& w = layers[l];
         if (chain == EMPTY) {
             for (int i = 0; i < 7; i++) launch(empty_kernel, 1, 32);
+            continue;
+        }
+        if (chain == GATE_KERNELS) {
+            launch(gemv_normed_gated_bf16_r1, gemv_blocks(gemv_normed_gated_bf16_r1, s.inter, H), 256,
+                   (const float*)b.residual, (const bf16*)w.g2, (const bf16*)w.gate_up, b.act, 1,
+                   s.inter, H, slices_for(H), eps);
+            continue;
+        }
+        if (chain == DOWN_KERNELS) {
+            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, s.inter), 256, (const bf16*)b.act,
+                   (const bf16*)w.down, b.residual, 1, H, s.inter, slices_for(s.inter));
+            continue;
+        }
+        if (chain == GATE_PROGRAM1) {
+            launch_program({step(PROGRAM_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H)});
+            continue;
+        }
+        if (chain == DOWN_PROGRAM1) {
+            launch_program({step(PROGRAM_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)});
+            continue;
+        }
+        if (chain == GATE_PROGRAM4) {
+            if (l % 4 == 0) {
+                std::vector<ProgramStep> steps;
+                for (int i = l; i < std::min(l + 4, s.layers); i++)
+                    steps.push_back(step(PROGRAM_NORMED_GATED, b.residual, layers[i].g2, layers[i].gate_up, b.act, s.inter, H));
+                launch_program(steps);
+            }
+            continue;
+        }
+        if (chain == PROGRAM) {
+            // The layer's qkv product ran at the end of the program before (the first
+            // layer's runs alone).
+            if (l == 0)
+                launch_program({step(PROGRAM_NORMED, b.residual, w.g1, w.qkv, b.qkv, s.qkv, H)});
+            launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
+            std::vector<ProgramStep> steps = {
+                step(PROGRAM_ADD, b.attn, nullptr, w.o, b.residual, H, H),
+                step(PROGRAM_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H),
+                step(PROGRAM_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)};
+            if (l + 1 < s.layers)
+                steps.push_back(step(PROGRAM_NORMED, b.residual, layers[l + 1].g1, layers[l + 1].qkv, b.qkv, s.qkv, H));
+            launch_program(steps);
             continue;
         }
         if (chain == FUSED) {
@@ -189,6 +301,7 @@ static double time_chain(Chain chain, const Shape& s, const std::vector<Layer>& 
 }
 
 int main(int argc, char** argv) {
+    setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a pipe as they are printed
     Shape s;
     if (argc == 5) s = Shape{atoi(argv[1]), atoi(argv[2]), atoi(argv[3]), atoi(argv[4])};
     CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -224,19 +337,46 @@ int main(int argc, char** argv) {
     }
     printf("residual after %d layers: largest |x| %.4f, fused vs unfused max |diff| %.5f (%.2e of largest)\n",
            s.layers, largest, worst, worst / largest);
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    CHECK(cudaMalloc(&barrier, 64 * sizeof(unsigned)));
+    CHECK(cudaMemset(barrier, 0, 64 * sizeof(unsigned)));
 
     printf("shape hidden %d qkv %d inter %d layers %d: %.1f MB of weights\n", s.hidden, s.qkv, s.inter,
            s.layers, bytes / 1e6);
-    const char* names[] = {"unfused", "fused", "no-norm", "empty"};
-    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const char* names[] = {"unfused", "fused", "no-norm", "empty", "program"};
+    CHECK(cudaDeviceGetAttribute(&shared_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+    {
+        const auto programmed = residual_after(PROGRAM, s, layers, b, start);
+        int differ = 0;
+        double far = 0;
+        for (int i = 0; i < H; i++) {
+            differ += programmed[i] != got[i];
+            far = fmax(far, fabs(programmed[i] - got[i]));
+        }
+        printf("program: %d of %d residual values differ from fused (want 0), max |diff| %.3g\n", differ, H, far);
+    }
+    {
+        // One product alone, 16 layers of it: the kernels (grids capped at 4 blocks per
+        // multiprocessor) against a program per layer, and four layers to a program.
+        cap_per_sm = 4;
+        const char* probe_names[] = {"gate/up kernels", "gate/up program x1", "gate/up program x4", "down kernels",
+                                     "down program x1"};
+        const double gate_up = 2.0 * 2 * s.inter * H * s.layers, down = 2.0 * s.inter * H * s.layers;
+        const double probe_bytes[] = {gate_up, gate_up, gate_up, down, down};
+        for (int c = GATE_KERNELS; c <= DOWN_PROGRAM1; c++) {
+            const double us = time_chain((Chain)c, s, layers, b);
+            printf("%-20s %8.1f us  %.2f TB/s\n", probe_names[c - GATE_KERNELS], us,
+                   probe_bytes[c - GATE_KERNELS] / (us * 1e-6) / 1e12);
+        }
+    }
     const int caps[] = {0, 1, 2, 3, 4, 8};
     for (int round = 0; round < 2; round++) {
         for (int cap : caps) {
             cap_per_sm = cap;
-            for (int c = 0; c < 4; c++) {
-                if (c == EMPTY && cap != 0) continue;
+            for (int c = 0; c < 5; c++) {
+                if ((c == EMPTY || c == PROGRAM) && cap != 0) continue;
                 const double us = time_chain((Chain)c, s, layers, b);
-                printf("round %d cap %d %-8s %8.1f us/step  %6.2f us/layer  %.2f TB/s\n", round, cap,
+                printf("round %d cap %d %-16s %8.1f us/step  %6.2f us/layer  %.2f TB/s\n", round, cap,
                        names[c], us, us / s.layers, c == EMPTY ? 0.0 : bytes / (us * 1e-6) / 1e12);
             }
         }

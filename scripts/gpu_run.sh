@@ -30,7 +30,8 @@
 #   scripts/gpu_run.sh chain      scripts/decode_chain_bench.cu (built here with nvcc): the
 #                                 kernel chain of batch-1 decode layers replayed as a graph,
 #                                 unfused against fused norms and at several GEMV grid caps,
-#                                 on the Llama-3.2-1B and SmolLM2-135M shapes
+#                                 and the persistent prototype (gemv_program_probe.cuh), on
+#                                 the Llama-3.2-1B and SmolLM2-135M shapes
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
