@@ -44,19 +44,19 @@ extern "C" __global__ void attention_standin(const bf16* __restrict__ qkv, bf16*
 
 extern "C" __global__ void empty_kernel() { pdl_begin(); }
 
-
-
 struct Shape {
     int hidden = 2048, qkv = 3072, inter = 8192, layers = 16;
 };
 
 static cudaStream_t stream;
 
+// Launches with programmatic dependent launch, as the engine does.
 template <typename... Args>
-static void launch(void (*kernel)(Args...), int blocks, int threads, Args... args) {
+static void launch_sized(void (*kernel)(Args...), int blocks, int threads, int shared_bytes, Args... args) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(blocks);
     config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = shared_bytes;
     config.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -64,6 +64,11 @@ static void launch(void (*kernel)(Args...), int blocks, int threads, Args... arg
     config.attrs = attr;
     config.numAttrs = 1;
     CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+}
+
+template <typename... Args>
+static void launch(void (*kernel)(Args...), int blocks, int threads, Args... args) {
+    launch_sized(kernel, blocks, threads, 0, args...);
 }
 
 static int slices_for(int k) {
@@ -163,17 +168,7 @@ static void launch_program(const std::vector<ProgramStep>& steps) {
         exit(1);
     }
     CHECK(cudaFuncSetAttribute(gemv_program, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(sms);
-    config.blockDim = dim3(PROGRAM_WARPS * 32);
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    config.attrs = attr;
-    config.numAttrs = 1;
-    CHECK(cudaLaunchKernelEx(&config, gemv_program, p));
+    launch_sized(gemv_program, sms, PROGRAM_WARPS * 32, smem, p);
 }
 
 static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layers, Buffers& b) {
