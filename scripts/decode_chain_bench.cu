@@ -135,7 +135,7 @@ enum Chain {
 static unsigned* barrier;
 
 // A gemv_program step.
-static ProgramStep step(ProgramMode mode, const void* x, const bf16* gamma, const bf16* w, void* out, int n,
+static ProgramStep step(GemvMode mode, const void* x, const bf16* gamma, const bf16* w, void* out, int n,
                         int k) {
     return ProgramStep{x, gamma, w, out, (int)mode, n, k, slices_for(k)};
 }
@@ -147,8 +147,8 @@ static void launch_program(const std::vector<ProgramStep>& steps) {
     int stretch_most = 0, x_bytes = 0, normed_elems = 0;
     for (size_t i = 0; i < steps.size(); i++) {
         const ProgramStep& st = steps[i];
-        const bool normed = st.mode == PROGRAM_NORMED || st.mode == PROGRAM_NORMED_GATED;
-        const int halves = st.mode == PROGRAM_NORMED_GATED ? 2 : 1;
+        const bool normed = st.mode == GEMV_NORMED || st.mode == GEMV_NORMED_GATED;
+        const int halves = st.mode == GEMV_NORMED_GATED ? 2 : 1;
         stretch_most = std::max(stretch_most, halves * st.k / st.slices * 2);
         x_bytes = std::max(x_bytes, st.k * (normed ? 4 : 2));
         if (normed) normed_elems = std::max(normed_elems, st.k);
@@ -192,18 +192,18 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             continue;
         }
         if (chain == GATE_PROGRAM1) {
-            launch_program({step(PROGRAM_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H)});
+            launch_program({step(GEMV_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H)});
             continue;
         }
         if (chain == DOWN_PROGRAM1) {
-            launch_program({step(PROGRAM_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)});
+            launch_program({step(GEMV_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)});
             continue;
         }
         if (chain == GATE_PROGRAM4) {
             if (l % 4 == 0) {
                 std::vector<ProgramStep> steps;
                 for (int i = l; i < std::min(l + 4, s.layers); i++)
-                    steps.push_back(step(PROGRAM_NORMED_GATED, b.residual, layers[i].g2, layers[i].gate_up, b.act, s.inter, H));
+                    steps.push_back(step(GEMV_NORMED_GATED, b.residual, layers[i].g2, layers[i].gate_up, b.act, s.inter, H));
                 launch_program(steps);
             }
             continue;
@@ -212,14 +212,14 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             // The layer's qkv product ran at the end of the program before (the first
             // layer's runs alone).
             if (l == 0)
-                launch_program({step(PROGRAM_NORMED, b.residual, w.g1, w.qkv, b.qkv, s.qkv, H)});
+                launch_program({step(GEMV_NORMED, b.residual, w.g1, w.qkv, b.qkv, s.qkv, H)});
             launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
             std::vector<ProgramStep> steps = {
-                step(PROGRAM_ADD, b.attn, nullptr, w.o, b.residual, H, H),
-                step(PROGRAM_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H),
-                step(PROGRAM_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)};
+                step(GEMV_ADD, b.attn, nullptr, w.o, b.residual, H, H),
+                step(GEMV_NORMED_GATED, b.residual, w.g2, w.gate_up, b.act, s.inter, H),
+                step(GEMV_ADD, b.act, nullptr, w.down, b.residual, H, s.inter)};
             if (l + 1 < s.layers)
-                steps.push_back(step(PROGRAM_NORMED, b.residual, layers[l + 1].g1, layers[l + 1].qkv, b.qkv, s.qkv, H));
+                steps.push_back(step(GEMV_NORMED, b.residual, layers[l + 1].g1, layers[l + 1].qkv, b.qkv, s.qkv, H));
             launch_program(steps);
             continue;
         }

@@ -35,15 +35,9 @@
 #endif
 #define PROGRAM_STEPS 8
 
-// What a step does with its input and its result (GemvMode in gemm.cu).
-enum ProgramMode {
-    PROGRAM_PLAIN = 0,         // out (bf16) = x . w
-    PROGRAM_NORMED = 1,        // out (bf16) = rms_norm(x) * gamma . w, x the f32 residual
-    PROGRAM_NORMED_GATED = 2,  // out (bf16) = silu(n . w_gate) * (n . w_up), n as above
-    PROGRAM_ADD = 3,           // out (f32 residual) += bf16(x . w)
-};
-
-// One product of a program: w holds n rows of k (2n for a gated step: gate rows, then up).
+// One product of a program, `mode` a GemvMode of gemm.cu (which the including file
+// includes first): plain, normed, normed gated or adding. w holds n rows of k (2n for a
+// gated step: gate rows, then up).
 struct ProgramStep {
     const void* x;
     const bf16* gamma;
@@ -90,10 +84,10 @@ __device__ __forceinline__ void program_grid_barrier(unsigned* barrier) {
     __syncthreads();
 }
 
-__device__ __forceinline__ int program_halves(const ProgramStep& st) { return st.mode == PROGRAM_NORMED_GATED ? 2 : 1; }
+__device__ __forceinline__ int program_halves(const ProgramStep& st) { return st.mode == GEMV_NORMED_GATED ? 2 : 1; }
 
 __device__ __forceinline__ bool program_normed(const ProgramStep& st) {
-    return st.mode == PROGRAM_NORMED || st.mode == PROGRAM_NORMED_GATED;
+    return st.mode == GEMV_NORMED || st.mode == GEMV_NORMED_GATED;
 }
 
 // Where a warp is in its walk over its stretches: step, the warp's i-th column of the step,
@@ -269,7 +263,7 @@ extern "C" __global__ void __launch_bounds__(PROGRAM_WARPS * 32, 1) gemv_program
             const unsigned char* slot = ring + (size_t)(used % PROGRAM_DEPTH) * p.slot_bytes;
             float part[2];
             const int at = use.slice * k_slice;
-            if (st.mode == PROGRAM_NORMED_GATED) {
+            if (st.mode == GEMV_NORMED_GATED) {
                 program_stretch<2>(slot, xg + at, k_slice, lane, part);
             } else if (normed) {
                 program_stretch<1>(slot, xg + at, k_slice, lane, part);
@@ -281,10 +275,10 @@ extern "C" __global__ void __launch_bounds__(PROGRAM_WARPS * 32, 1) gemv_program
             if (use.slice == st.slices - 1 && lane == 0) {
                 const int col = use.column(p, warp);
                 const float v = total[0] * inv;
-                if (st.mode == PROGRAM_NORMED_GATED) {
+                if (st.mode == GEMV_NORMED_GATED) {
                     const float up = total[1] * inv;
                     ((bf16*)st.out)[col] = to_bf16(silu_times(to_f32(to_bf16(v)), to_f32(to_bf16(up))));
-                } else if (st.mode == PROGRAM_ADD) {
+                } else if (st.mode == GEMV_ADD) {
                     float* out = (float*)st.out;
                     out[col] = __ldcg(out + col) + to_f32(to_bf16(total[0]));
                 } else {
