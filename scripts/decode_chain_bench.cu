@@ -8,7 +8,8 @@
 //            own cost)
 //   program: the fused chain's products as gemv_program (gemv_program_probe.cuh), a
 //            persistent grid per layer between the attention stand-ins, and timings of
-//            one product alone through it and through the kernels
+//            one product alone through it and through the kernels (and the normed
+//            kernels' products alone against the plain kernels')
 // The attention stand-in copies q into the attention output (a decode step's attention
 // over a short context reads little, so it is a dependent step and little else). Every
 // layer has weights of its own, so nothing comes from L2 that would come from memory in a
@@ -18,8 +19,17 @@
 // all layers, and the program's the fused one's to the bit. Arguments: hidden, qkv width,
 // intermediate size, layers.
 //
-// Build and run on a GPU machine: scripts/gpu_run.sh chain.
+// Build and run on a GPU machine: scripts/gpu_run.sh chain. Built with -DGEMM_BASE it times
+// scripts/gemm_base.cu (an earlier kernels/cuda/gemm.cu, such as `git show
+// REV:kernels/cuda/gemm.cu`, from before its one-row kernels staged x) in place of the
+// current one; gpu_run.sh does so where that file exists.
+#ifdef GEMM_BASE
+#include "gemm_base.cu"
+#define GEMV_STAGES 0
+#else
 #include "../kernels/cuda/gemm.cu"
+#define GEMV_STAGES 1
+#endif
 #include "../kernels/cuda/norm.cu"
 #include "gemv_program_probe.cuh"
 
@@ -83,13 +93,27 @@ static int cap_per_sm = 0;
 static int sms = 0;
 
 template <typename Kernel>
-static int gemv_blocks(Kernel kernel, int n, int k) {
+static int gemv_blocks(Kernel kernel, int n, int k, int shared_bytes) {
     const int groups = (n + 8 / slices_for(k) - 1) / (8 / slices_for(k));
     if (cap_per_sm == 0) return groups;
     int occupancy = 0;
-    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 256, 0));
+    CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&occupancy, kernel, 256, shared_bytes));
     const int cap = sms * (cap_per_sm < occupancy ? cap_per_sm : occupancy);
     return groups < cap ? groups : cap;
+}
+
+// The dynamic shared memory a one-row GEMV stages its row in (gemm.cu): a row of k elements
+// of x_size bytes, and a normed product's gamma.
+static int staged_bytes(int k, int x_size, bool normed) {
+    return GEMV_STAGES ? k * x_size + (normed ? 2 * k : 0) : 0;
+}
+
+// A one-row GEMV launch over rows of k elements of x_size bytes (normed: the f32 residual
+// stream), its grid capped as gemv_blocks says.
+template <typename... Params, typename... Args>
+static void launch_gemv(void (*kernel)(Params...), int n, int k, int x_size, bool normed, Args... args) {
+    const int bytes = staged_bytes(k, x_size, normed);
+    launch_sized(kernel, gemv_blocks(kernel, n, k, bytes), 256, bytes, args...);
 }
 
 // Uniform values in [-scale, scale) from a hash of the index and the seed, made on the device.
@@ -130,6 +154,10 @@ enum Chain {
     GATE_PROGRAM4,
     DOWN_KERNELS,
     DOWN_PROGRAM1,
+    // One product alone, its kernel with and without the fused norm.
+    GATE_PLAIN,
+    QKV_NORMED,
+    QKV_PLAIN,
 };
 
 static unsigned* barrier;
@@ -181,14 +209,28 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             continue;
         }
         if (chain == GATE_KERNELS) {
-            launch(gemv_normed_gated_bf16_r1, gemv_blocks(gemv_normed_gated_bf16_r1, s.inter, H), 256,
-                   (const float*)b.residual, (const bf16*)w.g2, (const bf16*)w.gate_up, b.act, 1,
-                   s.inter, H, slices_for(H), eps);
+            launch_gemv(gemv_normed_gated_bf16_r1, s.inter, H, 4, true, (const float*)b.residual, (const bf16*)w.g2,
+                        (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H), eps);
             continue;
         }
         if (chain == DOWN_KERNELS) {
-            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, s.inter), 256, (const bf16*)b.act,
-                   (const bf16*)w.down, b.residual, 1, H, s.inter, slices_for(s.inter));
+            launch_gemv(gemv_add_f32_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.residual, 1,
+                        H, s.inter, slices_for(s.inter));
+            continue;
+        }
+        if (chain == GATE_PLAIN) {
+            launch_gemv(gemv_gated_bf16_r1, s.inter, H, 2, false, (const bf16*)b.normed, (const bf16*)w.gate_up,
+                        b.act, 1, s.inter, H, slices_for(H));
+            continue;
+        }
+        if (chain == QKV_NORMED) {
+            launch_gemv(gemv_normed_bf16_r1, s.qkv, H, 4, true, (const float*)b.residual, (const bf16*)w.g1,
+                        (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
+            continue;
+        }
+        if (chain == QKV_PLAIN) {
+            launch_gemv(gemv_fixed_order_bf16_r1, s.qkv, H, 2, false, (const bf16*)b.normed, (const bf16*)w.qkv,
+                        b.qkv, 1, s.qkv, H, slices_for(H));
             continue;
         }
         if (chain == GATE_PROGRAM1) {
@@ -224,34 +266,33 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             continue;
         }
         if (chain == FUSED) {
-            launch(gemv_normed_bf16_r1, gemv_blocks(gemv_normed_bf16_r1, s.qkv, H), 256, (const float*)b.residual,
-                   (const bf16*)w.g1, (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
+            launch_gemv(gemv_normed_bf16_r1, s.qkv, H, 4, true, (const float*)b.residual, (const bf16*)w.g1,
+                        (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
             launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
-            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, H), 256, (const bf16*)b.attn, (const bf16*)w.o,
-                   b.residual, 1, H, H, slices_for(H));
-            launch(gemv_normed_gated_bf16_r1, gemv_blocks(gemv_normed_gated_bf16_r1, s.inter, H), 256,
-                   (const float*)b.residual, (const bf16*)w.g2, (const bf16*)w.gate_up, b.act, 1,
-                   s.inter, H, slices_for(H), eps);
-            launch(gemv_add_f32_r1, gemv_blocks(gemv_add_f32_r1, H, s.inter), 256, (const bf16*)b.act,
-                   (const bf16*)w.down, b.residual, 1, H, s.inter, slices_for(s.inter));
+            launch_gemv(gemv_add_f32_r1, H, H, 2, false, (const bf16*)b.attn, (const bf16*)w.o, b.residual, 1, H, H,
+                        slices_for(H));
+            launch_gemv(gemv_normed_gated_bf16_r1, s.inter, H, 4, true, (const float*)b.residual, (const bf16*)w.g2,
+                        (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H), eps);
+            launch_gemv(gemv_add_f32_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.residual, 1,
+                        H, s.inter, slices_for(s.inter));
             continue;
         }
         const bool norms = chain == UNFUSED;
         if (norms)
             launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g1,
                    b.normed, H, eps);
-        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, s.qkv, H), 256, (const bf16*)b.normed,
-               (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H));
+        launch_gemv(gemv_fixed_order_bf16_r1, s.qkv, H, 2, false, (const bf16*)b.normed, (const bf16*)w.qkv, b.qkv, 1,
+                    s.qkv, H, slices_for(H));
         launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
-        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, H, H), 256, (const bf16*)b.attn,
-               (const bf16*)w.o, b.delta, 1, H, H, slices_for(H));
+        launch_gemv(gemv_fixed_order_bf16_r1, H, H, 2, false, (const bf16*)b.attn, (const bf16*)w.o, b.delta, 1, H, H,
+                    slices_for(H));
         if (norms)
             launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g2,
                    b.normed, H, eps);
-        launch(gemv_gated_bf16_r1, gemv_blocks(gemv_gated_bf16_r1, s.inter, H), 256, (const bf16*)b.normed,
-               (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H));
-        launch(gemv_fixed_order_bf16_r1, gemv_blocks(gemv_fixed_order_bf16_r1, H, s.inter), 256, (const bf16*)b.act,
-               (const bf16*)w.down, b.delta, 1, H, s.inter, slices_for(s.inter));
+        launch_gemv(gemv_gated_bf16_r1, s.inter, H, 2, false, (const bf16*)b.normed, (const bf16*)w.gate_up, b.act, 1,
+                    s.inter, H, slices_for(H));
+        launch_gemv(gemv_fixed_order_bf16_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.delta,
+                    1, H, s.inter, slices_for(s.inter));
     }
     if (chain == UNFUSED) {
         // The last layer's down projection joins the residual stream, as the final norm's
@@ -355,10 +396,11 @@ int main(int argc, char** argv) {
         // multiprocessor) against a program per layer, and four layers to a program.
         cap_per_sm = 4;
         const char* probe_names[] = {"gate/up kernels", "gate/up program x1", "gate/up program x4", "down kernels",
-                                     "down program x1"};
+                                     "down program x1", "gate/up unnormed", "qkv kernels", "qkv unnormed"};
         const double gate_up = 2.0 * 2 * s.inter * H * s.layers, down = 2.0 * s.inter * H * s.layers;
-        const double probe_bytes[] = {gate_up, gate_up, gate_up, down, down};
-        for (int c = GATE_KERNELS; c <= DOWN_PROGRAM1; c++) {
+        const double qkv = 2.0 * s.qkv * H * s.layers;
+        const double probe_bytes[] = {gate_up, gate_up, gate_up, down, down, gate_up, qkv, qkv};
+        for (int c = GATE_KERNELS; c <= QKV_PLAIN; c++) {
             const double us = time_chain((Chain)c, s, layers, b);
             printf("%-20s %8.1f us  %.2f TB/s\n", probe_names[c - GATE_KERNELS], us,
                    probe_bytes[c - GATE_KERNELS] / (us * 1e-6) / 1e12);

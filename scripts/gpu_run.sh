@@ -31,7 +31,10 @@
 #                                 kernel chain of batch-1 decode layers replayed as a graph,
 #                                 unfused against fused norms and at several GEMV grid caps,
 #                                 and the persistent prototype (gemv_program_probe.cuh), on
-#                                 the Llama-3.2-1B and SmolLM2-135M shapes
+#                                 the Llama-3.2-1B and SmolLM2-135M shapes; where
+#                                 scripts/gemm_base.cu (ignored by git: carry it) holds an
+#                                 earlier gemm.cu (git show REV:kernels/cuda/gemm.cu), a
+#                                 build over it first
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -147,10 +150,19 @@ ab)
     done
     ;;
 chain)
-    nvcc -O3 -std=c++17 -arch=sm_90 -include kernels/cuda/common.cuh scripts/decode_chain_bench.cu \
-        -o /tmp/decode_chain_bench 2>&1 | grep -i error
-    /tmp/decode_chain_bench 2>&1 | tee -a "$OUT/chain.log"
-    /tmp/decode_chain_bench 576 960 1536 30 2>&1 | tee -a "$OUT/chain.log"
+    build="nvcc -O3 -std=c++17 -arch=sm_90 -include kernels/cuda/common.cuh scripts/decode_chain_bench.cu"
+    $build -o /tmp/decode_chain_bench 2>&1 | grep -i error
+    benches=/tmp/decode_chain_bench
+    if [ -f scripts/gemm_base.cu ]; then
+        $build -DGEMM_BASE -o /tmp/decode_chain_bench_base 2>&1 | grep -i error
+        benches="/tmp/decode_chain_bench_base /tmp/decode_chain_bench"
+    fi
+    for shape in "" "576 960 1536 30"; do
+        for bench in $benches; do
+            echo "== $bench $shape" | tee -a "$OUT/chain.log"
+            $bench $shape 2>&1 | tee -a "$OUT/chain.log"
+        done
+    done
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts

@@ -29,6 +29,11 @@
 // the f32 residual stream, as add_rms_norm would. Each column is one warp's, so the add
 // needs no atomics.
 //
+// The one-row kernels (_r1, decode) stage x in dynamic shared memory of the launcher's
+// size: after pdl_wait() a block copies the row (and a normed product's gamma) there, so
+// that each column's pass reads it from shared memory rather than from L1 and L2 again.
+// The sums are the same: a row gives the same bits staged or not.
+//
 // Requires k % 8 == 0 and 16-byte aligned rows (32-byte for an f32 x; checked by the
 // launcher).
 
@@ -81,14 +86,33 @@ __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROL
     }
 }
 
+// Copies `bytes` (a multiple of 16) from `src` to `dst`, 16 bytes per thread in turn.
+__device__ __forceinline__ void gemv_copy(void* dst, const void* src, i64 bytes) {
+    uint4* to = reinterpret_cast<uint4*>(dst);
+    const uint4* from = reinterpret_cast<const uint4*>(src);
+    for (i64 i = threadIdx.x; i < bytes / 16; i += blockDim.x) to[i] = from[i];
+}
+
+// Copies the row x (k elements), and gamma (k) unless null, into `staged` and points them
+// there.
+template <typename X>
+__device__ __forceinline__ void gemv_stage(const X*& x, const bf16*& gamma, unsigned char* staged, int k) {
+    const i64 x_bytes = (i64)k * sizeof(X);
+    gemv_copy(staged, x, x_bytes);
+    if (gamma) gemv_copy(staged + x_bytes, gamma, (i64)k * 2);
+    __syncthreads();
+    x = reinterpret_cast<const X*>(staged);
+    if (gamma) gamma = reinterpret_cast<const bf16*>(staged + x_bytes);
+}
+
 // GATED: the launcher's n is the MLP's intermediate size and w holds 2n rows, gate rows
 // then up rows; column j streams rows j and n + j side by side, rounds both sums to bf16 as
 // the product would, and stores silu(gate) * up (the arithmetic of silu_and_mul_bf16), so
 // the gate/up activation never goes through memory.
 template <typename X, typename OUT, int ROWS, int MODE>
-__device__ __forceinline__ void gemv_body(const X* __restrict__ x, const bf16* __restrict__ gamma,
-                                          const bf16* __restrict__ w, OUT* __restrict__ out,
-                                          int m, int n, int k, int slices, float eps) {
+__device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const bf16* __restrict__ w,
+                                          OUT* __restrict__ out, int m, int n, int k, int slices, float eps) {
+    extern __shared__ uint4 gemv_shared[];
     constexpr bool GATED = MODE == GEMV_GATED || MODE == GEMV_NORMED_GATED;
     constexpr bool NORMED = MODE == GEMV_NORMED || MODE == GEMV_NORMED_GATED;
     constexpr int HALVES = GATED ? 2 : 1;
@@ -126,6 +150,7 @@ __device__ __forceinline__ void gemv_body(const X* __restrict__ x, const bf16* _
     pdl_launch_dependents();
     if (AHEAD && active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
     pdl_wait();
+    if (ROWS == 1) gemv_stage(x, gamma, reinterpret_cast<unsigned char*>(gemv_shared), k);
     for (i64 g = blockIdx.x; g < groups; g += gridDim.x) {
         // A warp past the last column still reaches every barrier below.
         const i64 col = g * per_group + warp / slices;

@@ -234,6 +234,9 @@ fn check_linear(s: &crate::Setup, deterministic: bool) {
         (5, 999, 2048, 0),
         // 2,500 blocks of the GEMV kernel, many waves of them.
         (2, 20_000, 1024, 0),
+        // One row of 24,576 bf16 is past what a block stages: the two-row kernel reads it
+        // in place.
+        (1, 300, 24_576, 8),
     ] {
         let x = bf16_round(&random_f32(&mut rng, m * k, 1.0));
         let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
@@ -491,6 +494,8 @@ fn the_decode_fusions_match_an_f64_reference() {
     for (m, n, k) in [
         (1, 3072, 2048),
         (3, 999, 576),
+        // One row of 8192 f32 is past what a block stages: the two-row kernel reads it
+        // in place.
         (1, 521, 8192),
         (1, 40_000, 2048),
     ] {

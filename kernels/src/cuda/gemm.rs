@@ -290,7 +290,7 @@ impl Gemm {
             "{name}: unaligned norm weight"
         );
         let ptrs = [x.residual.device_ptr(stream).0, w.device_ptr(stream).0];
-        let plan = GemvPlan::new(kernels, name, ptrs, m, n, k)?;
+        let plan = GemvPlan::new(kernels, name, true, ptrs, m, n, k)?;
         let mut launch = kernels.launch(stream, &plan.kernel);
         launch.arg(x.residual).arg(x.weight).arg(w).arg(out);
         plan.shape_args(&mut launch);
@@ -372,11 +372,25 @@ fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize) -> usize {
     k
 }
 
-/// A GEMV launch: its kernel (with the `_r{rows}` suffix of its pass size), its grid and
-/// its shape arguments.
+/// The most dynamic shared memory a one-row GEMV block stages its row in: the 48 KiB that
+/// every device grants a block without opting in, less room for the kernel's static
+/// partial sums.
+const GEMV_STAGE_MAX_BYTES: usize = 44 * 1024;
+
+/// The bytes of dynamic shared memory the one-row GEMV kernels (`_r1`) stage a row of `k`
+/// in, `None` past [`GEMV_STAGE_MAX_BYTES`]: the bf16 row, or for a normed product
+/// (`normed`) the f32 row and gamma.
+fn gemv_staged_bytes(normed: bool, k: usize) -> Option<u32> {
+    let bytes = if normed { 4 * k + 2 * k } else { 2 * k };
+    (bytes <= GEMV_STAGE_MAX_BYTES).then_some(bytes as u32)
+}
+
+/// A GEMV launch: its kernel (with the `_r{rows}` suffix of its pass size), its grid, the
+/// shared memory its blocks stage x in, and its shape arguments.
 struct GemvPlan {
     kernel: String,
     blocks: u32,
+    staged_bytes: u32,
     m: i32,
     n: i32,
     k: i32,
@@ -385,12 +399,15 @@ struct GemvPlan {
 
 impl GemvPlan {
     /// The launch of the GEMV kernel family `name` for `m` rows, `n` columns of depth `k`,
-    /// reading x and w through `x_ptr` and `w_ptr`. The grid is one block per group of
-    /// columns, capped at the blocks the device runs at once: each block then loops over
-    /// groups, so the product streams without waves of blocks.
+    /// reading x and w through `x_ptr` and `w_ptr` (x the f32 residual stream where
+    /// `normed`). The grid is one block per group of columns, capped at the blocks the
+    /// device runs at once: each block then loops over groups, so the product streams
+    /// without waves of blocks.
+    #[allow(clippy::too_many_arguments)]
     fn new(
         kernels: &CudaKernels,
         name: &str,
+        normed: bool,
         [x_ptr, w_ptr]: [u64; 2],
         m: usize,
         n: usize,
@@ -408,18 +425,27 @@ impl GemvPlan {
         }
         let slices = gemv_slices(k);
         let groups = n.div_ceil(GEMV_BLOCK_COLS / slices);
-        let rows = GEMV_PASS_ROWS
+        let mut rows = GEMV_PASS_ROWS
             .into_iter()
             .find(|&r| r >= m)
             .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
+        let mut staged_bytes = 0;
+        if rows == 1 {
+            // A row too long to stage takes the two-row kernel, which reads x in place.
+            match gemv_staged_bytes(normed, k) {
+                Some(bytes) => staged_bytes = bytes,
+                None => rows = 2,
+            }
+        }
         let kernel = format!("{name}_r{rows}");
-        let resident = kernels.resident_blocks(&kernel, GEMV_THREADS)?;
+        let resident = kernels.resident_blocks(&kernel, GEMV_THREADS, staged_bytes)?;
         let blocks = u32::try_from(groups)
             .expect("linear: n past the grid")
             .min(resident);
         Ok(GemvPlan {
             kernel,
             blocks,
+            staged_bytes,
             m: m as i32,
             n: n as i32,
             k: k as i32,
@@ -437,7 +463,7 @@ impl GemvPlan {
     }
 
     fn config(&self) -> LaunchConfig {
-        grid(self.blocks, GEMV_THREADS, 0)
+        grid(self.blocks, GEMV_THREADS, self.staged_bytes)
     }
 }
 
@@ -457,7 +483,7 @@ fn gemv<T: DeviceRepr>(
     k: usize,
 ) -> Result<(), DriverError> {
     let ptrs = [x.device_ptr(stream).0, w.device_ptr(stream).0];
-    let plan = GemvPlan::new(kernels, name, ptrs, m, n, k)?;
+    let plan = GemvPlan::new(kernels, name, false, ptrs, m, n, k)?;
     let mut launch = kernels.launch(stream, &plan.kernel);
     launch.arg(x).arg(w).arg(out);
     plan.shape_args(&mut launch);
@@ -482,6 +508,18 @@ mod tests {
         // Stretches stay whole 8-element pieces: 2056 = 8 * 257 cannot halve.
         assert_eq!(gemv_slices(2056), 1);
         assert_eq!(gemv_slices(4112), 2);
+    }
+
+    #[test]
+    fn one_row_products_stage_rows_that_fit_a_block() {
+        // The decode products of the Llama-3.2-1B shape: qkv and gate/up normed over 2048,
+        // down over 8192.
+        assert_eq!(gemv_staged_bytes(true, 2048), Some(6 * 2048));
+        assert_eq!(gemv_staged_bytes(false, 8192), Some(2 * 8192));
+        // Past 44 KiB the two-row kernel reads x in place: the normed products of
+        // Llama-3-70B (8192) and its down projection (28,672).
+        assert_eq!(gemv_staged_bytes(true, 8192), None);
+        assert_eq!(gemv_staged_bytes(false, 28_672), None);
     }
 
     #[test]

@@ -58,8 +58,9 @@ pub struct CudaKernels {
     programmatic: bool,
     /// The device's multiprocessors.
     multiprocessors: u32,
-    /// [`CudaKernels::resident_blocks`] of each kernel asked about so far.
-    resident: Mutex<HashMap<String, u32>>,
+    /// [`CudaKernels::resident_blocks`] of each kernel and dynamic shared memory asked
+    /// about so far.
+    resident: Mutex<HashMap<(String, u32), u32>>,
 }
 
 impl CudaKernels {
@@ -106,19 +107,25 @@ impl CudaKernels {
         KernelLaunch::new(self, stream, name)
     }
 
-    /// How many blocks of `threads` threads of the kernel `name` the device runs at once:
-    /// what one multiprocessor holds, times their number. Asked of the driver once per
-    /// kernel (each kernel's launcher always uses one block size).
-    pub(crate) fn resident_blocks(&self, name: &str, threads: u32) -> Result<u32, DriverError> {
+    /// How many blocks of `threads` threads of the kernel `name`, each with `shared_bytes`
+    /// of dynamic shared memory, the device runs at once: what one multiprocessor holds,
+    /// times their number. Asked of the driver once per kernel and size.
+    pub(crate) fn resident_blocks(
+        &self,
+        name: &str,
+        threads: u32,
+        shared_bytes: u32,
+    ) -> Result<u32, DriverError> {
         let mut known = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&blocks) = known.get(name) {
+        let key = (name.to_string(), shared_bytes);
+        if let Some(&blocks) = known.get(&key) {
             return Ok(blocks);
         }
         let per_sm = self
             .function(name)
-            .occupancy_max_active_blocks_per_multiprocessor(threads, 0, None)?;
+            .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)?;
         let blocks = per_sm.max(1) * self.multiprocessors;
-        known.insert(name.to_string(), blocks);
+        known.insert(key, blocks);
         Ok(blocks)
     }
 
