@@ -21,14 +21,17 @@
 //
 // Build and run on a GPU machine: scripts/gpu_run.sh chain. Built with -DGEMM_BASE it times
 // scripts/gemm_base.cu (an earlier kernels/cuda/gemm.cu, such as `git show
-// REV:kernels/cuda/gemm.cu`, from before its one-row kernels staged x) in place of the
-// current one; gpu_run.sh does so where that file exists.
+// REV:kernels/cuda/gemm.cu`) in place of the current one; gpu_run.sh does so where that
+// file exists.
 #ifdef GEMM_BASE
 #include "gemm_base.cu"
-#define GEMV_STAGES 0
 #else
 #include "../kernels/cuda/gemm.cu"
+#endif
+#ifdef GEMV_STAGES_ONE_ROW
 #define GEMV_STAGES 1
+#else
+#define GEMV_STAGES 0
 #endif
 #include "../kernels/cuda/norm.cu"
 #include "gemv_program_probe.cuh"

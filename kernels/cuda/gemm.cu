@@ -86,6 +86,10 @@ __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROL
     }
 }
 
+// The one-row kernels stage their row (scripts/decode_chain_bench.cu sizes its launches by
+// whether this is defined).
+#define GEMV_STAGES_ONE_ROW 1
+
 // Copies `bytes` (a multiple of 16) from `src` to `dst`, 16 bytes per thread in turn.
 __device__ __forceinline__ void gemv_copy(void* dst, const void* src, i64 bytes) {
     uint4* to = reinterpret_cast<uint4*>(dst);
