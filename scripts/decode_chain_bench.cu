@@ -22,7 +22,9 @@
 // Build and run on a GPU machine: scripts/gpu_run.sh chain. Built with -DGEMM_BASE it times
 // scripts/gemm_base.cu (an earlier kernels/cuda/gemm.cu, such as `git show
 // REV:kernels/cuda/gemm.cu`) in place of the current one; gpu_run.sh does so where that
-// file exists.
+// file exists. A gemm.cu whose one-row kernels stage their row defines GEMV_STAGES_ONE_ROW
+// (from 5ff5a08 on; ac020ae's, the first to stage, does not), and the launches here give
+// them the shared memory only where it does.
 #ifdef GEMM_BASE
 #include "gemm_base.cu"
 #else
