@@ -58,9 +58,9 @@ pub struct CudaKernels {
     programmatic: bool,
     /// The device's multiprocessors.
     multiprocessors: u32,
-    /// [`CudaKernels::resident_blocks`] of each kernel and dynamic shared memory asked
-    /// about so far.
-    resident: Mutex<HashMap<(String, u32), u32>>,
+    /// [`CudaKernels::resident_blocks`] of each kernel asked about so far, by the dynamic
+    /// shared memory asked with.
+    resident: Mutex<HashMap<String, HashMap<u32, u32>>>,
 }
 
 impl CudaKernels {
@@ -117,15 +117,17 @@ impl CudaKernels {
         shared_bytes: u32,
     ) -> Result<u32, DriverError> {
         let mut known = self.resident.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (name.to_string(), shared_bytes);
-        if let Some(&blocks) = known.get(&key) {
+        if let Some(&blocks) = known.get(name).and_then(|sizes| sizes.get(&shared_bytes)) {
             return Ok(blocks);
         }
         let per_sm = self
             .function(name)
             .occupancy_max_active_blocks_per_multiprocessor(threads, shared_bytes as usize, None)?;
         let blocks = per_sm.max(1) * self.multiprocessors;
-        known.insert(key, blocks);
+        known
+            .entry(name.to_string())
+            .or_default()
+            .insert(shared_bytes, blocks);
         Ok(blocks)
     }
 
