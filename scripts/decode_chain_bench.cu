@@ -108,7 +108,8 @@ static int gemv_blocks(Kernel kernel, int n, int k, int shared_bytes) {
 }
 
 // The dynamic shared memory a one-row GEMV stages its row in (gemm.cu): a row of k elements
-// of x_size bytes, and a normed product's gamma.
+// of x_size bytes, and room for a normed product's gamma, which the gemm.cu of ac020ae to
+// a2a826c stages beside the row (later ones stage x * gamma in the row's place).
 static int staged_bytes(int k, int x_size, bool normed) {
     return GEMV_STAGES ? k * x_size + (normed ? 2 * k : 0) : 0;
 }

@@ -14,8 +14,9 @@
 // The arithmetic is the GEMV kernel's (kernels/cuda/gemm.cu) to the bit: lane l sums the
 // 8-element pieces at 8 * (32 * j + l) of a stretch in ascending order, the warp sums its
 // lanes by the same butterfly, and the stretches are added in order; a normed step sums
-// (x * gamma) * w and x * x and scales by rsqrt(mean(x^2) + eps); a gated step stores
-// silu(bf16(gate)) * bf16(up); an adding step adds bf16(sum) into the f32 residual stream.
+// (x * gamma) * w and scales by rsqrt(mean(x^2) + eps), x^2 summed in the kernel's order;
+// a gated step stores silu(bf16(gate)) * bf16(up); an adding step adds bf16(sum) into the
+// f32 residual stream.
 //
 // Needs sm_90 and every block resident at once (the grid barrier): one block per
 // multiprocessor, its shared memory keeping a second from fitting.
@@ -173,17 +174,19 @@ __device__ __forceinline__ void program_x8(const bf16* x, int e, float (&xf)[8])
     unpack_bf16x8(*reinterpret_cast<const uint4*>(x + e), xf);
 }
 
-// The sum of x * x in the order the normed GEMV kernel sums it.
-__device__ __forceinline__ float program_sum_squares(const float* xs, int k, int slices, int lane) {
-    const int k_slice = k / slices;
+// The sum of x * x in the order the normed GEMV kernel sums it: thread t of its block of
+// GEMV_WARPS warps the 4-element pieces t, t + 256, ... in order, each warp by the
+// butterfly, then the warps in order.
+__device__ __forceinline__ float program_sum_squares(const float* xs, int k, int lane) {
+    const int threads = GEMV_WARPS * 32;
     float total = 0.0f;
-    for (int sl = 0; sl < slices; sl++) {
+    for (int w = 0; w < GEMV_WARPS; w++) {
         float acc = 0.0f;
-        for (int kb = sl * k_slice + lane * 8; kb < (sl + 1) * k_slice; kb += 32 * 8)
+        for (int i = w * 32 + lane; i < k / 4; i += threads)
 #pragma unroll
-            for (int j = 0; j < 8; j++) acc = fmaf(xs[kb + j], xs[kb + j], acc);
+            for (int j = 0; j < 4; j++) acc = fmaf(xs[4 * i + j], xs[4 * i + j], acc);
         const float part = warp_sum(acc);
-        total = sl == 0 ? part : total + part;
+        total = w == 0 ? part : total + part;
     }
     return total;
 }
@@ -246,7 +249,7 @@ extern "C" __global__ void __launch_bounds__(PROGRAM_WARPS * 32, 1) gemv_program
         __syncthreads();
         const bool normed = program_normed(st);
         const float inv =
-            normed ? rsqrtf(program_sum_squares((const float*)xs, st.k, st.slices, lane) / st.k + p.eps) : 1.0f;
+            normed ? rsqrtf(program_sum_squares((const float*)xs, st.k, lane) / st.k + p.eps) : 1.0f;
         const int k_slice = st.k / st.slices;
         float total[2] = {0.0f, 0.0f};
         for (; have && use.step == s; used++) {

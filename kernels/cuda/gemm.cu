@@ -23,16 +23,21 @@
 //
 // Two fusions serve the decode steps of one row (gemv_normed_*, gemv_add_*): a normed
 // product reads the f32 residual stream x and the norm's weight gamma instead of a normed
-// activation, sums w * (x * gamma) and x * x side by side, and scales the sum by
-// rsqrt(mean(x^2) + eps) at the end, so the RMSNorm costs no kernel of its own and no
-// barrier; an adding product (the o and down projections) adds its bf16-rounded result into
-// the f32 residual stream, as add_rms_norm would. Each column is one warp's, so the add
-// needs no atomics.
+// activation, sums w * (x * gamma), and scales the sum by rsqrt(mean(x^2) + eps) at the
+// end, so the RMSNorm costs no kernel of its own; an adding product (the o and down
+// projections) adds its bf16-rounded result into the f32 residual stream, as add_rms_norm
+// would. Each column is one warp's, so the add needs no atomics. A normed kernel takes its
+// rows in one pass (m <= ROWS; the launcher fuses at most 8 rows) and sums each row's
+// squares once, before its columns: thread t the 4-element pieces t, t + 256, ... in
+// order, then each warp by the butterfly, and the warps in order where a column is
+// scaled, so a row's scale, and its results, have the same bits in every kernel.
 //
 // The one-row kernels (_r1, decode) stage x in dynamic shared memory of the launcher's
-// size: after pdl_wait() a block copies the row (and a normed product's gamma) there, so
-// that each column's pass reads it from shared memory rather than from L1 and L2 again.
-// The sums are the same: a row gives the same bits staged or not.
+// size: after pdl_wait() a block copies the row there (a normed product x * gamma, in f32,
+// taking the squares on the way), loading several pieces per thread before storing any
+// so that the row comes in one round trip, and each column's pass reads it from shared
+// memory rather than from L1 and L2 again. The products are the same: a row gives the
+// same bits staged or not.
 //
 // Requires k % 8 == 0 and 16-byte aligned rows (32-byte for an f32 x; checked by the
 // launcher).
@@ -90,23 +95,86 @@ __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROL
 // whether this is defined).
 #define GEMV_STAGES_ONE_ROW 1
 
-// Copies `bytes` (a multiple of 16) from `src` to `dst`, 16 bytes per thread in turn.
-__device__ __forceinline__ void gemv_copy(void* dst, const void* src, i64 bytes) {
-    uint4* to = reinterpret_cast<uint4*>(dst);
-    const uint4* from = reinterpret_cast<const uint4*>(src);
-    for (i64 i = threadIdx.x; i < bytes / 16; i += blockDim.x) to[i] = from[i];
+// Pieces of the row a thread of a one-row kernel loads before it stores the first into
+// shared memory: the row arrives in one round trip to L2 (a bf16 row of up to
+// 4 * 8 * GEMV_THREADS elements), not one per piece.
+#define GEMV_COPY_AHEAD 4
+#define GEMV_NORMED_AHEAD 2
+
+// Copies the bf16 row x (k elements) into `staged`, 16 bytes per thread in turn, and
+// points x there.
+__device__ __forceinline__ void gemv_stage(const bf16*& x, unsigned char* staged, int k) {
+    uint4* to = reinterpret_cast<uint4*>(staged);
+    const uint4* from = reinterpret_cast<const uint4*>(x);
+    const int pieces = k / 8, step = blockDim.x;
+    for (int i = threadIdx.x; i < pieces; i += GEMV_COPY_AHEAD * step) {
+        uint4 v[GEMV_COPY_AHEAD];
+#pragma unroll
+        for (int u = 0; u < GEMV_COPY_AHEAD; u++)
+            if (i + u * step < pieces) v[u] = from[i + u * step];
+#pragma unroll
+        for (int u = 0; u < GEMV_COPY_AHEAD; u++)
+            if (i + u * step < pieces) to[i + u * step] = v[u];
+    }
+    __syncthreads();
+    x = reinterpret_cast<const bf16*>(staged);
 }
 
-// Copies the row x (k elements), and gamma (k) unless null, into `staged` and points them
-// there.
-template <typename X>
-__device__ __forceinline__ void gemv_stage(const X*& x, const bf16*& gamma, unsigned char* staged, int k) {
-    const i64 x_bytes = (i64)k * sizeof(X);
-    gemv_copy(staged, x, x_bytes);
-    if (gamma) gemv_copy(staged + x_bytes, gamma, (i64)k * 2);
-    __syncthreads();
-    x = reinterpret_cast<const X*>(staged);
-    if (gamma) gamma = reinterpret_cast<const bf16*>(staged + x_bytes);
+// A thread's part of the sum of squares of the f32 row x (k elements) in a normed product:
+// the 4-element pieces at 4 * (threadIdx.x + blockDim.x * i), in ascending order. The
+// one-row kernels take it while they stage the row, the others in a pass of their own, in
+// the same order, so that a row's scale has the same bits in every kernel.
+__device__ __forceinline__ float gemv_square_piece(float4 v, float s) {
+    s = fmaf(v.x, v.x, s);
+    s = fmaf(v.y, v.y, s);
+    s = fmaf(v.z, v.z, s);
+    return fmaf(v.w, v.w, s);
+}
+
+// Stages the product x * gamma of the f32 row x and the norm's weight (k elements each) in
+// `staged` as f32 and points x there; returns this thread's part of the row's sum of
+// squares (gemv_square_piece's order). The caller publishes the parts before the barrier
+// that ends the staging.
+__device__ __forceinline__ float gemv_stage_normed(const float*& x, const bf16* gamma, unsigned char* staged,
+                                                   int k) {
+    float4* to = reinterpret_cast<float4*>(staged);
+    const float4* from = reinterpret_cast<const float4*>(x);
+    const uint2* g = reinterpret_cast<const uint2*>(gamma);
+    const int pieces = k / 4, step = blockDim.x;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < pieces; i += GEMV_NORMED_AHEAD * step) {
+        float4 v[GEMV_NORMED_AHEAD];
+        uint2 gw[GEMV_NORMED_AHEAD];
+#pragma unroll
+        for (int u = 0; u < GEMV_NORMED_AHEAD; u++) {
+            const bool in = i + u * step < pieces;
+            v[u] = in ? from[i + u * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            gw[u] = in ? g[i + u * step] : make_uint2(0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_NORMED_AHEAD; u++) {
+            if (i + u * step < pieces) {
+                s = gemv_square_piece(v[u], s);
+                to[i + u * step] = make_float4(v[u].x * bf16_lo(gw[u].x), v[u].y * bf16_hi(gw[u].x),
+                                               v[u].z * bf16_lo(gw[u].y), v[u].w * bf16_hi(gw[u].y));
+            }
+        }
+    }
+    x = reinterpret_cast<const float*>(staged);
+    return s;
+}
+
+// A thread's part of the sum of squares of each of the first `rows` rows of x (k each),
+// for the normed kernels that read x in place.
+template <int ROWS>
+__device__ __forceinline__ void gemv_sum_squares(const float* x, int rows, int k, float (&s)[ROWS]) {
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        s[r] = 0.0f;
+        if (r >= rows) continue;
+        const float4* row = reinterpret_cast<const float4*>(x + (i64)r * k);
+        for (int i = threadIdx.x; i < k / 4; i += blockDim.x) s[r] = gemv_square_piece(row[i], s[r]);
+    }
 }
 
 // GATED: the launcher's n is the MLP's intermediate size and w holds 2n rows, gate rows
@@ -120,9 +188,11 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
     constexpr bool GATED = MODE == GEMV_GATED || MODE == GEMV_NORMED_GATED;
     constexpr bool NORMED = MODE == GEMV_NORMED || MODE == GEMV_NORMED_GATED;
     constexpr int HALVES = GATED ? 2 : 1;
-    // The sums of each half, and with NORMED the sum of squares of x after them.
-    constexpr int SUMS = HALVES + (NORMED ? 1 : 0);
-    __shared__ float partial[GEMV_WARPS][SUMS][ROWS];
+    // A one-row normed kernel stages x * gamma, so its loop reads x alone.
+    constexpr bool STAGED_GAMMA = NORMED && ROWS == 1;
+    __shared__ float partial[GEMV_WARPS][HALVES][ROWS];
+    // NORMED: each warp's part of each row's sum of squares.
+    __shared__ float squares[GEMV_WARPS][ROWS];
     const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
     const int slice = warp % slices;
     // Blocks take groups of GEMV_WARPS / slices columns, group blockIdx.x first and then
@@ -154,7 +224,24 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
     pdl_launch_dependents();
     if (AHEAD && active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
     pdl_wait();
-    if (ROWS == 1) gemv_stage(x, gamma, reinterpret_cast<unsigned char*>(gemv_shared), k);
+    if constexpr (NORMED) {
+        // The rows' sums of squares (a normed kernel takes one pass, m <= ROWS), published
+        // by the barrier that ends the staging or by one of their own.
+        float s[ROWS];
+        if constexpr (STAGED_GAMMA) {
+            s[0] = gemv_stage_normed(x, gamma, reinterpret_cast<unsigned char*>(gemv_shared), k);
+        } else {
+            gemv_sum_squares<ROWS>(x, m, k, s);
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const float v = warp_sum(s[r]);
+            if (lane == 0) squares[warp][r] = v;
+        }
+        __syncthreads();
+    } else if constexpr (ROWS == 1) {
+        gemv_stage(x, reinterpret_cast<unsigned char*>(gemv_shared), k);
+    }
     for (i64 g = blockIdx.x; g < groups; g += gridDim.x) {
         // A warp past the last column still reaches every barrier below.
         const i64 col = g * per_group + warp / slices;
@@ -162,9 +249,9 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
 #pragma unroll
         for (int h = 0; h < HALVES; h++) rows_now[h] = w_rows[h];
         for (int r0 = 0; r0 < m; r0 += ROWS) {
-            float acc[SUMS][ROWS];
+            float acc[HALVES][ROWS];
 #pragma unroll
-            for (int h = 0; h < SUMS; h++)
+            for (int h = 0; h < HALVES; h++)
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) acc[h][r] = 0.0f;
             for (int base = start; active && base < end; base += GEMV_PIECE * GEMV_UNROLL) {
@@ -178,18 +265,15 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
 #pragma unroll
                     for (int h = 0; h < HALVES; h++) unpack_bf16x8(wv[h][u], wf[h]);
                     float gf[8];
-                    if (NORMED) load_x8(gamma + kb, gf);
+                    if (NORMED && !STAGED_GAMMA) load_x8(gamma + kb, gf);
 #pragma unroll
                     for (int r = 0; r < ROWS; r++) {
                         if (r0 + r < m) {
                             float xf[8];
                             load_x8(x + (i64)(r0 + r) * k + kb, xf);
-                            if (NORMED) {
+                            if (NORMED && !STAGED_GAMMA) {
 #pragma unroll
-                                for (int j = 0; j < 8; j++) {
-                                    acc[HALVES][r] = fmaf(xf[j], xf[j], acc[HALVES][r]);
-                                    xf[j] *= gf[j];
-                                }
+                                for (int j = 0; j < 8; j++) xf[j] *= gf[j];
                             }
 #pragma unroll
                             for (int h = 0; h < HALVES; h++)
@@ -209,7 +293,7 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
             // The column's slices, summed in order 0, 1, 2, ... by its first warp (a warp
             // alone when slices == 1).
 #pragma unroll
-            for (int h = 0; h < SUMS; h++)
+            for (int h = 0; h < HALVES; h++)
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
                     const float v = warp_sum(acc[h][r]);
@@ -221,14 +305,17 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
                 __syncwarp();
             }
             if (was_active && slice == 0 && lane < ROWS && r0 + lane < m) {
-                float v[SUMS];
+                float v[HALVES];
 #pragma unroll
-                for (int h = 0; h < SUMS; h++) {
+                for (int h = 0; h < HALVES; h++) {
                     v[h] = partial[warp][h][lane];
                     for (int s = 1; s < slices; s++) v[h] += partial[warp + s][h][lane];
                 }
                 if (NORMED) {
-                    const float inv = rsqrtf(v[HALVES] / k + eps);
+                    float sq = squares[0][lane];
+#pragma unroll
+                    for (int w = 1; w < GEMV_WARPS; w++) sq += squares[w][lane];
+                    const float inv = rsqrtf(sq / k + eps);
 #pragma unroll
                     for (int h = 0; h < HALVES; h++) v[h] *= inv;
                 }

@@ -476,8 +476,10 @@ fn round_bf16(v: f64) -> f32 {
 
 /// The decode fusions (a norm folded into the product after it, a residual add into the
 /// product before it) against an f64 reference, at one row (the GEMV's one-row kernels) and
-/// three (its two-row passes), at depths of one warp per column (2048, and 576 with a
-/// partial stretch) and of four (8192), with more column groups than the grid has blocks.
+/// three (its four-row pass), at depths of one warp per column (2048, and 576 with a
+/// partial stretch) and of four (8192), with more column groups than the grid has blocks;
+/// and a normed row of a batch has the bits it has alone (the one-row kernels take the
+/// norm's scale while they stage the row, the others in a pass of their own).
 #[test]
 fn the_decode_fusions_match_an_f64_reference() {
     let Some(s) = setup() else { return };
@@ -494,9 +496,10 @@ fn the_decode_fusions_match_an_f64_reference() {
     for (m, n, k) in [
         (1, 3072, 2048),
         (3, 999, 576),
-        // One row of 8192 f32 is past what a block stages: the two-row kernel reads it
-        // in place.
-        (1, 521, 8192),
+        (3, 521, 8192),
+        // One normed row of 12,288 is past what a block stages: the two-row kernel reads
+        // it in place.
+        (1, 130, 12_288),
         (1, 40_000, 2048),
     ] {
         let x = random_f32(&mut rng, m * k, 3.0);
@@ -545,6 +548,31 @@ fn the_decode_fusions_match_an_f64_reference() {
             .collect();
         let what = format!("normed_gate_up_act {m}x{n}x{k}");
         assert_close(&what, &got, &want_act, 1e-3, 1e-2);
+
+        // The batch's first row alone: the same bits from both fusions.
+        if m > 1 {
+            let first = NormedInput {
+                residual: &x_d.slice(..k),
+                weight,
+                eps,
+            };
+            // The first n values of a buffer of `real` values and a poisoned tail.
+            let bits = |d: &CudaSlice<bf16>, real: usize| -> Vec<u16> {
+                let all = download_checked(&s.gpu, d, real, POISON);
+                all[..n].iter().map(|v| v.to_bits()).collect()
+            };
+            let mut alone_d = poisoned(&s.gpu, n, POISON);
+            let mut alone = alone_d.slice_mut(..n);
+            gemm.normed_linear(&s.kernels, stream, first, &w_plain, &mut alone, 1, n)
+                .unwrap();
+            let what = format!("normed_linear {m}x{n}x{k}: row 0 alone");
+            assert_eq!(bits(&alone_d, n), bits(&out_d, m * n), "{what}");
+            let mut alone = alone_d.slice_mut(..n);
+            gemm.normed_gate_up_act(&s.kernels, stream, first, &w_all, &mut alone, 1, n)
+                .unwrap();
+            let what = format!("normed_gate_up_act {m}x{n}x{k}: row 0 alone");
+            assert_eq!(bits(&alone_d, n), bits(&act_d, m * n), "{what}");
+        }
 
         // The residual add: a bf16 input of m rows of k, its product added into an f32
         // residual of m rows of n followed by a sentinel tail.

@@ -101,6 +101,10 @@ pub const GEMV_GATED_MAX_ROWS: usize = 8;
 /// Rows of x per pass of the GEMV kernels (`_r1` .. `_r8`).
 const GEMV_PASS_ROWS: [usize; 4] = [1, 2, 4, 8];
 
+// The normed kernels take their rows in one pass (gemm.cu), and the fusions go up to
+// GEMV_GATED_MAX_ROWS rows (Gemm::fuses_norms).
+const _: () = assert!(GEMV_GATED_MAX_ROWS <= GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
+
 /// How products are computed.
 pub struct Gemm {
     blas: CudaBlas,
@@ -379,9 +383,9 @@ const GEMV_STAGE_MAX_BYTES: usize = 44 * 1024;
 
 /// The bytes of dynamic shared memory the one-row GEMV kernels (`_r1`) stage a row of `k`
 /// in, `None` past [`GEMV_STAGE_MAX_BYTES`]: the bf16 row, or for a normed product
-/// (`normed`) the f32 row and gamma.
+/// (`normed`) the f32 product of the row and the norm's weight.
 fn gemv_staged_bytes(normed: bool, k: usize) -> Option<u32> {
-    let bytes = if normed { 4 * k + 2 * k } else { 2 * k };
+    let bytes = if normed { 4 * k } else { 2 * k };
     (bytes <= GEMV_STAGE_MAX_BYTES).then_some(bytes as u32)
 }
 
@@ -514,11 +518,12 @@ mod tests {
     fn one_row_products_stage_rows_that_fit_a_block() {
         // The decode products of the Llama-3.2-1B shape: qkv and gate/up normed over 2048,
         // down over 8192.
-        assert_eq!(gemv_staged_bytes(true, 2048), Some(6 * 2048));
+        assert_eq!(gemv_staged_bytes(true, 2048), Some(4 * 2048));
         assert_eq!(gemv_staged_bytes(false, 8192), Some(2 * 8192));
-        // Past 44 KiB the two-row kernel reads x in place: the normed products of
-        // Llama-3-70B (8192) and its down projection (28,672).
-        assert_eq!(gemv_staged_bytes(true, 8192), None);
+        // So are Llama-3-70B's normed products (8192); past 44 KiB the two-row kernel reads
+        // x in place: a normed row of 12,288 and the 70B down projection (28,672).
+        assert_eq!(gemv_staged_bytes(true, 8192), Some(4 * 8192));
+        assert_eq!(gemv_staged_bytes(true, 12_288), None);
         assert_eq!(gemv_staged_bytes(false, 28_672), None);
     }
 
