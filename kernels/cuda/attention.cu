@@ -97,9 +97,8 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
     constexpr int WARPS = PA_SPLIT_THREADS / WARP_SIZE;
     __shared__ float logits[MAXG][PA_PARTITION];
-    __shared__ float red[MAXG][WARPS];
+    __shared__ float red_max[MAXG][WARPS], red_sum[MAXG][WARPS];
     __shared__ float warp_out[WARPS][MAXG][D];
-    __shared__ float out_sum[MAXG][D];
     __shared__ i64 slot_at[PA_PARTITION];  // element offset of each token's row of this KV head
 
     // Which item, KV head and query heads this block serves.
@@ -159,31 +158,30 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             v_pre[u] = cached ? load_bf16x8(v_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
         }
     }
+    // The step's slot for that token, which the host staged.
+    const i64 new_slot = has_new && g0 == 0 ? nk.slot_mapping[row] : -1;
     pdl_wait();
-    if (has_new) {
+    // The new token's key (rotated here as kv_write_bf16 would) and value, one element per
+    // thread of the first D, and this lane's 8 elements of each query head (scalar loads:
+    // q's stride need not be aligned), rotated here when the KV write is fused in
+    // (kv_write_bf16 rotates them in place otherwise): every load is issued before any is
+    // used, so all come in one round trip. Loops over heads run to MAXG so the arrays stay
+    // in registers.
+    static_assert(D <= PA_SPLIT_THREADS, "a thread per element of the new key");
+    const bool loads_new = has_new && (int)threadIdx.x < D;
+    RopeInputs k_rope = {};
+    bf16 k_in = {}, v_in = {};
+    if (loads_new) {
         const bf16* k_new = q + row * q_stride + ((i64)num_heads + kv_head) * D;
         const bf16* v_new = q + row * q_stride + ((i64)num_heads + num_kv_heads + kv_head) * D;
-        for (int e = threadIdx.x; e < D; e += blockDim.x) {
-            new_k[e] = angles ? rope_element(k_new, e, D / 2, nk.rotary, angles) : k_new[e];
-            new_v[e] = v_new[e];
+        const int e = threadIdx.x;
+        if (angles) {
+            k_rope = rope_load(k_new, e, D / 2, nk.rotary, angles);
+        } else {
+            k_in = k_new[e];
         }
+        v_in = v_new[e];
     }
-    __syncthreads();
-    // The first block of the KV head stores the token's key and value in its slot.
-    if (has_new && g0 == 0) {
-        const i64 slot = nk.slot_mapping[row];
-        if (slot >= 0 && slot < nk.num_slots) {
-            const i64 dst = (slot * num_kv_heads + kv_head) * D;
-            for (int e = threadIdx.x; e < D; e += blockDim.x) {
-                k_cache[dst + e] = new_k[e];
-                v_cache[dst + e] = new_v[e];
-            }
-        }
-    }
-
-    // This lane's 8 elements of each query head (scalar loads: q's stride need not be
-    // aligned), rotated here when the KV write is fused in (kv_write_bf16 rotates them in
-    // place otherwise). Loops over heads run to MAXG so the arrays stay in registers.
     const bf16* q_row = q + row * q_stride;
     float qv[MAXG][VEC];
 #pragma unroll
@@ -195,6 +193,19 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             qv[g][j] = g >= heads_here ? 0.0f
                        : angles        ? to_f32(rope_element(head, e, D / 2, nk.rotary, angles))
                                        : to_f32(head[e]);
+        }
+    }
+    if (loads_new) {
+        new_k[threadIdx.x] = angles ? rope_apply(k_rope) : k_in;
+        new_v[threadIdx.x] = v_in;
+    }
+    __syncthreads();
+    // The first block of the KV head stores the token's key and value in its slot.
+    if (new_slot >= 0 && new_slot < nk.num_slots) {
+        const i64 dst = (new_slot * num_kv_heads + kv_head) * D;
+        for (int e = threadIdx.x; e < D; e += blockDim.x) {
+            k_cache[dst + e] = new_k[e];
+            v_cache[dst + e] = new_v[e];
         }
     }
 
@@ -240,16 +251,15 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         if (g < heads_here)
             for (int i = threadIdx.x; i < n; i += blockDim.x) m = fmaxf(m, logits[g][i]);
         m = warp_max(m);
-        if (lane == 0) red[g][warp] = m;
+        if (lane == 0) red_max[g][warp] = m;
     }
     __syncthreads();
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         float m = NEG_INF;
-        for (int wp = 0; wp < warps; ++wp) m = fmaxf(m, red[g][wp]);
+        for (int wp = 0; wp < warps; ++wp) m = fmaxf(m, red_max[g][wp]);
         maxes[g] = m;
     }
-    __syncthreads();  // red is reused for the sums
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         float t = 0.0f;
@@ -261,13 +271,13 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             }
         }
         t = warp_sum(t);
-        if (lane == 0) red[g][warp] = t;
+        if (lane == 0) red_sum[g][warp] = t;
     }
     __syncthreads();
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         float t = 0.0f;
-        for (int wp = 0; wp < warps; ++wp) t += red[g][wp];
+        for (int wp = 0; wp < warps; ++wp) t += red_sum[g][wp];
         sums[g] = t;
     }
 
@@ -319,41 +329,33 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         }
     }
     __syncthreads();
+    // Each output element is the warps' sums added in order 0, 1, 2, ...; with a context of
+    // one partition it is the row's result (the combine would weigh this record by
+    // e^0 = 1, add it to 0 and scale it by 1 / (1 * sum): the same operations here give the
+    // same bits), else the partition's record in scratch: [num_work * num_heads records of
+    // D floats][maxes][sums], record item * num_heads + head.
+    const bool alone = ctx <= PA_PARTITION;
+    const i64 records = (i64)num_work * num_heads;
+    bf16* o_row = o + (i64)q_start[seq] * ((i64)num_heads * D);
     for (int e = threadIdx.x; e < heads_here * D; e += blockDim.x) {
         const int g = e / D, d = e % D;
         float t = warp_out[0][g][d];
         for (int wp = 1; wp < warps; ++wp) t += warp_out[wp][g][d];
-        out_sum[g][d] = t;
-    }
-    __syncthreads();
-
-    // A context of one partition: this record is the row's result. The combine would
-    // weigh it by e^0 = 1, add it to 0 and scale it by 1 / (1 * sum): the same operations
-    // here give the same bits.
-    if (ctx <= PA_PARTITION) {
-#pragma unroll
-        for (int g = 0; g < MAXG; ++g) {
-            if (g < heads_here) {
-                const float inv = 1.0f / sums[g];
-                bf16* out = o + (i64)q_start[seq] * ((i64)num_heads * D) + (i64)(h0 + g) * D;
-                for (int d = threadIdx.x; d < D; d += blockDim.x)
-                    out[d] = to_bf16((0.0f + out_sum[g][d]) * inv);
-            }
+        if (alone) {
+            float sum = 0.0f;  // sums[g], added again in its order (g is not a constant here)
+            for (int wp = 0; wp < warps; ++wp) sum += red_sum[g][wp];
+            o_row[(i64)(h0 + g) * D + d] = to_bf16((0.0f + t) * (1.0f / sum));
+        } else {
+            scratch[((i64)w * num_heads + h0 + g) * D + d] = t;
         }
-        return;
     }
-    // Scratch: [num_work * num_heads records of D floats][maxes][sums], record
-    // item * num_heads + head.
-    const i64 records = (i64)num_work * num_heads;
+    if (alone || threadIdx.x != 0) return;
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         if (g < heads_here) {
             const i64 rec = (i64)w * num_heads + h0 + g;
-            for (int d = threadIdx.x; d < D; d += blockDim.x) scratch[rec * D + d] = out_sum[g][d];
-            if (threadIdx.x == 0) {
-                scratch[records * D + rec] = maxes[g];
-                scratch[records * D + records + rec] = sums[g];
-            }
+            scratch[records * D + rec] = maxes[g];
+            scratch[records * D + records + rec] = sums[g];
         }
     }
 }

@@ -123,13 +123,25 @@ __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f
 // angles `table` (half cosines, then half sines), rounded to bf16 as a rotated value is
 // stored: rotary == 1 pairs element i with i + half, rotary == 2 pairs 2i with 2i + 1.
 // Every kernel that rotates goes through here, with the products and sums spelled out, so
-// they agree to the bit.
-__device__ __forceinline__ bf16 rope_element(const bf16* x, int e, int half, int rotary,
-                                             const float* table) {
+// they agree to the bit. rope_load reads what rope_apply rotates, so that a kernel can
+// issue those loads beside others before it waits on any (rope_element does both).
+struct RopeInputs {
+    float x0, x1, c, s;
+    bool first;  // e is the pair's first element
+};
+
+__device__ __forceinline__ RopeInputs rope_load(const bf16* x, int e, int half, int rotary, const float* table) {
     const int p = rotary == 2 ? e / 2 : (e < half ? e : e - half);
     const int a = rotary == 2 ? 2 * p : p;
     const int b = rotary == 2 ? 2 * p + 1 : p + half;
-    const float x0 = to_f32(x[a]), x1 = to_f32(x[b]);
-    const float c = table[p], s = table[half + p];
-    return to_bf16(e == a ? __fmaf_rn(x0, c, -__fmul_rn(x1, s)) : __fmaf_rn(x1, c, __fmul_rn(x0, s)));
+    return RopeInputs{to_f32(x[a]), to_f32(x[b]), table[p], table[half + p], e == a};
+}
+
+__device__ __forceinline__ bf16 rope_apply(RopeInputs r) {
+    return to_bf16(r.first ? __fmaf_rn(r.x0, r.c, -__fmul_rn(r.x1, r.s)) : __fmaf_rn(r.x1, r.c, __fmul_rn(r.x0, r.s)));
+}
+
+__device__ __forceinline__ bf16 rope_element(const bf16* x, int e, int half, int rotary,
+                                             const float* table) {
+    return rope_apply(rope_load(x, e, half, rotary, table));
 }
