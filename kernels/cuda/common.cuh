@@ -63,6 +63,36 @@ __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16(x); }
 // Eight consecutive bf16 in one 16-byte load (the address must be 16-byte aligned).
 __device__ __forceinline__ uint4 load_bf16x8(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
 
+// Streamed weights: read once per step, so they should not push out of L2 what a step reads
+// again (the KV cache of every layer, the activations, the logits). l2_stream_policy() is an
+// L2 policy that evicts the lines it loads first; load_streamed_bf16x8 loads 16 bytes that
+// no kernel writes under it, past L1. Plain loads where the device lacks them (before sm_80,
+// HIP).
+#if !defined(__HIPCC__) && !defined(__HIPCC_RTC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define STREAM_POLICY 1
+#endif
+
+__device__ __forceinline__ unsigned long long l2_stream_policy() {
+    unsigned long long policy = 0;
+#ifdef STREAM_POLICY
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+#endif
+    return policy;
+}
+
+__device__ __forceinline__ uint4 load_streamed_bf16x8(const bf16* p, unsigned long long policy) {
+#ifdef STREAM_POLICY
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+#else
+    (void)policy;
+    return load_bf16x8(p);
+#endif
+}
+
 // The two bf16 packed in a 32-bit word, widened exactly (a bf16 is the top half of an f32).
 // The element at the lower address is the low half.
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }

@@ -77,17 +77,19 @@ enum GemvMode {
 #define GEMV_PIECE (WARP_SIZE * 8)
 
 // One stretch of a lane's weights from `base`: every load is issued before the first is
-// used (zeros past `end`).
+// used (zeros past `end`), streamed so that the weights do not push the step's KV cache and
+// activations out of L2 (load_streamed_bf16x8, common.cuh).
 template <int HALVES>
 __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROLL],
                                                   const bf16* const (&w_rows)[HALVES], int base,
                                                   int end) {
     const uint4 zero = make_uint4(0, 0, 0, 0);
+    const unsigned long long policy = l2_stream_policy();
 #pragma unroll
     for (int u = 0; u < GEMV_UNROLL; u++) {
         const int kb = base + u * GEMV_PIECE;
 #pragma unroll
-        for (int h = 0; h < HALVES; h++) wv[h][u] = kb < end ? load_bf16x8(w_rows[h] + kb) : zero;
+        for (int h = 0; h < HALVES; h++) wv[h][u] = kb < end ? load_streamed_bf16x8(w_rows[h] + kb, policy) : zero;
     }
 }
 
