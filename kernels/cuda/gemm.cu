@@ -98,8 +98,10 @@ __device__ __forceinline__ void gemv_load_weights(uint4 (&wv)[HALVES][GEMV_UNROL
 #define GEMV_STAGES_ONE_ROW 1
 
 // Pieces of the row a thread of a one-row kernel loads before it stores the first into
-// shared memory: the row arrives in one round trip to L2 (a bf16 row of up to
-// 4 * 8 * GEMV_THREADS elements), not one per piece.
+// shared memory, so that the row arrives in one round trip to L2 rather than one per
+// piece: four of 8 bf16 (a row of up to 8192 in a block of 256 threads), or for a normed
+// product two of 4 f32 with their gamma (2048; more registers would cost the kernel a
+// block per multiprocessor).
 #define GEMV_COPY_AHEAD 4
 #define GEMV_NORMED_AHEAD 2
 
