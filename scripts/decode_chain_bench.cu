@@ -65,6 +65,9 @@ struct Shape {
 
 static cudaStream_t stream;
 
+// The RMSNorms' epsilon.
+static const float kEps = 1e-5f;
+
 // Launches with programmatic dependent launch, as the engine does.
 template <typename... Args>
 static void launch_sized(void (*kernel)(Args...), int blocks, int threads, int shared_bytes, Args... args) {
@@ -193,7 +196,7 @@ static void launch_program(const std::vector<ProgramStep>& steps) {
     for (size_t i = 0; i < steps.size(); i++) p.steps[i] = steps[i];
     p.count = (int)steps.size();
     p.barrier = barrier;
-    p.eps = 1e-5f;
+    p.eps = kEps;
     p.x_bytes = x_bytes;
     p.normed_elems = normed_elems;
     const int smem = PROGRAM_WARPS * PROGRAM_DEPTH * p.slot_bytes + x_bytes + normed_elems * 4;
@@ -205,8 +208,40 @@ static void launch_program(const std::vector<ProgramStep>& steps) {
     launch_sized(gemv_program, sms, PROGRAM_WARPS * 32, smem, p);
 }
 
+// The one-row products of a layer, as every chain here launches them: the normed ones read
+// the f32 residual stream and the norm's weight, the others b.normed (qkv, gate/up) or the
+// input they are given.
+
+static void qkv_normed(const Shape& s, const Layer& w, Buffers& b) {
+    launch_gemv(gemv_normed_bf16_r1, s.qkv, s.hidden, 4, true, (const float*)b.residual, (const bf16*)w.g1,
+                (const bf16*)w.qkv, b.qkv, 1, s.qkv, s.hidden, slices_for(s.hidden), kEps);
+}
+
+static void qkv_plain(const Shape& s, const Layer& w, Buffers& b) {
+    launch_gemv(gemv_fixed_order_bf16_r1, s.qkv, s.hidden, 2, false, (const bf16*)b.normed, (const bf16*)w.qkv,
+                b.qkv, 1, s.qkv, s.hidden, slices_for(s.hidden));
+}
+
+static void gate_up_normed(const Shape& s, const Layer& w, Buffers& b) {
+    launch_gemv(gemv_normed_gated_bf16_r1, s.inter, s.hidden, 4, true, (const float*)b.residual, (const bf16*)w.g2,
+                (const bf16*)w.gate_up, b.act, 1, s.inter, s.hidden, slices_for(s.hidden), kEps);
+}
+
+static void gate_up_plain(const Shape& s, const Layer& w, Buffers& b) {
+    launch_gemv(gemv_gated_bf16_r1, s.inter, s.hidden, 2, false, (const bf16*)b.normed, (const bf16*)w.gate_up,
+                b.act, 1, s.inter, s.hidden, slices_for(s.hidden));
+}
+
+// out = x . w over n columns of depth k: added into the residual stream, or stored in b.delta.
+static void product_add(int n, int k, const bf16* x, const bf16* w, Buffers& b) {
+    launch_gemv(gemv_add_f32_r1, n, k, 2, false, x, w, b.residual, 1, n, k, slices_for(k));
+}
+
+static void product_plain(int n, int k, const bf16* x, const bf16* w, Buffers& b) {
+    launch_gemv(gemv_fixed_order_bf16_r1, n, k, 2, false, x, w, b.delta, 1, n, k, slices_for(k));
+}
+
 static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layers, Buffers& b) {
-    const float eps = 1e-5f;
     const int H = s.hidden;
     for (int l = 0; l < s.layers; l++) {
         const Layer& w = layers[l];
@@ -215,28 +250,23 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             continue;
         }
         if (chain == GATE_KERNELS) {
-            launch_gemv(gemv_normed_gated_bf16_r1, s.inter, H, 4, true, (const float*)b.residual, (const bf16*)w.g2,
-                        (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H), eps);
+            gate_up_normed(s, w, b);
             continue;
         }
         if (chain == DOWN_KERNELS) {
-            launch_gemv(gemv_add_f32_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.residual, 1,
-                        H, s.inter, slices_for(s.inter));
+            product_add(H, s.inter, b.act, w.down, b);
             continue;
         }
         if (chain == GATE_PLAIN) {
-            launch_gemv(gemv_gated_bf16_r1, s.inter, H, 2, false, (const bf16*)b.normed, (const bf16*)w.gate_up,
-                        b.act, 1, s.inter, H, slices_for(H));
+            gate_up_plain(s, w, b);
             continue;
         }
         if (chain == QKV_NORMED) {
-            launch_gemv(gemv_normed_bf16_r1, s.qkv, H, 4, true, (const float*)b.residual, (const bf16*)w.g1,
-                        (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
+            qkv_normed(s, w, b);
             continue;
         }
         if (chain == QKV_PLAIN) {
-            launch_gemv(gemv_fixed_order_bf16_r1, s.qkv, H, 2, false, (const bf16*)b.normed, (const bf16*)w.qkv,
-                        b.qkv, 1, s.qkv, H, slices_for(H));
+            qkv_plain(s, w, b);
             continue;
         }
         if (chain == GATE_PROGRAM1) {
@@ -272,39 +302,31 @@ static void enqueue(Chain chain, const Shape& s, const std::vector<Layer>& layer
             continue;
         }
         if (chain == FUSED) {
-            launch_gemv(gemv_normed_bf16_r1, s.qkv, H, 4, true, (const float*)b.residual, (const bf16*)w.g1,
-                        (const bf16*)w.qkv, b.qkv, 1, s.qkv, H, slices_for(H), eps);
+            qkv_normed(s, w, b);
             launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
-            launch_gemv(gemv_add_f32_r1, H, H, 2, false, (const bf16*)b.attn, (const bf16*)w.o, b.residual, 1, H, H,
-                        slices_for(H));
-            launch_gemv(gemv_normed_gated_bf16_r1, s.inter, H, 4, true, (const float*)b.residual, (const bf16*)w.g2,
-                        (const bf16*)w.gate_up, b.act, 1, s.inter, H, slices_for(H), eps);
-            launch_gemv(gemv_add_f32_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.residual, 1,
-                        H, s.inter, slices_for(s.inter));
+            product_add(H, H, b.attn, w.o, b);
+            gate_up_normed(s, w, b);
+            product_add(H, s.inter, b.act, w.down, b);
             continue;
         }
         const bool norms = chain == UNFUSED;
         if (norms)
             launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g1,
-                   b.normed, H, eps);
-        launch_gemv(gemv_fixed_order_bf16_r1, s.qkv, H, 2, false, (const bf16*)b.normed, (const bf16*)w.qkv, b.qkv, 1,
-                    s.qkv, H, slices_for(H));
+                   b.normed, H, kEps);
+        qkv_plain(s, w, b);
         launch(attention_standin, 8, 256, (const bf16*)b.qkv, b.attn, H);
-        launch_gemv(gemv_fixed_order_bf16_r1, H, H, 2, false, (const bf16*)b.attn, (const bf16*)w.o, b.delta, 1, H, H,
-                    slices_for(H));
+        product_plain(H, H, b.attn, w.o, b);
         if (norms)
             launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)w.g2,
-                   b.normed, H, eps);
-        launch_gemv(gemv_gated_bf16_r1, s.inter, H, 2, false, (const bf16*)b.normed, (const bf16*)w.gate_up, b.act, 1,
-                    s.inter, H, slices_for(H));
-        launch_gemv(gemv_fixed_order_bf16_r1, H, s.inter, 2, false, (const bf16*)b.act, (const bf16*)w.down, b.delta,
-                    1, H, s.inter, slices_for(s.inter));
+                   b.normed, H, kEps);
+        gate_up_plain(s, w, b);
+        product_plain(H, s.inter, b.act, w.down, b);
     }
     if (chain == UNFUSED) {
         // The last layer's down projection joins the residual stream, as the final norm's
         // add would (the fused chain's last product adds it itself).
         launch(add_rms_norm_f32_bf16, 1, 1024, b.residual, (const bf16*)b.delta, (const bf16*)layers[0].g1,
-               b.normed, H, eps);
+               b.normed, H, kEps);
     }
 }
 
