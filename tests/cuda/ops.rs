@@ -477,9 +477,11 @@ fn round_bf16(v: f64) -> f32 {
 /// The decode fusions (a norm folded into the product after it, a residual add into the
 /// product before it) against an f64 reference, at one row (the GEMV's one-row kernels) and
 /// three (its four-row pass), at depths of one warp per column (2048, and 576 with a
-/// partial stretch) and of four (8192), with more column groups than the grid has blocks;
-/// and a normed row of a batch has the bits it has alone (the one-row kernels take the
-/// norm's scale while they stage the row, the others in a pass of their own).
+/// partial stretch) and of four (8192), with more column groups than the grid has blocks
+/// (the one-row add then takes its packed kernel: 40,000 x 2048, and Llama-3.2-1B's down
+/// projection, 2048 x 8192); and a normed row of a batch has the bits it has alone (the
+/// one-row kernels take the norm's scale while they stage the row, the others in a pass of
+/// their own).
 #[test]
 fn the_decode_fusions_match_an_f64_reference() {
     let Some(s) = setup() else { return };
@@ -497,6 +499,7 @@ fn the_decode_fusions_match_an_f64_reference() {
         (1, 3072, 2048),
         (3, 999, 576),
         (3, 521, 8192),
+        (1, 2048, 8192),
         // One normed row of 12,288 is past what a block stages: the two-row kernel reads
         // it in place.
         (1, 130, 12_288),

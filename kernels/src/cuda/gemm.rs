@@ -81,6 +81,11 @@ const GEMV_NORMED_KERNEL: &str = "gemv_normed_bf16";
 const GEMV_NORMED_GATED_KERNEL: &str = "gemv_normed_gated_bf16";
 const GEMV_ADD_KERNEL: &str = "gemv_add_f32";
 
+/// The kernels (with their pass size) that have a `_packed` variant held to fewer registers
+/// (gemm.cu says why), taken when a product has more column groups than the device has
+/// multiprocessors.
+const GEMV_PACKED: [&str; 1] = ["gemv_add_f32_r1"];
+
 /// The input of a product fused with the RMSNorm ahead of it ([`Gemm::normed_linear`]).
 #[derive(Clone, Copy)]
 pub struct NormedInput<'a, 'b> {
@@ -441,8 +446,20 @@ impl GemvPlan {
                 None => rows = 2,
             }
         }
-        let kernel = format!("{name}_r{rows}");
-        let resident = kernels.resident_blocks(&kernel, GEMV_THREADS, staged_bytes)?;
+        let mut kernel = format!("{name}_r{rows}");
+        let mut resident = kernels.resident_blocks(&kernel, GEMV_THREADS, staged_bytes)?;
+        // Blocks that share multiprocessors (more column groups than multiprocessors):
+        // the kernel's packed variant (fewer registers), where it has one, leaves room
+        // beside them for the next kernel's blocks, and where the grid is capped it holds
+        // more blocks, each with its loads in flight.
+        let shared = groups > kernels.multiprocessors() as usize;
+        if shared && GEMV_PACKED.contains(&kernel.as_str()) {
+            let packed = format!("{kernel}_packed");
+            let packed_resident = kernels.resident_blocks(&packed, GEMV_THREADS, staged_bytes)?;
+            if packed_resident > resident {
+                (kernel, resident) = (packed, packed_resident);
+            }
+        }
         let blocks = u32::try_from(groups)
             .expect("linear: n past the grid")
             .min(resident);
@@ -545,6 +562,10 @@ mod tests {
                 let name = format!("{kernel}_r{rows}");
                 assert!(names.contains(&name.as_str()), "gemm.cu lacks {name}");
             }
+        }
+        for kernel in GEMV_PACKED {
+            let name = format!("{kernel}_packed");
+            assert!(names.contains(&name.as_str()), "gemm.cu lacks {name}");
         }
     }
 }

@@ -131,6 +131,11 @@ impl CudaKernels {
         Ok(blocks)
     }
 
+    /// The device's multiprocessors.
+    pub(crate) fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
     /// How many modules were compiled now rather than taken from the cache.
     pub fn freshly_compiled(&self) -> usize {
         self.compiled
