@@ -478,10 +478,11 @@ fn round_bf16(v: f64) -> f32 {
 /// product before it) against an f64 reference, at one row (the GEMV's one-row kernels) and
 /// three (its four-row pass), at depths of one warp per column (2048, and 576 with a
 /// partial stretch) and of four (8192), with more column groups than the grid has blocks
-/// (the one-row add then takes its packed kernel: 40,000 x 2048, and Llama-3.2-1B's down
-/// projection, 2048 x 8192); and a normed row of a batch has the bits it has alone (the
-/// one-row kernels take the norm's scale while they stage the row, the others in a pass of
-/// their own).
+/// (40,000 x 2048); the one-row add takes its packed kernel where the column groups
+/// outnumber the multiprocessors (on an H200's 132, every one-row shape here but 130 x
+/// 12,288; Llama-3.2-1B's down projection, 2048 x 8192, among them); and a normed row of a
+/// batch has the bits it has alone (the one-row kernels take the norm's scale while they
+/// stage the row, the others in a pass of their own).
 #[test]
 fn the_decode_fusions_match_an_f64_reference() {
     let Some(s) = setup() else { return };
