@@ -26,6 +26,16 @@ pub trait LatencyModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens>;
+    /// Queues the step that [`LatencyModel::step`] would run, without waiting for its
+    /// tokens, where the model runs it as one replayable unit (a captured graph: running
+    /// it again writes the same KV slots and tokens); `false`, having queued nothing,
+    /// where it does not.
+    fn queue_step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<bool>;
     /// Waits for queued device work.
     fn synchronize(&mut self) -> anyhow::Result<()>;
 }
@@ -125,6 +135,10 @@ impl LatencyModel for CpuModel {
             tokens: argmax_rows(&logits, self.vocab_size()),
             queued: Instant::now(),
         })
+    }
+
+    fn queue_step(&mut self, _: &[u32], _: &AttentionPlan, _: &[usize]) -> anyhow::Result<bool> {
+        Ok(false)
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

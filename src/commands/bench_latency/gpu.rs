@@ -108,6 +108,23 @@ impl GpuModel {
     }
 }
 
+impl GpuModel {
+    /// The graph a step replays through: `None` for a step that is not pure decode, a
+    /// batch past the largest captured size, or with --enforce-eager.
+    fn graph_for(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Option<&CapturedDecode> {
+        let graphs = self.graphs.as_ref()?;
+        if !is_decode_step(tokens, plan, logit_rows) {
+            return None;
+        }
+        graphs.graph_for(tokens.len()).map(|(_, graph)| graph)
+    }
+}
+
 impl LatencyModel for GpuModel {
     fn describe(&self) -> String {
         let c = self.model.config();
@@ -161,13 +178,7 @@ impl LatencyModel for GpuModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens> {
-        let graph = match &self.graphs {
-            Some(graphs) if is_decode_step(tokens, plan, logit_rows) => {
-                graphs.graph_for(tokens.len())
-            }
-            _ => None,
-        };
-        if let Some((_, graph)) = graph {
+        if let Some(graph) = self.graph_for(tokens, plan, logit_rows) {
             let replayed = graph.replay(tokens, plan)?;
             let queued = Instant::now();
             let tokens = replayed.greedy_ids()?;
@@ -180,6 +191,20 @@ impl LatencyModel for GpuModel {
         let queued = Instant::now();
         let tokens = self.model.last_argmax(logit_rows.len())?;
         Ok(StepTokens { tokens, queued })
+    }
+
+    fn queue_step(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<bool> {
+        let Some(graph) = self.graph_for(tokens, plan, logit_rows) else {
+            return Ok(false);
+        };
+        // Dropping the replayed step leaves its work queued.
+        drop(graph.replay(tokens, plan)?);
+        Ok(true)
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

@@ -27,32 +27,46 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{:>6} {:>10} {:>12} {:>14} {:>12} {:>12} {:>12}",
+        "{:>6} {:>10} {:>12} {:>14} {:>12} {:>12} {:>12} {:>14}",
         "batch",
         "prefill_ms",
         "prefill_tok/s",
         "decode_ms/step",
         "decode_tok/s",
         "of_floor",
-        "host_ms/step"
+        "host_ms/step",
+        "device_ms/step"
     );
     for &batch in &args.batch_sizes {
         // One untimed pass warms up caches, cuBLAS heuristics and the allocator.
-        measure(&mut *model, &args, batch, 4)?;
-        let m = measure(&mut *model, &args, batch, args.output_len)?;
-        let step_ms = m.decode_s * 1e3 / args.output_len as f64;
+        measure(&mut *model, &args, batch, 4, false)?;
+        let m = measure(&mut *model, &args, batch, args.output_len, false)?;
+        let steps = args.output_len as f64;
+        let step_ms = m.decode_s * 1e3 / steps;
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
+        let twice = measure(&mut *model, &args, batch, args.output_len, true)?;
+        let device_ms = match twice.queued_twice {
+            true => format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps),
+            false => "-".to_string(),
+        };
         println!(
-            "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12} {:>12.3}",
+            "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12} {:>12.3} \
+             {device_ms:>14}",
             m.prefill_s * 1e3,
             (batch * args.input_len) as f64 / m.prefill_s,
             (batch * args.output_len) as f64 / m.decode_s,
-            m.host_s * 1e3 / args.output_len as f64,
+            m.host_s * 1e3 / steps,
         );
     }
     println!(
         "host_ms/step: from the start of a decode step (its plan built on the host) until all \
          of its device work is queued; the rest of decode_ms/step is waiting on the device"
+    );
+    println!(
+        "device_ms/step: the device's time for a decode step with no host work ahead of it: \
+         the decode timed again with each step's graph queued twice back to back (the second \
+         replay writes the same KV slots and tokens), less the first timing; '-' without \
+         graphs"
     );
     Ok(())
 }
@@ -62,15 +76,20 @@ struct Timing {
     decode_s: f64,
     /// Host time of the decode steps until their work was queued.
     host_s: f64,
+    /// Every decode step was queued twice ([`measure`]'s `twice`); false where a step
+    /// could not be and the decode stopped there.
+    queued_twice: bool,
 }
 
 /// Prefills `batch` sequences of `input_len` tokens in one step, then decodes `steps` steps
-/// of one token per sequence, each step asking logits for every sequence.
+/// of one token per sequence, each step asking logits for every sequence; with `twice`,
+/// each decode step is first queued once more where the model can ([`LatencyModel::queue_step`]).
 fn measure(
     model: &mut dyn LatencyModel,
     args: &BenchLatencyArgs,
     batch: usize,
     steps: usize,
+    twice: bool,
 ) -> anyhow::Result<Timing> {
     let vocab = model.vocab_size() as u32;
     let bs = args.block_size;
@@ -109,6 +128,16 @@ fn measure(
             })
             .collect();
         let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
+        if twice && !model.queue_step(&next, &plan, &rows)? {
+            // Not a step the model replays: nothing to time twice.
+            model.synchronize()?;
+            return Ok(Timing {
+                prefill_s,
+                decode_s: start.elapsed().as_secs_f64(),
+                host_s,
+                queued_twice: false,
+            });
+        }
         let out = model.step(&next, &plan, &rows)?;
         host_s += (out.queued - step_start).as_secs_f64();
         next = out.tokens;
@@ -118,5 +147,6 @@ fn measure(
         prefill_s,
         decode_s: start.elapsed().as_secs_f64(),
         host_s,
+        queued_twice: twice,
     })
 }
