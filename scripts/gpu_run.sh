@@ -35,6 +35,9 @@
 #                                 scripts/gemm_base.cu (ignored by git: carry it) holds an
 #                                 earlier gemm.cu (git show REV:kernels/cuda/gemm.cu), a
 #                                 build over it first
+#   scripts/gpu_run.sh serve      SmolLM2-135M (after smollm2) served on the GPU: `bench serve`
+#                                 at concurrency 1 and 8 (TPOT: the serving loop's step),
+#                                 then `bench latency` of the same model at batch 1 and 8
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -163,6 +166,32 @@ chain)
             $bench $shape 2>&1 | tee -a "$OUT/chain.log"
         done
     done
+    ;;
+serve)
+    # The engine's step against the model's own (after smollm2): SmolLM2-135M served on the
+    # GPU, `bench serve` at concurrency 1 and 8 (its TPOT is the serving loop's time per
+    # step: scheduling, messages, staging and the step), then `bench latency` at batch
+    # sizes 1 and 8 (the step with the host loop alone, and the device's part).
+    # SERVE_BIN names another build's binary to serve (an A/B in turns); the server's log
+    # gives each request's time from queued to finished, which serve_steps.py turns into
+    # the engine's time per decode step.
+    port=8123
+    serve_bin=${SERVE_BIN:-$bin/peregrine}
+    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port >"$OUT/serve.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 240); do
+        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+        sleep 0.5
+    done
+    for c in 1 8; do
+        "$bin/peregrine" bench serve --url http://127.0.0.1:$port --num-prompts $((8 * c)) \
+            --concurrency $c --input-len 128 --output-len 128 2>&1 | tee -a "$OUT/serve_bench.log"
+    done
+    kill $server
+    wait $server
+    python3 scripts/serve_steps.py "$OUT/serve.log" 128 2>&1 | tee -a "$OUT/serve_bench.log"
+    "$bin/peregrine" bench latency --device cuda --model /tmp/smollm2 --batch-sizes 1,8 \
+        --input-len 128 --output-len 128 2>&1 | tee -a "$OUT/serve_bench.log"
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts

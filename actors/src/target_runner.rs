@@ -133,7 +133,9 @@ impl TargetRunner {
         })
     }
 
-    /// One token per sampled sequence, chosen by the backend.
+    /// One token per sampled sequence: each row's argmax where [`argmax_only`] holds (on
+    /// the GPU the decode graph's own, one download of the ids), else chosen by the
+    /// backend's sampler.
     fn sample_step(
         &mut self,
         tokens: &[u32],
@@ -141,16 +143,24 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&ScheduledSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let mut sampling: Vec<RowSampling> = states
-            .iter_mut()
-            .map(|(_, state)| RowSampling {
-                sampler: &mut state.sampler,
-                prompt: &state.prompt,
-                output: &state.output,
-                logprobs: state.logprobs,
-            })
-            .collect();
-        let generated = self.model.step(tokens, plan, rows, &mut sampling)?;
+        let generated = if argmax_only(states) {
+            // Each token is its row's argmax, which a decode graph computes in itself.
+            let ids = self.model.forward_argmax(tokens, plan, rows)?;
+            ids.into_iter()
+                .map(|id| GeneratedToken { id, logprobs: None })
+                .collect()
+        } else {
+            let mut sampling: Vec<RowSampling> = states
+                .iter_mut()
+                .map(|(_, state)| RowSampling {
+                    sampler: &mut state.sampler,
+                    prompt: &state.prompt,
+                    output: &state.output,
+                    logprobs: state.logprobs,
+                })
+                .collect();
+            self.model.step(tokens, plan, rows, &mut sampling)?
+        };
         if generated.len() != states.len() {
             return Err(anyhow!(
                 "{} tokens for {} sampled rows",
@@ -182,11 +192,7 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&ScheduledSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let argmax_only = states.iter().all(|(_, state)| {
-            let params = state.sampler.params();
-            params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()
-        });
-        if argmax_only {
+        if argmax_only(states) {
             return self.verify_greedy(tokens, plan, rows, states);
         }
         let vocab = self.model.config().vocab_size;
@@ -281,6 +287,15 @@ fn split_hidden(hidden: &[f32], batch: &ScheduledBatch, plan: &AttentionPlan) ->
             data: hidden[p.q_start * width..(p.q_start + p.q_len) * width].to_vec(),
         })
         .collect()
+}
+
+/// Whether every sampled sequence's token is its row's argmax: greedy, without penalties
+/// or logprobs (its sampler then draws nothing, so it need not see the logits).
+fn argmax_only(states: &[(&ScheduledSeq, SeqSampling)]) -> bool {
+    states.iter().all(|(_, state)| {
+        let params = state.sampler.params();
+        params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()
+    })
 }
 
 fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {
