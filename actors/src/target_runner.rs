@@ -3,7 +3,7 @@
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
 //! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
-use crate::actor_thread::{spawn_actor_thread, Stopped};
+use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::backend::{ModelBackend, RowSampling};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
@@ -15,6 +15,7 @@ use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Per-request sampling state, kept from a request's first step until it is released, so
@@ -37,12 +38,21 @@ pub struct TargetRunner {
 #[derive(Clone)]
 pub struct TargetRunnerHandle {
     tx: crossbeam_channel::Sender<RunnerMsg>,
+    /// How long [`TargetRunnerHandle::step`] spins on the result before it sleeps.
+    step_spin: Duration,
 }
 
 impl TargetRunner {
     /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
-    /// (and drops the model) once every handle is dropped.
+    /// (and drops the model) once every handle is dropped. Where the model's steps run on
+    /// a device, the runner and the scheduler spin briefly on each other's messages
+    /// ([`Spin::DEVICE`]).
     pub fn spawn(model: Box<dyn ModelBackend>, block_size: usize) -> (TargetRunnerHandle, Stopped) {
+        let spin = if model.host_waits_on_device() {
+            Spin::DEVICE
+        } else {
+            Spin::NONE
+        };
         let mut runner = TargetRunner {
             model,
             block_size,
@@ -50,7 +60,7 @@ impl TargetRunner {
         };
         let (tx, rx) = crossbeam_channel::unbounded::<RunnerMsg>();
         let stopped = spawn_actor_thread("target-runner", move || {
-            for msg in rx {
+            while let Some(msg) = recv_spinning(&rx, spin.for_next_step) {
                 match msg {
                     RunnerMsg::Step(batch, reply) => {
                         let _ = reply.send(runner.step(batch));
@@ -61,7 +71,11 @@ impl TargetRunner {
                 }
             }
         });
-        (TargetRunnerHandle { tx }, stopped)
+        let handle = TargetRunnerHandle {
+            tx,
+            step_spin: spin.for_step,
+        };
+        (handle, stopped)
     }
 
     /// Runs one step.
@@ -319,13 +333,16 @@ impl TargetRunnerHandle {
             .map_err(|_| anyhow!("the target runner dropped a capture"))?
     }
 
-    /// Runs `batch` on the runner's thread and waits for its result.
+    /// Runs `batch` on the runner's thread and waits for its result, spinning on it first
+    /// where the runner's steps run on a device: the scheduler calls it from its own
+    /// thread.
     pub async fn step(&self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(RunnerMsg::Step(batch, reply))
             .map_err(|_| anyhow!("the target runner has stopped"))?;
-        rx.await
-            .map_err(|_| anyhow!("the target runner dropped a step"))?
+        reply_spinning(rx, self.step_spin)
+            .await
+            .ok_or_else(|| anyhow!("the target runner dropped a step"))?
     }
 }

@@ -398,6 +398,10 @@ impl ModelBackend for GpuBackend {
         self.model.config()
     }
 
+    fn host_waits_on_device(&self) -> bool {
+        true
+    }
+
     fn pool(&self) -> &PoolInfo {
         &self.pool
     }

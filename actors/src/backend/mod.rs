@@ -129,6 +129,12 @@ pub trait ModelBackend: Send {
     fn config(&self) -> &ModelConfig;
     /// The KV pool.
     fn pool(&self) -> &PoolInfo;
+    /// Whether a step's work runs on a device while the host thread that queued it only
+    /// waits for it (a GPU), so that waiting threads may spin rather than sleep; false on
+    /// the CPU, whose steps need every core.
+    fn host_waits_on_device(&self) -> bool {
+        false
+    }
     /// The largest step it can run, where its buffers are sized at start-up (`None`:
     /// any step).
     fn capacity(&self) -> Option<StepCapacity> {
