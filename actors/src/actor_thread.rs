@@ -1,5 +1,5 @@
-//! The OS threads of the actors whose work blocks (the TargetRunner, the DraftProposer) or
-//! that wait on them (the Scheduler), and how those threads wait for each other.
+//! The OS threads of the actors whose work blocks (the TargetRunner, the DraftProposer),
+//! and how the engine's actors wait for each other's messages.
 //! Each drops what it drives (a model with its device buffers and graphs) before it says it
 //! has stopped, so that a process can wait for that before it exits: a CUDA context torn
 //! down at exit under a thread still freeing its graphs crashes the process.

@@ -333,9 +333,9 @@ impl TargetRunnerHandle {
             .map_err(|_| anyhow!("the target runner dropped a capture"))?
     }
 
-    /// Runs `batch` on the runner's thread and waits for its result, spinning on it first
-    /// where the runner's steps run on a device: the scheduler calls it from its own
-    /// thread.
+    /// Runs `batch` on the runner's thread and waits for its result, polling for it first
+    /// where the runner's steps run on a device (which holds the calling task's worker
+    /// thread meanwhile: see [`reply_spinning`]).
     pub async fn step(&self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let (reply, rx) = oneshot::channel();
         self.tx

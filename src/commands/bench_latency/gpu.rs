@@ -106,9 +106,7 @@ impl GpuModel {
             products,
         })
     }
-}
 
-impl GpuModel {
     /// The graph a step replays through: `None` for a step that is not pure decode, a
     /// batch past the largest captured size, or with --enforce-eager.
     fn graph_for(
