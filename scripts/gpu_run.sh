@@ -172,12 +172,15 @@ serve)
     # GPU, `bench serve` at concurrency 1 and 8 (its TPOT is the serving loop's time per
     # step: scheduling, messages, staging and the step), then `bench latency` at batch
     # sizes 1 and 8 (the step with the host loop alone, and the device's part).
-    # SERVE_BIN names another build's binary to serve (an A/B in turns); the server's log
+    # SERVE_BIN names another build's binary to serve (an A/B in turns) and SERVE_ARGS
+    # more serve flags (speculation: --speculative-method ngram); the server's log
     # gives each request's time from queued to finished, which serve_steps.py turns into
     # the engine's time per decode step.
     port=8123
     serve_bin=${SERVE_BIN:-$bin/peregrine}
-    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port >"$OUT/serve.log" 2>&1 &
+    # shellcheck disable=SC2086
+    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port ${SERVE_ARGS:-} \
+        >"$OUT/serve.log" 2>&1 &
     server=$!
     for _ in $(seq 1 240); do
         (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break

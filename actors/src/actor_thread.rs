@@ -4,18 +4,19 @@
 //! has stopped, so that a process can wait for that before it exits: a CUDA context torn
 //! down at exit under a thread still freeing its graphs crashes the process.
 
+use crate::backend::ModelBackend;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-/// How long the threads of a device backend's engine spin on each other's messages before
+/// How long the actors of a device backend's engine poll for each other's messages before
 /// they sleep: a thread woken from sleep runs tens of microseconds late (measured on an
 /// H200 host: 30 us for the scheduler to see a step's result, 8 us for the runner to see
-/// the next step), a few percent of a small model's decode step, while a spinning one
-/// sees the message at once. The scheduler waits through a step's device work; the runner
-/// waits through the scheduler's turn between two steps.
+/// the next step), a few percent of a small model's decode step, while a polling one
+/// sees the message at once. The scheduler waits through a step's device work (and a
+/// proposal's); the runner waits through the scheduler's turn between two steps.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Spin {
-    /// The scheduler's wait for a step's result.
+    /// The scheduler's wait for a step's result or a step's drafts.
     pub for_step: Duration,
     /// The runner's wait for the next step.
     pub for_next_step: Duration,
@@ -34,6 +35,16 @@ impl Spin {
         for_step: Duration::from_millis(2),
         for_next_step: Duration::from_micros(200),
     };
+
+    /// [`Spin::DEVICE`] for a backend whose steps run on a device
+    /// ([`ModelBackend::host_waits_on_device`]), else [`Spin::NONE`].
+    pub fn for_backend(backend: &dyn ModelBackend) -> Spin {
+        if backend.host_waits_on_device() {
+            Spin::DEVICE
+        } else {
+            Spin::NONE
+        }
+    }
 }
 
 /// The next message of `rx`, polled for up to `spin` before the thread sleeps on it;

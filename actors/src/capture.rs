@@ -59,6 +59,7 @@ impl GraphCapture {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::actor_thread::Spin;
     use crate::backend::{ModelBackend, PoolInfo, RowSampling};
     use crate::draft::{spawn_proposer, DraftMethod};
     use crate::messages::{GeneratedToken, ProposeSeq, RequestId};
@@ -176,8 +177,8 @@ mod tests {
             log: draft_log.clone(),
             refuse: 7,
         };
-        let (runner, _) = TargetRunner::spawn(Box::new(target), 16);
-        let (proposer, _) = spawn_proposer(Box::new(draft));
+        let (runner, _) = TargetRunner::spawn(Box::new(target), 16, Spin::NONE);
+        let (proposer, _) = spawn_proposer(Box::new(draft), Spin::NONE);
         (
             GraphCapture::new(runner, Some(proposer)),
             target_log,

@@ -1,7 +1,7 @@
 //! Assembles the engine's actors for serving: the TargetRunner and the DraftProposer (when
 //! speculating) on their threads, the KvAllocator and the Scheduler as tokio tasks.
 
-use crate::actor_thread::Stopped;
+use crate::actor_thread::{Spin, Stopped};
 use crate::backend::{ModelBackend, StepCapacity};
 use crate::capture::GraphCapture;
 use crate::draft::{spawn_proposer, DraftMethod};
@@ -135,14 +135,16 @@ pub fn start_engine(
     };
     let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
-    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size);
+    let spin = Spin::for_backend(backend.as_ref());
+    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin);
     let mut stopped = vec![runner_stopped];
-    let proposer = drafter
-        .map(spawn_proposer)
-        .map(|(proposer, proposer_stopped)| {
-            stopped.push(proposer_stopped);
-            proposer
-        });
+    let proposer =
+        drafter
+            .map(|drafter| spawn_proposer(drafter, spin))
+            .map(|(proposer, proposer_stopped)| {
+                stopped.push(proposer_stopped);
+                proposer
+            });
     Ok(Engine {
         scheduler: Scheduler::spawn(setup, kv, runner.clone(), proposer.clone()),
         num_blocks,

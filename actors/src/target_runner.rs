@@ -44,15 +44,13 @@ pub struct TargetRunnerHandle {
 
 impl TargetRunner {
     /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
-    /// (and drops the model) once every handle is dropped. Where the model's steps run on
-    /// a device, the runner and the scheduler spin briefly on each other's messages
-    /// ([`Spin::DEVICE`]).
-    pub fn spawn(model: Box<dyn ModelBackend>, block_size: usize) -> (TargetRunnerHandle, Stopped) {
-        let spin = if model.host_waits_on_device() {
-            Spin::DEVICE
-        } else {
-            Spin::NONE
-        };
+    /// (and drops the model) once every handle is dropped. The runner polls for its next
+    /// step, and a handle for a step's result, as `spin` says ([`Spin::for_backend`]).
+    pub fn spawn(
+        model: Box<dyn ModelBackend>,
+        block_size: usize,
+        spin: Spin,
+    ) -> (TargetRunnerHandle, Stopped) {
         let mut runner = TargetRunner {
             model,
             block_size,

@@ -28,11 +28,12 @@ pub use gpu_head::{GpuHead, HeadCapacity};
 pub use head_runner::{CpuHead, HeadRunner};
 pub use ngram::Ngram;
 
-use crate::actor_thread::{spawn_actor_thread, Stopped};
+use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
 use peregrine_models::ModelConfig;
+use std::time::Duration;
 use tokio::sync::oneshot;
 
 /// Refuses a draft model whose vocabulary differs from the target's (they must share a
@@ -82,11 +83,17 @@ pub trait DraftMethod: Send {
 #[derive(Clone)]
 pub struct DraftProposerHandle {
     tx: crossbeam_channel::Sender<ProposerMsg>,
+    /// How long [`DraftProposerHandle::propose`] polls for the drafts before it sleeps.
+    propose_spin: Duration,
 }
 
 /// Starts the proposer on its own thread, driving `method`; the thread stops (and drops the
-/// method) once every handle is dropped.
-pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> (DraftProposerHandle, Stopped) {
+/// method) once every handle is dropped. A handle polls for a proposal's drafts as `spin`
+/// says; the proposer itself sleeps between proposals, which come a whole step apart.
+pub fn spawn_proposer(
+    mut method: Box<dyn DraftMethod>,
+    spin: Spin,
+) -> (DraftProposerHandle, Stopped) {
     let (tx, rx) = crossbeam_channel::unbounded::<ProposerMsg>();
     let stopped = spawn_actor_thread("draft-proposer", move || {
         for msg in rx {
@@ -100,7 +107,11 @@ pub fn spawn_proposer(mut method: Box<dyn DraftMethod>) -> (DraftProposerHandle,
             }
         }
     });
-    (DraftProposerHandle { tx }, stopped)
+    let handle = DraftProposerHandle {
+        tx,
+        propose_spin: spin.for_step,
+    };
+    (handle, stopped)
 }
 
 fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts> {
@@ -131,14 +142,16 @@ fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts>
 }
 
 impl DraftProposerHandle {
-    /// Asks for the drafts of one step and waits for them.
+    /// Asks for the drafts of one step and waits for them, polling first as the handle's
+    /// spin says ([`reply_spinning`]).
     pub async fn propose(&self, propose: Propose) -> anyhow::Result<Drafts> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(ProposerMsg::Propose(propose, reply))
             .map_err(|_| anyhow!("the draft proposer has stopped"))?;
-        rx.await
-            .map_err(|_| anyhow!("the draft proposer dropped a step"))?
+        reply_spinning(rx, self.propose_spin)
+            .await
+            .ok_or_else(|| anyhow!("the draft proposer dropped a step"))?
     }
 
     /// Captures the method's graphs for `sizes` on the proposer's thread, between two
