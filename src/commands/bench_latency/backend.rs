@@ -26,16 +26,18 @@ pub trait LatencyModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens>;
-    /// Queues the step that [`LatencyModel::step`] would run, without waiting for its
-    /// tokens, where the model runs it as one replayable unit (a captured graph: running
-    /// it again writes the same KV slots and tokens); `false`, having queued nothing,
-    /// where it does not.
+    /// Whether a decode step of `batch` sequences runs as one replayable unit (a captured
+    /// graph: running it again writes the same KV slots and tokens), which
+    /// [`LatencyModel::queue_step`] can queue.
+    fn replays_decode(&self, batch: usize) -> bool;
+    /// Queues the decode step that [`LatencyModel::step`] would run, without waiting for
+    /// its tokens; an error for a step that [`LatencyModel::replays_decode`] does not cover.
     fn queue_step(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
-    ) -> anyhow::Result<bool>;
+    ) -> anyhow::Result<()>;
     /// Waits for queued device work.
     fn synchronize(&mut self) -> anyhow::Result<()>;
 }
@@ -137,8 +139,12 @@ impl LatencyModel for CpuModel {
         })
     }
 
-    fn queue_step(&mut self, _: &[u32], _: &AttentionPlan, _: &[usize]) -> anyhow::Result<bool> {
-        Ok(false)
+    fn replays_decode(&self, _: usize) -> bool {
+        false
+    }
+
+    fn queue_step(&mut self, _: &[u32], _: &AttentionPlan, _: &[usize]) -> anyhow::Result<()> {
+        bail!("the CPU model replays no step")
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

@@ -191,18 +191,24 @@ impl LatencyModel for GpuModel {
         Ok(StepTokens { tokens, queued })
     }
 
+    fn replays_decode(&self, batch: usize) -> bool {
+        self.graphs
+            .as_ref()
+            .is_some_and(|graphs| graphs.graph_for(batch).is_some())
+    }
+
     fn queue_step(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<()> {
         let Some(graph) = self.graph_for(tokens, plan, logit_rows) else {
-            return Ok(false);
+            anyhow::bail!("no graph replays this step");
         };
         // Dropping the replayed step leaves its work queued.
         drop(graph.replay(tokens, plan)?);
-        Ok(true)
+        Ok(())
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

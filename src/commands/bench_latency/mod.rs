@@ -44,10 +44,11 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         let steps = args.output_len as f64;
         let step_ms = m.decode_s * 1e3 / steps;
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
-        let twice = measure(&mut *model, &args, batch, args.output_len, true)?;
-        let device_ms = match twice.queued_twice {
-            true => format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps),
-            false => "-".to_string(),
+        let device_ms = if model.replays_decode(batch) {
+            let twice = measure(&mut *model, &args, batch, args.output_len, true)?;
+            format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps)
+        } else {
+            "-".to_string()
         };
         println!(
             "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12} {:>12.3} \
@@ -76,14 +77,12 @@ struct Timing {
     decode_s: f64,
     /// Host time of the decode steps until their work was queued.
     host_s: f64,
-    /// Every decode step was queued twice ([`measure`]'s `twice`); false where a step
-    /// could not be and the decode stopped there.
-    queued_twice: bool,
 }
 
 /// Prefills `batch` sequences of `input_len` tokens in one step, then decodes `steps` steps
 /// of one token per sequence, each step asking logits for every sequence; with `twice`,
-/// each decode step is first queued once more where the model can ([`LatencyModel::queue_step`]).
+/// each decode step is first queued once more ([`LatencyModel::queue_step`]: only where
+/// [`LatencyModel::replays_decode`] holds).
 fn measure(
     model: &mut dyn LatencyModel,
     args: &BenchLatencyArgs,
@@ -128,15 +127,8 @@ fn measure(
             })
             .collect();
         let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
-        if twice && !model.queue_step(&next, &plan, &rows)? {
-            // Not a step the model replays: nothing to time twice.
-            model.synchronize()?;
-            return Ok(Timing {
-                prefill_s,
-                decode_s: start.elapsed().as_secs_f64(),
-                host_s,
-                queued_twice: false,
-            });
+        if twice {
+            model.queue_step(&next, &plan, &rows)?;
         }
         let out = model.step(&next, &plan, &rows)?;
         host_s += (out.queued - step_start).as_secs_f64();
@@ -147,6 +139,5 @@ fn measure(
         prefill_s,
         decode_s: start.elapsed().as_secs_f64(),
         host_s,
-        queued_twice: twice,
     })
 }
