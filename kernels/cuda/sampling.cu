@@ -190,7 +190,10 @@ __device__ unsigned int sample_argmax_row(const float* __restrict__ lg, int voca
 // tokens c * ARGMAX_CHUNK .. (c + 1) * ARGMAX_CHUNK of the row (0 past the end), each
 // thread keeping ARGMAX_PER_THREAD loads in flight. sample_argmax_finish: one warp per row
 // takes the largest partial key. Keys are unique, so the maximum, and the token, do not
-// depend on the order of either reduction.
+// depend on the order of either reduction. The finish kernel also writes each row's token
+// to `fed` (the token ids of the step after, as i32) and `published` (page-locked host
+// memory, mapped into the device's address space) where they are not null: a decode graph
+// hands its tokens on to the next step and to the host without a copy after it.
 #define ARGMAX_THREADS 256
 #define ARGMAX_PER_THREAD 16
 #define ARGMAX_CHUNK (ARGMAX_THREADS * ARGMAX_PER_THREAD)
@@ -223,7 +226,8 @@ extern "C" __global__ void __launch_bounds__(ARGMAX_THREADS)
 
 extern "C" __global__ void __launch_bounds__(WARP_SIZE)
     sample_argmax_finish(const u64* __restrict__ partial, int chunks,
-                         unsigned int* __restrict__ tokens) {
+                         unsigned int* __restrict__ tokens, int* __restrict__ fed,
+                         unsigned int* __restrict__ published) {
     pdl_begin();
     const i64 row = blockIdx.x;
     u64 best = 0;
@@ -232,7 +236,12 @@ extern "C" __global__ void __launch_bounds__(WARP_SIZE)
         best = key > best ? key : best;
     }
     best = sample_warp_max_u64(best);
-    if (threadIdx.x == 0) tokens[row] = sample_key_id(best);
+    if (threadIdx.x == 0) {
+        const unsigned int token = sample_key_id(best);
+        tokens[row] = token;
+        if (fed != nullptr) fed[row] = (int)token;
+        if (published != nullptr) published[row] = token;
+    }
 }
 
 // ---------------------------------------------------------------------------------------

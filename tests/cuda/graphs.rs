@@ -10,7 +10,7 @@ use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::GEMV_MAX_ROWS;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GraphLimits};
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GraphLimits, GreedyInput};
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
@@ -511,4 +511,92 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
             }
         }
     }
+}
+
+/// Greedy decode steps queued ahead (each step queues the next through the same graph,
+/// its tokens copied on the device from this step's argmax) give the tokens of the same
+/// steps replayed one by one with their tokens through the host, padded sizes included;
+/// a queued step is read only through its own graph, only while no other step ran over
+/// the graphs' buffers, and only after a step of the same rows.
+#[test]
+fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
+    if setup().is_none() {
+        return;
+    }
+    const STEPS: usize = 6;
+    let (mut f, state) = fixture(false, 8, "ahead");
+    let limits = f.limits(8);
+    let graphs: Vec<_> = [8, 4, 1]
+        .iter()
+        .map(|&size| {
+            f.model
+                .capture_decode(size, limits, &f.graph_cache)
+                .unwrap()
+        })
+        .collect();
+    let advance = |state: &mut Vec<(usize, u32)>, ids: &[u32]| {
+        for (s, &id) in state.iter_mut().zip(ids) {
+            *s = (s.0 + 1, id);
+        }
+    };
+    for (graph, n) in graphs.iter().zip([7, 3, 1]) {
+        let mut replayed = Vec::new();
+        let mut st = state.clone();
+        for _ in 0..STEPS {
+            let (tokens, plan) = f.plan(&st, n);
+            let ids = graph.replay(&tokens, &plan).unwrap().greedy_ids().unwrap();
+            advance(&mut st, &ids);
+            replayed.push(ids);
+        }
+        let mut ahead = Vec::new();
+        let mut st = state.clone();
+        let mut queued = None;
+        for step in 0..STEPS {
+            let (tokens, plan) = f.plan(&st, n);
+            let input = match queued.take() {
+                Some(q) => GreedyInput::Queued(q),
+                None => GreedyInput::Host {
+                    tokens: &tokens,
+                    plan: &plan,
+                },
+            };
+            let mut following = st.clone();
+            advance(&mut following, &vec![0; n]);
+            let next = (step + 1 < STEPS).then(|| f.plan(&following, n).1);
+            let (ids, q) = graph.greedy_step(input, next.as_ref()).unwrap();
+            assert_eq!(q.is_some(), next.is_some(), "size {}", graph.size());
+            queued = q;
+            advance(&mut st, &ids);
+            ahead.push(ids);
+        }
+        assert_eq!(ahead, replayed, "size {}, {n} rows", graph.size());
+    }
+    // What may not be read: a step another step followed, a step through another graph,
+    // and a next step of other rows.
+    let (tokens, plan) = f.plan(&state, 3);
+    let input = GreedyInput::Host {
+        tokens: &tokens,
+        plan: &plan,
+    };
+    let next = f.plan(&state, 3).1;
+    let (_, q) = graphs[1].greedy_step(input, Some(&next)).unwrap();
+    drop(graphs[1].replay(&tokens, &plan).unwrap());
+    let stale = graphs[1].greedy_step(GreedyInput::Queued(q.unwrap()), None);
+    assert!(
+        stale.is_err(),
+        "a step read after another step overwrote it"
+    );
+    let input = GreedyInput::Host {
+        tokens: &tokens,
+        plan: &plan,
+    };
+    let (_, q) = graphs[1].greedy_step(input, Some(&next)).unwrap();
+    let elsewhere = graphs[0].greedy_step(GreedyInput::Queued(q.unwrap()), None);
+    assert!(elsewhere.is_err(), "a step read through another graph");
+    let input = GreedyInput::Host {
+        tokens: &tokens,
+        plan: &plan,
+    };
+    let fewer = f.plan(&state, 2).1;
+    assert!(graphs[1].greedy_step(input, Some(&fewer)).is_err());
 }

@@ -4,9 +4,12 @@
 
 use crate::{random_f32, rng, setup, Setup};
 use cudarc::driver::CudaSlice;
-use peregrine_kernels::cuda::sampling::SampleRow;
+use peregrine_kernels::cuda::sampling::{
+    argmax_partials, sample_argmax_into, ArgmaxCopies, SampleRow,
+};
 use peregrine_ops::cuda::sampler::{sample_row, GpuSampler, SampleRequest};
 use peregrine_ops::sampling::{apply_penalties, Sampler, SamplingParams};
+use peregrine_runtime::cuda::MappedHost;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
@@ -180,6 +183,41 @@ fn greedy_is_the_cpu_argmax() {
             .sample(&mut logits.as_view_mut(), vocab, &mut requests)
             .unwrap();
         assert_eq!(got, want, "vocab {vocab}: sample_argmax");
+
+        // A decode graph's hand-over: the same tokens also written as i32 token ids and
+        // into mapped page-locked memory, both poisoned first.
+        let n = rows.len();
+        let mut ids = s.gpu.upload(&vec![u32::MAX; n]).unwrap();
+        let mut fed = s.gpu.upload(&vec![-7i32; n + 1]).unwrap();
+        let published = MappedHost::<u32>::new(s.gpu.stream(), n + 1).unwrap();
+        let mut partial = s.gpu.zeros::<u64>(argmax_partials(n, vocab)).unwrap();
+        let copies = ArgmaxCopies {
+            fed: Some(fed.slice_mut(0..n)),
+            published: Some(&published),
+        };
+        let (view, mut out) = (logits.as_view(), ids.as_view_mut());
+        sample_argmax_into(
+            &s.kernels,
+            s.gpu.stream(),
+            &view,
+            vocab,
+            &mut partial,
+            &mut out,
+            copies,
+        )
+        .unwrap();
+        s.gpu.synchronize().unwrap();
+        assert_eq!(s.gpu.download(&ids).unwrap(), want, "vocab {vocab}: ids");
+        let fed = s.gpu.download(&fed).unwrap();
+        let fed_want: Vec<i32> = want.iter().map(|&t| t as i32).chain([-7]).collect();
+        assert_eq!(fed, fed_want, "vocab {vocab}: fed ids, and no more");
+        let mut published_want = want.clone();
+        published_want.push(0);
+        assert_eq!(
+            published.read(n + 1),
+            published_want,
+            "vocab {vocab}: published"
+        );
 
         // The greedy path of the sampling kernel, next to a sampled row.
         let mut params: Vec<SampleRow> = rows

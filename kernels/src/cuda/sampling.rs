@@ -17,6 +17,7 @@
 
 use super::{grid, CudaKernels};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DeviceRepr, DriverError};
+use peregrine_runtime::cuda::MappedHost;
 use std::sync::Arc;
 
 /// Threads per row of the sampling kernel (`SAMPLE_THREADS`).
@@ -94,7 +95,15 @@ pub fn sample_argmax(
     // SAFETY: every element is written by sample_argmax_partial before the finish kernel,
     // queued after it on the same stream, reads it.
     let mut partial = unsafe { stream.alloc::<u64>(argmax_partials(rows, vocab)) }?;
-    sample_argmax_into(k, stream, logits, vocab, &mut partial, tokens)
+    sample_argmax_into(
+        k,
+        stream,
+        logits,
+        vocab,
+        &mut partial,
+        tokens,
+        ArgmaxCopies::default(),
+    )
 }
 
 /// The `u64` scratch [`sample_argmax_into`] needs for `rows` rows of `vocab` logits.
@@ -102,8 +111,18 @@ pub fn argmax_partials(rows: usize, vocab: usize) -> usize {
     rows * vocab.div_ceil(ARGMAX_CHUNK)
 }
 
-/// [`sample_argmax`] with its scratch given (at least [`argmax_partials`] elements): it
-/// allocates nothing, so a graph can capture it.
+/// Where the argmax also writes each row's token, besides its `tokens`: a decode graph's
+/// hand-over to the step after it and to the host.
+#[derive(Default)]
+pub struct ArgmaxCopies<'a> {
+    /// The token ids of the step after (one per row, as `i32`).
+    pub fed: Option<CudaViewMut<'a, i32>>,
+    /// Page-locked host memory the host reads once the argmax has run (one per row).
+    pub published: Option<&'a MappedHost<u32>>,
+}
+
+/// [`sample_argmax`] with its scratch given (at least [`argmax_partials`] elements), also
+/// writing each token where `copies` says: it allocates nothing, so a graph can capture it.
 pub fn sample_argmax_into(
     k: &CudaKernels,
     stream: &Arc<CudaStream>,
@@ -111,6 +130,7 @@ pub fn sample_argmax_into(
     vocab: usize,
     partial: &mut CudaSlice<u64>,
     tokens: &mut CudaViewMut<u32>,
+    copies: ArgmaxCopies,
 ) -> Result<(), DriverError> {
     let rows = tokens.len();
     let vocab_i = vocab_arg("sample_argmax", vocab, rows, logits.len());
@@ -122,6 +142,21 @@ pub fn sample_argmax_into(
         partial.len() >= argmax_partials(rows, vocab),
         "sample_argmax: scratch too small"
     );
+    if let Some(fed) = &copies.fed {
+        assert!(
+            fed.len() >= rows,
+            "sample_argmax: {} fed ids for {rows} rows",
+            fed.len()
+        );
+    }
+    let published = copies.published.map_or(0, |p| {
+        assert!(
+            p.len() >= rows,
+            "sample_argmax: {} published ids for {rows} rows",
+            p.len()
+        );
+        p.device_address()
+    });
     let blocks = u32::try_from(rows * chunks).expect("sample_argmax: grid too large");
     let chunks_i = chunks as i32;
     let mut launch = k.launch(stream, "sample_argmax_partial");
@@ -134,10 +169,19 @@ pub fn sample_argmax_into(
     // only indices below `vocab` of its row; block b writes `partial[b]`, and `partial`
     // holds one element per block.
     unsafe { launch.launch(grid(blocks, ARGMAX_THREADS, 0)) }?;
+    let null: u64 = 0;
     let mut launch = k.launch(stream, "sample_argmax_finish");
     launch.arg(&*partial).arg(&chunks_i).arg(tokens);
-    // SAFETY: one warp per row reads that row's `chunks` partial keys and writes its token;
-    // `tokens` holds `rows` elements.
+    let mut fed = copies.fed;
+    match &mut fed {
+        Some(fed) => launch.arg(fed),
+        None => launch.arg(&null),
+    };
+    launch.arg(&published);
+    // SAFETY: one warp per row reads that row's `chunks` partial keys and writes its token
+    // to `tokens`, and to `fed` and `published` where given (null otherwise); each of them
+    // holds at least `rows` elements (checked above), and `published` is mapped page-locked
+    // memory that outlives the launch (a `MappedHost` waits for the stream when dropped).
     unsafe { launch.launch(grid(rows as u32, 32, 0)) }?;
     Ok(())
 }

@@ -10,6 +10,7 @@ use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::{Gemm, GemmError, NormedInput};
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
+use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{
     write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
@@ -145,8 +146,18 @@ pub(super) fn check_step(
 impl LlamaCore {
     /// Queues the argmax of the first `rows` rows of `w.logits` into `w.ids`.
     pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
+        self.argmax_copying(w, rows, ArgmaxCopies::default())
+    }
+
+    /// [`LlamaCore::argmax`], each id also written where `copies` says.
+    pub(super) fn argmax_copying(
+        &self,
+        w: &mut Workspace,
+        rows: usize,
+        copies: ArgmaxCopies,
+    ) -> Result<(), GpuForwardError> {
         let vocab = self.config.vocab_size;
-        w.argmax(&self.kernels, self.gpu.stream(), rows, vocab)
+        w.argmax_copying(&self.kernels, self.gpu.stream(), rows, vocab, copies)
     }
 
     /// Queues the forward of the `n` rows staged in `dplan` (the plan's own rows, or a

@@ -12,20 +12,27 @@
 //! A step is padded up to its graph's size: token ids and positions repeat the last real
 //! row, slot mappings point padded rows at a scratch slot no sequence owns, and attention
 //! is planned over the real rows only (the graph's grids are those of its size; the kernels
-//! skip the work items past the step's). The argmax of every row is part of the graph.
+//! skip the work items past the step's). The argmax of every row is part of the graph; a
+//! decode graph's also writes each token as the next step's token id and into page-locked
+//! host memory (see `ahead`), which is why a decode step is captured in two variants, one
+//! per host buffer, and its launches alternate between them.
 
 use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::llama::check_inputs;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaView};
+use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
+use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
-use peregrine_runtime::cuda::Gpu;
+use peregrine_runtime::cuda::{Gpu, MappedHost};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+mod ahead;
+pub use ahead::{GreedyInput, QueuedStep};
 
 /// A KV cache that captured graphs share with the eager steps: a graph holds it, so the
 /// cache cannot be freed while the graph lives.
@@ -57,14 +64,28 @@ pub(super) struct GraphBuffers {
     kind: GraphKind,
     plan: DeviceAttentionPlan,
     work: Workspace,
+    /// Steps queued over these buffers so far (replays, and the runs of a capture): a step
+    /// queued ahead is read only while no step came after it.
+    steps: u64,
+    /// Where a decode graph's argmax publishes its tokens to the host, one buffer per
+    /// variant of the graph (`max_rows` each): launches alternate between the variants, so
+    /// the host reads one step's tokens while the next step writes the other buffer.
+    published: [MappedHost<u32>; GRAPH_VARIANTS],
+    /// Recorded after a launch of each variant by [`CapturedDecode::greedy_step`].
+    done: [CudaEvent; GRAPH_VARIANTS],
 }
+
+/// Variants a decode step is captured in, differing only in where its argmax publishes
+/// the tokens for the host.
+const GRAPH_VARIANTS: usize = 2;
 
 /// One captured decode (or verification) step and everything its kernels address.
 pub struct CapturedDecode {
     /// Rows: sequences of a decode graph.
     size: usize,
     kind: GraphKind,
-    graphs: ContextGraphs,
+    /// The step's graphs, one set per variant (decode steps: [`GRAPH_VARIANTS`]).
+    graphs: Vec<ContextGraphs>,
     buffers: Arc<Mutex<GraphBuffers>>,
     core: Arc<LlamaCore>,
     _cache: SharedKvCache,
@@ -88,7 +109,7 @@ impl CapturedDecode {
 
     /// The longest context the graph serves.
     pub fn max_context(&self) -> usize {
-        self.graphs.max_context()
+        self.graphs[0].max_context()
     }
 }
 
@@ -155,11 +176,22 @@ impl GraphBuffers {
         let kernel = kind.kernel(core.decode_kernel);
         let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, c.num_heads, c.head_dim)?;
         let work = Workspace::new(gpu, c, rows, rows, aux_layers)?;
+        let published = [
+            MappedHost::new(gpu.stream(), rows)?,
+            MappedHost::new(gpu.stream(), rows)?,
+        ];
+        let done = [
+            gpu.context().new_event(None)?,
+            gpu.context().new_event(None)?,
+        ];
         Ok(GraphBuffers {
             limits,
             kind,
             plan,
             work,
+            steps: 0,
+            published,
+            done,
         })
     }
 
@@ -178,15 +210,38 @@ impl GraphBuffers {
         Ok(())
     }
 
-    /// Queues the forward and argmax of `size` staged rows (all of them logit rows).
+    /// The variant of the next launch, of `variants`: launches alternate between them.
+    fn next_variant(&self, variants: usize) -> usize {
+        (self.steps % variants as u64) as usize
+    }
+
+    /// Launches `graph` (one of those captured over these buffers) on the staged step.
+    fn launch_graph(&mut self, graph: &CudaGraph) -> Result<(), GpuForwardError> {
+        self.steps += 1;
+        graph.launch()?;
+        Ok(())
+    }
+
+    /// Queues the forward and argmax of `size` staged rows (all of them logit rows). A
+    /// decode step's argmax also writes each token as the next step's token id and into
+    /// the `variant`'s published buffer.
     fn launch(
         &mut self,
         core: &LlamaCore,
         size: usize,
         cache: &mut GpuKvCache,
+        variant: usize,
     ) -> Result<(), GpuForwardError> {
+        self.steps += 1;
         core.launch(&mut self.work, size, size, true, &self.plan, cache)?;
-        core.argmax(&mut self.work, size)
+        let copies = match self.kind {
+            GraphKind::Decode => ArgmaxCopies {
+                fed: Some(self.plan.token_ids_mut()),
+                published: Some(&self.published[variant]),
+            },
+            GraphKind::Verify => ArgmaxCopies::default(),
+        };
+        core.argmax_copying(&mut self.work, size, copies)
     }
 }
 
@@ -351,14 +406,22 @@ impl GpuLlama {
         let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
         let classes = context_classes(limits.max_context, kind.kernel(core.decode_kernel));
+        let variants = match kind {
+            GraphKind::Decode => GRAPH_VARIANTS,
+            GraphKind::Verify => 1,
+        };
         let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let graphs = ContextGraphs::capture(
-            &core.gpu,
-            classes,
-            &mut (&mut *b, &mut *kv),
-            |(b, _), context| b.stage(&tokens, &plan, size, context),
-            |(b, kv)| b.launch(&core, size, kv),
-        )?;
+        let graphs = (0..variants)
+            .map(|variant| {
+                ContextGraphs::capture(
+                    &core.gpu,
+                    classes.clone(),
+                    &mut (&mut *b, &mut *kv),
+                    |(b, _), context| b.stage(&tokens, &plan, size, context),
+                    |(b, kv)| b.launch(&core, size, kv, variant),
+                )
+            })
+            .collect::<anyhow::Result<_>>()?;
         drop(b);
         Ok(CapturedDecode {
             size,
@@ -381,12 +444,30 @@ impl CapturedDecode {
         tokens: &[u32],
         plan: &AttentionPlan,
     ) -> Result<ReplayedStep<'_>, GpuForwardError> {
-        let core = &*self.core;
-        let c = &core.config;
-        check_inputs(tokens, plan, &[], c.vocab_size)?;
-        let n = tokens.len();
+        check_inputs(tokens, plan, &[], self.core.config.vocab_size)?;
+        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let variant = b.next_variant(self.graphs.len());
+        let (context, graph) = self.serving(tokens.len(), plan, variant)?;
+        b.stage(tokens, plan, self.size, context)?;
+        b.launch_graph(graph)?;
+        Ok(ReplayedStep {
+            buffers: b,
+            core: &self.core,
+            rows: tokens.len(),
+        })
+    }
+
+    /// The context class and graph of `variant` that serve a step of `rows` rows over
+    /// `plan`, checked as a replay needs: refused when the step does not fit the graph.
+    fn serving(
+        &self,
+        rows: usize,
+        plan: &AttentionPlan,
+        variant: usize,
+    ) -> Result<(usize, &CudaGraph), GpuForwardError> {
+        let c = &self.core.config;
         if self.kind == GraphKind::Decode
-            && (plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len())
+            && (plan.seqs().iter().any(|s| s.q_len != 1) || rows != plan.seqs().len())
         {
             return Err(
                 AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
@@ -403,14 +484,6 @@ impl CapturedDecode {
                 });
             }
         }
-        let (context, graph) = self.graphs.serving(plan)?;
-        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(tokens, plan, self.size, context)?;
-        graph.launch()?;
-        Ok(ReplayedStep {
-            buffers: b,
-            core,
-            rows: n,
-        })
+        self.graphs[variant].serving(plan)
     }
 }

@@ -10,8 +10,8 @@ pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
 pub(crate) use graph::scratch_plan;
 pub use graph::{
-    context_classes, CapturedDecode, ContextGraphs, GraphKind, GraphLimits, ReplayedStep,
-    SharedKvCache,
+    context_classes, CapturedDecode, ContextGraphs, GraphKind, GraphLimits, GreedyInput,
+    QueuedStep, ReplayedStep, SharedKvCache,
 };
 pub use weights::GpuWeights;
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};

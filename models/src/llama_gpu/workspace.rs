@@ -5,7 +5,7 @@ use super::GpuForwardError;
 use crate::config::ModelConfig;
 use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut};
 use half::bf16;
-use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into};
+use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into, ArgmaxCopies};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::sync::Arc;
@@ -190,9 +190,22 @@ impl Workspace {
         rows: usize,
         vocab: usize,
     ) -> Result<(), GpuForwardError> {
+        self.argmax_copying(kernels, stream, rows, vocab, ArgmaxCopies::default())
+    }
+
+    /// [`Workspace::argmax`], each id also written where `copies` says.
+    pub fn argmax_copying(
+        &mut self,
+        kernels: &CudaKernels,
+        stream: &Arc<CudaStream>,
+        rows: usize,
+        vocab: usize,
+        copies: ArgmaxCopies,
+    ) -> Result<(), GpuForwardError> {
         let logits = self.logits.slice(0..rows * vocab);
         let ids = &mut self.ids.slice_mut(0..rows);
-        sample_argmax_into(kernels, stream, &logits, vocab, &mut self.partials, ids)?;
+        let partials = &mut self.partials;
+        sample_argmax_into(kernels, stream, &logits, vocab, partials, ids, copies)?;
         Ok(())
     }
 

@@ -14,7 +14,7 @@
 //! Either way a step is two copies to the device (the `i32` arrays and the `i64` arrays).
 
 use crate::attention::{AttentionPlan, PlanError};
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{
     AttentionMeta, AttentionWork, DecodeKernel, SeqRows, WorkCounts, LIVE_COUNTS, PARTITION_TOKENS,
@@ -340,7 +340,7 @@ impl DeviceAttentionPlan {
             ));
         }
         let step = StepRows::new(tokens, plan, logit_rows)?;
-        self.stage_step(&step, plan.rows(), 0)
+        self.stage_step(&step, plan.rows(), 0, false)
     }
 
     /// Stages `plan` (planned over the real tokens) into a fixed plan for a graph of
@@ -356,6 +356,33 @@ impl DeviceAttentionPlan {
         max_context: usize,
     ) -> Result<(), AttentionError> {
         let step = StepRows::new(tokens, plan, logit_rows)?;
+        self.stage_fixed(&step, padded_rows, max_context, false)
+    }
+
+    /// [`stage_padded`](Self::stage_padded) but for the token ids, which stay as the device
+    /// holds them: the step's tokens were written there by the step before it (a decode
+    /// graph's argmax, [`token_ids_mut`](Self::token_ids_mut)), queued ahead of this copy.
+    pub fn stage_fed(
+        &mut self,
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        padded_rows: usize,
+        max_context: usize,
+    ) -> Result<(), AttentionError> {
+        let placeholders = vec![0; plan.rows()];
+        let step = StepRows::new(&placeholders, plan, logit_rows)?;
+        self.stage_fixed(&step, padded_rows, max_context, true)
+    }
+
+    /// [`stage_step`](Self::stage_step) into a fixed plan, refused for a growing one or
+    /// past the contexts its grids serve.
+    fn stage_fixed(
+        &mut self,
+        step: &StepRows,
+        padded_rows: usize,
+        max_context: usize,
+        keep_tokens: bool,
+    ) -> Result<(), AttentionError> {
         match &self.fixed {
             None => Err(AttentionError::Shape(
                 "a growing plan stages the real rows only".into(),
@@ -364,16 +391,19 @@ impl DeviceAttentionPlan {
                 "grids for contexts of {max_context} tokens past the plan's {}",
                 f.capacity.max_context
             ))),
-            Some(_) => self.stage_step(&step, padded_rows, max_context),
+            Some(_) => self.stage_step(step, padded_rows, max_context, keep_tokens),
         }
     }
 
-    /// [`stage`](Self::stage) or [`stage_padded`](Self::stage_padded), checked.
+    /// [`stage`](Self::stage), [`stage_padded`](Self::stage_padded) or
+    /// [`stage_fed`](Self::stage_fed) (`keep_tokens`: the token ids are not copied),
+    /// checked.
     fn stage_step(
         &mut self,
         rows: &StepRows,
         padded_rows: usize,
         max_context: usize,
+        keep_tokens: bool,
     ) -> Result<(), AttentionError> {
         let plan = rows.plan;
         let shapes: Vec<SeqRows> = plan
@@ -459,10 +489,18 @@ impl DeviceAttentionPlan {
             ..step
         };
         self.live = work.counts();
-        // One copy of each kind: the rows a fixed plan's step uses, all of a growing one's.
+        // One copy of each kind: the rows a fixed plan's step uses, all of a growing one's
+        // (around the token ids where they stay: they are packed first).
+        let (tokens_at, tokens_len) = self.at.tokens;
+        let from = if keep_tokens {
+            assert_eq!(tokens_at, 0, "the token ids are not packed first");
+            tokens_len
+        } else {
+            0
+        };
         self.stream.memcpy_htod(
-            &self.host_ints[..ints_len],
-            &mut self.ints.slice_mut(0..ints_len),
+            &self.host_ints[from..ints_len],
+            &mut self.ints.slice_mut(from..ints_len),
         )?;
         if longs_len > 0 {
             self.stream.memcpy_htod(
@@ -471,6 +509,13 @@ impl DeviceAttentionPlan {
             )?;
         }
         Ok(())
+    }
+
+    /// The token id of every padded row, for a kernel to write: a decode graph's argmax
+    /// writes there the tokens of the step after it ([`DeviceAttentionPlan::stage_fed`]).
+    pub fn token_ids_mut(&mut self) -> CudaViewMut<'_, i32> {
+        let start = self.at.tokens.0;
+        self.ints.slice_mut(start..start + self.step.padded_rows)
     }
 
     /// The kernel one-row sequences go to.

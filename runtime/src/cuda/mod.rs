@@ -3,9 +3,11 @@
 //! libraries are loaded at run time, so the build needs no CUDA install.
 
 mod compiler;
+mod mapped;
 
 pub use compiler::{cuda_include_dir, CompiledModule, KernelCompiler, KernelSource};
 pub use cudarc;
+pub use mapped::MappedHost;
 
 use cudarc::driver::{
     sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits,

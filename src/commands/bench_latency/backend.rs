@@ -38,6 +38,17 @@ pub trait LatencyModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<()>;
+    /// Runs a greedy decode step of `batch` sequences (their tokens over their plan, or,
+    /// with `None`, the step the call before queued) and returns its tokens, having first
+    /// queued `next` where given: the same sequences one token further, fed this step's
+    /// tokens on the device (the engine's async scheduling). Only where
+    /// [`LatencyModel::replays_decode`] holds.
+    fn step_ahead(
+        &mut self,
+        batch: usize,
+        step: Option<(&[u32], &AttentionPlan)>,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<Vec<u32>>;
     /// Waits for queued device work.
     fn synchronize(&mut self) -> anyhow::Result<()>;
 }
@@ -145,6 +156,15 @@ impl LatencyModel for CpuModel {
 
     fn queue_step(&mut self, _: &[u32], _: &AttentionPlan, _: &[usize]) -> anyhow::Result<()> {
         bail!("the CPU model replays no step")
+    }
+
+    fn step_ahead(
+        &mut self,
+        _: usize,
+        _: Option<(&[u32], &AttentionPlan)>,
+        _: Option<&AttentionPlan>,
+    ) -> anyhow::Result<Vec<u32>> {
+        bail!("the CPU model queues no step ahead")
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

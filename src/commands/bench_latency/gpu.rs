@@ -8,7 +8,7 @@ use peregrine_actors::backend::kernels_for;
 use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use peregrine_models::fetch::default_cache_dir;
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, SharedKvCache,
+    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, GreedyInput, QueuedStep, SharedKvCache,
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::GpuKvCache;
@@ -20,6 +20,8 @@ use std::time::Instant;
 pub struct GpuModel {
     /// Decode graphs, one per batch size timed (none with --enforce-eager).
     graphs: Option<GraphCaptureManager<CapturedDecode>>,
+    /// The step `step_ahead` queued last, until the next call reads it.
+    queued: Option<QueuedStep>,
     model: GpuLlama,
     cache: SharedKvCache,
     source: String,
@@ -100,6 +102,7 @@ impl GpuModel {
         };
         Ok(GpuModel {
             graphs,
+            queued: None,
             model,
             cache,
             source,
@@ -209,6 +212,25 @@ impl LatencyModel for GpuModel {
         // Dropping the replayed step leaves its work queued.
         drop(graph.replay(tokens, plan)?);
         Ok(())
+    }
+
+    fn step_ahead(
+        &mut self,
+        batch: usize,
+        step: Option<(&[u32], &AttentionPlan)>,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<Vec<u32>> {
+        let queued = self.queued.take();
+        let Some((_, graph)) = self.graphs.as_ref().and_then(|g| g.graph_for(batch)) else {
+            anyhow::bail!("no graph replays a decode step of {batch} sequences");
+        };
+        let input = match step {
+            Some((tokens, plan)) => GreedyInput::Host { tokens, plan },
+            None => GreedyInput::Queued(queued.context("no step was queued ahead")?),
+        };
+        let (tokens, queued) = graph.greedy_step(input, next)?;
+        self.queued = queued;
+        Ok(tokens)
     }
 
     fn synchronize(&mut self) -> anyhow::Result<()> {

@@ -27,7 +27,7 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{:>6} {:>10} {:>12} {:>14} {:>12} {:>12} {:>12} {:>14}",
+        "{:>6} {:>10} {:>12} {:>14} {:>12} {:>12} {:>12} {:>14} {:>13}",
         "batch",
         "prefill_ms",
         "prefill_tok/s",
@@ -35,24 +35,35 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         "decode_tok/s",
         "of_floor",
         "host_ms/step",
-        "device_ms/step"
+        "device_ms/step",
+        "ahead_ms/step"
     );
     for &batch in &args.batch_sizes {
         // One untimed pass warms up caches, cuBLAS heuristics and the allocator.
-        measure(&mut *model, &args, batch, 4, false)?;
-        let m = measure(&mut *model, &args, batch, args.output_len, false)?;
+        measure(&mut *model, &args, batch, 4, Decode::Plain)?;
+        let m = measure(&mut *model, &args, batch, args.output_len, Decode::Plain)?;
         let steps = args.output_len as f64;
         let step_ms = m.decode_s * 1e3 / steps;
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
-        let device_ms = if model.replays_decode(batch) {
-            let twice = measure(&mut *model, &args, batch, args.output_len, true)?;
-            format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps)
+        let (device_ms, ahead_ms) = if model.replays_decode(batch) {
+            let twice = measure(&mut *model, &args, batch, args.output_len, Decode::Twice)?;
+            let ahead = measure(&mut *model, &args, batch, args.output_len, Decode::Ahead)?;
+            if ahead.tokens != m.tokens {
+                anyhow::bail!(
+                    "batch {batch}: decoding with each step queued ahead chose other tokens than \
+                     the plain decode"
+                );
+            }
+            (
+                format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps),
+                format!("{:.3}", ahead.decode_s * 1e3 / steps),
+            )
         } else {
-            "-".to_string()
+            ("-".to_string(), "-".to_string())
         };
         println!(
             "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12} {:>12.3} \
-             {device_ms:>14}",
+             {device_ms:>14} {ahead_ms:>13}",
             m.prefill_s * 1e3,
             (batch * args.input_len) as f64 / m.prefill_s,
             (batch * args.output_len) as f64 / m.decode_s,
@@ -69,26 +80,44 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
          replay writes the same KV slots and tokens), less the first timing; '-' without \
          graphs"
     );
+    println!(
+        "ahead_ms/step: the decode again with each step's successor queued before its tokens \
+         reach the host, fed them on the device (as the engine's async scheduling does), \
+         its tokens checked against the plain decode's; '-' without graphs"
+    );
     Ok(())
 }
 
 struct Timing {
     prefill_s: f64,
     decode_s: f64,
-    /// Host time of the decode steps until their work was queued.
+    /// Host time of the decode steps until their work was queued (plain decode only).
     host_s: f64,
+    /// The tokens each decode step chose.
+    tokens: Vec<Vec<u32>>,
+}
+
+/// How the decode steps are driven.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Decode {
+    /// Each step's tokens reach the host before the next step is staged.
+    Plain,
+    /// Each step is first queued once more ([`LatencyModel::queue_step`]).
+    Twice,
+    /// Each step queues the next before its tokens are read
+    /// ([`LatencyModel::step_ahead`]).
+    Ahead,
 }
 
 /// Prefills `batch` sequences of `input_len` tokens in one step, then decodes `steps` steps
-/// of one token per sequence, each step asking logits for every sequence; with `twice`,
-/// each decode step is first queued once more ([`LatencyModel::queue_step`]: only where
-/// [`LatencyModel::replays_decode`] holds).
+/// of one token per sequence, each step asking logits for every sequence, driven as
+/// `decode` says (`Twice` and `Ahead` only where [`LatencyModel::replays_decode`] holds).
 fn measure(
     model: &mut dyn LatencyModel,
     args: &BenchLatencyArgs,
     batch: usize,
     steps: usize,
-    twice: bool,
+    decode: Decode,
 ) -> anyhow::Result<Timing> {
     let vocab = model.vocab_size() as u32;
     let bs = args.block_size;
@@ -100,44 +129,56 @@ fn measure(
     let prompt: Vec<u32> = (0..batch * args.input_len)
         .map(|i| (i as u32).wrapping_mul(2_654_435_761) % vocab)
         .collect();
-    let specs: Vec<SeqSpec> = tables
-        .iter()
-        .map(|t| SeqSpec {
-            num_cached: 0,
-            num_new: args.input_len,
-            block_table: t,
-        })
-        .collect();
-    let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
+    let plan_at = |cached: usize, new: usize| {
+        let specs: Vec<SeqSpec> = tables
+            .iter()
+            .map(|t| SeqSpec {
+                num_cached: cached,
+                num_new: new,
+                block_table: t,
+            })
+            .collect();
+        AttentionPlan::new(&specs, bs, num_blocks)
+    };
+    let plan = plan_at(0, args.input_len)?;
     let last_rows: Vec<usize> = (1..=batch).map(|s| s * args.input_len - 1).collect();
     let start = Instant::now();
     let mut next = model.step(&prompt, &plan, &last_rows)?.tokens;
     let prefill_s = start.elapsed().as_secs_f64();
     let rows: Vec<usize> = (0..batch).collect();
+    let mut tokens = Vec::with_capacity(steps);
     let start = Instant::now();
     let mut host_s = 0.0;
     for step in 0..steps {
         let step_start = Instant::now();
-        let specs: Vec<SeqSpec> = tables
-            .iter()
-            .map(|t| SeqSpec {
-                num_cached: args.input_len + step,
-                num_new: 1,
-                block_table: t,
-            })
-            .collect();
-        let plan = AttentionPlan::new(&specs, bs, num_blocks)?;
-        if twice {
+        if decode == Decode::Ahead {
+            // The first step's tokens come from the host; every later one was queued by
+            // the step before it.
+            let this = (step == 0)
+                .then(|| plan_at(args.input_len, 1))
+                .transpose()?;
+            let following = (step + 1 < steps)
+                .then(|| plan_at(args.input_len + step + 1, 1))
+                .transpose()?;
+            let this = this.as_ref().map(|plan| (next.as_slice(), plan));
+            next = model.step_ahead(batch, this, following.as_ref())?;
+            tokens.push(next.clone());
+            continue;
+        }
+        let plan = plan_at(args.input_len + step, 1)?;
+        if decode == Decode::Twice {
             model.queue_step(&next, &plan, &rows)?;
         }
         let out = model.step(&next, &plan, &rows)?;
         host_s += (out.queued - step_start).as_secs_f64();
         next = out.tokens;
+        tokens.push(next.clone());
     }
     model.synchronize()?;
     Ok(Timing {
         prefill_s,
         decode_s: start.elapsed().as_secs_f64(),
         host_s,
+        tokens,
     })
 }
