@@ -38,6 +38,11 @@
 #   scripts/gpu_run.sh serve      SmolLM2-135M (after smollm2) served on the GPU: `bench serve`
 #                                 at concurrency 1 and 8 (TPOT: the serving loop's step),
 #                                 then `bench latency` of the same model at batch 1 and 8
+#   scripts/gpu_run.sh async      async scheduling on and off in turns: SmolLM2-135M (after
+#                                 smollm2) served as in `serve`, then bench latency (its
+#                                 ahead_ms/step) on the Llama-3.2-1B shape and SmolLM2
+#   scripts/gpu_run.sh opcosts    scripts/stream_op_costs.py: the device time of the copies
+#                                 and events that may stand between two decode graphs
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
@@ -56,6 +61,27 @@ done
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PEREGRINE_CACHE=/tmp/peregrine-cache
 export RUST_BACKTRACE=1
+# Serves SmolLM2-135M (/tmp/smollm2) with binary $1, logging to $2, with the serve flags
+# after them; runs `bench serve` at concurrency 1 and 8 against it, stops it, and prints
+# the engine's time per step from its log (serve_steps.py: each request's time from queued
+# to finished, over the requests that ran alone).
+serve_bench() {
+    local serve_bin=$1 log=$2 port=8123
+    shift 2
+    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port "$@" >"$log" 2>&1 &
+    local server=$!
+    for _ in $(seq 1 240); do
+        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+        sleep 0.5
+    done
+    for c in 1 8; do
+        "$bin/peregrine" bench serve --url http://127.0.0.1:$port --num-prompts $((8 * c)) \
+            --concurrency $c --input-len 128 --output-len 128
+    done
+    kill $server
+    wait $server
+    python3 scripts/serve_steps.py "$log" 128
+}
 mode=${1:-tests}
 case "$mode" in
 tests)
@@ -173,28 +199,35 @@ serve)
     # step: scheduling, messages, staging and the step), then `bench latency` at batch
     # sizes 1 and 8 (the step with the host loop alone, and the device's part).
     # SERVE_BIN names another build's binary to serve (an A/B in turns) and SERVE_ARGS
-    # more serve flags (speculation: --speculative-method ngram); the server's log
-    # gives each request's time from queued to finished, which serve_steps.py turns into
-    # the engine's time per decode step.
-    port=8123
-    serve_bin=${SERVE_BIN:-$bin/peregrine}
+    # more serve flags (speculation: --speculative-method ngram).
     # shellcheck disable=SC2086
-    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port ${SERVE_ARGS:-} \
-        >"$OUT/serve.log" 2>&1 &
-    server=$!
-    for _ in $(seq 1 240); do
-        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-        sleep 0.5
-    done
-    for c in 1 8; do
-        "$bin/peregrine" bench serve --url http://127.0.0.1:$port --num-prompts $((8 * c)) \
-            --concurrency $c --input-len 128 --output-len 128 2>&1 | tee -a "$OUT/serve_bench.log"
-    done
-    kill $server
-    wait $server
-    python3 scripts/serve_steps.py "$OUT/serve.log" 128 2>&1 | tee -a "$OUT/serve_bench.log"
+    serve_bench "${SERVE_BIN:-$bin/peregrine}" "$OUT/serve.log" ${SERVE_ARGS:-} 2>&1 |
+        tee -a "$OUT/serve_bench.log"
     "$bin/peregrine" bench latency --device cuda --model /tmp/smollm2 --batch-sizes 1,8 \
         --input-len 128 --output-len 128 2>&1 | tee -a "$OUT/serve_bench.log"
+    ;;
+async)
+    # Async scheduling on and off, in turns (after smollm2): SmolLM2-135M served as in
+    # `serve`, then `bench latency` (its ahead_ms/step column) of the Llama-3.2-1B shape
+    # and SmolLM2 at batch sizes 1 and 8.
+    for round in 1 2; do
+        for flags in "" "--no-async-scheduling"; do
+            echo "== round $round serve $flags" | tee -a "$OUT/async.log"
+            # shellcheck disable=SC2086
+            serve_bench "$bin/peregrine" "$OUT/serve-$round${flags:+-off}.log" $flags 2>&1 |
+                tee -a "$OUT/async.log"
+        done
+    done
+    common="bench latency --device cuda --batch-sizes 1,8 --input-len 128 --output-len 128"
+    for round in 1 2; do
+        for model in --random-weights=scripts/configs/llama-3.2-1b.json --model=/tmp/smollm2; do
+            "$bin/peregrine" $common "$model" 2>&1 | grep -v "^20" | tee -a "$OUT/async.log"
+        done
+    done
+    ;;
+opcosts)
+    # What the small operations between two decode graphs cost the stream (PyTorch).
+    python3 scripts/stream_op_costs.py 2>&1 | tee "$OUT/opcosts.log"
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts

@@ -258,6 +258,7 @@ fn engine(
         prefix_caching: true,
         limits: limits(max_num_seqs),
         max_model_len: None,
+        async_scheduling: false,
     };
     start_engine(target, &settings, drafter).unwrap()
 }

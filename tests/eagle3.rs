@@ -740,6 +740,7 @@ async fn served(
             num_speculative_tokens: 3,
         },
         max_model_len: None,
+        async_scheduling: false,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();

@@ -274,6 +274,7 @@ async fn served(
             num_speculative_tokens: 3,
         },
         max_model_len: None,
+        async_scheduling: false,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 12).unwrap();

@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::engine::{collect, requests, run_all, solo, submit, tiny_backend};
+use common::engine::{collect, counter, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{SchedulerLimits, Usage};
 use peregrine_ops::sampling::SamplingParams;
@@ -39,27 +39,9 @@ fn settings(
             num_speculative_tokens: 0,
         },
         max_model_len: None,
+        async_scheduling: false,
     };
     (settings, kv_blocks)
-}
-
-fn counter(
-    snapshot: &[(
-        metrics_util::CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        DebugValue,
-    )],
-    name: &str,
-) -> u64 {
-    snapshot
-        .iter()
-        .filter(|(key, ..)| key.key().name() == name)
-        .map(|(.., value)| match value {
-            DebugValue::Counter(c) => *c,
-            _ => 0,
-        })
-        .sum()
 }
 
 #[tokio::test]

@@ -110,6 +110,7 @@ async fn served(
             num_speculative_tokens: run.k,
         },
         max_model_len: None,
+        async_scheduling: false,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut out = Vec::new();
@@ -452,6 +453,7 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
         prefix_caching: true,
         limits,
         max_model_len: None,
+        async_scheduling: false,
     };
     let engine = start_engine(target, &settings, Some(Box::new(draft))).unwrap();
     let recorder = DebuggingRecorder::new();
@@ -512,6 +514,7 @@ async fn with_logprobs(
             num_speculative_tokens: 3,
         },
         max_model_len: None,
+        async_scheduling: false,
     };
     let engine = start_engine(backend(dir, 64), &settings, drafter).unwrap();
     let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();

@@ -177,7 +177,7 @@ mod tests {
             log: draft_log.clone(),
             refuse: 7,
         };
-        let (runner, _) = TargetRunner::spawn(Box::new(target), 16, Spin::NONE);
+        let (runner, _) = TargetRunner::spawn(Box::new(target), 16, Spin::NONE, false);
         let (proposer, _) = spawn_proposer(Box::new(draft), Spin::NONE);
         (
             GraphCapture::new(runner, Some(proposer)),

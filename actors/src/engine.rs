@@ -21,6 +21,10 @@ pub struct EngineSettings {
     pub limits: SchedulerLimits,
     /// Cap below the model's own maximum length.
     pub max_model_len: Option<usize>,
+    /// Each greedy decode step queues the step after it before its tokens reach the host
+    /// (async scheduling, see `target_runner::decode_ahead`); ignored with a drafter. It
+    /// pays where the host waits on a device: on the CPU the queued step runs at once.
+    pub async_scheduling: bool,
 }
 
 /// A running engine.
@@ -136,7 +140,8 @@ pub fn start_engine(
     let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
     let spin = Spin::for_backend(backend.as_ref());
-    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin);
+    let decode_ahead = settings.async_scheduling && drafter.is_none();
+    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, decode_ahead);
     let mut stopped = vec![runner_stopped];
     let proposer =
         drafter

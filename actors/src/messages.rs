@@ -178,6 +178,8 @@ pub struct SamplingSetup {
     pub params: SamplingParams,
     pub prompt: Arc<[u32]>,
     pub logprobs: Option<usize>,
+    /// The most tokens the request generates: the runner queues no step past its last.
+    pub max_tokens: usize,
 }
 
 /// The scheduler's one message to the target runner per step.
@@ -217,6 +219,21 @@ pub struct StepDone {
     /// The target hidden states a draft method reads (EAGLE-3), of every row of every
     /// sequence this step fed, when the backend records them; empty otherwise.
     pub hidden: Vec<HiddenRows>,
+    /// How the step the runner had queued ahead of this one served it.
+    pub ahead: AheadUse,
+}
+
+/// How the decode step a runner queued ahead (before the scheduler asked for it) served
+/// the step that followed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AheadUse {
+    /// No step was queued ahead.
+    #[default]
+    None,
+    /// It gave this many sequences their tokens.
+    Served(usize),
+    /// No sequence's next step was what it ran: its work was thrown away.
+    Dropped,
 }
 
 /// One sequence's target hidden states for consecutive positions, handed from the target

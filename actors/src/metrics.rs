@@ -1,7 +1,7 @@
 //! The engine's Prometheus metrics, named as vLLM's with the `peregrine:` prefix, recorded
 //! through the `metrics` facade (the serve command installs the Prometheus exporter).
 
-use crate::messages::{FinishReason, KvUsage};
+use crate::messages::{AheadUse, FinishReason, KvUsage};
 use metrics::{counter, gauge, histogram};
 use std::time::Duration;
 
@@ -25,6 +25,11 @@ pub const GENERATION_TOKENS: &str = "peregrine:generation_tokens_total";
 pub const REQUEST_SUCCESS: &str = "peregrine:request_success_total";
 /// Preemptions (a running request's blocks taken back; it recomputes later).
 pub const NUM_PREEMPTIONS: &str = "peregrine:num_preemptions_total";
+/// Tokens that decode steps queued ahead gave (async scheduling: the runner queued the
+/// step before the scheduler asked for it).
+pub const DECODE_AHEAD_TOKENS: &str = "peregrine:decode_ahead_tokens_total";
+/// Decode steps queued ahead that no sequence used (the batch changed): work thrown away.
+pub const DECODE_AHEAD_DROPPED: &str = "peregrine:decode_ahead_dropped_total";
 /// Seconds from arrival to the first generated token.
 pub const TIME_TO_FIRST_TOKEN: &str = "peregrine:time_to_first_token_seconds";
 /// Seconds between consecutive generated tokens.
@@ -96,6 +101,15 @@ pub fn record_queue_time(queued: Duration) {
 /// A preemption.
 pub fn record_preemption() {
     counter!(NUM_PREEMPTIONS).increment(1);
+}
+
+/// How the step the runner queued ahead served a step.
+pub fn record_ahead(ahead: AheadUse) {
+    match ahead {
+        AheadUse::None => {}
+        AheadUse::Served(tokens) => counter!(DECODE_AHEAD_TOKENS).increment(tokens as u64),
+        AheadUse::Dropped => counter!(DECODE_AHEAD_DROPPED).increment(1),
+    }
 }
 
 /// Verification steps that had drafts (one per request and step).

@@ -3,14 +3,17 @@
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
 //! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
+mod decode_ahead;
+
 use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::backend::{ModelBackend, RowSampling};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
-    GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq,
-    SeqOutput, StepDone,
+    AheadUse, GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch,
+    ScheduledSeq, SeqOutput, StepDone,
 };
 use anyhow::anyhow;
+use decode_ahead::AheadStep;
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
@@ -25,6 +28,7 @@ struct SeqSampling {
     prompt: Arc<[u32]>,
     output: Vec<u32>,
     logprobs: Option<usize>,
+    max_tokens: usize,
 }
 
 /// The runner's state, living on its thread.
@@ -32,6 +36,10 @@ pub struct TargetRunner {
     model: Box<dyn ModelBackend>,
     block_size: usize,
     seqs: HashMap<RequestId, SeqSampling>,
+    /// Whether greedy decode steps queue their successor ahead ([`decode_ahead`]).
+    decode_ahead: bool,
+    /// The step queued ahead after the last one, if any.
+    ahead: Option<AheadStep>,
 }
 
 /// Sends steps to the runner's thread.
@@ -46,15 +54,20 @@ impl TargetRunner {
     /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
     /// (and drops the model) once every handle is dropped. The runner polls for its next
     /// step, and a handle for a step's result, as `spin` says ([`Spin::for_backend`]).
+    /// With `decode_ahead`, each greedy decode step queues the one after it before its
+    /// tokens are read, where the backend can ([`ModelBackend::greedy_ahead`]).
     pub fn spawn(
         model: Box<dyn ModelBackend>,
         block_size: usize,
         spin: Spin,
+        decode_ahead: bool,
     ) -> (TargetRunnerHandle, Stopped) {
         let mut runner = TargetRunner {
             model,
             block_size,
             seqs: HashMap::new(),
+            decode_ahead,
+            ahead: None,
         };
         let (tx, rx) = crossbeam_channel::unbounded::<RunnerMsg>();
         let stopped = spawn_actor_thread("target-runner", move || {
@@ -64,6 +77,8 @@ impl TargetRunner {
                         let _ = reply.send(runner.step(batch));
                     }
                     RunnerMsg::CaptureGraphs(sizes, reply) => {
+                        // A capture drops the step the backend queued ahead.
+                        runner.ahead = None;
                         let _ = reply.send(runner.model.capture_graphs(sizes.as_ref()));
                     }
                 }
@@ -78,6 +93,7 @@ impl TargetRunner {
 
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
+        let ahead = self.ahead.take();
         for id in &batch.released {
             self.seqs.remove(id);
         }
@@ -86,6 +102,48 @@ impl TargetRunner {
                 self.seqs.insert(seq.id, new_state(setup)?);
             }
         }
+        // The sampled sequences' states leave the map for the step (the backend borrows
+        // them all at once) and return to it whatever the step's outcome.
+        let mut states = Vec::new();
+        for s in batch.seqs.iter().filter(|s| s.sample) {
+            match self.seqs.remove(&s.id) {
+                Some(state) => states.push((s, state)),
+                None => {
+                    self.seqs
+                        .extend(states.into_iter().map(|(s, st)| (s.id, st)));
+                    return Err(anyhow!("{} was scheduled to sample before its setup", s.id));
+                }
+            }
+        }
+        let speculative = batch.seqs.iter().any(|s| s.num_drafts > 0);
+        let outputs = if self.decode_ahead && !speculative && argmax_only(&states) {
+            self.greedy_ahead_step(&batch.seqs, &mut states, ahead)
+        } else {
+            self.step_alone(&batch, &mut states)
+                .map(|outputs| (outputs, ahead.map_or(AheadUse::None, |_| AheadUse::Dropped)))
+        };
+        self.seqs
+            .extend(states.into_iter().map(|(s, state)| (s.id, state)));
+        let (sampled, ahead) = outputs?;
+        let hidden = self
+            .model
+            .take_hidden()
+            .map(|h| split_hidden(&h, &batch))
+            .unwrap_or_default();
+        Ok(StepDone {
+            step: batch.step,
+            sampled,
+            hidden,
+            ahead,
+        })
+    }
+
+    /// Runs the batch as one forward, sampling or verifying each sampled sequence.
+    fn step_alone(
+        &mut self,
+        batch: &ScheduledBatch,
+        states: &mut [(&ScheduledSeq, SeqSampling)],
+    ) -> anyhow::Result<Vec<SeqOutput>> {
         let specs: Vec<SeqSpec> = batch
             .seqs
             .iter()
@@ -112,37 +170,11 @@ impl TargetRunner {
                 rows.extend(end - 1 - s.num_drafts.min(s.tokens.len() - 1)..end);
             }
         }
-        // The sampled sequences' states leave the map for the step (the backend borrows
-        // them all at once) and return to it whatever the step's outcome.
-        let mut states = Vec::with_capacity(rows.len());
-        for s in batch.seqs.iter().filter(|s| s.sample) {
-            match self.seqs.remove(&s.id) {
-                Some(state) => states.push((s, state)),
-                None => {
-                    self.seqs
-                        .extend(states.into_iter().map(|(s, st)| (s.id, st)));
-                    return Err(anyhow!("{} was scheduled to sample before its setup", s.id));
-                }
-            }
-        }
-        let speculative = batch.seqs.iter().any(|s| s.num_drafts > 0);
-        let outputs = if speculative {
-            self.verify_step(&tokens, &plan, &rows, &mut states)
+        if batch.seqs.iter().any(|s| s.num_drafts > 0) {
+            self.verify_step(&tokens, &plan, &rows, states)
         } else {
-            self.sample_step(&tokens, &plan, &rows, &mut states)
-        };
-        self.seqs
-            .extend(states.into_iter().map(|(s, state)| (s.id, state)));
-        let hidden = self
-            .model
-            .take_hidden()
-            .map(|h| split_hidden(&h, &batch, &plan))
-            .unwrap_or_default();
-        Ok(StepDone {
-            step: batch.step,
-            sampled: outputs?,
-            hidden,
-        })
+            self.sample_step(&tokens, &plan, &rows, states)
+        }
     }
 
     /// One token per sampled sequence: each row's argmax where [`argmax_only`] holds (on
@@ -285,18 +317,22 @@ impl TargetRunner {
     }
 }
 
-/// Cuts the hidden states of a step's rows (`[plan.rows(), width]`) into one piece per
-/// sequence, at its positions.
-fn split_hidden(hidden: &[f32], batch: &ScheduledBatch, plan: &AttentionPlan) -> Vec<HiddenRows> {
-    let width = hidden.len() / plan.rows().max(1);
+/// Cuts the hidden states of a step's rows (`[batch.num_tokens(), width]`) into one piece
+/// per sequence, at its positions.
+fn split_hidden(hidden: &[f32], batch: &ScheduledBatch) -> Vec<HiddenRows> {
+    let width = hidden.len() / batch.num_tokens().max(1);
+    let mut start = 0;
     batch
         .seqs
         .iter()
-        .zip(plan.seqs())
-        .map(|(s, p)| HiddenRows {
-            id: s.id,
-            first_pos: s.num_cached,
-            data: hidden[p.q_start * width..(p.q_start + p.q_len) * width].to_vec(),
+        .map(|s| {
+            let rows = start..start + s.tokens.len();
+            start = rows.end;
+            HiddenRows {
+                id: s.id,
+                first_pos: s.num_cached,
+                data: hidden[rows.start * width..rows.end * width].to_vec(),
+            }
         })
         .collect()
 }
@@ -316,6 +352,7 @@ fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {
         prompt: setup.prompt.clone(),
         output: Vec::new(),
         logprobs: setup.logprobs,
+        max_tokens: setup.max_tokens,
     })
 }
 

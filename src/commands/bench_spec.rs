@@ -160,6 +160,7 @@ async fn run_engine(
             num_speculative_tokens: args.num_speculative_tokens,
         },
         max_model_len: None,
+        async_scheduling: backend.host_waits_on_device(),
     };
     let engine = start_engine(backend, &settings, drafter)?;
     let sizes = (!args.enforce_eager).then(|| CaptureSizes::for_max_num_seqs(args.concurrency));

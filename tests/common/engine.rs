@@ -135,3 +135,24 @@ pub fn tiny_backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
     )
     .unwrap()
 }
+
+/// The count of counter `name` in a metrics snapshot (a snapshot takes the counts it
+/// reports).
+pub fn counter(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        metrics_util::debugging::DebugValue,
+    )],
+    name: &str,
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Counter(c) => *c,
+            _ => 0,
+        })
+        .sum()
+}

@@ -4,11 +4,12 @@
 //! however the scheduler cuts its prompt into chunks and whatever the prefix cache holds.
 
 use crate::common::eagle3_head::{HeadSpec, RandomHead};
-use crate::common::engine::{collect, requests, run_all, submit};
+use crate::common::engine::{collect, counter, requests, run_all, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
 use crate::model::gpu_sized;
 use crate::setup;
+use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::backend::{cuda_backend, GpuDraft, GpuSettings, ModelBackend};
 use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
@@ -21,18 +22,19 @@ use std::path::Path;
 const MAX_TOKENS: usize = 16;
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
-    gpu_engine_drafting(dir, deterministic, |_| None, 0, None)
+    gpu_engine_drafting(dir, deterministic, |_| None, 0, None, false)
 }
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
 /// `drafter` builds over the target backend (which loads `gpu_draft` beside the target,
-/// when given).
+/// when given), with async scheduling as `async_scheduling` says.
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
     drafter: impl FnOnce(&mut dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
     k: usize,
     gpu_draft: Option<GpuDraft>,
+    async_scheduling: bool,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
@@ -66,6 +68,7 @@ fn gpu_engine_drafting(
             num_speculative_tokens: k,
         },
         max_model_len: None,
+        async_scheduling,
     };
     let drafter = drafter(backend.as_mut());
     start_engine(backend, &engine, drafter).unwrap()
@@ -121,6 +124,59 @@ fn deterministic_gpu_engine_gives_each_request_the_same_tokens_alone_batched_and
         let (graph_together, graph_alone) = together_and_alone(dir.path(), &reqs, true).await;
         assert_eq!(graph_together, together, "batched, graphs vs eager");
         assert_eq!(graph_alone, together, "alone, graphs vs eager");
+    });
+}
+
+/// Async scheduling (each greedy decode step queuing the next on the device before its
+/// tokens reach the host) keeps every token: greedy requests together, then each alone,
+/// through a deterministic engine's decode graphs get the tokens they get without it, and
+/// steps queued ahead give tokens only with it.
+#[test]
+fn async_scheduling_on_the_gpu_keeps_every_greedy_token() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 24).write_hf(dir.path());
+    let reqs = greedy_requests(12, 24);
+    // One thread: the scheduler task records into this thread's recorder.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    runtime.block_on(async {
+        let mut runs = Vec::new();
+        for on in [false, true] {
+            let engine = gpu_engine_drafting(dir.path(), true, |_| None, 0, None, on);
+            let sizes = CaptureSizes::for_max_num_seqs(32);
+            engine.graphs.capture(Some(sizes)).await.unwrap();
+            let mut tokens: Vec<Vec<u32>> = run_all(&engine.scheduler, &reqs, MAX_TOKENS)
+                .await
+                .into_iter()
+                .map(|(tokens, _)| tokens)
+                .collect();
+            for (i, (prompt, params)) in reqs.iter().enumerate() {
+                let rx = submit(
+                    &engine.scheduler,
+                    (100 + i) as u64,
+                    prompt,
+                    params,
+                    MAX_TOKENS,
+                );
+                tokens.push(collect(rx.await).await.0);
+            }
+            let served = counter(
+                &snapshotter.snapshot().into_vec(),
+                "peregrine:decode_ahead_tokens_total",
+            );
+            assert_eq!(served > 0, on, "{served} tokens from steps queued ahead");
+            engine.shutdown().await;
+            runs.push(tokens);
+        }
+        assert_eq!(runs[0], runs[1], "async scheduling changed a token");
     });
 }
 
@@ -207,7 +263,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                 m if m.starts_with("gpu") => Some(GpuDraft::Model(dir.path().to_path_buf())),
                 _ => None,
             };
-            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, gpu_draft);
+            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, gpu_draft, false);
             if method.ends_with("graphs") {
                 let sizes = CaptureSizes::for_max_num_seqs(32);
                 engine.graphs.capture(Some(sizes)).await.unwrap();

@@ -1,8 +1,8 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
-use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling};
-use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
+use super::{blocks_in, sample_on_host, GreedyStep, ModelBackend, PoolInfo, RowSampling};
+use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::GeneratedToken;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache};
@@ -18,17 +18,20 @@ struct CpuBackend {
     hidden: Option<Vec<f32>>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
+    /// The ids of the step [`ModelBackend::greedy_ahead`] ran ahead (on the CPU, at once).
+    queued: Option<Vec<u32>>,
 }
 
 impl CpuBackend {
     /// The forward, replayed through a graph when one serves the step, recording the
-    /// hidden states when asked to.
+    /// hidden states when asked to; it drops any step run ahead.
     fn forward(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>> {
+        self.queued = None;
         let vocab = self.model.config().vocab_size;
         if let Some(graphs) = &mut self.graphs {
             if let Some(out) = graphs.replay(tokens, plan, logit_rows, &mut self.cache, vocab)? {
@@ -87,6 +90,7 @@ pub fn cpu_backend(
         hidden_layers: Vec::new(),
         hidden: None,
         graphs: None,
+        queued: None,
     }))
 }
 
@@ -120,7 +124,37 @@ impl ModelBackend for CpuBackend {
         self.forward(tokens, plan, logit_rows)
     }
 
+    /// The CPU runs `next` at once, after this step: its keys and values are written
+    /// before any later step, as a device queue would order them.
+    fn greedy_ahead(
+        &mut self,
+        step: GreedyStep,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let (ids, decode) = match step {
+            GreedyStep::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => (
+                self.forward_argmax(tokens, plan, logit_rows)?,
+                is_decode_step(tokens, plan, logit_rows),
+            ),
+            GreedyStep::Queued => match self.queued.take() {
+                Some(ids) => (ids, true),
+                None => anyhow::bail!("no step was queued ahead"),
+            },
+        };
+        let Some(next) = next.filter(|n| decode && n.seqs().len() == ids.len()) else {
+            return Ok((ids, false));
+        };
+        let rows: Vec<usize> = (0..ids.len()).collect();
+        self.queued = Some(self.forward_argmax(&ids, next, &rows)?);
+        Ok((ids, true))
+    }
+
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        self.queued = None;
         let num_layers = self.model.config().num_layers;
         if let Some(l) = layers.iter().find(|&&l| l >= num_layers) {
             anyhow::bail!("hidden states of layer {l} asked of a target of {num_layers} layers");
@@ -143,6 +177,7 @@ impl ModelBackend for CpuBackend {
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        self.queued = None;
         let Some(sizes) = sizes else {
             self.graphs = None;
             return Ok(());

@@ -4,9 +4,11 @@
 //! stream of its own, its KV cache in the same blocks as the target's (a pool of its own
 //! shape). The target records the inputs of the head's aux layers when asked.
 
-use super::{blocks_in, sample_on_host, ModelBackend, PoolInfo, RowSampling, StepCapacity};
+use super::{
+    blocks_in, sample_on_host, GreedyStep, ModelBackend, PoolInfo, RowSampling, StepCapacity,
+};
 use crate::draft::{GpuHead, HeadCapacity, HeadRunner};
-use crate::graphs::{CaptureSizes, GraphCaptureManager};
+use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
@@ -15,7 +17,8 @@ use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, ReplayedStep, SharedKvCache,
+    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, GreedyInput, QueuedStep, ReplayedStep,
+    SharedKvCache,
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
@@ -84,6 +87,11 @@ struct GpuBackend {
     head: Option<Box<dyn HeadRunner>>,
     /// What the last forward recorded of the layers `ModelBackend::record_hidden` named.
     hidden: Option<Vec<f32>>,
+    /// The decode step `ModelBackend::greedy_ahead` queued, until the next call.
+    ahead: Option<QueuedStep>,
+    /// Whether the model records layer inputs (then nothing is queued ahead: a queued
+    /// step's would not reach the host).
+    records_hidden: bool,
 }
 
 /// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
@@ -284,6 +292,8 @@ impl GpuBackend {
             draft: None,
             head: None,
             hidden: None,
+            ahead: None,
+            records_hidden: false,
         })
     }
 }
@@ -325,35 +335,55 @@ impl GpuBackend {
     /// Replays the graph that serves this step, if every row is a logit row, in order, and
     /// a captured size and context class hold it: a decode graph for pure decode (one row a
     /// sequence), else a verification graph when no sequence has more rows than the last
-    /// token and every draft; `None` leaves it to the eager forward.
+    /// token and every draft; `None` leaves it to the eager forward. Drops any step queued
+    /// ahead.
     fn replay(
-        &self,
+        &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Option<ReplayedStep<'_>>> {
-        if !logit_rows.iter().copied().eq(0..tokens.len()) {
-            return Ok(None);
+        self.ahead = None;
+        if let Some(graph) = self.decode_graph(tokens, plan, logit_rows) {
+            return Ok(Some(graph.replay(tokens, plan)?));
         }
         let seqs = plan.seqs();
-        let (graphs, n) = if seqs.iter().all(|s| s.q_len == 1) {
-            (&self.graphs, seqs.len())
-        } else if seqs.iter().all(|s| s.q_len <= self.verify_rows) {
-            (&self.verify_graphs, tokens.len())
-        } else {
+        if !logit_rows.iter().copied().eq(0..tokens.len())
+            || seqs.iter().any(|s| s.q_len > self.verify_rows)
+        {
+            return Ok(None);
+        }
+        let Some(graphs) = &self.verify_graphs else {
             return Ok(None);
         };
-        let Some(graphs) = graphs else {
-            return Ok(None);
-        };
-        let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
-        match graphs.graph_for(n) {
+        let longest = longest_context(plan);
+        match graphs.graph_for(tokens.len()) {
             Some((_, graph)) if longest <= graph.max_context() => {
                 Ok(Some(graph.replay(tokens, plan)?))
             }
             _ => Ok(None),
         }
     }
+
+    /// The decode graph that serves this step: one token and one logit row per sequence,
+    /// in order, within a captured size and the contexts the graphs serve.
+    fn decode_graph(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Option<&CapturedDecode> {
+        if !is_decode_step(tokens, plan, logit_rows) {
+            return None;
+        }
+        let (_, graph) = self.graphs.as_ref()?.graph_for(tokens.len())?;
+        (longest_context(plan) <= graph.max_context()).then_some(graph)
+    }
+}
+
+/// The longest context of a planned step.
+fn longest_context(plan: &AttentionPlan) -> usize {
+    plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0)
 }
 
 /// The recorded layer inputs `aux` (when the forward recorded some), on the host.
@@ -491,6 +521,42 @@ impl ModelBackend for GpuBackend {
         Ok(logits)
     }
 
+    /// Through the decode graph that serves the step (else eagerly, queuing nothing): the
+    /// ids come back through page-locked memory after `next` is queued.
+    fn greedy_ahead(
+        &mut self,
+        step: GreedyStep,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let queued = self.ahead.take();
+        let (graph, input) = match step {
+            GreedyStep::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => match self.decode_graph(tokens, plan, logit_rows) {
+                Some(graph) if !self.records_hidden => (graph, GreedyInput::Host { tokens, plan }),
+                _ => return Ok((self.forward_argmax(tokens, plan, logit_rows)?, false)),
+            },
+            GreedyStep::Queued => {
+                let queued = queued.context("no step was queued ahead")?;
+                let graph = self
+                    .graphs
+                    .as_ref()
+                    .and_then(|g| g.graph_for(queued.graph_size()))
+                    .map(|(_, graph)| graph)
+                    .context("the graph a step was queued on is gone")?;
+                (graph, GreedyInput::Queued(queued))
+            }
+        };
+        let next = next.filter(|n| longest_context(n) <= graph.max_context());
+        let (ids, queued) = graph.greedy_step(input, next)?;
+        self.hidden = None;
+        let ahead = queued.is_some();
+        self.ahead = queued;
+        Ok((ids, ahead))
+    }
+
     fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
         self.draft.take()
     }
@@ -502,7 +568,9 @@ impl ModelBackend for GpuBackend {
     /// Drops the decode graphs captured before, which do not record the layers: capture
     /// them again.
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        self.ahead = None;
         self.model.record_aux(layers)?;
+        self.records_hidden = !layers.is_empty();
         let sizes = self.graphs.take().map(|g| g.sizes().clone());
         match sizes {
             Some(sizes) => self.capture_graphs(Some(&sizes)),
@@ -518,6 +586,7 @@ impl ModelBackend for GpuBackend {
     /// of as many sequences of `1 + num_speculative_tokens` rows; on failure the graphs held
     /// before stay.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        self.ahead = None;
         let Some(sizes) = sizes else {
             self.graphs = None;
             self.verify_graphs = None;

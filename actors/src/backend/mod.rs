@@ -123,6 +123,20 @@ impl StepCapacity {
     }
 }
 
+/// Where the tokens of a step run by [`ModelBackend::greedy_ahead`] come from.
+#[derive(Clone, Copy, Debug)]
+pub enum GreedyStep<'a> {
+    /// These tokens (one per planned row) over this plan, the argmax of `logit_rows`
+    /// asked.
+    Fresh {
+        tokens: &'a [u32],
+        plan: &'a AttentionPlan,
+        logit_rows: &'a [usize],
+    },
+    /// The step the call before queued ahead.
+    Queued,
+}
+
 /// A model with its KV pool, ready to run steps.
 pub trait ModelBackend: Send {
     /// The model's configuration.
@@ -174,6 +188,33 @@ pub trait ModelBackend: Send {
             .chunks(vocab)
             .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
             .collect()
+    }
+    /// Runs a greedy step as [`ModelBackend::forward_argmax`] does and returns the argmax
+    /// of its logit rows (of a [`GreedyStep::Queued`] step: one per sequence). With
+    /// `next`, planned over the same sequences in the same order, each one token further,
+    /// it may first queue `next`, fed each sequence's token from this step's argmax without
+    /// waiting for it on the host (async scheduling: the device runs `next` while the host
+    /// plans the step after); it says whether it did. A queued step is read by the next
+    /// call as [`GreedyStep::Queued`]; any other call drops it (the keys and values it
+    /// wrote lie one position past each sequence's tokens, where that sequence's next step
+    /// writes or its freed blocks' next owner does, later on the same device queue).
+    ///
+    /// Queues nothing unless the step is pure decode (one token and one logit row per
+    /// sequence); a backend that cannot queue ahead runs the step alone.
+    fn greedy_ahead(
+        &mut self,
+        step: GreedyStep,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let _ = next;
+        match step {
+            GreedyStep::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => Ok((self.forward_argmax(tokens, plan, logit_rows)?, false)),
+            GreedyStep::Queued => bail!("the {} backend queued no step ahead", self.pool().device),
+        }
     }
     /// From now on, every forward also records the input of each layer in `layers` for
     /// every row (concatenated in that order), for [`ModelBackend::take_hidden`]: the

@@ -423,6 +423,7 @@ impl Scheduler {
                 params: seq.req.spec.params.clone(),
                 prompt: seq.req.spec.prompt.clone(),
                 logprobs: seq.req.spec.logprobs,
+                max_tokens: seq.req.spec.max_tokens,
             });
             seq.setup_sent = true;
             let fed = seq.chunk - seq.drafts.len();
@@ -448,6 +449,7 @@ impl Scheduler {
     /// Appends each request's new tokens (up to its first stop), advances what is in the
     /// cache by the tokens fed minus the rejected drafts, and ends finished requests.
     fn apply_results(&mut self, mut done: StepDone) {
+        metrics::record_ahead(done.ahead);
         if self.proposer.is_some() {
             self.hidden.append(&mut done.hidden);
         }

@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// Run every step eagerly: capture no graphs.
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Turn async scheduling off: on a GPU, a greedy decode step otherwise queues the step
+    /// after it before its tokens reach the host (vLLM's async scheduling).
+    #[arg(long)]
+    pub no_async_scheduling: bool,
     /// Batch sizes to capture graphs for, each from 1 to max_num_seqs [default: 1,2,4,8
     /// and every multiple of 8 up to max_num_seqs].
     #[arg(long, value_name = "1,2,4,...", value_delimiter = ',')]
@@ -118,6 +122,7 @@ impl ServeArgs {
             no_prefix_caching,
             deterministic,
             enforce_eager,
+            no_async_scheduling,
             cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,
@@ -147,6 +152,7 @@ impl ServeArgs {
             enable_prefix_caching: no_prefix_caching.then_some(false),
             deterministic: deterministic.then_some(true),
             enforce_eager: enforce_eager.then_some(true),
+            async_scheduling: no_async_scheduling.then_some(false),
             cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,

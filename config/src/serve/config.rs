@@ -45,6 +45,9 @@ pub struct ServeConfig {
     pub deterministic: bool,
     /// Run every step eagerly, capturing no graphs.
     pub enforce_eager: bool,
+    /// On a GPU, each greedy decode step queues the step after it before its tokens reach
+    /// the host (vLLM's async scheduling); ignored with speculative decoding.
+    pub async_scheduling: bool,
     /// The batch sizes graphs are captured for; `None`: 1, 2, 4, 8 and every multiple of 8
     /// up to `max_num_seqs` (captured again when a reload changes it). Each size is at most
     /// `max_num_seqs`: a configuration with a larger one is refused.
@@ -92,6 +95,7 @@ impl Default for ServeConfig {
             enable_prefix_caching: true,
             deterministic: false,
             enforce_eager: false,
+            async_scheduling: true,
             cudagraph_sizes: None,
             max_waiting_requests: 1024,
             shutdown_timeout: Duration::from_secs(30),
@@ -169,6 +173,7 @@ impl ServeConfig {
             enable_prefix_caching,
             deterministic,
             enforce_eager,
+            async_scheduling,
             cudagraph_sizes,
             max_waiting_requests,
             shutdown_timeout,
@@ -199,6 +204,7 @@ impl ServeConfig {
             enable_prefix_caching: enable_prefix_caching.unwrap_or(d.enable_prefix_caching),
             deterministic: deterministic.unwrap_or(d.deterministic),
             enforce_eager: enforce_eager.unwrap_or(d.enforce_eager),
+            async_scheduling: async_scheduling.unwrap_or(d.async_scheduling),
             cudagraph_sizes: cudagraph_sizes.or(d.cudagraph_sizes),
             max_waiting_requests: max_waiting_requests.unwrap_or(d.max_waiting_requests),
             shutdown_timeout: shutdown_timeout.map_or(d.shutdown_timeout, Duration::from_secs),

@@ -20,6 +20,7 @@ impl Origin {
             Origin::Flags => match field {
                 "api_keys" => "--api-key".to_string(),
                 "enable_prefix_caching" => "--no-prefix-caching".to_string(),
+                "async_scheduling" => "--no-async-scheduling".to_string(),
                 _ => format!("--{}", field.replace('_', "-")),
             },
         }

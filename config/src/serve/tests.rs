@@ -345,7 +345,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "num_speculative_tokens",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 28);
+    assert_eq!(ServeConfig::default().fields().len(), 29);
 }
 
 #[test]
@@ -547,4 +547,15 @@ fn graph_sizes_come_from_a_comma_list_or_the_file_and_stay_within_max_num_seqs()
     let old = file("cudagraph_sizes = [1, 2]");
     let new = file("cudagraph_sizes = [1, 2, 4]");
     assert_eq!(old.reload_changes(&new), Ok(vec!["cudagraph_sizes"]));
+}
+
+#[test]
+fn async_scheduling_is_on_unless_the_file_or_the_flag_turns_it_off() {
+    assert!(from_file("", &[]).unwrap().async_scheduling);
+    assert!(!file("async_scheduling = false").async_scheduling);
+    assert!(
+        !from_file("", &["--no-async-scheduling"])
+            .unwrap()
+            .async_scheduling
+    );
 }

@@ -116,6 +116,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             prefix_caching: config.enable_prefix_caching,
             limits: limits(&config),
             max_model_len: config.max_model_len,
+            async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
         };
         let drafter = load_drafter(&config, backend.as_mut())?;
         let mut engine = start_engine(backend, &settings, drafter)?;

@@ -1,0 +1,227 @@
+//! Greedy decode with the next step queued ahead (vLLM's async scheduling, SGLang's
+//! overlap scheduler), decided inside the runner so that the scheduler stays one step at a
+//! time: after a pure greedy decode step, the runner queues the step that would follow it
+//! if every sequence went on (each one position further, fed its token on the device)
+//! before it reads this step's tokens, so the device runs it while the host streams the
+//! tokens and plans. When the scheduler's next batch asks for a sequence exactly as it was
+//! queued, its token comes from the queued step; every other sequence of the batch runs in
+//! a step of its own after it.
+//!
+//! A queued row whose sequence did not go on (it stopped, was preempted or aborted) wrote
+//! its keys and values one position past its tokens, in a block it owned when the step was
+//! queued and that holds no complete prefix: the block's next owner writes there only
+//! later on the same device queue.
+
+use super::{SeqSampling, TargetRunner};
+use crate::backend::GreedyStep;
+use crate::messages::{AheadUse, GeneratedToken, RequestId, ScheduledSeq, SeqOutput};
+use anyhow::anyhow;
+use peregrine_ops::{AttentionPlan, SeqSpec};
+use std::collections::HashMap;
+
+/// The decode step the runner queued ahead: these sequences, in this order, each fed the
+/// token its last step chose.
+pub(super) struct AheadStep {
+    seqs: Vec<AheadSeq>,
+}
+
+/// One sequence of a step queued ahead.
+struct AheadSeq {
+    id: RequestId,
+    /// Tokens in the cache before the queued step: the queued token's position.
+    num_cached: usize,
+    /// The blocks the queued step read and wrote.
+    block_table: Vec<u32>,
+}
+
+impl AheadSeq {
+    /// Whether the scheduler's `seq` asks for just what was queued: one token, this
+    /// token's position, a table that begins with the one used, and as its token the one
+    /// the runner returned last (`last`).
+    fn queued_as(&self, seq: &ScheduledSeq, last: Option<u32>) -> bool {
+        seq.id == self.id
+            && seq.sample
+            && seq.num_drafts == 0
+            && seq.num_cached == self.num_cached
+            && seq.tokens.len() == 1
+            && Some(seq.tokens[0]) == last
+            && seq.block_table.starts_with(&self.block_table)
+    }
+}
+
+impl TargetRunner {
+    /// Runs a greedy step (every sampled sequence [`super::argmax_only`]): the sequences
+    /// `ahead` queued as the batch asks from it, the rest in a step of their own; then
+    /// queues the step after this one where the whole batch is pure decode and every
+    /// sequence wants another token with room for it.
+    pub(super) fn greedy_ahead_step(
+        &mut self,
+        seqs: &[ScheduledSeq],
+        states: &mut [(&ScheduledSeq, SeqSampling)],
+        ahead: Option<AheadStep>,
+    ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
+        // Each sampled sequence's last token, and whether it wants one after this step's.
+        let mut last: HashMap<RequestId, Option<u32>> = HashMap::new();
+        let mut wants_more: HashMap<RequestId, bool> = HashMap::new();
+        for (s, state) in states.iter() {
+            last.insert(s.id, state.output.last().copied());
+            wants_more.insert(s.id, state.output.len() + 1 < state.max_tokens);
+        }
+        let all: Vec<&ScheduledSeq> = seqs.iter().collect();
+        let mut tokens: HashMap<RequestId, u32> = HashMap::new();
+        let mut used = AheadUse::None;
+        let mut queued_next = false;
+        if let Some(ahead) = ahead {
+            let served: Vec<usize> = (0..ahead.seqs.len())
+                .filter(|&j| {
+                    let a = &ahead.seqs[j];
+                    seqs.iter()
+                        .any(|s| a.queued_as(s, last.get(&s.id).copied().flatten()))
+                })
+                .collect();
+            if served.is_empty() {
+                used = AheadUse::Dropped;
+            } else {
+                // The queued step goes on only if the batch is exactly what was queued.
+                let same = served.len() == seqs.len()
+                    && seqs.iter().zip(&ahead.seqs).all(|(s, a)| s.id == a.id);
+                let next = if same {
+                    self.next_plan(&all, &wants_more)?
+                } else {
+                    None
+                };
+                let (ids, queued) = self.model.greedy_ahead(GreedyStep::Queued, next.as_ref())?;
+                if ids.len() != ahead.seqs.len() {
+                    return Err(anyhow!(
+                        "{} tokens from a queued step of {} sequences",
+                        ids.len(),
+                        ahead.seqs.len()
+                    ));
+                }
+                tokens.extend(served.iter().map(|&j| (ahead.seqs[j].id, ids[j])));
+                used = AheadUse::Served(served.len());
+                queued_next = queued;
+            }
+        }
+        let rest: Vec<&ScheduledSeq> = seqs
+            .iter()
+            .filter(|s| !tokens.contains_key(&s.id))
+            .collect();
+        if !rest.is_empty() {
+            let next = if rest.len() == seqs.len() {
+                self.next_plan(&all, &wants_more)?
+            } else {
+                None
+            };
+            let (ids, queued) = self.fresh_greedy(&rest, next.as_ref())?;
+            let sampled: Vec<RequestId> = rest.iter().filter(|s| s.sample).map(|s| s.id).collect();
+            if ids.len() != sampled.len() {
+                return Err(anyhow!(
+                    "{} tokens for {} sampled sequences",
+                    ids.len(),
+                    sampled.len()
+                ));
+            }
+            tokens.extend(sampled.into_iter().zip(ids));
+            queued_next = queued;
+        }
+        self.ahead = queued_next.then(|| ahead_of(seqs));
+        let outputs = states
+            .iter_mut()
+            .map(|(s, state)| {
+                let id = *tokens
+                    .get(&s.id)
+                    .ok_or_else(|| anyhow!("no token for {}", s.id))?;
+                state.output.push(id);
+                Ok(SeqOutput {
+                    id: s.id,
+                    tokens: vec![GeneratedToken { id, logprobs: None }],
+                    num_drafts: 0,
+                    num_accepted: 0,
+                })
+            })
+            .collect::<anyhow::Result<_>>()?;
+        Ok((outputs, used))
+    }
+
+    /// Runs `seqs` (their tokens from the host) and returns the argmax of each sampled
+    /// sequence's last row, queuing `next` after it where the backend can.
+    fn fresh_greedy(
+        &mut self,
+        seqs: &[&ScheduledSeq],
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let plan = self.plan_of(seqs, |s| s.num_cached)?;
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for s in seqs {
+            end += s.tokens.len();
+            if s.sample {
+                rows.push(end - 1);
+            }
+        }
+        let step = GreedyStep::Fresh {
+            tokens: &tokens,
+            plan: &plan,
+            logit_rows: &rows,
+        };
+        self.model.greedy_ahead(step, next)
+    }
+
+    /// The plan of the step after `seqs` if each went on by one token, when each is a
+    /// greedy decode that `wants_more` tokens, with a block and room in the model for the
+    /// next; `None` otherwise.
+    fn next_plan(
+        &self,
+        seqs: &[&ScheduledSeq],
+        wants_more: &HashMap<RequestId, bool>,
+    ) -> anyhow::Result<Option<AttentionPlan>> {
+        let max_model_len = self.model.config().max_model_len;
+        let goes_on = |s: &&ScheduledSeq| {
+            let position = s.num_cached + 1;
+            s.sample
+                && s.num_drafts == 0
+                && s.tokens.len() == 1
+                && wants_more.get(&s.id) == Some(&true)
+                && position < max_model_len
+                && position / self.block_size < s.block_table.len()
+        };
+        if !seqs.iter().all(goes_on) {
+            return Ok(None);
+        }
+        Ok(Some(self.plan_of(seqs, |s| s.num_cached + 1)?))
+    }
+
+    /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
+    fn plan_of(
+        &self,
+        seqs: &[&ScheduledSeq],
+        cached: impl Fn(&ScheduledSeq) -> usize,
+    ) -> anyhow::Result<AttentionPlan> {
+        let specs: Vec<SeqSpec> = seqs
+            .iter()
+            .map(|s| SeqSpec {
+                num_cached: cached(s),
+                num_new: s.tokens.len(),
+                block_table: &s.block_table,
+            })
+            .collect();
+        let num_blocks = self.model.pool().layout.num_blocks;
+        Ok(AttentionPlan::new(&specs, self.block_size, num_blocks)?)
+    }
+}
+
+/// What is queued after `seqs`: each one position further, over the same blocks.
+fn ahead_of(seqs: &[ScheduledSeq]) -> AheadStep {
+    AheadStep {
+        seqs: seqs
+            .iter()
+            .map(|s| AheadSeq {
+                id: s.id,
+                num_cached: s.num_cached + 1,
+                block_table: s.block_table.clone(),
+            })
+            .collect(),
+    }
+}

@@ -1,0 +1,167 @@
+//! Async scheduling through the serving engine on the CPU: the target runner queues each
+//! greedy decode step's successor before the scheduler asks for it (the CPU runs it at
+//! once, where a GPU would run it while the host plans). Requests that finish at different
+//! steps, arrive mid-decode, are preempted or dropped by their client, with graphs
+//! captured again in between, must still get the generator's tokens.
+
+mod common;
+
+use common::engine::{collect, counter, requests, solo, submit, tiny_backend};
+use common::tiny_model::{TinyModel, TinySpec};
+use metrics_util::debugging::DebuggingRecorder;
+use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
+use peregrine_actors::graphs::CaptureSizes;
+use peregrine_actors::messages::{RequestEvent, SchedulerLimits};
+use peregrine_ops::sampling::SamplingParams;
+use std::path::Path;
+
+/// A request: its prompt, sampling and `max_tokens`.
+type Request = (Vec<u32>, SamplingParams, usize);
+
+fn engine(dir: &Path, kv_blocks: u64, async_scheduling: bool) -> Engine {
+    let settings = EngineSettings {
+        block_size: 16,
+        prefix_caching: true,
+        limits: SchedulerLimits {
+            max_num_seqs: 8,
+            max_num_batched_tokens: 48,
+            max_waiting: 100,
+            num_speculative_tokens: 0,
+        },
+        max_model_len: None,
+        async_scheduling,
+    };
+    start_engine(tiny_backend(dir, kv_blocks), &settings, None).unwrap()
+}
+
+/// `n` requests of `requests`' prompts and sampling (even ones greedy, odd ones sampled),
+/// each with its own `max_tokens` so that they finish at different steps: 3 to 14, or
+/// with `greedy_last` 9 to 14 for the greedy ones and 3 to 5 for the sampled ones (the
+/// greedy ones then also run without them).
+fn varied(n: usize, seed: u64, greedy_last: bool) -> Vec<Request> {
+    requests(300, n, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (prompt, params))| {
+            let max_tokens = match (greedy_last, i % 2) {
+                (false, _) => 3 + (i * 5) % 12,
+                (true, 0) => 9 + i % 6,
+                (true, _) => 3 + i % 3,
+            };
+            (prompt, params, max_tokens)
+        })
+        .collect()
+}
+
+/// Each request alone through the single-request generator.
+fn alone(dir: &Path, reqs: &[Request]) -> Vec<Vec<u32>> {
+    reqs.iter()
+        .map(|(prompt, params, max_tokens)| {
+            let req = [(prompt.clone(), params.clone())];
+            solo(dir, &req, *max_tokens).remove(0)
+        })
+        .collect()
+}
+
+/// Submits the first half of `reqs`, and the rest once request 0 has its first tokens
+/// (after capturing graphs again, dropping them and capturing them back); the client of
+/// request `dropped` (one of the first half) goes away after its first tokens. Returns
+/// each request's tokens (`None` for the dropped one).
+async fn staggered(engine: &Engine, reqs: &[Request], dropped: usize) -> Vec<Option<Vec<u32>>> {
+    let sizes = |n| Some(CaptureSizes::for_max_num_seqs(n));
+    engine.graphs.capture(sizes(8)).await.unwrap();
+    let half = reqs.len() / 2;
+    let mut streams = Vec::new();
+    for (i, (prompt, params, max_tokens)) in reqs.iter().enumerate().take(half) {
+        let rx = submit(&engine.scheduler, i as u64, prompt, params, *max_tokens).await;
+        streams.push(Some(rx));
+    }
+    let first: Vec<u32> = match streams[0].as_mut().unwrap().recv().await {
+        Some(RequestEvent::Tokens(t)) => t.iter().map(|t| t.id).collect(),
+        other => panic!("a first event of {other:?}"),
+    };
+    if let Some(mut rx) = streams.get_mut(dropped).and_then(Option::take) {
+        rx.recv().await.expect("a first event");
+    }
+    for size in [sizes(4), None, sizes(8)] {
+        engine.graphs.capture(size).await.unwrap();
+    }
+    for (i, (prompt, params, max_tokens)) in reqs.iter().enumerate().skip(half) {
+        let rx = submit(&engine.scheduler, i as u64, prompt, params, *max_tokens).await;
+        streams.push(Some(rx));
+    }
+    let mut outputs = Vec::new();
+    for (i, rx) in streams.into_iter().enumerate() {
+        let Some(rx) = rx else {
+            outputs.push(None);
+            continue;
+        };
+        let mut tokens: Vec<u32> = if i == 0 { first.clone() } else { Vec::new() };
+        tokens.extend(collect(rx).await.0);
+        outputs.push(Some(tokens));
+    }
+    outputs
+}
+
+fn check(outputs: &[Option<Vec<u32>>], alone: &[Vec<u32>], label: &str) {
+    for (i, (got, want)) in outputs.iter().zip(alone).enumerate() {
+        if let Some(got) = got {
+            assert_eq!(got, want, "request {i}, {label}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn greedy_requests_get_the_generators_tokens_with_steps_queued_ahead() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 93).write_hf(dir.path());
+    let reqs: Vec<Request> = varied(10, 11, false)
+        .into_iter()
+        .map(|(prompt, _, max_tokens)| (prompt, SamplingParams::greedy(), max_tokens))
+        .collect();
+    let alone = alone(dir.path(), &reqs);
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    // Room for everyone, then nine blocks for ten requests of up to 58 tokens: requests
+    // wait, and running ones are preempted and recomputed.
+    for (kv_blocks, label) in [(64, "roomy pool"), (9, "tight pool")] {
+        let outputs = staggered(&engine(dir.path(), kv_blocks, true), &reqs, 3).await;
+        check(&outputs, &alone, label);
+        let snapshot = snapshotter.snapshot().into_vec();
+        assert!(
+            counter(&snapshot, "peregrine:decode_ahead_tokens_total") > 0,
+            "no token came from a step queued ahead, {label}"
+        );
+        if kv_blocks == 9 {
+            let preempted = counter(&snapshot, "peregrine:num_preemptions_total");
+            assert!(preempted > 0, "no preemption happened");
+        }
+    }
+}
+
+#[tokio::test]
+async fn sampled_requests_beside_greedy_ones_are_unchanged_and_off_queues_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 94).write_hf(dir.path());
+    // Even requests greedy, odd ones sampled with their own seeds: a batch holding a
+    // sampled request runs alone, and queues nothing ahead.
+    let reqs = varied(8, 12, true);
+    let alone = alone(dir.path(), &reqs);
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    for on in [false, true] {
+        let outputs = staggered(&engine(dir.path(), 64, on), &reqs, usize::MAX).await;
+        check(&outputs, &alone, &format!("async scheduling {on}"));
+        let snapshot = snapshotter.snapshot().into_vec();
+        let served = counter(&snapshot, "peregrine:decode_ahead_tokens_total");
+        assert_eq!(
+            served > 0,
+            on,
+            "{served} tokens from steps queued ahead, async {on}"
+        );
+    }
+}
