@@ -41,6 +41,8 @@
 #   scripts/gpu_run.sh async      async scheduling on and off in turns: SmolLM2-135M (after
 #                                 smollm2) served as in `serve`, then bench latency (its
 #                                 ahead_ms/step) on the Llama-3.2-1B shape and SmolLM2
+#   scripts/gpu_run.sh serve1b    the Llama-3.2-1B shape with random weights
+#                                 (scripts/random_checkpoint.py) served as in `async`
 #   scripts/gpu_run.sh opcosts    scripts/stream_op_costs.py: the device time of the copies
 #                                 and events that may stand between two decode graphs
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
@@ -61,14 +63,14 @@ done
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PEREGRINE_CACHE=/tmp/peregrine-cache
 export RUST_BACKTRACE=1
-# Serves SmolLM2-135M (/tmp/smollm2) with binary $1, logging to $2, with the serve flags
-# after them; runs `bench serve` at concurrency 1 and 8 against it, stops it, and prints
-# the engine's time per step from its log (serve_steps.py: each request's time from queued
-# to finished, over the requests that ran alone).
+# Serves the model in $3 (SmolLM2-135M: /tmp/smollm2) with binary $1, logging to $2, with
+# the serve flags after them; runs `bench serve` at concurrency 1 and 8 against it, stops
+# it, and prints the engine's time per step from its log (serve_steps.py: each request's
+# time from queued to finished, over the requests that ran alone).
 serve_bench() {
-    local serve_bin=$1 log=$2 port=8123
-    shift 2
-    "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port "$@" >"$log" 2>&1 &
+    local serve_bin=$1 log=$2 model=$3 port=8123
+    shift 3
+    "$serve_bin" serve --model "$model" --device cuda --port $port "$@" >"$log" 2>&1 &
     local server=$!
     for _ in $(seq 1 240); do
         (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
@@ -201,7 +203,7 @@ serve)
     # SERVE_BIN names another build's binary to serve (an A/B in turns) and SERVE_ARGS
     # more serve flags (speculation: --speculative-method ngram).
     # shellcheck disable=SC2086
-    serve_bench "${SERVE_BIN:-$bin/peregrine}" "$OUT/serve.log" ${SERVE_ARGS:-} 2>&1 |
+    serve_bench "${SERVE_BIN:-$bin/peregrine}" "$OUT/serve.log" /tmp/smollm2 ${SERVE_ARGS:-} 2>&1 |
         tee -a "$OUT/serve_bench.log"
     "$bin/peregrine" bench latency --device cuda --model /tmp/smollm2 --batch-sizes 1,8 \
         --input-len 128 --output-len 128 2>&1 | tee -a "$OUT/serve_bench.log"
@@ -214,14 +216,29 @@ async)
         for flags in "" "--no-async-scheduling"; do
             echo "== round $round serve $flags" | tee -a "$OUT/async.log"
             # shellcheck disable=SC2086
-            serve_bench "$bin/peregrine" "$OUT/serve-$round${flags:+-off}.log" $flags 2>&1 |
-                tee -a "$OUT/async.log"
+            serve_bench "$bin/peregrine" "$OUT/serve-$round${flags:+-off}.log" /tmp/smollm2 \
+                $flags 2>&1 | tee -a "$OUT/async.log"
         done
     done
     common="bench latency --device cuda --batch-sizes 1,8 --input-len 128 --output-len 128"
     for round in 1 2; do
         for model in --random-weights=scripts/configs/llama-3.2-1b.json --model=/tmp/smollm2; do
             "$bin/peregrine" $common "$model" 2>&1 | grep -v "^20" | tee -a "$OUT/async.log"
+        done
+    done
+    ;;
+serve1b)
+    # The Llama-3.2-1B shape served with random weights (scripts/random_checkpoint.py, with
+    # the tokenizer files carried in target/tokenizer/, e.g. SmolLM2's), async scheduling
+    # on and off in turns: `bench serve` and the engine's time per step, as in `async`.
+    python3 scripts/random_checkpoint.py scripts/configs/llama-3.2-1b.json target/tokenizer \
+        /tmp/llama1b 2>&1 | tee -a "$OUT/serve1b.log"
+    for round in 1 2; do
+        for flags in "" "--no-async-scheduling"; do
+            echo "== round $round serve $flags" | tee -a "$OUT/serve1b.log"
+            # shellcheck disable=SC2086
+            serve_bench "$bin/peregrine" "/tmp/serve1b-$round${flags:+-off}.log" /tmp/llama1b \
+                $flags 2>&1 | tee -a "$OUT/serve1b.log"
         done
     done
     ;;
