@@ -144,37 +144,51 @@ impl TargetRunner {
         batch: &ScheduledBatch,
         states: &mut [(&ScheduledSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let specs: Vec<SeqSpec> = batch
-            .seqs
-            .iter()
-            .map(|s| SeqSpec {
-                num_cached: s.num_cached,
-                num_new: s.tokens.len(),
-                block_table: &s.block_table,
-            })
-            .collect();
-        let num_blocks = self.model.pool().layout.num_blocks;
-        let plan = AttentionPlan::new(&specs, self.block_size, num_blocks)?;
-        let tokens: Vec<u32> = batch
-            .seqs
-            .iter()
-            .flat_map(|s| s.tokens.iter().copied())
-            .collect();
-        // Each sampled sequence's rows: its last one, or its last `num_drafts + 1` when
-        // it carries drafts to verify.
-        let mut rows = Vec::new();
-        let mut end = 0;
-        for s in &batch.seqs {
-            end += s.tokens.len();
-            if s.sample {
-                rows.extend(end - 1 - s.num_drafts.min(s.tokens.len() - 1)..end);
-            }
-        }
+        let seqs: Vec<&ScheduledSeq> = batch.seqs.iter().collect();
+        let (plan, tokens, rows) = self.step_inputs(&seqs)?;
         if batch.seqs.iter().any(|s| s.num_drafts > 0) {
             self.verify_step(&tokens, &plan, &rows, states)
         } else {
             self.sample_step(&tokens, &plan, &rows, states)
         }
+    }
+
+    /// What a forward over `seqs` takes: its plan, the tokens, and each sampled
+    /// sequence's rows (its last one, or its last `num_drafts + 1` when it carries drafts
+    /// to verify).
+    fn step_inputs(
+        &self,
+        seqs: &[&ScheduledSeq],
+    ) -> anyhow::Result<(AttentionPlan, Vec<u32>, Vec<usize>)> {
+        let plan = self.plan_of(seqs, |s| s.num_cached)?;
+        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let mut rows = Vec::new();
+        let mut end = 0;
+        for s in seqs {
+            end += s.tokens.len();
+            if s.sample {
+                rows.extend(end - 1 - s.num_drafts.min(s.tokens.len() - 1)..end);
+            }
+        }
+        Ok((plan, tokens, rows))
+    }
+
+    /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
+    fn plan_of(
+        &self,
+        seqs: &[&ScheduledSeq],
+        cached: impl Fn(&ScheduledSeq) -> usize,
+    ) -> anyhow::Result<AttentionPlan> {
+        let specs: Vec<SeqSpec> = seqs
+            .iter()
+            .map(|s| SeqSpec {
+                num_cached: cached(s),
+                num_new: s.tokens.len(),
+                block_table: &s.block_table,
+            })
+            .collect();
+        let num_blocks = self.model.pool().layout.num_blocks;
+        Ok(AttentionPlan::new(&specs, self.block_size, num_blocks)?)
     }
 
     /// One token per sampled sequence: each row's argmax where [`argmax_only`] holds (on

@@ -16,7 +16,7 @@ use super::{SeqSampling, TargetRunner};
 use crate::backend::GreedyStep;
 use crate::messages::{AheadUse, GeneratedToken, RequestId, ScheduledSeq, SeqOutput};
 use anyhow::anyhow;
-use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_ops::AttentionPlan;
 use std::collections::HashMap;
 
 /// The decode step the runner queued ahead: these sequences, in this order, each fed the
@@ -151,16 +151,7 @@ impl TargetRunner {
         seqs: &[&ScheduledSeq],
         next: Option<&AttentionPlan>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let plan = self.plan_of(seqs, |s| s.num_cached)?;
-        let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
-        let mut rows = Vec::new();
-        let mut end = 0;
-        for s in seqs {
-            end += s.tokens.len();
-            if s.sample {
-                rows.push(end - 1);
-            }
-        }
+        let (plan, tokens, rows) = self.step_inputs(seqs)?;
         let step = GreedyStep::Fresh {
             tokens: &tokens,
             plan: &plan,
@@ -191,24 +182,6 @@ impl TargetRunner {
             return Ok(None);
         }
         Ok(Some(self.plan_of(seqs, |s| s.num_cached + 1)?))
-    }
-
-    /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
-    fn plan_of(
-        &self,
-        seqs: &[&ScheduledSeq],
-        cached: impl Fn(&ScheduledSeq) -> usize,
-    ) -> anyhow::Result<AttentionPlan> {
-        let specs: Vec<SeqSpec> = seqs
-            .iter()
-            .map(|s| SeqSpec {
-                num_cached: cached(s),
-                num_new: s.tokens.len(),
-                block_table: &s.block_table,
-            })
-            .collect();
-        let num_blocks = self.model.pool().layout.num_blocks;
-        Ok(AttentionPlan::new(&specs, self.block_size, num_blocks)?)
     }
 }
 
