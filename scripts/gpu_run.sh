@@ -84,6 +84,18 @@ serve_bench() {
     wait $server
     python3 scripts/serve_steps.py "$log" 128
 }
+# Serves the model in $1 with async scheduling on and off, in turns, two rounds
+# (serve_bench each, the server logs under /tmp).
+serve_async_on_off() {
+    local round flags
+    for round in 1 2; do
+        for flags in "" "--no-async-scheduling"; do
+            echo "== round $round serve $flags"
+            # shellcheck disable=SC2086
+            serve_bench "$bin/peregrine" "/tmp/serve-$round${flags:+-off}.log" "$1" $flags
+        done
+    done
+}
 mode=${1:-tests}
 case "$mode" in
 tests)
@@ -212,14 +224,7 @@ async)
     # Async scheduling on and off, in turns (after smollm2): SmolLM2-135M served as in
     # `serve`, then `bench latency` (its ahead_ms/step column) of the Llama-3.2-1B shape
     # and SmolLM2 at batch sizes 1 and 8.
-    for round in 1 2; do
-        for flags in "" "--no-async-scheduling"; do
-            echo "== round $round serve $flags" | tee -a "$OUT/async.log"
-            # shellcheck disable=SC2086
-            serve_bench "$bin/peregrine" "$OUT/serve-$round${flags:+-off}.log" /tmp/smollm2 \
-                $flags 2>&1 | tee -a "$OUT/async.log"
-        done
-    done
+    serve_async_on_off /tmp/smollm2 2>&1 | tee -a "$OUT/async.log"
     common="bench latency --device cuda --batch-sizes 1,8 --input-len 128 --output-len 128"
     for round in 1 2; do
         for model in --random-weights=scripts/configs/llama-3.2-1b.json --model=/tmp/smollm2; do
@@ -233,14 +238,7 @@ serve1b)
     # on and off in turns: `bench serve` and the engine's time per step, as in `async`.
     python3 scripts/random_checkpoint.py scripts/configs/llama-3.2-1b.json target/tokenizer \
         /tmp/llama1b 2>&1 | tee -a "$OUT/serve1b.log"
-    for round in 1 2; do
-        for flags in "" "--no-async-scheduling"; do
-            echo "== round $round serve $flags" | tee -a "$OUT/serve1b.log"
-            # shellcheck disable=SC2086
-            serve_bench "$bin/peregrine" "/tmp/serve1b-$round${flags:+-off}.log" /tmp/llama1b \
-                $flags 2>&1 | tee -a "$OUT/serve1b.log"
-        done
-    done
+    serve_async_on_off /tmp/llama1b 2>&1 | tee -a "$OUT/serve1b.log"
     ;;
 opcosts)
     # What the small operations between two decode graphs cost the stream (PyTorch).
