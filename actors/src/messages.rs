@@ -225,10 +225,9 @@ pub struct StepDone {
 
 /// How the decode step a runner queued ahead (before the scheduler asked for it) served
 /// the step that followed.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AheadUse {
     /// No step was queued ahead.
-    #[default]
     None,
     /// It gave this many sequences their tokens.
     Served(usize),
