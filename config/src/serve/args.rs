@@ -32,7 +32,8 @@ pub struct ServeArgs {
     /// The device to run on [default: cpu].
     #[arg(long)]
     pub device: Option<DeviceKind>,
-    /// The compute dtype [default: auto].
+    /// The compute dtype: auto, or the device's own (float32 on the CPU, bfloat16 on the
+    /// GPU) [default: auto].
     #[arg(long)]
     pub dtype: Option<DtypeChoice>,
     /// The most sequences in one step [default: 64].

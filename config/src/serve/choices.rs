@@ -20,6 +20,15 @@ impl DeviceKind {
             DeviceKind::Cuda => "cuda",
         }
     }
+
+    /// The dtype this device's backend computes in: float32 on the CPU, bfloat16 on the
+    /// GPU. `auto` means this one; any other choice is refused.
+    pub fn compute_dtype(self) -> DtypeChoice {
+        match self {
+            DeviceKind::Cpu => DtypeChoice::Float32,
+            DeviceKind::Cuda => DtypeChoice::Bfloat16,
+        }
+    }
 }
 
 /// How draft tokens are proposed for speculative decoding.
@@ -46,7 +55,8 @@ impl SpeculativeMethod {
     }
 }
 
-/// The dtype the weights and activations are computed in.
+/// The dtype the weights and activations are computed in. Each backend computes in one
+/// ([`DeviceKind::compute_dtype`]); `--dtype` names it or says `auto`.
 #[derive(clap::ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum DtypeChoice {

@@ -149,6 +149,7 @@ impl ServeConfig {
         let config = Self::fill(flags.over(below));
         config.validate_speculation(file.map(|(path, _)| path))?;
         config.validate_graph_sizes(file.map(|(path, _)| path))?;
+        config.validate_dtype(file.map(|(path, _)| path))?;
         Ok(config)
     }
 

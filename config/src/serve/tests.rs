@@ -559,3 +559,27 @@ fn async_scheduling_is_on_unless_the_file_or_the_flag_turns_it_off() {
             .async_scheduling
     );
 }
+
+#[test]
+fn dtype_is_the_devices_own_or_auto_and_anything_else_is_refused() {
+    for (device, own) in [("cpu", "float32"), ("cuda", "bfloat16")] {
+        for dtype in ["auto", own] {
+            let config = from_file("", &["--device", device, "--dtype", dtype]).expect("loads");
+            assert_eq!(config.dtype.as_str(), dtype);
+        }
+        for dtype in ["float16", "bfloat16", "float32"]
+            .into_iter()
+            .filter(|d| *d != own)
+        {
+            let err = from_file("", &["--device", device, "--dtype", dtype])
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains("--dtype") && err.contains(dtype) && err.contains(own),
+                "{err}"
+            );
+        }
+    }
+    let err = error("dtype = \"float16\"");
+    assert!(err.contains("config.toml: dtype"), "{err}");
+}

@@ -1,6 +1,6 @@
 //! Range checks on one layer, so that an error names the file key or the flag that set it.
 
-use super::{ConfigError, DeviceKind, Layer, Origin, ServeConfig, SpeculativeMethod};
+use super::{ConfigError, DeviceKind, DtypeChoice, Layer, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
 
 /// The most draft tokens per step (the accepted-length histogram's buckets stop there).
@@ -167,6 +167,30 @@ impl ServeConfig {
 }
 
 impl ServeConfig {
+    /// Refuses a dtype the device's backend does not compute in (`auto` is always its
+    /// own), rather than accepting it and computing in another; `file` names the config
+    /// file, if any, in the error.
+    pub(super) fn validate_dtype(&self, file: Option<&Path>) -> Result<(), ConfigError> {
+        let own = self.device.compute_dtype();
+        if self.dtype == DtypeChoice::Auto || self.dtype == own {
+            return Ok(());
+        }
+        let flag = Origin::Flags.name("dtype");
+        Err(ConfigError::Invalid {
+            at: match file {
+                Some(path) => format!("{flag} (or {}: dtype)", path.display()),
+                None => flag,
+            },
+            reason: format!(
+                "{} is not supported by the {} backend, which computes in {}: use auto or {}",
+                self.dtype.as_str(),
+                self.device.as_str(),
+                own.as_str(),
+                own.as_str()
+            ),
+        })
+    }
+
     /// Refuses a graph size past `max_num_seqs` once the file and the flags are merged
     /// (such a graph would never replay; on a reload that lowers `max_num_seqs`, lower the
     /// sizes with it); `file` names the config file, if any, in the error.
