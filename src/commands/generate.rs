@@ -10,6 +10,29 @@ use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use std::io::Write;
 
+/// The request `generate` runs: the tokenizer's end-of-sequence ids end it (besides the
+/// model's own) unless `ignore_eos`.
+fn request(
+    prompt: Vec<u32>,
+    params: SamplingParams,
+    max_tokens: usize,
+    tokenizer_eos: &[u32],
+    ignore_eos: bool,
+) -> GenerationRequest {
+    let stop_token_ids = if ignore_eos {
+        Vec::new()
+    } else {
+        tokenizer_eos.to_vec()
+    };
+    GenerationRequest {
+        prompt,
+        params,
+        max_tokens,
+        stop_token_ids,
+        ignore_eos,
+    }
+}
+
 /// Loads the model, generates, and prints the text as it comes.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let params = SamplingParams {
@@ -45,13 +68,13 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     };
     let blocks = cache.num_blocks(model.kv_bytes_per_token(), prompt.len() + args.max_tokens)?;
     let mut generator = Generator::new(model, blocks, args.block_size);
-    let request = GenerationRequest {
+    let request = request(
         prompt,
         params,
-        max_tokens: args.max_tokens,
-        stop_token_ids: tokenizer.eos_token_ids().to_vec(),
-        ignore_eos: args.ignore_eos,
-    };
+        args.max_tokens,
+        tokenizer.eos_token_ids(),
+        args.ignore_eos,
+    );
     let mut stream = tokenizer.decode_stream(true);
     let mut stdout = std::io::stdout().lock();
     let mut failed = None;
@@ -77,4 +100,20 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         stats.finish_reason,
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ignore_eos_drops_the_tokenizers_end_of_sequence_ids_too() {
+        let params = SamplingParams::greedy();
+        let ignoring = request(vec![1], params.clone(), 5, &[2, 3], true);
+        assert!(ignoring.ignore_eos);
+        assert!(ignoring.stop_token_ids.is_empty(), "{ignoring:?}");
+        let stopping = request(vec![1], params, 5, &[2, 3], false);
+        assert_eq!(stopping.stop_token_ids, [2, 3]);
+        assert!(!stopping.ignore_eos);
+    }
 }
