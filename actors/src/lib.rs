@@ -1,13 +1,12 @@
-//! The serving runtime: the actors (scheduler, KV allocator, target runner; the gateway
-//! lives in the binary's `serve` command), the typed messages between them, and the
-//! single-request generator that `peregrine generate` drives; the DraftProposer and the
-//! speculation statistics.
-//! The GraphCaptureManager (`graphs`) captures the decode step per batch size; `capture`
-//! captures the target's and the draft's graphs together.
+//! The serving runtime: the actors (the HTTP gateway, the scheduler, the KV allocator, the
+//! target runner and its model backends, the draft proposer), the typed messages between
+//! them (`messages`), how they are assembled (`engine`), their metrics and speculation
+//! statistics; and the single-request generator that
+//! `peregrine generate` drives. The GraphCaptureManager (`graphs`) captures the decode
+//! step per batch size; `capture` captures the target's and the draft's graphs together.
 
 pub mod actor_thread;
 pub mod backend;
-pub mod block_pool;
 pub mod capture;
 pub mod draft;
 pub mod engine;
@@ -22,6 +21,5 @@ pub mod spec_alarm;
 pub mod spec_stats;
 pub mod target_runner;
 
-pub use block_pool::{BlockAllocation, BlockPool, OutOfBlocks};
 pub use generator::{GenerationRequest, GenerationStats, Generator};
 pub use messages::FinishReason;

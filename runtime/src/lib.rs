@@ -1,6 +1,6 @@
-//! Devices and memory: the `Device` a computation runs on, element types, host buffers and
-//! tensor views whose offsets are 64-bit, the staged inputs of captured graphs, and the CPU's
-//! pooled buffers and recorded graphs (`cpu_graph`).
+//! Memory and its addresses: the staged inputs of captured graphs (`staging`), the CPU's
+//! pooled buffers and recorded graphs (`cpu_graph`), and with the `cuda` feature the CUDA
+//! device, its streams, buffers and graphs and the NVRTC compiler with its cache (`cuda`).
 //!
 //! The CPU backend is always built; the CUDA backend (`cuda` module) comes with the `cuda`
 //! cargo feature.
@@ -8,15 +8,9 @@
 pub mod cpu_graph;
 #[cfg(feature = "cuda")]
 pub mod cuda;
-mod device;
-mod dtype;
 mod staging;
-mod tensor;
 
-pub use device::Device;
-pub use dtype::DType;
 pub use staging::{Padding, StageError, StagedInput, StagedView};
-pub use tensor::{Tensor, TensorError};
 
 // Every element and byte offset in Peregrine is computed in 64 bits; on the CPU backend
 // that is `usize`, so refuse to build where `usize` is narrower.

@@ -1,7 +1,8 @@
 //! GPU tests of the CUDA backend: every op against the CPU backend on fresh random inputs,
 //! the KV pool past 4 GiB, and the whole model. Each test skips itself (passing, with a
 //! note on stderr) on a machine without a CUDA device, so `cargo test --features cuda`
-//! still passes there; `scripts/gpu_tests.sh` runs them on the GPU machine.
+//! still passes there; `scripts/gpu_build.sh` builds them here and `scripts/gpu_run.sh
+//! tests` runs them on the GPU machine.
 
 #[path = "../common/mod.rs"]
 mod common;

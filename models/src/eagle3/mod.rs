@@ -1,4 +1,4 @@
-//! EAGLE-3 draft heads (reference: `/work/shared/reference/speculative-and-mla.md` §1).
+//! EAGLE-3 draft heads, in the format of the heads the EAGLE-3 authors publish.
 //!
 //! A head is one decoder layer over `2H`-wide input: the token's embedding next to a
 //! feature `g`, which at step 0 is `fc` of the target's auxiliary hidden states (the inputs

@@ -1,5 +1,6 @@
-//! A pool of KV cache blocks. Allocations give their blocks back when dropped, so an early
-//! return or a cancelled request cannot leak them.
+//! The single-request generator's pool of KV cache blocks (the serving engine's pool is
+//! the KV allocator's, `kv_allocator`). Allocations give their blocks back when dropped, so
+//! an early return cannot leak them.
 
 use std::sync::{Arc, Mutex};
 
@@ -11,11 +12,10 @@ pub struct OutOfBlocks {
     pub free: usize,
 }
 
-/// The free list of a pool of `num_blocks` blocks.
+/// The free list of a pool of blocks.
 #[derive(Clone)]
 pub struct BlockPool {
     free: Arc<Mutex<Vec<u32>>>,
-    num_blocks: u32,
 }
 
 /// Blocks held by one sequence, in order; dropping it frees them.
@@ -29,31 +29,7 @@ impl BlockPool {
     pub fn new(num_blocks: u32) -> BlockPool {
         BlockPool {
             free: Arc::new(Mutex::new((0..num_blocks).rev().collect())),
-            num_blocks,
         }
-    }
-
-    /// A pool that hands out the given free blocks in the given order, for placing
-    /// sequences anywhere in a larger cache.
-    pub fn with_free_order(num_blocks: u32, order: &[u32]) -> BlockPool {
-        assert!(
-            order.iter().all(|&b| b < num_blocks),
-            "block outside the pool"
-        );
-        BlockPool {
-            free: Arc::new(Mutex::new(order.iter().rev().copied().collect())),
-            num_blocks,
-        }
-    }
-
-    /// Total blocks in the pool.
-    pub fn num_blocks(&self) -> u32 {
-        self.num_blocks
-    }
-
-    /// Blocks free now.
-    pub fn num_free(&self) -> usize {
-        self.free.lock().expect("block pool lock").len()
     }
 
     /// An empty allocation that grows with [`BlockAllocation::grow_to`].
@@ -111,17 +87,10 @@ mod tests {
         assert_eq!(a.ids(), &[0, 1, 2]);
         let mut b = pool.empty();
         assert_eq!(b.grow_to(3), Err(OutOfBlocks { wanted: 3, free: 2 }));
-        assert_eq!(pool.num_free(), 2);
+        assert!(b.ids().is_empty(), "a failed grow takes nothing");
         drop(a);
         b.grow_to(4).unwrap();
-        assert_eq!(pool.num_free(), 1);
-    }
-
-    #[test]
-    fn free_order_places_blocks() {
-        let pool = BlockPool::with_free_order(70_000, &[65_535, 3, 65_536]);
-        let mut a = pool.empty();
-        a.grow_to(3).unwrap();
-        assert_eq!(a.ids(), &[65_535, 3, 65_536]);
+        let mut c = pool.empty();
+        assert_eq!(c.grow_to(2), Err(OutOfBlocks { wanted: 2, free: 1 }));
     }
 }

@@ -2,9 +2,11 @@
 //! over the paged KV cache. `peregrine generate` runs on it; the serving runtime's
 //! scheduler and target runner replace it for batched serving.
 
-use crate::block_pool::BlockPool;
+mod block_pool;
+
 use crate::messages::FinishReason;
 use anyhow::{bail, Context};
+use block_pool::BlockPool;
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
