@@ -8,7 +8,7 @@ use common::engine::{collect, counter, requests, run_all, solo, submit, tiny_bac
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{SchedulerLimits, Usage};
+use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
@@ -90,4 +90,30 @@ async fn a_repeated_prompt_hits_the_prefix_cache_with_identical_output() {
     assert_eq!(runs[1].1.cached_tokens, 32);
     assert_eq!(runs[0].0, runs[1].0);
     assert_eq!(runs[0].0, solo(dir.path(), &req, MAX_TOKENS)[0]);
+}
+
+/// A step that fails ends its requests with `Error` (not a shutdown's `Abort`) and makes
+/// the engine not live until a later step succeeds. A request whose sampling parameters
+/// the runner cannot set up (the gateway would have refused them) fails the step.
+#[tokio::test]
+async fn a_failed_step_ends_its_requests_with_error_and_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 79).write_hf(dir.path());
+    let (settings, kv_blocks) = settings(64, 4, 64);
+    let engine = start_engine(tiny_backend(dir.path(), kv_blocks), &settings, None).unwrap();
+    assert_eq!(engine.health.check(), Ok(()));
+    let broken = SamplingParams {
+        temperature: -1.0,
+        ..SamplingParams::greedy()
+    };
+    let prompt: Vec<u32> = (0..20).collect();
+    let rx = submit(&engine.scheduler, 1, &prompt, &broken, 4).await;
+    let (tokens, reason, _) = collect(rx).await;
+    assert_eq!((tokens.len(), reason), (0, FinishReason::Error));
+    let why = engine.health.check().unwrap_err();
+    assert!(why.contains("last step failed"), "{why}");
+    let rx = submit(&engine.scheduler, 2, &prompt, &SamplingParams::greedy(), 4).await;
+    let (tokens, reason, _) = collect(rx).await;
+    assert_eq!((tokens.len(), reason), (4, FinishReason::Length));
+    assert_eq!(engine.health.check(), Ok(()), "a step succeeded since");
 }

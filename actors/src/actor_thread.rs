@@ -5,6 +5,7 @@
 //! down at exit under a thread still freeing its graphs crashes the process.
 
 use crate::backend::ModelBackend;
+use crate::health::ThreadAlive;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
@@ -80,14 +81,23 @@ pub async fn reply_spinning<T>(mut rx: oneshot::Receiver<T>, spin: Duration) -> 
     rx.await.ok()
 }
 
-/// Says when an actor's thread has stopped and dropped what it drove.
-pub struct Stopped(oneshot::Receiver<()>);
+/// Says when an actor's thread has stopped and dropped what it drove, and whether it still
+/// runs.
+pub struct Stopped {
+    done: oneshot::Receiver<()>,
+    alive: ThreadAlive,
+}
 
 impl Stopped {
     /// Waits for the thread to stop (it stops once every handle to it is dropped).
     pub async fn wait(self) {
         // An Err means the thread is gone without a word (it panicked): stopped too.
-        let _ = self.0.await;
+        let _ = self.done.await;
+    }
+
+    /// Whether the thread still runs: false once it returned or panicked.
+    pub fn alive(&self) -> &ThreadAlive {
+        &self.alive
     }
 }
 
@@ -95,14 +105,20 @@ impl Stopped {
 /// before the returned [`Stopped`] fires.
 pub fn spawn_actor_thread(name: &str, body: impl FnOnce() + Send + 'static) -> Stopped {
     let (done, stopped) = oneshot::channel();
+    let alive = ThreadAlive::new();
+    let guard = alive.guard();
     std::thread::Builder::new()
         .name(name.into())
         .spawn(move || {
             body();
+            drop(guard);
             let _ = done.send(());
         })
         .unwrap_or_else(|e| panic!("spawning the {name} thread: {e}"));
-    Stopped(stopped)
+    Stopped {
+        done: stopped,
+        alive,
+    }
 }
 
 #[cfg(test)]
@@ -164,8 +180,25 @@ mod tests {
             let _state = state;
             for () in rx {}
         });
+        assert!(stopped.alive().is_alive());
         drop(tx);
+        let alive = stopped.alive().clone();
         stopped.wait().await;
         assert!(dropped.load(Ordering::SeqCst));
+        assert!(!alive.is_alive());
+    }
+
+    /// A thread that panics is reported dead, and its stop still fires.
+    #[tokio::test]
+    async fn a_thread_that_panics_is_not_alive() {
+        let (tx, rx) = crossbeam_channel::unbounded::<()>();
+        let stopped = spawn_actor_thread("test-actor", move || {
+            rx.recv().unwrap();
+            panic!("injected");
+        });
+        tx.send(()).unwrap();
+        let alive = stopped.alive().clone();
+        stopped.wait().await;
+        assert!(!alive.is_alive());
     }
 }

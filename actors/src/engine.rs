@@ -5,13 +5,14 @@ use crate::actor_thread::{Spin, Stopped};
 use crate::backend::{ModelBackend, StepCapacity};
 use crate::capture::GraphCapture;
 use crate::draft::{spawn_proposer, DraftMethod};
+use crate::health::EngineHealth;
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
 use crate::target_runner::TargetRunner;
 use anyhow::bail;
 use tokio::sync::mpsc;
-use tracing::info;
+use tracing::{info, warn};
 
 /// How the engine is cut.
 #[derive(Clone, Debug)]
@@ -37,6 +38,8 @@ pub struct Engine {
     pub capacity: Option<StepCapacity>,
     /// Captures the target's and the draft's graphs, at start-up and on reload.
     pub graphs: GraphCapture,
+    /// The engine's liveness (its steps' outcomes, its threads), for `/health`.
+    pub health: EngineHealth,
     /// Fires when the runner's and the proposer's threads have stopped.
     stopped: EngineStopped,
 }
@@ -130,6 +133,16 @@ pub fn start_engine(
         tokens = num_blocks as u64 * settings.block_size as u64,
         "KV pool"
     );
+    let cache_tokens = num_blocks as usize * settings.block_size;
+    if cache_tokens < max_model_len {
+        warn!(
+            cache_tokens,
+            max_model_len,
+            "the KV cache cannot hold one sequence of max_model_len tokens: a request's \
+             prompt plus output is limited to what the cache holds (raise the KV memory \
+             or lower --max-model-len)"
+        );
+    }
     let setup = SchedulerSetup {
         limits: settings.limits,
         max_model_len,
@@ -142,20 +155,24 @@ pub fn start_engine(
     let spin = Spin::for_backend(backend.as_ref());
     let decode_ahead = settings.async_scheduling && drafter.is_none();
     let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, decode_ahead);
+    let health = EngineHealth::default();
+    health.watch("target runner", runner_stopped.alive());
     let mut stopped = vec![runner_stopped];
     let proposer =
         drafter
             .map(|drafter| spawn_proposer(drafter, spin))
             .map(|(proposer, proposer_stopped)| {
+                health.watch("draft proposer", proposer_stopped.alive());
                 stopped.push(proposer_stopped);
                 proposer
             });
     Ok(Engine {
-        scheduler: Scheduler::spawn(setup, kv, runner.clone(), proposer.clone()),
+        scheduler: Scheduler::spawn(setup, kv, runner.clone(), proposer.clone(), health.clone()),
         num_blocks,
         max_model_len,
         capacity,
         graphs: GraphCapture::new(runner, proposer),
+        health,
         stopped: EngineStopped(stopped),
     })
 }

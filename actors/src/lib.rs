@@ -1,7 +1,7 @@
 //! The serving runtime: the actors (the HTTP gateway, the scheduler, the KV allocator, the
 //! target runner and its model backends, the draft proposer), the typed messages between
-//! them (`messages`), how they are assembled (`engine`), their metrics and speculation
-//! statistics; and the single-request generator that
+//! them (`messages`), how they are assembled (`engine`), their metrics, liveness
+//! (`health`) and speculation statistics; and the single-request generator that
 //! `peregrine generate` drives. The GraphCaptureManager (`graphs`) captures the decode
 //! step per batch size; `capture` captures the target's and the draft's graphs together.
 
@@ -13,6 +13,7 @@ pub mod engine;
 pub mod gateway;
 pub mod generator;
 pub mod graphs;
+pub mod health;
 pub mod kv_allocator;
 pub mod messages;
 pub mod metrics;

@@ -79,12 +79,14 @@ pub struct Usage {
 /// Why a request ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
-    /// An end-of-sequence or stop token.
+    /// An end-of-sequence or stop token, or a stop string the gateway found.
     Stop,
     /// `max_tokens` reached.
     Length,
-    /// Cancelled: the client went away, a stop string was found, or the server shut down.
+    /// Cancelled: the client went away, or the server shut down.
     Abort,
+    /// The engine failed while running it (a step failed or a runner thread died).
+    Error,
 }
 
 impl FinishReason {
@@ -94,6 +96,7 @@ impl FinishReason {
             FinishReason::Stop => "stop",
             FinishReason::Length => "length",
             FinishReason::Abort => "abort",
+            FinishReason::Error => "error",
         }
     }
 }
@@ -118,8 +121,12 @@ pub enum SubmitError {
         max_tokens: usize,
         max_model_len: usize,
     },
-    #[error("the prompt needs {needed} KV blocks but the whole cache holds {total}")]
-    CacheTooSmall { needed: usize, total: usize },
+    #[error("the prompt ({prompt} tokens) plus max_tokens ({max_tokens}) exceeds what the whole KV cache holds, {cache_tokens} tokens")]
+    CacheTooSmall {
+        prompt: usize,
+        max_tokens: usize,
+        cache_tokens: usize,
+    },
     #[error("the server is shutting down")]
     ShuttingDown,
 }
@@ -140,8 +147,8 @@ pub struct SchedulerLimits {
 pub enum SchedulerMsg {
     /// A new request; the reply says whether it was queued.
     Submit(GenerateRequest, oneshot::Sender<Result<(), SubmitError>>),
-    /// Cancel a request (a stop string was found, or the client went away).
-    Abort(RequestId),
+    /// End a request as `stop`: the gateway found one of its stop strings in the text.
+    Stop(RequestId),
     /// New limits from a configuration reload.
     Reconfigure(SchedulerLimits, oneshot::Sender<()>),
     /// Stop accepting, let running requests finish until `deadline`, then cancel the rest;

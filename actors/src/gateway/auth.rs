@@ -6,6 +6,8 @@ use std::future::{ready, Ready};
 use actix_web::dev::Payload;
 use actix_web::http::header::AUTHORIZATION;
 use actix_web::{web, FromRequest, HttpRequest};
+use sha2::{Digest, Sha256};
+use subtle::{Choice, ConstantTimeEq};
 
 use super::errors::ApiError;
 use super::state::GatewayState;
@@ -32,7 +34,7 @@ impl FromRequest for ApiKeyAuth {
                 None => Err(ApiError::unauthorized(
                     "missing API key: send it as `Authorization: Bearer <key>`",
                 )),
-                Some(key) if config.api_keys.iter().any(|k| same(k, key)) => Ok(Self),
+                Some(key) if matches_any(&config.api_keys, key) => Ok(Self),
                 Some(_) => Err(ApiError::unauthorized("invalid API key")),
             }
         }))
@@ -54,7 +56,7 @@ impl FromRequest for AdminAuth {
                 None => Err(ApiError::unauthorized(
                     "missing admin token: send it as `Authorization: Bearer <token>`",
                 )),
-                Some(given) if same(&token, given) => Ok(Self),
+                Some(given) if matches_any(std::slice::from_ref(&token), given) => Ok(Self),
                 Some(_) => Err(ApiError::unauthorized("invalid admin token")),
             }
         }))
@@ -75,10 +77,19 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Compares secrets in time that does not depend on where they first differ.
-fn same(expected: &str, given: &str) -> bool {
-    let (a, b) = (expected.as_bytes(), given.as_bytes());
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Whether `given` is one of `secrets`, in time that depends neither on where a secret
+/// first differs from it, nor on their lengths, nor on which secret matched: each side is
+/// hashed to a fixed-length digest and every secret's digest is compared with `subtle`'s
+/// constant-time equality, with no early exit.
+fn matches_any(secrets: &[String], given: &str) -> bool {
+    let given = Sha256::digest(given.as_bytes());
+    let found = secrets.iter().fold(Choice::from(0), |found, secret| {
+        found
+            | Sha256::digest(secret.as_bytes())
+                .as_slice()
+                .ct_eq(given.as_slice())
+    });
+    found.into()
 }
 
 #[cfg(test)]
@@ -101,9 +112,14 @@ mod tests {
 
     #[test]
     fn secrets_compare_exactly() {
-        assert!(same("secret", "secret"));
-        assert!(!same("secret", "secreT"));
-        assert!(!same("secret", "secret2"));
-        assert!(!same("", "x"));
+        let keys = ["k1".to_owned(), "secret".to_owned(), "k3".to_owned()];
+        assert!(matches_any(&keys, "secret"));
+        assert!(matches_any(&keys, "k1"));
+        assert!(matches_any(&keys, "k3"));
+        assert!(!matches_any(&keys, "secreT"));
+        assert!(!matches_any(&keys, "secret2"));
+        assert!(!matches_any(&keys, "k"));
+        assert!(!matches_any(&keys, ""));
+        assert!(!matches_any(&[], "x"));
     }
 }

@@ -1,8 +1,12 @@
-//! Request bodies: read as JSON under a size limit, then turned into typed requests with
-//! the path of the offending field in every error (`messages[0].content: invalid type…`).
+//! Request bodies: declared JSON (or not declared at all), read under a size limit, then
+//! turned into typed requests with the path of the offending field in every error
+//! (`messages[0].content: invalid type…`).
 
+use std::future::{ready, Ready};
+
+use actix_web::dev::Payload;
 use actix_web::error::{JsonPayloadError, PayloadError};
-use actix_web::web;
+use actix_web::{web, FromRequest, HttpMessage, HttpRequest};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
@@ -11,8 +15,35 @@ use super::errors::ApiError;
 /// The largest request body accepted, in bytes.
 pub const MAX_BODY_BYTES: usize = 16 << 20;
 
-/// How JSON bodies are read: up to [`MAX_BODY_BYTES`] (else 413), whatever the
-/// `Content-Type` says (as `curl -d` sends a form type), with errors in OpenAI's shape.
+/// Proof that the request's `Content-Type` is JSON (`application/json`, `…+json`) or
+/// absent; anything else is refused with 415 before the body is read. Put it before the
+/// `web::Json` argument of a handler.
+#[derive(Debug)]
+pub struct JsonContent;
+
+impl FromRequest for JsonContent {
+    type Error = ApiError;
+    type Future = Ready<Result<Self, ApiError>>;
+
+    fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
+        ready(match req.mime_type() {
+            Ok(None) => Ok(Self),
+            Ok(Some(mime))
+                if mime.subtype() == actix_web::mime::JSON
+                    || mime.suffix() == Some(actix_web::mime::JSON) =>
+            {
+                Ok(Self)
+            }
+            _ => Err(ApiError::unsupported_media_type(format!(
+                "the request body must be JSON (`Content-Type: application/json`), not `{}`",
+                req.content_type()
+            ))),
+        })
+    }
+}
+
+/// How JSON bodies are read: up to [`MAX_BODY_BYTES`] (else 413), with errors in OpenAI's
+/// shape. The `Content-Type` is checked before, by [`JsonContent`].
 pub fn json_config() -> web::JsonConfig {
     web::JsonConfig::default()
         .limit(MAX_BODY_BYTES)

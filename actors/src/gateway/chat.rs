@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::parse;
+use super::body::{parse, JsonContent};
 use super::context::RequestContext;
 use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
@@ -21,10 +21,12 @@ use super::protocol::response::{
 };
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
+use super::unsupported;
 
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
+    _json: JsonContent,
     request: HttpRequest,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
@@ -43,11 +45,11 @@ async fn handle(
     peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
+    unsupported::check(&body)?;
     let fields: GenerationFields = parse(&body)?;
     let own: ChatFields = parse(&body)?;
     let config = state.config.get();
     check_model(fields.model.as_deref(), &config)?;
-    check_unsupported(&own)?;
     let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
         (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
         (false, Some(top)) if top > 0 => {
@@ -77,7 +79,7 @@ async fn handle(
         max_tokens,
         logprobs,
     };
-    let plan = plan(fields, input, &config, state.model.max_model_len)?;
+    let plan = plan(fields, input, &config, state.model.sequence_limits())?;
     let (stream, include_usage) = (plan.stream, plan.include_usage);
     let generation = Generation::start(state, context, plan).await?;
     let format = ChatFormat {
@@ -110,23 +112,6 @@ async fn handle(
         finish_reason: Some(reason),
     };
     Ok(HttpResponse::Ok().json(format.wrap("chat.completion", vec![choice], Some(usage))))
-}
-
-/// Refuses tools and structured output rather than ignoring them.
-fn check_unsupported(own: &ChatFields) -> Result<(), ApiError> {
-    if own.tools.as_ref().is_some_and(|tools| !tools.is_empty()) {
-        return Err(ApiError::invalid("tools", "tool calling is not supported"));
-    }
-    match &own.response_format {
-        Some(format) if format.kind != "text" => Err(ApiError::invalid(
-            "response_format",
-            format!(
-                "only `{{\"type\": \"text\"}}` is supported, not `{}`",
-                format.kind
-            ),
-        )),
-        _ => Ok(()),
-    }
 }
 
 /// The chat wording of responses and chunks.

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::parse;
+use super::body::{parse, JsonContent};
 use super::context::RequestContext;
 use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
@@ -17,10 +17,12 @@ use super::protocol::request::{CompletionFields, GenerationFields};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
+use super::unsupported;
 
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
+    _json: JsonContent,
     request: HttpRequest,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
@@ -39,16 +41,11 @@ async fn handle(
     peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
+    unsupported::check(&body)?;
     let fields: GenerationFields = parse(&body)?;
     let own: CompletionFields = parse(&body)?;
     let config = state.config.get();
     check_model(fields.model.as_deref(), &config)?;
-    if own.echo == Some(true) {
-        return Err(ApiError::invalid("echo", "`echo` is not supported"));
-    }
-    if own.suffix.is_some() {
-        return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
-    }
     let logprobs = own
         .logprobs
         .map(|count| logprobs_count("logprobs", count))
@@ -60,7 +57,7 @@ async fn handle(
         max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
         logprobs,
     };
-    let plan = plan(fields, input, &config, state.model.max_model_len)?;
+    let plan = plan(fields, input, &config, state.model.sequence_limits())?;
     let (stream, include_usage) = (plan.stream, plan.include_usage);
     let generation = Generation::start(state, context, plan).await?;
     let mut format = CompletionFormat {

@@ -7,6 +7,7 @@ use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 use super::errors::ApiError;
+use crate::health::EngineHealth;
 use crate::messages::{
     GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, SubmitError,
 };
@@ -31,20 +32,33 @@ impl From<EngineError> for ApiError {
     }
 }
 
-/// A cheap-to-clone handle that sends [`SchedulerMsg`]s and numbers requests.
+/// A cheap-to-clone handle that sends [`SchedulerMsg`]s, numbers requests and reads the
+/// engine's liveness.
 #[derive(Clone, Debug)]
 pub struct EngineClient {
     scheduler: mpsc::Sender<SchedulerMsg>,
+    health: EngineHealth,
     next_id: Arc<AtomicU64>,
 }
 
 impl EngineClient {
-    /// A client of the scheduler listening on `scheduler`.
-    pub fn new(scheduler: mpsc::Sender<SchedulerMsg>) -> Self {
+    /// A client of the scheduler listening on `scheduler`, whose engine records its
+    /// liveness in `health`.
+    pub fn new(scheduler: mpsc::Sender<SchedulerMsg>, health: EngineHealth) -> Self {
         Self {
             scheduler,
+            health,
             next_id: Arc::new(AtomicU64::new(1)),
         }
+    }
+
+    /// `Ok` while the engine is live: its scheduler runs, its threads run and its last
+    /// step succeeded; else why it is not.
+    pub fn health(&self) -> Result<(), String> {
+        if self.scheduler.is_closed() {
+            return Err("the engine's scheduler has stopped".into());
+        }
+        self.health.check()
     }
 
     /// A fresh request id, unique among this client and its clones.
@@ -75,10 +89,11 @@ impl EngineClient {
         Ok(receiver)
     }
 
-    /// Asks the scheduler to cancel request `id`; a scheduler that is gone needs no asking.
-    pub async fn abort(&self, id: RequestId) {
-        if self.scheduler.send(SchedulerMsg::Abort(id)).await.is_err() {
-            tracing::debug!(%id, "abort not sent: the scheduler is gone");
+    /// Asks the scheduler to end request `id` as `stop` (a stop string ended its text); a
+    /// scheduler that is gone needs no asking.
+    pub async fn stop(&self, id: RequestId) {
+        if self.scheduler.send(SchedulerMsg::Stop(id)).await.is_err() {
+            tracing::debug!(%id, "stop not sent: the scheduler is gone");
         }
     }
 }

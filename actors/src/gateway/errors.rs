@@ -86,6 +86,11 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, message)
     }
 
+    /// 415: the request body is not JSON.
+    pub fn unsupported_media_type(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, message)
+    }
+
     /// 429: the waiting queue is full.
     pub fn rate_limited(message: impl Into<String>) -> Self {
         Self::new(StatusCode::TOO_MANY_REQUESTS, message)
@@ -163,7 +168,7 @@ impl From<SubmitError> for ApiError {
         match err {
             SubmitError::QueueFull { .. } => Self::rate_limited(message),
             SubmitError::TooLong { .. } => Self::invalid("max_tokens", message),
-            SubmitError::CacheTooSmall { .. } => Self::invalid("prompt", message),
+            SubmitError::CacheTooSmall { .. } => Self::invalid("max_tokens", message),
             SubmitError::ShuttingDown => Self::unavailable(message),
         }
     }

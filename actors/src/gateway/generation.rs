@@ -214,8 +214,7 @@ impl Generation {
                 Some(Matched::Released(text)) => delta.text.push_str(&text),
                 Some(Matched::Stopped(text)) => {
                     delta.text.push_str(&text);
-                    self.engine.abort(self.id).await;
-                    let usage = UsageOut::counted(self.prompt_tokens, self.completion_tokens);
+                    let usage = self.usage_at_stop().await;
                     return Ok(Step::Finished(Finish {
                         delta,
                         reason: "stop",
@@ -227,11 +226,42 @@ impl Generation {
         Ok(Step::Delta(delta))
     }
 
+    /// The usage of a request that a stop string ended: the engine is told to stop it and
+    /// its final report (prefix-cache hits, speculation counts) is awaited, with the
+    /// completion tokens counted up to the token that completed the stop string (the engine
+    /// may have generated more by then). Without an engine to report, the gateway's own
+    /// counts.
+    async fn usage_at_stop(&mut self) -> UsageOut {
+        self.engine.stop(self.id).await;
+        let completion_tokens = self.completion_tokens;
+        loop {
+            match self.events.recv().await {
+                Some(RequestEvent::Tokens(_)) => {}
+                Some(RequestEvent::Finished { usage, .. }) => {
+                    let usage = Usage {
+                        completion_tokens,
+                        ..usage
+                    };
+                    return UsageOut::reported(usage, self.spec_details);
+                }
+                None => return UsageOut::counted(self.prompt_tokens, completion_tokens),
+            }
+        }
+    }
+
     fn on_finished(&mut self, reason: FinishReason, usage: Usage) -> Result<Step, ApiError> {
-        if reason == FinishReason::Abort {
-            return Err(ApiError::unavailable(
-                "the request was cancelled before it finished (the server is shutting down)",
-            ));
+        match reason {
+            FinishReason::Abort => {
+                return Err(ApiError::unavailable(
+                    "the request was cancelled before it finished (the server is shutting down)",
+                ))
+            }
+            FinishReason::Error => {
+                return Err(ApiError::internal(
+                    "the engine failed while running the request (the server log says why)",
+                ))
+            }
+            FinishReason::Stop | FinishReason::Length => {}
         }
         let tail = match self.decoder.take() {
             Some(decoder) => decoder.finish().map_err(decode_error)?,

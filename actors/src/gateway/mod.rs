@@ -26,6 +26,7 @@ mod sse;
 mod state;
 mod stop;
 mod tokenize;
+mod unsupported;
 
 #[cfg(test)]
 mod tests;

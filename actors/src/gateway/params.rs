@@ -7,7 +7,7 @@ use peregrine_ops::sampling::{SamplingError, SamplingParams};
 
 use super::errors::ApiError;
 use super::protocol::request::GenerationFields;
-use super::state::GatewayConfig;
+use super::state::{GatewayConfig, SequenceLimits};
 use crate::messages::RequestSpec;
 use crate::messages::SubmitError;
 
@@ -65,16 +65,15 @@ pub fn logprobs_count(param: &'static str, value: i64) -> Result<usize, ApiError
 }
 
 /// Checks `fields` (all but `model`: see [`check_model`]) and fills in the defaults of
-/// `config`.
+/// `config`, within `limits`.
 pub fn plan(
     fields: GenerationFields,
     input: EndpointInput,
     config: &GatewayConfig,
-    max_model_len: usize,
+    limits: SequenceLimits,
 ) -> Result<Plan, ApiError> {
-    check_unsupported(&fields)?;
     let params = sampling(&fields, &config.default_sampling)?;
-    let max_tokens = max_tokens(input.max_tokens, input.prompt.len(), config, max_model_len)?;
+    let max_tokens = max_tokens(input.max_tokens, input.prompt.len(), config, limits)?;
     let stop = fields.stop.map(|stop| stop.into_vec()).unwrap_or_default();
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
@@ -106,29 +105,6 @@ pub fn plan(
     })
 }
 
-/// Refuses what Peregrine does not do rather than ignoring it.
-fn check_unsupported(fields: &GenerationFields) -> Result<(), ApiError> {
-    for (param, value) in [("n", fields.n), ("best_of", fields.best_of)] {
-        if let Some(value) = value.filter(|&value| value != 1) {
-            return Err(ApiError::invalid(
-                param,
-                format!("only `{param}` = 1 is supported, got {value}"),
-            ));
-        }
-    }
-    if fields
-        .logit_bias
-        .as_ref()
-        .is_some_and(|bias| !bias.is_empty())
-    {
-        return Err(ApiError::invalid(
-            "logit_bias",
-            "`logit_bias` is not supported",
-        ));
-    }
-    Ok(())
-}
-
 /// The request's sampling parameters over `defaults`, validated.
 fn sampling(
     fields: &GenerationFields,
@@ -146,7 +122,8 @@ fn sampling(
         frequency_penalty: fields
             .frequency_penalty
             .unwrap_or(defaults.frequency_penalty),
-        seed: fields.seed.or(defaults.seed),
+        // A signed seed keeps its 64 bits: -1 and 2^64 - 1 are one seed.
+        seed: fields.seed.map(|seed| seed as u64).or(defaults.seed),
     };
     params.validate().map_err(|err| match err {
         SamplingError::Invalid { field, .. } => ApiError::invalid(field, err.to_string()),
@@ -155,23 +132,39 @@ fn sampling(
     Ok(params)
 }
 
-/// The output limit: the request's (at least 1, and fitting in the context with the
-/// prompt), else the configured default capped at what the context leaves, else all of it.
+/// The output limit: the request's (at least 1, and fitting with the prompt both in the
+/// context and in the KV cache), else the configured default capped at what both leave,
+/// else all of that.
 fn max_tokens(
     requested: Option<(&'static str, i64)>,
     prompt: usize,
     config: &GatewayConfig,
-    max_model_len: usize,
+    limits: SequenceLimits,
 ) -> Result<usize, ApiError> {
-    let too_long = |param: &str, max_tokens: usize| {
-        let err = SubmitError::TooLong {
-            prompt,
-            max_tokens,
-            max_model_len,
+    let context_room = limits.max_model_len.saturating_sub(prompt);
+    let cache_room = limits.kv_cache_tokens.saturating_sub(prompt);
+    // What refuses `max_tokens` more than fits, naming `param` (or the prompt, when it
+    // fills the context or the cache alone: then no output fits).
+    let refuse = |param: &str, max_tokens: usize| {
+        let (room, err) = if max_tokens > context_room {
+            let err = SubmitError::TooLong {
+                prompt,
+                max_tokens,
+                max_model_len: limits.max_model_len,
+            };
+            (context_room, err)
+        } else {
+            let err = SubmitError::CacheTooSmall {
+                prompt,
+                max_tokens,
+                cache_tokens: limits.kv_cache_tokens,
+            };
+            (cache_room, err)
         };
-        ApiError::invalid(param, err.to_string())
+        let blamed = if room == 0 { "prompt" } else { param };
+        ApiError::invalid(blamed, err.to_string())
     };
-    let room = max_model_len.saturating_sub(prompt);
+    let room = context_room.min(cache_room);
     match requested {
         Some((param, value)) => {
             let wanted = usize::try_from(value)
@@ -181,13 +174,11 @@ fn max_tokens(
                     ApiError::invalid(param, format!("`{param}` must be at least 1, got {value}"))
                 })?;
             if wanted > room {
-                // A prompt that fills the context alone is the prompt's fault.
-                let blamed = if room == 0 { "prompt" } else { param };
-                return Err(too_long(blamed, wanted));
+                return Err(refuse(param, wanted));
             }
             Ok(wanted)
         }
-        None if room == 0 => Err(too_long("prompt", 1)),
+        None if room == 0 => Err(refuse("max_tokens", 1)),
         None => Ok(config
             .default_max_tokens
             .map_or(room, |default| default.clamp(1, room))),
@@ -221,8 +212,14 @@ mod tests {
             max_tokens: requested,
             logprobs: None,
         };
-        plan(fields, input, &config(), 64)
+        plan(fields, input, &config(), LIMITS)
     }
+
+    /// A 64-token context over a cache of 256 tokens.
+    const LIMITS: SequenceLimits = SequenceLimits {
+        max_model_len: 64,
+        kv_cache_tokens: 256,
+    };
 
     #[test]
     fn defaults_fill_the_gaps() {
@@ -246,13 +243,11 @@ mod tests {
             (json!({"max_tokens": 0}), "max_tokens"),
             (json!({"temperature": -0.5}), "temperature"),
             (json!({"top_p": 1.5}), "top_p"),
-            (json!({"n": 2}), "n"),
             (json!({"stop": ["a", ""]}), "stop"),
             (
                 json!({"stream_options": {"include_usage": true}}),
                 "stream_options",
             ),
-            (json!({"logit_bias": {"1": 5}}), "logit_bias"),
         ];
         for (body, param) in cases {
             let err = plan_of(body.clone(), 4).unwrap_err();
@@ -274,6 +269,53 @@ mod tests {
         );
         let err = plan_of(json!({}), 64).unwrap_err();
         assert!(err.message().contains("64 tokens"), "{err}");
+    }
+
+    #[test]
+    fn a_cache_smaller_than_the_context_bounds_max_tokens() {
+        let small = SequenceLimits {
+            max_model_len: 64,
+            kv_cache_tokens: 32,
+        };
+        let plan_in = |body: serde_json::Value, prompt: usize| {
+            let fields: GenerationFields = parse(&body)?;
+            let input = EndpointInput {
+                prompt: vec![1; prompt],
+                max_tokens: fields.max_tokens.map(|n| ("max_tokens", n)),
+                logprobs: None,
+            };
+            let mut config = config();
+            config.default_max_tokens = None;
+            plan(fields, input, &config, small)
+        };
+        let plan = plan_in(json!({}), 10).unwrap();
+        assert_eq!(
+            plan.submission.max_tokens, 22,
+            "the default is what the cache holds"
+        );
+        assert_eq!(
+            plan_in(json!({"max_tokens": 22}), 10)
+                .unwrap()
+                .submission
+                .max_tokens,
+            22
+        );
+        let err = plan_in(json!({"max_tokens": 23}), 10).unwrap_err();
+        assert_eq!(err.param(), Some("max_tokens"));
+        assert!(
+            err.message().contains("(10 tokens)")
+                && err.message().contains("(23)")
+                && err.message().contains("32 tokens"),
+            "{err}"
+        );
+        let err = plan_in(json!({}), 32).unwrap_err();
+        assert_eq!(
+            err.param(),
+            Some("prompt"),
+            "the prompt fills the cache: {err}"
+        );
+        let err = plan_in(json!({"max_tokens": 60}), 10).unwrap_err();
+        assert!(err.message().contains("maximum model length"), "{err}");
     }
 
     #[test]

@@ -25,6 +25,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::post().to(chat::create),
         ))
         .service(resource("/v1/models", web::get().to(info::models)))
+        .service(resource(
+            "/v1/models/{model:.+}",
+            web::get().to(info::model),
+        ))
         .service(resource("/tokenize", web::post().to(tokenize::tokenize)))
         .service(resource(
             "/detokenize",

@@ -84,6 +84,27 @@ pub struct ModelInfo {
     pub chat_template: Option<Arc<ChatTemplate>>,
     /// The most tokens (prompt plus output) one request may hold.
     pub max_model_len: usize,
+    /// The tokens the whole KV cache holds, which may be fewer than `max_model_len`.
+    pub kv_cache_tokens: usize,
+}
+
+impl ModelInfo {
+    /// How long one request's prompt plus output may be.
+    pub fn sequence_limits(&self) -> SequenceLimits {
+        SequenceLimits {
+            max_model_len: self.max_model_len,
+            kv_cache_tokens: self.kv_cache_tokens,
+        }
+    }
+}
+
+/// What bounds one request's prompt plus output: the context and the whole KV cache.
+#[derive(Clone, Copy, Debug)]
+pub struct SequenceLimits {
+    /// The model's context, as served.
+    pub max_model_len: usize,
+    /// The tokens the whole KV cache holds.
+    pub kv_cache_tokens: usize,
 }
 
 /// The gateway's shared state; wrap it in `actix_web::web::Data` and add it as app data.

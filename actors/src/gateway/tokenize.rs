@@ -4,7 +4,7 @@ use actix_web::{web, HttpResponse};
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::parse;
+use super::body::{parse, JsonContent};
 use super::errors::ApiError;
 use super::params::check_model;
 use super::prompt::{encode, in_vocabulary, render_chat};
@@ -16,6 +16,7 @@ use super::state::GatewayState;
 /// Token ids of a prompt, or of a chat rendered with the template.
 pub async fn tokenize(
     _auth: ApiKeyAuth,
+    _json: JsonContent,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {
@@ -56,6 +57,7 @@ pub async fn tokenize(
 /// The text of token ids (special tokens included).
 pub async fn detokenize(
     _auth: ApiKeyAuth,
+    _json: JsonContent,
     state: web::Data<GatewayState>,
     body: web::Json<Value>,
 ) -> Result<HttpResponse, ApiError> {

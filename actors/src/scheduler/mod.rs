@@ -17,6 +17,7 @@
 mod seq;
 
 use crate::draft::DraftProposerHandle;
+use crate::health::EngineHealth;
 use crate::kv_allocator::KvAllocatorHandle;
 use crate::messages::{
     AdmitSeq, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, HiddenRows,
@@ -66,15 +67,19 @@ pub struct Scheduler {
     spec: SpecStats,
     kv_seen: KvUsage,
     draining: Option<(Instant, oneshot::Sender<()>)>,
+    /// Where each step's outcome goes, for `/health`.
+    health: EngineHealth,
 }
 
 impl Scheduler {
-    /// Starts the scheduler as a tokio task; returns the sender of its messages.
+    /// Starts the scheduler as a tokio task; returns the sender of its messages. Each
+    /// step's outcome is recorded in `health`.
     pub fn spawn(
         setup: SchedulerSetup,
         kv: KvAllocatorHandle,
         runner: TargetRunnerHandle,
         proposer: Option<DraftProposerHandle>,
+        health: EngineHealth,
     ) -> mpsc::Sender<SchedulerMsg> {
         let (tx, rx) = mpsc::channel(1024);
         let scheduler = Scheduler {
@@ -95,6 +100,7 @@ impl Scheduler {
             spec: SpecStats::new(),
             kv_seen: KvUsage::default(),
             draining: None,
+            health,
         };
         tokio::spawn(scheduler.run(rx));
         tx
@@ -130,15 +136,19 @@ impl Scheduler {
             self.cancel_disconnected();
             if let Some((deadline, _)) = &self.draining {
                 if Instant::now() >= *deadline {
-                    self.abort_all("shutdown deadline reached");
+                    self.abort_all(FinishReason::Abort, "shutdown deadline reached");
                 }
             }
             if self.seqs.is_empty() {
                 continue;
             }
-            if let Err(e) = self.step().await {
-                warn!("engine step failed: {e:#}");
-                self.abort_all("engine step failed");
+            match self.step().await {
+                Ok(()) => self.health.step_succeeded(),
+                Err(e) => {
+                    warn!("engine step failed: {e:#}");
+                    self.health.step_failed(format!("{e:#}"));
+                    self.abort_all(FinishReason::Error, "engine step failed");
+                }
             }
         }
     }
@@ -148,7 +158,7 @@ impl Scheduler {
             SchedulerMsg::Submit(req, reply) => {
                 let _ = reply.send(self.submit(req));
             }
-            SchedulerMsg::Abort(id) => self.finish(id, FinishReason::Abort),
+            SchedulerMsg::Stop(id) => self.finish(id, FinishReason::Stop),
             SchedulerMsg::Reconfigure(limits, reply) => {
                 info!(?limits, "scheduler limits reloaded");
                 self.setup.limits = limits;
@@ -178,11 +188,11 @@ impl Scheduler {
                 max_model_len: s.max_model_len,
             });
         }
-        let needed = total.div_ceil(s.block_size);
-        if needed > s.num_blocks {
+        if total.div_ceil(s.block_size) > s.num_blocks {
             return Err(SubmitError::CacheTooSmall {
-                needed,
-                total: s.num_blocks,
+                prompt: req.spec.prompt.len(),
+                max_tokens: req.spec.max_tokens,
+                cache_tokens: s.num_blocks * s.block_size,
             });
         }
         if self.waiting.len() >= s.limits.max_waiting {
@@ -219,13 +229,14 @@ impl Scheduler {
         info!(request_id = %id, reason = reason.as_str(), completion_tokens = usage.completion_tokens, "finished");
     }
 
-    fn abort_all(&mut self, why: &str) {
+    /// Ends every request with `reason`.
+    fn abort_all(&mut self, reason: FinishReason, why: &str) {
         let ids: Vec<RequestId> = self.seqs.keys().copied().collect();
         if !ids.is_empty() {
             warn!(requests = ids.len(), "aborting: {why}");
         }
         for id in ids {
-            self.finish(id, FinishReason::Abort);
+            self.finish(id, reason);
         }
     }
 

@@ -136,11 +136,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             log_level,
         );
         let state = web::Data::new(GatewayState::new(
-            EngineClient::new(engine.scheduler.clone()),
+            EngineClient::new(engine.scheduler.clone(), engine.health.clone()),
             ModelInfo {
                 tokenizer,
                 chat_template,
                 max_model_len: engine.max_model_len,
+                kv_cache_tokens: engine.num_blocks as usize * config.block_size,
             },
             shared,
             Arc::new(reloader.clone()),

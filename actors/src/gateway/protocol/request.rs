@@ -1,10 +1,11 @@
 //! Request bodies of `/v1/completions` and `/v1/chat/completions`. A body is read twice:
 //! once as [`GenerationFields`] (the fields both endpoints share) and once as the endpoint's
 //! own fields, so each struct derives `Deserialize` plainly and every error keeps its field
-//! path. Fields a request does not know are ignored, as OpenAI's clients send extras.
+//! path. Fields a request does not know are ignored, as OpenAI's clients send extras; the
+//! ones that would change what the output must be are refused first
+//! (`gateway/unsupported.rs`).
 
 use serde::Deserialize;
-use serde_json::{Map, Value};
 
 /// The fields both generation endpoints share.
 #[derive(Debug, Default, Deserialize)]
@@ -21,8 +22,9 @@ pub struct GenerationFields {
     pub top_k: Option<i32>,
     /// Drop tokens less likely than this fraction of the most likely.
     pub min_p: Option<f32>,
-    /// Seeds the request's RNG.
-    pub seed: Option<u64>,
+    /// Seeds the request's RNG: any signed 64-bit integer, as OpenAI's schema and vLLM
+    /// take it.
+    pub seed: Option<i64>,
     /// Strings that end the output (not included in it).
     pub stop: Option<Stop>,
     /// Token ids that end the output.
@@ -35,12 +37,6 @@ pub struct GenerationFields {
     pub frequency_penalty: Option<f32>,
     /// vLLM's repetition penalty.
     pub repetition_penalty: Option<f32>,
-    /// Choices to return; only 1 is supported.
-    pub n: Option<i64>,
-    /// Candidates to pick from; only 1 is supported.
-    pub best_of: Option<i64>,
-    /// Token biases; not supported.
-    pub logit_bias: Option<Map<String, Value>>,
     /// Scheduling priority: lower runs first.
     pub priority: Option<i32>,
     /// Stream the output as server-sent events.
@@ -85,10 +81,6 @@ pub struct CompletionFields {
     pub prompt: Prompt,
     /// Return the chosen token's logprob and this many alternatives.
     pub logprobs: Option<i64>,
-    /// Return the prompt before the completion; only `false` is supported.
-    pub echo: Option<bool>,
-    /// Text after the completion; not supported.
-    pub suffix: Option<String>,
     /// Add the tokenizer's special tokens (BOS) to a text prompt; default true.
     pub add_special_tokens: Option<bool>,
 }
@@ -120,18 +112,6 @@ pub struct ChatFields {
     pub top_logprobs: Option<i64>,
     /// End the prompt with the assistant's header; default true.
     pub add_generation_prompt: Option<bool>,
-    /// Tool definitions; not supported.
-    pub tools: Option<Vec<Value>>,
-    /// Output format; only `{"type": "text"}` is supported.
-    pub response_format: Option<ResponseFormat>,
-}
-
-/// `response_format`.
-#[derive(Debug, Deserialize)]
-pub struct ResponseFormat {
-    /// `text`, `json_object` or `json_schema`.
-    #[serde(rename = "type")]
-    pub kind: String,
 }
 
 /// One chat message of a request.

@@ -59,8 +59,8 @@ pub struct PromptTokensDetails {
 }
 
 impl UsageOut {
-    /// Usage counted by the gateway (the engine's report never came: a stop string ended
-    /// the request), without cache details.
+    /// Usage counted by the gateway (the engine's report never came: the engine stopped
+    /// before it could send one), without cache details.
     pub fn counted(prompt_tokens: usize, completion_tokens: usize) -> Self {
         Self {
             prompt_tokens,

@@ -2,7 +2,7 @@
 
 use serde_json::json;
 
-use super::{call, expect_error, json, post, Fixture, Script, MODEL};
+use super::{call, expect_error, json, post, Fixture, Script, CACHED_TOKENS, MODEL};
 
 #[actix_web::test]
 async fn chat_renders_the_template_and_answers() {
@@ -113,4 +113,25 @@ async fn chat_without_a_template_is_refused() {
     let response = call(&app, post("/v1/chat/completions", request)).await;
     let message = expect_error(response, 400, "invalid_request_error", None);
     assert!(message.contains("no chat template"), "{message}");
+}
+
+#[actix_web::test]
+async fn a_stop_string_keeps_the_engines_usage_details() {
+    let fixture = Fixture::new(Script::text("Hello world. More text"));
+    let app = fixture.app().await;
+    let request = json!({"messages": [{"role": "user", "content": "x"}], "stop": "world",
+        "return_spec_decode_stats": true});
+    let (status, body) = call(&app, post("/v1/chat/completions", request)).await;
+    assert_eq!(status, 200);
+    let body = json(&body);
+    assert_eq!(body["choices"][0]["message"]["content"], "Hello ");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let usage = &body["usage"];
+    assert_eq!(
+        usage["prompt_tokens_details"],
+        json!({"cached_tokens": CACHED_TOKENS})
+    );
+    assert_eq!(usage["spec_decode_details"]["num_drafts"], 2, "{usage}");
+    let generated = fixture.tokenizer.encode("Hello world", false).unwrap();
+    assert_eq!(usage["completion_tokens"], generated.len());
 }

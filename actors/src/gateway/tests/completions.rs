@@ -5,7 +5,7 @@ use std::time::Duration;
 use peregrine_ops::sampling::SamplingParams;
 use serde_json::{json, Value};
 
-use super::{call, expect_error, json, post, Fixture, Script, MAX_MODEL_LEN, MODEL};
+use super::{call, expect_error, json, post, Fixture, Script, CACHED_TOKENS, MAX_MODEL_LEN, MODEL};
 use crate::messages::{FinishReason, SubmitError};
 
 #[actix_web::test]
@@ -31,7 +31,8 @@ async fn completion_whole_response_has_text_usage_and_defaults() {
         .unwrap()
         .len();
     let usage = json!({"prompt_tokens": prompt.len(), "completion_tokens": completion,
-        "total_tokens": prompt.len() + completion, "prompt_tokens_details": {"cached_tokens": 0}});
+        "total_tokens": prompt.len() + completion,
+        "prompt_tokens_details": {"cached_tokens": CACHED_TOKENS}});
     assert_eq!(body["usage"], usage);
     let submitted = fixture.last_submitted();
     assert_eq!(submitted.prompt, prompt, "BOS added to a text prompt");
@@ -121,7 +122,7 @@ async fn completion_accepts_token_ids_and_one_item_lists() {
 }
 
 #[actix_web::test]
-async fn completion_stop_string_truncates_and_aborts() {
+async fn completion_stop_string_truncates_and_stops_the_request() {
     let mut fixture = Fixture::new(Script::text("Hello world. More text"));
     let app = fixture.app().await;
     let request = json!({"prompt": "Say hi", "stop": ["zzz", "world"]});
@@ -139,9 +140,13 @@ async fn completion_stop_string_truncates_and_aborts() {
         body["usage"]["completion_tokens"], generated,
         "counted up to the stop"
     );
-    assert!(body["usage"].get("prompt_tokens_details").is_none());
-    let aborted = tokio::time::timeout(Duration::from_secs(5), fixture.aborts.recv()).await;
-    assert_eq!(aborted.unwrap(), Some(fixture.last_submitted().id));
+    assert_eq!(
+        body["usage"]["prompt_tokens_details"],
+        json!({"cached_tokens": CACHED_TOKENS}),
+        "the engine's cache report survives a stop string"
+    );
+    let stopped = tokio::time::timeout(Duration::from_secs(5), fixture.stops.recv()).await;
+    assert_eq!(stopped.unwrap(), Some(fixture.last_submitted().id));
 }
 
 #[actix_web::test]

@@ -5,6 +5,8 @@ mod admin;
 mod auth;
 mod chat;
 mod completions;
+mod info;
+mod refused;
 mod streaming;
 mod tokenize;
 mod validation;
@@ -29,6 +31,7 @@ use super::{
     routes, AdminHooks, BoxFuture, EngineClient, GatewayConfig, GatewayState, ModelInfo,
     SharedConfig,
 };
+use crate::health::EngineHealth;
 use crate::messages::{
     FinishReason, GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerMsg, SubmitError,
     Usage,
@@ -36,8 +39,13 @@ use crate::messages::{
 
 /// The context length of the test model.
 pub const MAX_MODEL_LEN: usize = 128;
+/// The tokens the test engine's KV cache holds: more than one context, so that only a
+/// test that lowers it meets the cache's limit.
+pub const KV_CACHE_TOKENS: usize = 4 * MAX_MODEL_LEN;
 /// The served model's name.
 pub const MODEL: &str = "tiny";
+/// The prompt tokens the fake scheduler reports as served from the prefix cache.
+pub const CACHED_TOKENS: usize = 3;
 /// A ChatML-like template.
 pub const TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}\
 <|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
@@ -101,9 +109,11 @@ pub struct Fixture {
     pub state: web::Data<GatewayState>,
     pub tokenizer: Arc<Tokenizer>,
     pub submitted: Arc<Mutex<Vec<Submitted>>>,
-    pub aborts: mpsc::UnboundedReceiver<RequestId>,
+    pub stops: mpsc::UnboundedReceiver<RequestId>,
     /// Event senders of hanging requests, to see when the gateway lets go.
     pub held: Arc<Mutex<Vec<mpsc::UnboundedSender<RequestEvent>>>>,
+    /// The liveness `/health` reports.
+    pub health: EngineHealth,
     _dir: tempfile::TempDir,
 }
 
@@ -122,14 +132,14 @@ impl Fixture {
             Arc::new(ChatTemplate::new(source, bos, Some("<|eos|>".to_owned())).unwrap())
         });
         let (sender, receiver) = mpsc::channel(16);
-        let (abort_sender, aborts) = mpsc::unbounded_channel();
+        let (stop_sender, stops) = mpsc::unbounded_channel();
         let submitted = Arc::new(Mutex::new(Vec::new()));
         let held = Arc::new(Mutex::new(Vec::new()));
         let fake = FakeScheduler {
             script,
             tokenizer: Arc::clone(&tokenizer),
             submitted: Arc::clone(&submitted),
-            aborts: abort_sender,
+            stops: stop_sender,
             held: Arc::clone(&held),
         };
         tokio::spawn(fake.run(receiver));
@@ -144,18 +154,27 @@ impl Fixture {
             tokenizer: Arc::clone(&tokenizer),
             chat_template,
             max_model_len: MAX_MODEL_LEN,
+            kv_cache_tokens: KV_CACHE_TOKENS,
         };
         let admin = Arc::new(FakeAdmin {
             refuse: refuse.map(str::to_owned),
         });
         let metrics = Arc::new(|| "peregrine:num_requests_running 0\n".to_owned());
-        let state = GatewayState::new(EngineClient::new(sender), model, config, admin, metrics);
+        let health = EngineHealth::default();
+        let state = GatewayState::new(
+            EngineClient::new(sender, health.clone()),
+            model,
+            config,
+            admin,
+            metrics,
+        );
         Self {
             state: web::Data::new(state),
             tokenizer,
             submitted,
-            aborts,
+            stops,
             held,
+            health,
             _dir: dir,
         }
     }
@@ -244,7 +263,7 @@ struct FakeScheduler {
     script: Script,
     tokenizer: Arc<Tokenizer>,
     submitted: Arc<Mutex<Vec<Submitted>>>,
-    aborts: mpsc::UnboundedSender<RequestId>,
+    stops: mpsc::UnboundedSender<RequestId>,
     held: Arc<Mutex<Vec<mpsc::UnboundedSender<RequestEvent>>>>,
 }
 
@@ -269,8 +288,8 @@ impl FakeScheduler {
                         request.events,
                     );
                 }
-                SchedulerMsg::Abort(id) => {
-                    let _ = self.aborts.send(id);
+                SchedulerMsg::Stop(id) => {
+                    let _ = self.stops.send(id);
                 }
                 SchedulerMsg::Reconfigure(_, done) => {
                     let _ = done.send(());
@@ -314,7 +333,7 @@ impl FakeScheduler {
                 let usage = Usage {
                     prompt_tokens,
                     completion_tokens: ids.len(),
-                    cached_tokens: 0,
+                    cached_tokens: CACHED_TOKENS,
                     num_drafts: 2,
                     num_draft_tokens: 6,
                     num_accepted_tokens: 4,

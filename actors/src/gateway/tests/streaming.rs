@@ -10,7 +10,7 @@ use actix_web::test;
 use futures_util::future::poll_fn;
 use serde_json::{json, Value};
 
-use super::{post, sse_events, Fixture, Script, MODEL};
+use super::{post, sse_events, Fixture, Script, CACHED_TOKENS, MODEL};
 use crate::messages::FinishReason;
 
 /// The text of each chunk's first choice (`text` or `delta.content`).
@@ -82,8 +82,8 @@ async fn stream_holds_back_a_possible_stop_string() {
         chunks.last().unwrap()["choices"][0]["finish_reason"],
         "stop"
     );
-    let aborted = tokio::time::timeout(Duration::from_secs(5), fixture.aborts.recv()).await;
-    assert_eq!(aborted.unwrap(), Some(fixture.last_submitted().id));
+    let stopped = tokio::time::timeout(Duration::from_secs(5), fixture.stops.recv()).await;
+    assert_eq!(stopped.unwrap(), Some(fixture.last_submitted().id));
 }
 
 #[actix_web::test]
@@ -127,4 +127,39 @@ async fn dropping_the_stream_releases_the_request() {
         events.is_closed(),
         "the client went away: nothing holds the receiver"
     );
+}
+
+#[actix_web::test]
+async fn a_stop_string_keeps_the_engines_usage_in_the_usage_chunk() {
+    let fixture = Fixture::new(Script::Generate {
+        text: "Hello world. More".into(),
+        per_event: 1,
+        finish: FinishReason::Length,
+    });
+    let app = fixture.app().await;
+    for (uri, extra) in [
+        ("/v1/completions", json!({"prompt": "x"})),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        ),
+    ] {
+        let mut request = json!({"stream": true, "stop": "world",
+            "stream_options": {"include_usage": true}});
+        request
+            .as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let body = test::call_and_read_body(&app, post(uri, request)).await;
+        let (events, done) = sse_events(&body);
+        assert!(done, "{uri}");
+        let usage = &events.last().unwrap()["usage"];
+        assert_eq!(
+            usage["prompt_tokens_details"],
+            json!({"cached_tokens": CACHED_TOKENS}),
+            "{uri}: {usage}"
+        );
+        let generated = fixture.tokenizer.encode("Hello world", false).unwrap();
+        assert_eq!(usage["completion_tokens"], generated.len(), "{uri}");
+    }
 }
