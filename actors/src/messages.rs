@@ -159,7 +159,9 @@ pub enum SchedulerMsg {
     },
 }
 
-/// One sequence's work in a step.
+/// One sequence's work in a step. Its block table travels as a change to the one the
+/// runner holds for it: the runner keeps the first `kept_blocks` and appends
+/// `new_blocks`, so that a running sequence's step carries only the blocks it gained.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ScheduledSeq {
     pub id: RequestId,
@@ -167,8 +169,11 @@ pub struct ScheduledSeq {
     pub tokens: Vec<u32>,
     /// Tokens already in the cache (computed earlier or found in the prefix cache).
     pub num_cached: usize,
-    /// The sequence's blocks, covering `num_cached + tokens.len()`.
-    pub block_table: Vec<u32>,
+    /// How many blocks of the table the runner holds for the sequence stay (0 the first
+    /// time and after a preemption).
+    pub kept_blocks: usize,
+    /// The blocks after those: the table then covers `num_cached + tokens.len()`.
+    pub new_blocks: Vec<u32>,
     /// Sample a token after this chunk (false for a prompt chunk that is not the last).
     pub sample: bool,
     /// How many of the last `tokens` are draft tokens to verify (0: a plain chunk). The
@@ -196,13 +201,6 @@ pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
     /// Requests that ended since the last step: the runner drops their sampler state.
     pub released: Vec<RequestId>,
-}
-
-impl ScheduledBatch {
-    /// Real tokens in the batch.
-    pub fn num_tokens(&self) -> usize {
-        self.seqs.iter().map(|s| s.tokens.len()).sum()
-    }
 }
 
 /// What the runner produced for one sequence that asked for tokens.
@@ -263,14 +261,31 @@ pub enum RunnerMsg {
     CaptureGraphs(Option<CaptureSizes>, oneshot::Sender<anyhow::Result<()>>),
 }
 
-/// A running sequence the draft proposer drafts for this step.
+/// A running sequence a draft method drafts for: the whole of it, as the draft proposer
+/// holds it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ProposeSeq {
     pub id: RequestId,
     /// Every token the sequence holds: its prompt, then its output.
-    pub tokens: Arc<[u32]>,
+    pub tokens: Vec<u32>,
     /// Its blocks, covering the drafts' positions too.
     pub block_table: Vec<u32>,
+    /// The most drafts to propose.
+    pub max_drafts: usize,
+}
+
+/// A running sequence the draft proposer drafts for this step, as a change to what the
+/// proposer holds of it (nothing the first time and after a preemption): it keeps the first
+/// `kept_tokens` tokens and `kept_blocks` blocks and appends the new ones.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ProposeDelta {
+    pub id: RequestId,
+    pub kept_tokens: usize,
+    /// The tokens after those: the prompt's and the output's.
+    pub new_tokens: Vec<u32>,
+    pub kept_blocks: usize,
+    /// The blocks after those: the table then covers the drafts' positions too.
+    pub new_blocks: Vec<u32>,
     /// The most drafts to propose.
     pub max_drafts: usize,
 }
@@ -279,7 +294,7 @@ pub struct ProposeSeq {
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct Propose {
     pub step: u64,
-    pub seqs: Vec<ProposeSeq>,
+    pub seqs: Vec<ProposeDelta>,
     /// Requests that ended or were preempted since the last step: the proposer forgets
     /// their state (after taking `hidden`).
     pub released: Vec<RequestId>,

@@ -31,11 +31,28 @@ struct SeqSampling {
     max_tokens: usize,
 }
 
+/// A sequence of the step being run: the scheduler's [`ScheduledSeq`] with the whole
+/// block table the runner holds for it.
+struct RunSeq {
+    id: RequestId,
+    tokens: Vec<u32>,
+    num_cached: usize,
+    /// The sequence's blocks, covering `num_cached + tokens.len()`.
+    block_table: Vec<u32>,
+    /// How many of them it held before this step (the rest are new).
+    kept_blocks: usize,
+    sample: bool,
+    num_drafts: usize,
+}
+
 /// The runner's state, living on its thread.
 pub struct TargetRunner {
     model: Box<dyn ModelBackend>,
     block_size: usize,
     seqs: HashMap<RequestId, SeqSampling>,
+    /// Each running sequence's block table, kept from step to step: a step's
+    /// [`ScheduledSeq`] says how much of it stays and which blocks come after.
+    tables: HashMap<RequestId, Vec<u32>>,
     /// Whether greedy decode steps queue their successor ahead ([`decode_ahead`]).
     decode_ahead: bool,
     /// The step queued ahead after the last one, if any.
@@ -66,6 +83,7 @@ impl TargetRunner {
             model,
             block_size,
             seqs: HashMap::new(),
+            tables: HashMap::new(),
             decode_ahead,
             ahead: None,
         };
@@ -96,16 +114,67 @@ impl TargetRunner {
         let ahead = self.ahead.take();
         for id in &batch.released {
             self.seqs.remove(id);
+            self.tables.remove(id);
         }
         for seq in &batch.seqs {
             if let Some(setup) = &seq.setup {
                 self.seqs.insert(seq.id, new_state(setup)?);
             }
+            let held = self.tables.get(&seq.id).map_or(0, Vec::len);
+            if seq.kept_blocks > held {
+                return Err(anyhow!(
+                    "{} keeps {} blocks but the runner holds {held}",
+                    seq.id,
+                    seq.kept_blocks
+                ));
+            }
         }
+        // Each table leaves the map for the step and returns to it whatever the outcome.
+        let seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
+        let result = self.run(&seqs, ahead);
+        let hidden = self
+            .model
+            .take_hidden()
+            .map(|h| split_hidden(&h, &seqs))
+            .unwrap_or_default();
+        self.tables
+            .extend(seqs.into_iter().map(|s| (s.id, s.block_table)));
+        let (sampled, ahead) = result?;
+        Ok(StepDone {
+            step: batch.step,
+            sampled,
+            hidden,
+            ahead,
+        })
+    }
+
+    /// `seq` with the table the runner holds for it, changed as the scheduler says.
+    fn resolve(&mut self, seq: ScheduledSeq) -> RunSeq {
+        let mut block_table = self.tables.remove(&seq.id).unwrap_or_default();
+        block_table.truncate(seq.kept_blocks);
+        block_table.extend(seq.new_blocks);
+        RunSeq {
+            id: seq.id,
+            tokens: seq.tokens,
+            num_cached: seq.num_cached,
+            block_table,
+            kept_blocks: seq.kept_blocks,
+            sample: seq.sample,
+            num_drafts: seq.num_drafts,
+        }
+    }
+
+    /// Runs the forward of `seqs` and samples or verifies each sampled one; says how the
+    /// step queued `ahead` of this one served it.
+    fn run(
+        &mut self,
+        seqs: &[RunSeq],
+        ahead: Option<AheadStep>,
+    ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
         // The sampled sequences' states leave the map for the step (the backend borrows
         // them all at once) and return to it whatever the step's outcome.
         let mut states = Vec::new();
-        for s in batch.seqs.iter().filter(|s| s.sample) {
+        for s in seqs.iter().filter(|s| s.sample) {
             match self.seqs.remove(&s.id) {
                 Some(state) => states.push((s, state)),
                 None => {
@@ -115,38 +184,27 @@ impl TargetRunner {
                 }
             }
         }
-        let speculative = batch.seqs.iter().any(|s| s.num_drafts > 0);
+        let speculative = seqs.iter().any(|s| s.num_drafts > 0);
         let outputs = if self.decode_ahead && !speculative && argmax_only(&states) {
-            self.greedy_ahead_step(&batch.seqs, &mut states, ahead)
+            self.greedy_ahead_step(seqs, &mut states, ahead)
         } else {
-            self.step_alone(&batch, &mut states)
+            self.step_alone(seqs, &mut states)
                 .map(|outputs| (outputs, ahead.map_or(AheadUse::None, |_| AheadUse::Dropped)))
         };
         self.seqs
             .extend(states.into_iter().map(|(s, state)| (s.id, state)));
-        let (sampled, ahead) = outputs?;
-        let hidden = self
-            .model
-            .take_hidden()
-            .map(|h| split_hidden(&h, &batch))
-            .unwrap_or_default();
-        Ok(StepDone {
-            step: batch.step,
-            sampled,
-            hidden,
-            ahead,
-        })
+        outputs
     }
 
-    /// Runs the batch as one forward, sampling or verifying each sampled sequence.
+    /// Runs `seqs` as one forward, sampling or verifying each sampled sequence.
     fn step_alone(
         &mut self,
-        batch: &ScheduledBatch,
-        states: &mut [(&ScheduledSeq, SeqSampling)],
+        seqs: &[RunSeq],
+        states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let seqs: Vec<&ScheduledSeq> = batch.seqs.iter().collect();
-        let (plan, tokens, rows) = self.step_inputs(&seqs)?;
-        if batch.seqs.iter().any(|s| s.num_drafts > 0) {
+        let all: Vec<&RunSeq> = seqs.iter().collect();
+        let (plan, tokens, rows) = self.step_inputs(&all)?;
+        if seqs.iter().any(|s| s.num_drafts > 0) {
             self.verify_step(&tokens, &plan, &rows, states)
         } else {
             self.sample_step(&tokens, &plan, &rows, states)
@@ -158,7 +216,7 @@ impl TargetRunner {
     /// to verify).
     fn step_inputs(
         &self,
-        seqs: &[&ScheduledSeq],
+        seqs: &[&RunSeq],
     ) -> anyhow::Result<(AttentionPlan, Vec<u32>, Vec<usize>)> {
         let plan = self.plan_of(seqs, |s| s.num_cached)?;
         let tokens: Vec<u32> = seqs.iter().flat_map(|s| s.tokens.iter().copied()).collect();
@@ -176,8 +234,8 @@ impl TargetRunner {
     /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
     fn plan_of(
         &self,
-        seqs: &[&ScheduledSeq],
-        cached: impl Fn(&ScheduledSeq) -> usize,
+        seqs: &[&RunSeq],
+        cached: impl Fn(&RunSeq) -> usize,
     ) -> anyhow::Result<AttentionPlan> {
         let specs: Vec<SeqSpec> = seqs
             .iter()
@@ -199,7 +257,7 @@ impl TargetRunner {
         tokens: &[u32],
         plan: &AttentionPlan,
         rows: &[usize],
-        states: &mut [(&ScheduledSeq, SeqSampling)],
+        states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let generated = if argmax_only(states) {
             // Each token is its row's argmax, which a decode graph computes in itself.
@@ -248,7 +306,7 @@ impl TargetRunner {
         tokens: &[u32],
         plan: &AttentionPlan,
         rows: &[usize],
-        states: &mut [(&ScheduledSeq, SeqSampling)],
+        states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         if argmax_only(states) {
             return self.verify_greedy(tokens, plan, rows, states);
@@ -302,7 +360,7 @@ impl TargetRunner {
         tokens: &[u32],
         plan: &AttentionPlan,
         rows: &[usize],
-        states: &mut [(&ScheduledSeq, SeqSampling)],
+        states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let targets = self.model.forward_argmax(tokens, plan, rows)?;
         if targets.len() != rows.len() {
@@ -331,14 +389,13 @@ impl TargetRunner {
     }
 }
 
-/// Cuts the hidden states of a step's rows (`[batch.num_tokens(), width]`) into one piece
+/// Cuts the hidden states of a step's rows (`[tokens of seqs, width]`) into one piece
 /// per sequence, at its positions.
-fn split_hidden(hidden: &[f32], batch: &ScheduledBatch) -> Vec<HiddenRows> {
-    let width = hidden.len() / batch.num_tokens().max(1);
+fn split_hidden(hidden: &[f32], seqs: &[RunSeq]) -> Vec<HiddenRows> {
+    let num_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    let width = hidden.len() / num_tokens.max(1);
     let mut start = 0;
-    batch
-        .seqs
-        .iter()
+    seqs.iter()
         .map(|s| {
             let rows = start..start + s.tokens.len();
             start = rows.end;
@@ -353,7 +410,7 @@ fn split_hidden(hidden: &[f32], batch: &ScheduledBatch) -> Vec<HiddenRows> {
 
 /// Whether every sampled sequence's token is its row's argmax: greedy, without penalties
 /// or logprobs (its sampler then draws nothing, so it need not see the logits).
-fn argmax_only(states: &[(&ScheduledSeq, SeqSampling)]) -> bool {
+fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
     states.iter().all(|(_, state)| {
         let params = state.sampler.params();
         params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()

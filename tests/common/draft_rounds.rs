@@ -5,7 +5,6 @@
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{ProposeSeq, RequestId};
 use peregrine_ops::KvCache;
-use std::sync::Arc;
 
 /// Tokens per KV block.
 pub const BLOCK: usize = 16;
@@ -51,7 +50,7 @@ pub fn proposal(tokens: &[Vec<u32>]) -> Vec<ProposeSeq> {
         .enumerate()
         .map(|(i, t)| ProposeSeq {
             id: RequestId(i as u64),
-            tokens: Arc::from(t.as_slice()),
+            tokens: t.clone(),
             block_table: (0..(t.len() + K).div_ceil(BLOCK))
                 .map(|j| block_of(i, j))
                 .collect(),

@@ -33,6 +33,7 @@ use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
 use peregrine_models::ModelConfig;
+use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::oneshot;
 
@@ -96,10 +97,11 @@ pub fn spawn_proposer(
 ) -> (DraftProposerHandle, Stopped) {
     let (tx, rx) = crossbeam_channel::unbounded::<ProposerMsg>();
     let stopped = spawn_actor_thread("draft-proposer", move || {
+        let mut held = Held::new();
         for msg in rx {
             match msg {
                 ProposerMsg::Propose(propose, reply) => {
-                    let _ = reply.send(run(method.as_mut(), propose));
+                    let _ = reply.send(run(method.as_mut(), &mut held, propose));
                 }
                 ProposerMsg::CaptureGraphs(sizes, reply) => {
                     let _ = reply.send(method.capture_graphs(sizes.as_ref()));
@@ -114,28 +116,65 @@ pub fn spawn_proposer(
     (handle, stopped)
 }
 
-fn run(method: &mut dyn DraftMethod, propose: Propose) -> anyhow::Result<Drafts> {
+/// Each sequence's tokens and blocks as the proposer holds them between proposals.
+type Held = HashMap<RequestId, (Vec<u32>, Vec<u32>)>;
+
+fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyhow::Result<Drafts> {
     method.receive_hidden(propose.hidden);
     for id in &propose.released {
         method.release(*id);
+        held.remove(id);
     }
-    let drafts = method.propose(&propose.seqs)?;
-    if drafts.len() != propose.seqs.len() {
+    for delta in &propose.seqs {
+        let (tokens, blocks) = held
+            .get(&delta.id)
+            .map_or((0, 0), |(t, b)| (t.len(), b.len()));
+        if delta.kept_tokens > tokens || delta.kept_blocks > blocks {
+            bail!(
+                "{} keeps {} tokens and {} blocks but the proposer holds {tokens} and {blocks}",
+                delta.id,
+                delta.kept_tokens,
+                delta.kept_blocks
+            );
+        }
+    }
+    // Each sequence leaves `held` for the proposal and returns to it whatever the outcome.
+    let seqs: Vec<ProposeSeq> = propose
+        .seqs
+        .into_iter()
+        .map(|delta| {
+            let (mut tokens, mut block_table) = held.remove(&delta.id).unwrap_or_default();
+            tokens.truncate(delta.kept_tokens);
+            tokens.extend(delta.new_tokens);
+            block_table.truncate(delta.kept_blocks);
+            block_table.extend(delta.new_blocks);
+            ProposeSeq {
+                id: delta.id,
+                tokens,
+                block_table,
+                max_drafts: delta.max_drafts,
+            }
+        })
+        .collect();
+    let drafts = method.propose(&seqs);
+    let ids: Vec<(RequestId, usize)> = seqs.iter().map(|s| (s.id, s.max_drafts)).collect();
+    held.extend(seqs.into_iter().map(|s| (s.id, (s.tokens, s.block_table))));
+    let drafts = drafts?;
+    if drafts.len() != ids.len() {
         return Err(anyhow!(
             "{} drafts for {} sequences",
             drafts.len(),
-            propose.seqs.len()
+            ids.len()
         ));
     }
     Ok(Drafts {
         step: propose.step,
-        drafts: propose
-            .seqs
-            .iter()
+        drafts: ids
+            .into_iter()
             .zip(drafts)
-            .map(|(s, mut d)| {
-                d.truncate(s.max_drafts);
-                (s.id, d)
+            .map(|((id, max_drafts), mut d)| {
+                d.truncate(max_drafts);
+                (id, d)
             })
             .collect(),
     })

@@ -1,4 +1,6 @@
-//! A request's state inside the scheduler.
+//! A request's state inside the scheduler: its tokens, how many are in the KV cache, its
+//! blocks and its timings. What a step does with it is the step's plan
+//! ([`super::plan::StepPlan`]), not a field of the sequence.
 
 use crate::messages::{GenerateRequest, RequestEvent, Usage};
 use std::time::Instant;
@@ -10,8 +12,8 @@ pub enum Phase {
     Running,
 }
 
-/// One request: its tokens (prompt, then generated), how many are in the KV cache, and
-/// its timings.
+/// One request: its tokens (prompt, then generated), how many are in the cache, and its
+/// timings.
 pub struct Seq {
     pub req: GenerateRequest,
     /// Arrival order, the tie-breaker after priority.
@@ -19,11 +21,13 @@ pub struct Seq {
     pub tokens: Vec<u32>,
     pub num_computed: usize,
     pub block_table: Vec<u32>,
+    /// How many of `block_table`'s blocks the target runner holds (it keeps each
+    /// sequence's table, and gets only the blocks after these); 0 after a preemption.
+    pub blocks_sent: usize,
+    /// How many of `tokens` and of `block_table` the draft proposer holds; 0 after a
+    /// preemption, when it forgets the sequence.
+    pub proposed: (usize, usize),
     pub phase: Phase,
-    /// Tokens to compute in the step being planned (drafts included).
-    pub chunk: usize,
-    /// Draft tokens to verify in the step being planned.
-    pub drafts: Vec<u32>,
     /// The runner has the request's sampling state.
     pub setup_sent: bool,
     /// Prompt tokens served from the prefix cache at first admission.
@@ -42,9 +46,9 @@ impl Seq {
             order,
             num_computed: 0,
             block_table: Vec::new(),
+            blocks_sent: 0,
+            proposed: (0, 0),
             phase: Phase::Waiting,
-            chunk: 0,
-            drafts: Vec::new(),
             setup_sent: false,
             cached_tokens: None,
             last_token_at: None,
@@ -65,6 +69,11 @@ impl Seq {
     /// Tokens not yet in the cache.
     pub fn remaining(&self) -> usize {
         self.tokens.len() - self.num_computed
+    }
+
+    /// Whether the sequence decodes (one token not in the cache: the last generated).
+    pub fn is_decoding(&self) -> bool {
+        self.remaining() == 1
     }
 
     /// Token counts for the response.

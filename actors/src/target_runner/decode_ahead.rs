@@ -12,9 +12,9 @@
 //! queued and that holds no complete prefix: the block's next owner writes there only
 //! later on the same device queue.
 
-use super::{SeqSampling, TargetRunner};
+use super::{RunSeq, SeqSampling, TargetRunner};
 use crate::backend::GreedyStep;
-use crate::messages::{AheadUse, GeneratedToken, RequestId, ScheduledSeq, SeqOutput};
+use crate::messages::{AheadUse, GeneratedToken, RequestId, SeqOutput};
 use anyhow::anyhow;
 use peregrine_ops::AttentionPlan;
 use std::collections::HashMap;
@@ -30,22 +30,22 @@ struct AheadSeq {
     id: RequestId,
     /// Tokens in the cache before the queued step: the queued token's position.
     num_cached: usize,
-    /// The blocks the queued step read and wrote.
-    block_table: Vec<u32>,
+    /// How many blocks of the sequence's table the queued step read and wrote.
+    num_blocks: usize,
 }
 
 impl AheadSeq {
     /// Whether the scheduler's `seq` asks for just what was queued: one token, this
-    /// token's position, a table that begins with the one used, and as its token the one
-    /// the runner returned last (`last`).
-    fn queued_as(&self, seq: &ScheduledSeq, last: Option<u32>) -> bool {
+    /// token's position, a table that keeps the blocks used, and as its token the one the
+    /// runner returned last (`last`).
+    fn queued_as(&self, seq: &RunSeq, last: Option<u32>) -> bool {
         seq.id == self.id
             && seq.sample
             && seq.num_drafts == 0
             && seq.num_cached == self.num_cached
             && seq.tokens.len() == 1
             && Some(seq.tokens[0]) == last
-            && seq.block_table.starts_with(&self.block_table)
+            && seq.kept_blocks >= self.num_blocks
     }
 }
 
@@ -56,8 +56,8 @@ impl TargetRunner {
     /// sequence wants another token with room for it.
     pub(super) fn greedy_ahead_step(
         &mut self,
-        seqs: &[ScheduledSeq],
-        states: &mut [(&ScheduledSeq, SeqSampling)],
+        seqs: &[RunSeq],
+        states: &mut [(&RunSeq, SeqSampling)],
         ahead: Option<AheadStep>,
     ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
         // Each sampled sequence's last token, and whether it wants one after this step's.
@@ -67,7 +67,7 @@ impl TargetRunner {
             last.insert(s.id, state.output.last().copied());
             wants_more.insert(s.id, state.output.len() + 1 < state.max_tokens);
         }
-        let all: Vec<&ScheduledSeq> = seqs.iter().collect();
+        let all: Vec<&RunSeq> = seqs.iter().collect();
         let mut tokens: HashMap<RequestId, u32> = HashMap::new();
         let mut used = AheadUse::None;
         let mut queued_next = false;
@@ -103,7 +103,7 @@ impl TargetRunner {
                 queued_next = queued;
             }
         }
-        let rest: Vec<&ScheduledSeq> = seqs
+        let rest: Vec<&RunSeq> = seqs
             .iter()
             .filter(|s| !tokens.contains_key(&s.id))
             .collect();
@@ -148,7 +148,7 @@ impl TargetRunner {
     /// sequence's last row, queuing `next` after it where the backend can.
     fn fresh_greedy(
         &mut self,
-        seqs: &[&ScheduledSeq],
+        seqs: &[&RunSeq],
         next: Option<&AttentionPlan>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let (plan, tokens, rows) = self.step_inputs(seqs)?;
@@ -165,11 +165,11 @@ impl TargetRunner {
     /// next; `None` otherwise.
     fn next_plan(
         &self,
-        seqs: &[&ScheduledSeq],
+        seqs: &[&RunSeq],
         wants_more: &HashMap<RequestId, bool>,
     ) -> anyhow::Result<Option<AttentionPlan>> {
         let max_model_len = self.model.config().max_model_len;
-        let goes_on = |s: &&ScheduledSeq| {
+        let goes_on = |s: &&RunSeq| {
             let position = s.num_cached + 1;
             s.sample
                 && s.num_drafts == 0
@@ -186,14 +186,14 @@ impl TargetRunner {
 }
 
 /// What is queued after `seqs`: each one position further, over the same blocks.
-fn ahead_of(seqs: &[ScheduledSeq]) -> AheadStep {
+fn ahead_of(seqs: &[RunSeq]) -> AheadStep {
     AheadStep {
         seqs: seqs
             .iter()
             .map(|s| AheadSeq {
                 id: s.id,
                 num_cached: s.num_cached + 1,
-                block_table: s.block_table.clone(),
+                num_blocks: s.block_table.len(),
             })
             .collect(),
     }

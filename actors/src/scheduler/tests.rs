@@ -1,0 +1,478 @@
+//! The scheduling policy and the step's transitions, driven by hand: queues built from
+//! requests, the real block manager answering the allocation (no actor, no runner), and
+//! each step's results written out as the runner would send them.
+
+use super::policy::{schedule, StepPlan};
+use super::queues::{Queues, SubmitLimits};
+use crate::kv_allocator::BlockManager;
+use crate::messages::{
+    AheadUse, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GeneratedToken,
+    RequestEvent, RequestId, RequestSpec, SchedulerLimits, SeqOutput, StepDone, SubmitError,
+};
+use peregrine_ops::sampling::SamplingParams;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::sync::mpsc;
+
+const BLOCK: usize = 4;
+const EOS: u32 = 999;
+
+/// The queues, a block manager of `num_blocks` blocks, and every request's event stream;
+/// what the scheduler's next `AllocateStep` would carry.
+struct Harness {
+    queues: Queues,
+    kv: BlockManager,
+    free: Vec<RequestId>,
+    computed: Vec<ComputedSeq>,
+    events: Vec<(RequestId, mpsc::UnboundedReceiver<RequestEvent>)>,
+    limits: SchedulerLimits,
+    speculating: bool,
+}
+
+impl Harness {
+    fn new(num_blocks: u32, max_num_seqs: usize, max_num_batched_tokens: usize) -> Harness {
+        Harness {
+            queues: Queues::new(BLOCK),
+            kv: BlockManager::new(num_blocks, BLOCK, true),
+            free: Vec::new(),
+            computed: Vec::new(),
+            events: Vec::new(),
+            limits: SchedulerLimits {
+                max_num_seqs,
+                max_num_batched_tokens,
+                max_waiting: 4,
+                num_speculative_tokens: 0,
+            },
+            speculating: false,
+        }
+    }
+
+    fn submit_limits(&self) -> SubmitLimits {
+        SubmitLimits {
+            max_model_len: 256,
+            num_blocks: 64,
+            max_waiting: self.limits.max_waiting,
+        }
+    }
+
+    /// Submits request `id` with `prompt`, `max_tokens` and `priority`.
+    fn submit(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        max_tokens: usize,
+        priority: i32,
+    ) -> Result<(), SubmitError> {
+        let (events, rx) = mpsc::unbounded_channel();
+        let req = GenerateRequest {
+            id: RequestId(id),
+            spec: RequestSpec {
+                prompt: Arc::from(prompt),
+                params: SamplingParams::greedy(),
+                max_tokens,
+                stop_token_ids: vec![],
+                ignore_eos: false,
+                logprobs: None,
+                priority,
+            },
+            arrival: Instant::now(),
+            events,
+        };
+        let limits = self.submit_limits();
+        self.queues.submit(req, &limits)?;
+        self.events.push((RequestId(id), rx));
+        Ok(())
+    }
+
+    /// Plans a step and has the block manager grant it; returns the plan and who was
+    /// preempted.
+    fn plan(&mut self) -> (StepPlan, Vec<u64>) {
+        let schedule = schedule(&self.queues, &self.limits, self.speculating);
+        let (grow, admit) = self.queues.allocation(&schedule);
+        let grant = self.kv.allocate_step(AllocateStep {
+            free: std::mem::take(&mut self.free),
+            computed: std::mem::take(&mut self.computed),
+            grow,
+            admit,
+            token_budget: schedule.token_budget,
+        });
+        let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
+        (plan, preempted.iter().map(|id| id.0).collect())
+    }
+
+    /// Applies `plan`'s results, each sampled sequence getting the tokens `out` gives it
+    /// (the runner answers for a sequence the scheduler has ended meanwhile too); ends the
+    /// requests that ended, as the scheduler does.
+    fn done(&mut self, plan: &StepPlan, out: impl Fn(u64) -> Vec<u32>) -> Vec<(u64, FinishReason)> {
+        let sampled = plan
+            .seqs
+            .iter()
+            .filter(|planned| {
+                self.queues.get(planned.id).is_none_or(|seq| {
+                    seq.num_computed + planned.chunk - planned.drafts.len() == seq.tokens.len()
+                })
+            })
+            .map(|planned| {
+                let tokens: Vec<GeneratedToken> = out(planned.id.0)
+                    .into_iter()
+                    .map(|id| GeneratedToken { id, logprobs: None })
+                    .collect();
+                let num_drafts = planned.drafts.len();
+                SeqOutput {
+                    id: planned.id,
+                    num_accepted: tokens.len() - 1,
+                    tokens,
+                    num_drafts,
+                }
+            })
+            .collect();
+        let done = StepDone {
+            step: 1,
+            sampled,
+            hidden: Vec::new(),
+            ahead: AheadUse::None,
+        };
+        let applied = self.queues.apply_done(plan, done, &[EOS]);
+        self.computed.extend(applied.computed);
+        for (id, _) in &applied.ended {
+            self.queues.remove(*id);
+            self.free.push(*id);
+        }
+        applied
+            .ended
+            .into_iter()
+            .map(|(id, reason)| (id.0, reason))
+            .collect()
+    }
+}
+
+/// `(id, chunk)` of each planned sequence, in batch order.
+fn chunks(plan: &StepPlan) -> Vec<(u64, usize)> {
+    plan.seqs.iter().map(|s| (s.id.0, s.chunk)).collect()
+}
+
+fn prompt(first: u32, len: usize) -> Vec<u32> {
+    (first..first + len as u32).collect()
+}
+
+#[test]
+fn continuous_batching_stops_at_max_num_seqs() {
+    let mut h = Harness::new(64, 2, 100);
+    for id in 1..=3 {
+        h.submit(id, &prompt(10 * id as u32, 5), 8, 0).unwrap();
+    }
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 5), (2, 5)],
+        "two slots: the third waits"
+    );
+    h.done(&plan, |_| vec![1]);
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 1), (2, 1)],
+        "still full: the third waits on"
+    );
+    assert_eq!(h.queues.lengths(), (2, 1));
+    h.done(&plan, |id| if id == 1 { vec![EOS] } else { vec![2] });
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(2, 1), (3, 5)],
+        "a slot freed: the third joins"
+    );
+}
+
+#[test]
+fn the_token_budget_goes_to_decodes_first_then_chunks_prefills() {
+    let mut h = Harness::new(64, 8, 6);
+    h.submit(1, &prompt(0, 3), 8, 0).unwrap();
+    h.submit(2, &prompt(50, 3), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 3), (2, 3)]);
+    h.done(&plan, |_| vec![7]);
+    // A long prompt arrives: the two decodes take 2 of the 6 tokens, it gets 4 per step.
+    h.submit(3, &prompt(100, 10), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1), (2, 1), (3, 4)]);
+    let seq3 = h.queues.get(RequestId(3)).unwrap();
+    assert_eq!(seq3.num_computed, 0);
+    h.done(&plan, |_| vec![8]);
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 1), (2, 1), (3, 4)],
+        "a running prompt chunk after the decodes"
+    );
+    h.done(&plan, |_| vec![9]);
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 1), (2, 1), (3, 2)],
+        "the prompt's last 2"
+    );
+    let batch = h.queues.batch(&plan, 3, Vec::new());
+    assert_eq!(batch.seqs[2].tokens, prompt(108, 2));
+    assert!(batch.seqs[2].sample, "the last chunk samples");
+    assert_eq!(batch.seqs[2].num_cached, 8);
+}
+
+#[test]
+fn a_prompt_chunk_that_is_not_the_last_does_not_sample() {
+    let mut h = Harness::new(64, 8, 4);
+    h.submit(1, &prompt(0, 10), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 4)]);
+    let batch = h.queues.batch(&plan, 1, Vec::new());
+    assert!(!batch.seqs[0].sample);
+    assert!(
+        batch.seqs[0].setup.is_some(),
+        "the first step carries the setup"
+    );
+    assert!(h
+        .done(&plan, |_| unreachable!("nothing sampled"))
+        .is_empty());
+    let (plan, _) = h.plan();
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert!(batch.seqs[0].setup.is_none(), "sent once");
+    assert_eq!(batch.seqs[0].num_cached, 4);
+}
+
+#[test]
+fn waiting_requests_start_in_priority_then_arrival_order() {
+    let mut h = Harness::new(64, 2, 100);
+    h.submit(1, &prompt(0, 2), 4, 5).unwrap();
+    h.submit(2, &prompt(10, 2), 4, -1).unwrap();
+    h.submit(3, &prompt(20, 2), 4, 5).unwrap();
+    h.submit(4, &prompt(30, 2), 4, -1).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(2, 2), (4, 2)],
+        "lower priority values first"
+    );
+    let waiting: Vec<u64> = h.queues.waiting().map(|s| s.req.id.0).collect();
+    assert_eq!(waiting, [1, 3], "then arrival");
+}
+
+#[test]
+fn the_waiting_queue_is_bounded() {
+    let mut h = Harness::new(64, 1, 100);
+    for id in 1..=4 {
+        h.submit(id, &prompt(0, 2), 4, 0).unwrap();
+    }
+    assert_eq!(
+        h.submit(5, &prompt(0, 2), 4, 0),
+        Err(SubmitError::QueueFull { limit: 4 })
+    );
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 2)]);
+    h.submit(5, &prompt(0, 2), 4, 0)
+        .expect("one started: room in the queue");
+    let too_long = h.submit(6, &prompt(0, 200), 100, 0);
+    assert!(
+        matches!(too_long, Err(SubmitError::TooLong { .. })),
+        "{too_long:?}"
+    );
+}
+
+#[test]
+fn preemption_takes_the_lowest_priority_and_it_recomputes_from_its_tokens() {
+    // Six blocks of 4 tokens, filled by three prompts of 8; the next step's growth must
+    // take one request's blocks.
+    let mut h = Harness::new(6, 8, 100);
+    h.submit(1, &prompt(0, 8), 16, 0).unwrap();
+    h.submit(2, &prompt(50, 8), 16, 2).unwrap();
+    h.submit(3, &prompt(90, 8), 16, 1).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 8), (3, 8), (2, 8)],
+        "batch order is priority"
+    );
+    let _ = h.queues.batch(&plan, 1, Vec::new());
+    h.done(&plan, |_| vec![7]);
+    let (plan, preempted) = h.plan();
+    assert_eq!(preempted, [2], "the lowest priority goes first");
+    assert_eq!(chunks(&plan), [(1, 1), (3, 1)]);
+    let seq2 = h.queues.get(RequestId(2)).unwrap();
+    assert_eq!(
+        seq2.num_computed, 0,
+        "preempted: recomputed from its tokens"
+    );
+    assert_eq!(seq2.tokens.len(), 9, "it keeps what it generated");
+    assert!(seq2.block_table.is_empty());
+    let waiting: Vec<u64> = h.queues.waiting().map(|s| s.req.id.0).collect();
+    assert_eq!(waiting, [2]);
+    // 1 and 3 end: 2 comes back, its whole table sent again, all 9 tokens recomputed.
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert!(batch.seqs.iter().all(|s| s.id != RequestId(2)));
+    h.done(&plan, |_| vec![EOS]);
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(2, 9)]);
+    let batch = h.queues.batch(&plan, 3, Vec::new());
+    let seq = &batch.seqs[0];
+    assert_eq!((seq.kept_blocks, seq.new_blocks.len()), (0, 3));
+    assert!(seq.setup.is_none(), "the runner kept its sampler state");
+    assert_eq!(seq.tokens[8], 7);
+}
+
+#[test]
+fn a_preempted_sequence_sends_the_runner_its_whole_new_table() {
+    let mut h = Harness::new(64, 8, 100);
+    h.submit(1, &prompt(0, 6), 16, 0).unwrap();
+    let (plan, _) = h.plan();
+    let batch = h.queues.batch(&plan, 1, Vec::new());
+    assert_eq!(
+        (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
+        (0, 2)
+    );
+    h.done(&plan, |_| vec![1]);
+    let (plan, _) = h.plan();
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert_eq!(
+        (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
+        (2, 0),
+        "a decode inside its blocks sends none"
+    );
+    h.done(&plan, |_| vec![2]);
+    let (plan, _) = h.plan();
+    let _ = h.queues.batch(&plan, 3, Vec::new());
+    h.done(&plan, |_| vec![3]);
+    let (plan, _) = h.plan();
+    let batch = h.queues.batch(&plan, 4, Vec::new());
+    assert_eq!(
+        (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
+        (2, 1),
+        "crossing into a third block sends that one"
+    );
+}
+
+#[test]
+fn a_prefix_hit_starts_the_second_request_past_the_cached_blocks() {
+    let mut h = Harness::new(64, 8, 100);
+    let shared = prompt(0, 10);
+    h.submit(1, &shared, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![EOS]);
+    // The next allocation frees the first request's blocks, which stay in the cache.
+    let mut second = shared.clone();
+    second.push(77);
+    h.submit(2, &second, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(2, 3)],
+        "8 of 11 tokens (two blocks) came cached"
+    );
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert_eq!(batch.seqs[0].num_cached, 8);
+    assert_eq!(batch.seqs[0].tokens, [8, 9, 77]);
+    assert_eq!(h.queues.get(RequestId(2)).unwrap().cached_tokens, Some(8));
+}
+
+#[test]
+fn speculation_plans_room_for_drafts_within_max_tokens() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    h.submit(1, &prompt(0, 4), 3, 0).unwrap();
+    h.submit(2, &prompt(40, 4), 10, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 4), (2, 4)], "prefills get no drafts");
+    h.done(&plan, |_| vec![5]);
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 2), (2, 4)],
+        "1 has 1 output of 3: room for one draft past its next token"
+    );
+    let proposals = h.queues.proposals(&plan);
+    let room: Vec<(u64, usize)> = proposals.iter().map(|p| (p.id.0, p.max_drafts)).collect();
+    assert_eq!(room, [(1, 1), (2, 3)]);
+    let first = &proposals[0];
+    assert_eq!(
+        (
+            first.kept_tokens,
+            first.new_tokens.clone(),
+            first.kept_blocks
+        ),
+        (0, vec![0, 1, 2, 3, 5], 0),
+        "the proposer is sent the whole sequence the first time"
+    );
+    let plan = plan.with_drafts(vec![(RequestId(1), vec![6, 6, 6]), (RequestId(2), vec![])]);
+    assert_eq!(chunks(&plan), [(1, 2), (2, 1)], "drafts shrink the chunks");
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert_eq!(
+        (batch.seqs[0].tokens.clone(), batch.seqs[0].num_drafts),
+        (vec![5, 6], 1)
+    );
+    // Request 1's draft is rejected: it advances by its fed token only.
+    let ended = h.done(&plan, |id| if id == 1 { vec![8] } else { vec![9] });
+    assert!(ended.is_empty());
+    let seq1 = h.queues.get(RequestId(1)).unwrap();
+    assert_eq!(
+        seq1.num_computed, 5,
+        "the rejected draft's slot is not cached"
+    );
+    assert_eq!(seq1.tokens[4..], [5, 8]);
+    let (plan, _) = h.plan();
+    let proposals = h.queues.proposals(&plan);
+    let delta: Vec<(u64, usize, Vec<u32>)> = proposals
+        .iter()
+        .map(|p| (p.id.0, p.kept_tokens, p.new_tokens.clone()))
+        .collect();
+    assert_eq!(
+        delta,
+        [(2, 5, vec![9])],
+        "then only what it gained (1 has no room left for a draft)"
+    );
+}
+
+#[test]
+fn a_request_cancelled_while_its_step_ran_is_passed_over() {
+    let mut h = Harness::new(64, 8, 100);
+    h.submit(1, &prompt(0, 4), 8, 0).unwrap();
+    h.submit(2, &prompt(20, 4), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    let _ = h.queues.batch(&plan, 1, Vec::new());
+    // The client of 1 went away during the step: the scheduler ended it.
+    h.queues.remove(RequestId(1)).unwrap();
+    let ended = h.done(&plan, |_| vec![3]);
+    assert!(ended.is_empty());
+    assert!(h.queues.get(RequestId(1)).is_none());
+    let seq2 = h.queues.get(RequestId(2)).unwrap();
+    assert_eq!((seq2.num_computed, seq2.tokens.len()), (4, 5));
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(2, 1)]);
+}
+
+#[test]
+fn a_request_ends_at_its_stop_its_length_or_a_closed_stream() {
+    let mut h = Harness::new(64, 8, 100);
+    h.submit(1, &prompt(0, 2), 8, 0).unwrap();
+    h.submit(2, &prompt(10, 2), 2, 0).unwrap();
+    h.submit(3, &prompt(20, 2), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.events.retain(|(id, _)| *id != RequestId(3));
+    let mut ended = h.done(&plan, |id| match id {
+        1 => vec![EOS],
+        _ => vec![4],
+    });
+    ended.sort_by_key(|(id, _)| *id);
+    assert_eq!(ended, [(1, FinishReason::Stop), (3, FinishReason::Abort)]);
+    let (plan, _) = h.plan();
+    let ended = h.done(&plan, |_| vec![5, 6]);
+    assert_eq!(ended, [(2, FinishReason::Length)], "max_tokens 2 reached");
+    let (_, rx) = h
+        .events
+        .iter_mut()
+        .find(|(id, _)| *id == RequestId(2))
+        .unwrap();
+    let mut got = Vec::new();
+    while let Ok(RequestEvent::Tokens(tokens)) = rx.try_recv() {
+        got.extend(tokens.iter().map(|t| t.id));
+    }
+    assert_eq!(got, [4, 5], "the token past max_tokens is not streamed");
+}
