@@ -2,6 +2,7 @@
 //! validated, with the rules for hot reload and a masked view for `GET /admin/config`.
 
 mod args;
+mod checks;
 mod choices;
 mod config;
 mod error;
@@ -12,6 +13,8 @@ mod mask;
 mod origin;
 mod reload;
 mod sampling;
+mod settings;
+mod table;
 mod validate;
 
 #[cfg(test)]
@@ -19,10 +22,10 @@ mod tests;
 
 pub use args::ServeArgs;
 pub use choices::{DeviceKind, DtypeChoice, SpeculativeMethod};
-pub use config::ServeConfig;
 pub use error::ConfigError;
 pub use reload::ReloadError;
 pub use sampling::SamplingDefaults;
+pub use settings::ServeConfig;
 
-use layer::Layer;
 use origin::Origin;
+use settings::Layer;

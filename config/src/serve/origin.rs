@@ -1,5 +1,6 @@
 //! Where a value came from, so that an error points at the file or at the flag.
 
+use super::settings::flag_of;
 use std::path::PathBuf;
 
 /// The source of one layer of settings.
@@ -17,12 +18,8 @@ impl Origin {
     pub(super) fn name(&self, field: &str) -> String {
         match self {
             Origin::File(path) => format!("{}: {field}", path.display()),
-            Origin::Flags => match field {
-                "api_keys" => "--api-key".to_string(),
-                "enable_prefix_caching" => "--no-prefix-caching".to_string(),
-                "async_scheduling" => "--no-async-scheduling".to_string(),
-                _ => format!("--{}", field.replace('_', "-")),
-            },
+            Origin::Flags => flag_of(field)
+                .map_or_else(|| format!("--{}", field.replace('_', "-")), str::to_string),
         }
     }
 }

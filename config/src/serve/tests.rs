@@ -494,7 +494,7 @@ fn an_absent_flag_stays_absent_under_a_global_log_level() {
     }
     Cli::command().debug_assert();
     let level = |argv: &[&str]| match Cli::try_parse_from(argv).expect("parses").command {
-        Command::Serve(args) => args.log_level,
+        Command::Serve(args) => args.layer.log_level,
     };
     assert_eq!(level(&["p", "serve"]), None);
     assert_eq!(
@@ -582,4 +582,27 @@ fn dtype_is_the_devices_own_or_auto_and_anything_else_is_refused() {
     }
     let err = error("dtype = \"float16\"");
     assert!(err.contains("config.toml: dtype"), "{err}");
+}
+
+#[test]
+fn every_setting_has_its_flag_on_the_command_line() {
+    let command = Serve::command();
+    let longs: Vec<String> = command
+        .get_arguments()
+        .filter_map(|arg| arg.get_long().map(|long| format!("--{long}")))
+        .collect();
+    let config = ServeConfig::default();
+    for field in config.fields() {
+        let flag = settings::flag_of(field.name).expect("every setting names its flag");
+        if flag.starts_with("--") {
+            assert!(longs.iter().any(|l| l == flag), "{}: {flag}", field.name);
+        } else {
+            assert_eq!(field.name, "default_sampling", "only a table has no flag");
+        }
+    }
+    assert_eq!(
+        longs.len(),
+        config.fields().len(),
+        "--config and one flag a setting, less one"
+    );
 }

@@ -1,109 +1,8 @@
-//! Range checks on one layer, so that an error names the file key or the flag that set it.
+//! The checks across settings, once the file and the flags are merged (each setting's own
+//! range check is its row's, in `settings.rs` and `checks.rs`).
 
-use super::{ConfigError, DeviceKind, DtypeChoice, Layer, Origin, ServeConfig, SpeculativeMethod};
+use super::{ConfigError, DeviceKind, DtypeChoice, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
-
-/// The most draft tokens per step (the accepted-length histogram's buckets stop there).
-pub const MAX_SPECULATIVE_TOKENS: usize = 16;
-use crate::CacheConfig;
-
-impl Layer {
-    /// Checks every value this layer sets; types were checked when it was read.
-    pub(super) fn validate(&self, origin: &Origin) -> Result<(), ConfigError> {
-        let invalid = |field: &str, reason: String| ConfigError::Invalid {
-            at: origin.name(field),
-            reason,
-        };
-        let at_least_one = [
-            ("max_num_seqs", self.max_num_seqs),
-            ("max_num_batched_tokens", self.max_num_batched_tokens),
-            ("max_model_len", self.max_model_len),
-            ("max_waiting_requests", self.max_waiting_requests),
-            ("ngram_min", self.ngram_min),
-            ("ngram_max", self.ngram_max),
-        ];
-        for (field, value) in at_least_one {
-            if value == Some(0) {
-                return Err(invalid(field, "must be at least 1, not 0".into()));
-            }
-        }
-        if let Some(k) = self
-            .num_speculative_tokens
-            .filter(|k| !(1..=MAX_SPECULATIVE_TOKENS).contains(k))
-        {
-            let reason = format!("must be from 1 to {MAX_SPECULATIVE_TOKENS}, not {k}");
-            return Err(invalid("num_speculative_tokens", reason));
-        }
-        if let Some(block_size) = self.block_size {
-            let cache = CacheConfig {
-                block_size,
-                kv_cache_memory: None,
-            };
-            if cache.validate().is_err() {
-                let reason = format!("must be a power of two from 1 to 256, not {block_size}");
-                return Err(invalid("block_size", reason));
-            }
-        }
-        if self.kv_cache_memory == Some(0) {
-            return Err(invalid(
-                "kv_cache_memory",
-                "must be more than 0 bytes".into(),
-            ));
-        }
-        if let Some(u) = self
-            .gpu_memory_utilization
-            .filter(|&u| !(u > 0.0 && u <= 1.0))
-        {
-            return Err(invalid(
-                "gpu_memory_utilization",
-                format!("must be in (0, 1], not {u}"),
-            ));
-        }
-        if let Some(sizes) = &self.cudagraph_sizes {
-            if sizes.is_empty() || sizes.contains(&0) {
-                let reason = format!("must list batch sizes of at least 1, not {sizes:?}");
-                return Err(invalid("cudagraph_sizes", reason));
-            }
-        }
-        if let Some(level) = self.log_level.as_deref().filter(|l| !is_log_filter(l)) {
-            let reason = format!(
-                "must be error, warn, info, debug, trace, off or a filter such as \
-                 \"info,peregrine=debug\", not {level:?}"
-            );
-            return Err(invalid("log_level", reason));
-        }
-        let texts = [
-            ("host", self.host.as_deref()),
-            ("served_model_name", self.served_model_name.as_deref()),
-            ("admin_token", self.admin_token.as_deref()),
-            ("model", self.model.as_ref().and_then(|p| p.to_str())),
-            (
-                "cache_dir",
-                self.cache_dir.as_ref().and_then(|p| p.to_str()),
-            ),
-        ];
-        for (field, value) in texts {
-            if value.is_some_and(|v| v.trim().is_empty()) {
-                return Err(invalid(field, "must not be empty".into()));
-            }
-        }
-        if let Some(i) = self
-            .api_keys
-            .iter()
-            .flatten()
-            .position(|k| k.trim().is_empty())
-        {
-            return Err(invalid(
-                "api_keys",
-                format!("must not hold an empty key (key {})", i + 1),
-            ));
-        }
-        if let Some(Err((field, reason))) = self.default_sampling.as_ref().map(|s| s.validate()) {
-            return Err(invalid(&format!("default_sampling.{field}"), reason));
-        }
-        Ok(())
-    }
-}
 
 impl ServeConfig {
     /// Checks that the speculation fields agree once the file and the flags are merged;
@@ -213,10 +112,4 @@ impl ServeConfig {
             ),
         })
     }
-}
-
-/// Whether `level` reads as a tracing filter: a bare level, or directives with `=`.
-fn is_log_filter(level: &str) -> bool {
-    let bare = ["error", "warn", "info", "debug", "trace", "off"];
-    bare.contains(&level.to_ascii_lowercase().as_str()) || level.contains('=')
 }

@@ -1,0 +1,176 @@
+//! Every setting of `peregrine serve`, declared once. A row says, in order: the setting's
+//! doc, its key (the TOML key) and type, its default; the type the file and the flag give
+//! and how that fills the setting; whether it reloads live; whether `GET /admin/config`
+//! hides it; the check its given value passes; its flag and the flag's clap arguments
+//! (with its help, which states the default); serde arguments where the file's format
+//! needs them. `table.rs` turns the rows into `Layer` and `ServeConfig`.
+
+use super::checks::{
+    any, at_least_one, batch_sizes, block_size, fraction, keys_not_empty, log_filter,
+    path_not_empty, positive_bytes, sampling, speculative_tokens, text_not_empty,
+};
+use super::fields::{Field, Reload};
+use super::json::ToJson;
+use super::table::{settings, Secrecy};
+use super::{ConfigError, DeviceKind, DtypeChoice, Origin, SamplingDefaults, SpeculativeMethod};
+use crate::parse_byte_size;
+use std::path::PathBuf;
+use std::time::Duration;
+
+settings! {
+    /// The model directory or known name; `None` serves the default model.
+    model: Option<PathBuf> = None;
+        given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
+        flag "--model", arg(long, value_name = "DIR|NAME",
+            help = "A Hugging Face model directory or a known name [default: smollm2-135m, \
+                    fetched on first use]");
+    /// The model name clients send; `None` uses the model's own name.
+    served_model_name: Option<String> = None;
+        given String, fill optional, reload Restart, Public, check text_not_empty,
+        flag "--served-model-name", arg(long,
+            help = "The model name clients send [default: the model's name]");
+    /// The address to listen on.
+    host: String = "127.0.0.1".to_string();
+        given String, fill value, reload Restart, Public, check text_not_empty,
+        flag "--host", arg(long, help = "The address to listen on [default: 127.0.0.1]");
+    /// The port to listen on; 0 picks a free one.
+    port: u16 = 8000;
+        given u16, fill value, reload Restart, Public, check any,
+        flag "--port", arg(long, help = "The port to listen on; 0 picks a free one [default: 8000]");
+    /// Bearer tokens clients may send; empty means no authentication.
+    api_keys: Vec<String> = Vec::new();
+        given Vec<String>, fill value, reload Live, Secret, check keys_not_empty,
+        flag "--api-key", arg(long = "api-key", value_name = "KEY",
+            help = "A key clients must send as `Authorization: Bearer KEY`; repeat for several");
+    /// The token the admin endpoints require; `None` turns them off.
+    admin_token: Option<String> = None;
+        given String, fill optional, reload Live, Secret, check text_not_empty,
+        flag "--admin-token", arg(long, value_name = "TOKEN",
+            help = "The token `/admin/*` endpoints require [default: admin endpoints off]");
+    /// The device to run on.
+    device: DeviceKind = DeviceKind::Cpu;
+        given DeviceKind, fill value, reload Restart, Public, check any,
+        flag "--device", arg(long, help = "The device to run on [default: cpu]");
+    /// The compute dtype: `auto`, or the device's own ([`DeviceKind::compute_dtype`]).
+    dtype: DtypeChoice = DtypeChoice::Auto;
+        given DtypeChoice, fill value, reload Restart, Public, check any,
+        flag "--dtype", arg(long, help = "The compute dtype: auto, or the device's own \
+            (float32 on the CPU, bfloat16 on the GPU) [default: auto]");
+    /// The most sequences in one step.
+    max_num_seqs: usize = 64;
+        given usize, fill value, reload Live, Public, check at_least_one,
+        flag "--max-num-seqs", arg(long, value_name = "N",
+            help = "The most sequences in one step [default: 64]");
+    /// The most tokens in one step.
+    max_num_batched_tokens: usize = 2048;
+        given usize, fill value, reload Live, Public, check at_least_one,
+        flag "--max-num-batched-tokens", arg(long, value_name = "N",
+            help = "The most tokens in one step [default: 2048]");
+    /// The longest prompt plus output; `None` uses the model's context length.
+    max_model_len: Option<usize> = None;
+        given usize, fill optional, reload Restart, Public, check at_least_one,
+        flag "--max-model-len", arg(long, value_name = "N",
+            help = "The longest prompt plus output [default: the model's context length]");
+    /// Tokens per KV cache block.
+    block_size: usize = 16;
+        given usize, fill value, reload Restart, Public, check block_size,
+        flag "--block-size", arg(long, value_name = "N",
+            help = "Tokens per KV cache block, a power of two up to 256 [default: 16]");
+    /// Bytes the KV cache may take.
+    kv_cache_memory: u64 = 1 << 30;
+        given u64, fill value, reload Restart, Public, check positive_bytes,
+        flag "--kv-cache-memory", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
+            help = "Memory for the KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... [default: 1GiB]"),
+        serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
+    /// The fraction of GPU memory the server may use.
+    gpu_memory_utilization: f32 = 0.9;
+        given f32, fill value, reload Restart, Public, check fraction,
+        flag "--gpu-memory-utilization", arg(long, value_name = "FRACTION",
+            help = "The fraction of GPU memory Peregrine may use, in (0, 1] [default: 0.9]");
+    /// Whether full KV blocks are shared between requests with the same prefix.
+    enable_prefix_caching: bool = true;
+        given bool, fill value, reload Restart, Public, check any,
+        flag "--no-prefix-caching", arg(long = "no-prefix-caching", num_args = 0,
+            default_missing_value = "false",
+            help = "Turn prefix caching off (it is on by default)");
+    /// Batch-invariant GPU kernels.
+    deterministic: bool = false;
+        given bool, fill value, reload Restart, Public, check any,
+        flag "--deterministic", arg(long, num_args = 0, default_missing_value = "true",
+            help = "Batch-invariant GPU kernels: a request's tokens do not depend on the \
+                    rest of the batch (the CPU backend always is)");
+    /// Run every step eagerly, capturing no graphs.
+    enforce_eager: bool = false;
+        given bool, fill value, reload Live, Public, check any,
+        flag "--enforce-eager", arg(long, num_args = 0, default_missing_value = "true",
+            help = "Run every step eagerly: capture no graphs");
+    /// On a GPU, each greedy decode step queues the step after it before its tokens reach
+    /// the host (vLLM's async scheduling); ignored with speculative decoding.
+    async_scheduling: bool = true;
+        given bool, fill value, reload Restart, Public, check any,
+        flag "--no-async-scheduling", arg(long = "no-async-scheduling", num_args = 0,
+            default_missing_value = "false",
+            help = "Turn async scheduling off: on a GPU, a greedy decode step otherwise \
+                    queues the step after it before its tokens reach the host (vLLM's async \
+                    scheduling)");
+    /// The batch sizes graphs are captured for; `None`: 1, 2, 4, 8 and every multiple of 8
+    /// up to `max_num_seqs` (captured again when a reload changes it). Each size is at most
+    /// `max_num_seqs`: a configuration with a larger one is refused.
+    cudagraph_sizes: Option<Vec<usize>> = None;
+        given Vec<usize>, fill optional, reload Live, Public, check batch_sizes,
+        flag "--cudagraph-sizes", arg(long, value_name = "1,2,4,...", value_delimiter = ',',
+            help = "Batch sizes to capture graphs for, each from 1 to max_num_seqs \
+                    [default: 1,2,4,8 and every multiple of 8 up to max_num_seqs]");
+    /// Requests that may wait for a slot before new ones are refused with 429.
+    max_waiting_requests: usize = 1024;
+        given usize, fill value, reload Live, Public, check at_least_one,
+        flag "--max-waiting-requests", arg(long, value_name = "N",
+            help = "Requests that may wait for a slot before new ones get 429 [default: 1024]");
+    /// How long in-flight requests get to finish at shutdown.
+    shutdown_timeout: Duration = Duration::from_secs(30);
+        given u64, fill seconds, reload Live, Public, check any,
+        flag "--shutdown-timeout", arg(long, value_name = "SECONDS",
+            help = "Seconds in-flight requests get to finish at shutdown [default: 30]");
+    /// The tracing filter: a level or directives such as `info,peregrine=debug`.
+    log_level: String = "info".to_string();
+        given String, fill value, reload Live, Public, check log_filter,
+        flag "--log-level", arg(long, value_name = "LEVEL",
+            help = "error, warn, info, debug, trace, or a filter like \"info,peregrine=debug\" \
+                    [default: info]");
+    /// The model cache; `None` uses `$PEREGRINE_CACHE`, else `$XDG_CACHE_HOME/peregrine`.
+    cache_dir: Option<PathBuf> = None;
+        given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
+        flag "--cache-dir", arg(long, value_name = "DIR",
+            help = "The model cache [default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine]");
+    /// Sampling parameters for requests that leave them out (the file's
+    /// `[default_sampling]` table; no flag).
+    default_sampling: SamplingDefaults = SamplingDefaults::default();
+        given SamplingDefaults, fill value, reload Live, Public, check sampling,
+        flag "[default_sampling]", arg(skip);
+    /// How drafts are proposed; `None` turns speculative decoding off.
+    speculative_method: Option<SpeculativeMethod> = None;
+        given SpeculativeMethod, fill optional, reload Restart, Public, check any,
+        flag "--speculative-method", arg(long, value_name = "METHOD",
+            help = "Speculative decoding: how drafts are proposed [default: no speculation]");
+    /// The draft model's directory, for `draft_model`; the EAGLE-3 head's, for `eagle3`.
+    draft_model: Option<PathBuf> = None;
+        given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
+        flag "--draft-model", arg(long, value_name = "DIR",
+            help = "The draft model directory, for --speculative-method draft_model; the \
+                    EAGLE-3 head's, for eagle3");
+    /// The most draft tokens verified per request and step.
+    num_speculative_tokens: usize = 3;
+        given usize, fill value, reload Live, Public, check speculative_tokens,
+        flag "--num-speculative-tokens", arg(long, value_name = "K",
+            help = "The most draft tokens verified per request and step, 1 to 16 [default: 3]");
+    /// The shortest suffix the n-gram method matches.
+    ngram_min: usize = 2;
+        given usize, fill value, reload Restart, Public, check at_least_one,
+        flag "--ngram-min", arg(long, value_name = "N",
+            help = "The shortest suffix the n-gram method matches [default: 2]");
+    /// The longest suffix the n-gram method matches.
+    ngram_max: usize = 4;
+        given usize, fill value, reload Restart, Public, check at_least_one,
+        flag "--ngram-max", arg(long, value_name = "N",
+            help = "The longest suffix the n-gram method matches [default: 4]");
+}
