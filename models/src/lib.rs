@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod llama;
 #[cfg(feature = "cuda")]
 pub mod llama_gpu;
+pub mod progress;
 mod record_ops;
 pub mod step_io;
 pub mod tokenizer;

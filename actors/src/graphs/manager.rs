@@ -3,9 +3,8 @@
 
 use super::{is_decode_step, CaptureSizes};
 use anyhow::Context;
-use indicatif::{ProgressBar, ProgressStyle};
+use peregrine_models::progress;
 use peregrine_ops::AttentionPlan;
-use std::time::Instant;
 use tracing::info;
 
 /// The captured graphs, one per size, of any graph type `G` (the CPU's recorded graph, a
@@ -25,13 +24,7 @@ impl<G> GraphCaptureManager<G> {
         sizes: CaptureSizes,
         mut capture: impl FnMut(usize) -> anyhow::Result<G>,
     ) -> anyhow::Result<GraphCaptureManager<G>> {
-        let start = Instant::now();
-        let bar = ProgressBar::new(sizes.sizes().len() as u64);
-        if let Ok(style) =
-            ProgressStyle::with_template("capturing graphs {bar:30} {pos}/{len} batch {msg}")
-        {
-            bar.set_style(style);
-        }
+        let bar = progress::bar(sizes.sizes().len() as u64, "capturing graphs", "batch");
         let mut graphs = Vec::with_capacity(sizes.sizes().len());
         for &size in sizes.sizes().iter().rev() {
             bar.set_message(size.to_string());
@@ -44,7 +37,7 @@ impl<G> GraphCaptureManager<G> {
         graphs.reverse();
         info!(
             sizes = ?sizes.sizes(),
-            seconds = start.elapsed().as_secs_f64(),
+            seconds = bar.elapsed().as_secs_f64(),
             "captured {} graphs",
             graphs.len()
         );

@@ -6,6 +6,7 @@ use std::fs;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use indicatif::ProgressBar;
 use safetensors::{Dtype, View};
 
 use super::dequant::Quant;
@@ -15,6 +16,7 @@ use super::permute::{check_permutable, unpermute_rows};
 use super::reader::{supported_list, GgufFile, TensorInfo};
 use super::tokenizer;
 use super::types::GgmlType;
+use crate::progress;
 
 /// Converts the GGUF file at `gguf_path` into a Hugging Face folder `out_dir` holding
 /// `config.json`, `model.safetensors` (quantized tensors dequantized to F32; F32, F16 and
@@ -27,6 +29,20 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
     let config = LlamaConfig::from_gguf(&file)?;
     let tensors = plan(&file, &config)?;
     let tok = tokenizer::build(&file, config.vocab_size, config.max_position_embeddings)?;
+    let total = tensors.iter().map(|(_, t)| t.data_len() as u64).sum();
+    let bar = progress::bytes_bar(total, "converting");
+    let tensors: Vec<_> = tensors
+        .into_iter()
+        .map(|(name, tensor)| {
+            let tracked = Tracked {
+                name: name.clone(),
+                tensor,
+                bar: &bar,
+            };
+            (name, tracked)
+        })
+        .collect();
+    let count = tensors.len();
     write_atomically(out_dir, |dir| {
         write_json(&dir.join("config.json"), &config.to_json())?;
         write_json(&dir.join("tokenizer_config.json"), &tok.config)?;
@@ -42,7 +58,9 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
             gguf_path.display(),
             out_dir.display()
         )
-    })
+    })?;
+    progress::finish(&bar, &format!("converted {count} tensors"));
+    Ok(())
 }
 
 /// Where an output tensor's bytes come from.
@@ -86,6 +104,34 @@ impl View for OutTensor<'_> {
 
     fn data_len(&self) -> usize {
         self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
+    }
+}
+
+/// An output tensor that moves the conversion's bar on by its bytes once they are made.
+struct Tracked<'a> {
+    name: String,
+    tensor: OutTensor<'a>,
+    bar: &'a ProgressBar,
+}
+
+impl View for Tracked<'_> {
+    fn dtype(&self) -> Dtype {
+        self.tensor.dtype()
+    }
+
+    fn shape(&self) -> &[usize] {
+        self.tensor.shape()
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        self.bar.set_message(self.name.clone());
+        let data = self.tensor.data();
+        self.bar.inc(self.tensor.data_len() as u64);
+        data
+    }
+
+    fn data_len(&self) -> usize {
+        self.tensor.data_len()
     }
 }
 

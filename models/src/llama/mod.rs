@@ -5,6 +5,7 @@ mod record;
 pub use record::LlamaBuffers;
 
 use crate::config::ModelConfig;
+use crate::progress;
 use crate::step_io::{StepInputs, StepShape, StepStaging};
 use crate::weights::{WeightError, Weights};
 use peregrine_kernels::cpu::KvLayout;
@@ -81,12 +82,14 @@ impl LlamaModel {
         Ok(LlamaModel::from_weights(config, &weights)?)
     }
 
-    /// Builds the model from an opened checkpoint, checking every tensor's shape.
+    /// Builds the model from an opened checkpoint, checking every tensor's shape; a bar on
+    /// stderr counts the layers loaded.
     pub fn from_weights(config: ModelConfig, w: &Weights) -> Result<LlamaModel, WeightError> {
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let eps = c.rms_norm_eps as f32;
+        let bar = progress::bar(c.num_layers as u64, "loading weights", "layers");
         let embed: Arc<[f32]> = w
             .f32("model.embed_tokens.weight", &[c.vocab_size, h])?
             .into();
@@ -129,6 +132,7 @@ impl LlamaModel {
                     h,
                 ),
             }));
+            bar.inc(1);
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
             Linear::new(embed.clone(), None, c.vocab_size)
@@ -140,8 +144,13 @@ impl LlamaModel {
             )
         };
         let rotary = Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit);
+        let norm = Arc::new(RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps));
+        progress::finish(
+            &bar,
+            &format!("loaded the weights of {} layers", c.num_layers),
+        );
         Ok(LlamaModel {
-            norm: Arc::new(RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps)),
+            norm,
             attention: PagedAttention {
                 num_heads: c.num_heads,
                 scale: 1.0 / (d as f32).sqrt(),

@@ -1,6 +1,7 @@
 //! A checkpoint's tensors on the GPU in bf16, q/k/v and gate/up fused as on the CPU.
 
 use crate::config::ModelConfig;
+use crate::progress;
 use crate::weights::{WeightError, Weights};
 use cudarc::driver::CudaSlice;
 use half::bf16;
@@ -49,10 +50,12 @@ fn to_device(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
 }
 
 impl GpuWeights {
-    /// Reads, fuses, converts to bf16 and uploads every tensor, checking every shape.
+    /// Reads, fuses, converts to bf16 and uploads every tensor, checking every shape; a bar
+    /// on stderr counts the layers uploaded.
     pub fn load(gpu: &Gpu, c: &ModelConfig, w: &Weights) -> Result<GpuWeights, GpuWeightError> {
         let (h, d) = (c.hidden_size, c.head_dim);
         let (qd, kvd, inter) = (c.num_heads * d, c.num_kv_heads * d, c.intermediate_size);
+        let bar = progress::bar(c.num_layers as u64, "uploading weights", "layers");
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}");
@@ -116,6 +119,7 @@ impl GpuWeights {
                 gate_up: to_device(gpu, &gate_up)?,
                 down: to_device(gpu, &get("mlp.down_proj.weight", &[h, inter])?)?,
             });
+            bar.inc(1);
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
             None
@@ -134,7 +138,12 @@ impl GpuWeights {
             norm: to_device(gpu, &w.f32("model.norm.weight", &[h])?)?,
             lm_head,
         };
-        weights.settle(gpu)
+        let weights = weights.settle(gpu)?;
+        progress::finish(
+            &bar,
+            &format!("uploaded the weights of {} layers", c.num_layers),
+        );
+        Ok(weights)
     }
 
     /// Waits until every weight is on the device. Kernels load weights before they wait for
