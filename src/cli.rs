@@ -19,7 +19,7 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Generate text for one prompt and print the prompt and decode speeds.
-    Generate(GenerateArgs),
+    Generate(Box<GenerateArgs>),
     /// Download a known model and convert it into the cache.
     Fetch(FetchArgs),
     /// Convert a GGUF file into a Hugging Face model directory.
@@ -197,11 +197,12 @@ pub struct ModelArgs {
     pub cache_dir: Option<PathBuf>,
 }
 
-/// `peregrine generate`.
+/// `peregrine generate`: one request through the engine `serve` runs, configured by the
+/// same settings (flags and `--config` file), less the ones only a server has.
 #[derive(Args, Debug)]
 pub struct GenerateArgs {
     #[command(flatten)]
-    pub model: ModelArgs,
+    pub engine: peregrine_config::ServeArgs,
     /// The prompt text.
     #[arg(long)]
     pub prompt: String,
@@ -238,9 +239,6 @@ pub struct GenerateArgs {
     /// Generate max_tokens even past the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Tokens per KV cache block.
-    #[arg(long, default_value_t = 16)]
-    pub block_size: usize,
 }
 
 /// `peregrine fetch`.

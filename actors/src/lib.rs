@@ -1,9 +1,9 @@
 //! The serving runtime: the actors (the HTTP gateway, the scheduler, the KV allocator, the
 //! target runner and its model backends, the draft proposer), the typed messages between
 //! them (`messages`), how they are assembled (`engine`), their metrics, liveness
-//! (`health`) and speculation statistics; and the single-request generator that
-//! `peregrine generate` drives. The GraphCaptureManager (`graphs`) captures the decode
-//! step per batch size; `capture` captures the target's and the draft's graphs together.
+//! (`health`) and speculation statistics. The GraphCaptureManager (`graphs`) captures the
+//! decode step per batch size; `capture` captures the target's and the draft's graphs
+//! together.
 
 pub mod actor_thread;
 pub mod backend;
@@ -11,7 +11,6 @@ pub mod capture;
 pub mod draft;
 pub mod engine;
 pub mod gateway;
-pub mod generator;
 pub mod graphs;
 pub mod health;
 pub mod kv_allocator;
@@ -22,5 +21,4 @@ pub mod spec_alarm;
 pub mod spec_stats;
 pub mod target_runner;
 
-pub use generator::{GenerationRequest, GenerationStats, Generator};
 pub use messages::FinishReason;

@@ -4,6 +4,7 @@ mod bench_latency;
 mod bench_serve;
 mod bench_spec;
 mod convert;
+mod engine;
 mod fetch;
 mod generate;
 mod serve;
@@ -27,7 +28,7 @@ pub fn run(cli: Cli) -> ExitCode {
             .init();
     }
     let result = match cli.command {
-        Command::Generate(args) => generate::run(args),
+        Command::Generate(args) => generate::run(*args),
         Command::Fetch(args) => fetch::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Serve(args) => serve::run(*args),

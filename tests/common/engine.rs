@@ -6,9 +6,9 @@ use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::messages::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, Usage,
 };
-use peregrine_actors::{GenerationRequest, Generator};
 use peregrine_models::LlamaModel;
-use peregrine_ops::sampling::SamplingParams;
+use peregrine_ops::sampling::{Sampler, SamplingParams};
+use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -106,20 +106,37 @@ pub fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParam
         .collect()
 }
 
-/// Each request alone through the single-request generator (pool of 64 blocks of 16), its
-/// `max_tokens` tokens past EOS: what the engine must give it whatever else runs.
+/// Each request alone, its `max_tokens` tokens past EOS, through the plainest loop there
+/// is (no engine, no batch, no graph: the model's eager forward over a cache of 64 blocks
+/// of 16, one token a step): what the engine must give it whatever else runs.
 pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) -> Vec<Vec<u32>> {
-    let mut generator = Generator::new(LlamaModel::load(dir).unwrap(), 64, 16);
+    const BLOCK: usize = 16;
+    let model = LlamaModel::load(dir).unwrap();
+    let layout = model.kv_layout(64, BLOCK as u64);
+    let mut cache = KvCache::new(model.config().num_layers, layout);
     reqs.iter()
         .map(|(prompt, params)| {
-            let request = GenerationRequest {
-                prompt: prompt.clone(),
-                params: params.clone(),
-                max_tokens,
-                stop_token_ids: vec![],
-                ignore_eos: true,
-            };
-            generator.generate(&request, |_| {}).unwrap().0
+            let mut sampler = Sampler::new(params).unwrap();
+            let mut output = Vec::with_capacity(max_tokens);
+            let mut fed = prompt.clone();
+            let mut cached = 0;
+            while output.len() < max_tokens {
+                let blocks: Vec<u32> = (0..(cached + fed.len()).div_ceil(BLOCK) as u32).collect();
+                let spec = SeqSpec {
+                    num_cached: cached,
+                    num_new: fed.len(),
+                    block_table: &blocks,
+                };
+                let plan = AttentionPlan::new(&[spec], BLOCK, 64).unwrap();
+                let logits = model
+                    .forward(&fed, &plan, &mut cache, &[fed.len() - 1])
+                    .unwrap();
+                cached += fed.len();
+                let token = sampler.sample(&logits, prompt, &output);
+                output.push(token);
+                fed = vec![token];
+            }
+            output
         })
         .collect()
 }

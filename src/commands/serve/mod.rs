@@ -2,74 +2,29 @@
 //! reloads the configuration on SIGHUP, on a change of its file and on
 //! `POST /admin/reload`, and drains in-flight requests on SIGTERM / SIGINT.
 
-mod reload;
+pub(crate) mod reload;
 mod signals;
 pub(crate) mod speculation;
 
-use crate::commands::DEFAULT_MODEL;
+use crate::commands::engine::{load_backend, model_dir, start};
 use actix_web::{web, App, HttpServer};
 use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
-use peregrine_actors::backend::{cpu_backend, ModelBackend};
-use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::gateway::{
     self, routes, EngineClient, GatewayState, ModelInfo, SharedConfig,
 };
 use peregrine_actors::metrics::{
     ACCEPTED_LENGTH_BUCKETS, HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
 };
-use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
+use peregrine_config::{ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
-use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use peregrine_models::tokenizer::Tokenizer;
-use peregrine_models::LlamaModel;
-use reload::{gateway_config, graph_sizes, limits, Reloader};
-use speculation::load_drafter;
+use reload::{gateway_config, Reloader};
 use std::io::IsTerminal;
-use std::path::Path;
 use std::sync::Arc;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{fmt, reload as log_reload, EnvFilter};
-
-/// The model of `dir` with its KV pool on the configured device.
-fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn ModelBackend>> {
-    match config.device {
-        DeviceKind::Cpu => {
-            let model =
-                LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
-            cpu_backend(model, config.kv_cache_memory, config.block_size)
-        }
-        #[cfg(feature = "cuda")]
-        DeviceKind::Cuda => {
-            let cache = default_cache_dir(config.cache_dir.as_deref())?;
-            let settings = peregrine_actors::backend::GpuSettings {
-                gpu_memory_utilization: config.gpu_memory_utilization,
-                block_size: config.block_size,
-                max_num_batched_tokens: config.max_num_batched_tokens,
-                max_num_seqs: config.max_num_seqs,
-                num_speculative_tokens: if config.speculative_method.is_some() {
-                    config.num_speculative_tokens
-                } else {
-                    0
-                },
-                deterministic: config.deterministic,
-                max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
-                kernel_cache: cache.join("kernels"),
-                // A draft model or EAGLE-3 head runs on the GPU beside the target.
-                draft: speculation::gpu_draft(
-                    config.speculative_method,
-                    config.draft_model.as_deref(),
-                ),
-            };
-            peregrine_actors::backend::cuda_backend(dir, &settings)
-        }
-        #[cfg(not(feature = "cuda"))]
-        DeviceKind::Cuda => anyhow::bail!(
-            "device cuda is not built into this binary (build with --features cuda); use --device cpu"
-        ),
-    }
-}
 
 /// Runs the server until it is shut down.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -83,20 +38,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 .with_ansi(std::io::stderr().is_terminal()),
         )
         .init();
-    let (dir, default_name) = match &config.model {
-        Some(dir) => (dir.clone(), dir.display().to_string()),
-        None => {
-            let cache = default_cache_dir(config.cache_dir.as_deref())?;
-            (
-                fetch_model(DEFAULT_MODEL, &cache)?,
-                DEFAULT_MODEL.to_string(),
-            )
-        }
-    };
+    let (dir, default_name) = model_dir(&config)?;
     let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
-    let mut backend = load_backend(&config, &dir)?;
+    let backend = load_backend(&config, &dir)?;
     let mut prometheus = PrometheusBuilder::new();
     for name in HISTOGRAMS {
         prometheus =
@@ -111,21 +57,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let settings = EngineSettings {
-            block_size: config.block_size,
-            prefix_caching: config.enable_prefix_caching,
-            limits: limits(&config),
-            max_model_len: config.max_model_len,
-            async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
-        };
-        let drafter = load_drafter(&config, backend.as_mut())?;
-        let mut engine = start_engine(backend, &settings, drafter)?;
+        let mut engine = start(&config, backend).await?;
         let stopped = engine.take_stopped();
-        engine
-            .graphs
-            .capture(graph_sizes(&config)?)
-            .await
-            .context("capturing graphs")?;
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(
             args,

@@ -1,0 +1,91 @@
+//! The engine `serve` and `generate` both run, built from one configuration: the model
+//! loaded on the configured device with its KV pool, the drafter, the actors, and the
+//! graphs captured.
+
+use crate::commands::serve::reload::{graph_sizes, limits};
+use crate::commands::serve::speculation::load_drafter;
+use crate::commands::DEFAULT_MODEL;
+use anyhow::Context;
+use peregrine_actors::backend::{cpu_backend, ModelBackend};
+use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
+use peregrine_config::{DeviceKind, ServeConfig};
+use peregrine_models::fetch::{default_cache_dir, fetch_model};
+use peregrine_models::LlamaModel;
+use std::path::{Path, PathBuf};
+
+/// The model directory `config` names, or the default model (fetched on first use), with
+/// the name it is served under unless `served_model_name` says otherwise.
+pub fn model_dir(config: &ServeConfig) -> anyhow::Result<(PathBuf, String)> {
+    Ok(match &config.model {
+        Some(dir) => (dir.clone(), dir.display().to_string()),
+        None => {
+            let cache = default_cache_dir(config.cache_dir.as_deref())?;
+            (
+                fetch_model(DEFAULT_MODEL, &cache)?,
+                DEFAULT_MODEL.to_string(),
+            )
+        }
+    })
+}
+
+/// The model of `dir` with its KV pool on the configured device.
+pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn ModelBackend>> {
+    match config.device {
+        DeviceKind::Cpu => {
+            let model =
+                LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+            cpu_backend(model, config.kv_cache_memory, config.block_size)
+        }
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => {
+            let cache = default_cache_dir(config.cache_dir.as_deref())?;
+            let settings = peregrine_actors::backend::GpuSettings {
+                gpu_memory_utilization: config.gpu_memory_utilization,
+                block_size: config.block_size,
+                max_num_batched_tokens: config.max_num_batched_tokens,
+                max_num_seqs: config.max_num_seqs,
+                num_speculative_tokens: if config.speculative_method.is_some() {
+                    config.num_speculative_tokens
+                } else {
+                    0
+                },
+                deterministic: config.deterministic,
+                max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
+                kernel_cache: cache.join("kernels"),
+                // A draft model or EAGLE-3 head runs on the GPU beside the target.
+                draft: crate::commands::serve::speculation::gpu_draft(
+                    config.speculative_method,
+                    config.draft_model.as_deref(),
+                ),
+            };
+            peregrine_actors::backend::cuda_backend(dir, &settings)
+        }
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => anyhow::bail!(
+            "device cuda is not built into this binary (build with --features cuda); use --device cpu"
+        ),
+    }
+}
+
+/// Starts the engine's actors over `backend` with the configured drafter, and captures
+/// the configured graphs. Call from inside a tokio runtime.
+pub async fn start(
+    config: &ServeConfig,
+    mut backend: Box<dyn ModelBackend>,
+) -> anyhow::Result<Engine> {
+    let settings = EngineSettings {
+        block_size: config.block_size,
+        prefix_caching: config.enable_prefix_caching,
+        limits: limits(config),
+        max_model_len: config.max_model_len,
+        async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
+    };
+    let drafter = load_drafter(config, backend.as_mut())?;
+    let engine = start_engine(backend, &settings, drafter)?;
+    engine
+        .graphs
+        .capture(graph_sizes(config)?)
+        .await
+        .context("capturing graphs")?;
+    Ok(engine)
+}
