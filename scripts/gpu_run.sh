@@ -27,6 +27,10 @@
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
 #                                 (after smollm2), eager and through graphs
+#   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
+#                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
+#                                 concurrency 1 and 8 and the engine's time per step, as in
+#                                 `serve`
 #   scripts/gpu_run.sh chain      scripts/decode_chain_bench.cu (built here with nvcc): the
 #                                 kernel chain of batch-1 decode layers replayed as a graph,
 #                                 unfused against fused norms and at several GEMV grid caps,
@@ -189,6 +193,16 @@ ab)
                     "$bin/$build" $common "$model" $flags 2>&1 | grep -v "^20" | tee -a "$OUT/ab.log"
                 done
             done
+        done
+    done
+    ;;
+abserve)
+    gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
+    for round in 1 2; do
+        for build in peregrine-base peregrine; do
+            echo "== round $round $build" | tee -a "$OUT/abserve.log"
+            serve_bench "$bin/$build" "/tmp/abserve-$round-$build.log" /tmp/smollm2 2>&1 |
+                grep -v "^20" | tee -a "$OUT/abserve.log"
         done
     done
     ;;

@@ -13,7 +13,9 @@ import statistics
 import sys
 from datetime import datetime
 
-STAMP = re.compile(r"^(\S+Z) .*peregrine_actors::scheduler: (queued|finished) request_id=(\S+)")
+STAMP = re.compile(
+    r"^(\S+Z) .*peregrine_actors::scheduler(?:::\w+)?: (queued|finished) request_id=(\S+)"
+)
 
 
 def main(path, output_len):
