@@ -4,7 +4,6 @@
 //! has stopped, so that a process can wait for that before it exits: a CUDA context torn
 //! down at exit under a thread still freeing its graphs crashes the process.
 
-use crate::backend::ModelBackend;
 use crate::health::ThreadAlive;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
@@ -37,10 +36,10 @@ impl Spin {
         for_next_step: Duration::from_micros(200),
     };
 
-    /// [`Spin::DEVICE`] for a backend whose steps run on a device
-    /// ([`ModelBackend::host_waits_on_device`]), else [`Spin::NONE`].
-    pub fn for_backend(backend: &dyn ModelBackend) -> Spin {
-        if backend.host_waits_on_device() {
+    /// [`Spin::DEVICE`] where the host waits on a device for the steps
+    /// (`ModelBackend::host_waits_on_device`), else [`Spin::NONE`].
+    pub fn for_device(host_waits_on_device: bool) -> Spin {
+        if host_waits_on_device {
             Spin::DEVICE
         } else {
             Spin::NONE

@@ -60,13 +60,12 @@ impl GraphCapture {
 mod tests {
     use super::*;
     use crate::actor_thread::Spin;
-    use crate::backend::{ModelBackend, PoolInfo, RowSampling};
+    use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput};
     use crate::draft::{spawn_proposer, DraftMethod};
-    use crate::messages::{GeneratedToken, ProposeSeq, RequestId};
+    use crate::messages::{ProposeSeq, RequestId};
     use crate::target_runner::TargetRunner;
     use peregrine_kernels::cpu::KvLayout;
     use peregrine_models::ModelConfig;
-    use peregrine_ops::AttentionPlan;
 
     /// The sizes of every capture asked, in order.
     type Log = Arc<std::sync::Mutex<Vec<Option<Vec<usize>>>>>;
@@ -104,22 +103,7 @@ mod tests {
             &self.pool
         }
 
-        fn step(
-            &mut self,
-            _: &[u32],
-            _: &AttentionPlan,
-            _: &[usize],
-            _: &mut [RowSampling],
-        ) -> anyhow::Result<Vec<GeneratedToken>> {
-            anyhow::bail!("no steps")
-        }
-
-        fn forward_logits(
-            &mut self,
-            _: &[u32],
-            _: &AttentionPlan,
-            _: &[usize],
-        ) -> anyhow::Result<Vec<f32>> {
+        fn run(&mut self, _: StepInput) -> anyhow::Result<StepOutput> {
             anyhow::bail!("no steps")
         }
 

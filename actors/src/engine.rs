@@ -152,7 +152,7 @@ pub fn start_engine(
     };
     let block_size = settings.block_size;
     let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
-    let spin = Spin::for_backend(backend.as_ref());
+    let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();
     let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, decode_ahead);
     let health = EngineHealth::default();

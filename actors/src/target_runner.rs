@@ -6,7 +6,7 @@
 mod decode_ahead;
 
 use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spin, Stopped};
-use crate::backend::{ModelBackend, RowSampling};
+use crate::backend::{ModelBackend, RowSampling, StepInput, StepOutput, StepSource, Wanted};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
     AheadUse, GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch,
@@ -57,6 +57,8 @@ pub struct TargetRunner {
     decode_ahead: bool,
     /// The step queued ahead after the last one, if any.
     ahead: Option<AheadStep>,
+    /// The hidden states the step being run recorded, for its `StepDone`.
+    hidden: Option<Vec<f32>>,
 }
 
 /// Sends steps to the runner's thread.
@@ -70,9 +72,9 @@ pub struct TargetRunnerHandle {
 impl TargetRunner {
     /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
     /// (and drops the model) once every handle is dropped. The runner polls for its next
-    /// step, and a handle for a step's result, as `spin` says ([`Spin::for_backend`]).
+    /// step, and a handle for a step's result, as `spin` says ([`Spin::for_device`]).
     /// With `decode_ahead`, each greedy decode step queues the one after it before its
-    /// tokens are read, where the backend can ([`ModelBackend::greedy_ahead`]).
+    /// tokens are read, where the backend can ([`Wanted::Argmax`]).
     pub fn spawn(
         model: Box<dyn ModelBackend>,
         block_size: usize,
@@ -86,6 +88,7 @@ impl TargetRunner {
             tables: HashMap::new(),
             decode_ahead,
             ahead: None,
+            hidden: None,
         };
         let (tx, rx) = crossbeam_channel::unbounded::<RunnerMsg>();
         let stopped = spawn_actor_thread("target-runner", move || {
@@ -131,10 +134,11 @@ impl TargetRunner {
         }
         // Each table leaves the map for the step and returns to it whatever the outcome.
         let seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
+        self.hidden = None;
         let result = self.run(&seqs, ahead);
         let hidden = self
-            .model
-            .take_hidden()
+            .hidden
+            .take()
             .map(|h| split_hidden(&h, &seqs))
             .unwrap_or_default();
         self.tables
@@ -231,6 +235,16 @@ impl TargetRunner {
         Ok((plan, tokens, rows))
     }
 
+    /// Runs `input` on the model, keeping the hidden states it recorded for the step's
+    /// `StepDone`.
+    fn forward(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
+        let mut output = self.model.run(input)?;
+        if let Some(hidden) = output.hidden.take() {
+            self.hidden = Some(hidden);
+        }
+        Ok(output)
+    }
+
     /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
     fn plan_of(
         &self,
@@ -261,7 +275,9 @@ impl TargetRunner {
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let generated = if argmax_only(states) {
             // Each token is its row's argmax, which a decode graph computes in itself.
-            let ids = self.model.forward_argmax(tokens, plan, rows)?;
+            let ids = self
+                .forward(fresh(tokens, plan, rows, Wanted::Argmax { next: None }))?
+                .argmax()?;
             ids.into_iter()
                 .map(|id| GeneratedToken { id, logprobs: None })
                 .collect()
@@ -275,7 +291,8 @@ impl TargetRunner {
                     logprobs: state.logprobs,
                 })
                 .collect();
-            self.model.step(tokens, plan, rows, &mut sampling)?
+            self.forward(fresh(tokens, plan, rows, Wanted::Sampled(&mut sampling)))?
+                .sampled()?
         };
         if generated.len() != states.len() {
             return Err(anyhow!(
@@ -312,7 +329,9 @@ impl TargetRunner {
             return self.verify_greedy(tokens, plan, rows, states);
         }
         let vocab = self.model.config().vocab_size;
-        let logits = self.model.forward_logits(tokens, plan, rows)?;
+        let logits = self
+            .forward(fresh(tokens, plan, rows, Wanted::Logits))?
+            .logits()?;
         if logits.len() != rows.len() * vocab {
             return Err(anyhow!(
                 "{} logits for {} rows of {vocab}",
@@ -362,7 +381,9 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let targets = self.model.forward_argmax(tokens, plan, rows)?;
+        let targets = self
+            .forward(fresh(tokens, plan, rows, Wanted::Argmax { next: None }))?
+            .argmax()?;
         if targets.len() != rows.len() {
             return Err(anyhow!("{} tokens for {} rows", targets.len(), rows.len()));
         }
@@ -415,6 +436,23 @@ fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
         let params = state.sampler.params();
         params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()
     })
+}
+
+/// A step of `tokens` over `plan` giving `wanted` of `logit_rows`.
+fn fresh<'a, 's>(
+    tokens: &'a [u32],
+    plan: &'a AttentionPlan,
+    logit_rows: &'a [usize],
+    wanted: Wanted<'a, 's>,
+) -> StepInput<'a, 's> {
+    StepInput {
+        source: StepSource::Fresh {
+            tokens,
+            plan,
+            logit_rows,
+        },
+        wanted,
+    }
 }
 
 fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {

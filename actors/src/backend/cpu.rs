@@ -1,7 +1,10 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
-use super::{blocks_in, sample_on_host, GreedyStep, ModelBackend, PoolInfo, RowSampling};
+use super::{
+    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowSampling, StepInput,
+    StepOutput, StepSource,
+};
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::GeneratedToken;
 use peregrine_models::{LlamaModel, ModelConfig};
@@ -18,7 +21,7 @@ struct CpuBackend {
     hidden: Option<Vec<f32>>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
-    /// The ids of the step [`ModelBackend::greedy_ahead`] ran ahead (on the CPU, at once).
+    /// The ids of the step [`Forwards::greedy`] ran ahead (on the CPU, at once).
     queued: Option<Vec<u32>>,
 }
 
@@ -94,16 +97,8 @@ pub fn cpu_backend(
     }))
 }
 
-impl ModelBackend for CpuBackend {
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-
-    fn pool(&self) -> &PoolInfo {
-        &self.pool
-    }
-
-    fn step(
+impl Forwards for CpuBackend {
+    fn sampled(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
@@ -115,7 +110,7 @@ impl ModelBackend for CpuBackend {
         Ok(sample_on_host(&logits, vocab, sampling))
     }
 
-    fn forward_logits(
+    fn logits(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
@@ -124,23 +119,27 @@ impl ModelBackend for CpuBackend {
         self.forward(tokens, plan, logit_rows)
     }
 
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
     /// The CPU runs `next` at once, after this step: its keys and values are written
     /// before any later step, as a device queue would order them.
-    fn greedy_ahead(
+    fn greedy(
         &mut self,
-        step: GreedyStep,
+        source: StepSource,
         next: Option<&AttentionPlan>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let (ids, decode) = match step {
-            GreedyStep::Fresh {
+        let (ids, decode) = match source {
+            StepSource::Fresh {
                 tokens,
                 plan,
                 logit_rows,
             } => (
-                self.forward_argmax(tokens, plan, logit_rows)?,
+                self.argmax(tokens, plan, logit_rows)?,
                 is_decode_step(tokens, plan, logit_rows),
             ),
-            GreedyStep::Queued => match self.queued.take() {
+            StepSource::Queued => match self.queued.take() {
                 Some(ids) => (ids, true),
                 None => anyhow::bail!("no step was queued ahead"),
             },
@@ -149,8 +148,26 @@ impl ModelBackend for CpuBackend {
             return Ok((ids, false));
         };
         let rows: Vec<usize> = (0..ids.len()).collect();
-        self.queued = Some(self.forward_argmax(&ids, next, &rows)?);
+        self.queued = Some(self.argmax(&ids, next, &rows)?);
         Ok((ids, true))
+    }
+
+    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        self.hidden.take()
+    }
+}
+
+impl ModelBackend for CpuBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn pool(&self) -> &PoolInfo {
+        &self.pool
+    }
+
+    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
+        run_step(self, input)
     }
 
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
@@ -166,10 +183,6 @@ impl ModelBackend for CpuBackend {
             Some(sizes) => self.capture_graphs(Some(&sizes)),
             None => Ok(()),
         }
-    }
-
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
-        self.hidden.take()
     }
 
     fn embedding_table(&self) -> Option<Arc<[f32]>> {

@@ -5,7 +5,8 @@
 //! shape). The target records the inputs of the head's aux layers when asked.
 
 use super::{
-    blocks_in, sample_on_host, GreedyStep, ModelBackend, PoolInfo, RowSampling, StepCapacity,
+    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowSampling,
+    StepCapacity, StepInput, StepOutput, StepSource,
 };
 use crate::draft::{GpuHead, HeadCapacity, HeadRunner};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
@@ -87,7 +88,7 @@ struct GpuBackend {
     head: Option<Box<dyn HeadRunner>>,
     /// What the last forward recorded of the layers `ModelBackend::record_hidden` named.
     hidden: Option<Vec<f32>>,
-    /// The decode step `ModelBackend::greedy_ahead` queued, until the next call.
+    /// The decode step `Forwards::greedy` queued, until the next call.
     ahead: Option<QueuedStep>,
     /// Whether the model records layer inputs (then nothing is queued ahead: a queued
     /// step's would not reach the host).
@@ -423,26 +424,10 @@ fn sample_logits(
         .collect())
 }
 
-impl ModelBackend for GpuBackend {
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-
-    fn host_waits_on_device(&self) -> bool {
-        true
-    }
-
-    fn pool(&self) -> &PoolInfo {
-        &self.pool
-    }
-
-    fn capacity(&self) -> Option<StepCapacity> {
-        Some(self.capacity)
-    }
-
+impl Forwards for GpuBackend {
     /// Through a decode graph where one serves the step, else eagerly; sampled by
     /// `sample_logits`.
-    fn step(
+    fn sampled(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
@@ -471,9 +456,13 @@ impl ModelBackend for GpuBackend {
         Ok(sampled)
     }
 
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
     /// The argmax on the device (inside the graph, where one serves the step), one
     /// download of the ids.
-    fn forward_argmax(
+    fn argmax(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
@@ -498,7 +487,7 @@ impl ModelBackend for GpuBackend {
     }
 
     /// One download of the picked rows' logits after the forward.
-    fn forward_logits(
+    fn logits(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
@@ -523,22 +512,22 @@ impl ModelBackend for GpuBackend {
 
     /// Through the decode graph that serves the step (else eagerly, queuing nothing): the
     /// ids come back through page-locked memory after `next` is queued.
-    fn greedy_ahead(
+    fn greedy(
         &mut self,
-        step: GreedyStep,
+        source: StepSource,
         next: Option<&AttentionPlan>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let queued = self.ahead.take();
-        let (graph, input) = match step {
-            GreedyStep::Fresh {
+        let (graph, input) = match source {
+            StepSource::Fresh {
                 tokens,
                 plan,
                 logit_rows,
             } => match self.decode_graph(tokens, plan, logit_rows) {
                 Some(graph) if !self.records_hidden => (graph, GreedyInput::Host { tokens, plan }),
-                _ => return Ok((self.forward_argmax(tokens, plan, logit_rows)?, false)),
+                _ => return Ok((self.argmax(tokens, plan, logit_rows)?, false)),
             },
-            GreedyStep::Queued => {
+            StepSource::Queued => {
                 let queued = queued.context("no step was queued ahead")?;
                 let graph = self
                     .graphs
@@ -555,6 +544,32 @@ impl ModelBackend for GpuBackend {
         let ahead = queued.is_some();
         self.ahead = queued;
         Ok((ids, ahead))
+    }
+
+    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        self.hidden.take()
+    }
+}
+
+impl ModelBackend for GpuBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn host_waits_on_device(&self) -> bool {
+        true
+    }
+
+    fn pool(&self) -> &PoolInfo {
+        &self.pool
+    }
+
+    fn capacity(&self) -> Option<StepCapacity> {
+        Some(self.capacity)
+    }
+
+    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
+        run_step(self, input)
     }
 
     fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
@@ -576,10 +591,6 @@ impl ModelBackend for GpuBackend {
             Some(sizes) => self.capture_graphs(Some(&sizes)),
             None => Ok(()),
         }
-    }
-
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
-        self.hidden.take()
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one

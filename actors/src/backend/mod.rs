@@ -123,21 +123,99 @@ impl StepCapacity {
     }
 }
 
-/// Where the tokens of a step run by [`ModelBackend::greedy_ahead`] come from.
+/// Where a step's tokens come from.
 #[derive(Clone, Copy, Debug)]
-pub enum GreedyStep<'a> {
-    /// These tokens (one per planned row) over this plan, the argmax of `logit_rows`
-    /// asked.
+pub enum StepSource<'a> {
+    /// These tokens (one per planned row) over this plan; the step's outputs are those of
+    /// `logit_rows`.
     Fresh {
         tokens: &'a [u32],
         plan: &'a AttentionPlan,
         logit_rows: &'a [usize],
     },
-    /// The step the call before queued ahead.
+    /// The step the call before queued ahead ([`Wanted::Argmax`]'s `next`): one row per
+    /// sequence, each fed the argmax of its row in that call.
     Queued,
 }
 
-/// A model with its KV pool, ready to run steps.
+/// What a step gives back of each of its logit rows.
+pub enum Wanted<'a, 's> {
+    /// The token the row's sampler chooses (with logprobs where it asks).
+    Sampled(&'a mut [RowSampling<'s>]),
+    /// The row's logits, on the host: speculative verification judges several rows per
+    /// sequence there.
+    Logits,
+    /// The row's greedy token (the argmax, lowest id among ties): a device backend finds it
+    /// where the logits are and moves only the ids. With `next`, planned over the same
+    /// sequences in the same order, each one token further, the backend may first queue
+    /// `next`, fed each sequence's token from this step's argmax without waiting for it on
+    /// the host (async scheduling: the device runs `next` while the host plans the step
+    /// after), and say so in [`StepOutput::queued_next`]. A queued step is read by the next
+    /// call as [`StepSource::Queued`]; any other call drops it (the keys and values it
+    /// wrote lie one position past each sequence's tokens, where that sequence's next step
+    /// writes or its freed blocks' next owner does, later on the same device queue). Only
+    /// a pure decode step (one token and one logit row per sequence) queues anything.
+    Argmax { next: Option<&'a AttentionPlan> },
+}
+
+/// One step for [`ModelBackend::run`]: its tokens, and what to give back of them.
+pub struct StepInput<'a, 's> {
+    pub source: StepSource<'a>,
+    pub wanted: Wanted<'a, 's>,
+}
+
+/// What a step gave back of its logit rows, in their order.
+#[derive(Debug, PartialEq)]
+pub enum RowOutputs {
+    /// [`Wanted::Sampled`]: each row's chosen token.
+    Sampled(Vec<GeneratedToken>),
+    /// [`Wanted::Logits`]: `[rows, vocab]`.
+    Logits(Vec<f32>),
+    /// [`Wanted::Argmax`]: each row's greedy token.
+    Argmax(Vec<u32>),
+}
+
+/// One step's outputs.
+#[derive(Debug, PartialEq)]
+pub struct StepOutput {
+    /// What was wanted of each logit row.
+    pub rows: RowOutputs,
+    /// Whether the step after was queued ahead ([`Wanted::Argmax`]).
+    pub queued_next: bool,
+    /// The hidden states the forward recorded, `[rows, layers.len() * hidden]`, where
+    /// [`ModelBackend::record_hidden`] asked for them: every planned row's, for a draft
+    /// method to read.
+    pub hidden: Option<Vec<f32>>,
+}
+
+impl StepOutput {
+    /// The sampled tokens; an error if the step gave back something else.
+    pub fn sampled(self) -> anyhow::Result<Vec<GeneratedToken>> {
+        match self.rows {
+            RowOutputs::Sampled(tokens) => Ok(tokens),
+            other => bail!("a sampled step gave back {other:?}"),
+        }
+    }
+
+    /// The logits; an error if the step gave back something else.
+    pub fn logits(self) -> anyhow::Result<Vec<f32>> {
+        match self.rows {
+            RowOutputs::Logits(logits) => Ok(logits),
+            other => bail!("a step for logits gave back {other:?}"),
+        }
+    }
+
+    /// The greedy tokens; an error if the step gave back something else.
+    pub fn argmax(self) -> anyhow::Result<Vec<u32>> {
+        match self.rows {
+            RowOutputs::Argmax(ids) => Ok(ids),
+            other => bail!("a greedy step gave back {other:?}"),
+        }
+    }
+}
+
+/// A model with its KV pool, ready to run steps. The runner calls [`ModelBackend::run`]
+/// for every step; a second architecture implements [`Forwards`] and these.
 pub trait ModelBackend: Send {
     /// The model's configuration.
     fn config(&self) -> &ModelConfig;
@@ -154,70 +232,12 @@ pub trait ModelBackend: Send {
     fn capacity(&self) -> Option<StepCapacity> {
         None
     }
-    /// Runs `tokens` (one per planned row) through the model, writing their keys and
-    /// values into the pool, and chooses the next token of each row in `logit_rows` with
-    /// the matching entry of `sampling`.
-    fn step(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        sampling: &mut [RowSampling],
-    ) -> anyhow::Result<Vec<GeneratedToken>>;
-    /// Runs the forward as [`ModelBackend::step`] does and returns the logits of
-    /// `logit_rows` on the host, `[logit_rows.len(), vocab]`: speculative verification
-    /// judges several rows per sequence there.
-    fn forward_logits(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<f32>>;
-    /// Runs the forward and returns the greedy token (the argmax, lowest id among ties) of
-    /// each row of `logit_rows`: greedy verification needs no more. A device backend finds
-    /// them where the logits are and moves only the ids.
-    fn forward_argmax(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<u32>> {
-        let vocab = self.config().vocab_size;
-        let logits = self.forward_logits(tokens, plan, logit_rows)?;
-        logits
-            .chunks(vocab)
-            .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
-            .collect()
-    }
-    /// Runs a greedy step as [`ModelBackend::forward_argmax`] does and returns the argmax
-    /// of its logit rows (of a [`GreedyStep::Queued`] step: one per sequence). With
-    /// `next`, planned over the same sequences in the same order, each one token further,
-    /// it may first queue `next`, fed each sequence's token from this step's argmax without
-    /// waiting for it on the host (async scheduling: the device runs `next` while the host
-    /// plans the step after); it says whether it did. A queued step is read by the next
-    /// call as [`GreedyStep::Queued`]; any other call drops it (the keys and values it
-    /// wrote lie one position past each sequence's tokens, where that sequence's next step
-    /// writes or its freed blocks' next owner does, later on the same device queue).
-    ///
-    /// Queues nothing unless the step is pure decode (one token and one logit row per
-    /// sequence); a backend that cannot queue ahead runs the step alone.
-    fn greedy_ahead(
-        &mut self,
-        step: GreedyStep,
-        next: Option<&AttentionPlan>,
-    ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let _ = next;
-        match step {
-            GreedyStep::Fresh {
-                tokens,
-                plan,
-                logit_rows,
-            } => Ok((self.forward_argmax(tokens, plan, logit_rows)?, false)),
-            GreedyStep::Queued => bail!("the {} backend queued no step ahead", self.pool().device),
-        }
-    }
+    /// Runs one step: the tokens of `input.source` through the model, writing their keys
+    /// and values into the pool, and gives back what `input.wanted` asks of its logit
+    /// rows, with the hidden states it recorded.
+    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput>;
     /// From now on, every forward also records the input of each layer in `layers` for
-    /// every row (concatenated in that order), for [`ModelBackend::take_hidden`]: the
+    /// every row (concatenated in that order), returned in [`StepOutput::hidden`]: the
     /// target features of an EAGLE-3 head. Refused by a backend that cannot.
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
         let _ = layers;
@@ -225,11 +245,6 @@ pub trait ModelBackend: Send {
             "the {} backend cannot hand target hidden states to a draft method",
             self.pool().device
         )
-    }
-    /// The hidden states the last forward recorded, `[rows, layers.len() * hidden]`, if it
-    /// recorded any; taken, so a later call returns `None` until the next forward.
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
-        None
     }
     /// The token embedding table on the host, `[vocab, hidden]`, where the backend holds
     /// one (an EAGLE-3 head without its own shares it).
@@ -248,9 +263,9 @@ pub trait ModelBackend: Send {
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on
     /// failure the old ones stay); `None` drops every graph and runs eagerly. From then on
-    /// [`ModelBackend::step`] and the forwards replay a graph when the batch is pure decode
-    /// (one new token and one logit row per sequence) and a captured size holds it,
-    /// padding it up; any other batch runs eagerly. Refused by a backend that cannot.
+    /// a step replays a graph when it is pure decode (one new token and one logit row per
+    /// sequence) and a captured size holds it, padding it up; any other step runs eagerly.
+    /// Refused by a backend that cannot.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         let _ = sizes;
         bail!(
@@ -258,6 +273,94 @@ pub trait ModelBackend: Send {
             self.pool().device
         )
     }
+}
+
+/// The forwards a backend runs its steps with, one per [`Wanted`]; [`run_step`] picks one
+/// for [`ModelBackend::run`]. Only backends implement and call them.
+pub trait Forwards {
+    /// The forward, each logit row's token chosen with the matching entry of `sampling`.
+    fn sampled(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        sampling: &mut [RowSampling],
+    ) -> anyhow::Result<Vec<GeneratedToken>>;
+    /// The forward, the logits of `logit_rows` on the host, `[logit_rows.len(), vocab]`.
+    fn logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>>;
+    /// The vocabulary, to cut logits into rows.
+    fn vocab(&self) -> usize;
+    /// The forward, the argmax of each row of `logit_rows`.
+    fn argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let vocab = self.vocab();
+        self.logits(tokens, plan, logit_rows)?
+            .chunks(vocab)
+            .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
+            .collect()
+    }
+    /// A greedy step ([`Wanted::Argmax`]) from `source`, queuing `next` where it can;
+    /// says whether it did. A backend that cannot queue ahead runs the step alone.
+    fn greedy(
+        &mut self,
+        source: StepSource,
+        next: Option<&AttentionPlan>,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let _ = next;
+        match source {
+            StepSource::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => Ok((self.argmax(tokens, plan, logit_rows)?, false)),
+            StepSource::Queued => bail!("no step was queued ahead"),
+        }
+    }
+    /// The hidden states the last forward recorded, if it recorded any; taken.
+    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+        None
+    }
+}
+
+/// [`ModelBackend::run`] over a backend's [`Forwards`].
+pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result<StepOutput> {
+    let fresh = match input.source {
+        StepSource::Fresh {
+            tokens,
+            plan,
+            logit_rows,
+        } => Some((tokens, plan, logit_rows)),
+        StepSource::Queued => None,
+    };
+    let (rows, queued_next) = match (input.wanted, fresh) {
+        (Wanted::Argmax { next }, _) => {
+            let (ids, queued) = backend.greedy(input.source, next)?;
+            (RowOutputs::Argmax(ids), queued)
+        }
+        (Wanted::Sampled(sampling), Some((tokens, plan, rows))) => {
+            let sampled = backend.sampled(tokens, plan, rows, sampling)?;
+            (RowOutputs::Sampled(sampled), false)
+        }
+        (Wanted::Logits, Some((tokens, plan, rows))) => (
+            RowOutputs::Logits(backend.logits(tokens, plan, rows)?),
+            false,
+        ),
+        (_, None) => bail!("a step queued ahead gives back only its argmax"),
+    };
+    Ok(StepOutput {
+        rows,
+        queued_next,
+        hidden: backend.take_hidden(),
+    })
 }
 
 /// Samples every row of host `logits` (`[sampling.len(), vocab]`), with logprobs where

@@ -6,7 +6,7 @@
 
 use super::progress::DraftProgress;
 use super::DraftMethod;
-use crate::backend::{ModelBackend, PoolInfo};
+use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput, StepSource, Wanted};
 use crate::graphs::CaptureSizes;
 use crate::messages::{ProposeSeq, RequestId};
 use anyhow::{bail, Context};
@@ -102,8 +102,17 @@ fn greedy(
             ids.extend_from_slice(&tokens[*start..*start + piece.num_new]);
             rows.push(ids.len() - 1);
         }
+        let input = StepInput {
+            source: StepSource::Fresh {
+                tokens: &ids,
+                plan: &plan,
+                logit_rows: &rows,
+            },
+            wanted: Wanted::Argmax { next: None },
+        };
         let chosen = backend
-            .forward_argmax(&ids, &plan, &rows)
+            .run(input)
+            .and_then(StepOutput::argmax)
             .context("draft model forward")?;
         for ((spec, piece, _), id) in pieces.iter().zip(chosen) {
             // A spec's last piece gives its draft.

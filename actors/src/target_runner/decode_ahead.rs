@@ -13,7 +13,7 @@
 //! later on the same device queue.
 
 use super::{RunSeq, SeqSampling, TargetRunner};
-use crate::backend::GreedyStep;
+use crate::backend::{StepInput, StepSource, Wanted};
 use crate::messages::{AheadUse, GeneratedToken, RequestId, SeqOutput};
 use anyhow::anyhow;
 use peregrine_ops::AttentionPlan;
@@ -90,7 +90,15 @@ impl TargetRunner {
                 } else {
                     None
                 };
-                let (ids, queued) = self.model.greedy_ahead(GreedyStep::Queued, next.as_ref())?;
+                let input = StepInput {
+                    source: StepSource::Queued,
+                    wanted: Wanted::Argmax {
+                        next: next.as_ref(),
+                    },
+                };
+                let output = self.forward(input)?;
+                let queued = output.queued_next;
+                let ids = output.argmax()?;
                 if ids.len() != ahead.seqs.len() {
                     return Err(anyhow!(
                         "{} tokens from a queued step of {} sequences",
@@ -152,12 +160,17 @@ impl TargetRunner {
         next: Option<&AttentionPlan>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let (plan, tokens, rows) = self.step_inputs(seqs)?;
-        let step = GreedyStep::Fresh {
-            tokens: &tokens,
-            plan: &plan,
-            logit_rows: &rows,
+        let input = StepInput {
+            source: StepSource::Fresh {
+                tokens: &tokens,
+                plan: &plan,
+                logit_rows: &rows,
+            },
+            wanted: Wanted::Argmax { next },
         };
-        self.model.greedy_ahead(step, next)
+        let output = self.forward(input)?;
+        let queued = output.queued_next;
+        Ok((output.argmax()?, queued))
     }
 
     /// The plan of the step after `seqs` if each went on by one token, when each is a
