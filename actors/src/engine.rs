@@ -3,8 +3,8 @@
 
 use crate::actor_thread::{Spin, Stopped};
 use crate::backend::{ModelBackend, StepCapacity};
-use crate::capture::GraphCapture;
 use crate::draft::{spawn_proposer, DraftMethod};
+use crate::graphs::GraphCapture;
 use crate::health::EngineHealth;
 use crate::kv_allocator::KvAllocator;
 use crate::messages::{SchedulerLimits, SchedulerMsg};

@@ -1,13 +1,12 @@
 //! The serving runtime: the actors (the HTTP gateway, the scheduler, the KV allocator, the
 //! target runner and its model backends, the draft proposer), the typed messages between
 //! them (`messages`), how they are assembled (`engine`), their metrics, liveness
-//! (`health`) and speculation statistics. The GraphCaptureManager (`graphs`) captures the
-//! decode step per batch size; `capture` captures the target's and the draft's graphs
-//! together.
+//! (`health`) and speculation statistics; and the graphs (`graphs`): the captured sizes,
+//! the GraphCaptureManager, the CPU backend's graphs, and the capture of the target's and
+//! the draft's graphs together.
 
 pub mod actor_thread;
 pub mod backend;
-pub mod capture;
 pub mod draft;
 pub mod engine;
 pub mod gateway;

@@ -3,20 +3,21 @@
 
 pub mod chat_template;
 pub mod config;
+pub mod cpu_graph;
 pub mod eagle3;
 pub mod fetch;
 pub mod gguf;
+#[cfg(feature = "cuda")]
+pub mod gpu_graph;
 pub mod llama;
 #[cfg(feature = "cuda")]
 pub mod llama_gpu;
 pub mod progress;
-mod record_ops;
-pub mod step_io;
 pub mod tokenizer;
 pub mod weights;
 
 pub use config::{Architecture, ConfigError, ModelConfig};
+pub use cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
 pub use eagle3::{Eagle3Config, Eagle3Error, Eagle3Head};
 pub use llama::{ForwardError, LlamaBuffers, LlamaModel};
-pub use step_io::{StepInputs, StepShape, StepStaging};
 pub use weights::{WeightError, Weights};

@@ -17,9 +17,9 @@ use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
+use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, GreedyInput, QueuedStep, ReplayedStep,
-    SharedKvCache,
+    CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep, ReplayedStep,
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};

@@ -9,7 +9,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
 use peregrine_models::eagle3::{Eagle3Config, FeatureKind, HeadInput};
-use peregrine_models::llama_gpu::{GraphLimits, SharedKvCache};
+use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 
 /// The largest step the head's buffers hold.

@@ -10,8 +10,8 @@
 use super::record::FeatureKind;
 use super::stage::HeadStaging;
 use super::Eagle3Head;
+use crate::cpu_graph::step_io::StepShape;
 use crate::llama::{check_inputs, ForwardError};
-use crate::step_io::StepShape;
 use peregrine_ops::{AttentionPlan, KvCache};
 use peregrine_runtime::cpu_graph::CpuGraph;
 

@@ -7,6 +7,7 @@
 //! f32 residual stream, which becomes `h1`, then `h2` (the next step's `pre`).
 
 use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
+use crate::gpu_graph::SharedGraphBuffers;
 use crate::llama::{check_inputs, ForwardError};
 use crate::llama_gpu::{
     attend, project_logits, GpuForwardError, GpuModelOptions, LayerKv, LogitRows, SharedEmbedding,
@@ -26,7 +27,7 @@ use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, Rotary, RotaryLayout};
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 pub use super::gpu_graph::CapturedHeadDecode;
 use super::gpu_graph::HeadGraphBuffers;
@@ -39,7 +40,7 @@ pub struct GpuEagle3Head {
     /// The metadata of eager steps.
     plan: DeviceAttentionPlan,
     /// The buffers of the decode graphs, while any graph was captured from them.
-    pub(super) graph_buffers: Option<Arc<Mutex<HeadGraphBuffers>>>,
+    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers>,
 }
 
 /// The head's embedding table: its own, or the target's.
@@ -254,7 +255,7 @@ impl GpuEagle3Head {
             core: Arc::new(core),
             work,
             plan,
-            graph_buffers: None,
+            graph_buffers: SharedGraphBuffers::default(),
         })
     }
 

@@ -7,10 +7,9 @@
 
 use super::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore, HeadWorkspace};
 use super::FeatureKind;
+use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
 use crate::llama::{check_inputs, ForwardError};
-use crate::llama_gpu::{
-    context_classes, scratch_plan, ContextGraphs, GpuForwardError, GraphLimits, SharedKvCache,
-};
+use crate::llama_gpu::GpuForwardError;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
@@ -120,21 +119,11 @@ impl GpuEagle3Head {
         let core = self.core.clone();
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
-        let reuse = self.graph_buffers.as_ref().filter(|b| {
-            let b = b.lock().unwrap_or_else(|e| e.into_inner());
-            b.limits.max_rows >= size
-                && b.limits.max_context == limits.max_context
-                && b.limits.scratch_slot == limits.scratch_slot
-        });
-        let buffers = match reuse {
-            Some(b) => b.clone(),
-            None => {
-                let fresh = HeadGraphBuffers::new(&core, limits, block_size)?;
-                let fresh = Arc::new(Mutex::new(fresh));
-                self.graph_buffers = Some(fresh.clone());
-                fresh
-            }
-        };
+        let buffers = self.graph_buffers.for_capture(
+            |_| true,
+            |b| b.limits.serve(size, &limits),
+            || HeadGraphBuffers::new(&core, limits, block_size),
+        )?;
         let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
         let pre = vec![0.5f32; size * core.config.hidden_size];

@@ -8,9 +8,9 @@
 
 use super::load::HeadWeights;
 use super::Eagle3Head;
+use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
+use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::llama::ForwardError;
-use crate::record_ops::{self as ops, Activations, Dims, Graph};
-use crate::step_io::{StepInputs, StepShape};
 use peregrine_runtime::cpu_graph::CpuBuffer;
 
 /// Which feature `g` a forward reads (see [`HeadInput`](super::HeadInput)).

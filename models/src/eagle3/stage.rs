@@ -3,8 +3,8 @@
 //! on axis 0), whose padded rows repeat the last real row.
 
 use super::record::HeadBuffers;
+use crate::cpu_graph::step_io::{copy, StepShape, StepStaging};
 use crate::llama::ForwardError;
-use crate::step_io::{copy, StepShape, StepStaging};
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::{Padding, StagedInput};
 

@@ -5,8 +5,8 @@ mod record;
 pub use record::LlamaBuffers;
 
 use crate::config::ModelConfig;
+use crate::cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
 use crate::progress;
-use crate::step_io::{StepInputs, StepShape, StepStaging};
 use crate::weights::{WeightError, Weights};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::{

@@ -7,8 +7,8 @@
 
 use super::{ForwardError, Layer, LlamaModel};
 use crate::config::ModelConfig;
-use crate::record_ops::{self as ops, Activations, Dims, Graph};
-use crate::step_io::{StepInputs, StepShape};
+use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
+use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use peregrine_ops::RmsNorm;
 use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
 use std::sync::Arc;

@@ -18,36 +18,20 @@
 //! per host buffer, and its launches alternate between them.
 
 use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
+use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
 use crate::llama::check_inputs;
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
-use peregrine_kernels::cpu::KvLayout;
-use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
+use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
-use peregrine_runtime::cuda::{Gpu, MappedHost};
+use peregrine_ops::AttentionPlan;
+use peregrine_runtime::cuda::MappedHost;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod ahead;
 pub use ahead::{GreedyInput, QueuedStep};
-
-/// A KV cache that captured graphs share with the eager steps: a graph holds it, so the
-/// cache cannot be freed while the graph lives.
-pub type SharedKvCache = Arc<Mutex<GpuKvCache>>;
-
-/// What the decode graphs of a model serve.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct GraphLimits {
-    /// The largest captured size: the rows the shared buffers hold.
-    pub max_rows: usize,
-    /// The longest context a graph serves (longer steps run eagerly).
-    pub max_context: usize,
-    /// The slot padded rows write into; its block belongs to no sequence.
-    pub scratch_slot: i64,
-}
 
 /// What a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,18 +94,6 @@ impl CapturedDecode {
     /// The longest context the graph serves.
     pub fn max_context(&self) -> usize {
         self.graphs[0].max_context()
-    }
-}
-
-/// The context classes a decode step is captured for: contexts of one split partition
-/// (whose grids launch no combine), then every context up to `max_context`. The prefill
-/// kernel's grid does not depend on the context: one class.
-pub fn context_classes(max_context: usize, decode: DecodeKernel) -> Vec<usize> {
-    match decode {
-        DecodeKernel::Split if max_context > PARTITION_TOKENS => {
-            vec![PARTITION_TOKENS, max_context]
-        }
-        _ => vec![max_context],
     }
 }
 
@@ -245,91 +217,6 @@ impl GraphBuffers {
     }
 }
 
-/// One captured step's graphs, one per context class, by ascending class: the longest
-/// context each serves.
-pub struct ContextGraphs(Vec<(usize, CudaGraph)>);
-
-impl ContextGraphs {
-    /// A graph per class of `classes` (ascending): `stage` stages the step into `state`
-    /// for grids that serve contexts up to a class, `queue` queues it (see
-    /// [`capture_graph`]).
-    pub(crate) fn capture<S>(
-        gpu: &Gpu,
-        classes: Vec<usize>,
-        state: &mut S,
-        stage: impl Fn(&mut S, usize) -> Result<(), GpuForwardError>,
-        queue: impl Fn(&mut S) -> Result<(), GpuForwardError>,
-    ) -> anyhow::Result<ContextGraphs> {
-        let mut graphs = Vec::with_capacity(classes.len());
-        for context in classes {
-            stage(state, context)?;
-            graphs.push((context, capture_graph(gpu, || queue(state))?));
-        }
-        Ok(ContextGraphs(graphs))
-    }
-
-    /// The longest context a graph serves.
-    pub fn max_context(&self) -> usize {
-        self.0.last().map_or(0, |(c, _)| *c)
-    }
-
-    /// The graph of the smallest class that serves a step whose longest context is
-    /// `plan`'s, with that class; refused past the largest class.
-    pub(crate) fn serving(
-        &self,
-        plan: &AttentionPlan,
-    ) -> Result<(usize, &CudaGraph), GpuForwardError> {
-        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
-        match self.0.iter().find(|(c, _)| *c >= longest) {
-            Some((context, graph)) => Ok((*context, graph)),
-            None => Err(AttentionError::Shape(format!(
-                "a context of {longest} tokens, past the graphs' {}",
-                self.max_context()
-            ))
-            .into()),
-        }
-    }
-}
-
-/// The plan of a step of `size` one-token sequences at position 0 of the scratch block (that
-/// of `scratch_slot`): the step a graph is captured from, which writes no sequence's KV.
-pub(crate) fn scratch_plan(
-    size: usize,
-    scratch_slot: i64,
-    layout: &KvLayout,
-) -> Result<AttentionPlan, PlanError> {
-    let block_size = layout.block_size as usize;
-    let table = [(scratch_slot as usize / block_size) as u32];
-    let specs: Vec<SeqSpec> = (0..size)
-        .map(|_| SeqSpec {
-            num_cached: 0,
-            num_new: 1,
-            block_table: &table,
-        })
-        .collect();
-    AttentionPlan::new(&specs, block_size, layout.num_blocks)
-}
-
-/// Runs `queue` once eagerly and waits for it, so that every lazy allocation and choice
-/// (cuBLASLt plans) happens outside the capture, then captures what it queues on `gpu`'s
-/// stream into a graph, uploaded.
-pub(crate) fn capture_graph(
-    gpu: &Gpu,
-    mut queue: impl FnMut() -> Result<(), GpuForwardError>,
-) -> anyhow::Result<CudaGraph> {
-    queue()?;
-    gpu.synchronize()?;
-    let stream = gpu.stream();
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let queued = queue();
-    // The capture ends whatever happened, so that the stream is usable again.
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    queued?;
-    let graph = graph?.ok_or_else(|| anyhow::anyhow!("the capture recorded nothing"))?;
-    graph.upload()?;
-    Ok(graph)
-}
-
 impl GraphKind {
     /// The kernel the one-row sequences of this kind's steps go to, in a model whose
     /// decode steps go to `decode`.
@@ -384,25 +271,11 @@ impl GpuLlama {
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
         let aux_layers = self.work.aux_layers().to_vec();
-        let reuse = self.graph_buffers.iter().find(|b| {
-            let b = b.lock().unwrap_or_else(|e| e.into_inner());
-            b.kind == kind
-                && b.limits.max_rows >= size
-                && b.limits.max_context == limits.max_context
-                && b.limits.scratch_slot == limits.scratch_slot
-                && b.work.aux_layers() == aux_layers
-        });
-        let buffers = match reuse {
-            Some(b) => b.clone(),
-            None => {
-                let fresh = GraphBuffers::new(&core, limits, kind, block_size, &aux_layers)?;
-                let fresh = Arc::new(Mutex::new(fresh));
-                self.graph_buffers
-                    .retain(|b| b.lock().unwrap_or_else(|e| e.into_inner()).kind != kind);
-                self.graph_buffers.push(fresh.clone());
-                fresh
-            }
-        };
+        let buffers = self.graph_buffers.for_capture(
+            |b| b.kind == kind,
+            |b| b.limits.serve(size, &limits) && b.work.aux_layers() == aux_layers,
+            || GraphBuffers::new(&core, limits, kind, block_size, &aux_layers),
+        )?;
         let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
         let classes = context_classes(limits.max_context, kind.kernel(core.decode_kernel));

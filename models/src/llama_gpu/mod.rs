@@ -8,15 +8,12 @@ mod workspace;
 
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
-pub(crate) use graph::scratch_plan;
-pub use graph::{
-    context_classes, CapturedDecode, ContextGraphs, GraphKind, GraphLimits, GreedyInput,
-    QueuedStep, ReplayedStep, SharedKvCache,
-};
+pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep};
 pub use weights::GpuWeights;
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;
+use crate::gpu_graph::SharedGraphBuffers;
 use crate::weights::Weights;
 use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
@@ -71,7 +68,7 @@ pub struct GpuLlama {
     /// The buffers of the graphs, one set for decode steps and one for verification steps,
     /// while any graph was captured from them: shared by every graph of their kind (each
     /// holds them too) and replaced only by a capture for more rows.
-    graph_buffers: Vec<Arc<std::sync::Mutex<graph::GraphBuffers>>>,
+    graph_buffers: SharedGraphBuffers<graph::GraphBuffers>,
 }
 
 /// What every kernel of the forward reads and never writes: the weights, the rotary table,
@@ -173,7 +170,7 @@ impl GpuLlama {
             core: Arc::new(core),
             work,
             plan,
-            graph_buffers: Vec::new(),
+            graph_buffers: SharedGraphBuffers::default(),
         })
     }
 

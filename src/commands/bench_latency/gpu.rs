@@ -7,8 +7,9 @@ use anyhow::Context;
 use peregrine_actors::backend::kernels_for;
 use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use peregrine_models::fetch::default_cache_dir;
+use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GraphLimits, GreedyInput, QueuedStep, SharedKvCache,
+    CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep,
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::GpuKvCache;

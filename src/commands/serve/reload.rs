@@ -2,10 +2,10 @@
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
 use peregrine_actors::backend::StepCapacity;
-use peregrine_actors::capture::GraphCapture;
 use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
 use peregrine_actors::graphs::CaptureSizes;
+use peregrine_actors::graphs::GraphCapture;
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
 use peregrine_config::{ServeArgs, ServeConfig};
 use peregrine_ops::sampling::SamplingParams;

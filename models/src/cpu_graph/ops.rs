@@ -3,7 +3,7 @@
 //! holding owning handles of every buffer it touches and reading the staged inputs at
 //! replay.
 
-use crate::step_io::{StepInputs, StepShape};
+use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::ForwardError;
 use peregrine_kernels::cpu::embedding as embed_rows;
 use peregrine_kernels::cpu::silu_and_mul as silu_mul;

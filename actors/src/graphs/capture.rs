@@ -1,8 +1,8 @@
 //! Graph capture for the whole engine: the target runner's decode graphs and the draft
 //! proposer's, for one set of sizes, at start-up and on every reload that changes them.
 
+use super::CaptureSizes;
 use crate::draft::DraftProposerHandle;
-use crate::graphs::CaptureSizes;
 use crate::target_runner::TargetRunnerHandle;
 use anyhow::Context;
 use std::sync::Arc;
