@@ -6,7 +6,7 @@
 use super::bench_serve::prompts;
 use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
-use peregrine_actors::backend::{cpu_backend, ModelBackend};
+use peregrine_actors::backend::{cpu_backend, Loaded};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{
@@ -83,19 +83,23 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The target model on the device `args` names, with room for `drafts` drafts a step.
+/// The target model on the device `args` names, with room for `drafts` drafts a step,
+/// and the drafter loaded beside it there.
 #[cfg_attr(not(feature = "cuda"), expect(unused_variables))]
 fn open_backend(
     args: &BenchSpecArgs,
     dir: &std::path::Path,
     drafts: usize,
-) -> anyhow::Result<Box<dyn ModelBackend>> {
+) -> anyhow::Result<Loaded> {
     match args.device.as_str() {
-        "cpu" => cpu_backend(
-            LlamaModel::load(dir)?,
-            args.kv_cache_memory,
-            args.block_size,
-        ),
+        "cpu" => Ok(Loaded {
+            target: cpu_backend(
+                LlamaModel::load(dir)?,
+                args.kv_cache_memory,
+                args.block_size,
+            )?,
+            beside: None,
+        }),
         #[cfg(feature = "cuda")]
         "cuda" => {
             let cache =
@@ -139,13 +143,17 @@ async fn run_engine(
     } else {
         0
     };
-    let mut backend = open_backend(args, dir, drafts)?;
+    let Loaded {
+        target: mut backend,
+        beside,
+    } = open_backend(args, dir, drafts)?;
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,
             args.draft_model.as_deref(),
             (args.ngram_min, args.ngram_max),
             backend.as_mut(),
+            beside,
         )?)
     } else {
         None

@@ -6,7 +6,7 @@ use crate::commands::serve::reload::{graph_sizes, limits};
 use crate::commands::serve::speculation::load_drafter;
 use crate::commands::DEFAULT_MODEL;
 use anyhow::Context;
-use peregrine_actors::backend::{cpu_backend, ModelBackend};
+use peregrine_actors::backend::{cpu_backend, Loaded};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_config::{DeviceKind, ServeConfig};
 use peregrine_models::fetch::{default_cache_dir, fetch_model};
@@ -28,13 +28,17 @@ pub fn model_dir(config: &ServeConfig) -> anyhow::Result<(PathBuf, String)> {
     })
 }
 
-/// The model of `dir` with its KV pool on the configured device.
-pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn ModelBackend>> {
+/// The model of `dir` with its KV pool on the configured device, and the drafter loaded
+/// beside it there.
+pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> {
     match config.device {
         DeviceKind::Cpu => {
             let model =
                 LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
-            cpu_backend(model, config.kv_cache_memory, config.block_size)
+            Ok(Loaded {
+                target: cpu_backend(model, config.kv_cache_memory, config.block_size)?,
+                beside: None,
+            })
         }
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
@@ -67,12 +71,14 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Box<dyn 
     }
 }
 
-/// Starts the engine's actors over `backend` with the configured drafter, and captures
-/// the configured graphs. Call from inside a tokio runtime.
-pub async fn start(
-    config: &ServeConfig,
-    mut backend: Box<dyn ModelBackend>,
-) -> anyhow::Result<Engine> {
+/// Starts the engine's actors over the `loaded` target with the configured drafter (the
+/// proposer owns it), and captures the configured graphs. Call from inside a tokio
+/// runtime.
+pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engine> {
+    let Loaded {
+        target: mut backend,
+        beside,
+    } = loaded;
     let settings = EngineSettings {
         block_size: config.block_size,
         prefix_caching: config.enable_prefix_caching,
@@ -80,7 +86,7 @@ pub async fn start(
         max_model_len: config.max_model_len,
         async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
     };
-    let drafter = load_drafter(config, backend.as_mut())?;
+    let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;
     engine
         .graphs

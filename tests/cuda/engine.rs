@@ -10,8 +10,10 @@ use crate::eagle3::gpu_head_spec;
 use crate::model::gpu_sized;
 use crate::setup;
 use metrics_util::debugging::DebuggingRecorder;
-use peregrine_actors::backend::{cuda_backend, GpuDraft, GpuSettings, ModelBackend};
-use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
+use peregrine_actors::backend::{
+    cuda_backend, DraftBeside, GpuDraft, GpuSettings, Loaded, ModelBackend,
+};
+use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, GpuHead, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
@@ -22,7 +24,7 @@ use std::path::Path;
 const MAX_TOKENS: usize = 16;
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
-    gpu_engine_drafting(dir, deterministic, |_| None, 0, None, false)
+    gpu_engine_drafting(dir, deterministic, |_, _| None, 0, None, false)
 }
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
@@ -31,7 +33,7 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
-    drafter: impl FnOnce(&mut dyn ModelBackend) -> Option<Box<dyn DraftMethod>>,
+    drafter: impl FnOnce(&mut dyn ModelBackend, Option<DraftBeside>) -> Option<Box<dyn DraftMethod>>,
     k: usize,
     gpu_draft: Option<GpuDraft>,
     async_scheduling: bool,
@@ -47,7 +49,10 @@ fn gpu_engine_drafting(
         kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
         draft: gpu_draft,
     };
-    let mut backend = cuda_backend(dir, &settings).unwrap();
+    let Loaded {
+        target: mut backend,
+        beside,
+    } = cuda_backend(dir, &settings).unwrap();
     let pool = backend.pool().clone();
     eprintln!(
         "GPU pool: {} blocks, {} bytes per layer, audit: largest byte offset {} in {}",
@@ -70,7 +75,7 @@ fn gpu_engine_drafting(
         max_model_len: None,
         async_scheduling,
     };
-    let drafter = drafter(backend.as_mut());
+    let drafter = drafter(backend.as_mut(), beside);
     start_engine(backend, &engine, drafter).unwrap()
 }
 
@@ -150,7 +155,7 @@ fn async_scheduling_on_the_gpu_keeps_every_greedy_token() {
     runtime.block_on(async {
         let mut runs = Vec::new();
         for on in [false, true] {
-            let engine = gpu_engine_drafting(dir.path(), true, |_| None, 0, None, on);
+            let engine = gpu_engine_drafting(dir.path(), true, |_, _| None, 0, None, on);
             let sizes = CaptureSizes::for_max_num_seqs(32);
             engine.graphs.capture(Some(sizes)).await.unwrap();
             let mut tokens: Vec<Vec<u32>> = run_all(&engine.scheduler, &reqs, MAX_TOKENS)
@@ -238,24 +243,24 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             "gpu eagle3 graphs",
         ];
         for method in methods {
-            let drafter = |target: &mut dyn ModelBackend| -> Option<Box<dyn DraftMethod>> {
-                Some(match method {
-                    "ngram" => Box::new(Ngram::new(1, 3).unwrap()),
-                    "draft_model" => {
+            let drafter = |target: &mut dyn ModelBackend,
+                           beside: Option<DraftBeside>|
+             -> Option<Box<dyn DraftMethod>> {
+                Some(match (method, beside) {
+                    ("ngram", None) => Box::new(Ngram::new(1, 3).unwrap()),
+                    ("draft_model", None) => {
                         let model = LlamaModel::load(dir.path()).unwrap();
                         let draft = DraftModel::new(model, target.config(), target.pool());
                         Box::new(draft.unwrap())
                     }
-                    m if m.starts_with("gpu eagle3") => {
-                        let head = target
-                            .take_eagle3_head()
-                            .expect("the backend loaded a head");
-                        Box::new(Eagle3::with_runner(head))
+                    (_, Some(DraftBeside::Eagle3Head(head, limits))) => {
+                        let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
+                        Box::new(Eagle3::with_runner(runner))
                     }
-                    _ => {
-                        let draft = target.take_draft().expect("the backend loaded a draft");
+                    (_, Some(DraftBeside::Model(draft))) => {
                         Box::new(BackendDraft::new(draft, target.pool()).unwrap())
                     }
+                    (method, None) => panic!("{method}: the backend loaded no drafter"),
                 })
             };
             let gpu_draft = match method {

@@ -5,10 +5,9 @@
 //! shape). The target records the inputs of the head's aux layers when asked.
 
 use super::{
-    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowSampling,
-    StepCapacity, StepInput, StepOutput, StepSource,
+    blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
+    ModelBackend, PoolInfo, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
 };
-use crate::draft::{GpuHead, HeadCapacity, HeadRunner};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
@@ -58,11 +57,9 @@ pub struct GpuSettings {
 /// A drafter the CUDA backend loads beside the target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GpuDraft {
-    /// A draft model of the same tokenizer in this directory, handed out by
-    /// [`ModelBackend::take_draft`].
+    /// A draft model of the same tokenizer in this directory ([`DraftBeside::Model`]).
     Model(PathBuf),
-    /// An EAGLE-3 head in this directory, handed out by
-    /// [`ModelBackend::take_eagle3_head`].
+    /// An EAGLE-3 head in this directory ([`DraftBeside::Eagle3Head`]).
     Eagle3Head(PathBuf),
 }
 
@@ -82,10 +79,6 @@ struct GpuBackend {
     cache: SharedKvCache,
     pool: PoolInfo,
     max_seq_len_to_capture: usize,
-    /// The draft model's backend, until taken.
-    draft: Option<Box<dyn ModelBackend>>,
-    /// The EAGLE-3 head, until taken.
-    head: Option<Box<dyn HeadRunner>>,
     /// What the last forward recorded of the layers `ModelBackend::record_hidden` named.
     hidden: Option<Vec<f32>>,
     /// The decode step `Forwards::greedy` queued, until the next call.
@@ -98,10 +91,11 @@ struct GpuBackend {
 /// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
 pub const MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
 
-/// Loads the checkpoint in `dir` onto device 0 and sizes its pool: what is free after the
-/// weights and a profiling forward of `max_num_batched_tokens` tokens, less the share of
-/// the device that `gpu_memory_utilization` leaves to others.
-pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn ModelBackend>> {
+/// Loads the checkpoint in `dir` onto device 0, with the drafter `s.draft` names beside it,
+/// and sizes the pool: what is free after the weights and a profiling forward of
+/// `max_num_batched_tokens` tokens, less the share of the device that
+/// `gpu_memory_utilization` leaves to others.
+pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     let gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
     let kernels = Arc::new(kernels_for(&gpu, &s.kernel_cache, s.deterministic)?);
     info!(
@@ -121,7 +115,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
             let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
             let loaded = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
                 .with_context(|| format!("the draft model {}", draft_dir.display()))?;
-            crate::draft::check_draft(loaded.config(), model.config())?;
+            check_draft(loaded.config(), model.config())?;
             draft = Some(loaded);
         }
         Some(GpuDraft::Eagle3Head(head_dir)) => {
@@ -170,55 +164,35 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Box<dyn Model
     };
     let drafts = s.num_speculative_tokens;
     let blocks = num_blocks as u64;
-    let mut target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
-    if let Some(draft) = draft {
-        let capacity = StepCapacity {
-            max_logit_rows: s.max_num_seqs,
-            ..capacity
-        };
-        let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, 0, s)?;
-        info!(
-            blocks = num_blocks,
-            draft_bytes_per_layer = draft.pool.bytes_per_layer,
-            "draft model loaded beside the target"
-        );
-        target.draft = Some(Box::new(draft));
-    }
-    if let Some(head) = head {
-        target.head = Some(Box::new(head_runner(head, &target.pool, s)?));
-    }
-    Ok(Box::new(target))
-}
-
-/// The EAGLE-3 `head` with a one-layer cache of the head's shape in the blocks of the
-/// target's `pool` (the scratch block included), address-audited.
-fn head_runner(head: GpuEagle3Head, pool: &PoolInfo, s: &GpuSettings) -> anyhow::Result<GpuHead> {
-    let layout = head
-        .config()
-        .kv_layout(pool.layout.num_blocks, pool.layout.block_size);
-    audit(&layout, 2).map_err(|e| anyhow::anyhow!("EAGLE-3 head KV address audit: {e}"))?;
-    let cache = GpuKvCache::new(head.gpu(), 1, layout)?;
-    info!(
-        blocks = layout.num_blocks,
-        bytes_per_layer = cache.bytes_per_layer(),
-        "EAGLE-3 head loaded beside the target"
-    );
-    let capacity = HeadCapacity {
-        max_tokens: s.max_num_batched_tokens,
-        max_logit_rows: s.max_num_seqs,
+    let target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
+    let beside = match (draft, head) {
+        (Some(draft), _) => {
+            let capacity = StepCapacity {
+                max_logit_rows: s.max_num_seqs,
+                ..capacity
+            };
+            let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, 0, s)?;
+            info!(
+                blocks = num_blocks,
+                draft_bytes_per_layer = draft.pool.bytes_per_layer,
+                "draft model loaded beside the target"
+            );
+            Some(DraftBeside::Model(Box::new(draft)))
+        }
+        (None, Some(head)) => {
+            let limits = HeadLimits {
+                max_tokens: s.max_num_batched_tokens,
+                max_logit_rows: s.max_num_seqs,
+                max_seq_len_to_capture: s.max_seq_len_to_capture,
+            };
+            Some(DraftBeside::Eagle3Head(Box::new(head), limits))
+        }
+        (None, None) => None,
     };
-    let scratch_slot = pool
-        .scratch_slot()
-        .context("the pool has no scratch block")?;
-    let max_context = s.max_seq_len_to_capture.min(head.max_positions());
-    let cache = Arc::new(Mutex::new(cache));
-    Ok(GpuHead::new(
-        head,
-        cache,
-        capacity,
-        scratch_slot,
-        max_context,
-    ))
+    Ok(Loaded {
+        target: Box::new(target),
+        beside,
+    })
 }
 
 /// The kernels for `gpu`, launched with programmatic dependent launch except in
@@ -290,8 +264,6 @@ impl GpuBackend {
             cache: Arc::new(Mutex::new(cache)),
             pool,
             max_seq_len_to_capture: s.max_seq_len_to_capture,
-            draft: None,
-            head: None,
             hidden: None,
             ahead: None,
             records_hidden: false,
@@ -570,14 +542,6 @@ impl ModelBackend for GpuBackend {
 
     fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
         run_step(self, input)
-    }
-
-    fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
-        self.draft.take()
-    }
-
-    fn take_eagle3_head(&mut self) -> Option<Box<dyn HeadRunner>> {
-        self.head.take()
     }
 
     /// Drops the decode graphs captured before, which do not record the layers: capture

@@ -9,7 +9,6 @@ pub use cpu::cpu_backend;
 #[cfg(feature = "cuda")]
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
-use crate::draft::HeadRunner;
 use crate::graphs::CaptureSizes;
 use crate::messages::GeneratedToken;
 use anyhow::bail;
@@ -59,6 +58,57 @@ impl PoolInfo {
         let longest = max_model_len.div_ceil(self.layout.block_size as usize);
         longest.min(self.usable_blocks() as usize).max(1)
     }
+}
+
+/// A target backend and the drafter loaded beside it, for the draft proposer to own.
+pub struct Loaded {
+    pub target: Box<dyn ModelBackend>,
+    pub beside: Option<DraftBeside>,
+}
+
+/// A drafter a backend loaded beside the target: the CUDA backend loads the draft model or
+/// the EAGLE-3 head with the target, so that the pool is sized from what both leave of
+/// the device's memory and each block holds the KV of all of them.
+pub enum DraftBeside {
+    /// The draft model's backend, over a pool of the same blocks.
+    Model(Box<dyn ModelBackend>),
+    /// The EAGLE-3 head on the GPU, and the steps its runner is sized for.
+    #[cfg(feature = "cuda")]
+    Eagle3Head(
+        Box<peregrine_models::eagle3::gpu::GpuEagle3Head>,
+        HeadLimits,
+    ),
+}
+
+/// The steps a drafter loaded beside the target is sized for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeadLimits {
+    /// Tokens of one step.
+    pub max_tokens: usize,
+    /// Logit rows of one step (one per sequence).
+    pub max_logit_rows: usize,
+    /// The longest context a captured decode graph serves.
+    pub max_seq_len_to_capture: usize,
+}
+
+/// Refuses a draft model whose vocabulary differs from the target's (they must share a
+/// tokenizer) or whose context is shorter.
+pub fn check_draft(draft: &ModelConfig, target: &ModelConfig) -> anyhow::Result<()> {
+    if draft.vocab_size != target.vocab_size {
+        bail!(
+            "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
+            draft.vocab_size,
+            target.vocab_size
+        );
+    }
+    if draft.max_model_len < target.max_model_len {
+        bail!(
+            "draft_model's context ({} tokens) is shorter than the target's ({})",
+            draft.max_model_len,
+            target.max_model_len
+        );
+    }
+    Ok(())
 }
 
 /// The sampling state of the request a logit row belongs to.
@@ -249,16 +299,6 @@ pub trait ModelBackend: Send {
     /// The token embedding table on the host, `[vocab, hidden]`, where the backend holds
     /// one (an EAGLE-3 head without its own shares it).
     fn embedding_table(&self) -> Option<Arc<[f32]>> {
-        None
-    }
-    /// The draft model's backend that was loaded beside this one (`GpuSettings::draft_model`),
-    /// over a pool of the same blocks; taken, so a later call returns `None`.
-    fn take_draft(&mut self) -> Option<Box<dyn ModelBackend>> {
-        None
-    }
-    /// The EAGLE-3 head that was loaded beside this model (`GpuDraft::Eagle3Head`), with its
-    /// cache in the pool's blocks; taken, so a later call returns `None`.
-    fn take_eagle3_head(&mut self) -> Option<Box<dyn HeadRunner>> {
         None
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on

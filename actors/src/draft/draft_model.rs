@@ -52,7 +52,7 @@ impl DraftModel {
         pool: &PoolInfo,
     ) -> anyhow::Result<DraftModel> {
         let c = model.config();
-        super::check_draft(c, target)?;
+        crate::backend::check_draft(c, target)?;
         let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
         let layout = model.kv_layout(num_blocks, block_size);
         layout

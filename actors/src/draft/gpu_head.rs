@@ -5,12 +5,16 @@
 
 use super::backend_draft::forwards;
 use super::head_runner::HeadRunner;
+use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
+use peregrine_kernels::cuda::attention::audit;
 use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
 use peregrine_models::eagle3::{Eagle3Config, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
+use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
+use std::sync::{Arc, Mutex};
 
 /// The largest step the head's buffers hold.
 #[derive(Clone, Copy, Debug)]
@@ -38,6 +42,42 @@ pub struct GpuHead {
 }
 
 impl GpuHead {
+    /// The EAGLE-3 `head` the CUDA backend loaded beside the target, with a one-layer cache
+    /// of the head's shape in the blocks of the target's `pool` (the scratch block
+    /// included), address-audited, sized for `limits`.
+    pub fn beside(
+        head: GpuEagle3Head,
+        pool: &PoolInfo,
+        limits: HeadLimits,
+    ) -> anyhow::Result<GpuHead> {
+        let layout = head
+            .config()
+            .kv_layout(pool.layout.num_blocks, pool.layout.block_size);
+        audit(&layout, 2).map_err(|e| anyhow::anyhow!("EAGLE-3 head KV address audit: {e}"))?;
+        let cache = GpuKvCache::new(head.gpu(), 1, layout)?;
+        tracing::info!(
+            blocks = layout.num_blocks,
+            bytes_per_layer = cache.bytes_per_layer(),
+            "EAGLE-3 head loaded beside the target"
+        );
+        let capacity = HeadCapacity {
+            max_tokens: limits.max_tokens,
+            max_logit_rows: limits.max_logit_rows,
+        };
+        let scratch_slot = pool
+            .scratch_slot()
+            .ok_or_else(|| anyhow::anyhow!("the pool has no scratch block"))?;
+        let max_context = limits.max_seq_len_to_capture.min(head.max_positions());
+        let cache = Arc::new(Mutex::new(cache));
+        Ok(GpuHead::new(
+            head,
+            cache,
+            capacity,
+            scratch_slot,
+            max_context,
+        ))
+    }
+
     /// `head` over `cache` (one layer of the head's shape in the blocks of the target's
     /// pool), its buffers holding `capacity`; graphs serve contexts up to `max_context` and
     /// their padded rows write into `scratch_slot`.

@@ -32,30 +32,9 @@ use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
-use peregrine_models::ModelConfig;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::oneshot;
-
-/// Refuses a draft model whose vocabulary differs from the target's (they must share a
-/// tokenizer) or whose context is shorter.
-pub(crate) fn check_draft(draft: &ModelConfig, target: &ModelConfig) -> anyhow::Result<()> {
-    if draft.vocab_size != target.vocab_size {
-        bail!(
-            "draft_model has a vocabulary of {} tokens, the target {}: they must share a tokenizer",
-            draft.vocab_size,
-            target.vocab_size
-        );
-    }
-    if draft.max_model_len < target.max_model_len {
-        bail!(
-            "draft_model's context ({} tokens) is shorter than the target's ({})",
-            draft.max_model_len,
-            target.max_model_len
-        );
-    }
-    Ok(())
-}
 
 /// A way of proposing draft tokens.
 pub trait DraftMethod: Send {

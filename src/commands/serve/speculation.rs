@@ -1,7 +1,7 @@
 //! The draft method `--speculative-method` asks for, built over the target's pool.
 
 use anyhow::Context;
-use peregrine_actors::backend::ModelBackend;
+use peregrine_actors::backend::{DraftBeside, ModelBackend};
 use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
@@ -10,12 +10,13 @@ use std::path::Path;
 use std::sync::Arc;
 use tracing::info;
 
-/// The configured drafter, or `None` when speculation is off. The configuration was
-/// validated already: `draft_model` names a directory for the draft-model and eagle3
-/// methods.
+/// The configured drafter, or `None` when speculation is off; `beside` is what the
+/// target's backend loaded beside it. The configuration was validated already:
+/// `draft_model` names a directory for the draft-model and eagle3 methods.
 pub fn load_drafter(
     config: &ServeConfig,
     target: &mut dyn ModelBackend,
+    beside: Option<DraftBeside>,
 ) -> anyhow::Result<Option<Box<dyn DraftMethod>>> {
     let Some(method) = config.speculative_method else {
         return Ok(None);
@@ -25,6 +26,7 @@ pub fn load_drafter(
         config.draft_model.as_deref(),
         (config.ngram_min, config.ngram_max),
         target,
+        beside,
     )?;
     info!(
         method = method.as_str(),
@@ -35,38 +37,42 @@ pub fn load_drafter(
 }
 
 /// The drafter of `method`: n-gram lookup over `(min, max)` tokens, or the model or
-/// EAGLE-3 head in `draft_model` with a draft cache over `target`'s pool of blocks (on the
-/// GPU when the target's backend loaded it there, else on the CPU).
+/// EAGLE-3 head in `draft_model` with a draft cache over `target`'s pool of blocks: the
+/// one the target's backend loaded `beside` it (on the GPU), else one loaded here on the
+/// CPU. The draft proposer owns it from then on.
 pub fn build_drafter(
     method: SpeculativeMethod,
     draft_model: Option<&Path>,
     (ngram_min, ngram_max): (usize, usize),
     target: &mut dyn ModelBackend,
+    beside: Option<DraftBeside>,
 ) -> anyhow::Result<Box<dyn DraftMethod>> {
-    Ok(match method {
-        SpeculativeMethod::Ngram => Box::new(Ngram::new(ngram_min, ngram_max)?),
-        SpeculativeMethod::DraftModel => match target.take_draft() {
-            // The GPU backend loaded the draft beside the target.
-            Some(draft) => Box::new(BackendDraft::new(draft, target.pool())?),
-            None => {
-                let dir = draft_model
-                    .context("speculative_method draft_model needs --draft-model DIR")?;
-                let model = LlamaModel::load(dir)
-                    .with_context(|| format!("loading the draft model {}", dir.display()))?;
-                Box::new(DraftModel::new(model, target.config(), target.pool())?)
-            }
-        },
-        SpeculativeMethod::Eagle3 => match target.take_eagle3_head() {
-            // The GPU backend loaded the head beside the target.
-            Some(head) => Box::new(Eagle3::with_runner(head)),
-            None => {
-                let dir =
-                    draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
-                let head = load_eagle3(dir, target)
-                    .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
-                Box::new(Eagle3::new(head, target.config(), target.pool())?)
-            }
-        },
+    Ok(match (method, beside) {
+        (SpeculativeMethod::Ngram, None) => Box::new(Ngram::new(ngram_min, ngram_max)?),
+        (SpeculativeMethod::DraftModel, Some(DraftBeside::Model(draft))) => {
+            Box::new(BackendDraft::new(draft, target.pool())?)
+        }
+        (SpeculativeMethod::DraftModel, None) => {
+            let dir = draft_model.context("speculative_method draft_model needs --draft-model DIR")?;
+            let model = LlamaModel::load(dir)
+                .with_context(|| format!("loading the draft model {}", dir.display()))?;
+            Box::new(DraftModel::new(model, target.config(), target.pool())?)
+        }
+        #[cfg(feature = "cuda")]
+        (SpeculativeMethod::Eagle3, Some(DraftBeside::Eagle3Head(head, limits))) => {
+            let runner = peregrine_actors::draft::GpuHead::beside(*head, target.pool(), limits)?;
+            Box::new(Eagle3::with_runner(runner))
+        }
+        (SpeculativeMethod::Eagle3, None) => {
+            let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
+            let head = load_eagle3(dir, target)
+                .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
+            Box::new(Eagle3::new(head, target.config(), target.pool())?)
+        }
+        (method, Some(_)) => anyhow::bail!(
+            "the backend loaded a drafter beside the target that speculative_method {} does not use",
+            method.as_str()
+        ),
     })
 }
 
