@@ -174,6 +174,12 @@ impl Queues {
     ) -> (StepPlan, Vec<RequestId>) {
         for (id, table) in &grant.grown {
             if let Some(seq) = self.seqs.get_mut(id) {
+                // The allocator only appends to a running sequence's table; should a grant
+                // ever change a block the runner or the proposer holds, they get it whole.
+                if !table.starts_with(&seq.block_table) {
+                    seq.blocks_sent = 0;
+                    seq.proposed.1 = 0;
+                }
                 seq.block_table.clone_from(table);
             }
         }

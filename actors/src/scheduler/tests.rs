@@ -476,3 +476,21 @@ fn a_request_ends_at_its_stop_its_length_or_a_closed_stream() {
     }
     assert_eq!(got, [4, 5], "the token past max_tokens is not streamed");
 }
+
+#[test]
+fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
+    let mut h = Harness::new(64, 8, 100);
+    h.submit(1, &prompt(0, 6), 16, 0).unwrap();
+    let (plan, _) = h.plan();
+    let _ = h.queues.batch(&plan, 1, Vec::new());
+    h.done(&plan, |_| vec![1]);
+    let schedule = schedule(&h.queues, &h.limits, false);
+    let mut grant = crate::messages::StepGrant::default();
+    grant.grown.push((RequestId(1), vec![40, 41]));
+    let (plan, _) = h.queues.apply_grant(schedule, &grant);
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert_eq!(
+        (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.clone()),
+        (0, vec![40, 41])
+    );
+}
