@@ -336,13 +336,16 @@ pub struct GrowSeq {
     pub tokens_after_step: usize,
 }
 
-/// Tokens a sequence now has in the cache, so its full blocks can enter the prefix cache.
+/// Blocks a sequence has now filled in the cache, so that they can enter the prefix cache:
+/// the tokens of its blocks from `first_block` on, whole blocks (the scheduler sends those
+/// the allocator has not registered yet; blocks it has are skipped).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ComputedSeq {
     pub id: RequestId,
-    /// The sequence's tokens; the first `num_computed` are in the cache.
-    pub tokens: Arc<[u32]>,
-    pub num_computed: usize,
+    /// The block the first of `tokens` is in.
+    pub first_block: usize,
+    /// The tokens of the blocks from `first_block` on; a partial last block is left out.
+    pub tokens: Vec<u32>,
 }
 
 /// The scheduler's one message to the KV allocator per step.

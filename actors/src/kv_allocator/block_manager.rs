@@ -162,16 +162,22 @@ impl BlockManager {
         true
     }
 
-    /// Registers `id`'s full blocks among its first `num_computed` tokens in the prefix
-    /// cache. `tokens` are the sequence's tokens; blocks already registered are skipped.
-    pub(super) fn register_computed(&mut self, id: RequestId, tokens: &[u32], num_computed: usize) {
+    /// Registers `id`'s full blocks in the prefix cache: `tokens` are those of its blocks
+    /// from `first_block` on. Blocks already registered are skipped; a report that starts
+    /// past the first block not registered yet registers nothing (a block's key chains on
+    /// the one before it).
+    pub(super) fn register_computed(&mut self, id: RequestId, first_block: usize, tokens: &[u32]) {
         let (Some(cache), Some(seq)) = (&mut self.cache, self.seqs.get_mut(&id)) else {
             return;
         };
-        let full = (num_computed.min(tokens.len()) / self.block_size).min(seq.table.len());
+        if first_block > seq.num_registered {
+            return;
+        }
+        let bs = self.block_size;
+        let full = (first_block + tokens.len() / bs).min(seq.table.len());
         for i in seq.num_registered..full {
-            let chunk = &tokens[i * self.block_size..(i + 1) * self.block_size];
-            seq.chain = cache.insert(seq.chain, chunk, seq.table[i]);
+            let at = (i - first_block) * bs;
+            seq.chain = cache.insert(seq.chain, &tokens[at..at + bs], seq.table[i]);
         }
         seq.num_registered = seq.num_registered.max(full);
     }

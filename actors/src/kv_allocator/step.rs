@@ -13,7 +13,7 @@ impl BlockManager {
     /// ignored. In debug builds the invariants are checked afterwards.
     pub fn allocate_step(&mut self, step: AllocateStep) -> StepGrant {
         for c in &step.computed {
-            self.register_computed(c.id, &c.tokens, c.num_computed);
+            self.register_computed(c.id, c.first_block, &c.tokens);
         }
         for &id in &step.free {
             self.release(id);

@@ -193,6 +193,7 @@ impl Queues {
             seq.block_table.clear();
             seq.blocks_sent = 0;
             seq.proposed = (0, 0);
+            seq.blocks_registered = 0;
             self.waiting.insert(seq.key(), *id);
             metrics::record_preemption();
             info!(request_id = %id, tokens = seq.tokens.len(), "preempted; will recompute");
@@ -211,6 +212,7 @@ impl Queues {
             self.running.insert(seq.key(), admitted.id);
             seq.phase = Phase::Running;
             seq.num_computed = admitted.num_cached;
+            seq.blocks_registered = admitted.num_cached / self.block_size;
             seq.block_table.clone_from(&admitted.block_table);
             if seq.cached_tokens.is_none() {
                 seq.cached_tokens = Some(admitted.num_cached);
@@ -358,15 +360,17 @@ impl Queues {
             let Some(seq) = self.seqs.get_mut(&planned.id) else {
                 continue;
             };
-            let before = seq.num_computed / self.block_size;
             let fed = planned.chunk - rejected.get(&planned.id).unwrap_or(&0);
             seq.num_computed = (seq.num_computed + fed).min(seq.tokens.len());
-            if seq.num_computed / self.block_size > before {
+            let full = seq.num_computed / self.block_size;
+            if full > seq.blocks_registered {
+                let bs = self.block_size;
                 applied.computed.push(ComputedSeq {
                     id: planned.id,
-                    tokens: Arc::from(&seq.tokens[..seq.num_computed]),
-                    num_computed: seq.num_computed,
+                    first_block: seq.blocks_registered,
+                    tokens: seq.tokens[seq.blocks_registered * bs..full * bs].to_vec(),
                 });
+                seq.blocks_registered = full;
             }
         }
         applied

@@ -27,6 +27,9 @@ pub struct Seq {
     /// How many of `tokens` and of `block_table` the draft proposer holds; 0 after a
     /// preemption, when it forgets the sequence.
     pub proposed: (usize, usize),
+    /// Blocks the KV allocator holds in its prefix cache for the sequence (reported full,
+    /// or found cached at admission): the next report starts after them.
+    pub blocks_registered: usize,
     pub phase: Phase,
     /// The runner has the request's sampling state.
     pub setup_sent: bool,
@@ -48,6 +51,7 @@ impl Seq {
             block_table: Vec::new(),
             blocks_sent: 0,
             proposed: (0, 0),
+            blocks_registered: 0,
             phase: Phase::Waiting,
             setup_sent: false,
             cached_tokens: None,

@@ -370,6 +370,17 @@ fn a_prefix_hit_starts_the_second_request_past_the_cached_blocks() {
     assert_eq!(batch.seqs[0].num_cached, 8);
     assert_eq!(batch.seqs[0].tokens, [8, 9, 77]);
     assert_eq!(h.queues.get(RequestId(2)).unwrap().cached_tokens, Some(8));
+    // Its progress report then starts after the cached blocks: block 2 once it fills.
+    h.done(&plan, |_| vec![5]);
+    assert!(h.computed.is_empty(), "block 2 holds 3 of 4 tokens");
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![6]);
+    let report: Vec<(usize, Vec<u32>)> = h
+        .computed
+        .iter()
+        .map(|c| (c.first_block, c.tokens.clone()))
+        .collect();
+    assert_eq!(report, [(2, vec![8, 9, 77, 5])]);
 }
 
 #[test]

@@ -42,8 +42,8 @@ fn computed(m: &mut BlockManager, id: u64, tokens: &[u32]) -> StepGrant {
         AllocateStep {
             computed: vec![ComputedSeq {
                 id: RequestId(id),
-                tokens: tokens.into(),
-                num_computed: tokens.len(),
+                first_block: 0,
+                tokens: tokens.to_vec(),
             }],
             ..AllocateStep::default()
         },

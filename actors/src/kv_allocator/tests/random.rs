@@ -141,8 +141,8 @@ fn run(seed: u64, prefix_caching: bool) -> (u64, usize) {
             .filter(|_| rng.random_bool(0.8))
             .map(|s| ComputedSeq {
                 id: s.id,
-                tokens: Arc::from(&s.tokens[..]),
-                num_computed: s.num_computed,
+                first_block: 0,
+                tokens: s.tokens[..s.num_computed].to_vec(),
             })
             .collect();
         let mut i = 0;

@@ -87,8 +87,8 @@ fn a_sequence_freed_with_its_last_progress_report_stays_cached() {
         AllocateStep {
             computed: vec![ComputedSeq {
                 id: RequestId(1),
-                tokens: prompt.clone().into(),
-                num_computed: prompt.len(),
+                first_block: 0,
+                tokens: prompt.clone(),
             }],
             free: vec![RequestId(1)],
             ..AllocateStep::default()
@@ -97,4 +97,34 @@ fn a_sequence_freed_with_its_last_progress_report_stays_cached() {
     assert_eq!(m.num_free_blocks(), 8);
     let b = admit_all(&mut m, &[(2, &prompt)]).admitted.remove(0);
     assert_eq!(b.num_cached, 8);
+}
+
+#[test]
+fn progress_reported_in_pieces_enters_the_cache_and_a_gap_registers_nothing() {
+    let mut m = BlockManager::new(16, 4, true);
+    let prompt = tokens(0, 12);
+    admit_all(&mut m, &[(1, &prompt)]);
+    let report = |first_block: usize, tokens: &[u32]| AllocateStep {
+        computed: vec![ComputedSeq {
+            id: RequestId(1),
+            first_block,
+            tokens: tokens.to_vec(),
+        }],
+        ..AllocateStep::default()
+    };
+    // A report past the first unregistered block has a gap before it: nothing enters.
+    step(&mut m, report(1, &prompt[4..8]));
+    let probe = admit_all(&mut m, &[(2, &prompt)]).admitted.remove(0);
+    assert_eq!(probe.num_cached, 0, "a gap registers nothing");
+    free(&mut m, &[2]);
+    // Block 0, then blocks 1 and 2: the second report continues the first.
+    step(&mut m, report(0, &prompt[..4]));
+    step(&mut m, report(1, &prompt[4..12]));
+    let mut longer = prompt.clone();
+    longer.push(99);
+    let hit = admit_all(&mut m, &[(3, &longer)]).admitted.remove(0);
+    assert_eq!(
+        hit.num_cached, 12,
+        "all three blocks came from the two reports"
+    );
 }
