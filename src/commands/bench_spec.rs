@@ -4,16 +4,17 @@
 //! and how many outputs were identical (greedy decoding must not change).
 
 use super::bench_serve::prompts;
+use super::engine::load_backend;
 use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
-use peregrine_actors::backend::{cpu_backend, Loaded};
+use peregrine_actors::backend::Loaded;
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{
     GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SchedulerMsg, Usage,
 };
+use peregrine_config::{DeviceKind, ServeConfig};
 use peregrine_models::tokenizer::Tokenizer;
-use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
 use std::sync::Arc;
 use std::time::Instant;
@@ -83,51 +84,31 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The target model on the device `args` names, with room for `drafts` drafts a step,
-/// and the drafter loaded beside it there.
-#[cfg_attr(not(feature = "cuda"), expect(unused_variables))]
-fn open_backend(
-    args: &BenchSpecArgs,
-    dir: &std::path::Path,
-    drafts: usize,
-) -> anyhow::Result<Loaded> {
-    match args.device.as_str() {
-        "cpu" => Ok(Loaded {
-            target: cpu_backend(
-                LlamaModel::load(dir)?,
-                args.kv_cache_memory,
-                args.block_size,
-            )?,
-            beside: None,
-        }),
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            let cache =
-                peregrine_models::fetch::default_cache_dir(args.model.cache_dir.as_deref())?;
-            let settings = peregrine_actors::backend::GpuSettings {
-                gpu_memory_utilization: args.gpu_memory_utilization,
-                block_size: args.block_size,
-                max_num_batched_tokens: args.max_num_batched_tokens,
-                max_num_seqs: args.concurrency,
-                num_speculative_tokens: drafts,
-                deterministic: args.deterministic,
-                max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
-                kernel_cache: cache.join("kernels"),
-                // The draft model or EAGLE-3 head of the speculating run, beside the target.
-                draft: match drafts {
-                    0 => None,
-                    _ => super::serve::speculation::gpu_draft(
-                        Some(args.speculative_method),
-                        args.draft_model.as_deref(),
-                    ),
-                },
-            };
-            peregrine_actors::backend::cuda_backend(dir, &settings)
-        }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => anyhow::bail!("this binary was built without the `cuda` feature"),
+/// The engine settings of `args` as a server's configuration, speculating with the chosen
+/// method when `speculate`: what the shared loader (`commands::engine::load_backend`) reads.
+fn engine_config(args: &BenchSpecArgs, speculate: bool) -> anyhow::Result<ServeConfig> {
+    let device = match args.device.as_str() {
+        "cpu" => DeviceKind::Cpu,
+        "cuda" => DeviceKind::Cuda,
         other => anyhow::bail!("--device {other}: expected cpu or cuda"),
-    }
+    };
+    Ok(ServeConfig {
+        model: args.model.model.clone(),
+        cache_dir: args.model.cache_dir.clone(),
+        device,
+        block_size: args.block_size,
+        kv_cache_memory: args.kv_cache_memory,
+        gpu_memory_utilization: args.gpu_memory_utilization,
+        max_num_batched_tokens: args.max_num_batched_tokens,
+        max_num_seqs: args.concurrency,
+        deterministic: args.deterministic,
+        speculative_method: speculate.then_some(args.speculative_method),
+        draft_model: args.draft_model.clone(),
+        num_speculative_tokens: args.num_speculative_tokens,
+        ngram_min: args.ngram_min,
+        ngram_max: args.ngram_max,
+        ..ServeConfig::default()
+    })
 }
 
 /// All requests through a fresh engine, with or without the drafter.
@@ -138,15 +119,10 @@ async fn run_engine(
     speculate: bool,
 ) -> anyhow::Result<RunResult> {
     let eos = peregrine_models::ModelConfig::from_dir(dir)?.eos_token_ids;
-    let drafts = if speculate {
-        args.num_speculative_tokens
-    } else {
-        0
-    };
     let Loaded {
         target: mut backend,
         beside,
-    } = open_backend(args, dir, drafts)?;
+    } = load_backend(&engine_config(args, speculate)?, dir)?;
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,
