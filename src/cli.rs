@@ -19,12 +19,15 @@ pub struct Cli {
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Generate text for one prompt and print the prompt and decode speeds.
+    #[command(allow_negative_numbers = true)]
     Generate(Box<GenerateArgs>),
     /// Download a known model and convert it into the cache.
     Fetch(FetchArgs),
     /// Convert a GGUF file into a Hugging Face model directory.
     Convert(ConvertArgs),
     /// Serve a model over an OpenAI-compatible HTTP API.
+    // A negative value (`--kv-cache-memory -5`) is a value, refused by its check, not a flag.
+    #[command(allow_negative_numbers = true)]
     Serve(Box<peregrine_config::ServeArgs>),
     /// Benchmarks.
     #[command(subcommand)]
@@ -35,11 +38,13 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// Load a running server with concurrent streaming requests, as `vllm bench serve` does.
+    #[command(allow_negative_numbers = true)]
     Serve(BenchServeArgs),
     /// Time prefill and decode of a model offline (no HTTP), as `vllm bench latency` does.
     Latency(BenchLatencyArgs),
     /// Greedy requests through the engine on the CPU without and with speculative
     /// decoding: speedup, acceptance, tokens per forward, identical outputs.
+    #[command(allow_negative_numbers = true)]
     Spec(BenchSpecArgs),
 }
 

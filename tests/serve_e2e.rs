@@ -382,6 +382,127 @@ fn speculative_greedy_requests_match_generate() {
     }
 }
 
+/// 12. The front door holds: stalled bodies and headers get 408 and lose their
+///     connection, idle connections cannot exhaust the file limit, huge bodies and
+///     prompts get 413 without slowing `/health` or keeping memory, a queued stream that
+///     disconnects is cancelled at once, only allowed web origins are served, forged roles
+///     and bad fields get named errors, the HTTP parser's errors have JSON bodies, and a
+///     reload past the host's memory is refused with the old configuration kept.
+#[test]
+fn the_front_door_holds() {
+    let _serial = serial();
+    let model = TinyDir::new(13);
+    let config = model.path().join("front_door.toml");
+    std::fs::write(&config, "max_num_seqs = 1\n").unwrap();
+    let config_arg = path_arg(&config);
+    let server = Server::start(
+        model.path(),
+        &[
+            "--config",
+            &config_arg,
+            "--admin-token",
+            "adm",
+            "--request-header-timeout",
+            "2",
+            "--request-body-timeout",
+            "2",
+            "--max-connections",
+            "48",
+            "--max-request-body",
+            "2MiB",
+            "--max-prompt-chars",
+            "20000",
+            "--allowed-origins",
+            "http://good.example",
+        ],
+    );
+    let pid = server.pid().to_string();
+    server.check(
+        "check_front_door.py",
+        &[
+            "--pid",
+            &pid,
+            "--config-file",
+            &config_arg,
+            "--admin-token",
+            "adm",
+        ],
+    );
+}
+
+/// 13. Start-up refuses, with the setting named and no panic, a KV cache larger than the
+///     host's memory, a step too large for it, and a negative size (a value, not a flag).
+#[test]
+fn start_up_refuses_sizes_past_the_host() {
+    let _serial = serial();
+    let model = TinyDir::new(14);
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &["--kv-cache-memory", "1TB"],
+            &["kv_cache_memory", "of host memory", "is available"],
+        ),
+        (
+            &[
+                "--max-num-seqs",
+                "1000000000",
+                "--max-num-batched-tokens",
+                "1000000000",
+            ],
+            &["max_num_batched_tokens 1000000000", "of host memory"],
+        ),
+        (
+            &["--kv-cache-memory", "-5"],
+            &["invalid value '-5' for '--kv-cache-memory"],
+        ),
+    ];
+    for (flags, needles) in cases {
+        let mut command = Command::new(PEREGRINE);
+        command
+            .arg("serve")
+            .arg("--model")
+            .arg(model.path())
+            .args(["--port", "0"])
+            .args(flags);
+        let output = output_within(&mut command, Duration::from_secs(60));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} started:\n{stderr}");
+        assert!(
+            !stderr.contains("panicked"),
+            "{flags:?} panicked:\n{stderr}"
+        );
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{flags:?}: no {needle:?} in\n{stderr}"
+            );
+        }
+    }
+}
+
+/// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_without_a_driver_is_an_error_not_a_panic() {
+    if peregrine_runtime::cuda::gpu_available() {
+        return; // a GPU machine: the CUDA tests cover it
+    }
+    let model = TinyDir::new(15);
+    let mut command = Command::new(PEREGRINE);
+    command
+        .arg("serve")
+        .arg("--model")
+        .arg(model.path())
+        .args(["--port", "0", "--device", "cuda"]);
+    let output = output_within(&mut command, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started:\n{stderr}");
+    assert!(!stderr.contains("panicked"), "a panic:\n{stderr}");
+    assert!(
+        stderr.contains("no CUDA driver could be loaded"),
+        "{stderr}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The tiny model
 // ---------------------------------------------------------------------------------------

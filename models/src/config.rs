@@ -14,8 +14,10 @@ pub enum ConfigError {
         path: String,
         source: std::io::Error,
     },
-    #[error("config.json is not valid: {0}")]
+    #[error("config.json is not valid JSON: {0}")]
     Parse(#[from] serde_json::Error),
+    #[error("config.json: field `{field}`: {problem}")]
+    FieldType { field: String, problem: String },
     #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)")]
     Architecture(String),
     #[error("config.json: field `{field}` {problem}")]
@@ -179,7 +181,29 @@ pub(crate) fn field_error(field: &'static str, problem: impl Into<String>) -> Co
     }
 }
 
+/// The raw fields of a config.json text; a value of the wrong type names its field.
+fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
+    let mut json = serde_json::Deserializer::from_str(text);
+    serde_path_to_error::deserialize(&mut json).map_err(|err| {
+        let field = err.path().to_string();
+        let inner = err.into_inner();
+        if field == "." || inner.is_syntax() || inner.is_eof() {
+            ConfigError::Parse(inner)
+        } else {
+            ConfigError::FieldType {
+                field,
+                problem: inner.to_string(),
+            }
+        }
+    })
+}
+
 impl ModelConfig {
+    /// Bytes of K and V one token takes across all layers, at `elem_bytes` per value.
+    pub fn kv_bytes_per_token(&self, elem_bytes: u64) -> u64 {
+        2 * (self.num_layers * self.num_kv_heads * self.head_dim) as u64 * elem_bytes
+    }
+
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<ModelConfig, ConfigError> {
         ModelConfig::from_json(&read_config_json(dir)?)
@@ -187,7 +211,7 @@ impl ModelConfig {
 
     /// Parses and validates the text of a config.json.
     pub fn from_json(text: &str) -> Result<ModelConfig, ConfigError> {
-        let raw: RawConfig = serde_json::from_str(text)?;
+        let raw: RawConfig = parse_raw(text)?;
         let name = raw
             .architectures
             .as_ref()
@@ -328,6 +352,18 @@ mod tests {
         "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,"num_key_value_heads":2,
         "max_position_embeddings":2048,"eos_token_id":[2,7],
         "rope_scaling":{"rope_type":"llama3","factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192}}"#;
+
+    #[test]
+    fn a_value_of_the_wrong_type_names_its_field() {
+        let text = LLAMA.replace(r#""hidden_size":64"#, r#""hidden_size":"wide""#);
+        let err = ModelConfig::from_json(&text).unwrap_err().to_string();
+        assert!(
+            err.starts_with("config.json: field `hidden_size`: invalid type: string \"wide\""),
+            "{err}"
+        );
+        let err = ModelConfig::from_json("{\"vocab_size\": 3,").unwrap_err();
+        assert!(matches!(err, ConfigError::Parse(_)), "{err}");
+    }
 
     #[test]
     fn parses_llama_with_defaults() {

@@ -9,13 +9,30 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Allocates `num_layers` layers of `layout`.
+    /// Allocates `num_layers` layers of `layout` (panics if the host cannot give them;
+    /// the serving path uses [`KvCache::try_new`]).
     pub fn new(num_layers: usize, layout: KvLayout) -> KvCache {
+        KvCache::try_new(num_layers, layout).expect("allocating the KV cache")
+    }
+
+    /// Allocates `num_layers` layers of `layout` and writes every page of them, so that
+    /// the memory is really held from now on (as a GPU's is) rather than promised; an
+    /// allocation the host refuses is an error, not an abort.
+    pub fn try_new(
+        num_layers: usize,
+        layout: KvLayout,
+    ) -> Result<KvCache, std::collections::TryReserveError> {
         let n = layout.layer_elems() as usize;
+        let zeros = || -> Result<Vec<f32>, std::collections::TryReserveError> {
+            let mut layer = Vec::new();
+            layer.try_reserve_exact(n)?;
+            layer.resize(n, 0.0);
+            Ok(layer)
+        };
         let layers = (0..num_layers)
-            .map(|_| (vec![0.0; n], vec![0.0; n]))
-            .collect();
-        KvCache { layout, layers }
+            .map(|_| Ok((zeros()?, zeros()?)))
+            .collect::<Result<_, std::collections::TryReserveError>>()?;
+        Ok(KvCache { layout, layers })
     }
 
     /// The per-layer layout.

@@ -1,4 +1,4 @@
-//! Memory and its addresses: the staged inputs of captured graphs (`staging`), the CPU's
+//! Memory and its addresses: what the host has to give (`host_memory`), the staged inputs of captured graphs (`staging`), the CPU's
 //! pooled buffers and recorded graphs (`cpu_graph`), and with the `cuda` feature the CUDA
 //! device, its streams, buffers and graphs and the NVRTC compiler with its cache (`cuda`).
 //!
@@ -8,6 +8,7 @@
 pub mod cpu_graph;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod host_memory;
 mod staging;
 
 pub use staging::{Padding, StageError, StagedInput, StagedView};

@@ -2,6 +2,7 @@
 //! loaded on the configured device with its KV pool, the drafter, the actors, and the
 //! graphs captured.
 
+use crate::commands::serve::memory;
 use crate::commands::serve::reload::{graph_sizes, limits};
 use crate::commands::serve::speculation::load_drafter;
 use crate::commands::DEFAULT_MODEL;
@@ -35,6 +36,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
         DeviceKind::Cpu => {
             let model =
                 LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
+            memory::check_start_up(config, &memory::footprint(config, model.config()))?;
             Ok(Loaded {
                 target: cpu_backend(model, config.kv_cache_memory, config.block_size)?,
                 beside: None,

@@ -10,6 +10,7 @@ import argparse
 import http.client
 import json
 import re
+import selectors
 import socket
 import sys
 import time
@@ -159,6 +160,173 @@ def expect_error(resp, status, mentions=(), param=None, what=""):
         expect_eq(err["param"], param, "%s: error.param (message %r)" % (what, err["message"]))
     log("  %s -> %d %s (param %r)" % (what, status, err["message"], err["param"]))
     return err
+
+
+# ---------------------------------------------------------------------------------------
+# Raw sockets: requests http.client will not send (a stalled body, a malformed request line,
+# a header block too big), and answers read byte by byte with their timing
+# ---------------------------------------------------------------------------------------
+
+
+def raw_socket(base, timeout=10.0):
+    """A plain TCP connection to the server."""
+    return socket.create_connection(_host_port(base), timeout=timeout)
+
+
+def host_header(base):
+    """The server's HOST:PORT, as a Host header names it."""
+    return "%s:%d" % _host_port(base)
+
+
+def raw_bytes(base, method, path, body=b"", headers=(), length=None):
+    """An HTTP/1.1 request as bytes: the request line, Host, `headers` (name, value pairs),
+    Content-Length (`length`, else the body's when there is one) and `body`."""
+    if isinstance(body, str):
+        body = body.encode()
+    lines = ["%s %s HTTP/1.1" % (method, path), "Host: %s" % host_header(base)]
+    lines += ["%s: %s" % pair for pair in headers]
+    if length is not None or body:
+        lines.append("Content-Length: %d" % (len(body) if length is None else length))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def send_raw(sock, data, deadline):
+    """Sends `data` until it is all sent, the peer answers or hangs up first (a server may
+    refuse a big body before reading it all), or time.monotonic() passes `deadline`: the
+    number of bytes sent."""
+    sent = 0
+    view = memoryview(data)
+    with selectors.DefaultSelector() as selector:
+        selector.register(sock, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        while sent < len(data):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            ready = selector.select(remaining)
+            if not ready:
+                continue
+            if ready[0][1] & selectors.EVENT_READ:
+                break
+            sock.settimeout(max(remaining, 0.001))
+            try:
+                sent += sock.send(view[sent : sent + 65536])
+            except (BlockingIOError, InterruptedError):
+                continue
+            except OSError:  # a broken pipe, a reset, a timeout: the peer stopped reading
+                break
+    return sent
+
+
+def read_raw(sock, deadline, until_response=False):
+    """Reads what the peer sends until it closes the connection (a reset counts as a close),
+    time.monotonic() passes `deadline`, or, with `until_response`, a whole response has
+    come: (the bytes, when the first of them came or None, when the close came or None)."""
+    data = b""
+    first_at = closed_at = None
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except socket.timeout:
+            break
+        except OSError:
+            closed_at = time.monotonic()
+            break
+        if not chunk:
+            closed_at = time.monotonic()
+            break
+        if first_at is None:
+            first_at = time.monotonic()
+        data += chunk
+        if until_response and parse_raw(data, closed=False) is not None:
+            break
+    return data, first_at, closed_at
+
+
+def parse_raw(data, closed=True):
+    """The response at the start of `data` (bytes read from a socket) as a Response, or None
+    while it is incomplete. `closed`: the peer has closed the connection, so a body with
+    neither a length nor chunks ends where the data does."""
+    head, sep, rest = data.partition(b"\r\n\r\n")
+    if not sep:
+        return None
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ", 2)
+    if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+        raise CheckFailed("not an HTTP response: %r" % data[:300])
+    status = int(parts[1])
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip()] = value.strip()
+    length = header(headers, "Content-Length")
+    if status in (204, 304):
+        body = b""
+    elif "chunked" in (header(headers, "Transfer-Encoding") or "").lower():
+        body = _dechunk(rest)
+        if body is None:
+            return None
+    elif length is not None:
+        if len(rest) < int(length):
+            return None
+        body = rest[: int(length)]
+    elif closed:
+        body = rest
+    else:
+        return None
+    return Response(status, headers, body.decode("utf-8", "replace"))
+
+
+def _dechunk(data):
+    """A chunked body's bytes, or None while it is incomplete."""
+    body = b""
+    while True:
+        line, sep, data = data.partition(b"\r\n")
+        if not sep:
+            return None
+        size = int(line.split(b";")[0].strip() or b"0", 16)
+        if size == 0:
+            return body
+        if len(data) < size + 2:
+            return None
+        body += data[:size]
+        data = data[size + 2 :]
+
+
+def raw_exchange(base, data, timeout=10.0, until_response=True):
+    """Sends the bytes `data` on a connection of its own and reads the answer: (the
+    Response or None, the bytes sent, seconds from the start to the close or None)."""
+    start = time.monotonic()
+    deadline = start + timeout
+    sock = raw_socket(base, timeout=timeout)
+    try:
+        sent = send_raw(sock, data, deadline)
+        got, _, closed_at = read_raw(sock, deadline, until_response=until_response)
+    finally:
+        sock.close()
+    response = parse_raw(got, closed=closed_at is not None) if got else None
+    return response, sent, None if closed_at is None else closed_at - start
+
+
+def hang_up(sock):
+    """Closes a raw socket at once, as a client that goes away does."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
+
+
+def header(resp_or_headers, name, default=None):
+    """A header of a Response (or of a dict of headers), by its name in any case."""
+    headers = resp_or_headers.headers if isinstance(resp_or_headers, Response) else resp_or_headers
+    for key, value in headers.items():
+        if key.lower() == name.lower():
+            return value
+    return default
 
 
 # ---------------------------------------------------------------------------------------

@@ -76,7 +76,9 @@ pub fn cpu_backend(
     let audit = layout
         .audit(4)
         .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
-    let cache = KvCache::new(model.config().num_layers, layout);
+    let cache = KvCache::try_new(model.config().num_layers, layout).map_err(|e| {
+        anyhow::anyhow!("allocating the KV cache (kv_cache_memory {kv_cache_memory} bytes): {e}")
+    })?;
     let pool = PoolInfo {
         layout,
         bytes_per_layer: cache.bytes_per_layer(),

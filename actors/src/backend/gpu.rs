@@ -222,9 +222,19 @@ fn load_profiled(
         deterministic: s.deterministic,
         gemv_max_rows: GEMV_MAX_ROWS,
     };
+    // The activations are sized for the largest step: a step limit past the device's
+    // memory fails here, with the limits named.
+    let sized = || {
+        format!(
+            "with buffers for max_num_batched_tokens {} and max_num_seqs {} (lower them, or \
+             --gpu-memory-utilization)",
+            s.max_num_batched_tokens, s.max_num_seqs
+        )
+    };
     let mut model = GpuLlama::load(dir, gpu, kernels.clone(), options)
-        .with_context(|| format!("loading {} onto the GPU", dir.display()))?;
-    profile(&mut model, s, max_logit_rows)?;
+        .with_context(|| format!("loading {} onto the GPU {}", dir.display(), sized()))?;
+    profile(&mut model, s, max_logit_rows)
+        .with_context(|| format!("profiling the largest step {}", sized()))?;
     Ok(model)
 }
 

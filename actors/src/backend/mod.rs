@@ -2,10 +2,12 @@
 //! in f32, or (with the `cuda` feature) the GPU model in bf16.
 
 mod cpu;
+mod cpu_memory;
 #[cfg(feature = "cuda")]
 mod gpu;
 
 pub use cpu::cpu_backend;
+pub use cpu_memory::{CpuFootprint, StepBounds};
 #[cfg(feature = "cuda")]
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 

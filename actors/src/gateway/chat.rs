@@ -2,12 +2,14 @@
 //! model's chat template and tokenized without extra special tokens (the template writes
 //! them), as vLLM does.
 
+use std::sync::Arc;
+
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::{parse, JsonContent};
+use super::body::{parse, JsonBody};
 use super::context::RequestContext;
 use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
@@ -15,6 +17,7 @@ use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
 use super::prompt::{encode, render_chat};
+use super::prompt_size::check_chars;
 use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
@@ -26,16 +29,13 @@ use super::unsupported;
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
-    _json: JsonContent,
     request: HttpRequest,
     state: web::Data<GatewayState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let peer = request.conn_data::<PeerProbe>().cloned();
     let context = RequestContext::new(&state.engine, "chatcmpl");
-    context
-        .run(handle(&state, body.into_inner(), &context, peer))
-        .await
+    context.run(handle(&state, body.0, &context, peer)).await
 }
 
 async fn handle(
@@ -60,13 +60,19 @@ async fn handle(
         }
         (false, _) => None,
     };
-    let text = render_chat(
-        own.messages,
-        own.add_generation_prompt.unwrap_or(true),
-        state.model.chat_template.as_deref(),
-    )?;
-    let tokenizer = &state.model.tokenizer;
-    let prompt = encode(tokenizer, &text, false)?;
+    let (messages, add_generation_prompt) =
+        (own.messages, own.add_generation_prompt.unwrap_or(true));
+    let template = state.model.chat_template.clone();
+    let tokenizer = Arc::clone(&state.model.tokenizer);
+    let limit = state.prompt_char_limit(&config);
+    let prompt = state
+        .blocking
+        .run(move || {
+            let text = render_chat(messages, add_generation_prompt, template.as_deref())?;
+            check_chars("messages", &text, limit)?;
+            encode(&tokenizer, &text, false)
+        })
+        .await?;
     if prompt.is_empty() {
         return Err(ApiError::invalid("messages", "the rendered chat is empty"));
     }
@@ -94,6 +100,7 @@ async fn handle(
             format,
             include_usage,
             context.span.clone(),
+            peer,
         ));
     }
     let Output {

@@ -1,11 +1,13 @@
 //! `POST /v1/completions`, whole and streamed.
 
+use std::sync::Arc;
+
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::{parse, JsonContent};
+use super::body::{parse, JsonBody};
 use super::context::RequestContext;
 use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
@@ -13,6 +15,7 @@ use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
 use super::prompt::completion_prompt;
+use super::prompt_size::check_prompt;
 use super::protocol::request::{CompletionFields, GenerationFields};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
 use super::sse::{self, ChunkFormat};
@@ -22,16 +25,13 @@ use super::unsupported;
 /// The handler.
 pub async fn create(
     _auth: ApiKeyAuth,
-    _json: JsonContent,
     request: HttpRequest,
     state: web::Data<GatewayState>,
-    body: web::Json<Value>,
+    body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let peer = request.conn_data::<PeerProbe>().cloned();
     let context = RequestContext::new(&state.engine, "cmpl");
-    context
-        .run(handle(&state, body.into_inner(), &context, peer))
-        .await
+    context.run(handle(&state, body.0, &context, peer)).await
 }
 
 async fn handle(
@@ -50,10 +50,18 @@ async fn handle(
         .logprobs
         .map(|count| logprobs_count("logprobs", count))
         .transpose()?;
-    let tokenizer = &state.model.tokenizer;
+    let tokenizer = Arc::clone(&state.model.tokenizer);
     let add_special_tokens = own.add_special_tokens.unwrap_or(true);
+    let (prompt, limit) = (own.prompt, state.prompt_char_limit(&config));
+    let prompt = state
+        .blocking
+        .run(move || {
+            check_prompt(&prompt, limit)?;
+            completion_prompt(prompt, add_special_tokens, &tokenizer)
+        })
+        .await?;
     let input = EndpointInput {
-        prompt: completion_prompt(own.prompt, add_special_tokens, tokenizer)?,
+        prompt,
         max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
         logprobs,
     };
@@ -73,6 +81,7 @@ async fn handle(
             format,
             include_usage,
             context.span.clone(),
+            peer,
         ));
     }
     let Output {

@@ -40,7 +40,8 @@ pub struct ErrorDetail<'a> {
 }
 
 impl ApiError {
-    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    /// An error of any `status`.
+    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
@@ -53,6 +54,14 @@ impl ApiError {
         Self {
             param: Some(param.into()),
             ..Self::bad_request(message)
+        }
+    }
+
+    /// This error, about the request field `param`.
+    pub fn with_param(self, param: impl Into<String>) -> Self {
+        Self {
+            param: Some(param.into()),
+            ..self
         }
     }
 
@@ -79,6 +88,11 @@ impl ApiError {
     /// 405: a known path with the wrong method.
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(StatusCode::METHOD_NOT_ALLOWED, message)
+    }
+
+    /// 408: the client did not send its request in time.
+    pub fn request_timeout(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::REQUEST_TIMEOUT, message)
     }
 
     /// 413: the request body is over the limit.

@@ -8,6 +8,7 @@
 
 mod admin;
 mod auth;
+mod blocking;
 mod body;
 mod chat;
 mod completions;
@@ -17,11 +18,15 @@ mod errors;
 mod generation;
 mod info;
 mod logprobs;
+mod origins;
 mod params;
+mod parser_errors;
 mod peer;
 mod prompt;
+mod prompt_size;
 mod protocol;
 mod routes;
+mod server;
 mod sse;
 mod state;
 mod stop;
@@ -31,11 +36,13 @@ mod unsupported;
 #[cfg(test)]
 mod tests;
 
-pub use body::MAX_BODY_BYTES;
 pub use engine_client::{EngineClient, EngineError};
 pub use errors::ApiError;
+pub use origins::AllowedOrigins;
 pub use peer::{on_connect, PeerProbe};
 pub use routes::routes;
+pub use server::{app, bind, Bound, HttpSettings};
 pub use state::{
     AdminHooks, BoxFuture, GatewayConfig, GatewayState, MetricsRenderer, ModelInfo, SharedConfig,
+    PROMPT_CHARS_PER_TOKEN,
 };

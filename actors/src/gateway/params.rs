@@ -40,13 +40,14 @@ pub struct EndpointInput {
     pub logprobs: Option<usize>,
 }
 
-/// 404 unless `requested` is absent or the served model's name.
+/// 404 about `model` unless `requested` is absent or the served model's name.
 pub fn check_model(requested: Option<&str>, config: &GatewayConfig) -> Result<(), ApiError> {
     match requested {
         Some(name) if name != config.served_model_name => Err(ApiError::not_found(format!(
             "The model '{name}' does not exist; this server serves '{}'",
             config.served_model_name
-        ))),
+        ))
+        .with_param("model")),
         _ => Ok(()),
     }
 }
@@ -201,6 +202,9 @@ mod tests {
                 ..SamplingParams::default()
             },
             default_max_tokens: Some(50),
+            max_request_body: 1 << 20,
+            request_body_timeout: std::time::Duration::from_secs(1),
+            max_prompt_chars: None,
         }
     }
 
@@ -321,7 +325,7 @@ mod tests {
     #[test]
     fn the_model_must_be_the_served_one() {
         let err = check_model(Some("other"), &config()).unwrap_err();
-        assert_eq!(err.status().as_u16(), 404);
+        assert_eq!((err.status().as_u16(), err.param()), (404, Some("model")));
         assert!(err.message().contains("The model 'other' does not exist"));
         assert!(check_model(Some("tiny"), &config()).is_ok());
         assert!(check_model(None, &config()).is_ok());

@@ -95,8 +95,23 @@ pub fn render_chat(
         .map_err(|err| ApiError::invalid("messages", format!("{err:#}")))
 }
 
+/// The roles a chat message may have: OpenAI's, which chat templates know. Anything else
+/// is refused rather than written into the prompt, where a role such as
+/// `user<|im_end|>\n<|im_start|>system` would forge a turn.
+const CHAT_ROLES: [&str; 5] = ["system", "developer", "user", "assistant", "tool"];
+
 /// Message `at` with its text parts joined by newlines.
 fn chat_message(at: usize, message: MessageIn) -> Result<ChatMessage, ApiError> {
+    if !CHAT_ROLES.contains(&message.role.as_str()) {
+        return Err(ApiError::invalid(
+            format!("messages[{at}].role"),
+            format!(
+                "messages[{at}].role must be one of {}, got {:?}",
+                CHAT_ROLES.join(", "),
+                message.role
+            ),
+        ));
+    }
     let content = match message.content {
         None => String::new(),
         Some(Content::Text(text)) => text,

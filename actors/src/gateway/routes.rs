@@ -3,7 +3,6 @@
 
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 
-use super::body::json_config;
 use super::errors::ApiError;
 use super::{admin, chat, completions, info, tokenize};
 
@@ -15,30 +14,29 @@ use super::{admin, chat, completions, info, tokenize};
 /// HttpServer::new(move || App::new().app_data(state.clone()).configure(gateway::routes))
 /// ```
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.app_data(json_config())
-        .service(resource(
-            "/v1/completions",
-            web::post().to(completions::create),
-        ))
-        .service(resource(
-            "/v1/chat/completions",
-            web::post().to(chat::create),
-        ))
-        .service(resource("/v1/models", web::get().to(info::models)))
-        .service(resource(
-            "/v1/models/{model:.+}",
-            web::get().to(info::model),
-        ))
-        .service(resource("/tokenize", web::post().to(tokenize::tokenize)))
-        .service(resource(
-            "/detokenize",
-            web::post().to(tokenize::detokenize),
-        ))
-        .service(resource("/health", web::get().to(info::health)))
-        .service(resource("/metrics", web::get().to(info::metrics)))
-        .service(resource("/admin/reload", web::post().to(admin::reload)))
-        .service(resource("/admin/config", web::get().to(admin::config)))
-        .default_service(web::to(unknown_path));
+    cfg.service(resource(
+        "/v1/completions",
+        web::post().to(completions::create),
+    ))
+    .service(resource(
+        "/v1/chat/completions",
+        web::post().to(chat::create),
+    ))
+    .service(resource("/v1/models", web::get().to(info::models)))
+    .service(resource(
+        "/v1/models/{model:.+}",
+        web::get().to(info::model),
+    ))
+    .service(resource("/tokenize", web::post().to(tokenize::tokenize)))
+    .service(resource(
+        "/detokenize",
+        web::post().to(tokenize::detokenize),
+    ))
+    .service(resource("/health", web::get().to(info::health)))
+    .service(resource("/metrics", web::get().to(info::metrics)))
+    .service(resource("/admin/reload", web::post().to(admin::reload)))
+    .service(resource("/admin/config", web::get().to(admin::config)))
+    .default_service(web::to(unknown_path));
 }
 
 /// `path` served by `route`; other methods get 405.

@@ -1,6 +1,9 @@
 //! Server-sent events: a generation streamed as `data: {json}\n\n` chunks ending with
 //! `data: [DONE]\n\n`. The response body owns the generation, so when actix drops the body
 //! (the client went away) the events receiver goes with it and the request is cancelled.
+//! A stream also watches its connection while it waits for the next tokens, so a client
+//! that leaves while its request is queued or in prefill is noticed at once, not when the
+//! first token is written.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -12,6 +15,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::generation::{Delta, Generation, Step};
+use super::peer::PeerProbe;
 use super::protocol::response::UsageOut;
 
 /// The event that ends every stream.
@@ -35,16 +39,19 @@ pub fn event(value: &impl Serialize) -> Bytes {
     Bytes::from(format!("data: {json}\n\n"))
 }
 
-/// The streaming response for `generation`, logging inside `span`.
+/// The streaming response for `generation`, logging inside `span`, cancelled as soon as
+/// `peer` (the client's connection, where known) closes.
 pub fn respond<F: ChunkFormat>(
     generation: Generation,
     mut format: F,
     include_usage: bool,
     span: tracing::Span,
+    peer: Option<PeerProbe>,
 ) -> HttpResponse {
     let stream = SseStream {
         queue: format.opening().into_iter().collect(),
-        generation,
+        generation: Some(generation),
+        peer,
         format,
         include_usage,
         ended: false,
@@ -72,16 +79,35 @@ pub fn respond<F: ChunkFormat>(
 /// The state of one stream: events ready to send and the generation behind them.
 struct SseStream<F> {
     queue: VecDeque<Bytes>,
-    generation: Generation,
+    /// `None` once the client left (dropping it cancels the request).
+    generation: Option<Generation>,
+    peer: Option<PeerProbe>,
     format: F,
     include_usage: bool,
     ended: bool,
 }
 
 impl<F: ChunkFormat> SseStream<F> {
-    /// Reads the generation's next step into events.
+    /// Reads the generation's next step into events; ends the stream, cancelling the
+    /// request, if the client leaves first.
     async fn advance(&mut self) {
-        match self.generation.next().await {
+        let Some(generation) = self.generation.as_mut() else {
+            self.ended = true;
+            return;
+        };
+        let step = match &self.peer {
+            Some(peer) => tokio::select! {
+                step = generation.next() => step,
+                () = peer.closed_wait() => {
+                    tracing::info!("client closed the connection; request cancelled");
+                    self.generation = None;
+                    self.ended = true;
+                    return;
+                }
+            },
+            None => generation.next().await,
+        };
+        match step {
             Some(Ok(Step::Delta(delta))) => {
                 if !delta.is_empty() {
                     self.queue.push_back(self.format.chunk(&delta, None));

@@ -5,12 +5,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
 
+use super::blocking::BlockingPool;
 use super::engine_client::EngineClient;
 use super::errors::ApiError;
 
@@ -28,7 +29,19 @@ pub struct GatewayConfig {
     /// `max_tokens` for requests that leave it out (capped at what the context leaves);
     /// `None`: whatever the context leaves.
     pub default_max_tokens: Option<usize>,
+    /// The largest request body, in bytes (else 413).
+    pub max_request_body: usize,
+    /// How long a request's body may take to arrive (else 408).
+    pub request_body_timeout: Duration,
+    /// The longest prompt in characters, checked before tokenizing (else 413); `None`:
+    /// [`PROMPT_CHARS_PER_TOKEN`] per token of the model's `max_model_len`.
+    pub max_prompt_chars: Option<usize>,
 }
+
+/// Characters per token of context a prompt may have when `max_prompt_chars` is not set:
+/// far more than any tokenizer's average, so that only prompts that could never fit the
+/// context are refused before they are tokenized.
+pub const PROMPT_CHARS_PER_TOKEN: usize = 32;
 
 /// The live configuration, shared between the gateway and whoever reloads it.
 #[derive(Clone)]
@@ -121,6 +134,8 @@ pub struct GatewayState {
     pub metrics: MetricsRenderer,
     /// Unix time the gateway started (the model's `created`).
     pub created: u64,
+    /// Where prompts are rendered and tokenized, off the HTTP worker threads.
+    pub blocking: BlockingPool,
     accepting: AtomicBool,
 }
 
@@ -140,8 +155,16 @@ impl GatewayState {
             admin,
             metrics,
             created: unix_now(),
+            blocking: BlockingPool::per_core(),
             accepting: AtomicBool::new(true),
         }
+    }
+
+    /// The longest prompt, in characters, that `config` lets a request send.
+    pub fn prompt_char_limit(&self, config: &GatewayConfig) -> usize {
+        config
+            .max_prompt_chars
+            .unwrap_or(PROMPT_CHARS_PER_TOKEN.saturating_mul(self.model.max_model_len))
     }
 
     /// Whether new generation requests are taken (false once shutdown began).

@@ -1,14 +1,18 @@
 //! The batch sizes graphs are captured for.
 
+/// The largest batch size the default set captures (vLLM's `max_cudagraph_capture_size`):
+/// larger batches run eagerly unless `cudagraph_sizes` lists larger sizes.
+pub const MAX_DEFAULT_CAPTURE_SIZE: usize = 512;
+
 /// Batch sizes with a captured graph: sorted, distinct, nonzero, never empty.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CaptureSizes(Vec<usize>);
 
 impl CaptureSizes {
-    /// The default set: 1, 2, 4, 8 and every multiple of 8, up to `max_num_seqs` (only
-    /// sizes at most `max_num_seqs`; at least size 1).
+    /// The default set: 1, 2, 4, 8 and every multiple of 8, up to `max_num_seqs` and
+    /// [`MAX_DEFAULT_CAPTURE_SIZE`] (at least size 1).
     pub fn for_max_num_seqs(max_num_seqs: usize) -> CaptureSizes {
-        let max = max_num_seqs.max(1);
+        let max = max_num_seqs.clamp(1, MAX_DEFAULT_CAPTURE_SIZE);
         let sizes = [1, 2, 4]
             .into_iter()
             .chain((8..=max).step_by(8))
@@ -98,6 +102,10 @@ mod tests {
         assert_eq!(CaptureSizes::for_max_num_seqs(3).sizes(), [1, 2]);
         assert_eq!(CaptureSizes::for_max_num_seqs(1).sizes(), [1]);
         assert_eq!(CaptureSizes::for_max_num_seqs(100).largest(), 96);
+        // A huge max_num_seqs captures no more than the default cap (nor 125 million sizes).
+        let huge = CaptureSizes::for_max_num_seqs(1_000_000_000);
+        assert_eq!(huge.largest(), MAX_DEFAULT_CAPTURE_SIZE);
+        assert_eq!(huge.sizes().len(), 3 + MAX_DEFAULT_CAPTURE_SIZE / 8);
     }
 
     #[test]

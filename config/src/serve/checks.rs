@@ -81,6 +81,38 @@ pub(super) fn positive_bytes(bytes: &u64) -> Check {
     }
 }
 
+/// A duration of at least one second.
+pub(super) fn positive_seconds(seconds: &u64) -> Check {
+    match seconds {
+        0 => Err("must be at least 1 second, not 0".to_string().into()),
+        _ => Ok(()),
+    }
+}
+
+/// Browser origins as CORS compares them: `*`, or `http://` or `https://` and a host with
+/// an optional port, and nothing after it.
+pub(super) fn origins(origins: &[String]) -> Check {
+    for origin in origins {
+        if origin == "*" {
+            continue;
+        }
+        let host = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"));
+        match host {
+            Some(host) if !host.is_empty() && !host.contains(['/', '?', '#', ' ']) => {}
+            _ => {
+                return Err(format!(
+                    "must hold origins such as https://app.example.com (a scheme and a \
+                     host, no path) or *, not {origin:?}"
+                )
+                .into())
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A fraction in (0, 1].
 pub(super) fn fraction(value: &f32) -> Check {
     if *value > 0.0 && *value <= 1.0 {

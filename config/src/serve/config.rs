@@ -44,6 +44,7 @@ impl ServeConfig {
         config.validate_speculation(file.map(|(path, _)| path))?;
         config.validate_graph_sizes(file.map(|(path, _)| path))?;
         config.validate_dtype(file.map(|(path, _)| path))?;
+        config.validate_step_limits(file.map(|(path, _)| path))?;
         Ok(config)
     }
 

@@ -6,8 +6,8 @@
 //! needs them. `table.rs` turns the rows into `Layer` and `ServeConfig`.
 
 use super::checks::{
-    any, at_least_one, batch_sizes, block_size, fraction, keys_not_empty, log_filter,
-    path_not_empty, positive_bytes, sampling, speculative_tokens, text_not_empty,
+    any, at_least_one, batch_sizes, block_size, fraction, keys_not_empty, log_filter, origins,
+    path_not_empty, positive_bytes, positive_seconds, sampling, speculative_tokens, text_not_empty,
 };
 use super::fields::{Field, Reload};
 use super::json::ToJson;
@@ -114,18 +114,60 @@ settings! {
                     queues the step after it before its tokens reach the host (vLLM's async \
                     scheduling)");
     /// The batch sizes graphs are captured for; `None`: 1, 2, 4, 8 and every multiple of 8
-    /// up to `max_num_seqs` (captured again when a reload changes it). Each size is at most
+    /// up to `max_num_seqs` and 512 (captured again when a reload changes it). Each size is at most
     /// `max_num_seqs`: a configuration with a larger one is refused.
     cudagraph_sizes: Option<Vec<usize>> = None;
         given Vec<usize>, fill optional, reload Live, Public, check batch_sizes,
         flag "--cudagraph-sizes", arg(long, value_name = "1,2,4,...", value_delimiter = ',',
             help = "Batch sizes to capture graphs for, each from 1 to max_num_seqs \
-                    [default: 1,2,4,8 and every multiple of 8 up to max_num_seqs]");
+                    [default: 1,2,4,8 and every multiple of 8 up to max_num_seqs, at most 512]");
     /// Requests that may wait for a slot before new ones are refused with 429.
     max_waiting_requests: usize = 1024;
         given usize, fill value, reload Live, Public, check at_least_one,
         flag "--max-waiting-requests", arg(long, value_name = "N",
             help = "Requests that may wait for a slot before new ones get 429 [default: 1024]");
+    /// Browser origins (CORS) that may call the API; empty: a request that carries an
+    /// `Origin` header is refused with 403, so no web page can make the server generate.
+    allowed_origins: Vec<String> = Vec::new();
+        given Vec<String>, fill value, reload Restart, Public, check origins,
+        flag "--allowed-origins", arg(long = "allowed-origins", value_name = "ORIGIN",
+            value_delimiter = ',',
+            help = "Browser origins allowed to call the API (CORS), such as \
+                    https://app.example.com, comma-separated or repeated; * allows any \
+                    [default: none: requests with an Origin header get 403]");
+    /// How long a client has to send a request's headers (else 408 and the connection
+    /// closes); also how long an idle keep-alive connection stays open.
+    request_header_timeout: Duration = Duration::from_secs(5);
+        given u64, fill seconds, reload Restart, Public, check positive_seconds,
+        flag "--request-header-timeout", arg(long, value_name = "SECONDS",
+            help = "Seconds a client has to send a request's headers; also how long an idle \
+                    connection stays open [default: 5]");
+    /// How long a client has to send a request's body once its headers arrived (else 408
+    /// and the connection closes).
+    request_body_timeout: Duration = Duration::from_secs(30);
+        given u64, fill seconds, reload Live, Public, check positive_seconds,
+        flag "--request-body-timeout", arg(long, value_name = "SECONDS",
+            help = "Seconds a client has to send a request's body [default: 30]");
+    /// The most client connections open at once; `None`: what the process's open-file
+    /// limit leaves after a reserve for the server's own files.
+    max_connections: Option<usize> = None;
+        given usize, fill optional, reload Restart, Public, check at_least_one,
+        flag "--max-connections", arg(long, value_name = "N",
+            help = "The most client connections open at once; more wait to be accepted \
+                    [default: the open-file limit less 256]");
+    /// The largest request body accepted (else 413).
+    max_request_body: u64 = 16 << 20;
+        given u64, fill value, reload Live, Public, check positive_bytes,
+        flag "--max-request-body", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
+            help = "The largest request body; larger ones get 413 [default: 16MiB]"),
+        serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
+    /// The longest prompt in characters, checked before it is tokenized (else 413);
+    /// `None`: 32 characters per token of `max_model_len`.
+    max_prompt_chars: Option<usize> = None;
+        given usize, fill optional, reload Live, Public, check at_least_one,
+        flag "--max-prompt-chars", arg(long, value_name = "N",
+            help = "The longest prompt in characters, checked before tokenizing; longer \
+                    ones get 413 [default: 32 per token of max_model_len]");
     /// How long in-flight requests get to finish at shutdown.
     shutdown_timeout: Duration = Duration::from_secs(30);
         given u64, fill seconds, reload Live, Public, check any,

@@ -339,13 +339,16 @@ fn the_reloadable_fields_are_exactly_these() {
         "enforce_eager",
         "cudagraph_sizes",
         "max_waiting_requests",
+        "request_body_timeout",
+        "max_request_body",
+        "max_prompt_chars",
         "shutdown_timeout",
         "log_level",
         "default_sampling",
         "num_speculative_tokens",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 29);
+    assert_eq!(ServeConfig::default().fields().len(), 35);
 }
 
 #[test]
@@ -394,7 +397,7 @@ fn help_defaults_are_the_real_defaults() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 15);
+    assert_eq!(checked, 18);
 }
 
 #[test]
@@ -605,4 +608,52 @@ fn every_setting_has_its_flag_on_the_command_line() {
         config.fields().len(),
         "--config and one flag a setting, less one"
     );
+}
+
+#[test]
+fn front_door_settings_load_and_bad_ones_name_their_field() {
+    let config = from_file(
+        "max_request_body = \"2MiB\"\nallowed_origins = [\"https://app.example.com\"]",
+        &[
+            "--request-body-timeout",
+            "3",
+            "--allowed-origins",
+            "http://localhost:3000,*",
+            "--max-prompt-chars",
+            "1000",
+        ],
+    )
+    .expect("loads");
+    assert_eq!(config.max_request_body, 2 << 20);
+    assert_eq!(
+        config.request_body_timeout,
+        std::time::Duration::from_secs(3)
+    );
+    assert_eq!(config.allowed_origins, ["http://localhost:3000", "*"]);
+    assert_eq!(config.max_prompt_chars, Some(1000));
+    for (flags, needle) in [
+        (
+            &["--allowed-origins", "localhost:3000"][..],
+            "--allowed-origins must hold origins",
+        ),
+        (
+            &["--allowed-origins", "https://a.com/path"][..],
+            "--allowed-origins must hold origins",
+        ),
+        (
+            &["--request-header-timeout", "0"][..],
+            "--request-header-timeout must be at least 1 second",
+        ),
+        (
+            &["--max-connections", "0"][..],
+            "--max-connections must be at least 1",
+        ),
+        (
+            &["--max-num-seqs", "4096"][..],
+            "must not exceed max_num_batched_tokens (2048)",
+        ),
+    ] {
+        let message = from_file("", flags).expect_err("refused").to_string();
+        assert!(message.contains(needle), "{flags:?}: {message}");
+    }
 }

@@ -113,3 +113,25 @@ impl ServeConfig {
         })
     }
 }
+
+impl ServeConfig {
+    /// Refuses more sequences per step than tokens per step (vLLM's rule: every sequence
+    /// of a step feeds at least one token); `file` names the config file, if any.
+    pub(super) fn validate_step_limits(&self, file: Option<&Path>) -> Result<(), ConfigError> {
+        if self.max_num_seqs <= self.max_num_batched_tokens {
+            return Ok(());
+        }
+        let flag = Origin::Flags.name("max_num_seqs");
+        Err(ConfigError::Invalid {
+            at: match file {
+                Some(path) => format!("{flag} (or {}: max_num_seqs)", path.display()),
+                None => flag,
+            },
+            reason: format!(
+                "({}) must not exceed max_num_batched_tokens ({}): every sequence of a step \
+                 feeds at least one token",
+                self.max_num_seqs, self.max_num_batched_tokens
+            ),
+        })
+    }
+}

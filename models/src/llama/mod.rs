@@ -199,8 +199,7 @@ impl LlamaModel {
 
     /// Bytes of K and V one token takes across all layers.
     pub fn kv_bytes_per_token(&self) -> u64 {
-        let c = &self.config;
-        (2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) as u64
+        self.config.kv_bytes_per_token(4)
     }
 
     /// Runs `tokens` (one per planned row) through the model, writing their keys and values

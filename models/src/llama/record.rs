@@ -26,6 +26,21 @@ pub struct LlamaBuffers {
 }
 
 impl LlamaBuffers {
+    /// The bytes the buffers of a model of `config` take at `capacity` with block tables of
+    /// `max_blocks` and `aux_layers` recorded layers: counted by building them from a
+    /// measuring pool, so before anything is allocated.
+    pub fn bytes(
+        config: &ModelConfig,
+        capacity: StepShape,
+        max_blocks: usize,
+        aux_layers: usize,
+    ) -> u64 {
+        let pool = BufferPool::measuring();
+        let inputs = StepInputs::new(&pool, capacity, max_blocks);
+        drop(LlamaBuffers::new(&pool, config, inputs, aux_layers));
+        pool.measured_bytes()
+    }
+
     /// Activations and outputs for `inputs`' capacity, from `pool`.
     pub(super) fn new(
         pool: &BufferPool,

@@ -21,11 +21,13 @@ type Storage = RwLock<Vec<u64>>;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BufferId(pub u64);
 
-/// Freed storage by word count, and the id counter.
+/// Freed storage by word count, and the id counter; a measuring pool only counts.
 #[derive(Default)]
 struct Shared {
     free: Mutex<HashMap<usize, Vec<Arc<Storage>>>>,
     next_id: AtomicU64,
+    measuring: bool,
+    measured_words: AtomicU64,
 }
 
 /// A caching allocator of host buffers; clones share one pool.
@@ -81,11 +83,35 @@ impl BufferPool {
         BufferPool::default()
     }
 
+    /// A pool that allocates nothing and only adds up what it is asked for
+    /// ([`BufferPool::measured_bytes`]): building a model's buffers from it tells what they
+    /// would take before any is allocated. Its buffers have no storage: never read or
+    /// write them.
+    pub fn measuring() -> BufferPool {
+        BufferPool {
+            shared: Arc::new(Shared {
+                measuring: true,
+                ..Shared::default()
+            }),
+        }
+    }
+
+    /// The bytes a measuring pool was asked for (0 for an allocating pool).
+    pub fn measured_bytes(&self) -> u64 {
+        self.shared.measured_words.load(Ordering::Relaxed) * 8
+    }
+
     /// A buffer of `len` elements of `T`, on freed storage of the same size when the pool
     /// holds some. Its contents are unspecified (poison in poisoning builds, zeros or a
     /// freed buffer's data otherwise): write before reading.
     pub fn alloc<T: Pod>(&self, len: usize) -> CpuBuffer<T> {
-        let words = (len * std::mem::size_of::<T>()).div_ceil(8);
+        let words = len.saturating_mul(std::mem::size_of::<T>()).div_ceil(8);
+        if self.shared.measuring {
+            self.shared
+                .measured_words
+                .fetch_add(words as u64, Ordering::Relaxed);
+            return self.buffer(words, len, Arc::new(RwLock::new(Vec::new())));
+        }
         let reused = self
             .shared
             .free
@@ -100,6 +126,11 @@ impl BufferPool {
             }
             Arc::new(RwLock::new(fresh))
         });
+        self.buffer(words, len, storage)
+    }
+
+    /// A new handle of `len` elements on `storage` of `words` words.
+    fn buffer<T: Pod>(&self, words: usize, len: usize, storage: Arc<Storage>) -> CpuBuffer<T> {
         let id = BufferId(self.shared.next_id.fetch_add(1, Ordering::Relaxed));
         CpuBuffer {
             owned: Arc::new(Owned {
@@ -133,6 +164,9 @@ impl BufferPool {
 
 impl Drop for Owned {
     fn drop(&mut self) {
+        if self.pool.measuring {
+            return;
+        }
         if POISONING {
             let mut words = self.storage.write().unwrap_or_else(PoisonError::into_inner);
             poison(&mut words);
@@ -242,6 +276,18 @@ impl<T: Pod> DerefMut for WriteGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_measuring_pool_adds_up_and_allocates_nothing() {
+        let pool = BufferPool::measuring();
+        let a = pool.alloc::<f32>(3);
+        let b = pool.alloc::<u64>(1 << 40);
+        assert_eq!(pool.measured_bytes(), 16 + (8 << 40), "whole 8-byte words");
+        assert_eq!(a.address().read().unwrap().len(), 0);
+        drop((a, b));
+        assert_eq!(pool.free_buffers(), 0);
+        assert_eq!(BufferPool::new().measured_bytes(), 0);
+    }
 
     #[test]
     fn freed_storage_is_poisoned_and_reused_by_size() {

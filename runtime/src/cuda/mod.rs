@@ -137,8 +137,17 @@ impl Gpu {
 
 /// Number of CUDA devices, or why none can be used.
 pub fn device_count() -> Result<usize, GpuError> {
-    // Loading the driver library panics inside cudarc when it is absent; turn that into an
-    // error this process can report.
+    // cudarc panics when it cannot load the driver library: look for it first, so that a
+    // machine without a driver gets this error and no panic message.
+    // SAFETY: only tries to open the library by its known names.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDriver(
+            "libcuda.so (the NVIDIA driver's library) was not found: install the NVIDIA \
+             driver, or use --device cpu"
+                .into(),
+        ));
+    }
+    // A driver too old for a symbol cudarc asks for still panics there: report it too.
     let count = std::panic::catch_unwind(CudaContext::device_count).map_err(|panic| {
         let text = panic
             .downcast_ref::<String>()

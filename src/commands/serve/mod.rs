@@ -2,21 +2,22 @@
 //! reloads the configuration on SIGHUP, on a change of its file and on
 //! `POST /admin/reload`, and drains in-flight requests on SIGTERM / SIGINT.
 
+pub(crate) mod memory;
 pub(crate) mod reload;
 mod signals;
 pub(crate) mod speculation;
 
 use crate::commands::engine::{load_backend, model_dir, start};
-use actix_web::{web, App, HttpServer};
+use actix_web::web;
 use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use peregrine_actors::gateway::{
-    self, routes, EngineClient, GatewayState, ModelInfo, SharedConfig,
+    self, EngineClient, GatewayState, HttpSettings, ModelInfo, SharedConfig,
 };
 use peregrine_actors::metrics::{
     ACCEPTED_LENGTH_BUCKETS, HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
 };
-use peregrine_config::{ServeArgs, ServeConfig};
+use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
 use reload::{gateway_config, Reloader};
@@ -43,6 +44,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
     let backend = load_backend(&config, &dir)?;
+    let footprint = (config.device == DeviceKind::Cpu)
+        .then(|| memory::footprint(&config, backend.target.config()));
     let mut prometheus = PrometheusBuilder::new();
     for name in HISTOGRAMS {
         prometheus =
@@ -67,6 +70,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             shared.clone(),
             &engine,
             log_level,
+            footprint,
         );
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone(), engine.health.clone()),
@@ -80,20 +84,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             Arc::new(reloader.clone()),
             Arc::new(move || prometheus.render()),
         ));
-        let app_state = state.clone();
-        let server =
-            HttpServer::new(move || App::new().app_data(app_state.clone()).configure(routes))
-                .on_connect(gateway::on_connect)
-                .workers(2)
-                .disable_signals()
-                .bind((config.host.as_str(), config.port))
-                .with_context(|| format!("binding {}:{}", config.host, config.port))?;
-        for addr in server.addrs() {
-            tracing::info!(model = %served_model_name, "serving on http://{addr}");
+        let settings = HttpSettings {
+            host: config.host.clone(),
+            port: config.port,
+            workers: 2,
+            header_timeout: config.request_header_timeout,
+            max_connections: config.max_connections,
+            allowed_origins: config.allowed_origins.clone(),
+        };
+        let bound = gateway::bind(state.clone(), &settings)?;
+        for addr in &bound.addrs {
+            tracing::info!(
+                model = %served_model_name,
+                max_connections = bound.max_connections,
+                "serving on http://{addr}"
+            );
             // A line for scripts that start the server on port 0.
             println!("peregrine: listening on http://{addr}");
         }
-        let server = server.run();
+        let server = bound.server;
         let config_file = reloader.config_file();
         tokio::spawn(signals::watch(
             reloader,

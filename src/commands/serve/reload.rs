@@ -1,7 +1,8 @@
 //! Hot reload: the whole new configuration is read and validated first, refused if it
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
-use peregrine_actors::backend::StepCapacity;
+use crate::commands::serve::memory;
+use peregrine_actors::backend::{CpuFootprint, StepCapacity};
 use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
 use peregrine_actors::graphs::CaptureSizes;
@@ -56,6 +57,9 @@ pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayC
             seed: None,
         },
         default_max_tokens: d.max_tokens.map(|n| n as usize),
+        max_request_body: usize::try_from(config.max_request_body).unwrap_or(usize::MAX),
+        request_body_timeout: config.request_body_timeout,
+        max_prompt_chars: config.max_prompt_chars,
     }
 }
 
@@ -93,10 +97,14 @@ struct Live {
     log_level: reload::Handle<EnvFilter, Registry>,
     /// The largest step the engine's buffers hold (the GPU's, sized at start-up).
     capacity: Option<StepCapacity>,
+    /// What the CPU backend's buffers take at given limits, to check new ones against the
+    /// host's memory before they are allocated (`None` on a GPU).
+    footprint: Option<CpuFootprint>,
 }
 
 impl Reloader {
-    /// A reloader for a server running `live` on `engine`.
+    /// A reloader for a server running `live` on `engine`, whose CPU buffers take
+    /// `footprint` (`None` on a GPU).
     pub fn new(
         args: ServeArgs,
         live: ServeConfig,
@@ -104,6 +112,7 @@ impl Reloader {
         gateway: SharedConfig,
         engine: &Engine,
         log_level: reload::Handle<EnvFilter, Registry>,
+        footprint: Option<CpuFootprint>,
     ) -> Reloader {
         Reloader(Arc::new(Live {
             args,
@@ -114,6 +123,7 @@ impl Reloader {
             graphs: engine.graphs.clone(),
             log_level,
             capacity: engine.capacity,
+            footprint,
         }))
     }
 
@@ -143,6 +153,9 @@ impl Reloader {
             .reload_changes(&new)
             .map_err(|e| e.to_string())?;
         within_capacity(&new, self.0.capacity)?;
+        if let Some(footprint) = &self.0.footprint {
+            memory::check_reload(&self.live(), &new, footprint)?;
+        }
         let filter = EnvFilter::try_new(&new.log_level).map_err(|e| {
             format!(
                 "log_level {:?}: {e}; the running configuration stays",

@@ -2,4 +2,5 @@
 
 pub mod request;
 pub mod response;
+mod shapes;
 pub mod tokenize;

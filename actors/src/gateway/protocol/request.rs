@@ -1,9 +1,10 @@
 //! Request bodies of `/v1/completions` and `/v1/chat/completions`. A body is read twice:
 //! once as [`GenerationFields`] (the fields both endpoints share) and once as the endpoint's
 //! own fields, so each struct derives `Deserialize` plainly and every error keeps its field
-//! path. Fields a request does not know are ignored, as OpenAI's clients send extras; the
-//! ones that would change what the output must be are refused first
-//! (`gateway/unsupported.rs`).
+//! path; the fields that take one of several shapes ([`Prompt`], [`Stop`], [`Content`]) are
+//! read by hand (`shapes.rs`) so that theirs name the element too. Fields a request does not
+//! know are ignored, as OpenAI's clients send extras; the ones that would change what the
+//! output must be are refused first (`gateway/unsupported.rs`).
 
 use serde::Deserialize;
 
@@ -47,9 +48,8 @@ pub struct GenerationFields {
     pub return_spec_decode_stats: Option<bool>,
 }
 
-/// `stop`: one string or several.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// `stop`: one string or several (deserialized in `shapes.rs`).
+#[derive(Debug)]
 pub enum Stop {
     /// A single stop string.
     One(String),
@@ -85,9 +85,8 @@ pub struct CompletionFields {
     pub add_special_tokens: Option<bool>,
 }
 
-/// A completion prompt as OpenAI accepts it.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A completion prompt as OpenAI accepts it (deserialized in `shapes.rs`).
+#[derive(Debug)]
 pub enum Prompt {
     /// Text.
     Text(String),
@@ -124,9 +123,8 @@ pub struct MessageIn {
     pub content: Option<Content>,
 }
 
-/// A message's content.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A message's content (deserialized in `shapes.rs`).
+#[derive(Debug)]
 pub enum Content {
     /// Plain text.
     Text(String),

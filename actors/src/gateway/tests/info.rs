@@ -21,7 +21,7 @@ async fn the_served_model_is_retrieved_and_another_is_404() {
     for other in ["gpt-4", "org/name"] {
         let request = TestRequest::get().uri(&format!("/v1/models/{other}"));
         let response = call(&app, request.to_request()).await;
-        let message = expect_error(response, 404, "not_found_error", None);
+        let message = expect_error(response, 404, "not_found_error", Some("model"));
         assert!(
             message.contains(&format!("The model '{other}' does not exist")),
             "{message}"

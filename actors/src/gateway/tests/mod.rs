@@ -6,6 +6,7 @@ mod auth;
 mod chat;
 mod completions;
 mod info;
+mod limits;
 mod refused;
 mod streaming;
 mod tokenize;
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use actix_web::body::MessageBody;
 use actix_web::dev::{Service, ServiceResponse};
 use actix_web::http::StatusCode;
-use actix_web::{test, web, App};
+use actix_web::{test, web};
 use bytes::Bytes;
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
@@ -28,8 +29,8 @@ use tokenizers::AddedToken;
 use tokio::sync::mpsc;
 
 use super::{
-    routes, AdminHooks, BoxFuture, EngineClient, GatewayConfig, GatewayState, ModelInfo,
-    SharedConfig,
+    app, AdminHooks, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig, GatewayState,
+    ModelInfo, SharedConfig,
 };
 use crate::health::EngineHealth;
 use crate::messages::{
@@ -44,6 +45,10 @@ pub const MAX_MODEL_LEN: usize = 128;
 pub const KV_CACHE_TOKENS: usize = 4 * MAX_MODEL_LEN;
 /// The served model's name.
 pub const MODEL: &str = "tiny";
+/// The largest request body the test gateway reads.
+pub const BODY_LIMIT: usize = 1 << 20;
+/// How long the test gateway waits for a request body.
+pub const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
 /// The prompt tokens the fake scheduler reports as served from the prefix cache.
 pub const CACHED_TOKENS: usize = 3;
 /// A ChatML-like template.
@@ -149,6 +154,9 @@ impl Fixture {
             admin_token: Some("admin".to_owned()),
             default_sampling: SamplingParams::default(),
             default_max_tokens: None,
+            max_request_body: BODY_LIMIT,
+            request_body_timeout: BODY_TIMEOUT,
+            max_prompt_chars: None,
         });
         let model = ModelInfo {
             tokenizer: Arc::clone(&tokenizer),
@@ -179,12 +187,29 @@ impl Fixture {
         }
     }
 
-    /// The gateway's service.
+    /// The gateway's service, as the server builds it, allowing no web origin.
     pub async fn app(
         &self,
-    ) -> impl Service<actix_http::Request, Response = ServiceResponse, Error = actix_web::Error>
-    {
-        test::init_service(App::new().app_data(self.state.clone()).configure(routes)).await
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        self.app_for_origins(&[]).await
+    }
+
+    /// The gateway's service allowing the web origins `origins`.
+    pub async fn app_for_origins(
+        &self,
+        origins: &[&str],
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        let origins: Vec<String> = origins.iter().map(|o| o.to_string()).collect();
+        let origins = web::Data::new(AllowedOrigins::new(&origins));
+        test::init_service(app(self.state.clone(), origins)).await
     }
 
     /// The last submission.

@@ -1,0 +1,171 @@
+//! The host memory a CPU engine takes at a configuration's limits, planned from the model's
+//! shape before anything is allocated: the KV cache, the buffers of the largest eager step,
+//! and the buffers the decode graphs share. Start-up and every reload check the plan
+//! against what the host has ([`peregrine_runtime::host_memory`]); a plan that does not
+//! fit is a refused configuration naming the setting, not an abort or an out-of-memory
+//! kill later.
+
+use super::blocks_in;
+use crate::graphs::CaptureSizes;
+use peregrine_models::{LlamaBuffers, ModelConfig, StepShape};
+use peregrine_runtime::host_memory::{human_bytes, MemoryNeed};
+
+/// The limits of a step that size its buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepBounds {
+    /// `max_num_batched_tokens`.
+    pub max_num_batched_tokens: usize,
+    /// `max_num_seqs`.
+    pub max_num_seqs: usize,
+    /// Draft tokens verified per sequence and step (0 without speculation).
+    pub drafts: usize,
+}
+
+/// A CPU model's shape as the plan needs it.
+#[derive(Clone, Debug)]
+pub struct CpuFootprint {
+    config: ModelConfig,
+    kv_bytes_per_token: u64,
+    block_size: usize,
+    max_model_len: usize,
+    /// Layers whose inputs each step records (for an EAGLE-3 head).
+    aux_layers: usize,
+}
+
+impl CpuFootprint {
+    /// The footprint of a model of `config` (its KV cache in f32, as the CPU backend keeps
+    /// it), served with blocks of `block_size` tokens, sequences of up to `max_model_len`
+    /// and `aux_layers` recorded layers.
+    pub fn new(
+        config: &ModelConfig,
+        block_size: usize,
+        max_model_len: usize,
+        aux_layers: usize,
+    ) -> CpuFootprint {
+        CpuFootprint {
+            config: config.clone(),
+            kv_bytes_per_token: config.kv_bytes_per_token(4),
+            block_size: block_size.max(1),
+            max_model_len: max_model_len.max(1),
+            aux_layers,
+        }
+    }
+
+    /// The KV cache of `kv_cache_memory` bytes: its blocks and the scratch block.
+    pub fn kv_cache(&self, kv_cache_memory: u64) -> anyhow::Result<MemoryNeed> {
+        let block_bytes = self.kv_bytes_per_token * self.block_size as u64;
+        let blocks = blocks_in(
+            kv_cache_memory,
+            block_bytes,
+            self.block_size,
+            "kv_cache_memory",
+        )?;
+        Ok(MemoryNeed {
+            what: format!("kv_cache_memory {}", human_bytes(kv_cache_memory)),
+            bytes: (u64::from(blocks) + 1).saturating_mul(block_bytes),
+        })
+    }
+
+    /// The buffers of the largest eager step `bounds` allow: `max_num_batched_tokens`
+    /// rows (no more than `max_num_seqs` sequences of `max_model_len` hold).
+    pub fn eager_step(&self, bounds: StepBounds) -> MemoryNeed {
+        let rows = bounds
+            .max_num_batched_tokens
+            .min(bounds.max_num_seqs.saturating_mul(self.max_model_len))
+            .max(1);
+        let seqs = bounds.max_num_seqs.min(rows).max(1);
+        let shape = StepShape {
+            rows,
+            seqs,
+            logit_rows: seqs.saturating_mul(1 + bounds.drafts).min(rows),
+        };
+        MemoryNeed {
+            what: format!(
+                "max_num_batched_tokens {} (the buffers of the largest step)",
+                bounds.max_num_batched_tokens
+            ),
+            bytes: self.buffers(shape),
+        }
+    }
+
+    /// The buffers the decode graphs of `sizes` share (sized for the largest), named by
+    /// the setting `field` that chose the sizes.
+    pub fn graphs(&self, sizes: &CaptureSizes, field: &str) -> MemoryNeed {
+        MemoryNeed {
+            what: format!(
+                "{field} (decode graphs for batches of up to {} sequences)",
+                sizes.largest()
+            ),
+            bytes: self.buffers(StepShape::decode(sizes.largest())),
+        }
+    }
+
+    /// The bytes of a forward's buffers at `shape`.
+    fn buffers(&self, shape: StepShape) -> u64 {
+        let max_blocks = self.max_model_len.div_ceil(self.block_size);
+        LlamaBuffers::bytes(&self.config, shape, max_blocks, self.aux_layers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peregrine_runtime::host_memory::check_fits;
+
+    fn footprint() -> CpuFootprint {
+        let config = ModelConfig::from_json(
+            r#"{"architectures":["LlamaForCausalLM"],"vocab_size":100,"hidden_size":16,
+            "intermediate_size":32,"num_hidden_layers":2,"num_attention_heads":2,
+            "max_position_embeddings":256}"#,
+        )
+        .unwrap();
+        CpuFootprint::new(&config, 16, 256, 0)
+    }
+
+    #[test]
+    fn the_plan_grows_with_each_limit_and_names_it() {
+        let f = footprint();
+        let bounds = StepBounds {
+            max_num_batched_tokens: 64,
+            max_num_seqs: 8,
+            drafts: 0,
+        };
+        let small = f.eager_step(bounds);
+        let large = f.eager_step(StepBounds {
+            max_num_batched_tokens: 1_000_000_000,
+            max_num_seqs: 1_000_000_000,
+            ..bounds
+        });
+        assert!(large.bytes > 1000 * small.bytes, "{small:?} {large:?}");
+        assert!(large.what.starts_with("max_num_batched_tokens 1000000000"));
+        let err = check_fits(&[large], Some(24 << 30))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("needs") && err.contains("24.0 GiB is available"),
+            "{err}"
+        );
+
+        // Rows beyond what max_num_seqs sequences of max_model_len hold are never planned.
+        let capped = f.eager_step(StepBounds {
+            max_num_batched_tokens: 1_000_000,
+            max_num_seqs: 1,
+            drafts: 0,
+        });
+        let whole = f.eager_step(StepBounds {
+            max_num_batched_tokens: 256,
+            max_num_seqs: 1,
+            drafts: 0,
+        });
+        assert_eq!(capped.bytes, whole.bytes);
+
+        let kv = f.kv_cache(1 << 40).unwrap();
+        assert!(
+            kv.bytes >= 1 << 40 && kv.what == "kv_cache_memory 1.00 TiB",
+            "{kv:?}"
+        );
+        let graphs = f.graphs(&CaptureSizes::for_max_num_seqs(64), "max_num_seqs");
+        assert!(graphs.what.contains("up to 64 sequences"), "{graphs:?}");
+        assert!(graphs.bytes > 0);
+    }
+}

@@ -1,0 +1,77 @@
+//! The host memory a CPU configuration plans, checked before it is allocated: at start-up
+//! the KV cache, the largest step's buffers and the decode graphs together; on a reload
+//! what the new limits add. Too large is a refused configuration that names the setting,
+//! the amount it asks for and the amount available.
+
+use crate::commands::serve::reload::graph_sizes;
+use peregrine_actors::backend::{CpuFootprint, StepBounds};
+use peregrine_config::{ServeConfig, SpeculativeMethod};
+use peregrine_models::ModelConfig;
+use peregrine_runtime::host_memory::{check_host, MemoryNeed};
+
+/// Layers whose inputs an EAGLE-3 head reads (a low, a middle and a high one).
+const EAGLE3_AUX_LAYERS: usize = 3;
+
+/// The CPU footprint of `model` served under `config`.
+pub fn footprint(config: &ServeConfig, model: &ModelConfig) -> CpuFootprint {
+    let max_model_len = config
+        .max_model_len
+        .unwrap_or(model.max_model_len)
+        .min(model.max_model_len);
+    let aux = match config.speculative_method {
+        Some(SpeculativeMethod::Eagle3) => EAGLE3_AUX_LAYERS,
+        _ => 0,
+    };
+    CpuFootprint::new(model, config.block_size, max_model_len, aux)
+}
+
+/// Refuses a start-up whose KV cache, largest step and graphs do not fit in the host's
+/// memory together.
+pub fn check_start_up(config: &ServeConfig, footprint: &CpuFootprint) -> anyhow::Result<()> {
+    let mut needs = vec![
+        footprint.kv_cache(config.kv_cache_memory)?,
+        footprint.eager_step(bounds(config)),
+    ];
+    needs.extend(graphs(config, footprint)?);
+    check_host(&needs).map_err(|short| anyhow::anyhow!("{short}: lower it"))
+}
+
+/// Refuses a reload whose larger step buffers or new graphs (captured while the old ones
+/// still run) do not fit in the host's memory now.
+pub fn check_reload(
+    old: &ServeConfig,
+    new: &ServeConfig,
+    footprint: &CpuFootprint,
+) -> Result<(), String> {
+    let mut needs = Vec::new();
+    let step = footprint.eager_step(bounds(new));
+    if step.bytes > footprint.eager_step(bounds(old)).bytes {
+        needs.push(step);
+    }
+    let sizes = |c: &ServeConfig| graph_sizes(c).ok().flatten();
+    if sizes(new) != sizes(old) {
+        needs.extend(graphs(new, footprint).map_err(|e| e.to_string())?);
+    }
+    check_host(&needs).map_err(|short| format!("{short}; the running configuration stays"))
+}
+
+/// The step limits of `config`.
+fn bounds(config: &ServeConfig) -> StepBounds {
+    StepBounds {
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        max_num_seqs: config.max_num_seqs,
+        drafts: match config.speculative_method {
+            Some(_) => config.num_speculative_tokens,
+            None => 0,
+        },
+    }
+}
+
+/// The graphs `config` captures, named by the setting that chose their sizes.
+fn graphs(config: &ServeConfig, footprint: &CpuFootprint) -> anyhow::Result<Option<MemoryNeed>> {
+    let field = match config.cudagraph_sizes {
+        Some(_) => "cudagraph_sizes",
+        None => "max_num_seqs",
+    };
+    Ok(graph_sizes(config)?.map(|sizes| footprint.graphs(&sizes, field)))
+}
