@@ -4,18 +4,21 @@
 use super::{ConfigError, DeviceKind, DtypeChoice, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
 
+/// How an error names `field` of the merged configuration: its flag, and its key in
+/// `file` when there is one (either may have set it).
+fn named(field: &str, file: Option<&Path>) -> String {
+    let flag = Origin::Flags.name(field);
+    match file {
+        Some(path) => format!("{flag} (or {}: {field})", path.display()),
+        None => flag,
+    }
+}
+
 impl ServeConfig {
     /// Checks that the speculation fields agree once the file and the flags are merged;
     /// `file` names the config file, if any, in the error.
     pub(super) fn validate_speculation(&self, file: Option<&Path>) -> Result<(), ConfigError> {
-        let at = |field: &str| match file {
-            Some(path) => format!(
-                "{} (or {}: {field})",
-                Origin::Flags.name(field),
-                path.display()
-            ),
-            None => Origin::Flags.name(field),
-        };
+        let at = |field: &str| named(field, file);
         if self.ngram_min > self.ngram_max {
             return Err(ConfigError::Invalid {
                 at: at("ngram_min"),
@@ -74,12 +77,8 @@ impl ServeConfig {
         if self.dtype == DtypeChoice::Auto || self.dtype == own {
             return Ok(());
         }
-        let flag = Origin::Flags.name("dtype");
         Err(ConfigError::Invalid {
-            at: match file {
-                Some(path) => format!("{flag} (or {}: dtype)", path.display()),
-                None => flag,
-            },
+            at: named("dtype", file),
             reason: format!(
                 "{} is not supported by the {} backend, which computes in {}: use auto or {}",
                 self.dtype.as_str(),
@@ -100,12 +99,8 @@ impl ServeConfig {
         if size <= self.max_num_seqs {
             return Ok(());
         }
-        let flag = Origin::Flags.name("cudagraph_sizes");
         Err(ConfigError::Invalid {
-            at: match file {
-                Some(path) => format!("{flag} (or {}: cudagraph_sizes)", path.display()),
-                None => flag,
-            },
+            at: named("cudagraph_sizes", file),
             reason: format!(
                 "holds {size}, past max_num_seqs {}: a step never has that many sequences",
                 self.max_num_seqs
@@ -121,12 +116,8 @@ impl ServeConfig {
         if self.max_num_seqs <= self.max_num_batched_tokens {
             return Ok(());
         }
-        let flag = Origin::Flags.name("max_num_seqs");
         Err(ConfigError::Invalid {
-            at: match file {
-                Some(path) => format!("{flag} (or {}: max_num_seqs)", path.display()),
-                None => flag,
-            },
+            at: named("max_num_seqs", file),
             reason: format!(
                 "({}) must not exceed max_num_batched_tokens ({}): every sequence of a step \
                  feeds at least one token",
