@@ -27,6 +27,7 @@
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
 #                                 (after smollm2), eager and through graphs
+#   scripts/gpu_run.sh limits     step limits past the device refused at start-up, named
 #   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
 #                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
 #                                 concurrency 1 and 8 and the engine's time per step, as in
@@ -253,6 +254,21 @@ serve1b)
     python3 scripts/random_checkpoint.py scripts/configs/llama-3.2-1b.json target/tokenizer \
         /tmp/llama1b 2>&1 | tee -a "$OUT/serve1b.log"
     serve_async_on_off /tmp/llama1b 2>&1 | tee -a "$OUT/serve1b.log"
+    ;;
+limits)
+    # Step limits past the device (the Llama-3.2-1B shape, random weights, as in serve1b):
+    # refused at start-up with the limits named, no panic; then a server within them
+    # answers a request through the bounded front door.
+    python3 scripts/random_checkpoint.py scripts/configs/llama-3.2-1b.json target/tokenizer \
+        /tmp/llama1b 2>&1 | tee -a "$OUT/limits.log"
+    for flags in "--max-num-seqs 100000 --max-num-batched-tokens 100000000" \
+        "--max-num-batched-tokens 4000000"; do
+        echo "== serve $flags" | tee -a "$OUT/limits.log"
+        # shellcheck disable=SC2086
+        timeout 300 "$bin/peregrine" serve --device cuda --model /tmp/llama1b --port 0 $flags \
+            2>&1 | grep -v " INFO " | tail -5 | tee -a "$OUT/limits.log"
+        echo "exit ${PIPESTATUS[0]}" | tee -a "$OUT/limits.log"
+    done
     ;;
 opcosts)
     # What the small operations between two decode graphs cost the stream (PyTorch).

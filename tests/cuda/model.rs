@@ -4,7 +4,7 @@
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::setup;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, WorkspaceDims};
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
@@ -88,6 +88,32 @@ fn compare_greedy(
         tokens = vec![cpu_top as u32];
     }
     (compared, wrong, worst)
+}
+
+/// The activations planned before loading are the bytes the workspace then holds, and a
+/// step too large for the device is refused by that plan, not by an allocation failure.
+#[test]
+fn the_workspace_plan_is_what_is_allocated() {
+    let Some(s) = setup() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 3).write_hf(dir.path());
+    let model = gpu_model(dir.path(), false);
+    let planned = WorkspaceDims::of(model.config()).bytes(2048, 64);
+    assert_eq!(model.workspace_bytes(), planned);
+    let options = GpuModelOptions {
+        max_tokens: 1 << 40,
+        max_logit_rows: 64,
+        deterministic: false,
+        gemv_max_rows: peregrine_kernels::GEMV_MAX_ROWS,
+    };
+    let err = GpuLlama::load(dir.path(), s.gpu.clone(), s.kernels.clone(), options)
+        .err()
+        .expect("refused");
+    let err = format!("{err:#}");
+    assert!(
+        err.contains("tokens and 64 logit rows need") && err.contains("is free after the weights"),
+        "{err}"
+    );
 }
 
 #[test]

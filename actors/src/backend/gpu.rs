@@ -226,8 +226,7 @@ fn load_profiled(
     // memory fails here, with the limits named.
     let sized = || {
         format!(
-            "with buffers for max_num_batched_tokens {} and max_num_seqs {} (lower them, or \
-             --gpu-memory-utilization)",
+            "with buffers for max_num_batched_tokens {} and max_num_seqs {} (lower them)",
             s.max_num_batched_tokens, s.max_num_seqs
         )
     };

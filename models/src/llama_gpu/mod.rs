@@ -24,6 +24,7 @@ use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::{Rotary, RotaryLayout};
 use peregrine_runtime::cuda::Gpu;
+use peregrine_runtime::host_memory::human_bytes;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -146,6 +147,17 @@ impl GpuLlama {
         );
         let positions = u32::try_from(c.max_model_len)?;
         let cos_sin = gpu.upload(&rotary.cos_sin_table(positions))?;
+        let planned = WorkspaceDims::of(c).bytes(options.max_tokens, options.max_logit_rows);
+        let (free, _) = gpu.memory()?;
+        anyhow::ensure!(
+            planned <= free,
+            "the activations of a step of {} tokens and {} logit rows need {} of device \
+             memory, but {} is free after the weights",
+            options.max_tokens,
+            options.max_logit_rows,
+            human_bytes(planned),
+            human_bytes(free)
+        );
         let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows, &[])?;
         let gemm = options.gemm(&gpu)?;
         let decode_kernel = options.decode_kernel();

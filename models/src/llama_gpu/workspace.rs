@@ -36,6 +36,28 @@ impl WorkspaceDims {
     }
 }
 
+impl WorkspaceDims {
+    /// The device bytes [`Workspace::with_dims`] allocates for `max_tokens` tokens and
+    /// `max_logit_rows` logit rows (what [`Workspace::bytes`] then reports): known before
+    /// anything is allocated, so a step too large for the device is refused first.
+    pub fn bytes(&self, max_tokens: usize, max_logit_rows: usize) -> u64 {
+        let (t, r) = (max_tokens as u64, max_logit_rows as u64);
+        let (h, d) = (self.hidden as u64, self.head_dim as u64);
+        let (qd, kvd) = (self.heads as u64 * d, self.kv_heads as u64 * d);
+        let (inter, vocab) = (self.intermediate as u64, self.vocab as u64);
+        // normed, qkv, attn, delta, gate_up, act per token; picked per logit row.
+        let b16 = t
+            .saturating_mul(h + (qd + 2 * kvd) + qd + h + 2 * inter + inter)
+            .saturating_add(r.saturating_mul(h));
+        // residual per token; logits per logit row.
+        let f32s = t.saturating_mul(h).saturating_add(r.saturating_mul(vocab));
+        let partials = argmax_partials(max_logit_rows, self.vocab) as u64;
+        b16.saturating_mul(2)
+            .saturating_add(f32s.saturating_mul(4))
+            .saturating_add(4 * r + 8 * partials)
+    }
+}
+
 /// A forward's views of a [`Workspace`] (see [`Workspace::step`]).
 pub struct StepBuffers<'a> {
     pub residual: CudaViewMut<'a, f32>,
@@ -230,6 +252,7 @@ impl Workspace {
         .sum::<u64>();
         let f32s = self.residual.len() + self.logits.len();
         let aux = self.aux.as_ref().map_or(0, |a| a.states.len());
-        b16 + 4 * (f32s + aux) as u64
+        let argmax = 4 * self.ids.len() as u64 + 8 * self.partials.len() as u64;
+        b16 + 4 * (f32s + aux) as u64 + argmax
     }
 }
