@@ -25,7 +25,7 @@ pub struct MemoryShortfall {
 
 impl fmt::Display for MemoryShortfall {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let total: u64 = self.needs.iter().map(|n| n.bytes).sum();
+        let total = total_bytes(&self.needs);
         let (first, rest) = self.needs.split_first().expect("a shortfall has a need");
         write!(
             f,
@@ -51,16 +51,18 @@ impl fmt::Display for MemoryShortfall {
 
 impl std::error::Error for MemoryShortfall {}
 
+/// The bytes of `needs` together (saturating: a plan past `u64::MAX` never fits).
+fn total_bytes(needs: &[MemoryNeed]) -> u64 {
+    needs.iter().fold(0, |sum, n| sum.saturating_add(n.bytes))
+}
+
 /// Refuses `needs` if together they exceed `available` bytes (`None`: unknown, so
 /// nothing is refused).
 pub fn check_fits(needs: &[MemoryNeed], available: Option<u64>) -> Result<(), MemoryShortfall> {
     let Some(available) = available else {
         return Ok(());
     };
-    let total = needs
-        .iter()
-        .fold(0u64, |sum, n| sum.saturating_add(n.bytes));
-    if total <= available {
+    if total_bytes(needs) <= available {
         return Ok(());
     }
     let mut needs: Vec<MemoryNeed> = needs.iter().filter(|n| n.bytes > 0).cloned().collect();
@@ -154,6 +156,10 @@ mod tests {
         );
         let alone = check_fits(&[need("x", u64::MAX), need("y", u64::MAX)], Some(1)).unwrap_err();
         assert_eq!(alone.needs.len(), 2);
+        assert!(
+            alone.to_string().ends_with(", but 1 B is available"),
+            "{alone}"
+        );
     }
 
     #[test]

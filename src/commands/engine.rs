@@ -50,11 +50,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
                 block_size: config.block_size,
                 max_num_batched_tokens: config.max_num_batched_tokens,
                 max_num_seqs: config.max_num_seqs,
-                num_speculative_tokens: if config.speculative_method.is_some() {
-                    config.num_speculative_tokens
-                } else {
-                    0
-                },
+                num_speculative_tokens: config.drafts_per_step(),
                 deterministic: config.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),

@@ -2,8 +2,6 @@
 //! model's chat template and tokenized without extra special tokens (the template writes
 //! them), as vLLM does.
 
-use std::sync::Arc;
-
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
@@ -16,8 +14,6 @@ use super::generation::{Delta, Generation, Output};
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
-use super::prompt::{encode, render_chat};
-use super::prompt_size::check_chars;
 use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
@@ -62,16 +58,10 @@ async fn handle(
     };
     let (messages, add_generation_prompt) =
         (own.messages, own.add_generation_prompt.unwrap_or(true));
-    let template = state.model.chat_template.clone();
-    let tokenizer = Arc::clone(&state.model.tokenizer);
-    let limit = state.prompt_char_limit(&config);
+    let prompter = state.prompter(&config);
     let prompt = state
         .blocking
-        .run(move || {
-            let text = render_chat(messages, add_generation_prompt, template.as_deref())?;
-            check_chars("messages", &text, limit)?;
-            encode(&tokenizer, &text, false)
-        })
+        .run(move || prompter.chat(messages, add_generation_prompt, false))
         .await?;
     if prompt.is_empty() {
         return Err(ApiError::invalid("messages", "the rendered chat is empty"));

@@ -1,7 +1,5 @@
 //! `POST /v1/completions`, whole and streamed.
 
-use std::sync::Arc;
-
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
@@ -14,8 +12,6 @@ use super::generation::{Delta, Generation, Output};
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
-use super::prompt::completion_prompt;
-use super::prompt_size::check_prompt;
 use super::protocol::request::{CompletionFields, GenerationFields};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
 use super::sse::{self, ChunkFormat};
@@ -50,15 +46,11 @@ async fn handle(
         .logprobs
         .map(|count| logprobs_count("logprobs", count))
         .transpose()?;
-    let tokenizer = Arc::clone(&state.model.tokenizer);
     let add_special_tokens = own.add_special_tokens.unwrap_or(true);
-    let (prompt, limit) = (own.prompt, state.prompt_char_limit(&config));
+    let (prompt, prompter) = (own.prompt, state.prompter(&config));
     let prompt = state
         .blocking
-        .run(move || {
-            check_prompt(&prompt, limit)?;
-            completion_prompt(prompt, add_special_tokens, &tokenizer)
-        })
+        .run(move || prompter.completion(prompt, add_special_tokens))
         .await?;
     let input = EndpointInput {
         prompt,

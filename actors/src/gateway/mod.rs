@@ -44,5 +44,4 @@ pub use routes::routes;
 pub use server::{app, bind, Bound, HttpSettings};
 pub use state::{
     AdminHooks, BoxFuture, GatewayConfig, GatewayState, MetricsRenderer, ModelInfo, SharedConfig,
-    PROMPT_CHARS_PER_TOKEN,
 };

@@ -1,29 +1,66 @@
 //! Prompts to token ids: completion prompts (text or ids), and chats rendered with the
-//! model's template. Errors are 400s naming the field.
+//! model's template, each text within the character limit before it is tokenized.
+//! Errors are 400s (413 over the limit) naming the field.
+
+use std::sync::Arc;
 
 use peregrine_models::chat_template::{ChatMessage, ChatTemplate};
 use peregrine_models::tokenizer::Tokenizer;
 
 use super::errors::ApiError;
+use super::prompt_size::{check_chars, check_prompt};
 use super::protocol::request::{Content, MessageIn, Prompt};
 
-/// The ids of a completion prompt: one text (encoded, with the tokenizer's special tokens
-/// if `add_special_tokens`) or one list of ids in the vocabulary; never empty.
-pub fn completion_prompt(
-    prompt: Prompt,
-    add_special_tokens: bool,
-    tokenizer: &Tokenizer,
-) -> Result<Vec<u32>, ApiError> {
-    let ids = match prompt {
-        Prompt::Text(text) => encode(tokenizer, &text, add_special_tokens)?,
-        Prompt::Texts(texts) => encode(tokenizer, &only_one(texts)?, add_special_tokens)?,
-        Prompt::Tokens(ids) => in_vocabulary(ids, tokenizer, "prompt")?,
-        Prompt::TokenLists(lists) => in_vocabulary(only_one(lists)?, tokenizer, "prompt")?,
-    };
-    if ids.is_empty() {
-        return Err(ApiError::invalid("prompt", "the prompt is empty"));
+/// What turns a request's prompt into ids: the model's tokenizer and chat template and
+/// the live character limit, owned so that the work can move to the blocking pool.
+pub struct Prompter {
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// Its chat template, if it has one.
+    pub template: Option<Arc<ChatTemplate>>,
+    /// The longest prompt text, in characters.
+    pub max_chars: usize,
+}
+
+impl Prompter {
+    /// The ids of a completion prompt: one text (encoded, with the tokenizer's special
+    /// tokens if `add_special_tokens`) or one list of ids in the vocabulary; never empty.
+    pub fn completion(
+        &self,
+        prompt: Prompt,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ApiError> {
+        check_prompt(&prompt, self.max_chars)?;
+        let tokenizer = &self.tokenizer;
+        let ids = match prompt {
+            Prompt::Text(text) => encode(tokenizer, &text, add_special_tokens)?,
+            Prompt::Texts(texts) => encode(tokenizer, &only_one(texts)?, add_special_tokens)?,
+            Prompt::Tokens(ids) => in_vocabulary(ids, tokenizer, "prompt")?,
+            Prompt::TokenLists(lists) => in_vocabulary(only_one(lists)?, tokenizer, "prompt")?,
+        };
+        if ids.is_empty() {
+            return Err(ApiError::invalid("prompt", "the prompt is empty"));
+        }
+        Ok(ids)
     }
-    Ok(ids)
+
+    /// The ids of `text` (`/tokenize`'s `prompt`).
+    pub fn text(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
+        check_chars("prompt", text, self.max_chars)?;
+        encode(&self.tokenizer, text, add_special_tokens)
+    }
+
+    /// The ids of `messages` rendered with the template.
+    pub fn chat(
+        &self,
+        messages: Vec<MessageIn>,
+        add_generation_prompt: bool,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, ApiError> {
+        let text = render_chat(messages, add_generation_prompt, self.template.as_deref())?;
+        check_chars("messages", &text, self.max_chars)?;
+        encode(&self.tokenizer, &text, add_special_tokens)
+    }
 }
 
 /// The single prompt of a list (batched prompts are not supported).
@@ -58,7 +95,7 @@ pub fn in_vocabulary(
 }
 
 /// Token ids of `text`.
-pub fn encode(
+fn encode(
     tokenizer: &Tokenizer,
     text: &str,
     add_special_tokens: bool,
@@ -69,7 +106,7 @@ pub fn encode(
 }
 
 /// The text of a chat rendered with `template`.
-pub fn render_chat(
+fn render_chat(
     messages: Vec<MessageIn>,
     add_generation_prompt: bool,
     template: Option<&ChatTemplate>,

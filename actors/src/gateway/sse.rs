@@ -1,9 +1,9 @@
 //! Server-sent events: a generation streamed as `data: {json}\n\n` chunks ending with
 //! `data: [DONE]\n\n`. The response body owns the generation, so when actix drops the body
 //! (the client went away) the events receiver goes with it and the request is cancelled.
-//! A stream also watches its connection while it waits for the next tokens, so a client
-//! that leaves while its request is queued or in prefill is noticed at once, not when the
-//! first token is written.
+//! Until its first tokens a stream also watches its connection, so a client that leaves
+//! while its request is queued or in prefill is noticed at once, not when the first token
+//! is written; from then on each token's write notices it.
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
@@ -14,6 +14,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use tracing::Instrument;
 
+use super::errors::ApiError;
 use super::generation::{Delta, Generation, Step};
 use super::peer::PeerProbe;
 use super::protocol::response::UsageOut;
@@ -81,6 +82,7 @@ struct SseStream<F> {
     queue: VecDeque<Bytes>,
     /// `None` once the client left (dropping it cancels the request).
     generation: Option<Generation>,
+    /// The client's connection, watched until the first tokens arrive.
     peer: Option<PeerProbe>,
     format: F,
     include_usage: bool,
@@ -107,6 +109,15 @@ impl<F: ChunkFormat> SseStream<F> {
             },
             None => generation.next().await,
         };
+        self.queue_step(step);
+        // What is queued now is written next, and the write notices a client that left.
+        if !self.queue.is_empty() {
+            self.peer = None;
+        }
+    }
+
+    /// Queues the events of one step of the generation.
+    fn queue_step(&mut self, step: Option<Result<Step, ApiError>>) {
         match step {
             Some(Ok(Step::Delta(delta))) => {
                 if !delta.is_empty() {

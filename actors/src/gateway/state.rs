@@ -14,6 +14,7 @@ use peregrine_ops::sampling::SamplingParams;
 use super::blocking::BlockingPool;
 use super::engine_client::EngineClient;
 use super::errors::ApiError;
+use super::prompt::Prompter;
 
 /// The part of the gateway's configuration that a reload may change.
 #[derive(Clone)]
@@ -160,11 +161,16 @@ impl GatewayState {
         }
     }
 
-    /// The longest prompt, in characters, that `config` lets a request send.
-    pub fn prompt_char_limit(&self, config: &GatewayConfig) -> usize {
-        config
-            .max_prompt_chars
-            .unwrap_or(PROMPT_CHARS_PER_TOKEN.saturating_mul(self.model.max_model_len))
+    /// What turns prompts into ids under `config`: the model's tokenizer and template,
+    /// and `max_prompt_chars` (or [`PROMPT_CHARS_PER_TOKEN`] per token of the context).
+    pub fn prompter(&self, config: &GatewayConfig) -> Prompter {
+        Prompter {
+            tokenizer: Arc::clone(&self.model.tokenizer),
+            template: self.model.chat_template.clone(),
+            max_chars: config
+                .max_prompt_chars
+                .unwrap_or(PROMPT_CHARS_PER_TOKEN.saturating_mul(self.model.max_model_len)),
+        }
     }
 
     /// Whether new generation requests are taken (false once shutdown began).

@@ -1,15 +1,12 @@
 //! vLLM's `POST /tokenize` and `POST /detokenize`.
 
-use std::sync::Arc;
-
 use actix_web::{web, HttpResponse};
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
 use super::errors::ApiError;
 use super::params::check_model;
-use super::prompt::{encode, in_vocabulary, render_chat};
-use super::prompt_size::check_chars;
+use super::prompt::in_vocabulary;
 use super::protocol::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
@@ -25,24 +22,18 @@ pub async fn tokenize(
     let request: TokenizeRequest = parse(&body.0)?;
     let config = state.config.get();
     check_model(request.model.as_deref(), &config)?;
-    let limit = state.prompt_char_limit(&config);
-    let tokenizer = Arc::clone(&state.model.tokenizer);
-    let template = state.model.chat_template.clone();
+    let prompter = state.prompter(&config);
     let tokens = state
         .blocking
         .run(move || match (request.prompt, request.messages) {
             (Some(prompt), None) => {
-                check_chars("prompt", &prompt, limit)?;
-                let add_special_tokens = request.add_special_tokens.unwrap_or(true);
-                encode(&tokenizer, &prompt, add_special_tokens)
+                prompter.text(&prompt, request.add_special_tokens.unwrap_or(true))
             }
-            (None, Some(messages)) => {
-                let add_generation_prompt = request.add_generation_prompt.unwrap_or(true);
-                let text = render_chat(messages, add_generation_prompt, template.as_deref())?;
-                check_chars("messages", &text, limit)?;
-                let add_special_tokens = request.add_special_tokens.unwrap_or(false);
-                encode(&tokenizer, &text, add_special_tokens)
-            }
+            (None, Some(messages)) => prompter.chat(
+                messages,
+                request.add_generation_prompt.unwrap_or(true),
+                request.add_special_tokens.unwrap_or(false),
+            ),
             _ => Err(ApiError::bad_request(
                 "give exactly one of `prompt` and `messages`",
             )),

@@ -48,6 +48,15 @@ impl ServeConfig {
         Ok(config)
     }
 
+    /// Draft tokens verified per sequence and step: `num_speculative_tokens` with
+    /// speculative decoding on, else 0.
+    pub fn drafts_per_step(&self) -> usize {
+        match self.speculative_method {
+            Some(_) => self.num_speculative_tokens,
+            None => 0,
+        }
+    }
+
     /// The KV cache's shape and budget, for the KV allocator.
     pub fn cache_config(&self) -> CacheConfig {
         CacheConfig {

@@ -60,10 +60,7 @@ fn bounds(config: &ServeConfig) -> StepBounds {
     StepBounds {
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_num_seqs: config.max_num_seqs,
-        drafts: match config.speculative_method {
-            Some(_) => config.num_speculative_tokens,
-            None => 0,
-        },
+        drafts: config.drafts_per_step(),
     }
 }
 

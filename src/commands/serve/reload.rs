@@ -67,12 +67,11 @@ pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayC
 /// for at start-up.
 fn within_capacity(new: &ServeConfig, capacity: Option<StepCapacity>) -> Result<(), String> {
     let Some(c) = capacity else { return Ok(()) };
-    let drafts = if new.speculative_method.is_some() {
-        new.num_speculative_tokens
-    } else {
-        0
-    };
-    match c.refuses(new.max_num_batched_tokens, new.max_num_seqs, drafts) {
+    match c.refuses(
+        new.max_num_batched_tokens,
+        new.max_num_seqs,
+        new.drafts_per_step(),
+    ) {
         Some(why) => Err(format!(
             "{why} (raising it needs a restart); the running configuration stays"
         )),
