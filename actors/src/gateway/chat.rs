@@ -77,12 +77,16 @@ async fn handle(
     };
     let plan = plan(fields, input, &config, state.model.sequence_limits())?;
     let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let token_ids = plan.return_token_ids;
+    let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
     let generation = Generation::start(state, context, plan).await?;
-    let format = ChatFormat {
+    let mut format = ChatFormat {
         id: context.public_id.clone(),
         created: context.created,
         model: config.served_model_name.clone(),
         logprobs: logprobs.is_some(),
+        token_ids,
+        prompt_token_ids,
     };
     if stream {
         return Ok(sse::respond(
@@ -96,6 +100,7 @@ async fn handle(
     let Output {
         text,
         tokens,
+        token_ids,
         reason,
         usage,
     } = generation.collect_while_connected(peer).await?;
@@ -107,6 +112,7 @@ async fn handle(
             content: text,
         },
         finish_reason: Some(reason),
+        token_ids: format.token_ids.then_some(token_ids),
     };
     Ok(HttpResponse::Ok().json(format.wrap("chat.completion", vec![choice], Some(usage))))
 }
@@ -117,11 +123,15 @@ struct ChatFormat {
     created: u64,
     model: String,
     logprobs: bool,
+    /// Put each choice's token ids on it.
+    token_ids: bool,
+    /// The prompt's ids, until the first response or chunk takes them.
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 impl ChatFormat {
     fn wrap<C>(
-        &self,
+        &mut self,
         object: &'static str,
         choices: Vec<C>,
         usage: Option<UsageOut>,
@@ -133,44 +143,45 @@ impl ChatFormat {
             model: self.model.clone(),
             choices,
             usage,
+            prompt_token_ids: self.prompt_token_ids.take(),
         }
     }
 
-    fn event(
-        &self,
-        delta: ChatDelta,
-        logprobs: Option<&Delta>,
-        finish_reason: Option<&'static str>,
-    ) -> Bytes {
-        let choice = ChatChunkChoice {
-            index: 0,
-            delta,
-            logprobs: logprobs.map(|delta| logprobs::chat(&delta.tokens)),
-            finish_reason,
-        };
+    fn event(&mut self, choice: ChatChunkChoice) -> Bytes {
         sse::event(&self.wrap("chat.completion.chunk", vec![choice], None))
     }
 }
 
 impl ChunkFormat for ChatFormat {
     fn opening(&mut self) -> Option<Bytes> {
-        let delta = ChatDelta {
-            role: Some("assistant"),
-            content: Some(String::new()),
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta {
+                role: Some("assistant"),
+                content: Some(String::new()),
+            },
+            logprobs: None,
+            finish_reason: None,
+            token_ids: None,
         };
-        Some(self.event(delta, None, None))
+        Some(self.event(choice))
     }
 
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
-        let content = ChatDelta {
-            role: None,
-            content: (!delta.text.is_empty()).then(|| delta.text.clone()),
+        let choice = ChatChunkChoice {
+            index: 0,
+            delta: ChatDelta {
+                role: None,
+                content: (!delta.text.is_empty()).then(|| delta.text.clone()),
+            },
+            logprobs: self.logprobs.then(|| logprobs::chat(&delta.tokens)),
+            finish_reason,
+            token_ids: self.token_ids.then(|| delta.token_ids.clone()),
         };
-        let logprobs = self.logprobs.then_some(delta);
-        self.event(content, logprobs, finish_reason)
+        self.event(choice)
     }
 
-    fn usage(&self, usage: UsageOut) -> Bytes {
+    fn usage(&mut self, usage: UsageOut) -> Bytes {
         let no_choices: Vec<ChatChunkChoice> = Vec::new();
         sse::event(&self.wrap("chat.completion.chunk", no_choices, Some(usage)))
     }

@@ -59,6 +59,8 @@ async fn handle(
     };
     let plan = plan(fields, input, &config, state.model.sequence_limits())?;
     let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let token_ids = plan.return_token_ids;
+    let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
     let generation = Generation::start(state, context, plan).await?;
     let mut format = CompletionFormat {
         id: context.public_id.clone(),
@@ -66,6 +68,8 @@ async fn handle(
         model: config.served_model_name.clone(),
         logprobs: logprobs.is_some(),
         offset: 0,
+        token_ids,
+        prompt_token_ids,
     };
     if stream {
         return Ok(sse::respond(
@@ -79,10 +83,15 @@ async fn handle(
     let Output {
         text,
         tokens,
+        token_ids,
         reason,
         usage,
     } = generation.collect_while_connected(peer).await?;
-    let delta = Delta { text, tokens };
+    let delta = Delta {
+        text,
+        tokens,
+        token_ids,
+    };
     let whole = format.envelope(&delta, Some(reason), Some(usage));
     Ok(HttpResponse::Ok().json(whole))
 }
@@ -95,6 +104,10 @@ struct CompletionFormat {
     logprobs: bool,
     /// Characters of text before the next token, for `text_offset`.
     offset: usize,
+    /// Put each choice's token ids on it.
+    token_ids: bool,
+    /// The prompt's ids, until the first choice takes them.
+    prompt_token_ids: Option<Vec<u32>>,
 }
 
 impl CompletionFormat {
@@ -112,6 +125,8 @@ impl CompletionFormat {
             text: delta.text.clone(),
             logprobs,
             finish_reason,
+            prompt_token_ids: self.prompt_token_ids.take(),
+            token_ids: self.token_ids.then(|| delta.token_ids.clone()),
         };
         self.wrap(vec![choice], usage)
     }
@@ -128,6 +143,7 @@ impl CompletionFormat {
             model: self.model.clone(),
             choices,
             usage,
+            prompt_token_ids: None,
         }
     }
 }
@@ -141,7 +157,7 @@ impl ChunkFormat for CompletionFormat {
         sse::event(&self.envelope(delta, finish_reason, None))
     }
 
-    fn usage(&self, usage: UsageOut) -> Bytes {
+    fn usage(&mut self, usage: UsageOut) -> Bytes {
         sse::event(&self.wrap(Vec::new(), Some(usage)))
     }
 }

@@ -1,7 +1,14 @@
 //! One running request as the gateway sees it: the scheduler's token events turned into
 //! text (detokenized incrementally, special tokens skipped), cut at the first stop string,
-//! with each token's logprobs where asked for. Both the whole-response handlers and the
-//! SSE streams read it; dropping it drops the events receiver, which cancels the request.
+//! with each token's logprobs and ids where asked for. Both the whole-response handlers and
+//! the SSE streams read it; dropping it drops the events receiver, which cancels the request.
+//!
+//! The token ids (`return_token_ids`) are exactly the ids the engine generated for the
+//! request, in order, that the output counts: the token that ended it included, be it an
+//! end-of-sequence or `stop_token_ids` id the engine sampled (the text skips a special
+//! token, the ids keep it, as vLLM's do) or the token that completed a stop string. Tokens
+//! the engine generated past a stop string are left out, as `usage` leaves them out, so
+//! there are always `usage.completion_tokens` ids, streamed or whole.
 
 use std::sync::Arc;
 
@@ -37,12 +44,14 @@ pub struct Delta {
     pub text: String,
     /// The new tokens, when logprobs were asked for.
     pub tokens: Vec<TokenOut>,
+    /// The new tokens' ids, when token ids were asked for.
+    pub token_ids: Vec<u32>,
 }
 
 impl Delta {
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.tokens.is_empty()
+        self.text.is_empty() && self.tokens.is_empty() && self.token_ids.is_empty()
     }
 }
 
@@ -73,6 +82,8 @@ pub struct Output {
     pub text: String,
     /// All the tokens, when logprobs were asked for.
     pub tokens: Vec<TokenOut>,
+    /// All the token ids, when token ids were asked for.
+    pub token_ids: Vec<u32>,
     /// `stop` or `length`.
     pub reason: &'static str,
     /// Token counts.
@@ -89,6 +100,8 @@ pub struct Generation {
     decoder: Option<DecodeStream>,
     stops: StopMatcher,
     logprobs: bool,
+    /// Report each token's id.
+    token_ids: bool,
     /// Report speculation counts in `usage`.
     spec_details: bool,
     prompt_tokens: usize,
@@ -123,6 +136,7 @@ impl Generation {
             decoder: Some(tokenizer.decode_stream(true)),
             stops: StopMatcher::new(plan.stop),
             logprobs,
+            token_ids: plan.return_token_ids,
             spec_details: plan.spec_decode_details,
             prompt_tokens,
             completion_tokens: 0,
@@ -174,7 +188,7 @@ impl Generation {
     /// Reads to the end.
     pub async fn collect(mut self) -> Result<Output, ApiError> {
         let mut text = String::new();
-        let mut tokens = Vec::new();
+        let (mut tokens, mut token_ids) = (Vec::new(), Vec::new());
         while let Some(step) = self.next().await {
             let (delta, finish) = match step? {
                 Step::Delta(delta) => (delta, None),
@@ -186,10 +200,12 @@ impl Generation {
             };
             text.push_str(&delta.text);
             tokens.extend(delta.tokens);
+            token_ids.extend(delta.token_ids);
             if let Some((reason, usage)) = finish {
                 return Ok(Output {
                     text,
                     tokens,
+                    token_ids,
                     reason,
                     usage,
                 });
@@ -202,6 +218,9 @@ impl Generation {
         let mut delta = Delta::default();
         for token in tokens {
             self.completion_tokens += 1;
+            if self.token_ids {
+                delta.token_ids.push(token.id);
+            }
             if let Some(logprobs) = token.logprobs.filter(|_| self.logprobs) {
                 delta.tokens.push(self.token_out(token.id, logprobs));
             }
@@ -274,7 +293,7 @@ impl Generation {
         Ok(Step::Finished(Finish {
             delta: Delta {
                 text,
-                tokens: Vec::new(),
+                ..Delta::default()
             },
             reason,
             usage: UsageOut::reported(usage, self.spec_details),

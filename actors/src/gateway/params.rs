@@ -27,6 +27,8 @@ pub struct Plan {
     pub include_usage: bool,
     /// Add the speculation counts to `usage`.
     pub spec_decode_details: bool,
+    /// Add the prompt's and the generated token ids to the response.
+    pub return_token_ids: bool,
 }
 
 /// What an endpoint adds to the shared fields.
@@ -103,6 +105,7 @@ pub fn plan(
             .and_then(|options| options.include_usage)
             .unwrap_or(false),
         spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
+        return_token_ids: fields.return_token_ids.unwrap_or(false),
     })
 }
 

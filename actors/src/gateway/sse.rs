@@ -31,7 +31,7 @@ pub trait ChunkFormat: 'static {
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes;
 
     /// The event with the usage and no choices, sent last when the client asked for it.
-    fn usage(&self, usage: UsageOut) -> Bytes;
+    fn usage(&mut self, usage: UsageOut) -> Bytes;
 }
 
 /// One `data:` event holding `value` as JSON.

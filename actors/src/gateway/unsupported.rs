@@ -178,11 +178,6 @@ const REFUSED: &[Refused] = &[
     refused("suffix", Neutral::Empty, "text after the completion"),
     refused("prompt_logprobs", Neutral::Null, "the prompt's logprobs"),
     refused(
-        "return_token_ids",
-        Neutral::False,
-        "token ids in the response",
-    ),
-    refused(
         "include_stop_str_in_output",
         Neutral::False,
         "the stop string kept in the output",
@@ -319,7 +314,6 @@ mod tests {
             ("echo", json!(true), json!(false)),
             ("suffix", json!("!"), json!("")),
             ("prompt_logprobs", json!(0), Value::Null),
-            ("return_token_ids", json!(true), json!(false)),
             ("include_stop_str_in_output", json!(true), json!(false)),
             ("no_stop_trim", json!(true), json!(false)),
             ("skip_special_tokens", json!(false), json!(true)),

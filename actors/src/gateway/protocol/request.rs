@@ -46,6 +46,8 @@ pub struct GenerationFields {
     pub stream_options: Option<StreamOptions>,
     /// Add `spec_decode_details` (drafts, draft tokens, accepted tokens) to `usage`.
     pub return_spec_decode_stats: Option<bool>,
+    /// vLLM's: add the prompt's and the generated token ids to the response.
+    pub return_token_ids: Option<bool>,
 }
 
 /// `stop`: one string or several (deserialized in `shapes.rs`).

@@ -22,6 +22,10 @@ pub struct Envelope<C> {
     /// asked for it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageOut>,
+    /// vLLM's: the prompt's token ids, with `return_token_ids`, in a whole chat response
+    /// and the first chunk of a chat stream (completions put them on the choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
 }
 
 /// OpenAI's `usage`.
@@ -100,6 +104,14 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     /// `stop` or `length` once finished; null before.
     pub finish_reason: Option<&'static str>,
+    /// vLLM's: the prompt's token ids, with `return_token_ids`, in a whole response and
+    /// the first chunk of a stream.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's: the generated token ids (of this chunk, when streaming), with
+    /// `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// Logprobs in the completions shape.
@@ -140,6 +152,9 @@ pub struct ChatChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// `stop` or `length`.
     pub finish_reason: Option<&'static str>,
+    /// vLLM's: the generated token ids, with `return_token_ids`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// The assistant's reply.
@@ -162,6 +177,10 @@ pub struct ChatChunkChoice {
     pub logprobs: Option<ChatLogprobs>,
     /// `stop` or `length` in the last chunk; null before.
     pub finish_reason: Option<&'static str>,
+    /// vLLM's: this chunk's generated token ids, with `return_token_ids` (not in the
+    /// opening role chunk, which has none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// What a chat chunk adds to the reply.

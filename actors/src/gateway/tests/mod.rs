@@ -9,6 +9,7 @@ mod info;
 mod limits;
 mod refused;
 mod streaming;
+mod token_ids;
 mod tokenize;
 mod validation;
 

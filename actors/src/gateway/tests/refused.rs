@@ -33,7 +33,6 @@ async fn fields_that_would_change_the_output_are_refused_by_name() {
         ("json_schema", json!({"type": "object"})),
         ("min_tokens", json!(5)),
         ("prompt_logprobs", json!(1)),
-        ("return_token_ids", json!(true)),
     ];
     for uri in ["/v1/completions", "/v1/chat/completions"] {
         for (field, value) in &cases {
@@ -51,7 +50,7 @@ async fn fields_that_would_change_the_output_are_refused_by_name() {
         "nothing reached the engine"
     );
     let neutral = json!({"messages": [{"role": "user", "content": "x"}], "tool_choice": "none",
-        "tools": [], "min_tokens": 0, "return_token_ids": false, "prompt_logprobs": null,
+        "tools": [], "min_tokens": 0, "prompt_logprobs": null,
         "response_format": {"type": "text"}, "user": "u"});
     let (status, body) = call(&app, post("/v1/chat/completions", neutral)).await;
     assert_eq!(status, 200, "{body:?}");
