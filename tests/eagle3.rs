@@ -966,3 +966,83 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
         );
     }
 }
+
+/// A sequence served from the prefix cache drafts from the head KV its shared blocks hold:
+/// its drafts are those of the head run afresh over its whole history. A shared block
+/// whose last position the head paired with another next token, or that another sequence
+/// has taken since, gives no drafts (its output would be unchanged, its acceptance lost).
+#[test]
+fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
+    const K: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 81);
+    target.write_hf(&dir.path().join("target"));
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let pool = target_pool(&dir.path().join("target"));
+    let mut random_head = RandomHead::new(&HeadSpec::midlayer(), &target.spec, 82);
+    for name in ["q_proj", "k_proj"] {
+        let w = random_head
+            .tensors
+            .get_mut(&format!("midlayer.self_attn.{name}.weight"))
+            .unwrap();
+        w.1.iter_mut().for_each(|x| *x *= 3.0);
+    }
+    let head_dir = dir.path().join("head");
+    random_head.write(&head_dir);
+    let load = || Eagle3Head::load(&head_dir, &model).unwrap();
+    let (head, reference) = (load(), load());
+    let mut method = Eagle3::new(head, model.config(), &pool).unwrap();
+    let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    // The target runs `tokens[start..]` of request `id` over `table`, hands its features to
+    // the proposer and samples the next token greedily; then the proposer drafts.
+    let mut serve = |id: u64, tokens: &mut Vec<u32>, table: &[u32], start: usize| {
+        let spec = SeqSpec {
+            num_cached: start,
+            num_new: tokens.len() - start,
+            block_table: table,
+        };
+        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
+        let fed = &tokens[start..];
+        let (logits, aux) = model
+            .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
+            .unwrap();
+        method.receive_hidden(vec![HiddenRows {
+            id: RequestId(id),
+            first_pos: start,
+            data: aux,
+        }]);
+        tokens.push(argmax(&logits));
+        let seq = ProposeSeq {
+            id: RequestId(id),
+            tokens: tokens.clone(),
+            block_table: table.to_vec(),
+            max_drafts: K,
+        };
+        method.propose(&[seq]).unwrap().remove(0)
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(83);
+    let mut random = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..300)).collect() };
+    // A computes 14 tokens: the head's step 0 covers its first three blocks.
+    let mut a = random(14);
+    let drafts = serve(1, &mut a, &[9, 3, 17, 0, 12], 0);
+    assert_eq!(drafts, expected_drafts(&model, &reference, &a, K));
+    // B shares A's first two blocks and the token after them: it drafts as if it had run
+    // from the start.
+    let mut b = a[..9].to_vec();
+    b.extend(random(6));
+    let drafts = serve(2, &mut b, &[9, 3, 5, 14, 8], 8);
+    assert_eq!(drafts.len(), K);
+    assert_eq!(drafts, expected_drafts(&model, &reference, &b, K));
+    // C shares the two blocks but not the token after them: the head paired their last
+    // position with A's.
+    let mut c = a[..8].to_vec();
+    c.push((a[8] + 1) % 300);
+    c.extend(random(5));
+    assert_eq!(serve(3, &mut c, &[9, 3, 6, 20, 1], 8), Vec::<u32>::new());
+    // D takes block 3 for other tokens; then a hit on A's prefix finds it changed.
+    let mut d = random(6);
+    assert_eq!(serve(4, &mut d, &[3, 10, 13], 0).len(), K);
+    let mut e = a[..9].to_vec();
+    e.extend(random(4));
+    assert_eq!(serve(5, &mut e, &[9, 3, 7, 11], 8), Vec::<u32>::new());
+}

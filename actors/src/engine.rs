@@ -6,7 +6,7 @@ use crate::backend::{ModelBackend, StepCapacity};
 use crate::draft::{spawn_proposer, DraftMethod};
 use crate::graphs::GraphCapture;
 use crate::health::EngineHealth;
-use crate::kv_allocator::KvAllocator;
+use crate::kv_allocator::{BlockManager, KvAllocator};
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
 use crate::target_runner::TargetRunner;
@@ -151,7 +151,16 @@ pub fn start_engine(
         eos_token_ids: config.eos_token_ids.clone(),
     };
     let block_size = settings.block_size;
-    let kv = KvAllocator::spawn(num_blocks, settings.block_size, settings.prefix_caching);
+    let mut blocks = BlockManager::new(num_blocks, settings.block_size, settings.prefix_caching);
+    // An EAGLE-3 head drafts from the target's features at the position before the first
+    // token the target computes: a prefix hit leaves its last block to compute again.
+    if drafter
+        .as_ref()
+        .is_some_and(|d| d.hidden_layers().is_some())
+    {
+        blocks = blocks.recomputing_last_hit();
+    }
+    let kv = KvAllocator::spawn_over(blocks);
     let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();
     let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, decode_ahead);

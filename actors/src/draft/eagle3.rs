@@ -16,9 +16,14 @@
 //! row's token and `pre`, and write their KV into the target pool's scratch block, which
 //! no sequence owns); step 0, and a batch past the largest size, run eagerly.
 //!
-//! A request whose hidden states have a gap (a prompt prefix served from the prefix cache,
-//! which the target did not recompute) gets no drafts; its output is unchanged.
+//! A request whose prompt prefix was served from the prefix cache (the target did not
+//! recompute it) drafts from the head KV its shared blocks hold, once `head_blocks` has
+//! checked that they hold it for this very prefix; the KV allocator leaves a hit's last
+//! block to be recomputed, so the features at the position before the first computed
+//! token are there. A request whose features have a gap, or whose shared blocks fail the
+//! check, gets no drafts; its output is unchanged.
 
+use super::head_blocks::{HeadBlocks, SeqBlocks};
 use super::head_runner::{CpuHead, HeadRunner};
 use super::DraftMethod;
 use crate::backend::PoolInfo;
@@ -38,6 +43,11 @@ struct HeadSeq {
     pending: Vec<f32>,
     /// The features had a gap: no drafts for this request.
     broken: bool,
+    /// Positions `0..computed` came from the prefix cache: their head KV is checked at the
+    /// next proposal.
+    unchecked_prefix: bool,
+    /// The blocks it marked or checked.
+    blocks: SeqBlocks,
 }
 
 /// The EAGLE-3 method, its head run by `R` (on the CPU by default).
@@ -46,6 +56,8 @@ pub struct Eagle3<R = CpuHead> {
     /// Width of one row of target features.
     width: usize,
     seqs: HashMap<RequestId, HeadSeq>,
+    /// Which blocks hold the head's KV for what content.
+    blocks: HeadBlocks,
 }
 
 impl Eagle3<CpuHead> {
@@ -66,6 +78,7 @@ impl<R: HeadRunner> Eagle3<R> {
     pub fn with_runner(runner: R) -> Eagle3<R> {
         Eagle3 {
             width: runner.aux_width(),
+            blocks: HeadBlocks::new(runner.block_size()),
             runner,
             seqs: HashMap::new(),
         }
@@ -80,14 +93,23 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let w = self.width;
         for r in rows {
+            let fresh = !self.seqs.contains_key(&r.id);
             let s = self.seqs.entry(r.id).or_default();
+            if fresh && r.first_pos > 0 {
+                // Served from the prefix cache up to first_pos.
+                s.computed = r.first_pos;
+                s.unchecked_prefix = true;
+            }
             let end = s.computed + s.pending.len() / w;
             if r.first_pos > end {
                 s.broken = true;
             } else if r.first_pos < s.computed {
-                // The target ran positions the head has seen again: take them afresh.
+                // The target ran positions the head has seen again (a recompute, which
+                // may start past a prefix hit): take them afresh.
                 s.computed = r.first_pos;
                 s.pending.clear();
+                s.unchecked_prefix = r.first_pos > 0;
+                self.blocks.rewind(&mut s.blocks, r.first_pos);
             } else {
                 // Rows past first_pos are those of rejected drafts.
                 s.pending.truncate((r.first_pos - s.computed) * w);
@@ -111,8 +133,23 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             let Some(state) = self.seqs.get_mut(&s.id) else {
                 continue;
             };
+            if std::mem::take(&mut state.unchecked_prefix) {
+                let valid = !state.broken
+                    && self.blocks.check_prefix(
+                        &mut state.blocks,
+                        &s.tokens,
+                        &s.block_table,
+                        state.computed,
+                    );
+                state.broken |= !valid;
+            }
+            if state.broken {
+                continue;
+            }
+            // The head writes only into the blocks it now holds alone.
+            self.blocks.take_table(&mut state.blocks, &s.block_table);
             let have = state.computed + state.pending.len() / w;
-            if s.max_drafts == 0 || state.broken || len < 2 || have < len - 1 {
+            if s.max_drafts == 0 || len < 2 || have < len - 1 {
                 continue;
             }
             if state.computed >= len - 1 {
@@ -145,6 +182,9 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
             state.computed = seqs[i].tokens.len() - 1;
             state.pending.clear();
+            let s = &seqs[i];
+            self.blocks
+                .mark(&mut state.blocks, &s.tokens, &s.block_table, state.computed);
         }
         // Steps 1..: one row per request that wants more, at the next position.
         loop {

@@ -137,6 +137,10 @@ impl HeadRunner for GpuHead {
         self.head.aux_layers()
     }
 
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
     fn run(
         &mut self,
         specs: &[SeqSpec],

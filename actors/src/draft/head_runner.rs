@@ -23,6 +23,8 @@ pub trait HeadRunner: Send {
     fn hidden_size(&self) -> usize {
         self.config().hidden_size
     }
+    /// Tokens per block of its cache (the target pool's).
+    fn block_size(&self) -> usize;
     /// The forward of `tokens` (those of `specs`, one after another) fed `input`, writing
     /// the head's KV; the greedy draft (a target id) of each row of `rows`, and `pre` of
     /// every row (`[tokens, H]`). A step fed `pre` replays a captured graph when one serves
@@ -46,6 +48,10 @@ impl HeadRunner for Box<dyn HeadRunner> {
 
     fn aux_layers(&self) -> &[usize] {
         (**self).aux_layers()
+    }
+
+    fn block_size(&self) -> usize {
+        (**self).block_size()
     }
 
     fn run(
@@ -107,6 +113,10 @@ impl HeadRunner for CpuHead {
 
     fn aux_layers(&self) -> &[usize] {
         self.head.aux_layers()
+    }
+
+    fn block_size(&self) -> usize {
+        self.cache.layout().block_size as usize
     }
 
     fn run(

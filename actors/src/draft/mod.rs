@@ -16,6 +16,7 @@ mod draft_model;
 mod eagle3;
 #[cfg(feature = "cuda")]
 mod gpu_head;
+mod head_blocks;
 mod head_runner;
 mod ngram;
 mod progress;

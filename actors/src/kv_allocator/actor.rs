@@ -30,11 +30,17 @@ impl KvAllocator {
     /// # Panics
     /// Outside a tokio runtime, or if `block_size` is 0.
     pub fn spawn(num_blocks: u32, block_size: usize, prefix_caching: bool) -> KvAllocatorHandle {
+        KvAllocator::spawn_over(BlockManager::new(num_blocks, block_size, prefix_caching))
+    }
+
+    /// Starts the actor on the current tokio runtime over `manager`.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_over(manager: BlockManager) -> KvAllocatorHandle {
         let (outbox, inbox) = mpsc::channel(MAILBOX);
-        let actor = KvAllocator {
-            manager: BlockManager::new(num_blocks, block_size, prefix_caching),
-            inbox,
-        };
+        let (num_blocks, block_size) = (manager.num_blocks(), manager.block_size);
+        let actor = KvAllocator { manager, inbox };
         tokio::spawn(actor.run());
         KvAllocatorHandle {
             outbox,

@@ -8,7 +8,9 @@ use crate::messages::{AdmitSeq, AdmittedSeq};
 impl BlockManager {
     /// Admits the sequences of `admit` in order until one does not fit or the budget is
     /// spent. Each takes its longest cached prefix of whole blocks, never the last token
-    /// (it must be computed to give logits), and `min(rest, budget)` tokens to compute.
+    /// (it must be computed to give logits), less its last block when the manager is
+    /// [recomputing the last hit](BlockManager::recomputing_last_hit), and
+    /// `min(rest, budget)` tokens to compute.
     /// Never preempts. Cached tokens do not use the budget.
     ///
     /// Prefix-cache stats count admitted sequences only (a sequence that waits is counted
@@ -25,7 +27,11 @@ impl BlockManager {
             self.release(seq.id);
             let len = seq.tokens.len();
             let lookup_len = (len.saturating_sub(1) / self.block_size) * self.block_size;
-            let (hits, chain) = self.cached_prefix(&seq.tokens[..lookup_len]);
+            let (mut hits, mut chain) = self.cached_prefix(&seq.tokens[..lookup_len]);
+            if self.recompute_last_hit && !hits.is_empty() {
+                (hits, chain) =
+                    self.cached_prefix(&seq.tokens[..(hits.len() - 1) * self.block_size]);
+            }
             let num_cached = hits.len() * self.block_size;
             let num_scheduled = (len - num_cached).min(budget);
             let fresh = self

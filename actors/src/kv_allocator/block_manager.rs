@@ -25,6 +25,9 @@ pub struct BlockManager {
     pub(super) prefix_queries: u64,
     /// Tokens found in the prefix cache, cumulative.
     pub(super) prefix_hits: u64,
+    /// A prefix hit leaves its last block to be computed again (see
+    /// [`BlockManager::recomputing_last_hit`]).
+    pub(super) recompute_last_hit: bool,
 }
 
 /// One sequence's blocks.
@@ -54,6 +57,7 @@ impl BlockManager {
             seqs: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
+            recompute_last_hit: false,
         }
     }
 
@@ -102,6 +106,15 @@ impl BlockManager {
     /// Blocks needed to hold `tokens` tokens.
     pub(super) fn blocks_for(&self, tokens: usize) -> usize {
         tokens.div_ceil(self.block_size)
+    }
+
+    /// The same manager, whose prefix hits leave their last block to be computed again:
+    /// an EAGLE-3 head drafts from the target's features at the position before the first
+    /// token it computes, which a hit's last cached position would not have (vLLM does the
+    /// same for EAGLE). The head's KV of the earlier cached blocks is in the shared blocks.
+    pub fn recomputing_last_hit(mut self) -> BlockManager {
+        self.recompute_last_hit = true;
+        self
     }
 
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the

@@ -56,6 +56,29 @@ fn a_fully_cached_prompt_still_recomputes_its_last_block() {
 }
 
 #[test]
+fn recomputing_the_last_hit_leaves_one_cached_block_to_compute() {
+    let mut m = BlockManager::new(16, 16, true).recomputing_last_hit();
+    let prompt = tokens(100, 60);
+    let a = admit_all(&mut m, &[(1, &prompt)]).admitted.remove(0);
+    computed(&mut m, 1, &prompt);
+    // Three whole blocks are cached; the hit keeps two and computes the third again.
+    let grant = admit_all(&mut m, &[(2, &prompt)]);
+    let b = &grant.admitted[0];
+    assert_eq!((b.num_cached, b.num_scheduled), (32, 28));
+    assert_eq!(b.block_table[..2], a.block_table[..2]);
+    assert_ne!(b.block_table[2], a.block_table[2]);
+    assert_eq!(grant.usage.prefix_hits, 32);
+    // A hit of one block leaves nothing cached.
+    let short = tokens(100, 20);
+    let c = admit_all(&mut m, &[(3, &short)]).admitted.remove(0);
+    assert_eq!((c.num_cached, c.num_scheduled), (0, 20));
+    // Its block chain is that of the blocks it kept: computing it registers the rest.
+    computed(&mut m, 2, &prompt);
+    let d = admit_all(&mut m, &[(4, &prompt)]).admitted.remove(0);
+    assert_eq!(d.num_cached, 32);
+}
+
+#[test]
 fn only_computed_blocks_enter_the_cache() {
     let mut m = BlockManager::new(8, 4, true);
     let prompt = tokens(0, 12);
