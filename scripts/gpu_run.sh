@@ -53,8 +53,14 @@
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
-#                                 in parts: `split -n 2 -d MODEL.gguf`, one part per call)
+#                                 in parts: `split -n 3 -d MODEL.gguf`, one part per
+#                                 call, since the tree with the shipped EAGLE-3 head
+#                                 takes about 23 MB)
 #   scripts/gpu_run.sh smollm2    joins /tmp/gguf-parts/* and converts it to /tmp/smollm2
+#   scripts/gpu_run.sh eagle3data (after smollm2) the EAGLE-3 recipe's data stage:
+#                                 tools/eagle3/gpu.sh data
+#   scripts/gpu_run.sh eagle3train the EAGLE-3 recipe's training stage: tools/eagle3/gpu.sh
+#                                 train
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -281,6 +287,12 @@ smollm2)
     cat /tmp/gguf-parts/* >/tmp/smollm2.gguf
     sha256sum /tmp/smollm2.gguf | tee "$OUT/smollm2.sha256"
     "$bin/peregrine" convert /tmp/smollm2.gguf /tmp/smollm2 2>&1 | tee "$OUT/convert.log"
+    ;;
+eagle3data)
+    tools/eagle3/gpu.sh data "$bin/peregrine"
+    ;;
+eagle3train)
+    tools/eagle3/gpu.sh train "$bin/peregrine"
     ;;
 *)
     echo "unknown mode $mode" >&2

@@ -56,7 +56,8 @@ pub struct BenchSpecArgs {
     /// How drafts are proposed.
     #[arg(long, default_value = "ngram")]
     pub speculative_method: peregrine_config::SpeculativeMethod,
-    /// The draft model directory, for draft_model.
+    /// The draft model directory, for draft_model; the EAGLE-3 head's, for eagle3 (with
+    /// the default model: the head shipped for it).
     #[arg(long)]
     pub draft_model: Option<PathBuf>,
     /// Drafts per request and step.

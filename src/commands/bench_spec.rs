@@ -5,6 +5,7 @@
 
 use super::bench_serve::prompts;
 use super::engine::load_backend;
+use super::heads::draft_dir;
 use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
 use peregrine_actors::backend::Loaded;
@@ -119,14 +120,15 @@ async fn run_engine(
     speculate: bool,
 ) -> anyhow::Result<RunResult> {
     let eos = peregrine_models::ModelConfig::from_dir(dir)?.eos_token_ids;
+    let config = engine_config(args, speculate)?;
     let Loaded {
         target: mut backend,
         beside,
-    } = load_backend(&engine_config(args, speculate)?, dir)?;
+    } = load_backend(&config, dir)?;
     let drafter = if speculate {
         Some(build_drafter(
             args.speculative_method,
-            args.draft_model.as_deref(),
+            draft_dir(&config)?.as_deref(),
             (args.ngram_min, args.ngram_max),
             backend.as_mut(),
             beside,

@@ -57,7 +57,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
                 // A draft model or EAGLE-3 head runs on the GPU beside the target.
                 draft: crate::commands::serve::speculation::gpu_draft(
                     config.speculative_method,
-                    config.draft_model.as_deref(),
+                    crate::commands::heads::draft_dir(config)?.as_deref(),
                 ),
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)

@@ -7,6 +7,7 @@ mod convert;
 mod engine;
 mod fetch;
 mod generate;
+mod heads;
 mod serve;
 
 use crate::cli::{BenchCommand, Cli, Command, ModelArgs};

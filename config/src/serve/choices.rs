@@ -40,7 +40,7 @@ pub enum SpeculativeMethod {
     /// A smaller model with the same tokenizer (`draft_model`).
     #[value(name = "draft_model")]
     DraftModel,
-    /// An EAGLE-3 head: accepted by the parser, refused by validation until it is built.
+    /// An EAGLE-3 head (`draft_model`; with the default model, the head shipped for it).
     Eagle3,
 }
 

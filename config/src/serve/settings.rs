@@ -194,12 +194,14 @@ settings! {
         given SpeculativeMethod, fill optional, reload Restart, Public, check any,
         flag "--speculative-method", arg(long, value_name = "METHOD",
             help = "Speculative decoding: how drafts are proposed [default: no speculation]");
-    /// The draft model's directory, for `draft_model`; the EAGLE-3 head's, for `eagle3`.
+    /// The draft model's directory, for `draft_model`; the EAGLE-3 head's, for `eagle3`
+    /// (`None` with the default model: the head shipped for it).
     draft_model: Option<PathBuf> = None;
         given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
         flag "--draft-model", arg(long, value_name = "DIR",
             help = "The draft model directory, for --speculative-method draft_model; the \
-                    EAGLE-3 head's, for eagle3");
+                    EAGLE-3 head's, for eagle3 [default for eagle3 with the default model: \
+                    the head shipped for it]");
     /// The most draft tokens verified per request and step.
     num_speculative_tokens: usize = 3;
         given usize, fill value, reload Live, Public, check speculative_tokens,

@@ -423,7 +423,11 @@ fn speculation_settings_load_and_bad_ones_name_their_field() {
     assert_eq!(draft.expect("loads").draft_model, Some(PathBuf::from("d")));
 
     let refused = |text: &str, list: &[&str]| from_file(text, list).unwrap_err().to_string();
-    let e = refused("", &["--speculative-method", "eagle3"]);
+    // With the default model, eagle3 drafts with the head shipped for it; with another
+    // model the head must be named.
+    let default_head = from_file("", &["--speculative-method", "eagle3"]).expect("loads");
+    assert_eq!(default_head.draft_model, None);
+    let e = refused("", &["--model", "m", "--speculative-method", "eagle3"]);
     assert!(
         e.starts_with("--draft-model") && e.contains("eagle3"),
         "{e}"

@@ -45,15 +45,19 @@ impl ServeConfig {
             self.speculative_method,
             Some(SpeculativeMethod::DraftModel | SpeculativeMethod::Eagle3)
         );
-        if let (Some(method), None) = (
+        // eagle3 with the default model drafts with the head shipped for it.
+        let default_head =
+            self.speculative_method == Some(SpeculativeMethod::Eagle3) && self.model.is_none();
+        if let (Some(method), None, false) = (
             self.speculative_method.filter(|_| wants_draft),
             &self.draft_model,
+            default_head,
         ) {
             return Err(ConfigError::Invalid {
                 at: at("draft_model"),
                 reason: format!(
                     "must name the draft model's (or EAGLE-3 head's) directory for \
-                     speculative_method {}",
+                     speculative_method {} (eagle3 with the default model has its own head)",
                     method.as_str()
                 ),
             });

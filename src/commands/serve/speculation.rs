@@ -1,5 +1,6 @@
 //! The draft method `--speculative-method` asks for, built over the target's pool.
 
+use crate::commands::heads::draft_dir;
 use anyhow::Context;
 use peregrine_actors::backend::{DraftBeside, ModelBackend};
 use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
@@ -12,7 +13,8 @@ use tracing::info;
 
 /// The configured drafter, or `None` when speculation is off; `beside` is what the
 /// target's backend loaded beside it. The configuration was validated already:
-/// `draft_model` names a directory for the draft-model and eagle3 methods.
+/// `draft_model` names a directory for the draft-model method, and for eagle3 unless the
+/// default model's head is meant ([`draft_dir`]).
 pub fn load_drafter(
     config: &ServeConfig,
     target: &mut dyn ModelBackend,
@@ -21,9 +23,10 @@ pub fn load_drafter(
     let Some(method) = config.speculative_method else {
         return Ok(None);
     };
+    let draft_dir = draft_dir(config)?;
     let drafter = build_drafter(
         method,
-        config.draft_model.as_deref(),
+        draft_dir.as_deref(),
         (config.ngram_min, config.ngram_max),
         target,
         beside,
