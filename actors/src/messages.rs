@@ -13,6 +13,7 @@
 //! The scheduler sends one message per actor per step, whatever the number of requests.
 
 use crate::graphs::CaptureSizes;
+use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
 use std::sync::Arc;
 use std::time::Instant;
@@ -74,6 +75,8 @@ pub struct Usage {
     pub num_drafts: usize,
     pub num_draft_tokens: usize,
     pub num_accepted_tokens: usize,
+    /// Draft tokens accepted at each draft position (index 0: the first draft).
+    pub accepted_per_position: [usize; MAX_SPECULATIVE_TOKENS],
 }
 
 /// Why a request ended.

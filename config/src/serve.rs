@@ -21,6 +21,7 @@ mod validate;
 mod tests;
 
 pub use args::ServeArgs;
+pub use checks::MAX_SPECULATIVE_TOKENS;
 pub use choices::{DeviceKind, DtypeChoice, SpeculativeMethod};
 pub use error::ConfigError;
 pub use reload::ReloadError;

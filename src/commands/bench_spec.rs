@@ -1,7 +1,8 @@
 //! `peregrine bench spec`: speculative decoding offline (no HTTP). The same greedy
 //! prompts go through the engine without drafts and then with them (decode steps through
 //! graphs in both unless --enforce-eager); it prints the wall time of each, the speedup, the acceptance rate, the tokens per verification forward,
-//! and how many outputs were identical (greedy decoding must not change).
+//! the acceptance at each draft position, and how many outputs were identical (greedy
+//! decoding must not change).
 
 use super::bench_serve::prompts;
 use super::engine::load_backend;
@@ -81,8 +82,28 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
         (accepted + drafts) as f64 / drafts.max(1) as f64,
         100.0 * accepted as f64 / tokens.max(1) as f64
     );
+    println!(
+        "per-position acceptance (accepted at the position over verifications with drafts):{}",
+        per_position(&on.outputs, drafts)
+    );
     println!("identical outputs: {same} of {}", reqs.len());
     Ok(())
+}
+
+/// Each draft position's accepted drafts over `drafts` verifications, as vLLM's and
+/// Peregrine's `/metrics` count it, up to the last position any draft reached.
+fn per_position(outputs: &[(Vec<u32>, Usage)], drafts: usize) -> String {
+    let mut accepted = [0usize; peregrine_config::MAX_SPECULATIVE_TOKENS];
+    for (_, usage) in outputs {
+        for (sum, n) in accepted.iter_mut().zip(usage.accepted_per_position) {
+            *sum += n;
+        }
+    }
+    let reached = accepted.iter().rposition(|&n| n > 0).map_or(0, |i| i + 1);
+    accepted[..reached]
+        .iter()
+        .map(|&n| format!(" {:.4}", n as f64 / drafts.max(1) as f64))
+        .collect()
 }
 
 /// The engine settings of `args` as a server's configuration, speculating with the chosen

@@ -326,6 +326,9 @@ impl Queues {
                 seq.spec[0] += 1;
                 seq.spec[1] += out.num_drafts;
                 seq.spec[2] += out.num_accepted;
+                for accepted in seq.accepted_per_position.iter_mut().take(out.num_accepted) {
+                    *accepted += 1;
+                }
             }
             let mut tokens = Vec::with_capacity(out.tokens.len());
             let mut reason = None;

@@ -3,6 +3,7 @@
 //! ([`super::plan::StepPlan`]), not a field of the sequence.
 
 use crate::messages::{GenerateRequest, RequestEvent, Usage};
+use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use std::time::Instant;
 
 /// Where a request stands.
@@ -38,6 +39,8 @@ pub struct Seq {
     pub last_token_at: Option<Instant>,
     /// Speculation counts: verifications with drafts, drafts, accepted drafts.
     pub spec: [usize; 3],
+    /// Accepted drafts at each draft position.
+    pub accepted_per_position: [usize; MAX_SPECULATIVE_TOKENS],
 }
 
 impl Seq {
@@ -57,6 +60,7 @@ impl Seq {
             cached_tokens: None,
             last_token_at: None,
             spec: [0; 3],
+            accepted_per_position: [0; MAX_SPECULATIVE_TOKENS],
         }
     }
 
@@ -89,6 +93,7 @@ impl Seq {
             num_drafts: self.spec[0],
             num_draft_tokens: self.spec[1],
             num_accepted_tokens: self.spec[2],
+            accepted_per_position: self.accepted_per_position,
         }
     }
 

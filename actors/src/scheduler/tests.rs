@@ -505,3 +505,28 @@ fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
         (0, vec![40, 41])
     );
 }
+
+#[test]
+fn usage_counts_the_accepted_drafts_at_each_position() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    h.submit(1, &prompt(0, 4), 50, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    for accepted in [2, 0, 3] {
+        let (plan, _) = h.plan();
+        let plan = plan.with_drafts(vec![(RequestId(1), vec![6, 6, 6])]);
+        h.done(&plan, |_| vec![7; accepted + 1]);
+    }
+    let usage = h.queues.get(RequestId(1)).unwrap().usage();
+    assert_eq!(
+        (
+            usage.num_drafts,
+            usage.num_draft_tokens,
+            usage.num_accepted_tokens
+        ),
+        (3, 9, 5)
+    );
+    assert_eq!(usage.accepted_per_position[..4], [2, 2, 1, 0]);
+}

@@ -363,6 +363,7 @@ impl FakeScheduler {
                     num_drafts: 2,
                     num_draft_tokens: 6,
                     num_accepted_tokens: 4,
+                    ..Usage::default()
                 };
                 let _ = events.send(RequestEvent::Finished {
                     reason: *finish,
