@@ -883,20 +883,6 @@ fn expected_drafts(model: &LlamaModel, head: &Eagle3Head, tokens: &[u32], k: usi
     drafts
 }
 
-/// A random head for `target` whose q and k are scaled up, so that its attention is sharp
-/// and a wrong position or row changes its drafts.
-fn sharp_head(target: &TinyModel, seed: u64) -> RandomHead {
-    let mut head = RandomHead::new(&HeadSpec::midlayer(), &target.spec, seed);
-    for name in ["q_proj", "k_proj"] {
-        let w = head
-            .tensors
-            .get_mut(&format!("midlayer.self_attn.{name}.weight"))
-            .unwrap();
-        w.1.iter_mut().for_each(|x| *x *= 3.0);
-    }
-    head
-}
-
 /// The proposer pairs each target feature with the next token, at the target's positions,
 /// drops the rows of rejected drafts and overwrites their head KV: after a prompt in two
 /// chunks, and after a verify step that accepted one draft, its drafts are those of the
@@ -912,7 +898,9 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
     let pool = target_pool(&dir.path().join("target"));
     for seed in 0..6 {
         let head_dir = dir.path().join(format!("head{seed}"));
-        sharp_head(&target, 72 + seed).write(&head_dir);
+        RandomHead::new(&HeadSpec::midlayer(), &target.spec, 72 + seed)
+            .sharpened()
+            .write(&head_dir);
         let load = || Eagle3Head::load(&head_dir, &model).unwrap();
         let (head, reference) = (load(), load());
         let mut method = Eagle3::new(head, model.config(), &pool).unwrap();
@@ -986,7 +974,9 @@ fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
     let model = LlamaModel::load(&dir.path().join("target")).unwrap();
     let pool = target_pool(&dir.path().join("target"));
     let head_dir = dir.path().join("head");
-    sharp_head(&target, 82).write(&head_dir);
+    RandomHead::new(&HeadSpec::midlayer(), &target.spec, 82)
+        .sharpened()
+        .write(&head_dir);
     let load = || Eagle3Head::load(&head_dir, &model).unwrap();
     let (head, reference) = (load(), load());
     let mut method = Eagle3::new(head, model.config(), &pool).unwrap();

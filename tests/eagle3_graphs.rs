@@ -42,15 +42,9 @@ fn write_models(seed: u64) -> tempfile::TempDir {
     };
     let target = TinyModel::random(spec, seed);
     target.write_hf(&dir.path().join("target"));
-    let mut head = RandomHead::new(&HeadSpec::midlayer(), &target.spec, seed + 1);
-    for name in ["q_proj", "k_proj"] {
-        let w = head
-            .tensors
-            .get_mut(&format!("midlayer.self_attn.{name}.weight"))
-            .unwrap();
-        w.1.iter_mut().for_each(|x| *x *= 3.0);
-    }
-    head.write(&dir.path().join("head"));
+    RandomHead::new(&HeadSpec::midlayer(), &target.spec, seed + 1)
+        .sharpened()
+        .write(&dir.path().join("head"));
     dir
 }
 

@@ -204,6 +204,19 @@ impl RandomHead {
         }
     }
 
+    /// The same head with its q and k scaled up (a `midlayer.` head), so that its attention
+    /// is sharp and a wrong position or row changes its drafts.
+    pub fn sharpened(mut self) -> RandomHead {
+        for name in ["q_proj", "k_proj"] {
+            let w = self
+                .tensors
+                .get_mut(&format!("midlayer.self_attn.{name}.weight"))
+                .expect("a midlayer head");
+            w.1.iter_mut().for_each(|x| *x *= 3.0);
+        }
+        self
+    }
+
     /// Writes config.json and model.safetensors (float32 tensors, int64 `d2t`, bool `t2d`).
     pub fn write(&self, dir: &Path) {
         std::fs::create_dir_all(dir).unwrap();
