@@ -85,7 +85,8 @@ def main():
     tensors = load_tensors(a.head)
     vocab = (torch.arange(len(tensors["d2t"])) + tensors["d2t"]).tolist()
     aux = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    head = Eagle3Head(target.config.to_dict(), aux, vocab, target.get_input_embeddings().weight)
+    head = Eagle3Head(target.config.to_dict(), aux, vocab, target.get_input_embeddings().weight,
+                      rope_theta=cfg["rope_theta"])
     head.load_eagle3(tensors)
     head = head.to(a.device).eval()
     records = load_records(a.data, {"greedy"})

@@ -42,11 +42,17 @@ def rope(x, positions, theta):
     return x * cos + half * sin
 
 
+def target_rope_theta(config):
+    """The target's rotary base: `rope_theta`, or (transformers 5) `rope_parameters`'s."""
+    params = config.get("rope_parameters") or {}
+    return config.get("rope_theta") or params.get("rope_theta") or 10000.0
+
+
 class Eagle3Head(nn.Module):
     """fc over the target's low, middle and high states; one decoder layer over
     [embedding; feature]; a final norm and an lm_head over the draft vocabulary."""
 
-    def __init__(self, target_config, aux_layers, draft_vocab, embed):
+    def __init__(self, target_config, aux_layers, draft_vocab, embed, rope_theta=None):
         super().__init__()
         c = target_config
         self.h = h = c["hidden_size"]
@@ -55,7 +61,7 @@ class Eagle3Head(nn.Module):
         self.hd = c.get("head_dim") or h // self.nh
         self.inter = c["intermediate_size"]
         self.eps = c.get("rms_norm_eps", 1e-5)
-        self.theta = c.get("rope_theta", 10000.0)
+        self.theta = rope_theta or target_rope_theta(c)
         self.target_config = c
         self.aux_layers = list(aux_layers)
         self.fc = nn.Linear(len(aux_layers) * h, h, bias=False)

@@ -99,9 +99,12 @@ def main():
     records = load_records(a.data)
     answer_tokens = sum(len(r["output_ids"]) for r in records)
     vocab, cover, distinct = draft_vocabulary(records, a.draft_vocab)
+    theta = None
     if a.init:
         init = load_tensors(a.init)
         vocab = (torch.arange(len(init["d2t"])) + init["d2t"]).tolist()
+        with open(os.path.join(a.init, "config.json")) as f:
+            theta = json.load(f)["rope_theta"]
     print(f"data: {len(records)} answers, {answer_tokens} answer tokens, "
           f"{sum(len(r['prompt_ids']) for r in records)} prompt tokens, {distinct} distinct "
           "answer tokens; draft vocabulary coverage "
@@ -110,7 +113,7 @@ def main():
     cfg = target.config.to_dict()
     aux_layers = default_aux_layers(cfg["num_hidden_layers"])
     embed = target.get_input_embeddings().weight
-    head = Eagle3Head(cfg, aux_layers, vocab, embed).to(a.device)
+    head = Eagle3Head(cfg, aux_layers, vocab, embed, rope_theta=theta).to(a.device)
     with torch.no_grad():
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.draft_ids])
         head.norm.weight.copy_(target.model.norm.weight)
