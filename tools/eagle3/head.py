@@ -132,19 +132,8 @@ class Eagle3Head(nn.Module):
 
     def state_dict_eagle3(self):
         """The published EAGLE-3 tensor names (SafeAILab, SpecForge), bf16, plus d2t/t2d."""
-        mid = {
-            "input_layernorm": self.input_layernorm, "hidden_norm": self.hidden_norm,
-            "self_attn.q_proj": self.q_proj, "self_attn.k_proj": self.k_proj,
-            "self_attn.v_proj": self.v_proj, "self_attn.o_proj": self.o_proj,
-            "post_attention_layernorm": self.post_attention_layernorm,
-            "mlp.gate_proj": self.gate_proj, "mlp.up_proj": self.up_proj,
-            "mlp.down_proj": self.down_proj,
-        }
-        out = {"fc.weight": self.fc.weight}
-        out.update({f"midlayer.{k}.weight": m.weight for k, m in mid.items()})
-        out["norm.weight"] = self.norm.weight
-        out["lm_head.weight"] = self.lm_head.weight
-        out = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in out.items()}
+        out = {k: v.detach().to(torch.bfloat16).contiguous().cpu()
+               for k, v in self.named_eagle3_params()}
         ids = self.draft_ids.cpu()
         out["d2t"] = (ids - torch.arange(len(ids))).to(torch.int64)
         t2d = torch.zeros(self.embed.shape[0], dtype=torch.bool)
@@ -161,6 +150,7 @@ class Eagle3Head(nn.Module):
         self.draft_ids = ids.to(self.draft_ids.device)
 
     def named_eagle3_params(self):
+        """(published name, parameter) of every weight the checkpoint holds."""
         names = {
             "fc.weight": self.fc, "norm.weight": self.norm, "lm_head.weight": self.lm_head,
             "midlayer.input_layernorm.weight": self.input_layernorm,
