@@ -61,6 +61,17 @@
 #                                 tools/eagle3/gpu.sh data
 #   scripts/gpu_run.sh eagle3train the EAGLE-3 recipe's training stage: tools/eagle3/gpu.sh
 #                                 train
+#   scripts/gpu_run.sh eagle3time  (after smollm2) where a served step's time goes, with the
+#                                 shipped EAGLE-3 head and without speculation: a fresh
+#                                 server per concurrency (1 and 64) and per setting, bench
+#                                 serve on the held-out prompts, then its step-time and
+#                                 head-step series from /metrics
+#   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
+#                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl,
+#                                 carried): bench spec at batch 1, 8, 32 and 64 (adaptive
+#                                 drafting, and at 1 and 64 always drafting too), then served
+#                                 with and without the head, in turns: bench serve at
+#                                 concurrency 1, 8 and 64
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -293,6 +304,68 @@ eagle3data)
     ;;
 eagle3train)
     tools/eagle3/gpu.sh train "$bin/peregrine"
+    ;;
+eagle3time)
+    head=heads/smollm2-135m-eagle3 data=target/eagle3-bench/heldout_bench.jsonl port=8125
+    for c in 1 64; do
+        for flags in "--speculative-method eagle3 --draft-model $head" \
+            "--speculative-method eagle3 --draft-model $head --no-speculative-adaptive" ""; do
+            echo "== concurrency $c serve ${flags:-without speculation}" | tee -a "$OUT/eagle3_time.log"
+            # shellcheck disable=SC2086
+            "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
+                --max-num-seqs 64 $flags >/tmp/serve-time.log 2>&1 &
+            server=$!
+            for _ in $(seq 1 240); do
+                (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+                sleep 0.5
+            done
+            "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
+                --num-prompts $((c == 1 ? 24 : 192)) --concurrency $c 2>&1 |
+                grep -E "Output token throughput|Mean TPOT|Benchmark duration" | tee -a "$OUT/eagle3_time.log"
+            python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" |
+                grep -E "engine_step_seconds_(sum|count)|spec_decode_head_seconds_(sum|count)|planned_steps_total|num_drafts_total|mean_tokens_per_forward|generation_tokens_total" |
+                tee -a "$OUT/eagle3_time.log"
+            kill $server
+            wait $server
+        done
+    done
+    ;;
+eagle3serve)
+    head=heads/smollm2-135m-eagle3 data=target/eagle3-bench/heldout_bench.jsonl
+    for c in 1 8 32 64; do
+        for flags in "" "--no-speculative-adaptive"; do
+            [ -n "$flags" ] && [ $c != 1 ] && [ $c != 64 ] && continue
+            echo "== bench spec batch $c $flags" | tee -a "$OUT/eagle3_spec.log"
+            # shellcheck disable=SC2086
+            "$bin/peregrine" bench spec --model /tmp/smollm2 --device cuda \
+                --speculative-method eagle3 --draft-model $head --dataset $data \
+                --num-prompts $((c == 1 ? 30 : c * 2 < 64 ? 64 : c * 2)) --concurrency $c \
+                --output-len 256 $flags 2>&1 | grep -v "^20" | tee -a "$OUT/eagle3_spec.log"
+        done
+    done
+    port=8124
+    for flags in "--speculative-method eagle3 --draft-model $head" ""; do
+        echo "== serve ${flags:-without speculation}" | tee -a "$OUT/eagle3_serve.log"
+        # shellcheck disable=SC2086
+        "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
+            --max-num-seqs 64 $flags >"/tmp/serve-eagle3${flags:+-on}.log" 2>&1 &
+        server=$!
+        for _ in $(seq 1 240); do
+            (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+            sleep 0.5
+        done
+        for c in 1 8 64; do
+            "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
+                --num-prompts $((c == 1 ? 16 : c * 2)) --concurrency $c 2>&1 |
+                tee -a "$OUT/eagle3_serve.log"
+        done
+        python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics').read().decode())" |
+            grep -E "spec_decode_(planned|num_drafts|mean)" |
+            tee -a "$OUT/eagle3_serve.log"
+        kill $server
+        wait $server
+        grep -E "WARN|ERROR|spec:" "/tmp/serve-eagle3${flags:+-on}.log" | tail -20 >>"$OUT/eagle3_serve.log"
+    done
     ;;
 *)
     echo "unknown mode $mode" >&2

@@ -63,6 +63,10 @@ pub struct BenchSpecArgs {
     /// Drafts per request and step.
     #[arg(long, default_value_t = 3)]
     pub num_speculative_tokens: usize,
+    /// Always plan --num-speculative-tokens drafts, as `serve --no-speculative-adaptive`
+    /// does; by default fewer or none where drafting measures as not paying.
+    #[arg(long)]
+    pub no_speculative_adaptive: bool,
     /// The shortest suffix the n-gram method matches.
     #[arg(long, default_value_t = 2)]
     pub ngram_min: usize,

@@ -27,6 +27,7 @@ fn engine(dir: &Path, kv_blocks: u64, async_scheduling: bool) -> Engine {
             max_num_batched_tokens: 48,
             max_waiting: 100,
             num_speculative_tokens: 0,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling,

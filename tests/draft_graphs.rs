@@ -269,6 +269,7 @@ fn limits(max_num_seqs: usize) -> SchedulerLimits {
         max_num_batched_tokens: 64,
         max_waiting: 100,
         num_speculative_tokens: 3,
+        speculative_adaptive: false,
     }
 }
 

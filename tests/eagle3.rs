@@ -738,6 +738,7 @@ async fn served(
             max_num_batched_tokens: 48,
             max_waiting: 1000,
             num_speculative_tokens: 3,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling: false,
@@ -961,6 +962,103 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
     }
 }
 
+/// A random target (seed `seed`) and a sharpened random head over it (seed `seed + 1`),
+/// loaded twice: as the proposer's method and as the reference `expected_drafts` runs.
+struct Drafting {
+    model: LlamaModel,
+    method: Eagle3,
+    reference: Eagle3Head,
+    /// Holds the checkpoints.
+    _dir: tempfile::TempDir,
+}
+
+fn drafting(seed: u64) -> Drafting {
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), seed);
+    target.write_hf(&dir.path().join("target"));
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let pool = target_pool(&dir.path().join("target"));
+    let head_dir = dir.path().join("head");
+    RandomHead::new(&HeadSpec::midlayer(), &target.spec, seed + 1)
+        .sharpened()
+        .write(&head_dir);
+    let load = || Eagle3Head::load(&head_dir, &model).unwrap();
+    let (head, reference) = (load(), load());
+    let method = Eagle3::new(head, model.config(), &pool).unwrap();
+    Drafting {
+        model,
+        method,
+        reference,
+        _dir: dir,
+    }
+}
+
+/// A request planned with no room for drafts (the scheduler found drafting does not pay,
+/// or its last token is due) still runs the head's step 0 over the target's rows: the
+/// head's KV holds them before it drafts again, so the features do not pile up, and its
+/// drafts when room returns are those of the head run afresh.
+#[test]
+fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
+    const K: usize = 3;
+    let Drafting {
+        model,
+        mut method,
+        reference,
+        ..
+    } = drafting(81);
+    let mut rng = ChaCha8Rng::seed_from_u64(83);
+    let mut tokens: Vec<u32> = (0..13).map(|_| rng.random_range(0..300)).collect();
+    let blocks = vec![5, 11, 2, 19, 7, 14, 1, 9];
+    let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    let id = RequestId(3);
+    // The head's KV of `pos` (its block and slot in the one-layer cache).
+    let head_kv = |method: &Eagle3, pos: usize| -> Vec<f32> {
+        let per_slot = method.cache().layout().slot_elems() as usize;
+        let slot = blocks[pos / BLOCK] as usize * BLOCK + pos % BLOCK;
+        method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
+    };
+    let mut start = 0;
+    for step in 0..4 {
+        // The target runs what is not in its cache yet and samples the next token.
+        let fed = tokens[start..].to_vec();
+        let spec = SeqSpec {
+            num_cached: start,
+            num_new: fed.len(),
+            block_table: &blocks,
+        };
+        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
+        let (logits, aux) = model
+            .forward_with_aux(&fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
+            .unwrap();
+        method.receive_hidden(vec![HiddenRows {
+            id,
+            first_pos: start,
+            data: aux,
+        }]);
+        start = tokens.len();
+        tokens.push(argmax(&logits));
+        let before = head_kv(&method, tokens.len() - 2);
+        let max_drafts = if step < 3 { 0 } else { K };
+        let seq = ProposeSeq {
+            id,
+            tokens: tokens.clone(),
+            block_table: blocks.clone(),
+            max_drafts,
+        };
+        let drafts = method.propose(&[seq]).unwrap().remove(0);
+        if max_drafts == 0 {
+            assert!(drafts.is_empty(), "step {step}: {drafts:?}");
+            assert_ne!(
+                head_kv(&method, tokens.len() - 2),
+                before,
+                "step {step}: the head's KV of the last position was not written"
+            );
+        } else {
+            assert_eq!(drafts, expected_drafts(&model, &reference, &tokens, K));
+        }
+    }
+}
+
 /// A sequence served from the prefix cache drafts from the head KV its shared blocks hold:
 /// its drafts are those of the head run afresh over its whole history. A shared block
 /// whose last position the head paired with another next token, or that another sequence
@@ -968,18 +1066,12 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
 #[test]
 fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
     const K: usize = 4;
-    let dir = tempfile::tempdir().unwrap();
-    let target = TinyModel::random(target_spec(), 81);
-    target.write_hf(&dir.path().join("target"));
-    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
-    let pool = target_pool(&dir.path().join("target"));
-    let head_dir = dir.path().join("head");
-    RandomHead::new(&HeadSpec::midlayer(), &target.spec, 82)
-        .sharpened()
-        .write(&head_dir);
-    let load = || Eagle3Head::load(&head_dir, &model).unwrap();
-    let (head, reference) = (load(), load());
-    let mut method = Eagle3::new(head, model.config(), &pool).unwrap();
+    let Drafting {
+        model,
+        mut method,
+        reference,
+        ..
+    } = drafting(81);
     let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
     // The target runs `tokens[start..]` of request `id` over `table`, hands its features to
     // the proposer and samples the next token greedily; then the proposer drafts.
@@ -1033,4 +1125,25 @@ fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
     let mut e = a[..9].to_vec();
     e.extend(random(4));
     assert_eq!(serve(5, &mut e, &[9, 3, 7, 11], 8), Vec::<u32>::new());
+}
+
+/// The head states the bytes one block takes in its one layer's K (or V) tensor, for the
+/// acceptance alarm's byte-offset bands.
+#[test]
+fn the_head_states_its_kv_bytes_per_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 81);
+    target.write_hf(&dir.path().join("target"));
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let pool = target_pool(&dir.path().join("target"));
+    let head_dir = dir.path().join("head");
+    RandomHead::new(&HeadSpec::midlayer(), &target.spec, 84).write(&head_dir);
+    let head = Eagle3Head::load(&head_dir, &model).unwrap();
+    let method = Eagle3::new(head, model.config(), &pool).unwrap();
+    let cache = method.cache();
+    let per_tensor = cache.bytes_per_layer() / 2;
+    assert_eq!(
+        method.kv_bytes_per_block(),
+        Some(per_tensor / cache.layout().num_blocks)
+    );
 }

@@ -266,6 +266,7 @@ async fn served(
             max_num_batched_tokens: 64,
             max_waiting: 100,
             num_speculative_tokens: 3,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling: false,

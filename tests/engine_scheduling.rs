@@ -37,6 +37,7 @@ fn settings(
             max_num_batched_tokens,
             max_waiting: 1000,
             num_speculative_tokens: 0,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling: false,

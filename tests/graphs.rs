@@ -265,6 +265,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
         max_num_batched_tokens: 64,
         max_waiting: 100,
         num_speculative_tokens: 0,
+        speculative_adaptive: false,
     };
     let settings = EngineSettings {
         block_size: 16,

@@ -1,8 +1,10 @@
 //! Speculative decoding through the serving engine: greedy outputs with drafts (n-gram, or
 //! a draft model that agrees with the target or one that does not) equal the outputs
 //! without, token for token, in mixed batches, under preemption and with prefix caching;
-//! sampled outputs keep the target's distribution; and the acceptance-collapse alarm fires
-//! under a draft-KV fault past a block id and stays quiet without it.
+//! sampled outputs keep the target's distribution; and the acceptance alarms fire under a
+//! draft-KV fault past a block id and stay quiet without it: the whole-pool alarm when
+//! every request is past the fault, the band alarm when requests past block 65,535 accept
+//! less than those below it.
 
 mod common;
 
@@ -24,6 +26,7 @@ use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+use tracing_subscriber::util::SubscriberInitExt;
 
 const BLOCK: usize = 16;
 
@@ -108,6 +111,7 @@ async fn served(
             max_num_batched_tokens: run.max_num_batched_tokens,
             max_waiting: 10_000,
             num_speculative_tokens: run.k,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling: false,
@@ -393,46 +397,233 @@ async fn sampled_first_two_tokens_keep_the_target_distribution() {
     );
 }
 
-/// Sequential requests climb through never-used block ids; past `fault` the draft reads
-/// zeroed KV.
-async fn alarm_run(fault: Option<u32>) -> Snapshot {
+/// Blocks of one token each, so that block ids pass 65,535 after as many tokens.
+const ONE_TOKEN: usize = 1;
+/// Blocks of the alarm runs' pool past block 65,535.
+const HIGH_BLOCKS: u64 = 4000;
+
+/// Each band's (accepted, proposed) drafts at each position, from the band series.
+type BandCounts = Vec<(String, Vec<(f64, f64)>)>;
+
+/// What an alarm run left: its metrics, the band series of them, and its log.
+struct AlarmRun {
+    metrics: Snapshot,
+    bands: BandCounts,
+    log: String,
+}
+
+/// A log the engine writes into while its subscriber is the thread's default.
+#[derive(Clone, Default)]
+struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Log {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A pool of 65,536 + `HIGH_BLOCKS` one-token blocks, its draft's KV zeroed past `fault`.
+/// First, prompts of 1,000 tokens with one output token climb through ids below 63,000
+/// (no drafts); then requests of 20 prompt and 60 output tokens, 16 at a time, take the
+/// never-used ids up to 65,535, then those past it, then the freed ones below it again,
+/// so that for a long stretch the window holds requests of both bands. All are greedy:
+/// the draft is the target itself, so without the fault nearly every draft is accepted.
+///
+/// (An earlier run put every request past the fault, at block 480 of 1,024: drafts fell
+/// from 100/100/90% to 70/48/40% by position. To the whole pool that is what a change of
+/// workload does, and 48.8% to 17% must stay quiet, so no rule on the whole can tell the
+/// two apart. The fault's shape is requests past a limit accepting less than those before
+/// it, in the same window: the band alarm's test.)
+async fn alarm_run(fault: Option<u32>) -> AlarmRun {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(TinySpec::llama_tiny(), 96).write_hf(dir.path());
-    let mut rng = ChaCha8Rng::seed_from_u64(9);
-    let reqs: Vec<_> = (0..150)
-        .map(|_| {
-            let prompt: Vec<u32> = (0..20).map(|_| rng.random_range(3..300)).collect();
-            (prompt, SamplingParams::greedy())
-        })
-        .collect();
+    let spec = TinySpec::llama_tiny();
+    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
+    let kv_bytes = (65_536 + HIGH_BLOCKS) * bytes_per_token;
+    let target = cpu_backend(LlamaModel::load(dir.path()).unwrap(), kv_bytes, ONE_TOKEN).unwrap();
+    let model = LlamaModel::load(dir.path()).unwrap();
+    let draft = DraftModel::new(model, target.config(), target.pool()).unwrap();
+    let draft = match fault {
+        Some(block) => draft.with_kv_fault_above(block),
+        None => draft,
+    };
+    let settings = EngineSettings {
+        block_size: ONE_TOKEN,
+        prefix_caching: true,
+        limits: SchedulerLimits {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 2048,
+            max_waiting: 10_000,
+            num_speculative_tokens: 3,
+            speculative_adaptive: false,
+        },
+        max_model_len: None,
+        async_scheduling: false,
+    };
     let recorder = DebuggingRecorder::new();
     let meter = Meter(recorder.snapshotter());
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let mut run = Run::roomy(Method::Draft(dir.path(), fault));
-    run.kv_blocks = 1024;
-    served(dir.path(), &reqs, 40, &run, true).await;
-    meter.take()
+    let log = Log::default();
+    let writer = log.clone();
+    let _log_guard = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .set_default();
+    let engine = start_engine(target, &settings, Some(Box::new(draft))).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    let mut prompt =
+        |len: usize| -> Vec<u32> { (0..len).map(|_| rng.random_range(3..300)).collect() };
+    let greedy = SamplingParams::greedy();
+    let mut climb = Vec::new();
+    for id in 0..63 {
+        climb.push(submit(&engine.scheduler, id, &prompt(1000), &greedy, 1).await);
+    }
+    for rx in climb {
+        collect(rx).await;
+    }
+    let mut streams = Vec::new();
+    for id in 100..280 {
+        streams.push(submit(&engine.scheduler, id, &prompt(20), &greedy, 60).await);
+    }
+    for rx in streams {
+        collect(rx).await;
+    }
+    let metrics = meter.take();
+    let log = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    AlarmRun {
+        bands: band_counts(&metrics),
+        metrics,
+        log,
+    }
+}
+
+/// The band series of `s`, by band (in name order) and position.
+fn band_counts(s: &Snapshot) -> BandCounts {
+    let mut bands: BandCounts = Vec::new();
+    for (key, _, _, v) in s {
+        let accepted = match key.key().name() {
+            "peregrine:spec_decode_band_accepted_tokens_total" => true,
+            "peregrine:spec_decode_band_draft_tokens_total" => false,
+            _ => continue,
+        };
+        let DebugValue::Counter(count) = v else {
+            continue;
+        };
+        let label = |n: &str| {
+            let mut labels = key.key().labels();
+            labels.find(|l| l.key() == n).map(|l| l.value().to_string())
+        };
+        let (Some(band), Some(position)) = (label("band"), label("position")) else {
+            panic!("a band series without its labels: {key:?}");
+        };
+        let position: usize = position.parse().unwrap();
+        let at = match bands.iter().position(|b| b.0 == band) {
+            Some(at) => at,
+            None => {
+                bands.push((band, Vec::new()));
+                bands.len() - 1
+            }
+        };
+        let counts = &mut bands[at].1;
+        if counts.len() <= position {
+            counts.resize(position + 1, (0.0, 0.0));
+        }
+        if accepted {
+            counts[position].0 += *count as f64;
+        } else {
+            counts[position].1 += *count as f64;
+        }
+    }
+    bands.sort_by(|a, b| a.0.cmp(&b.0));
+    bands
 }
 
 #[tokio::test]
 async fn the_acceptance_alarm_fires_past_a_faulty_block_id() {
-    let s = alarm_run(Some(480)).await;
+    let AlarmRun {
+        metrics: s,
+        bands,
+        log,
+    } = alarm_run(Some(65_535)).await;
+    println!("by band and position (accepted, proposed): {bands:?}");
+    let names: Vec<&str> = bands.iter().map(|b| b.0.as_str()).collect();
+    assert_eq!(names, ["blocks 0-65535", "blocks 65536-69535"]);
+    let gaps: Vec<f64> = (0..3)
+        .map(|p| {
+            let rate = |b: usize| bands[b].1[p].0 / bands[b].1[p].1;
+            rate(0) - rate(1)
+        })
+        .collect();
+    assert!(
+        gaps.iter().all(|&g| g > 0.1),
+        "the fault did not bite: {gaps:?}"
+    );
+    assert_eq!(value(&s, "peregrine:spec_decode_acceptance_alarm"), 1.0);
     assert_eq!(
         value(&s, "peregrine:spec_decode_acceptance_alarms_total"),
         1.0
     );
-    assert_eq!(value(&s, "peregrine:spec_decode_acceptance_alarm"), 1.0);
+    // The warning names the positions, the band's block ids and the largest one in use.
+    let warning = log
+        .lines()
+        .find(|l| l.contains("spec: draft acceptance depends on where the draft KV lives:"))
+        .unwrap_or_else(|| panic!("no band warning in the log:\n{log}"));
+    println!("{warning}");
+    assert!(warning.contains("WARN"), "{warning}");
+    for needle in [
+        " position 1: blocks 65536-69535 (draft KV bytes [",
+        "below block 65536, z -",
+        " by band blocks 0-65535 ",
+        " largest KV block id in use ",
+    ] {
+        assert!(warning.contains(needle), "{needle:?} not in {warning}");
+    }
 }
 
 #[tokio::test]
 async fn the_acceptance_alarm_stays_quiet_without_the_fault() {
-    // The same requests climb through the same block ids as with the fault.
-    let s = alarm_run(None).await;
+    // The same requests through the same block ids as with the fault.
+    let AlarmRun {
+        metrics: s,
+        bands,
+        log,
+    } = alarm_run(None).await;
+    println!("by band and position (accepted, proposed): {bands:?}");
+    assert_eq!(bands.len(), 2, "{bands:?}");
+    assert!(
+        bands.iter().all(|b| b.1.iter().all(|&(_, n)| n > 300.0)),
+        "{bands:?}"
+    );
     assert_eq!(
         value(&s, "peregrine:spec_decode_acceptance_alarms_total"),
         0.0
     );
-    assert!(value(&s, "peregrine:spec_decode_acceptance_alarm") == 0.0);
+    assert_eq!(value(&s, "peregrine:spec_decode_acceptance_alarm"), 0.0);
+    assert!(!log.contains("spec: draft acceptance"), "{log}");
+}
+
+/// A draft model states the bytes one block takes in a layer's K (or V) tensor of its
+/// cache, for the acceptance alarm's byte-offset bands; n-gram drafting keeps no KV.
+#[test]
+fn draft_methods_state_their_kv_bytes_per_block() {
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 98).write_hf(dir.path());
+    let target = backend(dir.path(), 64);
+    let model = LlamaModel::load(dir.path()).unwrap();
+    let draft = DraftModel::new(model, target.config(), target.pool()).unwrap();
+    let cache = draft.cache();
+    let per_tensor = cache.bytes_per_layer() / 2;
+    assert_eq!(
+        draft.kv_bytes_per_block(),
+        Some(per_tensor / cache.layout().num_blocks)
+    );
+    assert_eq!(Ngram::new(1, 3).unwrap().kv_bytes_per_block(), None);
 }
 
 #[tokio::test]
@@ -447,6 +638,7 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
         max_num_batched_tokens: 64,
         max_waiting: 100,
         num_speculative_tokens: 3,
+        speculative_adaptive: false,
     };
     let settings = EngineSettings {
         block_size: BLOCK,
@@ -466,6 +658,7 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
         let (reply, done) = tokio::sync::oneshot::channel();
         let limits = SchedulerLimits {
             num_speculative_tokens: k,
+            speculative_adaptive: false,
             ..limits
         };
         engine
@@ -512,6 +705,7 @@ async fn with_logprobs(
             max_num_batched_tokens: 64,
             max_waiting: 10,
             num_speculative_tokens: 3,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling: false,

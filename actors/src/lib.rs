@@ -17,6 +17,8 @@ pub mod messages;
 pub mod metrics;
 pub mod scheduler;
 pub mod spec_alarm;
+pub mod spec_band_alarm;
+pub mod spec_bands;
 pub mod spec_stats;
 pub mod target_runner;
 

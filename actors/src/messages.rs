@@ -143,6 +143,10 @@ pub struct SchedulerLimits {
     pub max_waiting: usize,
     /// The most draft tokens verified per sequence and step, when a draft method runs.
     pub num_speculative_tokens: usize,
+    /// Plan fewer drafts, or none, where measured step costs and acceptance say drafting
+    /// does not pay (`scheduler::draft_control`); `false` always plans
+    /// `num_speculative_tokens`.
+    pub speculative_adaptive: bool,
 }
 
 /// Messages to the scheduler.

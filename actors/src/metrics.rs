@@ -112,6 +112,46 @@ pub fn record_ahead(ahead: AheadUse) {
     }
 }
 
+/// Seconds of the scheduler's steps that computed something, by `part`: `allocate` (the
+/// KV allocator's grant), `propose` (the draft proposer), `forward` (the target runner's
+/// step) and `host` (the rest: scheduling, applying the results, streaming them).
+pub const ENGINE_STEP_SECONDS: &str = "peregrine:engine_step_seconds";
+
+/// Seconds of an EAGLE-3 head's forwards, by `step`: `first` (step 0, over the target's
+/// new rows) and `next` (each later draft step).
+pub const SPEC_HEAD_SECONDS: &str = "peregrine:spec_decode_head_seconds";
+
+/// An EAGLE-3 head's forward took `elapsed`; `first`: step 0.
+pub fn record_head_step(first: bool, elapsed: Duration) {
+    let step = if first { "first" } else { "next" };
+    histogram!(SPEC_HEAD_SECONDS, "step" => step).record(elapsed.as_secs_f64());
+}
+
+/// Where one step's time went.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepTimes {
+    pub allocate: Duration,
+    pub propose: Duration,
+    pub forward: Duration,
+    /// The whole step.
+    pub total: Duration,
+}
+
+/// A step that computed something took `times`.
+pub fn record_step_times(times: &StepTimes) {
+    let host = times
+        .total
+        .saturating_sub(times.allocate + times.propose + times.forward);
+    for (part, d) in [
+        ("allocate", times.allocate),
+        ("propose", times.propose),
+        ("forward", times.forward),
+        ("host", host),
+    ] {
+        histogram!(ENGINE_STEP_SECONDS, "part" => part).record(d.as_secs_f64());
+    }
+}
+
 /// Verification steps that had drafts (one per request and step).
 pub const SPEC_NUM_DRAFTS: &str = "peregrine:spec_decode_num_drafts_total";
 /// Draft tokens verified.
@@ -124,10 +164,16 @@ pub const SPEC_ACCEPTED_PER_POS: &str = "peregrine:spec_decode_num_accepted_toke
 pub const SPEC_ACCEPTED_LENGTH: &str = "peregrine:spec_decode_accepted_length";
 /// Mean tokens emitted per verification step (accepted drafts plus one), since start.
 pub const SPEC_MEAN_TOKENS_PER_FORWARD: &str = "peregrine:spec_decode_mean_tokens_per_forward";
-/// 1 while the acceptance-collapse alarm is raised, else 0.
+/// 1 while an acceptance alarm is raised (the whole pool's collapse, or acceptance that
+/// depends on the band of block ids), else 0.
 pub const SPEC_ACCEPTANCE_ALARM: &str = "peregrine:spec_decode_acceptance_alarm";
-/// Times the acceptance-collapse alarm was raised.
+/// Times an acceptance alarm was raised (one per warning).
 pub const SPEC_ACCEPTANCE_ALARMS: &str = "peregrine:spec_decode_acceptance_alarms_total";
+/// Draft tokens verified, by the `band` of block ids the sequence's KV lives in (its
+/// largest block id, `blocks FIRST-LAST`) and draft `position`.
+pub const SPEC_BAND_DRAFT_TOKENS: &str = "peregrine:spec_decode_band_draft_tokens_total";
+/// Draft tokens accepted, by `band` and `position` as the draft tokens.
+pub const SPEC_BAND_ACCEPTED_TOKENS: &str = "peregrine:spec_decode_band_accepted_tokens_total";
 
 /// Buckets of the accepted-length histogram: one per count up to 16 drafts.
 pub const ACCEPTED_LENGTH_BUCKETS: [f64; 17] = [
@@ -145,12 +191,38 @@ pub fn record_verification(drafts: usize, accepted: usize) {
     histogram!(SPEC_ACCEPTED_LENGTH).record(accepted as f64);
 }
 
+/// Drafts planned per request by the latest decode step of each batch size (`batch`: a
+/// range of decoding requests, `1`, `2-3`, `4-7`, ...).
+pub const SPEC_PLANNED_DRAFTS: &str = "peregrine:spec_decode_planned_drafts";
+/// Decode steps by the drafts planned per request (`num_drafts`).
+pub const SPEC_PLANNED_STEPS: &str = "peregrine:spec_decode_planned_steps_total";
+
+/// What a decode step of `batch` decoding requests planned: `drafts` per request.
+pub fn record_planned_drafts(batch: &str, drafts: usize) {
+    gauge!(SPEC_PLANNED_DRAFTS, "batch" => batch.to_string()).set(drafts as f64);
+    counter!(SPEC_PLANNED_STEPS, "num_drafts" => drafts.to_string()).increment(1);
+}
+
+/// One verification of a sequence placed in `band`: `drafts` proposed at positions
+/// 0.., the first `accepted` accepted.
+pub fn record_band_verification(band: &str, drafts: usize, accepted: usize) {
+    for position in 0..drafts {
+        let at = position.to_string();
+        counter!(SPEC_BAND_DRAFT_TOKENS, "band" => band.to_owned(), "position" => at.clone())
+            .increment(1);
+        if position < accepted {
+            counter!(SPEC_BAND_ACCEPTED_TOKENS, "band" => band.to_owned(), "position" => at)
+                .increment(1);
+        }
+    }
+}
+
 /// The running mean of tokens per verification step.
 pub fn record_tokens_per_forward(mean: f64) {
     gauge!(SPEC_MEAN_TOKENS_PER_FORWARD).set(mean);
 }
 
-/// The acceptance-collapse alarm was raised (`true`) or cleared.
+/// An acceptance alarm was raised (`true`: counted), or none is raised any more.
 pub fn record_acceptance_alarm(raised: bool) {
     gauge!(SPEC_ACCEPTANCE_ALARM).set(f64::from(u8::from(raised)));
     if raised {

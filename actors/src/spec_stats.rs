@@ -1,12 +1,16 @@
 //! Speculative decoding's numbers: the Prometheus series (see `metrics`), a log line every
 //! ten seconds over the interval, such as
 //! `spec: accept 72.4% tokens/fwd 3.17 per-position 0.83 0.72 0.61 buckets 0:15% 1:20% 2:15% 3:50%`,
-//! and the acceptance-collapse alarm. Per-position rates are accepted over proposed at
-//! that position; buckets are the share of verifications that accepted 0, 1, ... drafts.
+//! and the two acceptance alarms: the whole pool's collapse (`spec_alarm`) and acceptance
+//! that depends on the band of block ids a sequence's KV lives in (`spec_band_alarm`).
+//! Per-position rates are accepted over proposed at that position; buckets are the share
+//! of verifications that accepted 0, 1, ... drafts.
 
-use crate::messages::KvUsage;
+use crate::messages::{KvUsage, RequestId};
 use crate::metrics;
 use crate::spec_alarm::{AcceptanceAlarm, AlarmChange, AlarmSettings, LowPosition};
+use crate::spec_band_alarm::{band_alarm_message, BandAlarm, BandAlarmChange, BandAlarmSettings};
+use crate::spec_bands::Bands;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 use tracing::{info, warn};
@@ -68,27 +72,45 @@ impl SpecCounts {
     }
 }
 
+/// Where a verified request's KV lives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Place {
+    /// The request verified.
+    pub request: RequestId,
+    /// The largest block id in the request's block table (where the draft KV it read
+    /// lives); `None` when the request ended while the step ran.
+    pub max_block_id: Option<u32>,
+}
+
 /// The scheduler's speculation statistics.
 pub struct SpecStats {
     total: SpecCounts,
     interval: SpecCounts,
     last_log: Instant,
     alarm: AcceptanceAlarm,
+    bands: Bands,
+    band_alarm: BandAlarm,
 }
 
 impl SpecStats {
-    /// Empty statistics with the default alarm.
-    pub fn new() -> SpecStats {
+    /// Empty statistics with the default alarms, over the bands of a pool of
+    /// `num_blocks` blocks whose draft layer takes `draft_kv_bytes_per_block` bytes a
+    /// block in each of its K and V tensors, if known.
+    pub fn new(num_blocks: usize, draft_kv_bytes_per_block: Option<u64>) -> SpecStats {
+        let bands = Bands::new(num_blocks, draft_kv_bytes_per_block);
         SpecStats {
             total: SpecCounts::default(),
             interval: SpecCounts::default(),
             last_log: Instant::now(),
             alarm: AcceptanceAlarm::new(AlarmSettings::default()),
+            band_alarm: BandAlarm::new(BandAlarmSettings::default(), bands.count()),
+            bands,
         }
     }
 
-    /// One request's verification; `kv` is the pool's state this step, for the alarm.
-    pub fn record(&mut self, drafts: usize, accepted: usize, kv: &KvUsage) {
+    /// One request's verification: `drafts` proposed, the first `accepted` accepted, by
+    /// the request at `place`; `kv` is the pool's state this step, for the alarms.
+    pub fn record(&mut self, drafts: usize, accepted: usize, place: Place, kv: &KvUsage) {
         metrics::record_verification(drafts, accepted);
         self.total.add(drafts, accepted);
         self.interval.add(drafts, accepted);
@@ -104,14 +126,43 @@ impl SpecStats {
             }
             Some(AlarmChange::Cleared) => {
                 info!("spec: draft acceptance recovered");
-                metrics::record_acceptance_alarm(false);
+                self.alarm_cleared();
             }
             None => {}
+        }
+        if let Some(block) = place.max_block_id {
+            let band = self.bands.of(block);
+            metrics::record_band_verification(self.bands.name(band), drafts, accepted);
+            match self
+                .band_alarm
+                .record(band, place.request, drafts, accepted)
+            {
+                Some(BandAlarmChange::Raised(lows)) => {
+                    warn!(
+                        largest_kv_block_id_in_use = ?kv.max_block_id_in_use,
+                        "{}",
+                        band_alarm_message(&lows, &self.bands, kv.max_block_id_in_use)
+                    );
+                    metrics::record_acceptance_alarm(true);
+                }
+                Some(BandAlarmChange::Cleared) => {
+                    info!("spec: draft acceptance no longer depends on the block ids");
+                    self.alarm_cleared();
+                }
+                None => {}
+            }
         }
         if self.last_log.elapsed() >= LOG_EVERY {
             info!("spec: {}", self.interval.summary());
             self.interval = SpecCounts::default();
             self.last_log = Instant::now();
+        }
+    }
+
+    /// One alarm cleared: the gauge goes to 0 unless the other is still raised.
+    fn alarm_cleared(&self) {
+        if !self.alarm.raised() && !self.band_alarm.raised() {
+            metrics::record_acceptance_alarm(false);
         }
     }
 }
@@ -134,12 +185,6 @@ fn alarm_message(low: &[LowPosition], kv: &KvUsage) -> String {
         .map_or("none".to_string(), |b| b.to_string());
     let _ = write!(text, " largest KV block id in use {block}");
     text
-}
-
-impl Default for SpecStats {
-    fn default() -> Self {
-        SpecStats::new()
-    }
 }
 
 #[cfg(test)]

@@ -127,6 +127,7 @@ fn engine_config(args: &BenchSpecArgs, speculate: bool) -> anyhow::Result<ServeC
         speculative_method: speculate.then_some(args.speculative_method),
         draft_model: args.draft_model.clone(),
         num_speculative_tokens: args.num_speculative_tokens,
+        speculative_adaptive: !args.no_speculative_adaptive,
         ngram_min: args.ngram_min,
         ngram_max: args.ngram_max,
         ..ServeConfig::default()
@@ -165,6 +166,7 @@ async fn run_engine(
             max_num_batched_tokens: args.max_num_batched_tokens,
             max_waiting: reqs.len().max(1),
             num_speculative_tokens: args.num_speculative_tokens,
+            speculative_adaptive: !args.no_speculative_adaptive,
         },
         max_model_len: None,
         async_scheduling: backend.host_waits_on_device(),

@@ -71,6 +71,7 @@ fn gpu_engine_drafting(
             max_num_batched_tokens: 64,
             max_waiting: 1000,
             num_speculative_tokens: k,
+            speculative_adaptive: false,
         },
         max_model_len: None,
         async_scheduling,

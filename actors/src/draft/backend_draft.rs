@@ -138,6 +138,12 @@ impl DraftMethod for BackendDraft {
         self.progress.release(id);
     }
 
+    fn kv_bytes_per_block(&self) -> Option<u64> {
+        // One layer's K plus V bytes, halved, over its blocks.
+        let pool = self.backend.pool();
+        pool.bytes_per_layer.checked_div(2 * pool.layout.num_blocks)
+    }
+
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         self.backend
             .capture_graphs(sizes)

@@ -161,6 +161,11 @@ impl DraftMethod for DraftModel {
         self.progress.release(id);
     }
 
+    fn kv_bytes_per_block(&self) -> Option<u64> {
+        // f32 elements; every layer of the draft's cache has this layout.
+        Some(super::block_bytes(self.forward.cache.layout(), 4))
+    }
+
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         let Some(sizes) = sizes else {
             self.forward.graphs = None;

@@ -29,10 +29,12 @@ use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::CaptureSizes;
 use crate::messages::{HiddenRows, ProposeSeq, RequestId};
+use crate::metrics;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
 use peregrine_ops::{KvCache, SeqSpec};
 use std::collections::HashMap;
+use std::time::Instant;
 
 /// What the head holds for one request.
 #[derive(Default)]
@@ -88,6 +90,10 @@ impl<R: HeadRunner> Eagle3<R> {
 impl<R: HeadRunner> DraftMethod for Eagle3<R> {
     fn hidden_layers(&self) -> Option<Vec<usize>> {
         Some(self.runner.aux_layers().to_vec())
+    }
+
+    fn kv_bytes_per_block(&self) -> Option<u64> {
+        Some(self.runner.kv_bytes_per_block())
     }
 
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
@@ -149,7 +155,9 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             // The head writes only into the blocks it now holds alone.
             self.blocks.take_table(&mut state.blocks, &s.block_table);
             let have = state.computed + state.pending.len() / w;
-            if s.max_drafts == 0 || len < 2 || have < len - 1 {
+            // A request with no room for drafts still runs step 0, so that its features
+            // do not pile up while drafting is off.
+            if len < 2 || have < len - 1 {
                 continue;
             }
             if state.computed >= len - 1 {
@@ -169,16 +177,20 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         if live.is_empty() {
             return Ok(drafts);
         }
+        let started = Instant::now();
         let (first, pre) = self
             .runner
             .run(&specs, &tokens, HeadInput::Aux(&features), &rows)?;
+        metrics::record_head_step(true, started.elapsed());
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
             .iter()
             .map(|&r| pre[r * h..(r + 1) * h].to_vec())
             .collect();
         for (&i, d) in live.iter().zip(first) {
-            drafts[i].push(d);
+            if seqs[i].max_drafts > 0 {
+                drafts[i].push(d);
+            }
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
             state.computed = seqs[i].tokens.len() - 1;
             state.pending.clear();
@@ -211,9 +223,11 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 .collect();
             let input: Vec<f32> = more.iter().flat_map(|&k| last_pre[k].clone()).collect();
             let rows: Vec<usize> = (0..more.len()).collect();
+            let started = Instant::now();
             let (next, pre) = self
                 .runner
                 .run(&specs, &tokens, HeadInput::Pre(&input), &rows)?;
+            metrics::record_head_step(false, started.elapsed());
             for (j, (&k, d)) in more.iter().zip(next).enumerate() {
                 drafts[live[k]].push(d);
                 last_pre[k] = pre[j * h..(j + 1) * h].to_vec();

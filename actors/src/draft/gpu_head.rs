@@ -141,6 +141,12 @@ impl HeadRunner for GpuHead {
         self.block_size
     }
 
+    fn kv_bytes_per_block(&self) -> u64 {
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        // bf16 elements.
+        super::block_bytes(cache.layout(), 2)
+    }
+
     fn run(
         &mut self,
         specs: &[SeqSpec],

@@ -25,6 +25,8 @@ pub trait HeadRunner: Send {
     }
     /// Tokens per block of its cache (the target pool's).
     fn block_size(&self) -> usize;
+    /// Bytes one block takes in the K or V tensor of its one-layer cache.
+    fn kv_bytes_per_block(&self) -> u64;
     /// The forward of `tokens` (those of `specs`, one after another) fed `input`, writing
     /// the head's KV; the greedy draft (a target id) of each row of `rows`, and `pre` of
     /// every row (`[tokens, H]`). A step fed `pre` replays a captured graph when one serves
@@ -52,6 +54,10 @@ impl HeadRunner for Box<dyn HeadRunner> {
 
     fn block_size(&self) -> usize {
         (**self).block_size()
+    }
+
+    fn kv_bytes_per_block(&self) -> u64 {
+        (**self).kv_bytes_per_block()
     }
 
     fn run(
@@ -117,6 +123,11 @@ impl HeadRunner for CpuHead {
 
     fn block_size(&self) -> usize {
         self.cache.layout().block_size as usize
+    }
+
+    fn kv_bytes_per_block(&self) -> u64 {
+        // f32 elements.
+        super::block_bytes(self.cache.layout(), 4)
     }
 
     fn run(

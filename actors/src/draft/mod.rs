@@ -33,6 +33,7 @@ use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
+use peregrine_kernels::cpu::KvLayout;
 use std::collections::HashMap;
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -47,6 +48,11 @@ pub trait DraftMethod: Send {
     fn hidden_layers(&self) -> Option<Vec<usize>> {
         None
     }
+    /// Bytes one block takes in each K or V tensor of the method's draft layer (the step
+    /// of a kernel's byte offset per block id), if it keeps KV and knows its layout.
+    fn kv_bytes_per_block(&self) -> Option<u64> {
+        None
+    }
     /// The target hidden states of the steps since the last proposal, in step order.
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let _ = rows;
@@ -58,6 +64,11 @@ pub trait DraftMethod: Send {
         let _ = sizes;
         Ok(())
     }
+}
+
+/// Bytes one block of `layout` takes in one K or V tensor of `elem_bytes`-byte elements.
+fn block_bytes(layout: &KvLayout, elem_bytes: u64) -> u64 {
+    layout.block_size * layout.slot_elems() * elem_bytes
 }
 
 /// Sends messages to the proposer's thread: proposals, and graph captures.

@@ -16,6 +16,7 @@
 //! accepted drafts plus one. KV written at rejected positions is left behind the
 //! sequence's length and overwritten next step; the blocks stay with the request.
 
+mod draft_control;
 mod policy;
 mod queues;
 mod seq;
@@ -32,6 +33,7 @@ use crate::messages::{
 use crate::metrics;
 use crate::spec_stats::SpecStats;
 use crate::target_runner::TargetRunnerHandle;
+use draft_control::{size_class, size_class_label, DecodeStep, DraftControl};
 use policy::{schedule, StepPlan};
 use queues::{Queues, SubmitLimits};
 use std::time::Instant;
@@ -47,6 +49,9 @@ pub struct SchedulerSetup {
     pub num_blocks: usize,
     /// The model's end-of-sequence ids.
     pub eos_token_ids: Vec<u32>,
+    /// Bytes one block takes in each K or V tensor of the draft's layer, when a draft
+    /// method with KV says (the band alarm's byte-offset bands).
+    pub draft_kv_bytes_per_block: Option<u64>,
 }
 
 /// What the next messages carry of the steps since they were last sent: the requests that
@@ -75,6 +80,8 @@ pub struct Scheduler {
     pending: Pending,
     step: u64,
     spec: SpecStats,
+    /// How many drafts each decode is planned for.
+    drafts: DraftControl,
     kv_seen: KvUsage,
     draining: Option<(Instant, oneshot::Sender<()>)>,
     /// Where each step's outcome goes, for `/health`.
@@ -92,15 +99,17 @@ impl Scheduler {
         health: EngineHealth,
     ) -> mpsc::Sender<SchedulerMsg> {
         let (tx, rx) = mpsc::channel(1024);
+        let limits = setup.limits;
         let scheduler = Scheduler {
             queues: Queues::new(setup.block_size),
+            spec: SpecStats::new(setup.num_blocks, setup.draft_kv_bytes_per_block),
+            drafts: DraftControl::new(limits.num_speculative_tokens, limits.speculative_adaptive),
             setup,
             kv,
             runner,
             proposer,
             pending: Pending::default(),
             step: 0,
-            spec: SpecStats::new(),
             kv_seen: KvUsage::default(),
             draining: None,
             health,
@@ -167,6 +176,8 @@ impl Scheduler {
             SchedulerMsg::Stop(id) => self.finish(id, FinishReason::Stop),
             SchedulerMsg::Reconfigure(limits, reply) => {
                 info!(?limits, "scheduler limits reloaded");
+                self.drafts
+                    .reconfigure(limits.num_speculative_tokens, limits.speculative_adaptive);
                 self.setup.limits = limits;
                 let _ = reply.send(());
             }
@@ -244,8 +255,16 @@ impl Scheduler {
     /// One step: the policy's schedule, the KV allocator's grant, the drafts, the target's
     /// forward, and its results applied.
     async fn step(&mut self) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let planned = match self.proposer {
+            Some(_) => {
+                let decoding = self.queues.running().filter(|s| s.is_decoding()).count();
+                self.drafts.plan(decoding)
+            }
+            None => 0,
+        };
         let limits = &self.setup.limits;
-        let schedule = schedule(&self.queues, limits, self.proposer.is_some());
+        let schedule = schedule(&self.queues, limits, planned);
         let (grow, admit) = self.queues.allocation(&schedule);
         let request = AllocateStep {
             free: std::mem::take(&mut self.pending.free),
@@ -254,20 +273,28 @@ impl Scheduler {
             admit,
             token_budget: schedule.token_budget,
         };
+        let mut times = metrics::StepTimes::default();
+        let allocating = Instant::now();
         let grant = self.kv.allocate_step(request).await?;
+        times.allocate = allocating.elapsed();
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         self.pending.draft_release.extend(preempted);
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
         self.record_queues();
+        let proposing = Instant::now();
         let plan = self.propose(plan).await?;
+        times.propose = proposing.elapsed();
         if plan.is_empty() {
             tokio::task::yield_now().await;
             return Ok(());
         }
         self.step += 1;
+        let (decoding, only_decodes) = self.queues.decodes(&plan);
         let released = std::mem::take(&mut self.pending.runner_release);
         let batch = self.queues.batch(&plan, self.step, released);
+        let forwarding = Instant::now();
         let mut done = self.runner.step(batch).await?;
+        times.forward = forwarding.elapsed();
         metrics::record_ahead(done.ahead);
         if self.proposer.is_some() {
             self.pending.hidden.append(&mut done.hidden);
@@ -275,13 +302,25 @@ impl Scheduler {
         let applied = self
             .queues
             .apply_done(&plan, done, &self.setup.eos_token_ids);
-        for (drafts, accepted) in applied.verified {
-            self.spec.record(drafts, accepted, &self.kv_seen);
+        if self.proposer.is_some() && decoding > 0 {
+            let accepted: Vec<usize> = applied.verified.iter().map(|v| v.1).collect();
+            self.drafts.record(&DecodeStep {
+                requests: decoding,
+                planned,
+                elapsed: only_decodes.then(|| started.elapsed()),
+                accepted: &accepted,
+            });
+            metrics::record_planned_drafts(&size_class_label(size_class(decoding)), planned);
+        }
+        for (drafts, accepted, place) in applied.verified {
+            self.spec.record(drafts, accepted, place, &self.kv_seen);
         }
         self.pending.computed.extend(applied.computed);
         for (id, reason) in applied.ended {
             self.finish(id, reason);
         }
+        times.total = started.elapsed();
+        metrics::record_step_times(&times);
         Ok(())
     }
 

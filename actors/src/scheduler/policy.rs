@@ -61,10 +61,10 @@ impl StepPlan {
     }
 }
 
-/// The next step's schedule over `queues` under `limits`; `speculating` plans each decode
-/// for its last token plus up to `num_speculative_tokens` drafts (never past its
-/// `max_tokens`).
-pub fn schedule(queues: &Queues, limits: &SchedulerLimits, speculating: bool) -> Schedule {
+/// The next step's schedule over `queues` under `limits`, planning each decode for its
+/// last token plus up to `drafts` drafts (never past its `max_tokens`; 0 without a
+/// drafter).
+pub fn schedule(queues: &Queues, limits: &SchedulerLimits, drafts: usize) -> Schedule {
     let mut budget = limits.max_num_batched_tokens;
     let mut running: Vec<PlannedSeq> = queues
         .running()
@@ -80,13 +80,13 @@ pub fn schedule(queues: &Queues, limits: &SchedulerLimits, speculating: bool) ->
             if seq.is_decoding() != decode_pass {
                 continue;
             }
-            let drafts = if decode_pass && speculating {
+            let room = if decode_pass {
                 let left = seq.req.spec.max_tokens.saturating_sub(seq.output_len() + 1);
-                limits.num_speculative_tokens.min(left)
+                drafts.min(left)
             } else {
                 0
             };
-            planned.chunk = (seq.remaining() + drafts).min(budget);
+            planned.chunk = (seq.remaining() + room).min(budget);
             budget -= planned.chunk;
         }
     }

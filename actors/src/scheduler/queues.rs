@@ -10,6 +10,7 @@ use crate::messages::{
     RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
+use crate::spec_stats::Place;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,8 +42,8 @@ pub struct Applied {
     pub ended: Vec<(RequestId, FinishReason)>,
     /// Sequences whose cached tokens filled a new block, for the prefix cache.
     pub computed: Vec<ComputedSeq>,
-    /// Each verification with drafts: (drafts, accepted).
-    pub verified: Vec<(usize, usize)>,
+    /// Each verification with drafts: (drafts, accepted, where the request's KV lives).
+    pub verified: Vec<(usize, usize, Place)>,
 }
 
 impl Queues {
@@ -235,14 +236,25 @@ impl Queues {
         (StepPlan { seqs }, grant.preempted.clone())
     }
 
-    /// The sequences of `plan` that decode with room for drafts, with the tokens and
-    /// blocks the proposer does not hold yet, and their room.
+    /// How many sequences of `plan` decode, and whether that is all it computes.
+    pub fn decodes(&self, plan: &StepPlan) -> (usize, bool) {
+        let decoding = plan
+            .seqs
+            .iter()
+            .filter(|planned| self.seqs.get(&planned.id).is_some_and(Seq::is_decoding))
+            .count();
+        (decoding, decoding == plan.seqs.len())
+    }
+
+    /// The sequences of `plan` that decode, with the tokens and blocks the proposer does
+    /// not hold yet, and their room for drafts. A sequence with no room is sent too: a
+    /// method that follows the target's states (EAGLE-3) takes in its latest step.
     pub fn proposals(&mut self, plan: &StepPlan) -> Vec<ProposeDelta> {
         plan.seqs
             .iter()
             .filter_map(|planned| {
                 let seq = self.seqs.get_mut(&planned.id).expect("a planned request");
-                if planned.chunk <= 1 || !seq.is_decoding() {
+                if !seq.is_decoding() {
                     return None;
                 }
                 let kept_tokens = seq.proposed.0.min(seq.tokens.len());
@@ -316,7 +328,14 @@ impl Queues {
         let mut rejected: HashMap<RequestId, usize> = HashMap::new();
         for out in done.sampled {
             if out.num_drafts > 0 {
-                applied.verified.push((out.num_drafts, out.num_accepted));
+                let table = self.seqs.get(&out.id).map(|seq| &seq.block_table);
+                let place = Place {
+                    request: out.id,
+                    max_block_id: table.and_then(|t| t.iter().max().copied()),
+                };
+                applied
+                    .verified
+                    .push((out.num_drafts, out.num_accepted, place));
             }
             rejected.insert(out.id, out.num_drafts - out.num_accepted);
             let Some(seq) = self.seqs.get_mut(&out.id) else {

@@ -9,6 +9,7 @@ use crate::messages::{
     AheadUse, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GeneratedToken,
     RequestEvent, RequestId, RequestSpec, SchedulerLimits, SeqOutput, StepDone, SubmitError,
 };
+use crate::spec_stats::Place;
 use peregrine_ops::sampling::SamplingParams;
 use std::sync::Arc;
 use std::time::Instant;
@@ -27,6 +28,8 @@ struct Harness {
     events: Vec<(RequestId, mpsc::UnboundedReceiver<RequestEvent>)>,
     limits: SchedulerLimits,
     speculating: bool,
+    /// Every verification the steps applied.
+    verified: Vec<(usize, usize, Place)>,
 }
 
 impl Harness {
@@ -42,8 +45,10 @@ impl Harness {
                 max_num_batched_tokens,
                 max_waiting: 4,
                 num_speculative_tokens: 0,
+                speculative_adaptive: false,
             },
             speculating: false,
+            verified: Vec::new(),
         }
     }
 
@@ -87,7 +92,12 @@ impl Harness {
     /// Plans a step and has the block manager grant it; returns the plan and who was
     /// preempted.
     fn plan(&mut self) -> (StepPlan, Vec<u64>) {
-        let schedule = schedule(&self.queues, &self.limits, self.speculating);
+        let drafts = if self.speculating {
+            self.limits.num_speculative_tokens
+        } else {
+            0
+        };
+        let schedule = schedule(&self.queues, &self.limits, drafts);
         let (grow, admit) = self.queues.allocation(&schedule);
         let grant = self.kv.allocate_step(AllocateStep {
             free: std::mem::take(&mut self.free),
@@ -117,7 +127,9 @@ impl Harness {
                     .into_iter()
                     .map(|id| GeneratedToken { id, logprobs: None })
                     .collect();
-                let num_drafts = planned.drafts.len();
+                // More tokens than the drafts allow stand for accepted drafts (a runner
+                // returns at most its drafts plus one).
+                let num_drafts = planned.drafts.len().max(tokens.len() - 1);
                 SeqOutput {
                     id: planned.id,
                     num_accepted: tokens.len() - 1,
@@ -134,6 +146,7 @@ impl Harness {
         };
         let applied = self.queues.apply_done(plan, done, &[EOS]);
         self.computed.extend(applied.computed);
+        self.verified.extend(applied.verified);
         for (id, _) in &applied.ended {
             self.queues.remove(*id);
             self.free.push(*id);
@@ -436,9 +449,11 @@ fn speculation_plans_room_for_drafts_within_max_tokens() {
         .collect();
     assert_eq!(
         delta,
-        [(2, 5, vec![9])],
-        "then only what it gained (1 has no room left for a draft)"
+        [(1, 5, vec![8]), (2, 5, vec![9])],
+        "then only what they gained (1 too, with no room left for a draft: EAGLE-3 takes in \
+         the target's states of every step)"
     );
+    assert_eq!(proposals[0].max_drafts, 0);
 }
 
 #[test]
@@ -495,7 +510,7 @@ fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
     let (plan, _) = h.plan();
     let _ = h.queues.batch(&plan, 1, Vec::new());
     h.done(&plan, |_| vec![1]);
-    let schedule = schedule(&h.queues, &h.limits, false);
+    let schedule = schedule(&h.queues, &h.limits, 0);
     let mut grant = crate::messages::StepGrant::default();
     grant.grown.push((RequestId(1), vec![40, 41]));
     let (plan, _) = h.queues.apply_grant(schedule, &grant);
@@ -529,4 +544,31 @@ fn usage_counts_the_accepted_drafts_at_each_position() {
         (3, 9, 5)
     );
     assert_eq!(usage.accepted_per_position[..4], [2, 2, 1, 0]);
+}
+
+#[test]
+fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    h.submit(1, &prompt(0, 6), 50, 0).unwrap();
+    h.submit(2, &prompt(20, 9), 50, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    assert!(h.verified.is_empty(), "a prefill verifies no drafts");
+    let (plan, _) = h.plan();
+    let drafts = vec![(RequestId(1), vec![6, 6, 6]), (RequestId(2), vec![6, 6])];
+    h.done(&plan.with_drafts(drafts), |id| vec![7; id as usize + 1]);
+    let largest = |id| {
+        let seq = h.queues.get(RequestId(id)).unwrap();
+        seq.block_table.iter().max().copied()
+    };
+    let place = |id| Place {
+        request: RequestId(id),
+        max_block_id: largest(id),
+    };
+    assert!(largest(2) > largest(1), "request 2's blocks come after 1's");
+    let mut verified = h.verified.clone();
+    verified.sort_by_key(|v| v.2.request);
+    assert_eq!(verified, [(3, 1, place(1)), (2, 2, place(2))]);
 }

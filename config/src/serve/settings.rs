@@ -207,6 +207,16 @@ settings! {
         given usize, fill value, reload Live, Public, check speculative_tokens,
         flag "--num-speculative-tokens", arg(long, value_name = "K",
             help = "The most draft tokens verified per request and step, 1 to 16 [default: 3]");
+    /// Plan fewer drafts, or none, at the batch sizes where measured step costs and
+    /// acceptance say drafting does not pay; `false` always plans
+    /// `num_speculative_tokens`.
+    speculative_adaptive: bool = true;
+        given bool, fill value, reload Live, Public, check any,
+        flag "--no-speculative-adaptive", arg(long = "no-speculative-adaptive", num_args = 0,
+            default_missing_value = "false",
+            help = "Always plan --num-speculative-tokens drafts; by default the scheduler \
+                    plans fewer, or none, at the batch sizes where measured step costs and \
+                    acceptance say drafting does not pay");
     /// The shortest suffix the n-gram method matches.
     ngram_min: usize = 2;
         given usize, fill value, reload Restart, Public, check at_least_one,

@@ -1,7 +1,7 @@
 //! The checks across settings, once the file and the flags are merged (each setting's own
 //! range check is its row's, in `settings.rs` and `checks.rs`).
 
-use super::{ConfigError, DeviceKind, DtypeChoice, Origin, ServeConfig, SpeculativeMethod};
+use super::{ConfigError, DtypeChoice, Origin, ServeConfig, SpeculativeMethod};
 use std::path::Path;
 
 /// How an error names `field` of the merged configuration: its flag, and its key in
@@ -25,19 +25,6 @@ impl ServeConfig {
                 reason: format!(
                     "({}) must not exceed ngram_max ({})",
                     self.ngram_min, self.ngram_max
-                ),
-            });
-        }
-        if self.speculative_method == Some(SpeculativeMethod::Eagle3)
-            && self.device != DeviceKind::Cpu
-        {
-            return Err(ConfigError::Invalid {
-                at: at("speculative_method"),
-                reason: format!(
-                    "eagle3 runs on the CPU backend only for now (the {} backend does not hand \
-                     its hidden states to a draft head); use --device cpu, or ngram or \
-                     draft_model",
-                    self.device.as_str()
                 ),
             });
         }

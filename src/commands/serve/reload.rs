@@ -23,6 +23,7 @@ pub fn limits(config: &ServeConfig) -> SchedulerLimits {
         max_num_batched_tokens: config.max_num_batched_tokens,
         max_waiting: config.max_waiting_requests,
         num_speculative_tokens: config.num_speculative_tokens,
+        speculative_adaptive: config.speculative_adaptive,
     }
 }
 
