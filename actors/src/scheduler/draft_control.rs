@@ -168,7 +168,8 @@ impl DraftControl {
         for k in 0..=step.planned {
             let extra: usize = step.accepted.iter().map(|&a| a.min(k)).sum();
             let sample = 1.0 + extra as f64 / n;
-            let quiet = self.tokens[k].map_or(1, |a| self.clock - a.last_step);
+            // Past 64 quiet steps the weight is at its cap anyway.
+            let quiet = self.tokens[k].map_or(1, |a| (self.clock - a.last_step).min(64));
             let weight = (1.0 - (1.0 - TOKENS_WEIGHT).powi(quiet as i32)).min(0.5);
             Average::feed(&mut self.tokens[k], sample, weight, self.clock);
         }
