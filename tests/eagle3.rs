@@ -1059,6 +1059,70 @@ fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
     }
 }
 
+/// A prompt computed in chunks runs the head's step 0 over each chunk in the proposal
+/// after it (the scheduler proposes prompt chunks with no room for drafts), so that the
+/// target's features wait one step at most; once the prompt is done the drafts are those
+/// of the head run afresh.
+#[test]
+fn each_prompt_chunk_runs_step_0_in_the_next_proposal() {
+    const K: usize = 3;
+    let Drafting {
+        model,
+        mut method,
+        reference,
+        ..
+    } = drafting(85);
+    let mut rng = ChaCha8Rng::seed_from_u64(87);
+    let mut tokens: Vec<u32> = (0..19).map(|_| rng.random_range(0..300)).collect();
+    let blocks = vec![3, 17, 8, 12, 1, 20];
+    let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    let id = RequestId(4);
+    let head_kv = |method: &Eagle3, pos: usize| -> Vec<f32> {
+        let per_slot = method.cache().layout().slot_elems() as usize;
+        let slot = blocks[pos / BLOCK] as usize * BLOCK + pos % BLOCK;
+        method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
+    };
+    for (start, end) in [(0, 7), (7, 14), (14, 19)] {
+        let spec = SeqSpec {
+            num_cached: start,
+            num_new: end - start,
+            block_table: &blocks,
+        };
+        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
+        let fed = &tokens[start..end];
+        let (logits, aux) = model
+            .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
+            .unwrap();
+        method.receive_hidden(vec![HiddenRows {
+            id,
+            first_pos: start,
+            data: aux,
+        }]);
+        let last_chunk = end == 19;
+        if last_chunk {
+            tokens.push(argmax(&logits));
+        }
+        let before = head_kv(&method, end - 1);
+        let seq = ProposeSeq {
+            id,
+            tokens: tokens.clone(),
+            block_table: blocks.clone(),
+            max_drafts: if last_chunk { K } else { 0 },
+        };
+        let drafts = method.propose(&[seq]).unwrap().remove(0);
+        assert_ne!(
+            head_kv(&method, end - 1),
+            before,
+            "chunk {start}..{end}: the head's KV of its last position was not written"
+        );
+        if last_chunk {
+            assert_eq!(drafts, expected_drafts(&model, &reference, &tokens, K));
+        } else {
+            assert!(drafts.is_empty(), "chunk {start}..{end}: {drafts:?}");
+        }
+    }
+}
+
 /// A sequence served from the prefix cache drafts from the head KV its shared blocks hold:
 /// its drafts are those of the head run afresh over its whole history. A shared block
 /// whose last position the head paired with another next token, or that another sequence

@@ -309,8 +309,9 @@ pub struct Propose {
     pub hidden: Vec<HiddenRows>,
 }
 
-/// The draft proposer's reply: per sequence of `Propose`, in order, its drafts (possibly
-/// none).
+/// The draft proposer's reply: per sequence of `Propose` with room for drafts, in order,
+/// its drafts (possibly none). Sequences proposed with no room (prompt chunks, decodes
+/// planned without drafts) are left out, so that their planned chunks stay.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Drafts {
     pub step: u64,

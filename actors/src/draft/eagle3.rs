@@ -7,8 +7,10 @@
 //! position is known. Step 0 then runs every waiting row whose position the target has
 //! verified (rows of rejected drafts are dropped): the row at position j pairs the
 //! target's features at j with token j + 1 (the last one being the token the target just
-//! produced), which also fills the head's KV cache. Its last row gives the first draft;
-//! steps 1.. run one row per request at the next position, fed the previous `pre`.
+//! produced), which also fills the head's KV cache. The scheduler proposes every request
+//! it plans, prompt chunks and requests with no room for drafts included, so a row waits
+//! one step at most. Once step 0 has reached the last token, its last row gives the first
+//! draft; steps 1.. run one row per request at the next position, fed the previous `pre`.
 //! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`.
 //!
 //! Steps 1.. replay captured graphs of the head's decode step when graphs are captured
@@ -132,7 +134,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         let mut drafts = vec![Vec::new(); seqs.len()];
         // Step 0: the rows at positions the target has run, up to the one before the
         // last token (whose successor, the next token, is not known yet).
-        let mut live = Vec::new();
+        let (mut live, mut ends, mut drafting) = (vec![], vec![], vec![]);
         let (mut specs, mut tokens, mut features, mut rows) = (vec![], vec![], vec![], vec![]);
         for (i, s) in seqs.iter().enumerate() {
             let len = s.tokens.len();
@@ -155,24 +157,26 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             // The head writes only into the blocks it now holds alone.
             self.blocks.take_table(&mut state.blocks, &s.block_table);
             let have = state.computed + state.pending.len() / w;
-            // A request with no room for drafts still runs step 0, so that its features
-            // do not pile up while drafting is off.
-            if len < 2 || have < len - 1 {
+            // Every row whose next token is known runs: a prompt chunk's in the step after
+            // the target computed it, and the latest token's of a request with no room for
+            // drafts, so that the features never wait longer than a step.
+            let end = have.min(len.saturating_sub(1));
+            if end <= state.computed {
                 continue;
             }
-            if state.computed >= len - 1 {
-                continue;
-            }
-            state.pending.truncate((len - 1 - state.computed) * w);
+            state.pending.truncate((end - state.computed) * w);
             specs.push(SeqSpec {
                 num_cached: state.computed,
-                num_new: len - 1 - state.computed,
+                num_new: end - state.computed,
                 block_table: &s.block_table,
             });
-            tokens.extend_from_slice(&s.tokens[state.computed + 1..]);
+            tokens.extend_from_slice(&s.tokens[state.computed + 1..=end]);
             features.extend_from_slice(&state.pending);
             rows.push(tokens.len() - 1);
             live.push(i);
+            ends.push(end);
+            // Drafts come once the head has caught up with the last token.
+            drafting.push(end == len - 1 && s.max_drafts > 0);
         }
         if live.is_empty() {
             return Ok(drafts);
@@ -187,12 +191,12 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             .iter()
             .map(|&r| pre[r * h..(r + 1) * h].to_vec())
             .collect();
-        for (&i, d) in live.iter().zip(first) {
-            if seqs[i].max_drafts > 0 {
+        for (k, (&i, d)) in live.iter().zip(first).enumerate() {
+            if drafting[k] {
                 drafts[i].push(d);
             }
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
-            state.computed = seqs[i].tokens.len() - 1;
+            state.computed = ends[k];
             state.pending.clear();
             let s = &seqs[i];
             self.blocks
@@ -201,7 +205,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         // Steps 1..: one row per request that wants more, at the next position.
         loop {
             let more: Vec<usize> = (0..live.len())
-                .filter(|&k| drafts[live[k]].len() < seqs[live[k]].max_drafts)
+                .filter(|&k| drafting[k] && drafts[live[k]].len() < seqs[live[k]].max_drafts)
                 .collect();
             if more.is_empty() {
                 return Ok(drafts);

@@ -163,6 +163,7 @@ fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyho
         drafts: ids
             .into_iter()
             .zip(drafts)
+            .filter(|((_, max_drafts), _)| *max_drafts > 0)
             .map(|((id, max_drafts), mut d)| {
                 d.truncate(max_drafts);
                 (id, d)
@@ -193,5 +194,40 @@ impl DraftProposerHandle {
             .map_err(|_| anyhow!("the draft proposer has stopped"))?;
         rx.await
             .map_err(|_| anyhow!("the draft proposer dropped a capture"))?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::messages::ProposeDelta;
+
+    /// A sequence of `tokens` proposed the first time, with room for `max_drafts`.
+    fn delta(id: u64, tokens: &[u32], max_drafts: usize) -> ProposeDelta {
+        ProposeDelta {
+            id: RequestId(id),
+            kept_tokens: 0,
+            new_tokens: tokens.to_vec(),
+            kept_blocks: 0,
+            new_blocks: vec![0, 1],
+            max_drafts,
+        }
+    }
+
+    #[test]
+    fn the_reply_leaves_out_the_sequences_proposed_with_no_room() {
+        let mut method = Ngram::new(1, 3).unwrap();
+        let mut held = Held::new();
+        // "5 6" recurs: n-gram lookup drafts "7 8" after the last 5 6.
+        let tokens = [5, 6, 7, 8, 5, 6];
+        let propose = Propose {
+            step: 3,
+            seqs: vec![delta(1, &tokens, 0), delta(2, &tokens, 2)],
+            ..Propose::default()
+        };
+        let drafts = run(&mut method, &mut held, propose).unwrap();
+        assert_eq!(drafts.drafts, vec![(RequestId(2), vec![7, 8])]);
+        // Both are held for their next deltas.
+        assert_eq!(held.len(), 2);
     }
 }

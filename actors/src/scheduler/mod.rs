@@ -324,8 +324,9 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Asks the proposer for the drafts of every decoding request planned with room for
-    /// them; the plan's chunks shrink to the drafts each got.
+    /// Sends the proposer every planned request (prompt chunks and decodes without room
+    /// too: EAGLE-3 takes in their hidden states) and asks drafts of the decodes with room;
+    /// their chunks shrink to the drafts each got.
     async fn propose(&mut self, plan: StepPlan) -> anyhow::Result<StepPlan> {
         let Some(proposer) = &self.proposer else {
             self.pending.draft_release.clear();

@@ -246,28 +246,31 @@ impl Queues {
         (decoding, decoding == plan.seqs.len())
     }
 
-    /// The sequences of `plan` that decode, with the tokens and blocks the proposer does
-    /// not hold yet, and their room for drafts. A sequence with no room is sent too: a
-    /// method that follows the target's states (EAGLE-3) takes in its latest step.
+    /// Every sequence of `plan`, with the tokens and blocks the proposer does not hold yet
+    /// and its room for drafts: none for a prompt chunk, nor for a decode planned without.
+    /// A method that follows the target's states (EAGLE-3) takes in the step before from
+    /// each of them, so that those states wait one step at most.
     pub fn proposals(&mut self, plan: &StepPlan) -> Vec<ProposeDelta> {
         plan.seqs
             .iter()
-            .filter_map(|planned| {
+            .map(|planned| {
                 let seq = self.seqs.get_mut(&planned.id).expect("a planned request");
-                if !seq.is_decoding() {
-                    return None;
-                }
+                let max_drafts = if seq.is_decoding() {
+                    planned.chunk - 1
+                } else {
+                    0
+                };
                 let kept_tokens = seq.proposed.0.min(seq.tokens.len());
                 let kept_blocks = seq.proposed.1.min(seq.block_table.len());
                 seq.proposed = (seq.tokens.len(), seq.block_table.len());
-                Some(ProposeDelta {
+                ProposeDelta {
                     id: planned.id,
                     kept_tokens,
                     new_tokens: seq.tokens[kept_tokens..].to_vec(),
                     kept_blocks,
                     new_blocks: seq.block_table[kept_blocks..].to_vec(),
-                    max_drafts: planned.chunk - 1,
-                })
+                    max_drafts,
+                }
             })
             .collect()
     }

@@ -522,6 +522,26 @@ fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
 }
 
 #[test]
+fn prompt_chunks_are_proposed_with_no_room_for_drafts() {
+    let mut h = Harness::new(64, 8, 6);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    h.submit(1, &prompt(0, 4), 8, 0).unwrap();
+    h.submit(2, &prompt(40, 9), 8, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    // 1 decodes; 2's prompt is in its second chunk.
+    let (plan, _) = h.plan();
+    let room: Vec<(u64, usize)> = h
+        .queues
+        .proposals(&plan)
+        .iter()
+        .map(|p| (p.id.0, p.max_drafts))
+        .collect();
+    assert_eq!(room, [(1, 3), (2, 0)]);
+}
+
+#[test]
 fn usage_counts_the_accepted_drafts_at_each_position() {
     let mut h = Harness::new(64, 8, 100);
     h.speculating = true;
