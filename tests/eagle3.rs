@@ -913,21 +913,7 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
         let id = RequestId(7);
         // The target runs `fed` from position `start`; its rows go to the proposer.
         let mut target_step = |fed: &[u32], start: usize, method: &mut Eagle3| -> Vec<f32> {
-            let spec = SeqSpec {
-                num_cached: start,
-                num_new: fed.len(),
-                block_table: &blocks,
-            };
-            let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
-            let (logits, aux) = model
-                .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
-                .unwrap();
-            method.receive_hidden(vec![HiddenRows {
-                id,
-                first_pos: start,
-                data: aux,
-            }]);
-            logits
+            target_chunk(&model, &mut cache, method, id, (fed, start), &blocks)
         };
         target_step(&tokens[..10], 0, &mut method);
         let logits = target_step(&tokens[10..], 10, &mut method);
@@ -993,6 +979,40 @@ fn drafting(seed: u64) -> Drafting {
     }
 }
 
+/// The target runs `fed` from position `start` of request `id` over `table` (its KV in
+/// `cache`) and hands its features to `method`; returns the logits of the last row.
+fn target_chunk(
+    model: &LlamaModel,
+    cache: &mut KvCache,
+    method: &mut Eagle3,
+    id: RequestId,
+    (fed, start): (&[u32], usize),
+    table: &[u32],
+) -> Vec<f32> {
+    let spec = SeqSpec {
+        num_cached: start,
+        num_new: fed.len(),
+        block_table: table,
+    };
+    let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
+    let (logits, aux) = model
+        .forward_with_aux(fed, &plan, cache, &[fed.len() - 1], &[0, 2, 3])
+        .unwrap();
+    method.receive_hidden(vec![HiddenRows {
+        id,
+        first_pos: start,
+        data: aux,
+    }]);
+    logits
+}
+
+/// The head's K at position `pos` of a sequence over `table`, in its one-layer cache.
+fn head_kv(method: &Eagle3, table: &[u32], pos: usize) -> Vec<f32> {
+    let per_slot = method.cache().layout().slot_elems() as usize;
+    let slot = table[pos / BLOCK] as usize * BLOCK + pos % BLOCK;
+    method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
+}
+
 /// A request planned with no room for drafts (the scheduler found drafting does not pay,
 /// or its last token is due) still runs the head's step 0 over the target's rows: the
 /// head's KV holds them before it drafts again, so the features do not pile up, and its
@@ -1011,33 +1031,14 @@ fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
     let blocks = vec![5, 11, 2, 19, 7, 14, 1, 9];
     let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
     let id = RequestId(3);
-    // The head's KV of `pos` (its block and slot in the one-layer cache).
-    let head_kv = |method: &Eagle3, pos: usize| -> Vec<f32> {
-        let per_slot = method.cache().layout().slot_elems() as usize;
-        let slot = blocks[pos / BLOCK] as usize * BLOCK + pos % BLOCK;
-        method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
-    };
     let mut start = 0;
     for step in 0..4 {
         // The target runs what is not in its cache yet and samples the next token.
-        let fed = tokens[start..].to_vec();
-        let spec = SeqSpec {
-            num_cached: start,
-            num_new: fed.len(),
-            block_table: &blocks,
-        };
-        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
-        let (logits, aux) = model
-            .forward_with_aux(&fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
-            .unwrap();
-        method.receive_hidden(vec![HiddenRows {
-            id,
-            first_pos: start,
-            data: aux,
-        }]);
+        let fed = (&tokens[start..], start);
+        let logits = target_chunk(&model, &mut cache, &mut method, id, fed, &blocks);
         start = tokens.len();
         tokens.push(argmax(&logits));
-        let before = head_kv(&method, tokens.len() - 2);
+        let before = head_kv(&method, &blocks, tokens.len() - 2);
         let max_drafts = if step < 3 { 0 } else { K };
         let seq = ProposeSeq {
             id,
@@ -1049,7 +1050,7 @@ fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
         if max_drafts == 0 {
             assert!(drafts.is_empty(), "step {step}: {drafts:?}");
             assert_ne!(
-                head_kv(&method, tokens.len() - 2),
+                head_kv(&method, &blocks, tokens.len() - 2),
                 before,
                 "step {step}: the head's KV of the last position was not written"
             );
@@ -1077,32 +1078,14 @@ fn each_prompt_chunk_runs_step_0_in_the_next_proposal() {
     let blocks = vec![3, 17, 8, 12, 1, 20];
     let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
     let id = RequestId(4);
-    let head_kv = |method: &Eagle3, pos: usize| -> Vec<f32> {
-        let per_slot = method.cache().layout().slot_elems() as usize;
-        let slot = blocks[pos / BLOCK] as usize * BLOCK + pos % BLOCK;
-        method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
-    };
     for (start, end) in [(0, 7), (7, 14), (14, 19)] {
-        let spec = SeqSpec {
-            num_cached: start,
-            num_new: end - start,
-            block_table: &blocks,
-        };
-        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
-        let fed = &tokens[start..end];
-        let (logits, aux) = model
-            .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
-            .unwrap();
-        method.receive_hidden(vec![HiddenRows {
-            id,
-            first_pos: start,
-            data: aux,
-        }]);
+        let fed = (&tokens[start..end], start);
+        let logits = target_chunk(&model, &mut cache, &mut method, id, fed, &blocks);
         let last_chunk = end == 19;
         if last_chunk {
             tokens.push(argmax(&logits));
         }
-        let before = head_kv(&method, end - 1);
+        let before = head_kv(&method, &blocks, end - 1);
         let seq = ProposeSeq {
             id,
             tokens: tokens.clone(),
@@ -1111,7 +1094,7 @@ fn each_prompt_chunk_runs_step_0_in_the_next_proposal() {
         };
         let drafts = method.propose(&[seq]).unwrap().remove(0);
         assert_ne!(
-            head_kv(&method, end - 1),
+            head_kv(&method, &blocks, end - 1),
             before,
             "chunk {start}..{end}: the head's KV of its last position was not written"
         );
@@ -1140,24 +1123,11 @@ fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
     // The target runs `tokens[start..]` of request `id` over `table`, hands its features to
     // the proposer and samples the next token greedily; then the proposer drafts.
     let mut serve = |id: u64, tokens: &mut Vec<u32>, table: &[u32], start: usize| {
-        let spec = SeqSpec {
-            num_cached: start,
-            num_new: tokens.len() - start,
-            block_table: table,
-        };
-        let plan = AttentionPlan::new(&[spec], BLOCK, NUM_BLOCKS).unwrap();
-        let fed = &tokens[start..];
-        let (logits, aux) = model
-            .forward_with_aux(fed, &plan, &mut cache, &[fed.len() - 1], &[0, 2, 3])
-            .unwrap();
-        method.receive_hidden(vec![HiddenRows {
-            id: RequestId(id),
-            first_pos: start,
-            data: aux,
-        }]);
+        let (id, fed) = (RequestId(id), (&tokens[start..], start));
+        let logits = target_chunk(&model, &mut cache, &mut method, id, fed, table);
         tokens.push(argmax(&logits));
         let seq = ProposeSeq {
-            id: RequestId(id),
+            id,
             tokens: tokens.clone(),
             block_table: table.to_vec(),
             max_drafts: K,
