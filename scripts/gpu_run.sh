@@ -27,6 +27,14 @@
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
 #                                 (after smollm2), eager and through graphs
+#   scripts/gpu_run.sh verify     the cost of a verification step (4 rows a sequence: K = 3)
+#                                 against a decode step, `bench latency --verify-rows 4` at
+#                                 batch 1 and 8 on the SmolLM2-135M and Llama-3.2-1B shapes
+#                                 (random weights), products by cuBLAS from 2 rows and by
+#                                 the GEMV kernel up to 8; with a base build (as in `ab`)
+#                                 first where one is carried; then Nsight Compute's kernel
+#                                 times of one decode and one verification step (SmolLM2
+#                                 shape, GEMV up to 8 rows), per kernel
 #   scripts/gpu_run.sh limits     step limits past the device refused at start-up, named
 #   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
 #                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
@@ -69,7 +77,8 @@
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
 #                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl,
 #                                 carried): bench spec at batch 1, 8, 32 and 64 (adaptive
-#                                 drafting, and at 1 and 64 always drafting too), then served
+#                                 drafting, and with EAGLE3_FIXED=1 at 1 and 64 always
+#                                 drafting too), then served
 #                                 with and without the head, in turns: bench serve at
 #                                 concurrency 1, 8 and 64
 # Results go to $OUT (one log per mode) as they are produced.
@@ -214,6 +223,31 @@ ab)
         done
     done
     ;;
+verify)
+    builds=peregrine
+    if [ -f target/gpu-carry-base/peregrine.gz ]; then
+        gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
+        builds="peregrine-base peregrine"
+    fi
+    common="bench latency --device cuda --batch-sizes 1,2,4,8 --input-len 128 --output-len 64 --verify-rows 4"
+    for cfg in smollm2-135m llama-3.2-1b; do
+        for rows in 1 4 8; do
+            for build in $builds; do
+                echo "== $build $cfg --gemv-max-rows $rows" | tee -a "$OUT/verify.log"
+                "$bin/$build" $common --random-weights "scripts/configs/$cfg.json" --gemv-max-rows $rows 2>&1 |
+                    grep -v "^20" | tee -a "$OUT/verify.log"
+            done
+        done
+    done
+    small="bench latency --device cuda --random-weights scripts/configs/smollm2-135m.json --batch-sizes 1 \
+        --input-len 128 --output-len 6 --gemv-max-rows 8"
+    for rows in 1 4; do
+        ncu --clock-control none --metrics gpu__time_duration.sum --csv "$bin/peregrine" $small \
+            --verify-rows $rows >"$OUT/ncu-verify$rows.csv" 2>"$OUT/ncu-verify$rows.err"
+        echo "== ncu: the last steps of --verify-rows $rows" | tee -a "$OUT/verify.log"
+        python3 scripts/ncu_step_summary.py "$OUT/ncu-verify$rows.csv" 3 2>&1 | tee -a "$OUT/verify.log"
+    done
+    ;;
 abserve)
     gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
     for round in 1 2; do
@@ -333,7 +367,7 @@ eagle3time)
 eagle3serve)
     head=heads/smollm2-135m-eagle3 data=target/eagle3-bench/heldout_bench.jsonl
     for c in 1 8 32 64; do
-        for flags in "" "--no-speculative-adaptive"; do
+        for flags in "" ${EAGLE3_FIXED:+"--no-speculative-adaptive"}; do
             [ -n "$flags" ] && [ $c != 1 ] && [ $c != 64 ] && continue
             echo "== bench spec batch $c $flags" | tee -a "$OUT/eagle3_spec.log"
             # shellcheck disable=SC2086

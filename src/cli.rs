@@ -142,10 +142,15 @@ pub struct BenchLatencyArgs {
     #[arg(long)]
     pub deterministic: bool,
     /// GPU products of up to this many rows use the fixed-order GEMV kernel of
-    /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all; default: single rows,
-    /// as `serve` does).
-    #[arg(long, default_value_t = peregrine_kernels::GEMV_MAX_ROWS)]
-    pub gemv_max_rows: usize,
+    /// --deterministic mode, larger ones cuBLAS (0: cuBLAS for all; default: the model's,
+    /// as `serve` chooses it from the hidden size).
+    #[arg(long)]
+    pub gemv_max_rows: Option<usize>,
+    /// Also time verification steps of this many rows per sequence (the last token and
+    /// N - 1 drafts, every row a logit row, all accepted), beside one-row decode steps of
+    /// the same batch; on the GPU through verification graphs. 1: decode steps only.
+    #[arg(long, default_value_t = 1)]
+    pub verify_rows: usize,
     /// GPU decode steps run eagerly rather than through CUDA graphs (captured, one per batch
     /// size timed, for contexts up to --max-seq-len-to-capture).
     #[arg(long)]

@@ -14,10 +14,12 @@
 //   is finished by the split kernel itself, with the combine's arithmetic for one record
 //   (so the same bits), and has no combine work. So a row's result depends on its own
 //   context only, never on what else is in the batch.
-// - q_len > 1 (prefill, chunked prefill, verification): paged_attention_prefill_* is a
-//   flash-attention loop, tiles of PA_BQ queries against tiles of PA_BK keys read through the
-//   block table, online softmax in f32. Key tiles always start at key 0 and are walked in
-//   order, so the reduction order over keys is fixed by PA_BK alone.
+// - q_len > 1 (prefill, chunked prefill): paged_attention_prefill_* is a flash-attention
+//   loop, tiles of PA_BQ queries against tiles of PA_BK keys read through the block table,
+//   online softmax in f32. Key tiles always start at key 0 and are walked in order, so the
+//   reduction order over keys is fixed by PA_BK alone. (The host cuts a sequence of a few
+//   rows, a verification step's, into one-row sequences for the split kernel where it is
+//   the decode kernel: SPLIT_MAX_ROWS in kernels/src/cuda/attention.rs.)
 //
 // Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] bf16, one token's K (or V) of
 // all KV heads in a slot of num_kv_heads * head_dim elements. Block ids are int in the table

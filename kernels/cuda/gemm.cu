@@ -17,7 +17,7 @@
 // streamed again, from L2 rather than memory.
 //
 // As soon as it starts, while the kernel ahead may still run (programmatic dependent
-// launch, common.cuh), a warp of the one-row kernels loads the first stretch of its
+// launch, common.cuh), a warp of the staged kernels loads the first stretch of its
 // column's weights into registers; it reads x only after pdl_wait(). So the weights of a product stream from
 // memory while the kernels it depends on finish.
 //
@@ -38,6 +38,11 @@
 // so that the row comes in one round trip, and each column's pass reads it from shared
 // memory rather than from L1 and L2 again. The products are the same: a row gives the
 // same bits staged or not.
+//
+// The staged kernels of more rows (_r2_staged .. _r8_staged: verification steps, the
+// decode of a few sequences) do the same for all m <= ROWS rows of one pass; the launcher
+// takes them where the rows fit its shared memory. Their sums are those of the kernels
+// that read x in place (_r2 .. _r8), bit for bit.
 //
 // Requires k % 8 == 0 and 16-byte aligned rows (32-byte for an f32 x; checked by the
 // launcher).
@@ -135,37 +140,47 @@ __device__ __forceinline__ float gemv_square_piece(float4 v, float s) {
     return fmaf(v.w, v.w, s);
 }
 
-// Stages the product x * gamma of the f32 row x and the norm's weight (k elements each) in
-// `staged` as f32 and points x there; returns this thread's part of the row's sum of
-// squares (gemv_square_piece's order). The caller publishes the parts before the barrier
-// that ends the staging.
-__device__ __forceinline__ float gemv_stage_normed(const float*& x, const bf16* gamma, unsigned char* staged,
-                                                   int k) {
+// Stages the products x * gamma of the first `rows` f32 rows of x and the norm's weight
+// (k elements each) in `staged` as f32, row after row, and points x there; leaves in s
+// this thread's part of each row's sum of squares (gemv_square_piece's order). A one-row
+// kernel loads GEMV_NORMED_AHEAD pieces before it stores any, a kernel of more rows one
+// piece of each row. The caller publishes the parts before the barrier that ends the
+// staging.
+template <int ROWS>
+__device__ __forceinline__ void gemv_stage_normed(const float*& x, const bf16* gamma, unsigned char* staged,
+                                                  int rows, int k, float (&s)[ROWS]) {
+    constexpr int AHEAD = ROWS == 1 ? GEMV_NORMED_AHEAD : 1;
     float4* to = reinterpret_cast<float4*>(staged);
     const float4* from = reinterpret_cast<const float4*>(x);
     const uint2* g = reinterpret_cast<const uint2*>(gamma);
     const int pieces = k / 4, step = blockDim.x;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < pieces; i += GEMV_NORMED_AHEAD * step) {
-        float4 v[GEMV_NORMED_AHEAD];
-        uint2 gw[GEMV_NORMED_AHEAD];
 #pragma unroll
-        for (int u = 0; u < GEMV_NORMED_AHEAD; u++) {
+    for (int r = 0; r < ROWS; r++) s[r] = 0.0f;
+    for (int i = threadIdx.x; i < pieces; i += AHEAD * step) {
+        float4 v[AHEAD][ROWS];
+        uint2 gw[AHEAD];
+#pragma unroll
+        for (int u = 0; u < AHEAD; u++) {
             const bool in = i + u * step < pieces;
-            v[u] = in ? from[i + u * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             gw[u] = in ? g[i + u * step] : make_uint2(0, 0);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                v[u][r] = in && r < rows ? from[(i64)r * pieces + i + u * step] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_NORMED_AHEAD; u++) {
-            if (i + u * step < pieces) {
-                s = gemv_square_piece(v[u], s);
-                to[i + u * step] = make_float4(v[u].x * bf16_lo(gw[u].x), v[u].y * bf16_hi(gw[u].x),
-                                               v[u].z * bf16_lo(gw[u].y), v[u].w * bf16_hi(gw[u].y));
+        for (int u = 0; u < AHEAD; u++) {
+            if (i + u * step >= pieces) continue;
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                if (r >= rows) continue;
+                s[r] = gemv_square_piece(v[u][r], s[r]);
+                to[(i64)r * pieces + i + u * step] =
+                    make_float4(v[u][r].x * bf16_lo(gw[u].x), v[u][r].y * bf16_hi(gw[u].x),
+                                v[u][r].z * bf16_lo(gw[u].y), v[u][r].w * bf16_hi(gw[u].y));
             }
         }
     }
     x = reinterpret_cast<const float*>(staged);
-    return s;
 }
 
 // A thread's part of the sum of squares of each of the first `rows` rows of x (k each),
@@ -185,15 +200,18 @@ __device__ __forceinline__ void gemv_sum_squares(const float* x, int rows, int k
 // then up rows; column j streams rows j and n + j side by side, rounds both sums to bf16 as
 // the product would, and stores silu(gate) * up (the arithmetic of silu_and_mul_bf16), so
 // the gate/up activation never goes through memory.
-template <typename X, typename OUT, int ROWS, int MODE>
+//
+// STAGED: the m <= ROWS rows of x are staged in dynamic shared memory (the launcher's
+// m * k elements of X; the one-row kernels always are).
+template <typename X, typename OUT, int ROWS, int MODE, bool STAGED>
 __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const bf16* __restrict__ w,
                                           OUT* __restrict__ out, int m, int n, int k, int slices, float eps) {
     extern __shared__ uint4 gemv_shared[];
     constexpr bool GATED = MODE == GEMV_GATED || MODE == GEMV_NORMED_GATED;
     constexpr bool NORMED = MODE == GEMV_NORMED || MODE == GEMV_NORMED_GATED;
     constexpr int HALVES = GATED ? 2 : 1;
-    // A one-row normed kernel stages x * gamma, so its loop reads x alone.
-    constexpr bool STAGED_GAMMA = NORMED && ROWS == 1;
+    // A staged normed kernel stages x * gamma, so its loop reads x alone.
+    constexpr bool STAGED_GAMMA = NORMED && STAGED;
     __shared__ float partial[GEMV_WARPS][HALVES][ROWS];
     // NORMED: each warp's part of each row's sum of squares.
     __shared__ float squares[GEMV_WARPS][ROWS];
@@ -208,12 +226,13 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
     const int k_slice = k / slices;
     const int first = slice * k_slice, end = first + k_slice;
     const int start = first + lane * 8;
-    // One row (decode): the first stretch of a column's weights is loaded before the
+    // Staged (one pass): the first stretch of a column's weights is loaded before the
     // column's turn: the first column's while the kernel ahead finishes (x is read only
-    // after pdl_wait), each next one's while the column before is summed and stored. More
-    // rows load every stretch in the loop: registers held across the passes would cost
-    // the accumulators theirs.
-    constexpr bool AHEAD = ROWS == 1;
+    // after pdl_wait), each next one's while the column before is summed and stored. The
+    // kernels that read x in place may take several passes and load every stretch in the
+    // loop (loading ahead measured slower there: 4.06 against 3.83 ms a decode step of 8
+    // sequences of the Llama-3.2-1B shape).
+    constexpr bool AHEAD = STAGED;
     uint4 wv[HALVES][GEMV_UNROLL];
     const bf16* w_rows[HALVES];
     // Points w_rows at the column of group g this warp serves; whether it is a column.
@@ -233,7 +252,7 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
         // by the barrier that ends the staging or by one of their own.
         float s[ROWS];
         if constexpr (STAGED_GAMMA) {
-            s[0] = gemv_stage_normed(x, gamma, reinterpret_cast<unsigned char*>(gemv_shared), k);
+            gemv_stage_normed<ROWS>(x, gamma, reinterpret_cast<unsigned char*>(gemv_shared), m, k, s);
         } else {
             gemv_sum_squares<ROWS>(x, m, k, s);
         }
@@ -243,8 +262,9 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
             if (lane == 0) squares[warp][r] = v;
         }
         __syncthreads();
-    } else if constexpr (ROWS == 1) {
-        gemv_stage(x, reinterpret_cast<unsigned char*>(gemv_shared), k);
+    } else if constexpr (STAGED) {
+        // The m rows are contiguous: staged as one of m * k.
+        gemv_stage(x, reinterpret_cast<unsigned char*>(gemv_shared), m * k);
     }
     for (i64 g = blockIdx.x; g < groups; g += gridDim.x) {
         // A warp past the last column still reaches every barrier below.
@@ -292,7 +312,7 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
             const bool was_active = active;
             if (AHEAD && r0 + ROWS >= m) {
                 active = select(g + gridDim.x) && g + gridDim.x < groups;
-                if (active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
+                if (AHEAD && active) gemv_load_weights<HALVES>(wv, w_rows, start, end);
             }
             // The column's slices, summed in order 0, 1, 2, ... by its first warp (a warp
             // alone when slices == 1).
@@ -362,31 +382,49 @@ __device__ __forceinline__ void gemv_body(const X* x, const bf16* gamma, const b
         bf16 *__restrict__ out, int m, int n, int k, int slices, float eps
 #define GEMV_ARGS(GAMMA, EPS) x, GAMMA, w, out, m, n, k, slices, EPS
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256, 4) gemv_add_f32_r1_packed(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r1(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 1, GEMV_GATED, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r1(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 1, GEMV_NORMED_GATED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r1(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_ADD, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256, 4) gemv_add_f32_r1_packed(GEMV_PARAMS(float)) { gemv_body<bf16, float, 1, GEMV_ADD, true>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_GATED, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r2(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED_GATED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r2(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_ADD, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r2_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r2_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r2_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 2, GEMV_GATED, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r2_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r2_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 2, GEMV_NORMED_GATED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r2_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 2, GEMV_ADD, true>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_GATED, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r4(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED_GATED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r4(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_ADD, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r4_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r4_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r4_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 4, GEMV_GATED, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r4_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r4_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 4, GEMV_NORMED_GATED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r4_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 4, GEMV_ADD, true>(GEMV_ARGS(nullptr, 0.0f)); }
 
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_PLAIN>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_GATED>(GEMV_ARGS(nullptr, 0.0f)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED_GATED>(GEMV_ARGS(gamma, eps)); }
-extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_ADD>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_PLAIN, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_GATED, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r8(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED_GATED, false>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r8(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_ADD, false>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_bf16_r8_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_fixed_order_f32_r8_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_PLAIN, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_gated_bf16_r8_staged(GEMV_PARAMS(bf16)) { gemv_body<bf16, bf16, 8, GEMV_GATED, true>(GEMV_ARGS(nullptr, 0.0f)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_bf16_r8_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_normed_gated_bf16_r8_staged(GEMV_NORMED_PARAMS) { gemv_body<float, bf16, 8, GEMV_NORMED_GATED, true>(GEMV_ARGS(gamma, eps)); }
+extern "C" __global__ void __launch_bounds__(256) gemv_add_f32_r8_staged(GEMV_PARAMS(float)) { gemv_body<bf16, float, 8, GEMV_ADD, true>(GEMV_ARGS(nullptr, 0.0f)); }

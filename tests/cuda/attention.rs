@@ -280,6 +280,25 @@ fn run_step(
         )
         .unwrap();
     let o_gpu = gpu.download(&o_dev).unwrap();
+    // The same attention with every multi-row sequence through the prefill kernel (the
+    // split plan cut those of up to SPLIT_MAX_ROWS rows into one-row sequences), into o
+    // poisoned again.
+    let mut o_tiles = gpu.upload(&o_host).unwrap();
+    let tiled = DeviceAttentionPlan::upload(gpu, &plan, DecodeKernel::Prefill).unwrap();
+    g.attention()
+        .forward(
+            &s.kernels,
+            stream,
+            &qkv_dev.slice(..),
+            stride,
+            caches.k_dev,
+            caches.v_dev,
+            &caches.layout,
+            &tiled,
+            &mut o_tiles.slice_mut(..),
+        )
+        .unwrap();
+    let o_tiles = gpu.download(&o_tiles).unwrap();
 
     // CPU, on the host caches (ids mapped) and the same bf16 values.
     let host_tables: Vec<Vec<u32>> = tables.iter().map(|t| caches.host_table(t)).collect();
@@ -341,6 +360,19 @@ fn run_step(
     );
     let o_rows = &o_gpu[..rows * width];
     assert_close(&format!("{label}: o"), &to_f32(o_rows), &o_cpu, ATOL, RTOL);
+    assert_same_bits(
+        &format!("{label}: o's tail, prefill kernel"),
+        &o_tiles[rows * width..],
+        &vec![sentinel(); TAIL * width],
+    );
+    let tiles = to_f32(&o_tiles[..rows * width]);
+    assert_close(
+        &format!("{label}: o, prefill kernel"),
+        &tiles,
+        &o_cpu,
+        ATOL,
+        RTOL,
+    );
     o_rows.to_vec()
 }
 
@@ -553,6 +585,28 @@ fn prefill_up_to_300_tokens_matches_the_cpu() {
     let shape = [(0, 300), (0, 2), (0, 32), (0, 33), (0, 64), (0, 17)];
     random_case(s, &mut rng, "prefill gqa d128", &GQA_128, &shape);
     random_case(s, &mut rng, "prefill mha d64", &MHA_64, &shape);
+}
+
+/// Verification steps: the last token and 1 to 16 drafts of sequences whose contexts
+/// cross a split partition (512 tokens) or end inside one, and 32 rows (the most the split
+/// kernel takes, a row at a time) beside 33 (the prefill kernel's), all in one batch with a
+/// decode row; each row as the decode row at its position would be.
+#[test]
+fn verification_rows_match_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("verification_rows_match_the_cpu");
+    assert_eq!(kernel::SPLIT_MAX_ROWS, 32);
+    let shape = [
+        (600, 4),
+        (509, 4),
+        (100, 17),
+        (3, 32),
+        (40, 33),
+        (700, 1),
+        (1023, 2),
+    ];
+    random_case(s, &mut rng, "verification gqa d128", &GQA_128, &shape);
+    random_case(s, &mut rng, "verification mha d64", &MHA_64, &shape);
 }
 
 #[test]
@@ -936,6 +990,7 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
         let padded = seqs + 3;
         let capacity = PlanCapacity {
             rows: 16,
+            decode_only: true,
             max_context: per_seq * block_size,
             block_size,
             scratch_slot: 0,
@@ -960,6 +1015,39 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
                 &s.kernels, stream, &q, stride, rot, &mut k_c, &mut v_c, &layout, &fixed, o_rows,
             )
             .unwrap();
+        // Refused, with nothing launched: a plan of a verification graph (whose steps have
+        // several rows a sequence), and a step whose 2-row sequence was cut into rows
+        // (each reads the other's key from the cache).
+        let verify = PlanCapacity {
+            decode_only: false,
+            ..capacity
+        };
+        let mut verify =
+            DeviceAttentionPlan::fixed(&s.gpu, DecodeKernel::Split, verify, heads, d).unwrap();
+        verify
+            .stage_padded(&tokens, &plan, &rows, padded, class)
+            .unwrap();
+        let two = [SeqSpec {
+            num_new: 2,
+            ..specs[1]
+        }];
+        let two = AttentionPlan::new(&two, block_size, num_blocks).unwrap();
+        let cut = DeviceAttentionPlan::upload(&s.gpu, &two, DecodeKernel::Split).unwrap();
+        for (what, plan) in [
+            ("a verification graph's plan", &verify),
+            ("a cut step", &cut),
+        ] {
+            assert!(!plan.fuses_kv_write(), "{what}");
+            let mut o_d = s.gpu.upload(&o_host).unwrap();
+            let o_rows = &mut o_d.slice_mut(..padded * width);
+            let refused = attention.forward_writing_kv(
+                &s.kernels, stream, &q, stride, rot, &mut k_c, &mut v_c, &layout, plan, o_rows,
+            );
+            assert!(matches!(refused, Err(AttentionError::Shape(_))), "{what}");
+            let o_after = s.gpu.download(&o_d).unwrap();
+            assert_same_bits(&format!("{what}: o untouched"), &o_after, &o_host);
+        }
+        assert!(dplan.fuses_kv_write() && fixed.fuses_kv_write());
         let label = format!("{heads}/{kv_heads} d{d} rotary {rotary:?}");
         for (what, a, b, c) in [
             ("o", &o_a, &o_b, &o_c),

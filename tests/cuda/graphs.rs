@@ -404,6 +404,7 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
     let scratch_block = num_blocks - 1;
     let capacity = PlanCapacity {
         rows: largest,
+        decode_only: true,
         max_context: per_seq * BLOCK_SIZE,
         block_size: BLOCK_SIZE,
         scratch_slot: (scratch_block * BLOCK_SIZE as u64) as i64,

@@ -361,8 +361,9 @@ fn fixed_order_linear_matches_the_cpu_and_is_batch_invariant() {
     }
 }
 
-/// Rows 0, 31, 32 and 63 of a 64-row product with the fixed-order kernel give the same bits
-/// alone.
+/// Rows 0, 31, 32 and 63 of a 64-row product with the fixed-order kernel (passes of 8 rows
+/// read in place) give the same bits alone (the one-row kernel), and the first 2 and 4 rows
+/// the same bits as a product of their own (one pass, staged where the rows fit a block).
 fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n: usize, k: usize) {
     let gemm = Gemm::new(s.gpu.stream().clone(), true).unwrap();
     let w_d = s
@@ -394,6 +395,15 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
                 .zip(&batch[row * n..(row + 1) * n])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{n}x{k}: row {row} differs alone and in a batch of 64"
+        );
+    }
+    for m in [2, 4] {
+        let few = run(&rows[..m * k], m);
+        assert!(
+            few.iter()
+                .zip(&batch[..m * n])
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{n}x{k}: the first {m} rows differ alone and in a batch of 64"
         );
     }
 }

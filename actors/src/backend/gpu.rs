@@ -13,7 +13,7 @@ use crate::messages::GeneratedToken;
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_kernels::GEMV_MAX_ROWS;
+use peregrine_kernels::gemv_max_rows_for;
 use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
@@ -124,7 +124,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 max_tokens: s.max_num_batched_tokens,
                 max_logit_rows: s.max_num_seqs,
                 deterministic: s.deterministic,
-                gemv_max_rows: GEMV_MAX_ROWS,
+                gemv_max_rows: gemv_max_rows_for(model.config().hidden_size),
             };
             // The target's recorded layer inputs take their memory before the pool's is
             // measured.
@@ -216,11 +216,14 @@ fn load_profiled(
     s: &GpuSettings,
     max_logit_rows: usize,
 ) -> anyhow::Result<GpuLlama> {
+    let hidden = ModelConfig::from_dir(dir)
+        .with_context(|| format!("reading the config of {}", dir.display()))?
+        .hidden_size;
     let options = GpuModelOptions {
         max_tokens: s.max_num_batched_tokens,
         max_logit_rows,
         deterministic: s.deterministic,
-        gemv_max_rows: GEMV_MAX_ROWS,
+        gemv_max_rows: gemv_max_rows_for(hidden),
     };
     // The activations are sized for the largest step: a step limit past the device's
     // memory fails here, with the limits named.

@@ -386,11 +386,11 @@ fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize) -> usize {
 /// partial sums.
 const GEMV_STAGE_MAX_BYTES: usize = 44 * 1024;
 
-/// The bytes of dynamic shared memory the one-row GEMV kernels (`_r1`) stage a row of `k`
-/// in, `None` past [`GEMV_STAGE_MAX_BYTES`]: the bf16 row, or for a normed product
-/// (`normed`) the f32 product of the row and the norm's weight.
-fn gemv_staged_bytes(normed: bool, k: usize) -> Option<u32> {
-    let bytes = if normed { 4 * k } else { 2 * k };
+/// The bytes of dynamic shared memory the staged GEMV kernels (`_r1`, `_r{rows}_staged`)
+/// stage `m` rows of `k` in, `None` past [`GEMV_STAGE_MAX_BYTES`]: the bf16 rows, or for a
+/// normed product (`normed`) the f32 products of the rows and the norm's weight.
+fn gemv_staged_bytes(normed: bool, m: usize, k: usize) -> Option<u32> {
+    let bytes = m * if normed { 4 * k } else { 2 * k };
     (bytes <= GEMV_STAGE_MAX_BYTES).then_some(bytes as u32)
 }
 
@@ -438,15 +438,18 @@ impl GemvPlan {
             .into_iter()
             .find(|&r| r >= m)
             .unwrap_or(GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
-        let mut staged_bytes = 0;
-        if rows == 1 {
-            // A row too long to stage takes the two-row kernel, which reads x in place.
-            match gemv_staged_bytes(normed, k) {
-                Some(bytes) => staged_bytes = bytes,
-                None => rows = 2,
-            }
+        // One pass of rows that fit shared memory is staged; a row too long to stage takes
+        // the two-row kernel, which reads x in place, and so do more rows than one pass.
+        let staged = gemv_staged_bytes(normed, m, k).filter(|_| m <= rows);
+        let staged_bytes = staged.unwrap_or(0);
+        if rows == 1 && staged.is_none() {
+            rows = 2;
         }
-        let mut kernel = format!("{name}_r{rows}");
+        let mut kernel = match (rows, staged) {
+            (1, _) => format!("{name}_r1"),
+            (_, Some(_)) => format!("{name}_r{rows}_staged"),
+            (_, None) => format!("{name}_r{rows}"),
+        };
         let mut resident = kernels.resident_blocks(&kernel, GEMV_THREADS, staged_bytes)?;
         // Blocks that share multiprocessors (more column groups than multiprocessors):
         // the kernel's packed variant (fewer registers), where it has one, leaves room
@@ -532,16 +535,22 @@ mod tests {
     }
 
     #[test]
-    fn one_row_products_stage_rows_that_fit_a_block() {
+    fn products_stage_rows_that_fit_a_block() {
         // The decode products of the Llama-3.2-1B shape: qkv and gate/up normed over 2048,
         // down over 8192.
-        assert_eq!(gemv_staged_bytes(true, 2048), Some(4 * 2048));
-        assert_eq!(gemv_staged_bytes(false, 8192), Some(2 * 8192));
+        assert_eq!(gemv_staged_bytes(true, 1, 2048), Some(4 * 2048));
+        assert_eq!(gemv_staged_bytes(false, 1, 8192), Some(2 * 8192));
         // So are Llama-3-70B's normed products (8192); past 44 KiB the two-row kernel reads
         // x in place: a normed row of 12,288 and the 70B down projection (28,672).
-        assert_eq!(gemv_staged_bytes(true, 8192), Some(4 * 8192));
-        assert_eq!(gemv_staged_bytes(true, 12_288), None);
-        assert_eq!(gemv_staged_bytes(false, 28_672), None);
+        assert_eq!(gemv_staged_bytes(true, 1, 8192), Some(4 * 8192));
+        assert_eq!(gemv_staged_bytes(true, 1, 12_288), None);
+        assert_eq!(gemv_staged_bytes(false, 1, 28_672), None);
+        // A verification step of 4 rows (K = 3): SmolLM2-135M's products all stage, and the
+        // 1B shape's normed ones (4 x 2048 f32) but not its down projection (4 x 8192).
+        assert_eq!(gemv_staged_bytes(true, 4, 576), Some(4 * 4 * 576));
+        assert_eq!(gemv_staged_bytes(false, 4, 1536), Some(2 * 4 * 1536));
+        assert_eq!(gemv_staged_bytes(true, 4, 2048), Some(4 * 4 * 2048));
+        assert_eq!(gemv_staged_bytes(false, 4, 8192), None);
     }
 
     #[test]
@@ -561,6 +570,10 @@ mod tests {
             ] {
                 let name = format!("{kernel}_r{rows}");
                 assert!(names.contains(&name.as_str()), "gemm.cu lacks {name}");
+                if rows > 1 {
+                    let name = format!("{kernel}_r{rows}_staged");
+                    assert!(names.contains(&name.as_str()), "gemm.cu lacks {name}");
+                }
             }
         }
         for kernel in GEMV_PACKED {

@@ -44,6 +44,8 @@ impl HeadGraphBuffers {
         let c = &core.config;
         let capacity = PlanCapacity {
             rows: limits.max_rows,
+            // The head's draft steps: one row a sequence.
+            decode_only: true,
             max_context: limits.max_context,
             block_size,
             scratch_slot: limits.scratch_slot,

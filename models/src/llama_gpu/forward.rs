@@ -6,7 +6,6 @@ use crate::llama::{check_inputs, ForwardError};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
 use peregrine_kernels::cuda::gemm::{Gemm, GemmError, NormedInput};
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
@@ -311,9 +310,9 @@ impl LayerKv<'_> {
 }
 
 /// Writes the keys and values of the `qkv` rows (`[rows, width]`, rotary applied to q and
-/// k in place) into `kv` and queues their attention over it into `attn`: in one launch for
-/// a decode step through the split kernel (the plan's kernel: a verification graph's is
-/// the prefill one), else a write then the attention.
+/// k in place) into `kv` and queues their attention over it into `attn`: in one launch
+/// where the plan says the split kernel writes them (a decode step), else a write then the
+/// attention.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn attend(
     k: &CudaKernels,
@@ -332,8 +331,7 @@ pub(crate) fn attend(
         layout,
     } = kv;
     let layout = &layout;
-    let fuse_kv = dplan.decode_kernel() == DecodeKernel::Split && dplan.live_counts().prefill == 0;
-    if fuse_kv {
+    if dplan.fuses_kv_write() {
         let qkv = &qkv.as_view();
         let rot = Some(rotary);
         attention.forward_writing_kv(

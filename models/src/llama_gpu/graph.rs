@@ -3,8 +3,12 @@
 //! rule 4), with the model's weights and the KV cache. Verification steps (each sequence's
 //! last token and its drafts, any number a sequence, every row a logit row) are captured
 //! the same way per number of rows, over a set of buffers of their own, their attention
-//! through the prefill kernel: its grid of one work item per row holds the query tiles of
-//! any such step (a tile holds at least one row).
+//! through the model's decode kernel: the split kernel takes each row as the decode row it
+//! would be (the plan cuts the sequences into one-row sequences, and the KV write runs
+//! before it, since the rows read each other's keys), its grid of one row's partitions per
+//! row holding any such step; under --deterministic the prefill kernel, whose grid of one
+//! work item per row holds the query tiles of any such step (a tile holds at least one
+//! row).
 //!
 //! Each decode size is captured once per context class (contexts of one split partition,
 //! and the rest up to the longest a graph serves), so that short contexts launch no
@@ -21,7 +25,6 @@ use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
 use crate::llama::check_inputs;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
-use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
@@ -38,7 +41,8 @@ pub use ahead::{GreedyInput, QueuedStep};
 pub enum GraphKind {
     /// Decode steps: one row a sequence, through the model's decode kernel.
     Decode,
-    /// Verification steps: any rows a sequence, through the prefill kernel.
+    /// Verification steps: any rows a sequence, each row through the model's decode kernel
+    /// (see the module docs).
     Verify,
 }
 
@@ -141,11 +145,12 @@ impl GraphBuffers {
         let rows = limits.max_rows;
         let capacity = PlanCapacity {
             rows,
+            decode_only: kind == GraphKind::Decode,
             max_context: limits.max_context,
             block_size,
             scratch_slot: limits.scratch_slot,
         };
-        let kernel = kind.kernel(core.decode_kernel);
+        let kernel = core.decode_kernel;
         let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, c.num_heads, c.head_dim)?;
         let work = Workspace::new(gpu, c, rows, rows, aux_layers)?;
         let published = [
@@ -217,17 +222,6 @@ impl GraphBuffers {
     }
 }
 
-impl GraphKind {
-    /// The kernel the one-row sequences of this kind's steps go to, in a model whose
-    /// decode steps go to `decode`.
-    fn kernel(self, decode: DecodeKernel) -> DecodeKernel {
-        match self {
-            GraphKind::Decode => decode,
-            GraphKind::Verify => DecodeKernel::Prefill,
-        }
-    }
-}
-
 impl GpuLlama {
     /// Captures the decode step of `size` sequences (one token each) over `cache` as one
     /// graph per context class, serving contexts up to `limits.max_context`. The first
@@ -278,7 +272,7 @@ impl GpuLlama {
         )?;
         let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
-        let classes = context_classes(limits.max_context, kind.kernel(core.decode_kernel));
+        let classes = context_classes(limits.max_context, core.decode_kernel);
         let variants = match kind {
             GraphKind::Decode => GRAPH_VARIANTS,
             GraphKind::Verify => 1,

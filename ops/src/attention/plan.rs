@@ -129,6 +129,36 @@ impl AttentionPlan {
         &self.seqs
     }
 
+    /// The same step with each sequence of 2 to `max_rows` rows cut into one-row
+    /// sequences, one per row in order, each seeing the keys up to its own position (the
+    /// rows of a verification step as the decode rows they would be); `None` when no
+    /// sequence is cut. Positions, slots and rows are the plan's.
+    pub fn one_row_sequences(&self, max_rows: usize) -> Option<AttentionPlan> {
+        let cut = |s: &PlannedSeq| s.q_len > 1 && s.q_len <= max_rows;
+        if !self.seqs.iter().any(cut) {
+            return None;
+        }
+        let mut seqs = Vec::with_capacity(self.rows());
+        for s in &self.seqs {
+            if !cut(s) {
+                seqs.push(s.clone());
+                continue;
+            }
+            let past = s.context_len - s.q_len;
+            seqs.extend((0..s.q_len).map(|i| PlannedSeq {
+                q_start: s.q_start + i,
+                q_len: 1,
+                context_len: past + i + 1,
+                block_table: s.block_table.clone(),
+            }));
+        }
+        Some(AttentionPlan {
+            positions: self.positions.clone(),
+            slot_mapping: self.slot_mapping.clone(),
+            seqs,
+        })
+    }
+
     /// Refuses the plan if it covers more rows than q or o hold.
     pub fn check_fits(&self, q_rows: usize, o_rows: usize) -> Result<(), PlanError> {
         Self::check_rows(self.rows(), q_rows, o_rows)
@@ -187,6 +217,42 @@ mod tests {
             err.to_string(),
             "attention plan covers 19 rows but o has only 18"
         );
+    }
+
+    #[test]
+    fn short_sequences_are_cut_into_the_decode_rows_they_would_be() {
+        let (a, b, c) = ([3u32, 9], [65_535u32, 65_536], [7u32]);
+        let spec = |num_cached, num_new, block_table| SeqSpec {
+            num_cached,
+            num_new,
+            block_table,
+        };
+        let specs = [spec(14, 4, &a[..]), spec(0, 20, &b[..]), spec(5, 1, &c[..])];
+        let plan = AttentionPlan::new(&specs, 16, 70_000).unwrap();
+        assert_eq!(plan.one_row_sequences(3), None);
+        let cut = plan.one_row_sequences(4).unwrap();
+        assert_eq!(cut.positions(), plan.positions());
+        assert_eq!(cut.slot_mapping(), plan.slot_mapping());
+        let shapes: Vec<(usize, usize, usize)> = cut
+            .seqs()
+            .iter()
+            .map(|s| (s.q_start, s.q_len, s.context_len))
+            .collect();
+        // The 4-row sequence becomes rows 0..4 at contexts 15..18; the 20-row chunk and
+        // the decode row stay as they were.
+        assert_eq!(
+            shapes,
+            [
+                (0, 1, 15),
+                (1, 1, 16),
+                (2, 1, 17),
+                (3, 1, 18),
+                (4, 20, 20),
+                (24, 1, 6)
+            ]
+        );
+        assert!(cut.seqs()[..4].iter().all(|s| s.block_table == a));
+        assert_eq!(cut.seqs()[4], plan.seqs()[1]);
     }
 
     #[test]

@@ -90,8 +90,9 @@ impl GpuPagedAttention {
     /// through the split kernel) in one launch: each sequence's key and value go from
     /// `qkv` (rows of `row_stride`: query heads, then keys, then values) to its slot, the
     /// key and q rotated by `rotary` on the way, the same bits as the two calls. Refused,
-    /// with nothing launched, for a step with rows of the prefill kernel, or where either
-    /// call's checks refuse.
+    /// with nothing launched, where the plan does not fuse the write
+    /// ([`DeviceAttentionPlan::fuses_kv_write`]: rows of the prefill kernel, sequences cut
+    /// into rows, a verification graph's plan), or where either call's checks refuse.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_writing_kv(
         &self,
@@ -106,9 +107,11 @@ impl GpuPagedAttention {
         plan: &DeviceAttentionPlan,
         o: &mut CudaViewMut<bf16>,
     ) -> Result<(), AttentionError> {
-        if plan.live_counts().prefill > 0 {
+        if !plan.fuses_kv_write() {
             return Err(AttentionError::Shape(
-                "the KV write fuses into decode steps of the split kernel only".into(),
+                "the KV write fuses into decode steps of the split kernel only (one row a \
+                 sequence, in a plan whose steps all are)"
+                    .into(),
             ));
         }
         let rows = qkv.len() / row_stride.max(1);

@@ -18,6 +18,7 @@ use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::{
     AttentionMeta, AttentionWork, DecodeKernel, SeqRows, WorkCounts, LIVE_COUNTS, PARTITION_TOKENS,
+    SPLIT_MAX_ROWS,
 };
 use peregrine_runtime::cuda::Gpu;
 use peregrine_runtime::{Padding, StageError, StagedInput};
@@ -25,12 +26,16 @@ use std::sync::{Arc, Mutex};
 
 use super::attention::AttentionError;
 
-/// What a fixed-layout plan has room for: the steps of a decode graph.
+/// What a fixed-layout plan has room for: the steps of a decode (or verification) graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PlanCapacity {
     /// Query rows, and sequences (at most one row each is what decode graphs run; more
     /// rows per sequence fit as long as the rows do).
     pub rows: usize,
+    /// Whether every step is a decode step (one row a sequence), as in a decode graph: the
+    /// split kernel then writes the step's keys and values itself. A verification graph's
+    /// sequences have several rows, whose keys the KV write stores first.
+    pub decode_only: bool,
     /// The longest context a sequence may have: longer steps run eagerly.
     pub max_context: usize,
     /// Tokens per KV block.
@@ -109,7 +114,11 @@ struct StepNumbers {
     padded_rows: usize,
     /// Rows whose logits are computed (padded like the rows in a fixed plan).
     logit_rows: usize,
+    /// Sequences as the kernels see them (after any cut).
     num_seqs: usize,
+    /// Whether sequences of several rows were cut into one-row sequences for the split
+    /// kernel ([`AttentionPlan::one_row_sequences`]).
+    cut: bool,
     max_context_len: usize,
     max_block: Option<u32>,
     max_slot: Option<i64>,
@@ -405,7 +414,13 @@ impl DeviceAttentionPlan {
         max_context: usize,
         keep_tokens: bool,
     ) -> Result<(), AttentionError> {
-        let plan = rows.plan;
+        // Where one-row sequences go to the split kernel, so do the rows of short
+        // sequences, cut into one-row sequences (positions, slots and rows unchanged).
+        let cut = match self.decode_kernel {
+            DecodeKernel::Split => rows.plan.one_row_sequences(SPLIT_MAX_ROWS),
+            DecodeKernel::Prefill => None,
+        };
+        let plan = cut.as_ref().unwrap_or(rows.plan);
         let shapes: Vec<SeqRows> = plan
             .seqs()
             .iter()
@@ -425,6 +440,7 @@ impl DeviceAttentionPlan {
                 rows.logit_rows.len()
             },
             num_seqs: plan.seqs().len(),
+            cut: cut.is_some(),
             max_context_len: plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
             max_block: plan
                 .seqs()
@@ -467,6 +483,7 @@ impl DeviceAttentionPlan {
                     .capacity
                     .grid(padded_rows, max_context, self.decode_kernel);
                 let step = FixedStep {
+                    plan,
                     rows,
                     work: &work,
                     positions: &positions,
@@ -521,6 +538,19 @@ impl DeviceAttentionPlan {
     /// The kernel one-row sequences go to.
     pub fn decode_kernel(&self) -> DecodeKernel {
         self.decode_kernel
+    }
+
+    /// Whether the split kernel writes this step's keys and values itself (its
+    /// `forward_writing_kv`): a step of one-row sequences alone, through the split kernel,
+    /// and in a fixed plan one whose every step is such (a decode graph). Where rows of
+    /// one sequence were cut apart, each reads the others' keys from the cache, so the KV
+    /// write runs first.
+    pub fn fuses_kv_write(&self) -> bool {
+        let decode_only = self.fixed.as_ref().is_none_or(|f| f.capacity.decode_only);
+        self.decode_kernel == DecodeKernel::Split
+            && decode_only
+            && !self.step.cut
+            && self.live.prefill == 0
     }
 
     /// Query rows planned: the real token count of the step.
@@ -690,6 +720,8 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
 /// One step for a fixed plan: the host plan and its work lists, padded to `padded` rows,
 /// for grids `grid` that serve contexts up to `max_context`.
 struct FixedStep<'a> {
+    /// The plan the kernels see: the step's, or its short sequences cut into rows.
+    plan: &'a AttentionPlan,
     rows: &'a StepRows<'a>,
     work: &'a AttentionWork,
     positions: &'a [i32],
@@ -708,6 +740,7 @@ fn stage_fixed(
     step: &FixedStep,
 ) -> Result<(), AttentionError> {
     let FixedStep {
+        plan,
         rows: step_rows,
         work,
         positions,
@@ -715,7 +748,6 @@ fn stage_fixed(
         max_context,
         grid,
     } = *step;
-    let plan = step_rows.plan;
     let cap = f.capacity;
     let too_big = |what: &str, n: usize, most: usize| {
         AttentionError::Shape(format!(
@@ -845,6 +877,7 @@ mod tests {
     fn a_graph_grid_launches_only_what_its_steps_can_use() {
         let cap = PlanCapacity {
             rows: 64,
+            decode_only: true,
             max_context: 8192,
             block_size: 16,
             scratch_slot: 0,

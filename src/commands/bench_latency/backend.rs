@@ -26,12 +26,12 @@ pub trait LatencyModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens>;
-    /// Whether a decode step of `batch` sequences runs as one replayable unit (a captured
-    /// graph: running it again writes the same KV slots and tokens), which
-    /// [`LatencyModel::queue_step`] can queue.
-    fn replays_decode(&self, batch: usize) -> bool;
-    /// Queues the decode step that [`LatencyModel::step`] would run, without waiting for
-    /// its tokens; an error for a step that [`LatencyModel::replays_decode`] does not cover.
+    /// Whether a step of `batch` sequences of `rows` rows each (1: decode) runs as one
+    /// replayable unit (a captured graph: running it again writes the same KV slots and
+    /// tokens), which [`LatencyModel::queue_step`] can queue.
+    fn replays_step(&self, batch: usize, rows: usize) -> bool;
+    /// Queues the step that [`LatencyModel::step`] would run, without waiting for its
+    /// tokens; an error for a step that [`LatencyModel::replays_step`] does not cover.
     fn queue_step(
         &mut self,
         tokens: &[u32],
@@ -42,7 +42,7 @@ pub trait LatencyModel {
     /// with `None`, the step the call before queued) and returns its tokens, having first
     /// queued `next` where given: the same sequences one token further, fed this step's
     /// tokens on the device (the engine's async scheduling). Only where
-    /// [`LatencyModel::replays_decode`] holds.
+    /// [`LatencyModel::replays_step`] holds for one row.
     fn step_ahead(
         &mut self,
         batch: usize,
@@ -62,9 +62,10 @@ pub struct StepTokens {
     pub queued: Instant,
 }
 
-/// Blocks for `largest` sequences of the benchmark's lengths (plus the warm-up's).
+/// Blocks for `largest` sequences of the benchmark's lengths (plus the warm-up's), each
+/// step taking `--verify-rows` positions at most.
 pub fn blocks_needed(args: &BenchLatencyArgs, largest: usize) -> u64 {
-    let tokens = args.input_len + args.output_len.max(4);
+    let tokens = args.input_len + args.output_len.max(4) * args.verify_rows;
     (largest * tokens.div_ceil(args.block_size)) as u64
 }
 
@@ -150,7 +151,7 @@ impl LatencyModel for CpuModel {
         })
     }
 
-    fn replays_decode(&self, _: usize) -> bool {
+    fn replays_step(&self, _: usize, _: usize) -> bool {
         false
     }
 

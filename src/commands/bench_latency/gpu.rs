@@ -6,6 +6,7 @@ use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
 use peregrine_actors::backend::kernels_for;
 use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use peregrine_kernels::gemv_max_rows_for;
 use peregrine_models::fetch::default_cache_dir;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
@@ -21,6 +22,11 @@ use std::time::Instant;
 pub struct GpuModel {
     /// Decode graphs, one per batch size timed (none with --enforce-eager).
     graphs: Option<GraphCaptureManager<CapturedDecode>>,
+    /// Verification graphs of --verify-rows rows a sequence, one per batch size timed (none
+    /// with --enforce-eager or one row).
+    verify_graphs: Option<GraphCaptureManager<CapturedDecode>>,
+    /// Rows a sequence of a verification step.
+    verify_rows: usize,
     /// The step `step_ahead` queued last, until the next call reads it.
     queued: Option<QueuedStep>,
     model: GpuLlama,
@@ -33,6 +39,7 @@ impl GpuModel {
     /// Opens device 0, compiles the kernels and loads or makes the model.
     pub fn open(args: &BenchLatencyArgs) -> anyhow::Result<GpuModel> {
         let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
+        let verify_rows = args.verify_rows.max(1);
         let gpu = Arc::new(Gpu::open(0)?);
         let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
         let mut kernels = kernels_for(&gpu, &cache_dir, args.deterministic)?;
@@ -41,27 +48,36 @@ impl GpuModel {
         }
         let programmatic = kernels.programmatic_launch();
         let kernels = Arc::new(kernels);
-        let options = GpuModelOptions {
-            max_tokens: largest * args.input_len,
-            max_logit_rows: largest,
-            deterministic: args.deterministic,
-            gemv_max_rows: args.gemv_max_rows,
-        };
-        let (mut model, source) = match &args.random_weights {
+        let (config, dir, source) = match &args.random_weights {
             Some(config) => {
                 let text = std::fs::read_to_string(config)
                     .with_context(|| format!("reading {}", config.display()))?;
-                let config_json = ModelConfig::from_json(&text)
+                let parsed = ModelConfig::from_json(&text)
                     .with_context(|| format!("parsing {}", config.display()))?;
-                let model =
-                    GpuLlama::random(config_json, 0, gpu.clone(), kernels.clone(), options)?;
-                (model, format!("random weights of {}", config.display()))
+                (
+                    parsed,
+                    None,
+                    format!("random weights of {}", config.display()),
+                )
             }
             None => {
                 let dir = crate::commands::resolve_model(&args.model)?;
-                let model = GpuLlama::load(&dir, gpu.clone(), kernels.clone(), options)?;
-                (model, dir.display().to_string())
+                let source = dir.display().to_string();
+                (ModelConfig::from_dir(&dir)?, Some(dir), source)
             }
+        };
+        let gemv_max_rows = args
+            .gemv_max_rows
+            .unwrap_or_else(|| gemv_max_rows_for(config.hidden_size));
+        let options = GpuModelOptions {
+            max_tokens: largest * args.input_len.max(verify_rows),
+            max_logit_rows: largest * verify_rows,
+            deterministic: args.deterministic,
+            gemv_max_rows,
+        };
+        let mut model = match &dir {
+            Some(dir) => GpuLlama::load(dir, gpu.clone(), kernels.clone(), options)?,
+            None => GpuLlama::random(config, 0, gpu.clone(), kernels.clone(), options)?,
         };
         // One block more than the sequences use: the scratch block padded graph rows write.
         let blocks = blocks_needed(args, largest) + 1;
@@ -71,17 +87,14 @@ impl GpuModel {
         let mut products = if args.deterministic {
             "products by the batch-invariant GEMV kernel".to_string()
         } else {
-            format!(
-                "products by the GEMV kernel up to {} rows, cuBLAS above",
-                args.gemv_max_rows
-            )
+            format!("products by the GEMV kernel up to {gemv_max_rows} rows, cuBLAS above")
         };
         if !programmatic {
             products.push_str(", no programmatic dependent launch");
         }
-        let graphs = if args.enforce_eager {
+        let (graphs, verify_graphs) = if args.enforce_eager {
             products.push_str(", eager decode (--enforce-eager)");
-            None
+            (None, None)
         } else {
             let limits = GraphLimits {
                 max_rows: largest,
@@ -91,7 +104,7 @@ impl GpuModel {
             let sizes = CaptureSizes::from_list(&args.batch_sizes, largest)
                 .map_err(|e| anyhow::anyhow!("--batch-sizes: {e}"))?;
             let start = Instant::now();
-            let graphs = GraphCaptureManager::capture(sizes, |size| {
+            let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
                 model.capture_decode(size, limits, &cache)
             })?;
             products.push_str(&format!(
@@ -99,10 +112,24 @@ impl GpuModel {
                 graphs.sizes().sizes().len(),
                 start.elapsed().as_secs_f64()
             ));
-            Some(graphs)
+            let verify_graphs = (verify_rows > 1)
+                .then(|| {
+                    let rows = sizes.scaled(verify_rows);
+                    let limits = GraphLimits {
+                        max_rows: rows.largest(),
+                        ..limits
+                    };
+                    GraphCaptureManager::capture(rows, |size| {
+                        model.capture_verify(size, limits, &cache)
+                    })
+                })
+                .transpose()?;
+            (Some(graphs), verify_graphs)
         };
         Ok(GpuModel {
             graphs,
+            verify_graphs,
+            verify_rows,
             queued: None,
             model,
             cache,
@@ -111,18 +138,24 @@ impl GpuModel {
         })
     }
 
-    /// The graph a step replays through: `None` for a step that is not pure decode, a
-    /// batch past the largest captured size, or with --enforce-eager.
+    /// The graph a step replays through: a decode graph for pure decode, a verification
+    /// graph for a step of at most --verify-rows rows a sequence whose every row is a
+    /// logit row, in order; `None` past the largest captured size, or with --enforce-eager.
     fn graph_for(
         &self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> Option<&CapturedDecode> {
-        let graphs = self.graphs.as_ref()?;
-        if !is_decode_step(tokens, plan, logit_rows) {
+        let graphs = if is_decode_step(tokens, plan, logit_rows) {
+            self.graphs.as_ref()?
+        } else if logit_rows.iter().copied().eq(0..tokens.len())
+            && plan.seqs().iter().all(|s| s.q_len <= self.verify_rows)
+        {
+            self.verify_graphs.as_ref()?
+        } else {
             return None;
-        }
+        };
         graphs.graph_for(tokens.len()).map(|(_, graph)| graph)
     }
 }
@@ -195,10 +228,13 @@ impl LatencyModel for GpuModel {
         Ok(StepTokens { tokens, queued })
     }
 
-    fn replays_decode(&self, batch: usize) -> bool {
-        self.graphs
-            .as_ref()
-            .is_some_and(|graphs| graphs.graph_for(batch).is_some())
+    fn replays_step(&self, batch: usize, rows: usize) -> bool {
+        let graphs = match rows {
+            1 => self.graphs.as_ref(),
+            _ if rows <= self.verify_rows => self.verify_graphs.as_ref(),
+            _ => None,
+        };
+        graphs.is_some_and(|graphs| graphs.graph_for(batch * rows).is_some())
     }
 
     fn queue_step(

@@ -7,12 +7,21 @@ mod gpu;
 
 use crate::cli::BenchLatencyArgs;
 use backend::LatencyModel;
+use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::time::Instant;
 
-/// Runs the benchmark and prints one line per batch size.
+/// Runs the benchmark and prints one line per batch size, then, with --verify-rows, one
+/// line per batch size of verification steps against decode steps.
 pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
     let largest = args.batch_sizes.iter().copied().max().unwrap_or(1);
+    if !(1..=1 + MAX_SPECULATIVE_TOKENS).contains(&args.verify_rows) {
+        anyhow::bail!(
+            "--verify-rows {}: expected 1 to {} (the last token and up to {MAX_SPECULATIVE_TOKENS} drafts)",
+            args.verify_rows,
+            1 + MAX_SPECULATIVE_TOKENS
+        );
+    }
     let mut model = backend::open(&args, largest)?;
     let command: Vec<String> = std::env::args().collect();
     println!("command: {}", command.join(" "));
@@ -38,16 +47,19 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         "device_ms/step",
         "ahead_ms/step"
     );
+    let mut verified = Vec::new();
     for &batch in &args.batch_sizes {
         // One untimed pass warms up caches, cuBLAS heuristics and the allocator.
-        measure(&mut *model, &args, batch, 4, Decode::Plain)?;
-        let m = measure(&mut *model, &args, batch, args.output_len, Decode::Plain)?;
+        let shape = Shape { batch, rows: 1 };
+        measure(&mut *model, &args, shape, 4, Decode::Plain)?;
+        let m = measure(&mut *model, &args, shape, args.output_len, Decode::Plain)?;
         let steps = args.output_len as f64;
         let step_ms = m.decode_s * 1e3 / steps;
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
-        let (device_ms, ahead_ms) = if model.replays_decode(batch) {
-            let twice = measure(&mut *model, &args, batch, args.output_len, Decode::Twice)?;
-            let ahead = measure(&mut *model, &args, batch, args.output_len, Decode::Ahead)?;
+        let replays = model.replays_step(batch, 1);
+        let (device_ms, ahead_ms) = if replays {
+            let twice = measure(&mut *model, &args, shape, args.output_len, Decode::Twice)?;
+            let ahead = measure(&mut *model, &args, shape, args.output_len, Decode::Ahead)?;
             if ahead.tokens != m.tokens {
                 anyhow::bail!(
                     "batch {batch}: decoding with each step queued ahead chose other tokens than \
@@ -55,12 +67,24 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
                 );
             }
             (
-                format!("{:.3}", (twice.decode_s - m.decode_s) * 1e3 / steps),
+                Some((twice.decode_s - m.decode_s) * 1e3 / steps),
                 format!("{:.3}", ahead.decode_s * 1e3 / steps),
             )
         } else {
-            ("-".to_string(), "-".to_string())
+            (None, "-".to_string())
         };
+        if args.verify_rows > 1 {
+            let decode = StepCost {
+                ms: step_ms,
+                device_ms,
+            };
+            let shape = Shape {
+                batch,
+                rows: args.verify_rows,
+            };
+            verified.push((batch, decode, verify_cost(&mut *model, &args, shape)?));
+        }
+        let device_ms = device_ms.map_or("-".to_string(), |ms| format!("{ms:.3}"));
         println!(
             "{batch:>6} {:>10.2} {:>12.0} {step_ms:>14.3} {:>12.0} {of_floor:>12} {:>12.3} \
              {device_ms:>14} {ahead_ms:>13}",
@@ -85,7 +109,76 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
          reach the host, fed them on the device (as the engine's async scheduling does), \
          its tokens checked against the plain decode's; '-' without graphs"
     );
+    if !verified.is_empty() {
+        print_verified(args.verify_rows, &verified);
+    }
     Ok(())
+}
+
+/// What one step costs: wall time, and the device's alone where graphs replay it.
+#[derive(Clone, Copy)]
+struct StepCost {
+    ms: f64,
+    device_ms: Option<f64>,
+}
+
+/// Times verification steps of `shape` (plain, then queued twice where a graph replays
+/// them).
+fn verify_cost(
+    model: &mut dyn LatencyModel,
+    args: &BenchLatencyArgs,
+    shape: Shape,
+) -> anyhow::Result<StepCost> {
+    measure(model, args, shape, 4, Decode::Plain)?;
+    let steps = args.output_len as f64;
+    let plain = measure(model, args, shape, args.output_len, Decode::Plain)?;
+    let device_ms = if model.replays_step(shape.batch, shape.rows) {
+        let twice = measure(model, args, shape, args.output_len, Decode::Twice)?;
+        Some((twice.decode_s - plain.decode_s) * 1e3 / steps)
+    } else {
+        None
+    };
+    Ok(StepCost {
+        ms: plain.decode_s * 1e3 / steps,
+        device_ms,
+    })
+}
+
+/// The verification steps' table: each batch's step of `rows` rows per sequence against its
+/// one-row decode step.
+fn print_verified(rows: usize, verified: &[(usize, StepCost, StepCost)]) {
+    println!(
+        "{:>6} {:>5} {:>14} {:>14} {:>8} {:>14} {:>14} {:>8}",
+        "batch",
+        "rows",
+        "verify_ms/step",
+        "decode_ms/step",
+        "ratio",
+        "verify_device",
+        "decode_device",
+        "ratio"
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for &(batch, decode, verify) in verified {
+        let device_ratio = match (verify.device_ms, decode.device_ms) {
+            (Some(v), Some(d)) => format!("{:.2}x", v / d),
+            _ => "-".to_string(),
+        };
+        println!(
+            "{batch:>6} {rows:>5} {:>14.3} {:>14.3} {:>7.2}x {:>14} {:>14} {device_ratio:>8}",
+            verify.ms,
+            decode.ms,
+            verify.ms / decode.ms,
+            ms(verify.device_ms),
+            ms(decode.device_ms),
+        );
+    }
+    println!(
+        "verify: steps of {rows} rows a sequence (its last token and {} drafts, all accepted, \
+         every row a logit row), on the GPU through verification graphs; ratio: against the \
+         one-row decode step of the same batch",
+        rows - 1
+    );
 }
 
 struct Timing {
@@ -109,19 +202,29 @@ enum Decode {
     Ahead,
 }
 
-/// Prefills `batch` sequences of `input_len` tokens in one step, then decodes `steps` steps
-/// of one token per sequence, each step asking logits for every sequence, driven as
-/// `decode` says (`Twice` and `Ahead` only where [`LatencyModel::replays_decode`] holds).
+/// The steps timed: `batch` sequences of `rows` rows each (1: decode).
+#[derive(Clone, Copy)]
+struct Shape {
+    batch: usize,
+    rows: usize,
+}
+
+/// Prefills `shape.batch` sequences of `input_len` tokens in one step, then decodes `steps`
+/// steps of `shape.rows` tokens per sequence, each step asking logits for every row (a
+/// sequence's next tokens: its rows' greedy tokens of the step before), driven as `decode`
+/// says (`Twice` and `Ahead` only where [`LatencyModel::replays_step`] holds; `Ahead` for
+/// one row alone).
 fn measure(
     model: &mut dyn LatencyModel,
     args: &BenchLatencyArgs,
-    batch: usize,
+    shape: Shape,
     steps: usize,
     decode: Decode,
 ) -> anyhow::Result<Timing> {
+    let Shape { batch, rows: per } = shape;
     let vocab = model.vocab_size() as u32;
     let bs = args.block_size;
-    let per_seq = (args.input_len + steps).div_ceil(bs);
+    let per_seq = (args.input_len + steps * per).div_ceil(bs);
     let tables: Vec<Vec<u32>> = (0..batch)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
@@ -143,15 +246,23 @@ fn measure(
     let plan = plan_at(0, args.input_len)?;
     let last_rows: Vec<usize> = (1..=batch).map(|s| s * args.input_len - 1).collect();
     let start = Instant::now();
-    let mut next = model.step(&prompt, &plan, &last_rows)?.tokens;
+    let first = model.step(&prompt, &plan, &last_rows)?.tokens;
     let prefill_s = start.elapsed().as_secs_f64();
-    let rows: Vec<usize> = (0..batch).collect();
+    let mut next: Vec<u32> = first
+        .iter()
+        .flat_map(|&t| std::iter::repeat_n(t, per))
+        .collect();
+    let rows: Vec<usize> = (0..batch * per).collect();
     let mut tokens = Vec::with_capacity(steps);
     let start = Instant::now();
     let mut host_s = 0.0;
     for step in 0..steps {
         let step_start = Instant::now();
         if decode == Decode::Ahead {
+            anyhow::ensure!(
+                per == 1,
+                "steps queued ahead are decode steps, one row a sequence"
+            );
             // The first step's tokens come from the host; every later one was queued by
             // the step before it.
             let this = (step == 0)
@@ -165,7 +276,7 @@ fn measure(
             tokens.push(next.clone());
             continue;
         }
-        let plan = plan_at(args.input_len + step, 1)?;
+        let plan = plan_at(args.input_len + step * per, per)?;
         if decode == Decode::Twice {
             model.queue_step(&next, &plan, &rows)?;
         }
