@@ -8,8 +8,8 @@
 mod common;
 
 use common::draft_rounds::{
-    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, BATCHES, BLOCK,
-    POOL_BLOCKS,
+    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, tokens_of,
+    BATCHES, BLOCK, POOL_BLOCKS,
 };
 use common::engine::{collect, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
@@ -18,7 +18,7 @@ use peregrine_actors::draft::{DraftMethod, DraftModel};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{
-    FinishReason, ProposeSeq, RequestId, SchedulerLimits, SchedulerMsg,
+    Drafted, FinishReason, ProposeSeq, RequestId, SchedulerLimits, SchedulerMsg,
 };
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
@@ -99,8 +99,8 @@ fn rounds(n: usize, fault: Option<u32>, mut check: impl FnMut(&Round)) {
     for round in 0..3 {
         let seqs = proposal(&tokens);
         let scratch_before = block_bits(graphs.cache(), scratch);
-        let eager_drafts = eager.propose(&seqs).unwrap();
-        let graph_drafts = graphs.propose(&seqs).unwrap();
+        let eager_drafts = tokens_of(eager.propose(&seqs).unwrap());
+        let graph_drafts = tokens_of(graphs.propose(&seqs).unwrap());
         check(&Round {
             n,
             round,
@@ -211,7 +211,7 @@ impl Watched {
 }
 
 impl DraftMethod for Watched {
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let before = self.scratch();
         let drafts = self.draft.propose(seqs)?;
         if self.scratch() != before {

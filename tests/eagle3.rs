@@ -717,6 +717,18 @@ async fn served(
     prompts: &[Vec<u32>],
     max_tokens: usize,
 ) -> Vec<(Vec<u32>, Usage)> {
+    let greedy = |_| SamplingParams::greedy();
+    served_sampling(target_dir, head_dir, prompts, &greedy, max_tokens).await
+}
+
+/// [`served`] with request `i` sampled as `params(i)` says.
+async fn served_sampling(
+    target_dir: &Path,
+    head_dir: Option<&Path>,
+    prompts: &[Vec<u32>],
+    params: &dyn Fn(usize) -> SamplingParams,
+    max_tokens: usize,
+) -> Vec<(Vec<u32>, Usage)> {
     let model = LlamaModel::load(target_dir).unwrap();
     let memory = 64 * ENGINE_BLOCK as u64 * model.kv_bytes_per_token();
     let target = cpu_backend(model, memory, ENGINE_BLOCK).unwrap();
@@ -736,7 +748,7 @@ async fn served(
         limits: SchedulerLimits {
             max_num_seqs: 8,
             max_num_batched_tokens: 48,
-            max_waiting: 1000,
+            max_waiting: prompts.len().max(1000),
             num_speculative_tokens: 3,
             speculative_adaptive: false,
         },
@@ -746,7 +758,7 @@ async fn served(
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
-        let params = SamplingParams::greedy();
+        let params = params(i);
         streams.push(submit(&engine.scheduler, i as u64, prompt, &params, max_tokens).await);
     }
     let mut out = Vec::new();
@@ -829,6 +841,114 @@ async fn accepted_eagle3_drafts_keep_greedy_outputs() {
             "request {i}"
         );
     }
+}
+
+/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
+/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
+const CHI2_8_DF_0_001: f64 = 26.124;
+
+/// Sampled requests draft from the head's distribution at their temperature and verify
+/// against it: the first two tokens (the second one verified, its draft accepted or
+/// rejected) keep the target's own distribution, by Pearson's chi-square over the 3 x 3
+/// cells that top-k 3 leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sampled_eagle3_drafts_keep_the_target_distribution() {
+    const DRAWS: usize = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 71);
+    target.write_hf(&dir.path().join("target"));
+    let prompt: Vec<u32> = vec![11, 12, 13, 11, 12, 13, 11, 12];
+    let params = |seed: usize| SamplingParams {
+        temperature: 0.7,
+        top_k: 3,
+        seed: Some(seed as u64),
+        ..SamplingParams::default()
+    };
+    let model = LlamaModel::load(&dir.path().join("target")).unwrap();
+    let sampler = peregrine_ops::sampling::Sampler::new(&params(0)).unwrap();
+    let dist = |tokens: &[u32]| {
+        let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
+        let table = [0u32, 1, 2, 3];
+        let spec = SeqSpec {
+            num_cached: 0,
+            num_new: tokens.len(),
+            block_table: &table,
+        };
+        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+        let logits = model
+            .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
+            .unwrap();
+        sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
+    };
+    // A head whose draft logits are all equal: each draft is drawn uniformly from draft
+    // ids 0..32 (its top 32, the first among equal logits), mapped first to the tokens
+    // the target keeps for the first two positions, then to the other ids in order.
+    let mut likely: Vec<u32> = dist(&prompt).iter().map(|&(t, _)| t).collect();
+    for (t1, _) in dist(&prompt) {
+        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
+        likely.extend(dist(&context).iter().map(|&(t, _)| t));
+    }
+    likely.sort_unstable();
+    likely.dedup();
+    let mut head = RandomHead::new(&HeadSpec::layers0(), &target.spec, 72);
+    let lm_head = head.tensors.get_mut("lm_head.weight").unwrap();
+    lm_head.1.iter_mut().for_each(|w| *w = 0.0);
+    let rest = (0..target.spec.vocab_size as u32).filter(|t| !likely.contains(t));
+    let order: Vec<u32> = likely.iter().copied().chain(rest).collect();
+    for (draft, offset) in head.d2t.iter_mut().enumerate() {
+        *offset = i64::from(order[draft]) - draft as i64;
+    }
+    head.write(&dir.path().join("head"));
+    let prompts = vec![prompt.clone(); DRAWS];
+    let (target_dir, head_dir) = (dir.path().join("target"), dir.path().join("head"));
+    let outs = served_sampling(&target_dir, Some(&head_dir), &prompts, &params, 3).await;
+    let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
+    let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
+    assert_eq!(drafts, DRAWS, "one draft each, for the second token");
+    // Each draft is drawn from q = 1/32 on order[..32] and accepted with probability
+    // sum_t min(p(t), q(t)) given the first token. (Verifying as if q were one-hot on the
+    // draft would keep the distribution too, but accept sum_t q(t) p(t) = 1/32: a third as
+    // often here.)
+    let q = 1.0 / 32.0;
+    let rate: f64 = dist(&prompt)
+        .iter()
+        .map(|&(t1, p1)| {
+            let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
+            let shared: f64 = dist(&context)
+                .iter()
+                .map(|&(t, p)| {
+                    let q = if order[..32].contains(&t) { q } else { 0.0 };
+                    p.min(q)
+                })
+                .sum();
+            p1 * shared
+        })
+        .sum();
+    let (mean, sd) = (
+        DRAWS as f64 * rate,
+        (DRAWS as f64 * rate * (1.0 - rate)).sqrt(),
+    );
+    assert!(
+        (accepted as f64 - mean).abs() < 5.0 * sd,
+        "{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}"
+    );
+    let (mut chi2, mut cells) = (0.0, 0);
+    for (t1, p1) in dist(&prompt) {
+        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
+        for (t2, p2) in dist(&context) {
+            let expected = DRAWS as f64 * p1 * p2;
+            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
+            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
+            chi2 += (seen as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, 9, "top-k 3 over two tokens");
+    assert!(
+        chi2 < CHI2_8_DF_0_001,
+        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001), {accepted} of {drafts} \
+         drafts accepted"
+    );
 }
 
 /// The CPU target pool of the model in `dir`: `NUM_BLOCKS` blocks of `BLOCK` tokens, the
@@ -924,8 +1044,9 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
                 tokens: tokens.into(),
                 block_table: blocks.clone(),
                 max_drafts: K,
+                sampling: None,
             };
-            method.propose(&[seq]).unwrap().remove(0)
+            method.propose(&[seq]).unwrap().remove(0).tokens
         };
         let drafts = propose(&tokens, &mut method);
         assert_eq!(
@@ -1045,8 +1166,9 @@ fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
             tokens: tokens.clone(),
             block_table: blocks.clone(),
             max_drafts,
+            sampling: None,
         };
-        let drafts = method.propose(&[seq]).unwrap().remove(0);
+        let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
         if max_drafts == 0 {
             assert!(drafts.is_empty(), "step {step}: {drafts:?}");
             assert_ne!(
@@ -1091,8 +1213,9 @@ fn each_prompt_chunk_runs_step_0_in_the_next_proposal() {
             tokens: tokens.clone(),
             block_table: blocks.clone(),
             max_drafts: if last_chunk { K } else { 0 },
+            sampling: None,
         };
-        let drafts = method.propose(&[seq]).unwrap().remove(0);
+        let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
         assert_ne!(
             head_kv(&method, &blocks, end - 1),
             before,
@@ -1131,8 +1254,9 @@ fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
             tokens: tokens.clone(),
             block_table: table.to_vec(),
             max_drafts: K,
+            sampling: None,
         };
-        method.propose(&[seq]).unwrap().remove(0)
+        method.propose(&[seq]).unwrap().remove(0).tokens
     };
     let mut rng = ChaCha8Rng::seed_from_u64(83);
     let mut random = |n: usize| -> Vec<u32> { (0..n).map(|_| rng.random_range(0..300)).collect() };

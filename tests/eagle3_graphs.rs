@@ -9,8 +9,8 @@
 mod common;
 
 use common::draft_rounds::{
-    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, BATCHES, BLOCK,
-    POOL_BLOCKS,
+    self, accept, assert_kv_only_where_owned, assert_same_drafts, pads, proposal, tokens_of,
+    BATCHES, BLOCK, POOL_BLOCKS,
 };
 use common::eagle3_head::{HeadSpec, RandomHead};
 use common::engine::run_all;
@@ -19,7 +19,9 @@ use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::draft::{DraftMethod, Eagle3};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::{HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage};
+use peregrine_actors::messages::{
+    Drafted, HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage,
+};
 use peregrine_models::eagle3::Eagle3Head;
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::SamplingParams;
@@ -133,8 +135,8 @@ fn rounds(n: usize, mut check: impl FnMut(&Round)) {
         graphs.receive_hidden(hidden(&fed));
         let seqs = proposal(&tokens);
         let scratch_before = block_bits(graphs.cache(), scratch);
-        let eager_drafts = eager.propose(&seqs).unwrap();
-        let graph_drafts = graphs.propose(&seqs).unwrap();
+        let eager_drafts = tokens_of(eager.propose(&seqs).unwrap());
+        let graph_drafts = tokens_of(graphs.propose(&seqs).unwrap());
         check(&Round {
             n,
             round,
@@ -211,12 +213,12 @@ impl Watched {
 }
 
 impl DraftMethod for Watched {
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let before = self.scratch();
         let drafts = self.method.propose(seqs)?;
         let want = self.eager.propose(seqs)?;
         let mut seen = self.seen.lock().unwrap();
-        seen.proposals += usize::from(drafts.iter().any(|d| !d.is_empty()));
+        seen.proposals += usize::from(drafts.iter().any(|d| !d.tokens.is_empty()));
         seen.mismatches += usize::from(drafts != want);
         seen.scratch_writes += usize::from(self.scratch() != before);
         Ok(drafts)

@@ -14,7 +14,7 @@
 
 use crate::graphs::CaptureSizes;
 use peregrine_config::MAX_SPECULATIVE_TOKENS;
-use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
+use peregrine_ops::sampling::{DraftDist, SamplingParams, TokenLogprobs};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -186,6 +186,9 @@ pub struct ScheduledSeq {
     /// How many of the last `tokens` are draft tokens to verify (0: a plain chunk). The
     /// runner then takes logits at the last `num_drafts + 1` rows.
     pub num_drafts: usize,
+    /// The distribution each draft was sampled from (`num_drafts` of them), for a sampled
+    /// request's verification; `None` for greedy drafts.
+    pub draft_dists: Option<Vec<DraftDist>>,
     /// Set the first time the runner sees the request (and again after a preemption it
     /// is not: the runner keeps the sampler state until the request is released).
     pub setup: Option<SamplingSetup>,
@@ -279,6 +282,45 @@ pub struct ProposeSeq {
     pub block_table: Vec<u32>,
     /// The most drafts to propose.
     pub max_drafts: usize,
+    /// How its drafts are drawn: `None` greedily.
+    pub sampling: Option<DraftSampling>,
+}
+
+/// How a sampled request's drafts are drawn: from the drafter's distribution at the
+/// request's temperature (a drafter that has one; the others draft greedily), with the
+/// drafter's own random numbers, seeded from the request's seed where it has one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DraftSampling {
+    pub temperature: f32,
+    pub seed: Option<u64>,
+}
+
+/// One sequence's drafts as the drafter proposed them.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Drafted {
+    /// The draft tokens, in order.
+    pub tokens: Vec<u32>,
+    /// The distribution each draft was sampled from (`q` of verification), one per token;
+    /// `None` for greedy drafts (a one-hot `q`).
+    pub dists: Option<Vec<DraftDist>>,
+}
+
+impl Drafted {
+    /// Greedy drafts.
+    pub fn greedy(tokens: Vec<u32>) -> Drafted {
+        Drafted {
+            tokens,
+            dists: None,
+        }
+    }
+
+    /// Keeps the first `n` drafts (and their distributions).
+    pub fn truncate(&mut self, n: usize) {
+        self.tokens.truncate(n);
+        if let Some(dists) = &mut self.dists {
+            dists.truncate(n);
+        }
+    }
 }
 
 /// A running sequence the draft proposer drafts for this step, as a change to what the
@@ -295,6 +337,8 @@ pub struct ProposeDelta {
     pub new_blocks: Vec<u32>,
     /// The most drafts to propose.
     pub max_drafts: usize,
+    /// How its drafts are drawn: `None` greedily.
+    pub sampling: Option<DraftSampling>,
 }
 
 /// The scheduler's one message to the draft proposer per step.
@@ -315,7 +359,7 @@ pub struct Propose {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Drafts {
     pub step: u64,
-    pub drafts: Vec<(RequestId, Vec<u32>)>,
+    pub drafts: Vec<(RequestId, Drafted)>,
 }
 
 /// Messages to the draft proposer (on its own thread), handled in order, so a capture runs

@@ -14,7 +14,7 @@ use crate::messages::{
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
-use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, Sampler};
+use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -43,6 +43,8 @@ struct RunSeq {
     kept_blocks: usize,
     sample: bool,
     num_drafts: usize,
+    /// The distributions the drafts were sampled from (`None`: greedy drafts).
+    draft_dists: Option<Vec<DraftDist>>,
 }
 
 /// The runner's state, living on its thread.
@@ -165,6 +167,7 @@ impl TargetRunner {
             kept_blocks: seq.kept_blocks,
             sample: seq.sample,
             num_drafts: seq.num_drafts,
+            draft_dists: seq.draft_dists,
         }
     }
 
@@ -345,11 +348,22 @@ impl TargetRunner {
             let n = s.num_drafts.min(s.tokens.len() - 1);
             let own: Vec<&[f32]> = rows.by_ref().take(n + 1).collect();
             let drafts = &s.tokens[s.tokens.len() - n..];
+            // Sampled drafts are verified against the distributions they came from.
+            let dists = match s.draft_dists.as_deref() {
+                Some(d) if d.len() != n => {
+                    return Err(anyhow!(
+                        "{}: {} draft distributions for {n} drafts",
+                        s.id,
+                        d.len()
+                    ))
+                }
+                dists => dists,
+            };
             let verdict = verify(
                 &mut state.sampler,
                 &own,
                 drafts,
-                None,
+                dists,
                 &state.prompt,
                 &state.output,
             );

@@ -3,7 +3,7 @@
 //! fourth 2, so that the steps after the first hold fewer sequences than the first.
 
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::{ProposeSeq, RequestId};
+use peregrine_actors::messages::{Drafted, ProposeSeq, RequestId};
 use peregrine_ops::KvCache;
 
 /// Tokens per KV block.
@@ -55,6 +55,7 @@ pub fn proposal(tokens: &[Vec<u32>]) -> Vec<ProposeSeq> {
                 .map(|j| block_of(i, j))
                 .collect(),
             max_drafts: max_drafts(i),
+            sampling: None,
         })
         .collect()
 }
@@ -136,4 +137,9 @@ pub fn assert_kv_only_where_owned(
             assert!(got == zeros, "{at}: block {block}, owned by none, written");
         }
     }
+}
+
+/// The draft tokens of each sequence of a proposal.
+pub fn tokens_of(drafts: Vec<Drafted>) -> Vec<Vec<u32>> {
+    drafts.into_iter().map(|d| d.tokens).collect()
 }

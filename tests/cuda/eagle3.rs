@@ -292,12 +292,20 @@ fn head_graphs_draft_exactly_as_eager_steps_and_pad_into_the_scratch_block() {
             &plan,
             &mut eager_cache,
             &rows,
+            false,
         )
         .unwrap();
     let first_graphed = {
         let mut cache = graph_cache.lock().unwrap();
         graphed
-            .forward_greedy(&tokens, HeadInput::Aux(&aux), &plan, &mut cache, &rows)
+            .forward_greedy(
+                &tokens,
+                HeadInput::Aux(&aux),
+                &plan,
+                &mut cache,
+                &rows,
+                false,
+            )
             .unwrap()
     };
     assert_eq!(first, first_graphed, "step 0 on two copies of the head");
@@ -317,6 +325,8 @@ fn head_graphs_draft_exactly_as_eager_steps_and_pad_into_the_scratch_block() {
         let step_specs: Vec<SeqSpec> = specs_at(&specs, step + 1)[..m].to_vec();
         let plan = AttentionPlan::new(&step_specs, BLOCK, NUM_BLOCKS).unwrap();
         let (tokens, input) = (&drafts[..m], &pre[..m * h]);
+        // Every other step also brings the logits back (a sampled request's drafts).
+        let logits = step % 2 == 1;
         let want = eager
             .forward_greedy(
                 tokens,
@@ -324,10 +334,13 @@ fn head_graphs_draft_exactly_as_eager_steps_and_pad_into_the_scratch_block() {
                 &plan,
                 &mut eager_cache,
                 &(0..m).collect::<Vec<_>>(),
+                logits,
             )
             .unwrap();
         let graph = graphs.iter().rev().find(|g| g.size() >= m).unwrap();
-        let got = graph.replay(tokens, input, &plan).unwrap();
+        let got = graph.replay(tokens, input, &plan, logits).unwrap();
+        assert_eq!(got.logits.is_some(), logits);
+        assert_eq!(got.logits, want.logits, "step {step}: logits");
         assert_eq!(
             got.drafts,
             want.drafts,
@@ -456,9 +469,12 @@ fn a_catch_up_past_the_buffers_drafts_as_one_forward_does() {
     let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
     let aux = random_f32(&mut rng, total * whole.aux_width(), 2.0);
     let input = HeadInput::Aux(&aux);
-    let want = whole.run(&specs, &tokens, input, &rows).unwrap();
-    let got = cut.run(&specs, &tokens, input, &rows).unwrap();
-    assert_eq!(got.0, want.0, "drafts");
+    let want = whole.run(&specs, &tokens, input, &rows, true).unwrap();
+    let got = cut.run(&specs, &tokens, input, &rows, true).unwrap();
+    assert_eq!(got.greedy, want.greedy, "drafts");
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&got.1), bits(&want.1), "pre");
+    assert_eq!(bits(&got.pre), bits(&want.pre), "pre");
+    let (got, want) = (got.logits.unwrap(), want.logits.unwrap());
+    assert_eq!(got.len(), rows.len() * whole.vocab().len());
+    assert_eq!(bits(&got), bits(&want), "logits");
 }

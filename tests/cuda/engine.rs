@@ -7,7 +7,7 @@ use crate::common::eagle3_head::{HeadSpec, RandomHead};
 use crate::common::engine::{collect, counter, requests, run_all, submit};
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
-use crate::model::gpu_sized;
+use crate::model::{gpu_model, gpu_sized};
 use crate::setup;
 use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::backend::{
@@ -18,7 +18,9 @@ use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
 use peregrine_models::LlamaModel;
+use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::sampling::SamplingParams;
+use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::path::Path;
 
 const MAX_TOKENS: usize = 16;
@@ -69,7 +71,7 @@ fn gpu_engine_drafting(
         limits: SchedulerLimits {
             max_num_seqs: 32,
             max_num_batched_tokens: 64,
-            max_waiting: 1000,
+            max_waiting: 4000,
             num_speculative_tokens: k,
             speculative_adaptive: false,
         },
@@ -305,4 +307,138 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             "the EAGLE-3 head's graphs changed what its drafts were accepted"
         );
     });
+}
+
+/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
+/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
+const CHI2_8_DF_0_001: f64 = 26.124;
+
+/// The GPU twin of `sampled_eagle3_drafts_keep_the_target_distribution` (tests/eagle3.rs):
+/// sampled requests draft from the GPU head's distribution (its draft logits all equal: q
+/// = 1/32 on the ids the draft vocabulary maps first, the target's likely tokens among
+/// them), through the head's graphs, and verify against it. The first two tokens keep the
+/// target's distribution (its own, from the GPU model), by Pearson's chi-square, and the
+/// drafts are accepted as often as sum_t min(p(t), q(t)) says, which a one-hot q would not
+/// give.
+#[test]
+fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
+    if setup().is_none() {
+        return;
+    }
+    const DRAWS: usize = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let target_spec = gpu_sized(TinySpec::llama_tiny());
+    TinyModel::random(target_spec.clone(), 31).write_hf(dir.path());
+    let prompt: Vec<u32> = vec![11, 12, 13, 11, 12, 13, 11, 12];
+    let params = |seed: u64| SamplingParams {
+        temperature: 0.7,
+        top_k: 3,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let mut model = gpu_model(dir.path(), false);
+    let sampler = peregrine_ops::sampling::Sampler::new(&params(0)).unwrap();
+    let mut dist = |tokens: &[u32]| {
+        let layers = model.config().num_layers;
+        let layout = model.kv_layout(8, 16);
+        let mut cache = GpuKvCache::new(model.gpu(), layers, layout).unwrap();
+        let table = [0u32, 1, 2, 3];
+        let spec = SeqSpec {
+            num_cached: 0,
+            num_new: tokens.len(),
+            block_table: &table,
+        };
+        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+        let last = [tokens.len() - 1];
+        let logits = model
+            .forward_to_host(tokens, &plan, &mut cache, &last)
+            .unwrap();
+        sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
+    };
+    let first = dist(&prompt);
+    let second: Vec<Vec<(u32, f64)>> = first
+        .iter()
+        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
+        .collect();
+    drop(model);
+    let mut likely: Vec<u32> = first.iter().map(|&(t, _)| t).collect();
+    likely.extend(second.iter().flatten().map(|&(t, _)| t));
+    likely.sort_unstable();
+    likely.dedup();
+    let head_dir = dir.path().join("eagle3");
+    let head_spec = HeadSpec {
+        aux_ids: Some(vec![1, 0, 1]),
+        ..gpu_head_spec(true, false)
+    };
+    let mut head = RandomHead::new(&head_spec, &target_spec, 32);
+    let lm_head = head.tensors.get_mut("lm_head.weight").unwrap();
+    lm_head.1.iter_mut().for_each(|w| *w = 0.0);
+    let rest = (0..target_spec.vocab_size as u32).filter(|t| !likely.contains(t));
+    let order: Vec<u32> = likely.iter().copied().chain(rest).collect();
+    for (draft, offset) in head.d2t.iter_mut().enumerate() {
+        *offset = i64::from(order[draft]) - draft as i64;
+    }
+    head.write(&head_dir);
+    let drafter = |target: &mut dyn ModelBackend,
+                   beside: Option<DraftBeside>|
+     -> Option<Box<dyn DraftMethod>> {
+        let Some(DraftBeside::Eagle3Head(head, limits)) = beside else {
+            panic!("the backend loaded no EAGLE-3 head");
+        };
+        let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
+        Some(Box::new(Eagle3::with_runner(runner)))
+    };
+    let reqs: Vec<(Vec<u32>, SamplingParams)> = (0..DRAWS as u64)
+        .map(|seed| (prompt.clone(), params(seed)))
+        .collect();
+    let gpu_draft = Some(GpuDraft::Eagle3Head(head_dir));
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let outs = runtime.block_on(async {
+        let engine = gpu_engine_drafting(dir.path(), false, drafter, 3, gpu_draft, false);
+        engine
+            .graphs
+            .capture(Some(CaptureSizes::for_max_num_seqs(32)))
+            .await
+            .unwrap();
+        run_all(&engine.scheduler, &reqs, 3).await
+    });
+    let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
+    let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
+    assert_eq!(drafts, DRAWS, "one draft each, for the second token");
+    let q = |t: u32| {
+        if order[..32].contains(&t) {
+            1.0 / 32.0
+        } else {
+            0.0
+        }
+    };
+    let rate: f64 = first
+        .iter()
+        .zip(&second)
+        .map(|(&(_, p1), next)| p1 * next.iter().map(|&(t, p)| p.min(q(t))).sum::<f64>())
+        .sum();
+    let (mean, sd) = (
+        DRAWS as f64 * rate,
+        (DRAWS as f64 * rate * (1.0 - rate)).sqrt(),
+    );
+    eprintln!("{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}");
+    assert!(
+        (accepted as f64 - mean).abs() < 5.0 * sd,
+        "acceptance off its expectation"
+    );
+    let (mut chi2, mut cells) = (0.0, 0);
+    for (&(t1, p1), next) in first.iter().zip(&second) {
+        for &(t2, p2) in next {
+            let expected = DRAWS as f64 * p1 * p2;
+            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
+            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
+            chi2 += (seen as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, 9, "top-k 3 over two tokens");
+    assert!(
+        chi2 < CHI2_8_DF_0_001,
+        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001)"
+    );
 }

@@ -19,7 +19,8 @@ pub fn gpu_sized(mut spec: TinySpec) -> TinySpec {
     spec
 }
 
-fn gpu_model(dir: &Path, deterministic: bool) -> GpuLlama {
+/// The checkpoint in `dir` on the test GPU, its products as `serve` takes them by default.
+pub fn gpu_model(dir: &Path, deterministic: bool) -> GpuLlama {
     let s = setup().expect("a GPU");
     let options = GpuModelOptions {
         max_tokens: 2048,

@@ -8,7 +8,7 @@ use super::progress::DraftProgress;
 use super::DraftMethod;
 use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput, StepSource, Wanted};
 use crate::graphs::CaptureSizes;
-use crate::messages::{ProposeSeq, RequestId};
+use crate::messages::{Drafted, ProposeSeq, RequestId};
 use anyhow::{bail, Context};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 
@@ -126,12 +126,14 @@ fn greedy(
 }
 
 impl DraftMethod for BackendDraft {
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let backend = self.backend.as_mut();
-        self.progress
+        let drafts = self
+            .progress
             .propose(seqs, &mut |specs, tokens, _rows, _decode| {
                 greedy(backend, specs, tokens)
-            })
+            })?;
+        Ok(drafts.into_iter().map(Drafted::greedy).collect())
     }
 
     fn release(&mut self, id: RequestId) {

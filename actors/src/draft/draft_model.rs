@@ -12,7 +12,7 @@ use super::progress::DraftProgress;
 use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuDecodeGraphs};
-use crate::messages::{ProposeSeq, RequestId};
+use crate::messages::{Drafted, ProposeSeq, RequestId};
 use anyhow::Context;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::sampling::{Sampler, SamplingParams};
@@ -149,12 +149,14 @@ impl CpuDraftForward {
 }
 
 impl DraftMethod for DraftModel {
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let forward = &mut self.forward;
-        self.progress
+        let drafts = self
+            .progress
             .propose(seqs, &mut |specs, tokens, rows, decode| {
                 forward.run(specs, tokens, rows, decode)
-            })
+            })?;
+        Ok(drafts.into_iter().map(Drafted::greedy).collect())
     }
 
     fn release(&mut self, id: RequestId) {

@@ -11,7 +11,10 @@
 //! it plans, prompt chunks and requests with no room for drafts included, so a row waits
 //! one step at most. Once step 0 has reached the last token, its last row gives the first
 //! draft; steps 1.. run one row per request at the next position, fed the previous `pre`.
-//! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`.
+//! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`, for
+//! greedy requests; a sampled request's drafts are drawn from the head's distribution at
+//! its temperature (`DraftSampler`: the top draft logits, its own seeded stream) and go to
+//! verification with that distribution.
 //!
 //! Steps 1.. replay captured graphs of the head's decode step when graphs are captured
 //! and a size holds the batch, padded up to it (the padded rows repeat the last real
@@ -26,14 +29,15 @@
 //! check, gets no drafts; its output is unchanged.
 
 use super::head_blocks::{HeadBlocks, SeqBlocks};
-use super::head_runner::{CpuHead, HeadRunner};
+use super::head_runner::{CpuHead, HeadRunner, HeadStep};
 use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::CaptureSizes;
-use crate::messages::{HiddenRows, ProposeSeq, RequestId};
+use crate::messages::{Drafted, HiddenRows, ProposeSeq, RequestId};
 use crate::metrics;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
+use peregrine_ops::sampling::{DraftDist, DraftSampler};
 use peregrine_ops::{KvCache, SeqSpec};
 use std::collections::HashMap;
 use std::time::Instant;
@@ -52,6 +56,8 @@ struct HeadSeq {
     unchecked_prefix: bool,
     /// The blocks it marked or checked.
     blocks: SeqBlocks,
+    /// A sampled request's draft sampler, made at its first sampled draft.
+    sampler: Option<DraftSampler>,
 }
 
 /// The EAGLE-3 method, its head run by `R` (on the CPU by default).
@@ -86,6 +92,54 @@ impl<R: HeadRunner> Eagle3<R> {
             runner,
             seqs: HashMap::new(),
         }
+    }
+}
+
+/// One draft: its token and, for a sampled request, the distribution it was drawn from.
+type Draft = (u32, Option<DraftDist>);
+
+/// Appends `draft` to a request's drafts.
+fn push_draft(drafted: &mut Drafted, (token, dist): Draft) {
+    drafted.tokens.push(token);
+    if let (Some(dists), Some(dist)) = (&mut drafted.dists, dist) {
+        dists.push(dist);
+    }
+}
+
+impl<R: HeadRunner> Eagle3<R> {
+    /// The draft of each of `which` (indices into `live`, logit row `j` for `which[j]`) of
+    /// `step` that drafts: the greedy one, or for a sampled request one drawn by its draft
+    /// sampler from the row's logits.
+    fn pick(
+        &mut self,
+        seqs: &[ProposeSeq],
+        live: &[usize],
+        which: &[usize],
+        drafting: &[bool],
+        step: &HeadStep,
+    ) -> anyhow::Result<Vec<Option<Draft>>> {
+        let v = self.runner.vocab().len();
+        let mut out = Vec::with_capacity(which.len());
+        for (j, &k) in which.iter().enumerate() {
+            if !drafting[k] {
+                out.push(None);
+                continue;
+            }
+            let s = &seqs[live[k]];
+            let (Some(sampling), Some(logits)) = (s.sampling, &step.logits) else {
+                out.push(Some((step.greedy[j], None)));
+                continue;
+            };
+            let state = self.seqs.get_mut(&s.id).expect("live above");
+            let sampler = match &mut state.sampler {
+                Some(sampler) => sampler,
+                slot => slot.insert(DraftSampler::new(sampling.temperature, sampling.seed)?),
+            };
+            let vocab = self.runner.vocab();
+            let (token, dist) = sampler.draw(&logits[j * v..(j + 1) * v], |i| vocab.target(i));
+            out.push(Some((token, Some(dist))));
+        }
+        Ok(out)
     }
 }
 
@@ -129,9 +183,15 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         }
     }
 
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let w = self.width;
-        let mut drafts = vec![Vec::new(); seqs.len()];
+        let mut drafts: Vec<Drafted> = seqs
+            .iter()
+            .map(|s| Drafted {
+                tokens: Vec::new(),
+                dists: s.sampling.map(|_| Vec::new()),
+            })
+            .collect();
         // Step 0: the rows at positions the target has run, up to the one before the
         // last token (whose successor, the next token, is not known yet).
         let (mut live, mut ends, mut drafting) = (vec![], vec![], vec![]);
@@ -181,19 +241,24 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         if live.is_empty() {
             return Ok(drafts);
         }
+        // The logits come back where a sampled request drafts.
+        let sampled = |k: &usize| drafting[*k] && seqs[live[*k]].sampling.is_some();
+        let logits = (0..live.len()).any(|k| sampled(&k));
         let started = Instant::now();
-        let (first, pre) = self
+        let step = self
             .runner
-            .run(&specs, &tokens, HeadInput::Aux(&features), &rows)?;
+            .run(&specs, &tokens, HeadInput::Aux(&features), &rows, logits)?;
         metrics::record_head_step(true, started.elapsed());
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
             .iter()
-            .map(|&r| pre[r * h..(r + 1) * h].to_vec())
+            .map(|&r| step.pre[r * h..(r + 1) * h].to_vec())
             .collect();
-        for (k, (&i, d)) in live.iter().zip(first).enumerate() {
-            if drafting[k] {
-                drafts[i].push(d);
+        let all: Vec<usize> = (0..live.len()).collect();
+        let firsts = self.pick(seqs, &live, &all, &drafting, &step)?;
+        for (k, (&i, first)) in live.iter().zip(firsts).enumerate() {
+            if let Some(first) = first {
+                push_draft(&mut drafts[i], first);
             }
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
             state.computed = ends[k];
@@ -205,7 +270,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         // Steps 1..: one row per request that wants more, at the next position.
         loop {
             let more: Vec<usize> = (0..live.len())
-                .filter(|&k| drafting[k] && drafts[live[k]].len() < seqs[live[k]].max_drafts)
+                .filter(|&k| drafting[k] && drafts[live[k]].tokens.len() < seqs[live[k]].max_drafts)
                 .collect();
             if more.is_empty() {
                 return Ok(drafts);
@@ -215,7 +280,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 .map(|&k| {
                     let s = &seqs[live[k]];
                     SeqSpec {
-                        num_cached: s.tokens.len() - 2 + drafts[live[k]].len(),
+                        num_cached: s.tokens.len() - 2 + drafts[live[k]].tokens.len(),
                         num_new: 1,
                         block_table: &s.block_table,
                     }
@@ -223,18 +288,20 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 .collect();
             let tokens: Vec<u32> = more
                 .iter()
-                .map(|&k| *drafts[live[k]].last().expect("step 0 drafted"))
+                .map(|&k| *drafts[live[k]].tokens.last().expect("step 0 drafted"))
                 .collect();
             let input: Vec<f32> = more.iter().flat_map(|&k| last_pre[k].clone()).collect();
             let rows: Vec<usize> = (0..more.len()).collect();
+            let logits = more.iter().any(sampled);
             let started = Instant::now();
-            let (next, pre) = self
+            let step = self
                 .runner
-                .run(&specs, &tokens, HeadInput::Pre(&input), &rows)?;
+                .run(&specs, &tokens, HeadInput::Pre(&input), &rows, logits)?;
             metrics::record_head_step(false, started.elapsed());
+            let next = self.pick(seqs, &live, &more, &drafting, &step)?;
             for (j, (&k, d)) in more.iter().zip(next).enumerate() {
-                drafts[live[k]].push(d);
-                last_pre[k] = pre[j * h..(j + 1) * h].to_vec();
+                push_draft(&mut drafts[live[k]], d.expect("a request that drafts"));
+                last_pre[k] = step.pre[j * h..(j + 1) * h].to_vec();
             }
         }
     }

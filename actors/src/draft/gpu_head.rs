@@ -4,13 +4,13 @@
 //! forwards that fit them.
 
 use super::backend_draft::forwards;
-use super::head_runner::HeadRunner;
+use super::head_runner::{HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
-use peregrine_models::eagle3::{Eagle3Config, FeatureKind, HeadInput};
+use peregrine_models::eagle3::{DraftVocab, Eagle3Config, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
@@ -108,7 +108,8 @@ impl GpuHead {
         tokens: &[u32],
         input: HeadInput,
         rows: &[usize],
-    ) -> anyhow::Result<Option<(Vec<u32>, Vec<f32>)>> {
+        logits: bool,
+    ) -> anyhow::Result<Option<HeadStep>> {
         let (Some(graphs), HeadInput::Pre(pre)) = (&self.graphs, input) else {
             return Ok(None);
         };
@@ -119,9 +120,13 @@ impl GpuHead {
         match graphs.graph_for(plan.seqs().len()) {
             Some((_, graph)) if longest <= graph.max_context() => {
                 let out = graph
-                    .replay(tokens, pre, plan)
+                    .replay(tokens, pre, plan, logits)
                     .context("EAGLE-3 head graph replay")?;
-                Ok(Some((out.drafts, out.pre)))
+                Ok(Some(HeadStep {
+                    greedy: out.drafts,
+                    logits: out.logits,
+                    pre: out.pre,
+                }))
             }
             _ => Ok(None),
         }
@@ -131,6 +136,10 @@ impl GpuHead {
 impl HeadRunner for GpuHead {
     fn config(&self) -> &Eagle3Config {
         self.head.config()
+    }
+
+    fn vocab(&self) -> &DraftVocab {
+        self.head.vocab()
     }
 
     fn aux_layers(&self) -> &[usize] {
@@ -153,10 +162,11 @@ impl HeadRunner for GpuHead {
         tokens: &[u32],
         input: HeadInput,
         rows: &[usize],
-    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
+        logits: bool,
+    ) -> anyhow::Result<HeadStep> {
         let (block_size, num_blocks) = (self.block_size, self.num_blocks);
         let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
-        if let Some(out) = self.replay(&plan, tokens, input, rows)? {
+        if let Some(out) = self.replay(&plan, tokens, input, rows, logits)? {
             return Ok(out);
         }
         let cap = self.capacity;
@@ -167,15 +177,21 @@ impl HeadRunner for GpuHead {
         if fits {
             let out = self
                 .head
-                .forward_greedy(tokens, input, &plan, &mut cache, rows)
+                .forward_greedy(tokens, input, &plan, &mut cache, rows, logits)
                 .context("EAGLE-3 head forward")?;
-            return Ok((out.drafts, out.pre));
+            return Ok(HeadStep {
+                greedy: out.drafts,
+                logits: out.logits,
+                pre: out.pre,
+            });
         }
         // A catch-up past the buffers: in forwards they hold.
         let (kind, features) = input.parts();
         let h = self.hidden_size();
         let width = features.len() / tokens.len().max(1);
+        let v = self.head.vocab().len();
         let mut drafts = vec![0; rows.len()];
+        let mut all_logits = logits.then(|| vec![0.0; rows.len() * v]);
         let mut pre = vec![0.0; tokens.len() * h];
         // The forward row each token lands on, in the forward being run.
         let mut local_row = vec![None; tokens.len()];
@@ -208,16 +224,23 @@ impl HeadRunner for GpuHead {
             };
             let out = self
                 .head
-                .forward_greedy(&ids, input, &plan, &mut cache, &local)
+                .forward_greedy(&ids, input, &plan, &mut cache, &local, logits)
                 .context("EAGLE-3 head forward")?;
-            for (i, d) in wanted.into_iter().zip(out.drafts) {
+            for (j, (&i, d)) in wanted.iter().zip(out.drafts).enumerate() {
                 drafts[i] = d;
+                if let (Some(all), Some(got)) = (&mut all_logits, &out.logits) {
+                    all[i * v..(i + 1) * v].copy_from_slice(&got[j * v..(j + 1) * v]);
+                }
             }
             for (j, &t) in from.iter().enumerate() {
                 pre[t * h..(t + 1) * h].copy_from_slice(&out.pre[j * h..(j + 1) * h]);
             }
         }
-        Ok((drafts, pre))
+        Ok(HeadStep {
+            greedy: drafts,
+            logits: all_logits,
+            pre,
+        })
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

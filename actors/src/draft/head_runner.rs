@@ -5,14 +5,27 @@
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
-use peregrine_models::eagle3::{Eagle3Config, Eagle3Head, HeadInput};
+use peregrine_models::eagle3::{DraftVocab, Eagle3Config, Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+
+/// What one step of the head gives.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeadStep {
+    /// The greedy draft (a target id) of each logit row.
+    pub greedy: Vec<u32>,
+    /// The draft-vocabulary logits of each logit row (`[rows, V_d]`), where asked.
+    pub logits: Option<Vec<f32>>,
+    /// `pre` of every row (`[tokens, H]`).
+    pub pre: Vec<f32>,
+}
 
 /// An EAGLE-3 head with its KV cache, on some device.
 pub trait HeadRunner: Send {
     /// The head's configuration.
     fn config(&self) -> &Eagle3Config;
+    /// Its draft vocabulary (draft id to target id).
+    fn vocab(&self) -> &DraftVocab;
     /// The target layers whose inputs feed the head, in concatenation order.
     fn aux_layers(&self) -> &[usize];
     /// The width of one row of target features (the aux layers' inputs side by side).
@@ -28,16 +41,17 @@ pub trait HeadRunner: Send {
     /// Bytes one block takes in the K or V tensor of its one-layer cache.
     fn kv_bytes_per_block(&self) -> u64;
     /// The forward of `tokens` (those of `specs`, one after another) fed `input`, writing
-    /// the head's KV; the greedy draft (a target id) of each row of `rows`, and `pre` of
-    /// every row (`[tokens, H]`). A step fed `pre` replays a captured graph when one serves
-    /// it.
+    /// the head's KV: the greedy draft of each row of `rows` (and its logits with
+    /// `logits`), and `pre` of every row. A step fed `pre` replays a captured graph when
+    /// one serves it.
     fn run(
         &mut self,
         specs: &[SeqSpec],
         tokens: &[u32],
         input: HeadInput,
         rows: &[usize],
-    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)>;
+        logits: bool,
+    ) -> anyhow::Result<HeadStep>;
     /// Captures the head's decode step for every size of `sizes`, replacing the graphs held
     /// (on failure they stay); `None` drops them.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()>;
@@ -46,6 +60,10 @@ pub trait HeadRunner: Send {
 impl HeadRunner for Box<dyn HeadRunner> {
     fn config(&self) -> &Eagle3Config {
         (**self).config()
+    }
+
+    fn vocab(&self) -> &DraftVocab {
+        (**self).vocab()
     }
 
     fn aux_layers(&self) -> &[usize] {
@@ -66,8 +84,9 @@ impl HeadRunner for Box<dyn HeadRunner> {
         tokens: &[u32],
         input: HeadInput,
         rows: &[usize],
-    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
-        (**self).run(specs, tokens, input, rows)
+        logits: bool,
+    ) -> anyhow::Result<HeadStep> {
+        (**self).run(specs, tokens, input, rows, logits)
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
@@ -117,6 +136,10 @@ impl HeadRunner for CpuHead {
         self.head.config()
     }
 
+    fn vocab(&self) -> &DraftVocab {
+        self.head.vocab()
+    }
+
     fn aux_layers(&self) -> &[usize] {
         self.head.aux_layers()
     }
@@ -136,7 +159,8 @@ impl HeadRunner for CpuHead {
         tokens: &[u32],
         input: HeadInput,
         rows: &[usize],
-    ) -> anyhow::Result<(Vec<u32>, Vec<f32>)> {
+        logits: bool,
+    ) -> anyhow::Result<HeadStep> {
         let layout = self.cache.layout();
         let plan = &AttentionPlan::new(specs, layout.block_size as usize, layout.num_blocks)?;
         let replayed = match (&mut self.graphs, input) {
@@ -152,7 +176,11 @@ impl HeadRunner for CpuHead {
                 .forward(tokens, input, plan, &mut self.cache, rows)
                 .context("EAGLE-3 head forward")?,
         };
-        Ok((self.head.vocab().greedy(&out.logits), out.pre))
+        Ok(HeadStep {
+            greedy: self.head.vocab().greedy(&out.logits),
+            logits: logits.then_some(out.logits),
+            pre: out.pre,
+        })
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

@@ -26,12 +26,12 @@ pub use draft_model::DraftModel;
 pub use eagle3::Eagle3;
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
-pub use head_runner::{CpuHead, HeadRunner};
+pub use head_runner::{CpuHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 
 use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::graphs::CaptureSizes;
-use crate::messages::{Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
+use crate::messages::{Drafted, Drafts, HiddenRows, Propose, ProposeSeq, ProposerMsg, RequestId};
 use anyhow::{anyhow, bail};
 use peregrine_kernels::cpu::KvLayout;
 use std::collections::HashMap;
@@ -40,8 +40,10 @@ use tokio::sync::oneshot;
 
 /// A way of proposing draft tokens.
 pub trait DraftMethod: Send {
-    /// Up to `max_drafts` drafts for each sequence, in the order of `seqs`.
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>>;
+    /// Up to `max_drafts` drafts for each sequence, in the order of `seqs`: sampled, with
+    /// the distributions they were drawn from, where the sequence asks it and the method
+    /// has a distribution; greedy otherwise.
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>>;
     /// Forgets what the method holds for `id` (it ended or was preempted).
     fn release(&mut self, id: RequestId);
     /// The target layers whose inputs the method reads, if it reads any.
@@ -144,6 +146,7 @@ fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyho
                 tokens,
                 block_table,
                 max_drafts: delta.max_drafts,
+                sampling: delta.sampling,
             }
         })
         .collect();
@@ -211,6 +214,7 @@ mod tests {
             kept_blocks: 0,
             new_blocks: vec![0, 1],
             max_drafts,
+            sampling: None,
         }
     }
 
@@ -226,7 +230,10 @@ mod tests {
             ..Propose::default()
         };
         let drafts = run(&mut method, &mut held, propose).unwrap();
-        assert_eq!(drafts.drafts, vec![(RequestId(2), vec![7, 8])]);
+        assert_eq!(
+            drafts.drafts,
+            vec![(RequestId(2), Drafted::greedy(vec![7, 8]))]
+        );
         // Both are held for their next deltas.
         assert_eq!(held.len(), 2);
     }

@@ -3,7 +3,7 @@
 //! tokens that followed its most recent earlier occurrence. No model, no state.
 
 use super::DraftMethod;
-use crate::messages::{ProposeSeq, RequestId};
+use crate::messages::{Drafted, ProposeSeq, RequestId};
 
 /// The n-gram method with its match lengths.
 #[derive(Debug)]
@@ -23,10 +23,10 @@ impl Ngram {
 }
 
 impl DraftMethod for Ngram {
-    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         Ok(seqs
             .iter()
-            .map(|s| lookup(&s.tokens, self.min, self.max, s.max_drafts))
+            .map(|s| Drafted::greedy(lookup(&s.tokens, self.min, self.max, s.max_drafts)))
             .collect())
     }
 

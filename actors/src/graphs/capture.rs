@@ -62,7 +62,7 @@ mod tests {
     use crate::actor_thread::Spin;
     use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput};
     use crate::draft::{spawn_proposer, DraftMethod};
-    use crate::messages::{ProposeSeq, RequestId};
+    use crate::messages::{Drafted, ProposeSeq, RequestId};
     use crate::target_runner::TargetRunner;
     use peregrine_kernels::cpu::KvLayout;
     use peregrine_models::ModelConfig;
@@ -113,8 +113,8 @@ mod tests {
     }
 
     impl DraftMethod for Capturer {
-        fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Vec<u32>>> {
-            Ok(vec![Vec::new(); seqs.len()])
+        fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
+            Ok(vec![Drafted::default(); seqs.len()])
         }
 
         fn release(&mut self, _: RequestId) {}

@@ -9,10 +9,11 @@
 //! priority first, so that the allocator, when blocks run out, preempts from the back.
 
 use super::queues::Queues;
-use crate::messages::{RequestId, SchedulerLimits};
+use crate::messages::{Drafted, RequestId, SchedulerLimits};
+use peregrine_ops::sampling::DraftDist;
 
 /// One sequence's work in a step.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct PlannedSeq {
     pub id: RequestId,
     /// Tokens to compute: a prompt chunk, a recompute after preemption, or the last token
@@ -20,10 +21,12 @@ pub struct PlannedSeq {
     pub chunk: usize,
     /// Draft tokens to verify after the fed tokens (`chunk - drafts.len()` are fed).
     pub drafts: Vec<u32>,
+    /// The distribution each draft was sampled from; `None` for greedy drafts.
+    pub draft_dists: Option<Vec<DraftDist>>,
 }
 
 /// What the policy asks of the KV allocator for one step.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Schedule {
     /// Every running sequence, highest priority first, with its chunk (0 when the budget
     /// ran out before it).
@@ -36,7 +39,7 @@ pub struct Schedule {
 
 /// The step's plan once blocks are granted: the sequences that compute something, in batch
 /// order (priority, then arrival).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct StepPlan {
     pub seqs: Vec<PlannedSeq>,
 }
@@ -49,12 +52,13 @@ impl StepPlan {
 
     /// Each sequence's chunk shrinks to its fed token plus the drafts it got (at most the
     /// room it was planned with); sequences missing from `drafts` verify none.
-    pub fn with_drafts(mut self, drafts: Vec<(RequestId, Vec<u32>)>) -> StepPlan {
+    pub fn with_drafts(mut self, drafts: Vec<(RequestId, Drafted)>) -> StepPlan {
         for (id, mut got) in drafts {
             if let Some(seq) = self.seqs.iter_mut().find(|s| s.id == id) {
                 got.truncate(seq.chunk.saturating_sub(1));
-                seq.chunk = 1 + got.len();
-                seq.drafts = got;
+                seq.chunk = 1 + got.tokens.len();
+                seq.drafts = got.tokens;
+                seq.draft_dists = got.dists;
             }
         }
         self
@@ -72,6 +76,7 @@ pub fn schedule(queues: &Queues, limits: &SchedulerLimits, drafts: usize) -> Sch
             id: seq.req.id,
             chunk: 0,
             drafts: Vec::new(),
+            draft_dists: None,
         })
         .collect();
     for decode_pass in [true, false] {

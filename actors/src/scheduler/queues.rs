@@ -6,11 +6,13 @@
 use super::policy::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
 use crate::messages::{
-    AdmitSeq, ComputedSeq, FinishReason, GenerateRequest, GrowSeq, ProposeDelta, RequestEvent,
-    RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone, StepGrant, SubmitError,
+    AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrowSeq, ProposeDelta,
+    RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone, StepGrant,
+    SubmitError,
 };
 use crate::metrics;
 use crate::spec_stats::Place;
+use peregrine_ops::sampling::SamplingParams;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
@@ -230,6 +232,7 @@ impl Queues {
                     id: *id,
                     chunk,
                     drafts: Vec::new(),
+                    draft_dists: None,
                 })
             })
             .collect();
@@ -270,6 +273,7 @@ impl Queues {
                     kept_blocks,
                     new_blocks: seq.block_table[kept_blocks..].to_vec(),
                     max_drafts,
+                    sampling: draft_sampling(&seq.req.spec.params),
                 }
             })
             .collect()
@@ -311,6 +315,7 @@ impl Queues {
                     new_blocks,
                     sample: start + fed == seq.tokens.len(),
                     num_drafts: planned.drafts.len(),
+                    draft_dists: planned.draft_dists.clone(),
                     setup,
                 }
             })
@@ -400,4 +405,13 @@ impl Queues {
         }
         applied
     }
+}
+
+/// How a request with sampling `params` has its drafts drawn: greedily when it decodes
+/// greedily, else sampled at its temperature (seeded from its seed).
+fn draft_sampling(params: &SamplingParams) -> Option<DraftSampling> {
+    (!params.is_greedy()).then_some(DraftSampling {
+        temperature: params.temperature,
+        seed: params.seed,
+    })
 }

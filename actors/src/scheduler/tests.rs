@@ -6,10 +6,12 @@ use super::policy::{schedule, StepPlan};
 use super::queues::{Queues, SubmitLimits};
 use crate::kv_allocator::BlockManager;
 use crate::messages::{
-    AheadUse, AllocateStep, ComputedSeq, FinishReason, GenerateRequest, GeneratedToken,
-    RequestEvent, RequestId, RequestSpec, SchedulerLimits, SeqOutput, StepDone, SubmitError,
+    AheadUse, AllocateStep, ComputedSeq, DraftSampling, Drafted, FinishReason, GenerateRequest,
+    GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SeqOutput, StepDone,
+    SubmitError,
 };
 use crate::spec_stats::Place;
+use peregrine_ops::sampling::DraftDist;
 use peregrine_ops::sampling::SamplingParams;
 use std::sync::Arc;
 use std::time::Instant;
@@ -60,7 +62,7 @@ impl Harness {
         }
     }
 
-    /// Submits request `id` with `prompt`, `max_tokens` and `priority`.
+    /// Submits greedy request `id` with `prompt`, `max_tokens` and `priority`.
     fn submit(
         &mut self,
         id: u64,
@@ -68,12 +70,24 @@ impl Harness {
         max_tokens: usize,
         priority: i32,
     ) -> Result<(), SubmitError> {
+        self.submit_sampled(id, prompt, max_tokens, priority, SamplingParams::greedy())
+    }
+
+    /// [`Harness::submit`] with sampling `params`.
+    fn submit_sampled(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        max_tokens: usize,
+        priority: i32,
+        params: SamplingParams,
+    ) -> Result<(), SubmitError> {
         let (events, rx) = mpsc::unbounded_channel();
         let req = GenerateRequest {
             id: RequestId(id),
             spec: RequestSpec {
                 prompt: Arc::from(prompt),
-                params: SamplingParams::greedy(),
+                params,
                 max_tokens,
                 stop_token_ids: vec![],
                 ignore_eos: false,
@@ -425,7 +439,10 @@ fn speculation_plans_room_for_drafts_within_max_tokens() {
         (0, vec![0, 1, 2, 3, 5], 0),
         "the proposer is sent the whole sequence the first time"
     );
-    let plan = plan.with_drafts(vec![(RequestId(1), vec![6, 6, 6]), (RequestId(2), vec![])]);
+    let plan = plan.with_drafts(vec![
+        (RequestId(1), Drafted::greedy(vec![6, 6, 6])),
+        (RequestId(2), Drafted::greedy(vec![])),
+    ]);
     assert_eq!(chunks(&plan), [(1, 2), (2, 1)], "drafts shrink the chunks");
     let batch = h.queues.batch(&plan, 2, Vec::new());
     assert_eq!(
@@ -551,7 +568,7 @@ fn usage_counts_the_accepted_drafts_at_each_position() {
     h.done(&plan, |_| vec![5]);
     for accepted in [2, 0, 3] {
         let (plan, _) = h.plan();
-        let plan = plan.with_drafts(vec![(RequestId(1), vec![6, 6, 6])]);
+        let plan = plan.with_drafts(vec![(RequestId(1), Drafted::greedy(vec![6, 6, 6]))]);
         h.done(&plan, |_| vec![7; accepted + 1]);
     }
     let usage = h.queues.get(RequestId(1)).unwrap().usage();
@@ -567,6 +584,51 @@ fn usage_counts_the_accepted_drafts_at_each_position() {
 }
 
 #[test]
+fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verification() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: Some(3),
+        ..SamplingParams::default()
+    };
+    h.submit_sampled(1, &prompt(0, 4), 3, 0, sampled).unwrap();
+    h.submit(2, &prompt(40, 4), 10, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    let (plan, _) = h.plan();
+    let proposals = h.queues.proposals(&plan);
+    let want = DraftSampling {
+        temperature: 0.8,
+        seed: Some(3),
+    };
+    assert_eq!(proposals[0].sampling, Some(want));
+    assert_eq!(
+        proposals[1].sampling, None,
+        "a greedy request drafts greedily"
+    );
+    // Request 1 has room for one draft: the second draft and its distribution go.
+    let dist = |t| DraftDist::from_pairs(vec![(t, 0.75), (t + 1, 0.25)]);
+    let sampled_drafts = Drafted {
+        tokens: vec![6, 8],
+        dists: Some(vec![dist(6), dist(8)]),
+    };
+    let drafts = vec![
+        (RequestId(1), sampled_drafts),
+        (RequestId(2), Drafted::greedy(vec![6, 6])),
+    ];
+    let plan = plan.with_drafts(drafts);
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert_eq!(batch.seqs[0].num_drafts, 1);
+    assert_eq!(batch.seqs[0].draft_dists, Some(vec![dist(6)]));
+    assert_eq!(
+        (batch.seqs[1].num_drafts, &batch.seqs[1].draft_dists),
+        (2, &None)
+    );
+}
+
+#[test]
 fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
     let mut h = Harness::new(64, 8, 100);
     h.speculating = true;
@@ -577,7 +639,10 @@ fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
     h.done(&plan, |_| vec![5]);
     assert!(h.verified.is_empty(), "a prefill verifies no drafts");
     let (plan, _) = h.plan();
-    let drafts = vec![(RequestId(1), vec![6, 6, 6]), (RequestId(2), vec![6, 6])];
+    let drafts = vec![
+        (RequestId(1), Drafted::greedy(vec![6, 6, 6])),
+        (RequestId(2), Drafted::greedy(vec![6, 6])),
+    ];
     h.done(&plan.with_drafts(drafts), |id| vec![7; id as usize + 1]);
     let largest = |id| {
         let seq = h.queues.get(RequestId(id)).unwrap();

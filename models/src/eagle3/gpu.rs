@@ -97,6 +97,8 @@ pub(super) struct HeadWorkspace {
 pub struct GpuHeadDrafts {
     /// The draft of each logit row, a target id.
     pub drafts: Vec<u32>,
+    /// The draft-vocabulary logits of each logit row (`[rows, V_d]`), where asked.
+    pub logits: Option<Vec<f32>>,
     /// `h2` of every row, f32 `[rows, H]`.
     pub pre: Vec<f32>,
 }
@@ -311,7 +313,8 @@ impl GpuEagle3Head {
         })
     }
 
-    /// [`GpuEagle3Head::forward`], choosing each logit row's greedy draft on the device.
+    /// [`GpuEagle3Head::forward`], choosing each logit row's greedy draft on the device
+    /// (and, with `logits`, downloading the rows' logits too).
     pub fn forward_greedy(
         &mut self,
         tokens: &[u32],
@@ -319,11 +322,17 @@ impl GpuEagle3Head {
         plan: &AttentionPlan,
         cache: &mut GpuKvCache,
         logit_rows: &[usize],
+        logits: bool,
     ) -> Result<GpuHeadDrafts, GpuForwardError> {
         self.run(tokens, input, plan, cache, logit_rows)?;
         let core = &*self.core;
         core.argmax(&mut self.work.work, logit_rows.len())?;
-        core.drafts(&self.work.work, tokens.len(), logit_rows.len())
+        core.drafts(&self.work.work, tokens.len(), logit_rows.len(), logits)
+    }
+
+    /// The draft vocabulary (draft id to target id).
+    pub fn vocab(&self) -> &super::DraftVocab {
+        &self.core.vocab
     }
 
     /// Checks and stages a step, then queues its forward.
@@ -519,20 +528,27 @@ impl HeadCore {
     }
 
     /// The drafts (target ids) of the first `r` argmax ids of `w` and the `pre` of its
-    /// first `n` rows, downloaded (waits for the stream).
+    /// first `n` rows (with `logits`, the first `r` logit rows too), downloaded (waits for
+    /// the stream).
     pub(super) fn drafts(
         &self,
         w: &Workspace,
         n: usize,
         r: usize,
+        logits: bool,
     ) -> Result<GpuHeadDrafts, GpuForwardError> {
         let ids = self.gpu.download(&w.ids.slice(0..r))?;
-        let h = self.config.hidden_size;
+        let (h, v) = (self.config.hidden_size, self.config.draft_vocab_size);
+        let logits = match logits {
+            true => Some(self.gpu.download(&w.logits.slice(0..r * v))?),
+            false => None,
+        };
         Ok(GpuHeadDrafts {
             drafts: ids
                 .into_iter()
                 .map(|id| self.vocab.target(id as usize))
                 .collect(),
+            logits,
             pre: self.gpu.download(&w.residual.slice(0..n * h))?,
         })
     }

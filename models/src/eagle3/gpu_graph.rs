@@ -162,13 +162,14 @@ impl CapturedHeadDecode {
 
     /// Runs the head's decode step `tokens` fed `pre` (`[rows, H]`) over `plan` (planned
     /// over the real rows, one per sequence) through the graph, padded to its size, and
-    /// returns each row's greedy draft and `pre`. Refused, with nothing launched, when the
-    /// step does not fit the graph: run it eagerly then.
+    /// returns each row's greedy draft (and its logits, with `logits`) and `pre`. Refused,
+    /// with nothing launched, when the step does not fit the graph: run it eagerly then.
     pub fn replay(
         &self,
         tokens: &[u32],
         pre: &[f32],
         plan: &AttentionPlan,
+        logits: bool,
     ) -> Result<GpuHeadDrafts, GpuForwardError> {
         let core = &*self.core;
         let c = &core.config;
@@ -196,6 +197,6 @@ impl CapturedHeadDecode {
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
         b.stage(core, tokens, pre, plan, self.size, context)?;
         graph.launch()?;
-        core.drafts(&b.work.work, n, n)
+        core.drafts(&b.work.work, n, n, logits)
     }
 }

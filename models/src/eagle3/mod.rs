@@ -56,4 +56,12 @@ pub enum Eagle3Error {
         offset: i64,
         vocab: usize,
     },
+    #[error(
+        "EAGLE-3 head: tensor `d2t` maps draft ids {first} and {second} both to target id {target}"
+    )]
+    D2tRepeats {
+        first: usize,
+        second: usize,
+        target: u32,
+    },
 }

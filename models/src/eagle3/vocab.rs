@@ -10,9 +10,11 @@ pub struct DraftVocab {
 }
 
 impl DraftVocab {
-    /// Resolves the offsets of `d2t`; every mapped id must lie in `0..target_vocab`.
+    /// Resolves the offsets of `d2t`; every mapped id must lie in `0..target_vocab`, and
+    /// no two draft ids may map to the same one (a sampled draft's distribution is over
+    /// target ids).
     pub fn from_d2t(d2t: &[i64], target_vocab: usize) -> Result<DraftVocab, Eagle3Error> {
-        let to_target = d2t
+        let to_target: Vec<u32> = d2t
             .iter()
             .enumerate()
             .map(|(index, &offset)| {
@@ -27,6 +29,16 @@ impl DraftVocab {
                     })
             })
             .collect::<Result<_, _>>()?;
+        let mut first = vec![None; target_vocab];
+        for (draft, &target) in to_target.iter().enumerate() {
+            if let Some(earlier) = first[target as usize].replace(draft) {
+                return Err(Eagle3Error::D2tRepeats {
+                    first: earlier,
+                    second: draft,
+                    target,
+                });
+            }
+        }
         Ok(DraftVocab { to_target })
     }
 
@@ -78,6 +90,13 @@ mod tests {
         let e = DraftVocab::from_d2t(&[0, 9], 10).unwrap_err().to_string();
         assert!(e.contains("d2t[1] = 9"), "{e}");
         assert!(DraftVocab::from_d2t(&[-1], 10).is_err());
+        let e = DraftVocab::from_d2t(&[0, 1, 0], 10)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("maps draft ids 1 and 2 both to target id 2"),
+            "{e}"
+        );
         assert!(DraftVocab::from_d2t(&[i64::MAX, 0], 10).is_err());
     }
 }

@@ -4,6 +4,7 @@
 //! draws the same tokens whatever the thread count.
 
 mod distribution;
+mod draft_dist;
 mod logprobs;
 mod params;
 mod penalties;
@@ -13,6 +14,7 @@ mod sampler;
 mod testing;
 
 pub use distribution::argmax;
+pub use draft_dist::{DraftDist, DraftSampler, DRAFT_DIST_TOKENS};
 pub use logprobs::{log_softmax, TokenLogprobs};
 pub use params::{SamplingError, SamplingParams};
 pub use penalties::apply_penalties;

@@ -10,7 +10,7 @@
 //! every draft is accepted they emit a bonus token drawn from `p_{n+1}`. Greedy drafters
 //! (n-gram, draft models decoding greedily) pass no `q`: it is one-hot on the draft.
 
-use super::Sampler;
+use super::{DraftDist, Sampler};
 
 /// What verification emitted for one request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,8 +24,8 @@ pub struct Verdict {
 
 /// Verifies `drafts` with the target's logit rows: `rows[i]` are the logits after the
 /// context plus `drafts[..i]`, so `rows[i]` judges `drafts[i]` and `rows[drafts.len()]`
-/// gives the bonus token. `draft_probs[i]` is the drafter's distribution for `drafts[i]`
-/// as `(token, probability)` pairs; `None` means a greedy drafter (one-hot `q`).
+/// gives the bonus token. `draft_probs[i]` is the drafter's distribution `drafts[i]` was
+/// drawn from; `None` means a greedy drafter (one-hot `q`).
 /// `output` is what the request generated before this step (for the penalties).
 ///
 /// # Panics
@@ -35,7 +35,7 @@ pub fn verify(
     sampler: &mut Sampler,
     rows: &[&[f32]],
     drafts: &[u32],
-    draft_probs: Option<&[Vec<(u32, f64)>]>,
+    draft_probs: Option<&[DraftDist]>,
     prompt: &[u32],
     output: &[u32],
 ) -> Verdict {
@@ -53,7 +53,7 @@ pub fn verify(
         let token = if sampler.params().is_greedy() {
             sampler.sample(row, prompt, &history)
         } else {
-            let q = draft_probs.map(|q| q[i].as_slice());
+            let q = draft_probs.map(|q| &q[i]);
             judge(sampler, row, draft, q, prompt, &history)
         };
         tokens.push(token);
@@ -99,17 +99,14 @@ fn judge(
     sampler: &mut Sampler,
     row: &[f32],
     draft: u32,
-    q: Option<&[(u32, f64)]>,
+    q: Option<&DraftDist>,
     prompt: &[u32],
     history: &[u32],
 ) -> u32 {
     let p = sampler.probabilities(row, prompt, history);
     let q_of = |token: u32| match q {
         None => f64::from(u8::from(token == draft)),
-        Some(q) => q
-            .iter()
-            .find(|&&(t, _)| t == token)
-            .map_or(0.0, |&(_, v)| v),
+        Some(q) => q.prob(token),
     };
     let p_draft = p
         .iter()
@@ -159,24 +156,13 @@ mod tests {
     }
 
     /// The toy drafter's distribution: different from the target's, also by last token.
-    fn draft_dist(context: &[u32]) -> Vec<(u32, f64)> {
-        let p = softmax(
-            &random_logits(900 + u64::from(*context.last().unwrap()), VOCAB, 1.5),
-            1.0,
-        );
-        (0u32..).zip(p).collect()
+    fn draft_dist(context: &[u32]) -> DraftDist {
+        let logits = random_logits(900 + u64::from(*context.last().unwrap()), VOCAB, 1.5);
+        DraftDist::from_logits(&logits, 1.0, |i| i as u32)
     }
 
-    fn draw(dist: &[(u32, f64)], rng: &mut ChaCha8Rng) -> u32 {
-        let u: f64 = rng.random();
-        let mut c = 0.0;
-        for &(t, p) in dist {
-            c += p;
-            if u < c {
-                return t;
-            }
-        }
-        dist[dist.len() - 1].0
+    fn draw(dist: &DraftDist, rng: &mut ChaCha8Rng) -> u32 {
+        dist.sample(rng.random())
     }
 
     /// The first two tokens a request generates with `k` drafts per step, sampled (or
@@ -192,7 +178,8 @@ mod tests {
             for _ in 0..k {
                 let q = draft_dist(&context);
                 let d = if one_hot {
-                    q.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0
+                    let pairs = q.pairs();
+                    pairs.iter().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0
                 } else {
                     draw(&q, rng)
                 };
