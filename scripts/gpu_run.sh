@@ -35,6 +35,14 @@
 #                                 first where one is carried; then Nsight Compute's kernel
 #                                 times of one decode and one verification step (SmolLM2
 #                                 shape, GEMV up to 8 rows), per kernel
+#   scripts/gpu_run.sh soak       (after smollm2) the soak of the speculation issue: SmolLM2
+#                                 with the shipped EAGLE-3 head, blocks of 4 tokens (each
+#                                 wave's 64 x 256 generated tokens take 4,096 never-used
+#                                 blocks, so ids pass 65,535 from wave 16), 0.9 of the
+#                                 device; `bench soak` (25 waves of 64, then one alone);
+#                                 then, where `scripts/gpu_build.sh --fault` built
+#                                 peregrine-fault, the same with the head's KV zeroed above
+#                                 block 65,535 (PEREGRINE_FAULT_DRAFT_KV_ABOVE)
 #   scripts/gpu_run.sh limits     step limits past the device refused at start-up, named
 #   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
 #                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
@@ -246,6 +254,34 @@ verify)
             --verify-rows $rows >"$OUT/ncu-verify$rows.csv" 2>"$OUT/ncu-verify$rows.err"
         echo "== ncu: the last steps of --verify-rows $rows" | tee -a "$OUT/verify.log"
         python3 scripts/ncu_step_summary.py "$OUT/ncu-verify$rows.csv" 3 2>&1 | tee -a "$OUT/verify.log"
+    done
+    ;;
+soak)
+    port=8125
+    runs=plain
+    [ -f target/gpu-carry/peregrine-fault.gz ] && runs="plain fault"
+    for run in $runs; do
+        serve_bin="$bin/peregrine" fault=()
+        if [ $run = fault ]; then
+            serve_bin="$bin/peregrine-fault" fault=(env PEREGRINE_FAULT_DRAFT_KV_ABOVE=65535)
+        fi
+        echo "== soak, $run" | tee -a "$OUT/soak.log"
+        "${fault[@]}" "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port \
+            --max-num-seqs 64 --block-size 4 --gpu-memory-utilization 0.9 \
+            --speculative-method eagle3 --draft-model heads/smollm2-135m-eagle3 \
+            >"/tmp/serve-soak-$run.log" 2>&1 &
+        server=$!
+        for _ in $(seq 1 240); do
+            (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+            sleep 0.5
+        done
+        grep -E "blocks|bytes_per_layer|audit|fault" "/tmp/serve-soak-$run.log" | head -6 |
+            tee -a "$OUT/soak.log"
+        "$bin/peregrine" bench soak --url http://127.0.0.1:$port --waves 25 --concurrency 64 \
+            --max-tokens 256 2>&1 | tee -a "$OUT/soak.log"
+        kill $server
+        wait $server
+        grep -E "WARN|ERROR|alarm" "/tmp/serve-soak-$run.log" | tail -20 >>"$OUT/soak.log"
     done
     ;;
 abserve)

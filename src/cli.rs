@@ -46,6 +46,43 @@ pub enum BenchCommand {
     /// decoding: speedup, acceptance, tokens per forward, identical outputs.
     #[command(allow_negative_numbers = true)]
     Spec(BenchSpecArgs),
+    /// Waves of one prompt against a running server, then one request alone: per wave the
+    /// largest KV block id in use, per-position acceptance, tokens per verification,
+    /// whether every output equals wave 1's, and the acceptance alarm.
+    Soak(BenchSoakArgs),
+}
+
+/// `peregrine bench soak`.
+#[derive(Args, Debug)]
+pub struct BenchSoakArgs {
+    /// The server's base URL.
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    pub url: String,
+    /// The model name to send (default: the first one `GET /v1/models` lists).
+    #[arg(long)]
+    pub model: Option<String>,
+    /// The prompt every request sends.
+    #[arg(
+        long,
+        default_value = "Write a long story about a lighthouse keeper who finds a message in a \
+                         bottle, with every character's name and the weather of each day."
+    )]
+    pub prompt: String,
+    /// Waves of concurrent requests.
+    #[arg(long, default_value_t = 25)]
+    pub waves: usize,
+    /// Requests per wave, all at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    /// Tokens each request generates (sent with ignore_eos).
+    #[arg(long, default_value_t = 256)]
+    pub max_tokens: usize,
+    /// How often `/metrics` is polled while a wave runs, in milliseconds.
+    #[arg(long, default_value_t = 50)]
+    pub poll_ms: u64,
+    /// An API key to send as a Bearer token.
+    #[arg(long, env = "OPENAI_API_KEY")]
+    pub api_key: Option<String>,
 }
 
 /// `peregrine bench spec`.

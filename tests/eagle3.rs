@@ -1134,6 +1134,35 @@ fn head_kv(method: &Eagle3, table: &[u32], pos: usize) -> Vec<f32> {
     method.cache().layer(0).0[slot * per_slot..(slot + 1) * per_slot].to_vec()
 }
 
+/// The fault hook (the soak's fault run) zeroes the head's KV in the blocks above its
+/// block id after each forward, and only there: the draft steps then read zeros past it.
+#[test]
+fn the_fault_hook_zeroes_the_heads_kv_above_its_block_id_only() {
+    let Drafting { model, method, .. } = drafting(91);
+    let mut method = method.with_kv_fault_above(10);
+    let mut rng = ChaCha8Rng::seed_from_u64(93);
+    let mut tokens: Vec<u32> = (0..13).map(|_| rng.random_range(0..300)).collect();
+    // Positions 0..4 in block 5, 4..8 in 11, 8..12 in 2, 12..16 in 19.
+    let blocks = vec![5, 11, 2, 19, 7, 14];
+    let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
+    let id = RequestId(4);
+    let logits = target_chunk(&model, &mut cache, &mut method, id, (&tokens, 0), &blocks);
+    tokens.push(argmax(&logits));
+    let seq = ProposeSeq {
+        id,
+        tokens: tokens.clone(),
+        block_table: blocks.clone(),
+        max_drafts: 3,
+        sampling: None,
+    };
+    let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
+    assert_eq!(drafts.len(), 3);
+    for pos in 0..16 {
+        let zero = head_kv(&method, &blocks, pos).iter().all(|&v| v == 0.0);
+        assert_eq!(zero, blocks[pos / BLOCK] > 10, "position {pos}");
+    }
+}
+
 /// A request planned with no room for drafts (the scheduler found drafting does not pay,
 /// or its last token is due) still runs the head's step 0 over the target's rows: the
 /// head's KV holds them before it drafts again, so the features do not pile up, and its

@@ -479,6 +479,69 @@ fn start_up_refuses_sizes_past_the_host() {
     }
 }
 
+/// 15. `peregrine bench soak` against a server drafting with n-gram: a row per wave and
+///     for the request alone, every output equal to wave 1's (the CPU is batch
+///     invariant), the largest block id in use where a poll saw one, and a quiet alarm.
+#[test]
+fn bench_soak_reports_every_wave_and_the_request_alone() {
+    let _serial = serial();
+    let model = TinyDir::new(16);
+    let flags = ["--speculative-method", "ngram", "--ngram-min", "1"];
+    let server = Server::start(model.path(), &flags);
+    let mut command = Command::new(PEREGRINE);
+    command
+        .args(["bench", "soak", "--url", &server.base])
+        .args([
+            "--waves",
+            "3",
+            "--concurrency",
+            "4",
+            "--max-tokens",
+            "24",
+            "--poll-ms",
+            "5",
+            "--prompt",
+            "the quick brown fox jumps over the lazy dog",
+        ]);
+    let output = output_within(&mut command, SCRIPT_TIMEOUT);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        server.log()
+    );
+    let rows: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| {
+            f.first()
+                .is_some_and(|w| ["1", "2", "3", "alone"].contains(w))
+        })
+        .collect();
+    assert_eq!(rows.len(), 4, "{stdout}");
+    for row in &rows {
+        let (largest, identical, alarm) = (row[1], row[row.len() - 2], row[row.len() - 1]);
+        // A wave of the tiny model may end between two polls.
+        assert!(largest.parse::<u64>().is_ok() || largest == "-", "{stdout}");
+        let want = if row[0] == "alone" { "1/1" } else { "4/4" };
+        assert_eq!((identical, alarm), (want, "quiet"), "{stdout}");
+    }
+    assert!(
+        rows.iter().any(|row| row[1] != "-"),
+        "no block id polled\n{stdout}"
+    );
+    assert!(
+        stdout.contains("every output equal to wave 1's: yes; acceptance alarms raised: 0"),
+        "{stdout}"
+    );
+    let (_, metrics) = http_get(&server.base, "/metrics").unwrap();
+    assert!(
+        metrics.contains("peregrine:spec_decode_num_drafts_total"),
+        "no verification with drafts\n{stdout}"
+    );
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

@@ -2,6 +2,7 @@
 
 mod bench_latency;
 mod bench_serve;
+mod bench_soak;
 mod bench_spec;
 mod convert;
 mod engine;
@@ -36,6 +37,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
         Command::Bench(BenchCommand::Spec(args)) => bench_spec::run(args),
+        Command::Bench(BenchCommand::Soak(args)) => bench_soak::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -68,6 +68,9 @@ pub struct Eagle3<R = CpuHead> {
     seqs: HashMap<RequestId, HeadSeq>,
     /// Which blocks hold the head's KV for what content.
     blocks: HeadBlocks,
+    /// The fault hook's block id threshold.
+    #[cfg(feature = "fault-hooks")]
+    fault_above: Option<u32>,
 }
 
 impl Eagle3<CpuHead> {
@@ -91,7 +94,36 @@ impl<R: HeadRunner> Eagle3<R> {
             blocks: HeadBlocks::new(runner.block_size()),
             runner,
             seqs: HashMap::new(),
+            #[cfg(feature = "fault-hooks")]
+            fault_above: None,
         }
+    }
+
+    /// Fault hook (feature `fault-hooks`): after every head forward, zero the head's KV in
+    /// every block above `block` that a sequence of the step uses, so that its draft steps
+    /// read zeros there (the failure of a kernel that reads the wrong block past an id
+    /// limit).
+    #[cfg(feature = "fault-hooks")]
+    pub fn with_kv_fault_above(mut self, block: u32) -> Eagle3<R> {
+        self.fault_above = Some(block);
+        self
+    }
+
+    /// One forward of the head ([`HeadRunner::run`]), then the fault hook where it is set.
+    fn run_head(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+        logits: bool,
+    ) -> anyhow::Result<HeadStep> {
+        let step = self.runner.run(specs, tokens, input, rows, logits)?;
+        #[cfg(feature = "fault-hooks")]
+        if let Some(above) = self.fault_above {
+            self.runner.zero_kv_above(specs, above)?;
+        }
+        Ok(step)
     }
 }
 
@@ -245,9 +277,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         let sampled = |k: &usize| drafting[*k] && seqs[live[*k]].sampling.is_some();
         let logits = (0..live.len()).any(|k| sampled(&k));
         let started = Instant::now();
-        let step = self
-            .runner
-            .run(&specs, &tokens, HeadInput::Aux(&features), &rows, logits)?;
+        let step = self.run_head(&specs, &tokens, HeadInput::Aux(&features), &rows, logits)?;
         metrics::record_head_step(true, started.elapsed());
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
@@ -294,9 +324,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             let rows: Vec<usize> = (0..more.len()).collect();
             let logits = more.iter().any(sampled);
             let started = Instant::now();
-            let step = self
-                .runner
-                .run(&specs, &tokens, HeadInput::Pre(&input), &rows, logits)?;
+            let step = self.run_head(&specs, &tokens, HeadInput::Pre(&input), &rows, logits)?;
             metrics::record_head_step(false, started.elapsed());
             let next = self.pick(seqs, &live, &more, &drafting, &step)?;
             for (j, (&k, d)) in more.iter().zip(next).enumerate() {

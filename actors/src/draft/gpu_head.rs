@@ -261,4 +261,18 @@ impl HeadRunner for GpuHead {
         self.graphs = Some(graphs);
         Ok(())
     }
+
+    #[cfg(feature = "fault-hooks")]
+    fn zero_kv_above(&mut self, specs: &[SeqSpec], above: u32) -> anyhow::Result<()> {
+        let gpu = self.head.gpu().clone();
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let block = (cache.layout().block_size * cache.layout().slot_elems()) as usize;
+        let (k, v) = cache.layer_mut(0);
+        for b in super::head_runner::blocks_above(specs, above) {
+            let range = b as usize * block..(b as usize + 1) * block;
+            gpu.stream().memset_zeros(&mut k.slice_mut(range.clone()))?;
+            gpu.stream().memset_zeros(&mut v.slice_mut(range))?;
+        }
+        Ok(())
+    }
 }

@@ -55,6 +55,23 @@ pub trait HeadRunner: Send {
     /// Captures the head's decode step for every size of `sizes`, replacing the graphs held
     /// (on failure they stay); `None` drops them.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()>;
+    /// Fault hook (feature `fault-hooks`): zeroes the head's KV in every block above
+    /// `above` that a sequence of `specs` uses.
+    #[cfg(feature = "fault-hooks")]
+    fn zero_kv_above(&mut self, specs: &[SeqSpec], above: u32) -> anyhow::Result<()>;
+}
+
+/// The blocks above `above` that the sequences of `specs` use, each once, ascending.
+#[cfg(feature = "fault-hooks")]
+pub(super) fn blocks_above(specs: &[SeqSpec], above: u32) -> Vec<u32> {
+    let mut blocks: Vec<u32> = specs
+        .iter()
+        .flat_map(|s| s.block_table.iter().copied())
+        .filter(|&b| b > above)
+        .collect();
+    blocks.sort_unstable();
+    blocks.dedup();
+    blocks
 }
 
 impl HeadRunner for Box<dyn HeadRunner> {
@@ -91,6 +108,11 @@ impl HeadRunner for Box<dyn HeadRunner> {
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         (**self).capture_graphs(sizes)
+    }
+
+    #[cfg(feature = "fault-hooks")]
+    fn zero_kv_above(&mut self, specs: &[SeqSpec], above: u32) -> anyhow::Result<()> {
+        (**self).zero_kv_above(specs, above)
     }
 }
 
@@ -195,6 +217,19 @@ impl HeadRunner for CpuHead {
             CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
                 .context("capturing the EAGLE-3 head's graphs")?;
         self.graphs = Some(graphs);
+        Ok(())
+    }
+
+    #[cfg(feature = "fault-hooks")]
+    fn zero_kv_above(&mut self, specs: &[SeqSpec], above: u32) -> anyhow::Result<()> {
+        let layout = *self.cache.layout();
+        let bs = layout.block_size as i64;
+        let slots: Vec<i64> = blocks_above(specs, above)
+            .into_iter()
+            .flat_map(|b| (0..bs).map(move |i| i64::from(b) * bs + i))
+            .collect();
+        let zeros = vec![0.0; slots.len() * layout.slot_elems() as usize];
+        self.cache.write(0, &slots, &zeros, &zeros);
         Ok(())
     }
 }

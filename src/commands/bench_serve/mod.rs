@@ -5,7 +5,7 @@
 
 pub(crate) mod prompts;
 mod report;
-mod request;
+pub(crate) mod request;
 mod sse;
 mod stats;
 mod stream;

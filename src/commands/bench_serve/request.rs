@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use std::time::Instant;
 
 /// An OpenAI-compatible server.
+#[derive(Clone)]
 pub struct Server {
     /// The HTTP client (connections are pooled across requests).
     client: reqwest::Client,
@@ -98,6 +99,56 @@ impl Server {
             }
         }
         bail!("the stream ended without data: [DONE]")
+    }
+}
+
+impl Server {
+    /// One greedy completion of `prompt` (`max_tokens` tokens, past any end-of-sequence
+    /// token), not streamed: its text.
+    pub async fn complete_greedy(
+        &self,
+        model: &str,
+        prompt: &str,
+        max_tokens: usize,
+    ) -> anyhow::Result<String> {
+        let body = json!({
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "ignore_eos": true,
+            "temperature": 0,
+        });
+        let response = self
+            .request(reqwest::Method::POST, "/v1/completions")
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("cannot reach the server at {}", self.base))?;
+        let reply: Value = ensure_success(response)
+            .await?
+            .json()
+            .await
+            .context("the completion was not JSON")?;
+        match reply["choices"][0]["text"].as_str() {
+            Some(text) => Ok(text.to_owned()),
+            None => bail!("the completion has no choices[0].text: {reply}"),
+        }
+    }
+
+    /// The text of `GET /metrics` (Prometheus exposition format).
+    pub async fn metrics(&self) -> anyhow::Result<String> {
+        let url = format!("{}/metrics", self.base);
+        let response = self
+            .request(reqwest::Method::GET, "/metrics")
+            .send()
+            .await
+            .with_context(|| format!("cannot reach {url}"))?;
+        ensure_success(response)
+            .await
+            .with_context(|| format!("GET {url} failed"))?
+            .text()
+            .await
+            .with_context(|| format!("GET {url}: unreadable body"))
     }
 }
 

@@ -3,7 +3,7 @@
 use crate::commands::heads::draft_dir;
 use anyhow::Context;
 use peregrine_actors::backend::{DraftBeside, ModelBackend};
-use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, Ngram};
+use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, HeadRunner, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
 use peregrine_models::{LlamaModel, Weights};
@@ -64,19 +64,47 @@ pub fn build_drafter(
         #[cfg(feature = "cuda")]
         (SpeculativeMethod::Eagle3, Some(DraftBeside::Eagle3Head(head, limits))) => {
             let runner = peregrine_actors::draft::GpuHead::beside(*head, target.pool(), limits)?;
-            Box::new(Eagle3::with_runner(runner))
+            Box::new(with_fault(Eagle3::with_runner(runner))?)
         }
         (SpeculativeMethod::Eagle3, None) => {
             let dir = draft_model.context("speculative_method eagle3 needs --draft-model DIR")?;
             let head = load_eagle3(dir, target)
                 .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
-            Box::new(Eagle3::new(head, target.config(), target.pool())?)
+            Box::new(with_fault(Eagle3::new(head, target.config(), target.pool())?)?)
         }
         (method, Some(_)) => anyhow::bail!(
             "the backend loaded a drafter beside the target that speculative_method {} does not use",
             method.as_str()
         ),
     })
+}
+
+/// The environment variable of the fault hook (feature `fault-hooks`): the block id above
+/// which an EAGLE-3 head's KV is zeroed after each of its forwards.
+#[cfg(feature = "fault-hooks")]
+const FAULT_ABOVE_VAR: &str = "PEREGRINE_FAULT_DRAFT_KV_ABOVE";
+
+/// `method` with the fault hook set where the build has it and [`FAULT_ABOVE_VAR`] names
+/// a block id (logged as a warning: a server so started corrupts its drafts on purpose).
+#[cfg(feature = "fault-hooks")]
+fn with_fault<R: HeadRunner>(method: Eagle3<R>) -> anyhow::Result<Eagle3<R>> {
+    let Ok(value) = std::env::var(FAULT_ABOVE_VAR) else {
+        return Ok(method);
+    };
+    let above: u32 = value
+        .parse()
+        .with_context(|| format!("{FAULT_ABOVE_VAR}={value:?} is not a block id"))?;
+    tracing::warn!(
+        above,
+        "fault hook on: the EAGLE-3 head's KV above this block id is zeroed after each forward"
+    );
+    Ok(method.with_kv_fault_above(above))
+}
+
+/// `method` as it is: this build has no fault hook.
+#[cfg(not(feature = "fault-hooks"))]
+fn with_fault<R: HeadRunner>(method: Eagle3<R>) -> anyhow::Result<Eagle3<R>> {
+    Ok(method)
 }
 
 /// What the CUDA backend loads beside the target for `method`: the draft model or the
