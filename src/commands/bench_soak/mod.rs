@@ -5,7 +5,9 @@
 //! Per wave it prints the largest KV block id in use (`/metrics`' `kv_block_id_max`,
 //! polled while the wave runs), the per-position acceptance and the tokens per
 //! verification (the difference of `/metrics`' counters over the wave), how many outputs
-//! equal wave 1's (request for request) and whether the acceptance alarm was raised.
+//! equal wave 1's (request for request) and whether the acceptance alarm was raised; and,
+//! where a wave's drafts lay in more than one band of block ids (below and above 65,536,
+//! ...), each band's acceptance over all draft positions.
 //!
 //! The server's flags decide where the KV lives: the allocator hands out never-used
 //! blocks in id order before it reuses freed ones, so with a shared prompt (served from
@@ -18,7 +20,7 @@ mod scrape;
 use crate::cli::BenchSoakArgs;
 use crate::commands::bench_serve::request::Server;
 use anyhow::{bail, Context};
-use scrape::{alarm_raised, block_id_max, SpecCounters};
+use scrape::{alarm_raised, bands, bands_since, block_id_max, SpecCounters};
 use std::time::Duration;
 
 /// Runs the soak and prints its table; fails when a request fails.
@@ -38,6 +40,8 @@ struct Wave {
     outputs: Vec<String>,
     largest_block: Option<i64>,
     spec: SpecCounters,
+    /// Per band of block ids that verified drafts: its draft tokens and their acceptance.
+    bands: Vec<(String, f64, f64)>,
     alarm: bool,
 }
 
@@ -104,6 +108,14 @@ async fn soak(args: &BenchSoakArgs) -> anyhow::Result<()> {
                 "quiet"
             },
         );
+        if got.bands.len() > 1 {
+            let bands: Vec<String> = got
+                .bands
+                .iter()
+                .map(|(band, drafts, rate)| format!("{band}: {rate:.3} of {drafts:.0}"))
+                .collect();
+            println!("      by band: {}", bands.join(", "));
+        }
     }
     println!(
         "every output equal to wave 1's: {}; acceptance alarms raised: {alarms}",
@@ -126,7 +138,8 @@ async fn run_wave(
     args: &BenchSoakArgs,
     n: usize,
 ) -> anyhow::Result<Wave> {
-    let before = SpecCounters::read(&server.metrics().await?);
+    let text = server.metrics().await?;
+    let (before, bands_before) = (SpecCounters::read(&text), bands(&text));
     let requests: Vec<_> = (0..n)
         .map(|_| {
             let (server, model, prompt) = (server.clone(), model.to_owned(), args.prompt.clone());
@@ -153,6 +166,7 @@ async fn run_wave(
         outputs,
         largest_block: largest,
         spec: SpecCounters::read(&after).since(&before),
+        bands: bands_since(&bands(&after), &bands_before),
         alarm,
     })
 }

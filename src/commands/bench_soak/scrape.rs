@@ -2,25 +2,87 @@
 //! decoding counters, whose difference over a wave gives its acceptance, the acceptance
 //! alarm, and the largest KV block id in use.
 
-/// One sample of the exposition text: the value of `name` whose labels include every pair
-/// of `labels` (the first such line), if there is one.
-pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+use std::collections::BTreeMap;
+
+/// Every sample of `name` in the exposition text: its labels (`key="value"` pairs, as
+/// written) and its value.
+fn series<'a>(text: &'a str, name: &'a str) -> impl Iterator<Item = (Vec<&'a str>, f64)> + 'a {
     text.lines()
         .filter(|line| !line.starts_with('#'))
-        .find_map(|line| {
+        .filter_map(move |line| {
             let (series, value) = line.rsplit_once(' ')?;
-            let (series_name, series_labels) = match series.split_once('{') {
+            let (series_name, labels) = match series.split_once('{') {
                 Some((n, rest)) => (n, rest.trim_end_matches('}')),
                 None => (series, ""),
             };
-            let wanted = series_name == name
-                && labels.iter().all(|(k, v)| {
-                    series_labels
-                        .split(',')
-                        .any(|l| l == format!("{k}=\"{v}\""))
-                });
-            wanted.then(|| value.parse().ok()).flatten()
+            let labels = labels.split(',').filter(|l| !l.is_empty()).collect();
+            let value = value.parse().ok()?;
+            (series_name == name).then_some((labels, value))
         })
+}
+
+/// The value of label `key` in `labels`.
+fn label<'a>(labels: &[&'a str], key: &str) -> Option<&'a str> {
+    labels.iter().find_map(|l| {
+        let value = l.strip_prefix(key)?.strip_prefix("=\"")?;
+        value.strip_suffix('"')
+    })
+}
+
+/// One sample of the exposition text: the value of `name` whose labels include every pair
+/// of `labels` (the first such line), if there is one.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+    series(text, name)
+        .find(|(have, _)| labels.iter().all(|(k, v)| label(have, k) == Some(*v)))
+        .map(|(_, value)| value)
+}
+
+/// Draft tokens verified and accepted per band of block ids (`blocks FIRST-LAST`, the
+/// band of the sequence's largest block id), over every draft position.
+pub fn bands(text: &str) -> BTreeMap<String, (f64, f64)> {
+    let mut out: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    let names = [
+        "peregrine:spec_decode_band_draft_tokens_total",
+        "peregrine:spec_decode_band_accepted_tokens_total",
+    ];
+    for (i, name) in names.into_iter().enumerate() {
+        for (labels, value) in series(text, name) {
+            if let Some(band) = label(&labels, "band") {
+                let entry = out.entry(band.to_owned()).or_default();
+                if i == 0 {
+                    entry.0 += value;
+                } else {
+                    entry.1 += value;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What `bands` counted from `before` to `now`: per band that verified drafts, its draft
+/// tokens and their acceptance, in the order of their first block id.
+pub fn bands_since(
+    now: &BTreeMap<String, (f64, f64)>,
+    before: &BTreeMap<String, (f64, f64)>,
+) -> Vec<(String, f64, f64)> {
+    let first_block = |band: &str| -> u64 {
+        band.trim_start_matches("blocks ")
+            .split('-')
+            .next()
+            .and_then(|b| b.parse().ok())
+            .unwrap_or(u64::MAX)
+    };
+    let mut out: Vec<(String, f64, f64)> = now
+        .iter()
+        .filter_map(|(band, &(drafts, accepted))| {
+            let (d0, a0) = before.get(band).copied().unwrap_or_default();
+            let drafts = drafts - d0;
+            (drafts > 0.0).then(|| (band.clone(), drafts, (accepted - a0) / drafts))
+        })
+        .collect();
+    out.sort_by_key(|(band, _, _)| first_block(band));
+    out
 }
 
 /// The speculative decoding counters at one moment (0 where a series is absent: nothing
@@ -120,6 +182,30 @@ pub fn alarm_raised(text: &str) -> bool {
 mod tests {
     use super::*;
 
+    #[test]
+    fn band_acceptance_over_a_wave_in_block_order() {
+        let line = |name: &str, band: &str, position: u32, value: f64| {
+            format!("peregrine:spec_decode_band_{name}_tokens_total{{band=\"blocks {band}\",position=\"{position}\"}} {value}\n")
+        };
+        let counts = |high: f64| {
+            [
+                line("draft", "0-65535", 0, 10.0),
+                line("draft", "0-65535", 1, 10.0),
+                line("accepted", "0-65535", 0, 8.0),
+                line("draft", "65536-131071", 0, high),
+                line("accepted", "65536-131071", 0, high / 4.0),
+            ]
+            .concat()
+        };
+        let (before, now) = (bands(&counts(0.0)), bands(&counts(4.0)));
+        assert_eq!(before["blocks 0-65535"], (20.0, 8.0));
+        // Only the band past 65,535 verified drafts in between: 1 of 4 accepted.
+        let wave = bands_since(&now, &before);
+        assert_eq!(wave, [("blocks 65536-131071".to_string(), 4.0, 0.25)]);
+        let all = bands_since(&now, &BTreeMap::new());
+        assert_eq!(all[0], ("blocks 0-65535".to_string(), 20.0, 0.4));
+    }
+
     const TEXT: &str = "# TYPE peregrine:spec_decode_num_drafts_total counter\n\
         peregrine:spec_decode_num_drafts_total 40\n\
         peregrine:spec_decode_num_draft_tokens_total 120\n\
@@ -152,6 +238,7 @@ mod tests {
             sample(TEXT, "peregrine:spec_decode_band_draft_tokens_total", &band),
             Some(7.0)
         );
+        assert_eq!(bands(TEXT)["blocks 0-65535"], (7.0, 0.0));
         assert_eq!(sample(TEXT, "peregrine:spec_decode_num_drafts", &[]), None);
         assert_eq!(SpecCounters::read("").tokens_per_verification(), None);
         assert!(SpecCounters::read("").per_position().is_empty());
