@@ -104,6 +104,11 @@ pub struct BenchSpecArgs {
     /// does; by default fewer or none where drafting measures as not paying.
     #[arg(long)]
     pub no_speculative_adaptive: bool,
+    /// Sampling temperature of every request (request i seeded with i); 0 is greedy, whose
+    /// outputs must not change with drafts. An EAGLE-3 head samples a sampled request's
+    /// drafts at this temperature.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     /// The shortest suffix the n-gram method matches.
     #[arg(long, default_value_t = 2)]
     pub ngram_min: usize,
