@@ -12,6 +12,7 @@ mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
 use common::engine::{collect, submit};
+use common::first_two::{assert_first_two_follow, cpu_distribution};
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
@@ -843,10 +844,6 @@ async fn accepted_eagle3_drafts_keep_greedy_outputs() {
     }
 }
 
-/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
-/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
-const CHI2_8_DF_0_001: f64 = 26.124;
-
 /// Sampled requests draft from the head's distribution at their temperature and verify
 /// against it: the first two tokens (the second one verified, its draft accepted or
 /// rejected) keep the target's own distribution, by Pearson's chi-square over the 3 x 3
@@ -866,28 +863,17 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     };
     let model = LlamaModel::load(&dir.path().join("target")).unwrap();
     let sampler = peregrine_ops::sampling::Sampler::new(&params(0)).unwrap();
-    let dist = |tokens: &[u32]| {
-        let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
-        let table = [0u32, 1, 2, 3];
-        let spec = SeqSpec {
-            num_cached: 0,
-            num_new: tokens.len(),
-            block_table: &table,
-        };
-        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
-        let logits = model
-            .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
-            .unwrap();
-        sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
-    };
+    let dist = |tokens: &[u32]| cpu_distribution(&model, &sampler, &prompt, tokens);
+    let first = dist(&prompt);
+    let second: Vec<_> = first
+        .iter()
+        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
+        .collect();
     // A head whose draft logits are all equal: each draft is drawn uniformly from draft
     // ids 0..32 (its top 32, the first among equal logits), mapped first to the tokens
     // the target keeps for the first two positions, then to the other ids in order.
-    let mut likely: Vec<u32> = dist(&prompt).iter().map(|&(t, _)| t).collect();
-    for (t1, _) in dist(&prompt) {
-        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
-        likely.extend(dist(&context).iter().map(|&(t, _)| t));
-    }
+    let mut likely: Vec<u32> = first.iter().map(|&(t, _)| t).collect();
+    likely.extend(second.iter().flatten().map(|&(t, _)| t));
     likely.sort_unstable();
     likely.dedup();
     let mut head = RandomHead::new(&HeadSpec::layers0(), &target.spec, 72);
@@ -904,51 +890,38 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     let outs = served_sampling(&target_dir, Some(&head_dir), &prompts, &params, 3).await;
     let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
     let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
-    assert_eq!(drafts, DRAWS, "one draft each, for the second token");
+    // One draft each, for the second token, where the step's token budget left room for
+    // it (how the requests fell into steps is a matter of timing).
+    assert!(
+        drafts <= DRAWS && drafts > DRAWS * 9 / 10,
+        "{drafts} drafts for {DRAWS} requests"
+    );
     // Each draft is drawn from q = 1/32 on order[..32] and accepted with probability
     // sum_t min(p(t), q(t)) given the first token. (Verifying as if q were one-hot on the
     // draft would keep the distribution too, but accept sum_t q(t) p(t) = 1/32: a third as
     // often here.)
-    let q = 1.0 / 32.0;
-    let rate: f64 = dist(&prompt)
+    let q = |t: u32| {
+        if order[..32].contains(&t) {
+            1.0 / 32.0
+        } else {
+            0.0
+        }
+    };
+    let rate: f64 = first
         .iter()
-        .map(|&(t1, p1)| {
-            let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
-            let shared: f64 = dist(&context)
-                .iter()
-                .map(|&(t, p)| {
-                    let q = if order[..32].contains(&t) { q } else { 0.0 };
-                    p.min(q)
-                })
-                .sum();
-            p1 * shared
-        })
+        .zip(&second)
+        .map(|(&(_, p1), next)| p1 * next.iter().map(|&(t, p)| p.min(q(t))).sum::<f64>())
         .sum();
     let (mean, sd) = (
-        DRAWS as f64 * rate,
-        (DRAWS as f64 * rate * (1.0 - rate)).sqrt(),
+        drafts as f64 * rate,
+        (drafts as f64 * rate * (1.0 - rate)).sqrt(),
     );
     assert!(
         (accepted as f64 - mean).abs() < 5.0 * sd,
         "{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}"
     );
-    let (mut chi2, mut cells) = (0.0, 0);
-    for (t1, p1) in dist(&prompt) {
-        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
-        for (t2, p2) in dist(&context) {
-            let expected = DRAWS as f64 * p1 * p2;
-            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
-            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
-            chi2 += (seen as f64 - expected).powi(2) / expected;
-            cells += 1;
-        }
-    }
-    assert_eq!(cells, 9, "top-k 3 over two tokens");
-    assert!(
-        chi2 < CHI2_8_DF_0_001,
-        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001), {accepted} of {drafts} \
-         drafts accepted"
-    );
+    let note = format!(", {accepted} of {drafts} drafts accepted");
+    assert_first_two_follow(&outs, &first, &second, &note);
 }
 
 /// The CPU target pool of the model in `dir`: `NUM_BLOCKS` blocks of `BLOCK` tokens, the

@@ -9,6 +9,7 @@
 mod common;
 
 use common::engine::{collect, submit};
+use common::first_two::{assert_first_two_follow, cpu_distribution};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
@@ -20,7 +21,6 @@ use peregrine_actors::messages::{
 };
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
-use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -325,10 +325,6 @@ async fn prefix_cache_hits_with_speculation_keep_outputs() {
     }
 }
 
-/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
-/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
-const CHI2_8_DF_0_001: f64 = 26.124;
-
 #[tokio::test]
 async fn sampled_first_two_tokens_keep_the_target_distribution() {
     const DRAWS: usize = 3000;
@@ -344,21 +340,12 @@ async fn sampled_first_two_tokens_keep_the_target_distribution() {
     // The target's own distributions: p(t1 | prompt) and p(t2 | prompt, t1).
     let model = LlamaModel::load(dir.path()).unwrap();
     let sampler = Sampler::new(&params(0)).unwrap();
-    let dist = |tokens: &[u32]| {
-        let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
-        let table = [0u32, 1, 2, 3];
-        let spec = SeqSpec {
-            num_cached: 0,
-            num_new: tokens.len(),
-            block_table: &table,
-        };
-        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
-        let logits = model
-            .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
-            .unwrap();
-        sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
-    };
+    let dist = |tokens: &[u32]| cpu_distribution(&model, &sampler, &prompt, tokens);
     let first = dist(&prompt);
+    let second: Vec<_> = first
+        .iter()
+        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
+        .collect();
     let reqs: Vec<_> = (0..DRAWS as u64)
         .map(|seed| (prompt.clone(), params(seed)))
         .collect();
@@ -378,23 +365,7 @@ async fn sampled_first_two_tokens_keep_the_target_distribution() {
         accepted > 0.0 && accepted < drafts,
         "{accepted} of {drafts}: both paths"
     );
-    let mut chi2 = 0.0;
-    let mut cells = 0;
-    for &(t1, p1) in &first {
-        let context: Vec<u32> = prompt.iter().copied().chain([t1]).collect();
-        for (t2, p2) in dist(&context) {
-            let expected = DRAWS as f64 * p1 * p2;
-            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
-            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
-            chi2 += (seen as f64 - expected).powi(2) / expected;
-            cells += 1;
-        }
-    }
-    assert_eq!(cells, 9, "top-k 3 over two tokens");
-    assert!(
-        chi2 < CHI2_8_DF_0_001,
-        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001)"
-    );
+    assert_first_two_follow(&outs, &first, &second, "");
 }
 
 /// Blocks of one token each, so that block ids pass 65,535 after as many tokens.

@@ -5,6 +5,7 @@
 pub mod draft_rounds;
 pub mod eagle3_head;
 pub mod engine;
+pub mod first_two;
 pub mod gguf_writer;
 pub mod reference;
 pub mod tiny_model;

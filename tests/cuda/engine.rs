@@ -5,6 +5,7 @@
 
 use crate::common::eagle3_head::{HeadSpec, RandomHead};
 use crate::common::engine::{collect, counter, requests, run_all, submit};
+use crate::common::first_two::assert_first_two_follow;
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
 use crate::model::{gpu_model, gpu_sized};
@@ -309,10 +310,6 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     });
 }
 
-/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
-/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
-const CHI2_8_DF_0_001: f64 = 26.124;
-
 /// The GPU twin of `sampled_eagle3_drafts_keep_the_target_distribution` (tests/eagle3.rs):
 /// sampled requests draft from the GPU head's distribution (its draft logits all equal: q
 /// = 1/32 on the ids the draft vocabulary maps first, the target's likely tokens among
@@ -404,7 +401,12 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
     });
     let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
     let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
-    assert_eq!(drafts, DRAWS, "one draft each, for the second token");
+    // One draft each, for the second token, where the step's token budget left room for
+    // it (how the requests fell into steps is a matter of timing).
+    assert!(
+        drafts <= DRAWS && drafts > DRAWS * 9 / 10,
+        "{drafts} drafts for {DRAWS} requests"
+    );
     let q = |t: u32| {
         if order[..32].contains(&t) {
             1.0 / 32.0
@@ -418,27 +420,13 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
         .map(|(&(_, p1), next)| p1 * next.iter().map(|&(t, p)| p.min(q(t))).sum::<f64>())
         .sum();
     let (mean, sd) = (
-        DRAWS as f64 * rate,
-        (DRAWS as f64 * rate * (1.0 - rate)).sqrt(),
+        drafts as f64 * rate,
+        (drafts as f64 * rate * (1.0 - rate)).sqrt(),
     );
     eprintln!("{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}");
     assert!(
         (accepted as f64 - mean).abs() < 5.0 * sd,
         "acceptance off its expectation"
     );
-    let (mut chi2, mut cells) = (0.0, 0);
-    for (&(t1, p1), next) in first.iter().zip(&second) {
-        for &(t2, p2) in next {
-            let expected = DRAWS as f64 * p1 * p2;
-            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
-            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
-            chi2 += (seen as f64 - expected).powi(2) / expected;
-            cells += 1;
-        }
-    }
-    assert_eq!(cells, 9, "top-k 3 over two tokens");
-    assert!(
-        chi2 < CHI2_8_DF_0_001,
-        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001)"
-    );
+    assert_first_two_follow(&outs, &first, &second, "");
 }

@@ -1,0 +1,61 @@
+//! The distribution check of sampled speculation: the first two tokens of many seeded
+//! requests against the target's own distribution, by Pearson's chi-square.
+
+use peregrine_actors::messages::Usage;
+use peregrine_models::LlamaModel;
+use peregrine_ops::sampling::Sampler;
+use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+
+/// Upper 0.001 quantile of chi-square with 8 degrees of freedom (NIST e-Handbook table
+/// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
+pub const CHI2_8_DF_0_001: f64 = 26.124;
+
+/// The CPU `model`'s distribution of the token after `tokens` (which start with `prompt`),
+/// as `sampler` keeps it (`Sampler::probabilities`).
+pub fn cpu_distribution(
+    model: &LlamaModel,
+    sampler: &Sampler,
+    prompt: &[u32],
+    tokens: &[u32],
+) -> Vec<(u32, f64)> {
+    let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
+    let table = [0u32, 1, 2, 3];
+    let spec = SeqSpec {
+        num_cached: 0,
+        num_new: tokens.len(),
+        block_table: &table,
+    };
+    let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+    let logits = model
+        .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
+        .unwrap();
+    sampler.probabilities(&logits, prompt, &tokens[prompt.len()..])
+}
+
+/// Asserts that the first two tokens of `outs` follow `first` (p(t1)) and, for each of its
+/// tokens in order, `second[i]` (p(t2 | t1)): top-k 3 over both, so 9 cells, each expected
+/// at least 5 times, and Pearson's chi-square under the 0.001 quantile. `note` goes into
+/// the failure's message.
+pub fn assert_first_two_follow(
+    outs: &[(Vec<u32>, Usage)],
+    first: &[(u32, f64)],
+    second: &[Vec<(u32, f64)>],
+    note: &str,
+) {
+    let draws = outs.len() as f64;
+    let (mut chi2, mut cells) = (0.0, 0);
+    for (&(t1, p1), next) in first.iter().zip(second) {
+        for &(t2, p2) in next {
+            let expected = draws * p1 * p2;
+            assert!(expected >= 5.0, "test setup: expected count {expected} < 5");
+            let seen = outs.iter().filter(|(t, _)| t[..2] == [t1, t2]).count();
+            chi2 += (seen as f64 - expected).powi(2) / expected;
+            cells += 1;
+        }
+    }
+    assert_eq!(cells, 9, "top-k 3 over two tokens");
+    assert!(
+        chi2 < CHI2_8_DF_0_001,
+        "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001){note}"
+    );
+}
