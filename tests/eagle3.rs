@@ -890,10 +890,11 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     let outs = served_sampling(&target_dir, Some(&head_dir), &prompts, &params, 3).await;
     let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
     let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
-    // One draft each, for the second token, where the step's token budget left room for
-    // it (how the requests fell into steps is a matter of timing).
+    // About one draft each, for the second token: how the requests fell into steps is a
+    // matter of timing, and a step's token budget may leave a request no room for its
+    // draft or (rarely) plan one a second draft later.
     assert!(
-        drafts <= DRAWS && drafts > DRAWS * 9 / 10,
+        drafts > DRAWS * 9 / 10 && drafts < DRAWS * 11 / 10,
         "{drafts} drafts for {DRAWS} requests"
     );
     // Each draft is drawn from q = 1/32 on order[..32] and accepted with probability
