@@ -12,7 +12,9 @@ mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
 use common::engine::{collect, submit};
-use common::first_two::{assert_first_two_follow, cpu_distribution};
+use common::first_two::{
+    assert_first_two_follow, assert_uniform_drafts_accepted, cpu_distribution,
+};
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
@@ -888,39 +890,7 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     let prompts = vec![prompt.clone(); DRAWS];
     let (target_dir, head_dir) = (dir.path().join("target"), dir.path().join("head"));
     let outs = served_sampling(&target_dir, Some(&head_dir), &prompts, &params, 3).await;
-    let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
-    let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
-    // About one draft each, for the second token: how the requests fell into steps is a
-    // matter of timing, and a step's token budget may leave a request no room for its
-    // draft or (rarely) plan one a second draft later.
-    assert!(
-        drafts > DRAWS * 9 / 10 && drafts < DRAWS * 11 / 10,
-        "{drafts} drafts for {DRAWS} requests"
-    );
-    // Each draft is drawn from q = 1/32 on order[..32] and accepted with probability
-    // sum_t min(p(t), q(t)) given the first token. (Verifying as if q were one-hot on the
-    // draft would keep the distribution too, but accept sum_t q(t) p(t) = 1/32: a third as
-    // often here.)
-    let q = |t: u32| {
-        if order[..32].contains(&t) {
-            1.0 / 32.0
-        } else {
-            0.0
-        }
-    };
-    let rate: f64 = first
-        .iter()
-        .zip(&second)
-        .map(|(&(_, p1), next)| p1 * next.iter().map(|&(t, p)| p.min(q(t))).sum::<f64>())
-        .sum();
-    let (mean, sd) = (
-        drafts as f64 * rate,
-        (drafts as f64 * rate * (1.0 - rate)).sqrt(),
-    );
-    assert!(
-        (accepted as f64 - mean).abs() < 5.0 * sd,
-        "{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}"
-    );
+    let (accepted, drafts) = assert_uniform_drafts_accepted(&outs, &first, &second, &order[..32]);
     let note = format!(", {accepted} of {drafts} drafts accepted");
     assert_first_two_follow(&outs, &first, &second, &note);
 }

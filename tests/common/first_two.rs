@@ -59,3 +59,46 @@ pub fn assert_first_two_follow(
         "chi-square {chi2} >= {CHI2_8_DF_0_001} (8 df, alpha 0.001){note}"
     );
 }
+
+/// Asserts that about one draft per request of `outs` was verified (within 10%: how the
+/// requests fell into steps is a matter of timing, and a step's token budget may leave a
+/// request no room for its draft or, rarely, plan it a second one), and that the drafts,
+/// each drawn uniformly from the 32 tokens `q_tokens` for the second token, were accepted
+/// as often as sum_t min(p(t), q(t)) given the first says: within 5 standard deviations.
+/// (Verifying as if q were one-hot on the draft keeps the distribution too, but accepts
+/// sum_t q(t) p(t) = 1/32.) Returns the drafts accepted and verified.
+pub fn assert_uniform_drafts_accepted(
+    outs: &[(Vec<u32>, Usage)],
+    first: &[(u32, f64)],
+    second: &[Vec<(u32, f64)>],
+    q_tokens: &[u32],
+) -> (usize, usize) {
+    assert_eq!(q_tokens.len(), 32, "q is uniform on 32 tokens");
+    let requests = outs.len();
+    let drafts: usize = outs.iter().map(|(_, u)| u.num_draft_tokens).sum();
+    let accepted: usize = outs.iter().map(|(_, u)| u.num_accepted_tokens).sum();
+    assert!(
+        drafts > requests * 9 / 10 && drafts < requests * 11 / 10,
+        "{drafts} drafts for {requests} requests"
+    );
+    let q = |t: u32| {
+        if q_tokens.contains(&t) {
+            1.0 / 32.0
+        } else {
+            0.0
+        }
+    };
+    let rate: f64 = first
+        .iter()
+        .zip(second)
+        .map(|(&(_, p1), next)| p1 * next.iter().map(|&(t, p)| p.min(q(t))).sum::<f64>())
+        .sum();
+    let n = drafts as f64;
+    let (mean, sd) = (n * rate, (n * rate * (1.0 - rate)).sqrt());
+    eprintln!("{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}");
+    assert!(
+        (accepted as f64 - mean).abs() < 5.0 * sd,
+        "{accepted} of {drafts} drafts accepted, expected {mean:.0} +- {sd:.0}"
+    );
+    (accepted, drafts)
+}
