@@ -14,6 +14,7 @@ use common::eagle3_head::{HeadSpec, RandomHead};
 use common::engine::{collect, submit};
 use common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, cpu_distribution,
+    first_two_distributions,
 };
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
@@ -866,11 +867,7 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     let model = LlamaModel::load(&dir.path().join("target")).unwrap();
     let sampler = peregrine_ops::sampling::Sampler::new(&params(0)).unwrap();
     let dist = |tokens: &[u32]| cpu_distribution(&model, &sampler, &prompt, tokens);
-    let first = dist(&prompt);
-    let second: Vec<_> = first
-        .iter()
-        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
-        .collect();
+    let (first, second) = first_two_distributions(&prompt, dist);
     // A head whose draft logits are all equal: each draft is drawn uniformly from draft
     // ids 0..32 (its top 32, the first among equal logits), mapped first to the tokens
     // the target keeps for the first two positions, then to the other ids in order.

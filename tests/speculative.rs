@@ -9,7 +9,7 @@
 mod common;
 
 use common::engine::{collect, submit};
-use common::first_two::{assert_first_two_follow, cpu_distribution};
+use common::first_two::{assert_first_two_follow, cpu_distribution, first_two_distributions};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
@@ -341,11 +341,7 @@ async fn sampled_first_two_tokens_keep_the_target_distribution() {
     let model = LlamaModel::load(dir.path()).unwrap();
     let sampler = Sampler::new(&params(0)).unwrap();
     let dist = |tokens: &[u32]| cpu_distribution(&model, &sampler, &prompt, tokens);
-    let first = dist(&prompt);
-    let second: Vec<_> = first
-        .iter()
-        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
-        .collect();
+    let (first, second) = first_two_distributions(&prompt, dist);
     let reqs: Vec<_> = (0..DRAWS as u64)
         .map(|seed| (prompt.clone(), params(seed)))
         .collect();

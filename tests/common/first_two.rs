@@ -32,6 +32,24 @@ pub fn cpu_distribution(
     sampler.probabilities(&logits, prompt, &tokens[prompt.len()..])
 }
 
+/// A distribution over tokens: `(token, probability)` pairs.
+pub type Dist = Vec<(u32, f64)>;
+
+/// The target's distributions of the first two tokens after `prompt`, from `dist` (the
+/// distribution after a token sequence): p(t1) and, for each of its tokens in order,
+/// p(t2 | t1).
+pub fn first_two_distributions(
+    prompt: &[u32],
+    mut dist: impl FnMut(&[u32]) -> Dist,
+) -> (Dist, Vec<Dist>) {
+    let first = dist(prompt);
+    let second = first
+        .iter()
+        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
+        .collect();
+    (first, second)
+}
+
 /// Asserts that the first two tokens of `outs` follow `first` (p(t1)) and, for each of its
 /// tokens in order, `second[i]` (p(t2 | t1)): top-k 3 over both, so 9 cells, each expected
 /// at least 5 times, and Pearson's chi-square under the 0.001 quantile. `note` goes into

@@ -249,7 +249,6 @@ fn run_step(
     let mut qkv_dev = gpu.upload(&qkv_host).unwrap();
     let mut o_host = vec![bf16::NAN; rows * width];
     o_host.extend(vec![sentinel(); TAIL * width]);
-    let mut o_dev = gpu.upload(&o_host).unwrap();
     let device_plan = DeviceAttentionPlan::upload(gpu, &plan, DecodeKernel::Split).unwrap();
     assert_eq!(device_plan.rows(), rows);
     let (k_col, v_col) = (width, width + kv_width);
@@ -266,39 +265,28 @@ fn run_step(
         &device_plan,
     )
     .unwrap();
-    g.attention()
-        .forward(
-            &s.kernels,
-            stream,
-            &qkv_dev.slice(..),
-            stride,
-            caches.k_dev,
-            caches.v_dev,
-            &caches.layout,
-            &device_plan,
-            &mut o_dev.slice_mut(..),
-        )
-        .unwrap();
-    let o_gpu = gpu.download(&o_dev).unwrap();
+    // The attention of `plan`'s rows into a fresh o, poisoned: its rows and the tail.
+    let mut attend = |plan: &DeviceAttentionPlan| -> Vec<bf16> {
+        let mut o_dev = gpu.upload(&o_host).unwrap();
+        g.attention()
+            .forward(
+                &s.kernels,
+                stream,
+                &qkv_dev.slice(..),
+                stride,
+                caches.k_dev,
+                caches.v_dev,
+                &caches.layout,
+                plan,
+                &mut o_dev.slice_mut(..),
+            )
+            .unwrap();
+        gpu.download(&o_dev).unwrap()
+    };
+    let o_gpu = attend(&device_plan);
     // The same attention with every multi-row sequence through the prefill kernel (the
-    // split plan cut those of up to SPLIT_MAX_ROWS rows into one-row sequences), into o
-    // poisoned again.
-    let mut o_tiles = gpu.upload(&o_host).unwrap();
-    let tiled = DeviceAttentionPlan::upload(gpu, &plan, DecodeKernel::Prefill).unwrap();
-    g.attention()
-        .forward(
-            &s.kernels,
-            stream,
-            &qkv_dev.slice(..),
-            stride,
-            caches.k_dev,
-            caches.v_dev,
-            &caches.layout,
-            &tiled,
-            &mut o_tiles.slice_mut(..),
-        )
-        .unwrap();
-    let o_tiles = gpu.download(&o_tiles).unwrap();
+    // split plan cut those of up to SPLIT_MAX_ROWS rows into one-row sequences).
+    let o_tiles = attend(&DeviceAttentionPlan::upload(gpu, &plan, DecodeKernel::Prefill).unwrap());
 
     // CPU, on the host caches (ids mapped) and the same bf16 values.
     let host_tables: Vec<Vec<u32>> = tables.iter().map(|t| caches.host_table(t)).collect();

@@ -5,7 +5,9 @@
 
 use crate::common::eagle3_head::{HeadSpec, RandomHead};
 use crate::common::engine::{collect, counter, requests, run_all, submit};
-use crate::common::first_two::{assert_first_two_follow, assert_uniform_drafts_accepted};
+use crate::common::first_two::{
+    assert_first_two_follow, assert_uniform_drafts_accepted, first_two_distributions,
+};
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
 use crate::model::{gpu_model, gpu_sized};
@@ -352,11 +354,7 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
             .unwrap();
         sampler.probabilities(&logits, &prompt, &tokens[prompt.len()..])
     };
-    let first = dist(&prompt);
-    let second: Vec<Vec<(u32, f64)>> = first
-        .iter()
-        .map(|&(t1, _)| dist(&prompt.iter().copied().chain([t1]).collect::<Vec<_>>()))
-        .collect();
+    let (first, second) = first_two_distributions(&prompt, &mut dist);
     drop(model);
     let mut likely: Vec<u32> = first.iter().map(|&(t, _)| t).collect();
     likely.extend(second.iter().flatten().map(|&(t, _)| t));
