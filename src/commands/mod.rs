@@ -12,7 +12,7 @@ mod heads;
 mod serve;
 
 use crate::cli::{BenchCommand, Cli, Command, ModelArgs};
-use peregrine_models::fetch::{default_cache_dir, fetch_model};
+use peregrine_models::fetch::{default_cache_dir, fetch_model, model_folder};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -48,13 +48,12 @@ pub fn run(cli: Cli) -> ExitCode {
     }
 }
 
-/// The model directory: `--model`, or the default model, fetched on first use.
+/// The model directory: `--model` (a GGUF file's folder in the cache for a `.gguf`), or
+/// the default model, fetched on first use.
 fn resolve_model(args: &ModelArgs) -> anyhow::Result<PathBuf> {
+    let cache = default_cache_dir(args.cache_dir.as_deref())?;
     match &args.model {
-        Some(dir) => Ok(dir.clone()),
-        None => fetch_model(
-            DEFAULT_MODEL,
-            &default_cache_dir(args.cache_dir.as_deref())?,
-        ),
+        Some(path) => model_folder(path, &cache),
+        None => fetch_model(DEFAULT_MODEL, &cache),
     }
 }

@@ -10,7 +10,7 @@ pub const F16: u32 = 1;
 pub const Q4_0: u32 = 2;
 pub const Q4_1: u32 = 3;
 pub const Q8_0: u32 = 8;
-pub const Q6_K: u32 = 14;
+pub const Q2_K: u32 = 10;
 pub const BF16: u32 = 30;
 
 /// A GGUF metadata value.

@@ -7,6 +7,7 @@ use super::{
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::GeneratedToken;
+use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache};
 use std::sync::Arc;
@@ -187,7 +188,7 @@ impl ModelBackend for CpuBackend {
         }
     }
 
-    fn embedding_table(&self) -> Option<Arc<[f32]>> {
+    fn embedding_table(&self) -> Option<Arc<Matrix>> {
         Some(self.model.embedding_table())
     }
 

@@ -14,7 +14,7 @@ pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_C
 use crate::graphs::CaptureSizes;
 use crate::messages::GeneratedToken;
 use anyhow::bail;
-use peregrine_kernels::cpu::{AddressAudit, KvLayout};
+use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{argmax, log_softmax, Sampler};
 use peregrine_ops::AttentionPlan;
@@ -300,7 +300,7 @@ pub trait ModelBackend: Send {
     }
     /// The token embedding table on the host, `[vocab, hidden]`, where the backend holds
     /// one (an EAGLE-3 head without its own shares it).
-    fn embedding_table(&self) -> Option<Arc<[f32]>> {
+    fn embedding_table(&self) -> Option<Arc<Matrix>> {
         None
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on

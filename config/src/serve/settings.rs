@@ -18,12 +18,12 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 settings! {
-    /// The model directory or known name; `None` serves the default model.
+    /// The model directory or GGUF file; `None` serves the default model.
     model: Option<PathBuf> = None;
         given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
-        flag "--model", arg(long, value_name = "DIR|NAME",
-            help = "A Hugging Face model directory or a known name [default: smollm2-135m, \
-                    fetched on first use]");
+        flag "--model", arg(long, value_name = "DIR|FILE.gguf",
+            help = "A Hugging Face model directory or a GGUF file (run as it is stored) \
+                    [default: smollm2-135m, fetched on first use]");
     /// The model name clients send; `None` uses the model's own name.
     served_model_name: Option<String> = None;
         given String, fill optional, reload Restart, Public, check text_not_empty,

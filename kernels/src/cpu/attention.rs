@@ -48,40 +48,63 @@ pub fn paged_attention(
             owner[seq.q_start + i] = Some((s, i));
         }
     }
-    o.par_chunks_mut(width)
-        .zip(owner)
-        .for_each(|(out_row, owner)| {
-            let Some((s, i)) = owner else { return };
+    // One task per (row, KV head): the query heads of a group read each key and value once.
+    let kv_heads = layout.num_kv_heads as usize;
+    o.par_chunks_mut(group * d)
+        .enumerate()
+        .for_each(|(task, out)| {
+            let (row, kv_head) = (task / kv_heads, task % kv_heads);
+            let Some((s, i)) = owner[row] else { return };
             let seq = &seqs[s];
             let pos = seq.context_len - seq.q_len + i;
-            let row = seq.q_start + i;
-            let mut scores = vec![0f32; pos + 1];
-            for h in 0..num_heads {
-                let qh = &q[row * width + h * d..row * width + (h + 1) * d];
-                let kv_head = (h / group) as u64;
-                for (j, score) in scores.iter_mut().enumerate() {
-                    let at = layout.token_offset(seq.block_table, j as u64, kv_head) as usize;
-                    let kj = &k_cache[at..at + d];
-                    *score = qh.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+            let q = &q[row * width + kv_head * group * d..][..group * d];
+            let token =
+                |j: usize| layout.token_offset(seq.block_table, j as u64, kv_head as u64) as usize;
+            let mut scores = vec![0f32; group * (pos + 1)];
+            for j in 0..=pos {
+                let k = &k_cache[token(j)..][..d];
+                for h in 0..group {
+                    scores[h * (pos + 1) + j] = dot(&q[h * d..(h + 1) * d], k) * scale;
                 }
+            }
+            for (h, scores) in scores.chunks_mut(pos + 1).enumerate() {
                 let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let mut total = 0f32;
                 for s in scores.iter_mut() {
                     *s = (*s - max).exp();
                     total += *s;
                 }
-                let oh = &mut out_row[h * d..(h + 1) * d];
+                let inv = 1.0 / total;
+                let oh = &mut out[h * d..(h + 1) * d];
                 oh.fill(0.0);
                 for (j, &p) in scores.iter().enumerate() {
-                    let at = layout.token_offset(seq.block_table, j as u64, kv_head) as usize;
-                    for (o, &v) in oh.iter_mut().zip(&v_cache[at..at + d]) {
+                    for (o, &v) in oh.iter_mut().zip(&v_cache[token(j)..][..d]) {
                         *o += p * v;
                     }
                 }
-                let inv = 1.0 / total;
                 oh.iter_mut().for_each(|o| *o *= inv);
             }
         });
+}
+
+/// `a · b` summed in eight lanes, then the lanes in a fixed order (so it vectorizes and a
+/// row's result is the same whatever else runs).
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 8];
+    let whole = a.len() / 8 * 8;
+    for (a, b) in a[..whole].chunks_exact(8).zip(b[..whole].chunks_exact(8)) {
+        for l in 0..8 {
+            lanes[l] += a[l] * b[l];
+        }
+    }
+    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(a, b)| a * b).sum();
+    let pairs = [
+        lanes[0] + lanes[4],
+        lanes[1] + lanes[5],
+        lanes[2] + lanes[6],
+        lanes[3] + lanes[7],
+    ];
+    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
 }
 
 #[cfg(test)]

@@ -59,12 +59,13 @@ pub fn linear(x: &[f32], k: usize, w: &[f32], n: usize, out: &mut [f32]) {
     });
 }
 
+/// A pointer into an output that threads write disjoint parts of.
 #[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
+pub(crate) struct SendPtr(pub(crate) *mut f32);
 
 impl SendPtr {
     /// The pointer `i` elements on; the caller keeps it within the allocation.
-    unsafe fn at(self, i: usize) -> *mut f32 {
+    pub(crate) unsafe fn at(self, i: usize) -> *mut f32 {
         self.0.add(i)
     }
 }

@@ -1,11 +1,13 @@
-//! CPU kernels over `f32` slices.
+//! CPU kernels over `f32` slices, and weight matrices kept as they are stored.
 
 mod activation;
 mod attention;
 mod embedding;
 mod kv_write;
 mod linear;
+mod matrix;
 mod norm;
+pub mod quant;
 mod rotary;
 
 pub use activation::silu_and_mul;
@@ -14,6 +16,7 @@ pub use attention::{paged_attention, AttentionSeq};
 pub use embedding::embedding;
 pub use kv_write::write_kv;
 pub use linear::linear;
+pub use matrix::{Matrix, MatrixError, Storage};
 pub use norm::{add_rms_norm, rms_norm};
 pub use rotary::{apply_rotary, RotaryLayout};
 

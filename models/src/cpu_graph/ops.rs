@@ -7,6 +7,7 @@ use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::ForwardError;
 use peregrine_kernels::cpu::embedding as embed_rows;
 use peregrine_kernels::cpu::silu_and_mul as silu_mul;
+use peregrine_kernels::cpu::Matrix;
 use peregrine_ops::{AttentionPlan, KvCache, Linear, PagedAttention, RmsNorm, Rotary, StagedMeta};
 use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer, CpuGraph, OpError};
 use std::sync::Arc;
@@ -89,18 +90,18 @@ impl Activations {
     }
 }
 
-/// Embeds the first `n` staged token ids (of a vocabulary of `vocab`, rows of `h`) into
-/// `out`, refusing an id outside the table.
+/// Embeds the first `n` staged token ids (rows of `h` of `table`) into `out`, refusing an
+/// id outside the table.
 pub(crate) fn embedding(
     graph: &mut Graph,
     inputs: &StepInputs,
-    table: &Arc<[f32]>,
+    table: &Arc<Matrix>,
     out: &CpuBuffer<f32>,
     n: usize,
     h: usize,
 ) {
     let (ids, table, out) = (inputs.token_ids.clone(), table.clone(), out.clone());
-    let vocab = table.len() / h.max(1);
+    let vocab = table.rows();
     graph.record("embedding", &[ids.handle(), out.handle()], move |_| {
         let ids = &ids.read()[..n];
         if let Some(id) = ids.iter().find(|&&t| t as usize >= vocab) {
@@ -108,7 +109,7 @@ pub(crate) fn embedding(
                 "token id {id} outside the vocabulary of {vocab}"
             )));
         }
-        embed_rows(ids, &table, h, &mut out.write()[..n * h]);
+        embed_rows(ids, &table, &mut out.write()[..n * h]);
         Ok(())
     });
 }

@@ -17,6 +17,7 @@ use crate::weights::Weights;
 use crate::ModelConfig;
 use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
+use peregrine_kernels::cpu::Matrix;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{copy_columns, embedding};
 use peregrine_kernels::cuda::gemm::Gemm;
@@ -177,9 +178,14 @@ impl GpuEagle3Head {
         let weights = Weights::open(dir)?;
         let own = weights.contains("embed_tokens.weight");
         // The target's table stays on the device: the host head gets none.
-        let host = Eagle3Head::from_weights(config, &weights, target, Arc::from([]))?;
+        let host = Eagle3Head::from_weights(
+            config,
+            &weights,
+            target,
+            Arc::new(Matrix::empty(target.hidden_size)),
+        )?;
         let embed = if own {
-            HeadEmbedding::Own(upload(&gpu, &host.weights.embed)?)
+            HeadEmbedding::Own(upload(&gpu, &host.weights.embed.to_f32())?)
         } else {
             HeadEmbedding::Target(target_embed)
         };
@@ -195,7 +201,7 @@ impl GpuEagle3Head {
         kernels: Arc<CudaKernels>,
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuEagle3Head> {
-        let embed = HeadEmbedding::Own(upload(&gpu, &host.weights.embed)?);
+        let embed = HeadEmbedding::Own(upload(&gpu, &host.weights.embed.to_f32())?);
         GpuEagle3Head::new(host, embed, max_positions, gpu, kernels, options)
     }
 

@@ -4,6 +4,7 @@ use super::{DraftVocab, Eagle3Config, Eagle3Error};
 use crate::config::ModelConfig;
 use crate::llama::LlamaModel;
 use crate::weights::Weights;
+use peregrine_kernels::cpu::Matrix;
 use peregrine_ops::{Linear, PagedAttention, RmsNorm, Rotary, RotaryLayout};
 use peregrine_runtime::cpu_graph::BufferPool;
 use std::path::Path;
@@ -25,7 +26,7 @@ pub struct Eagle3Head {
 /// The head's parameters.
 pub(super) struct HeadWeights {
     /// `[vocab_size, hidden_size]`: the head's own `embed_tokens`, or the target's.
-    pub(super) embed: Arc<[f32]>,
+    pub(super) embed: Arc<Matrix>,
     /// `[H, aux_layers.len() * H_t]`, no bias.
     pub(super) fc: Linear,
     pub(super) input_norm: RmsNorm,
@@ -58,7 +59,7 @@ impl Eagle3Head {
         config: Eagle3Config,
         w: &Weights,
         target: &ModelConfig,
-        target_embed: Arc<[f32]>,
+        target_embed: Arc<Matrix>,
     ) -> Result<Eagle3Head, Eagle3Error> {
         let c = &config;
         if c.vocab_size != target.vocab_size {
@@ -78,7 +79,7 @@ impl Eagle3Head {
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let eps = c.rms_norm_eps as f32;
         let embed = if w.contains("embed_tokens.weight") {
-            w.f32("embed_tokens.weight", &[c.vocab_size, h])?.into()
+            Arc::new(w.matrix("embed_tokens.weight", [c.vocab_size, h])?)
         } else if target.hidden_size == h {
             target_embed
         } else {

@@ -9,7 +9,6 @@ use anyhow::{bail, Context, Result};
 use indicatif::ProgressBar;
 use safetensors::{Dtype, View};
 
-use super::dequant::Quant;
 use super::hf_config::LlamaConfig;
 use super::names::{self, Permuted, OUTPUT};
 use super::permute::{check_permutable, unpermute_rows};
@@ -17,6 +16,7 @@ use super::reader::{supported_list, GgufFile, TensorInfo};
 use super::tokenizer;
 use super::types::GgmlType;
 use crate::progress;
+use peregrine_kernels::cpu::quant::BlockFormat;
 
 /// Converts the GGUF file at `gguf_path` into a Hugging Face folder `out_dir` holding
 /// `config.json`, `model.safetensors` (quantized tensors dequantized to F32; F32, F16 and
@@ -25,12 +25,54 @@ use crate::progress;
 /// The folder is written beside `out_dir` under a temporary name and renamed at the end, so
 /// a failed conversion leaves nothing behind. `out_dir` must not exist or be empty.
 pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
+    write_folder(gguf_path, out_dir, None)
+}
+
+/// How [`import_gguf`] puts the GGUF file into the folder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Moved in (the file was a temporary one); copied if it cannot be moved.
+    Move,
+    /// Hard-linked, else symbolically linked, else copied (the user's file stays).
+    Link,
+}
+
+/// Like [`convert_gguf`], but the weights stay in the GGUF file: the folder holds
+/// `config.json`, the tokenizer files and `model.gguf` (the file itself, placed as
+/// `placement` says), which the loader reads as it is stored.
+pub fn import_gguf(gguf_path: &Path, out_dir: &Path, placement: Placement) -> Result<()> {
+    write_folder(gguf_path, out_dir, Some(placement))
+}
+
+/// Puts `src` at `dest` as `placement` says.
+fn place(src: &Path, dest: &Path, placement: Placement) -> std::io::Result<()> {
+    let linked = match placement {
+        Placement::Move => fs::rename(src, dest),
+        Placement::Link => fs::hard_link(src, dest).or_else(|e| symlink(src, dest).map_err(|_| e)),
+    };
+    linked.or_else(|_| fs::copy(src, dest).map(|_| ()))
+}
+
+#[cfg(unix)]
+fn symlink(src: &Path, dest: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::symlink(fs::canonicalize(src)?, dest)
+}
+
+#[cfg(not(unix))]
+fn symlink(_: &Path, _: &Path) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
+}
+
+/// The folder of [`convert_gguf`] (`placement` `None`: weights to safetensors) or
+/// [`import_gguf`].
+fn write_folder(gguf_path: &Path, out_dir: &Path, placement: Option<Placement>) -> Result<()> {
+    let safetensors = placement.is_none();
     let file = GgufFile::open(gguf_path)?;
     let config = LlamaConfig::from_gguf(&file)?;
     let tensors = plan(&file, &config)?;
     let tok = tokenizer::build(&file, config.vocab_size, config.max_position_embeddings)?;
     let total = tensors.iter().map(|(_, t)| t.data_len() as u64).sum();
-    let bar = progress::bytes_bar(total, "converting");
+    let bar = progress::bytes_bar(if safetensors { total } else { 0 }, "converting");
     let tensors: Vec<_> = tensors
         .into_iter()
         .map(|(name, tensor)| {
@@ -49,6 +91,10 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
         tok.tokenizer
             .save(dir.join("tokenizer.json"), true)
             .map_err(|e| anyhow::anyhow!("writing tokenizer.json: {e}"))?;
+        if let Some(placement) = placement {
+            return place(gguf_path, &dir.join(super::GGUF_WEIGHTS), placement)
+                .with_context(|| format!("placing {} in the folder", gguf_path.display()));
+        }
         safetensors::serialize_to_file(tensors, None, &dir.join("model.safetensors"))
             .context("writing model.safetensors")
     })
@@ -59,7 +105,12 @@ pub fn convert_gguf(gguf_path: &Path, out_dir: &Path) -> Result<()> {
             out_dir.display()
         )
     })?;
-    progress::finish(&bar, &format!("converted {count} tensors"));
+    let done = if safetensors {
+        format!("converted {count} tensors")
+    } else {
+        format!("imported {count} tensors as they are stored")
+    };
+    progress::finish(&bar, &done);
     Ok(())
 }
 
@@ -68,7 +119,7 @@ enum Source<'a> {
     /// Stored in the output dtype already.
     Raw(&'a [u8]),
     /// Block-quantized; decoded to F32.
-    Quantized(Quant, &'a [u8]),
+    Quantized(BlockFormat, &'a [u8]),
 }
 
 /// One tensor of `model.safetensors`, decoded only when written.
@@ -92,8 +143,11 @@ impl View for OutTensor<'_> {
     fn data(&self) -> Cow<'_, [u8]> {
         let bytes = match self.source {
             Source::Raw(b) => Cow::Borrowed(b),
-            Source::Quantized(q, b) => {
-                Cow::Owned(q.decode(b).iter().flat_map(|x| x.to_le_bytes()).collect())
+            Source::Quantized(format, b) => {
+                let mut values =
+                    vec![0.0f32; b.len() / format.block_bytes() * format.block_elems()];
+                format.dequantize(b, &mut values);
+                Cow::Owned(values.iter().flat_map(|x| x.to_le_bytes()).collect())
             }
         };
         match self.unpermute_heads {
@@ -188,7 +242,7 @@ fn source<'a>(file: &'a GgufFile, info: &TensorInfo) -> Result<(Dtype, Source<'a
         GgmlType::F32 => Dtype::F32,
         GgmlType::F16 => Dtype::F16,
         GgmlType::BF16 => Dtype::BF16,
-        ty => match Quant::of(ty) {
+        ty => match ty.block_format() {
             Some(q) => return Ok((Dtype::F32, Source::Quantized(q, file.tensor_bytes(info)?))),
             None => bail!(
                 "tensor '{}' has type {ty}, which Peregrine cannot convert (supported: {})",

@@ -17,7 +17,7 @@ pub(crate) fn check_permutable(name: &str, n_rows: usize, n_heads: usize) -> Res
 
 /// Reorders the rows of `data` (`n_rows` equal rows, checked by [`check_permutable`]) from
 /// llama.cpp's interleaved order back to Hugging Face's order.
-pub(crate) fn unpermute_rows(data: &[u8], n_rows: usize, n_heads: usize) -> Vec<u8> {
+pub(crate) fn unpermute_rows<T: Copy>(data: &[T], n_rows: usize, n_heads: usize) -> Vec<T> {
     let row_bytes = data.len() / n_rows;
     let head_dim = n_rows / n_heads;
     let half = head_dim / 2;

@@ -8,7 +8,7 @@ use crate::config::ModelConfig;
 use crate::cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
 use crate::progress;
 use crate::weights::{WeightError, Weights};
-use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cpu::{KvLayout, Matrix};
 use peregrine_ops::{
     AttentionPlan, KvCache, Linear, PagedAttention, PlanError, RmsNorm, Rotary, RotaryLayout,
 };
@@ -60,12 +60,13 @@ struct Layer {
     down: Linear,
 }
 
-/// A loaded Llama-family model. Weights are held as float32 on the CPU; q/k/v and
-/// gate/up are fused into one matrix each. Weights are shared (`Arc`) with the graphs that
-/// record the forward; its buffers come from its own pool.
+/// A loaded Llama-family model. Weight matrices are held on the CPU as they are stored
+/// (float32, bf16, f16 or ggml block quantizations; see [`Matrix`]); q/k/v and gate/up are
+/// stacked into one matrix each. Weights are shared (`Arc`) with the graphs that record the
+/// forward; its buffers come from its own pool.
 pub struct LlamaModel {
     config: ModelConfig,
-    embed: Arc<[f32]>,
+    embed: Arc<Matrix>,
     layers: Vec<Arc<Layer>>,
     norm: Arc<RmsNorm>,
     lm_head: Arc<Linear>,
@@ -90,16 +91,32 @@ impl LlamaModel {
         let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let eps = c.rms_norm_eps as f32;
         let bar = progress::bar(c.num_layers as u64, "loading weights", "layers");
-        let embed: Arc<[f32]> = w
-            .f32("model.embed_tokens.weight", &[c.vocab_size, h])?
-            .into();
+        let embed = Arc::new(w.matrix("model.embed_tokens.weight", [c.vocab_size, h])?);
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}");
             let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
-            let mut qkv = get("self_attn.q_proj.weight", &[qd, h])?;
-            qkv.extend(get("self_attn.k_proj.weight", &[kvd, h])?);
-            qkv.extend(get("self_attn.v_proj.weight", &[kvd, h])?);
+            let matrix = |name: &str, shape: [usize; 2]| w.matrix(&format!("{p}.{name}"), shape);
+            let stack =
+                |names: &[(&str, usize)], cols: usize| -> Result<Arc<Matrix>, WeightError> {
+                    let parts = names
+                        .iter()
+                        .map(|&(name, rows)| matrix(name, [rows, cols]))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    let stacked = Matrix::stack(parts).map_err(|source| WeightError::Matrix {
+                        name: format!("{p}.{}", names[0].0),
+                        source,
+                    })?;
+                    Ok(Arc::new(stacked))
+                };
+            let qkv = stack(
+                &[
+                    ("self_attn.q_proj.weight", qd),
+                    ("self_attn.k_proj.weight", kvd),
+                    ("self_attn.v_proj.weight", kvd),
+                ],
+                h,
+            )?;
             let qkv_bias = if c.qkv_bias {
                 let mut b = get("self_attn.q_proj.bias", &[qd])?;
                 b.extend(get("self_attn.k_proj.bias", &[kvd])?);
@@ -116,31 +133,32 @@ impl LlamaModel {
             } else {
                 (None, None)
             };
-            let mut gate_up = get("mlp.gate_proj.weight", &[c.intermediate_size, h])?;
-            gate_up.extend(get("mlp.up_proj.weight", &[c.intermediate_size, h])?);
+            let inter = c.intermediate_size;
+            let gate_up = stack(
+                &[
+                    ("mlp.gate_proj.weight", inter),
+                    ("mlp.up_proj.weight", inter),
+                ],
+                h,
+            )?;
             layers.push(Arc::new(Layer {
                 input_norm: RmsNorm::new(get("input_layernorm.weight", &[h])?, eps),
-                qkv: Linear::new(qkv.into(), qkv_bias, qd + 2 * kvd),
+                qkv: Linear::of(qkv, qkv_bias),
                 q_norm,
                 k_norm,
-                o_proj: Linear::new(get("self_attn.o_proj.weight", &[h, qd])?.into(), None, h),
+                o_proj: Linear::of(Arc::new(matrix("self_attn.o_proj.weight", [h, qd])?), None),
                 post_norm: RmsNorm::new(get("post_attention_layernorm.weight", &[h])?, eps),
-                gate_up: Linear::new(gate_up.into(), None, 2 * c.intermediate_size),
-                down: Linear::new(
-                    get("mlp.down_proj.weight", &[h, c.intermediate_size])?.into(),
-                    None,
-                    h,
-                ),
+                gate_up: Linear::of(gate_up, None),
+                down: Linear::of(Arc::new(matrix("mlp.down_proj.weight", [h, inter])?), None),
             }));
             bar.inc(1);
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
-            Linear::new(embed.clone(), None, c.vocab_size)
+            Linear::of(embed.clone(), None)
         } else {
-            Linear::new(
-                w.f32("lm_head.weight", &[c.vocab_size, h])?.into(),
+            Linear::of(
+                Arc::new(w.matrix("lm_head.weight", [c.vocab_size, h])?),
                 None,
-                c.vocab_size,
             )
         };
         let rotary = Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit);
@@ -169,9 +187,9 @@ impl LlamaModel {
         &self.config
     }
 
-    /// The token embedding table, `[vocab_size, hidden_size]` row-major (shared, not
-    /// copied: an EAGLE-3 head without its own `embed_tokens` uses it).
-    pub fn embedding_table(&self) -> Arc<[f32]> {
+    /// The token embedding table, `[vocab_size, hidden_size]` (shared, not copied: an
+    /// EAGLE-3 head without its own `embed_tokens` uses it).
+    pub fn embedding_table(&self) -> Arc<Matrix> {
         self.embed.clone()
     }
 
@@ -187,9 +205,9 @@ impl LlamaModel {
                     + l.down.size_bytes()
             })
             .sum();
-        let tied = Arc::ptr_eq(&self.embed, &self.lm_head.weight());
+        let tied = Arc::ptr_eq(&self.embed, self.lm_head.matrix());
         let head = if tied { 0 } else { self.lm_head.size_bytes() };
-        layers + 4 * self.embed.len() as u64 + head
+        layers + self.embed.size_bytes() + head
     }
 
     /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.

@@ -5,6 +5,7 @@ use anyhow::Context;
 use peregrine_actors::backend::{DraftBeside, ModelBackend};
 use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, HeadRunner, Ngram};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
+use peregrine_kernels::cpu::Matrix;
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
 use peregrine_models::{LlamaModel, Weights};
 use std::path::Path;
@@ -130,7 +131,9 @@ fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3He
     let weights = Weights::open(dir)?;
     let embed = match target.embedding_table() {
         Some(table) => table,
-        None if weights.contains("embed_tokens.weight") => Arc::from(Vec::new()),
+        None if weights.contains("embed_tokens.weight") => {
+            Arc::new(Matrix::empty(target.config().hidden_size))
+        }
         None => anyhow::bail!(
             "the head has no embed_tokens.weight and the {} backend does not share its table",
             target.pool().device

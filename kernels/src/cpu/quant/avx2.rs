@@ -1,0 +1,188 @@
+//! Block dot products with AVX2, FMA and F16C for the 32-value formats (Q8_0, Q4_0, Q4_1,
+//! Q5_0, Q5_1): a block's 32 weights are widened to bytes once, then multiplied with each
+//! activation row's 32 `i8` by `vpmaddubsw` and summed in eight f32 lanes. Each output
+//! row's operations are the same whatever the number of rows in the group.
+
+use super::format::BlockFormat;
+use super::q8::{Q8Row, QK8};
+use std::arch::x86_64::*;
+
+/// Whether this CPU runs [`dot`].
+pub fn available() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Whether [`dot`] handles `format`.
+pub fn handles(format: BlockFormat) -> bool {
+    format.block_elems() == QK8
+}
+
+/// `out[j * n + r] = w[j] · x[r]` for every row `j` of `w` (rows of `row_bytes`) and
+/// every row `r` of the `n` rows of `x`.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C ([`available`]); `format` must be one
+/// [`handles`]; `w` must be whole rows of whole blocks and every row of `x` as long as one.
+pub unsafe fn rows(format: BlockFormat, w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
+    match format {
+        BlockFormat::Q8_0 => rows_q8_0(w, row_bytes, x, out),
+        BlockFormat::Q4_0 => rows_q4_0(w, row_bytes, x, out),
+        BlockFormat::Q4_1 => rows_q4_1(w, row_bytes, x, out),
+        BlockFormat::Q5_0 => rows_q5_0(w, row_bytes, x, out),
+        BlockFormat::Q5_1 => rows_q5_1(w, row_bytes, x, out),
+        other => panic!("avx2::rows: {} is not a 32-value format", other.name()),
+    }
+}
+
+/// One format's kernel, `$group::<R>` for every weight row and group of up to four
+/// activation rows.
+macro_rules! kernel {
+    ($name:ident, $group:ident) => {
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn $name(w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
+            super::for_groups(w, row_bytes, x, out, |w, x, out| match x.len() {
+                1 => $group::<1>(w, x, out),
+                2 => $group::<2>(w, x, out),
+                3 => $group::<3>(w, x, out),
+                _ => $group::<4>(w, x, out),
+            })
+        }
+    };
+}
+kernel!(rows_q8_0, q8_0);
+kernel!(rows_q4_0, q4_0);
+kernel!(rows_q4_1, q4_1);
+kernel!(rows_q5_0, q5_0);
+kernel!(rows_q5_1, q5_1);
+
+#[inline(always)]
+unsafe fn f16(p: *const u8) -> f32 {
+    let bits = u16::from_le_bytes([*p, *p.add(1)]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+}
+
+/// Sixteen bytes of nibbles as 32 bytes: low nibbles first, then high nibbles.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let v = _mm_loadu_si128(p as *const __m128i);
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(v, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16(v, 4), mask);
+    _mm256_set_m128i(hi, lo)
+}
+
+/// Byte `i` is 0x10 where bit `i` of the little-endian u32 at `p` is set, else 0.
+#[inline(always)]
+unsafe fn fifth_bits(p: *const u8) -> __m256i {
+    let bits = u32::from_le_bytes([*p, *p.add(1), *p.add(2), *p.add(3)]);
+    let spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(bits as i32),
+        _mm256_setr_epi64x(
+            0,
+            0x0101_0101_0101_0101,
+            0x0202_0202_0202_0202,
+            0x0303_0303_0303_0303,
+        ),
+    );
+    let others = _mm256_set1_epi64x(0x7fbf_dfef_f7fb_fdfe_u64 as i64);
+    let set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+    _mm256_and_si256(set, _mm256_set1_epi8(0x10))
+}
+
+/// The common loop of the unsigned formats: `weights(block)` gives a block's values as
+/// bytes 0..32, its scale `d` and the offset `o` each value has subtracted (value
+/// `d * q - o`); per row, `sum_b d * dx * (q · qx) - o * sx`. Even and odd blocks go to
+/// two accumulators (so consecutive blocks do not wait on each other), summed at the end.
+#[inline(always)]
+unsafe fn unsigned<const R: usize>(
+    w: &[u8],
+    bytes: usize,
+    x: &[Q8Row],
+    out: &mut [f32],
+    weights: impl Fn(*const u8) -> (__m256i, f32, f32),
+) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); R]; 2];
+    let mut offsets = [[0.0f32; R]; 2];
+    for b in 0..w.len() / bytes {
+        let (wv, d, o) = weights(w.as_ptr().add(b * bytes));
+        let (acc, offsets) = (&mut acc[b % 2], &mut offsets[b % 2]);
+        for r in 0..R {
+            let x = &x[r];
+            let xv = _mm256_loadu_si256(x.q.as_ptr().add(b * QK8) as *const __m256i);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), ones);
+            let scale = _mm256_set1_ps(d * *x.d.get_unchecked(b));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
+            offsets[r] += o * *x.s.get_unchecked(b);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r])) - (offsets[0][r] + offsets[1][r]);
+    }
+}
+
+#[inline(always)]
+unsafe fn q4_0<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    unsigned::<R>(w, 18, x, out, |p| {
+        let d = f16(p);
+        (nibbles(p.add(2)), d, 8.0 * d)
+    })
+}
+
+#[inline(always)]
+unsafe fn q4_1<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    unsigned::<R>(w, 20, x, out, |p| {
+        (nibbles(p.add(4)), f16(p), -f16(p.add(2)))
+    })
+}
+
+#[inline(always)]
+unsafe fn q5_0<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    unsigned::<R>(w, 22, x, out, |p| {
+        let d = f16(p);
+        let q = _mm256_or_si256(nibbles(p.add(6)), fifth_bits(p.add(2)));
+        (q, d, 16.0 * d)
+    })
+}
+
+#[inline(always)]
+unsafe fn q5_1<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    unsigned::<R>(w, 24, x, out, |p| {
+        let q = _mm256_or_si256(nibbles(p.add(8)), fifth_bits(p.add(4)));
+        (q, f16(p), -f16(p.add(2)))
+    })
+}
+
+/// Q8_0: signed weights, multiplied as `|w| * (x * sign(w))` so `vpmaddubsw` applies.
+#[inline(always)]
+unsafe fn q8_0<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); R]; 2];
+    for b in 0..w.len() / 34 {
+        let acc = &mut acc[b % 2];
+        let p = w.as_ptr().add(b * 34);
+        let d = f16(p);
+        let wv = _mm256_loadu_si256(p.add(2) as *const __m256i);
+        let magnitude = _mm256_sign_epi8(wv, wv);
+        for r in 0..R {
+            let x = &x[r];
+            let xv = _mm256_loadu_si256(x.q.as_ptr().add(b * QK8) as *const __m256i);
+            let signed = _mm256_sign_epi8(xv, wv);
+            let p = _mm256_madd_epi16(_mm256_maddubs_epi16(magnitude, signed), ones);
+            let scale = _mm256_set1_ps(d * *x.d.get_unchecked(b));
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc[r]);
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
+    }
+}

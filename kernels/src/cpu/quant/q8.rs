@@ -1,0 +1,106 @@
+//! Activations quantized per 32 values to `i8` with one f32 scale (ggml's Q8_0/Q8_1), the
+//! form every block dot product reads its input in.
+
+use rayon::prelude::*;
+
+/// Values per activation block.
+pub const QK8: usize = 32;
+
+/// Rows of activations quantized per 32 values: value `i` of a row is about
+/// `d[i / 32] * q[i]`; `s[b]` is `d[b]` times the sum of block `b`'s integers.
+pub struct Q8Rows {
+    /// Values per row, a multiple of 32.
+    pub cols: usize,
+    /// The integers, `[rows, cols]`.
+    pub q: Vec<i8>,
+    /// Each block's scale, `[rows, cols / 32]`.
+    pub d: Vec<f32>,
+    /// Each block's scale times the sum of its integers, `[rows, cols / 32]`.
+    pub s: Vec<f32>,
+}
+
+impl Q8Rows {
+    /// Quantizes `x` (`[rows, cols]`, `cols` a multiple of 32): each block's scale is its
+    /// largest magnitude over 127, each value rounded to the nearest integer (halves away
+    /// from zero). A row's result depends on that row alone.
+    pub fn quantize(x: &[f32], cols: usize) -> Q8Rows {
+        assert!(
+            cols > 0 && cols.is_multiple_of(QK8) && x.len().is_multiple_of(cols),
+            "Q8Rows: {} values are not rows of {cols}, a multiple of {QK8}",
+            x.len()
+        );
+        let blocks = x.len() / QK8;
+        let mut rows = Q8Rows {
+            cols,
+            q: vec![0; x.len()],
+            d: vec![0.0; blocks],
+            s: vec![0.0; blocks],
+        };
+        let work = x
+            .par_chunks(QK8)
+            .zip(rows.q.par_chunks_mut(QK8))
+            .zip(rows.d.par_iter_mut().zip(rows.s.par_iter_mut()));
+        work.with_min_len(256)
+            .for_each(|((x, q), (d, s))| quantize_block(x, q, d, s));
+        rows
+    }
+
+    /// Rows held.
+    pub fn rows(&self) -> usize {
+        self.q.len() / self.cols
+    }
+
+    /// Row `r`'s integers, scales and scaled sums.
+    pub fn row(&self, r: usize) -> Q8Row<'_> {
+        let (k, nb) = (self.cols, self.cols / QK8);
+        Q8Row {
+            q: &self.q[r * k..(r + 1) * k],
+            d: &self.d[r * nb..(r + 1) * nb],
+            s: &self.s[r * nb..(r + 1) * nb],
+        }
+    }
+}
+
+/// One row of [`Q8Rows`].
+#[derive(Clone, Copy)]
+pub struct Q8Row<'a> {
+    /// The integers.
+    pub q: &'a [i8],
+    /// Each block's scale.
+    pub d: &'a [f32],
+    /// Each block's scale times the sum of its integers.
+    pub s: &'a [f32],
+}
+
+fn quantize_block(x: &[f32], q: &mut [i8], d: &mut f32, s: &mut f32) {
+    let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    *d = amax / 127.0;
+    let inv = if *d == 0.0 { 0.0 } else { 1.0 / *d };
+    let mut sum = 0i32;
+    for (q, &v) in q.iter_mut().zip(x) {
+        *q = (v * inv).round() as i8;
+        sum += i32::from(*q);
+    }
+    *s = *d * sum as f32;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_round_to_within_half_a_step() {
+        let x: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 23) as f32 - 11.3) * 0.17)
+            .collect();
+        let r = Q8Rows::quantize(&x, 96);
+        for (i, &v) in x.iter().enumerate() {
+            let d = r.d[i / 32];
+            assert!((d * f32::from(r.q[i]) - v).abs() <= 0.5 * d * 1.0001, "{i}");
+        }
+        let sum: i32 = r.q[32..64].iter().map(|&q| i32::from(q)).sum();
+        assert_eq!(r.s[1], r.d[1] * sum as f32);
+        let zeros = Q8Rows::quantize(&[0.0; 32], 32);
+        assert_eq!((zeros.d[0], zeros.s[0]), (0.0, 0.0));
+    }
+}
