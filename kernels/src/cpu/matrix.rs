@@ -146,18 +146,17 @@ impl Matrix {
 
     /// How the parts are stored, e.g. `"Q4_K x 576, Q6_K x 192"`.
     pub fn describe(&self) -> String {
-        let name = |p: &Part| match &p.storage {
-            Storage::F32(_) => "F32",
-            Storage::Half(Half::Bf16, _) => "BF16",
-            Storage::Half(Half::F16, _) => "F16",
-            Storage::Blocks(f, _) => f.name(),
-        };
         let parts: Vec<String> = self
             .parts
             .iter()
-            .map(|p| format!("{} x {}", name(p), p.rows))
+            .map(|p| format!("{} x {}", p.storage_name(), p.rows))
             .collect();
         parts.join(", ")
+    }
+
+    /// The name of each part's storage (`"F32"`, `"BF16"`, `"Q4_K"`, ...), in order.
+    pub fn storage_names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        self.parts.iter().map(Part::storage_name)
     }
 
     /// Row `r` as float32 into `out` (`cols` values).
@@ -275,6 +274,15 @@ impl Matrix {
 }
 
 impl Part {
+    fn storage_name(&self) -> &'static str {
+        match &self.storage {
+            Storage::F32(_) => "F32",
+            Storage::Half(Half::Bf16, _) => "BF16",
+            Storage::Half(Half::F16, _) => "F16",
+            Storage::Blocks(f, _) => f.name(),
+        }
+    }
+
     /// `out[j * n + r]`: row `start + j` (of this part, `count` rows) dotted with row `r`
     /// of the `n` rows of `x` (`q8`, quantized, for block formats).
     #[allow(clippy::too_many_arguments)]

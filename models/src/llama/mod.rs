@@ -210,6 +210,23 @@ impl LlamaModel {
         layers + self.embed.size_bytes() + head
     }
 
+    /// How the weight matrices are stored, each form once in order of first use, e.g.
+    /// `"Q8_0, Q4_1"`.
+    pub fn weight_storage(&self) -> String {
+        let mut forms: Vec<String> = Vec::new();
+        let matrices = self.layers.iter().flat_map(|l| {
+            [&l.qkv, &l.o_proj, &l.gate_up, &l.down].map(|linear| linear.matrix().clone())
+        });
+        for m in std::iter::once(self.embed.clone()).chain(matrices) {
+            for form in m.storage_names() {
+                if !forms.iter().any(|f| f == form) {
+                    forms.push(form.to_string());
+                }
+            }
+        }
+        forms.join(", ")
+    }
+
     /// A KV cache layout of `num_blocks` blocks of `block_size` tokens for this model.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
         self.config.kv_layout(num_blocks, block_size)

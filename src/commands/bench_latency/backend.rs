@@ -115,8 +115,13 @@ impl LatencyModel for CpuModel {
     fn describe(&self) -> String {
         let c = self.model.config();
         format!(
-            "model: {:?}, {} layers, hidden {}, on the CPU in f32",
-            c.architecture, c.num_layers, c.hidden_size
+            "model: {:?}, {} layers, hidden {}, on the CPU ({} SIMD), weights {} ({:.0} MB)",
+            c.architecture,
+            c.num_layers,
+            c.hidden_size,
+            peregrine_kernels::cpu::quant::Simd::detected().name(),
+            self.model.weight_storage(),
+            self.model.weight_bytes() as f64 / 1e6
         )
     }
 
