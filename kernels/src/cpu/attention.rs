@@ -2,6 +2,7 @@
 //! sequence attends causally to the sequence's cached keys, grouped-query heads sharing
 //! their KV head.
 
+use super::linear::SendPtr;
 use super::quant::Simd;
 use super::KvLayout;
 use rayon::prelude::*;
@@ -42,54 +43,77 @@ pub fn paged_attention(
         "heads not grouped"
     );
     assert_eq!(q.len(), o.len(), "paged_attention: q and o differ in size");
-    let mut owner = vec![None; o.len() / width];
-    for (s, seq) in seqs.iter().enumerate() {
+    let rows = o.len() / width;
+    let mut owned = vec![false; rows];
+    for seq in seqs {
         assert!(seq.q_len <= seq.context_len, "more queries than context");
-        for i in 0..seq.q_len {
-            owner[seq.q_start + i] = Some((s, i));
+        assert!(
+            seq.q_start + seq.q_len <= rows,
+            "a sequence's rows lie past q and o"
+        );
+        for row in &mut owned[seq.q_start..seq.q_start + seq.q_len] {
+            assert!(!*row, "two sequences share a row of q and o");
+            *row = true;
         }
     }
-    // One task per (row, KV head): the query heads of a group read each key and value once.
+    // One task per (tile of a sequence's query rows, KV head): the tile's rows and the
+    // group's query heads read each key and value once.
     let kv_heads = layout.num_kv_heads as usize;
-    let fma = Simd::detected().has_avx2();
-    o.par_chunks_mut(group * d)
-        .enumerate()
-        .for_each(|(task, out)| {
-            let (row, kv_head) = (task / kv_heads, task % kv_heads);
-            let Some((s, i)) = owner[row] else { return };
-            let seq = &seqs[s];
-            let task = GroupTask {
-                q: &q[row * width + kv_head * group * d..][..group * d],
-                k_cache,
-                v_cache,
-                layout,
-                table: seq.block_table,
-                kv_head: kv_head as u64,
-                pos: seq.context_len - seq.q_len + i,
-                scale,
-            };
-            #[cfg(target_arch = "x86_64")]
-            if fma {
-                // SAFETY: `has_avx2` said this CPU has AVX2 and FMA.
-                unsafe { task.run_fma(out) };
-                return;
+    let mut tasks = Vec::new();
+    for (s, seq) in seqs.iter().enumerate() {
+        for first in (0..seq.q_len).step_by(Q_TILE) {
+            for kv_head in 0..kv_heads {
+                tasks.push((s, first, Q_TILE.min(seq.q_len - first), kv_head));
             }
-            let _ = fma;
-            task.run::<false>(out);
-        });
+        }
+    }
+    let fma = Simd::detected().has_avx2();
+    let dst = SendPtr(o.as_mut_ptr());
+    tasks.into_par_iter().for_each(|(s, first, tile, kv_head)| {
+        let seq = &seqs[s];
+        let at = |r: usize| (seq.q_start + first + r) * width + kv_head * group * d;
+        let task = GroupTask {
+            q: (0..tile).map(|r| &q[at(r)..at(r) + group * d]).collect(),
+            k_cache,
+            v_cache,
+            layout,
+            table: seq.block_table,
+            kv_head: kv_head as u64,
+            first_pos: seq.context_len - seq.q_len + first,
+            scale,
+        };
+        // SAFETY: row `q_start + first + r`'s columns of this KV group lie in `o` (checked
+        // above) and belong to this task alone: sequences do not share rows (checked
+        // above) and each (row, KV group) is in one tile.
+        let mut out: Vec<&mut [f32]> = (0..tile)
+            .map(|r| unsafe { std::slice::from_raw_parts_mut(dst.at(at(r)), group * d) })
+            .collect();
+        #[cfg(target_arch = "x86_64")]
+        if fma {
+            // SAFETY: `has_avx2` said this CPU has AVX2 and FMA.
+            unsafe { task.run_fma(&mut out) };
+            return;
+        }
+        let _ = fma;
+        task.run::<false>(&mut out);
+    });
 }
 
-/// One query row's heads of one KV group against that group's cached keys and values.
+/// Query rows of one sequence a task takes at a time.
+const Q_TILE: usize = 8;
+
+/// Consecutive query rows of one sequence, each row's heads of one KV group, against that
+/// group's cached keys and values.
 struct GroupTask<'a> {
-    /// The group's query heads, `[group, head_dim]`.
-    q: &'a [f32],
+    /// Each row's query heads of the group, `[group, head_dim]`.
+    q: Vec<&'a [f32]>,
     k_cache: &'a [f32],
     v_cache: &'a [f32],
     layout: &'a KvLayout,
     table: &'a [u32],
     kv_head: u64,
-    /// The row's position: it sees keys `0..=pos`.
-    pos: usize,
+    /// The first row's position: row `r` sees keys `0..=first_pos + r`.
+    first_pos: usize,
     scale: f32,
 }
 
@@ -97,28 +121,35 @@ impl GroupTask<'_> {
     /// [`run`](Self::run) with fused multiply-adds, compiled for AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn run_fma(&self, out: &mut [f32]) {
+    unsafe fn run_fma(&self, out: &mut [&mut [f32]]) {
         self.run::<true>(out)
     }
 
-    /// Writes the group's outputs (`[group, head_dim]`) into `out`; `FMA` fuses each
-    /// multiply-add (only where the CPU has FMA).
+    /// Writes each row's outputs of the group (`[group, head_dim]`) into `out[r]`; `FMA`
+    /// fuses each multiply-add (only where the CPU has FMA). A row's arithmetic does not
+    /// depend on the other rows of the tile.
     #[inline(always)]
-    fn run<const FMA: bool>(&self, out: &mut [f32]) {
+    fn run<const FMA: bool>(&self, out: &mut [&mut [f32]]) {
         let d = self.layout.head_dim as usize;
-        let group = self.q.len() / d;
-        let n = self.pos + 1;
+        let group = self.q[0].len() / d;
+        let keys = |r: usize| self.first_pos + r + 1;
+        let n = keys(self.q.len() - 1);
         let token =
             |j: usize| self.layout.token_offset(self.table, j as u64, self.kv_head) as usize;
-        let mut scores = vec![0f32; group * n];
+        // Row r's head h scores at `(r * group + h) * n`, its first `keys(r)` used.
+        let mut scores = vec![0f32; self.q.len() * group * n];
         for j in 0..n {
             let k = &self.k_cache[token(j)..][..d];
-            for h in 0..group {
-                scores[h * n + j] = dot::<FMA>(&self.q[h * d..(h + 1) * d], k) * self.scale;
+            for (r, q) in self.q.iter().enumerate().filter(|&(r, _)| j < keys(r)) {
+                for h in 0..group {
+                    let score = dot::<FMA>(&q[h * d..(h + 1) * d], k) * self.scale;
+                    scores[(r * group + h) * n + j] = score;
+                }
             }
         }
-        let mut inv = Vec::with_capacity(group);
-        for scores in scores.chunks_mut(n) {
+        let mut inv = Vec::with_capacity(self.q.len() * group);
+        for (i, scores) in scores.chunks_mut(n).enumerate() {
+            let scores = &mut scores[..keys(i / group)];
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0f32;
             for s in scores.iter_mut() {
@@ -127,19 +158,24 @@ impl GroupTask<'_> {
             }
             inv.push(1.0 / total);
         }
-        // Each value row is read once for the group's heads.
-        out.fill(0.0);
+        // Each value row is read once for the tile's rows and the group's heads.
+        out.iter_mut().for_each(|o| o.fill(0.0));
         for j in 0..n {
             let v = &self.v_cache[token(j)..][..d];
-            for (h, oh) in out.chunks_exact_mut(d).enumerate() {
-                let p = scores[h * n + j];
-                for (o, &v) in oh.iter_mut().zip(v) {
-                    *o = mul_add::<FMA>(p, v, *o);
+            for (r, out) in out.iter_mut().enumerate().filter(|&(r, _)| j < keys(r)) {
+                for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+                    let p = scores[(r * group + h) * n + j];
+                    for (o, &v) in oh.iter_mut().zip(v) {
+                        *o = mul_add::<FMA>(p, v, *o);
+                    }
                 }
             }
         }
-        for (oh, inv) in out.chunks_exact_mut(d).zip(inv) {
-            oh.iter_mut().for_each(|o| *o *= inv);
+        for (r, out) in out.iter_mut().enumerate() {
+            for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+                let inv = inv[r * group + h];
+                oh.iter_mut().for_each(|o| *o *= inv);
+            }
         }
     }
 }

@@ -25,6 +25,9 @@ struct Part {
     rows: usize,
 }
 
+/// Rows of activations a panel runs through its weight rows at a time.
+const X_TILE: usize = 16;
+
 /// A `[rows, cols]` weight matrix: parts of rows stacked in order.
 #[derive(Clone, Debug)]
 pub struct Matrix {
@@ -244,13 +247,20 @@ impl Matrix {
         self.panels()
             .into_par_iter()
             .for_each(|(part, first, start, count)| {
-                let mut dots = vec![0.0f32; count * n];
-                part.dots(simd, start, count, k, x, &q8, &mut dots);
-                for (j, dots) in dots.chunks_exact(n).enumerate() {
-                    for (r, &v) in dots.iter().enumerate() {
-                        // SAFETY: column `first + start + j` of row `r` lies in `out` (checked
-                        // above); each column belongs to exactly one panel.
-                        unsafe { *dst.at(r * width + first + start + j) = v };
+                let mut dots = vec![0.0f32; count * X_TILE.min(n)];
+                // Tiles of x's rows, so a tile stays in the core's first-level cache while
+                // every weight row of the panel runs through it.
+                for t in (0..n).step_by(X_TILE) {
+                    let rows = X_TILE.min(n - t);
+                    let (xt, dots) = (&x[t * k..(t + rows) * k], &mut dots[..count * rows]);
+                    let q8 = q8.get(t..t + rows).unwrap_or_default();
+                    part.dots(simd, start, count, k, xt, q8, dots);
+                    for (j, dots) in dots.chunks_exact(rows).enumerate() {
+                        for (r, &v) in dots.iter().enumerate() {
+                            // SAFETY: column `first + start + j` of row `t + r` lies in
+                            // `out` (checked above); each column belongs to one panel.
+                            unsafe { *dst.at((t + r) * width + first + start + j) = v };
+                        }
                     }
                 }
             });

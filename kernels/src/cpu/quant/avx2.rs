@@ -42,7 +42,7 @@ macro_rules! kernel {
     ($name:ident, $group:ident) => {
         #[target_feature(enable = "avx2,fma,f16c")]
         unsafe fn $name(w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
-            super::for_groups(w, row_bytes, x, out, |w, x, out| match x.len() {
+            super::for_groups(w, row_bytes, x, out, |w, _, x, out| match x.len() {
                 1 => $group::<1>(w, x, out),
                 2 => $group::<2>(w, x, out),
                 3 => $group::<3>(w, x, out),

@@ -48,13 +48,15 @@ macro_rules! kernel {
     ($name:ident, $bytes:expr, $weights:ident) => {
         #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")]
         unsafe fn $name(w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
-            super::for_groups(w, row_bytes, x, out, |w, x, out| {
+            let scales: Vec<Scales> = x.iter().map(Scales::of).collect();
+            super::for_groups(w, row_bytes, x, out, |w, first, x, out| {
                 let weights = |p0, p1| $weights(p0, p1);
+                let scales = &scales[first..first + x.len()];
                 match x.len() {
-                    1 => pairs::<1>(w, $bytes, x, out, weights),
-                    2 => pairs::<2>(w, $bytes, x, out, weights),
-                    3 => pairs::<3>(w, $bytes, x, out, weights),
-                    _ => pairs::<4>(w, $bytes, x, out, weights),
+                    1 => pairs::<1>(w, $bytes, x, scales, out, weights),
+                    2 => pairs::<2>(w, $bytes, x, scales, out, weights),
+                    3 => pairs::<3>(w, $bytes, x, scales, out, weights),
+                    _ => pairs::<4>(w, $bytes, x, scales, out, weights),
                 }
             })
         }
@@ -66,14 +68,46 @@ kernel!(rows_q4_1, 20, q4_1);
 kernel!(rows_q5_0, 22, q5_0);
 kernel!(rows_q5_1, 24, q5_1);
 
+/// One activation row's scales laid out for [`pairs`]: per pair of blocks, 16 lanes
+/// holding the first block's scale in lanes 0..8 and the second's in 8..16, and the two
+/// blocks' scaled sums; 0 for the missing second block of an odd count.
+struct Scales {
+    d: Vec<[f32; 16]>,
+    s: Vec<[f32; 4]>,
+}
+
+impl Scales {
+    fn of(x: &Q8Row) -> Scales {
+        let pairs = x.d.len().div_ceil(2);
+        let at = |v: &[f32], i: usize| v.get(i).copied().unwrap_or(0.0);
+        let mut scales = Scales {
+            d: Vec::with_capacity(pairs),
+            s: Vec::with_capacity(pairs),
+        };
+        for p in 0..pairs {
+            let (d0, d1) = (at(x.d, 2 * p), at(x.d, 2 * p + 1));
+            let mut lanes = [d0; 16];
+            lanes[8..].fill(d1);
+            scales.d.push(lanes);
+            scales
+                .s
+                .push([at(x.s, 2 * p), at(x.s, 2 * p + 1), 0.0, 0.0]);
+        }
+        scales
+    }
+}
+
 /// The loop every format shares: `weights(p0, p1)` gives two blocks' weights as 64
 /// unsigned bytes (block `p0`'s 32, then `p1`'s) and `[d0, d1, o0, o1]`, each block's
-/// scale and the offset its values have subtracted (value `d * q - o`).
+/// scale and the offset its values have subtracted (value `d * q - o`). Per row and pair:
+/// the integer dot of each block, times `d * dx`, into sixteen float lanes; `o * sx`
+/// into two.
 #[inline(always)]
 unsafe fn pairs<const R: usize>(
     w: &[u8],
     bytes: usize,
     x: &[Q8Row],
+    scales: &[Scales],
     out: &mut [f32],
     weights: impl Fn(*const u8, *const u8) -> (__m512i, __m128),
 ) {
@@ -87,21 +121,23 @@ unsafe fn pairs<const R: usize>(
         let last = b + 1 == blocks;
         let p0 = w.as_ptr().add(b * bytes);
         let p1 = if last { p0 } else { p0.add(bytes) };
-        let (wv, scales) = weights(p0, p1);
-        let (d, o) = (scales, _mm_movehl_ps(scales, scales));
-        let (qmask, fmask): (u64, u8) = if last {
-            (u64::from(u32::MAX), 1)
-        } else {
-            (u64::MAX, 3)
-        };
+        let (wv, ws) = weights(p0, p1);
+        let (d, o) = (
+            _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(ws)),
+            _mm_movehl_ps(ws, ws),
+        );
+        let pair = b / 2;
         for r in 0..R {
-            let x = &x[r];
-            let xv = _mm512_maskz_loadu_epi8(qmask, x.q.as_ptr().add(b * QK8));
-            let dx = _mm_maskz_loadu_ps(fmask, x.d.as_ptr().add(b));
-            let sx = _mm_maskz_loadu_ps(fmask, x.s.as_ptr().add(b));
+            let q = x[r].q.as_ptr().add(b * QK8);
+            let xv = if last {
+                _mm512_maskz_loadu_epi8(u64::from(u32::MAX), q)
+            } else {
+                _mm512_loadu_si512(q as *const __m512i)
+            };
+            let dx = _mm512_loadu_ps(scales[r].d.get_unchecked(pair).as_ptr());
+            let sx = _mm_loadu_ps(scales[r].s.get_unchecked(pair).as_ptr());
             let p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv, xv);
-            let scale = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(d, dx)));
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), scale, acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(d, dx), acc[r]);
             offsets[r] = _mm_fmadd_ps(o, sx, offsets[r]);
         }
         b += 2;

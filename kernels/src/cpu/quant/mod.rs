@@ -102,21 +102,21 @@ pub fn block_rows(simd: Simd, format: BlockFormat, w: &[u8], x: &[Q8Row], out: &
     portable::rows(format, w, row_bytes, x, out);
 }
 
-/// Runs `group(row, xs, outs)` for every row of `w` (rows of `row_bytes`) and every group
-/// of up to four rows of `x`, `outs` being that row's and group's part of `out`
-/// (`[w rows, x.len()]`).
+/// Runs `group(row, first, xs, outs)` for every row of `w` (rows of `row_bytes`) and every
+/// group `xs` of up to four rows of `x` (from row `first`), `outs` being that row's and
+/// group's part of `out` (`[w rows, x.len()]`).
 #[inline(always)]
 fn for_groups(
     w: &[u8],
     row_bytes: usize,
     x: &[Q8Row],
     out: &mut [f32],
-    mut group: impl FnMut(&[u8], &[Q8Row], &mut [f32]),
+    mut group: impl FnMut(&[u8], usize, &[Q8Row], &mut [f32]),
 ) {
     let n = x.len();
     for (row, out) in w.chunks_exact(row_bytes).zip(out.chunks_exact_mut(n)) {
-        for (x, out) in x.chunks(4).zip(out.chunks_mut(4)) {
-            group(row, x, out);
+        for (g, (x, out)) in x.chunks(4).zip(out.chunks_mut(4)).enumerate() {
+            group(row, 4 * g, x, out);
         }
     }
 }

@@ -7,7 +7,7 @@ use super::q8::{Q8Row, QK8};
 /// `out[j * n + r] = w[j] · x[r]` for every row `j` of `w` (rows of `row_bytes`) and
 /// every row `r` of the `n` rows of `x`.
 pub fn rows(format: BlockFormat, w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
-    super::for_groups(w, row_bytes, x, out, |w, x, out| dot(format, w, x, out));
+    super::for_groups(w, row_bytes, x, out, |w, _, x, out| dot(format, w, x, out));
 }
 
 /// `out[r] = w · x[r]` for one weight row `w` (whole blocks of `format`) and the rows `x`.
