@@ -106,11 +106,6 @@ impl Weights {
         }
     }
 
-    /// Whether the weights come from a GGUF file.
-    pub fn is_gguf(&self) -> bool {
-        self.gguf.is_some()
-    }
-
     /// Tensor `name` as float32, checked to have `shape`.
     pub fn f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, WeightError> {
         if let Some(g) = &self.gguf {

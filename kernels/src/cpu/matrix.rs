@@ -267,7 +267,8 @@ impl Matrix {
     }
 
     /// Panels of rows for the threads: (part, its first row in the matrix, first row in
-    /// the part, rows), a few per thread, sized by the rows alone.
+    /// the part, rows), about four per thread of the pool. An output's value does not
+    /// depend on which panel computes it.
     fn panels(&self) -> Vec<(&Part, usize, usize, usize)> {
         let threads = rayon::current_num_threads().max(1);
         let per = self.rows.div_ceil(4 * threads).max(4);

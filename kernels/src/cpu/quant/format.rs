@@ -26,10 +26,10 @@ pub enum BlockFormat {
 }
 
 /// The largest number of values one block holds.
-pub const MAX_BLOCK: usize = 256;
+pub(crate) const MAX_BLOCK: usize = 256;
 
 /// One block unpacked: value `i` is `scale[i / 16] * q[i] - offset[i / 32]`.
-pub struct Unpacked {
+pub(crate) struct Unpacked {
     /// The integer of each value.
     pub q: [i8; MAX_BLOCK],
     /// The scale of each 16 values.
@@ -95,7 +95,7 @@ impl BlockFormat {
 
     /// Unpacks one block (`block.len()` is [`block_bytes`](Self::block_bytes)); only the
     /// first [`block_elems`](Self::block_elems) values are written.
-    pub fn unpack(self, block: &[u8], u: &mut Unpacked) {
+    pub(crate) fn unpack(self, block: &[u8], u: &mut Unpacked) {
         debug_assert_eq!(block.len(), self.block_bytes());
         let h = |at: usize| f16_at(block, at);
         match self {

@@ -11,7 +11,7 @@ mod half_dot;
 mod portable;
 mod q8;
 
-pub use format::{BlockFormat, Unpacked, MAX_BLOCK};
+pub use format::BlockFormat;
 pub use half_dot::Half;
 pub use q8::{Q8Row, Q8Rows, QK8};
 

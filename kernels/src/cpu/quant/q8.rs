@@ -45,11 +45,6 @@ impl Q8Rows {
         rows
     }
 
-    /// Rows held.
-    pub fn rows(&self) -> usize {
-        self.q.len() / self.cols
-    }
-
     /// Row `r`'s integers, scales and scaled sums.
     pub fn row(&self, r: usize) -> Q8Row<'_> {
         let (k, nb) = (self.cols, self.cols / QK8);
