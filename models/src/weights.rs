@@ -14,7 +14,6 @@ use safetensors::SafeTensors;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 /// A tensor that cannot be loaded, named.
 #[derive(Debug, thiserror::Error)]
@@ -136,15 +135,9 @@ impl Weights {
             return g.matrix(name, shape).map_err(WeightError::Gguf);
         }
         let (bytes, dtype) = self.raw(name, &shape)?;
-        let bits = || -> Arc<[u16]> {
-            bytes
-                .chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect()
-        };
         let matrix = match dtype {
-            Dtype::BF16 => Matrix::half(Half::Bf16, bits(), shape[1]),
-            Dtype::F16 => Matrix::half(Half::F16, bits(), shape[1]),
+            Dtype::BF16 => Matrix::half_bytes(Half::Bf16, bytes, shape[1]),
+            Dtype::F16 => Matrix::half_bytes(Half::F16, bytes, shape[1]),
             _ => Matrix::f32(self.f32(name, &shape)?.into(), shape[1]),
         };
         matrix.map_err(|source| WeightError::Matrix {

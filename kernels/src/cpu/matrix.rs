@@ -71,6 +71,15 @@ impl Matrix {
         Ok(Matrix::one(Storage::Half(kind, bits), rows, cols))
     }
 
+    /// A bf16 or f16 matrix of `cols` columns from the values' little-endian bytes.
+    pub fn half_bytes(kind: Half, bytes: &[u8], cols: usize) -> Result<Matrix, MatrixError> {
+        let bits = bytes
+            .chunks_exact(2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+            .collect();
+        Matrix::half(kind, bits, cols)
+    }
+
     /// A block-quantized matrix of `cols` columns from its bytes (whole blocks per row).
     pub fn blocks(
         format: BlockFormat,

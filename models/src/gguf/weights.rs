@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use peregrine_kernels::cpu::quant::Half;
@@ -71,16 +70,11 @@ impl GgufWeights {
                 None => data.to_vec(),
             }
         };
-        let bits = |data: Vec<u8>| -> Arc<[u16]> {
-            data.chunks_exact(2)
-                .map(|b| u16::from_le_bytes([b[0], b[1]]))
-                .collect()
-        };
         let cols = shape[1];
         let matrix = match info.ggml_type {
             GgmlType::F32 => Matrix::f32(self.f32(name, &shape)?.into(), cols),
-            GgmlType::F16 => Matrix::half(Half::F16, bits(rows(bytes)), cols),
-            GgmlType::BF16 => Matrix::half(Half::Bf16, bits(rows(bytes)), cols),
+            GgmlType::F16 => Matrix::half_bytes(Half::F16, &rows(bytes), cols),
+            GgmlType::BF16 => Matrix::half_bytes(Half::Bf16, &rows(bytes), cols),
             ty => match ty.block_format() {
                 Some(format) => Matrix::blocks(format, rows(bytes).into(), cols),
                 None => bail!("tensor `{name}` has type {ty}, which Peregrine cannot read"),
