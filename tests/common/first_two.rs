@@ -10,6 +10,23 @@ use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 /// 1.3.6.7.4): a correct sampler fails once in 1,000 seeds.
 pub const CHI2_8_DF_0_001: f64 = 26.124;
 
+/// Blocks in the pool of a distribution forward.
+pub const DIST_POOL_BLOCKS: u64 = 8;
+/// Tokens per block of a distribution forward.
+pub const DIST_BLOCK_SIZE: usize = 16;
+
+/// The plan of one fresh sequence of `tokens` tokens in blocks 0..4 of a pool of
+/// [`DIST_POOL_BLOCKS`] blocks of [`DIST_BLOCK_SIZE`] tokens.
+pub fn one_sequence_plan(tokens: usize) -> AttentionPlan {
+    let table = [0u32, 1, 2, 3];
+    let spec = SeqSpec {
+        num_cached: 0,
+        num_new: tokens,
+        block_table: &table,
+    };
+    AttentionPlan::new(&[spec], DIST_BLOCK_SIZE, DIST_POOL_BLOCKS).unwrap()
+}
+
 /// The CPU `model`'s distribution of the token after `tokens` (which start with `prompt`),
 /// as `sampler` keeps it (`Sampler::probabilities`).
 pub fn cpu_distribution(
@@ -18,14 +35,11 @@ pub fn cpu_distribution(
     prompt: &[u32],
     tokens: &[u32],
 ) -> Vec<(u32, f64)> {
-    let mut cache = KvCache::new(model.config().num_layers, model.kv_layout(8, 16));
-    let table = [0u32, 1, 2, 3];
-    let spec = SeqSpec {
-        num_cached: 0,
-        num_new: tokens.len(),
-        block_table: &table,
-    };
-    let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+    let mut cache = KvCache::new(
+        model.config().num_layers,
+        model.kv_layout(DIST_POOL_BLOCKS, DIST_BLOCK_SIZE as u64),
+    );
+    let plan = one_sequence_plan(tokens.len());
     let logits = model
         .forward(tokens, &plan, &mut cache, &[tokens.len() - 1])
         .unwrap();

@@ -7,6 +7,7 @@ use crate::common::eagle3_head::{HeadSpec, RandomHead};
 use crate::common::engine::{collect, counter, requests, run_all, submit};
 use crate::common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, first_two_distributions,
+    one_sequence_plan, DIST_BLOCK_SIZE, DIST_POOL_BLOCKS,
 };
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
@@ -23,7 +24,6 @@ use peregrine_actors::messages::SchedulerLimits;
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::sampling::SamplingParams;
-use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::path::Path;
 
 const MAX_TOKENS: usize = 16;
@@ -339,15 +339,9 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
     let sampler = peregrine_ops::sampling::Sampler::new(&params(0)).unwrap();
     let mut dist = |tokens: &[u32]| {
         let layers = model.config().num_layers;
-        let layout = model.kv_layout(8, 16);
+        let layout = model.kv_layout(DIST_POOL_BLOCKS, DIST_BLOCK_SIZE as u64);
         let mut cache = GpuKvCache::new(model.gpu(), layers, layout).unwrap();
-        let table = [0u32, 1, 2, 3];
-        let spec = SeqSpec {
-            num_cached: 0,
-            num_new: tokens.len(),
-            block_table: &table,
-        };
-        let plan = AttentionPlan::new(&[spec], 16, 8).unwrap();
+        let plan = one_sequence_plan(tokens.len());
         let last = [tokens.len() - 1];
         let logits = model
             .forward_to_host(tokens, &plan, &mut cache, &last)

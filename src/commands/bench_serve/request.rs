@@ -46,17 +46,24 @@ impl Server {
         }
     }
 
-    /// The first model id `GET /v1/models` lists.
-    pub async fn first_model(&self) -> anyhow::Result<String> {
-        let url = format!("{}/v1/models", self.base);
+    /// `GET path` with its URL, the response checked to be a success.
+    async fn get(&self, path: &str) -> anyhow::Result<(String, reqwest::Response)> {
+        let url = format!("{}{path}", self.base);
         let response = self
-            .request(reqwest::Method::GET, "/v1/models")
+            .request(reqwest::Method::GET, path)
             .send()
             .await
             .with_context(|| format!("cannot reach the server at {url} (is it running?)"))?;
-        let models: Value = ensure_success(response)
+        let response = ensure_success(response)
             .await
-            .with_context(|| format!("GET {url} failed"))?
+            .with_context(|| format!("GET {url} failed"))?;
+        Ok((url, response))
+    }
+
+    /// The first model id `GET /v1/models` lists.
+    pub async fn first_model(&self) -> anyhow::Result<String> {
+        let (url, response) = self.get("/v1/models").await?;
+        let models: Value = response
             .json()
             .await
             .with_context(|| format!("GET {url} did not return JSON"))?;
@@ -137,15 +144,8 @@ impl Server {
 
     /// The text of `GET /metrics` (Prometheus exposition format).
     pub async fn metrics(&self) -> anyhow::Result<String> {
-        let url = format!("{}/metrics", self.base);
-        let response = self
-            .request(reqwest::Method::GET, "/metrics")
-            .send()
-            .await
-            .with_context(|| format!("cannot reach {url}"))?;
-        ensure_success(response)
-            .await
-            .with_context(|| format!("GET {url} failed"))?
+        let (url, response) = self.get("/metrics").await?;
+        response
             .text()
             .await
             .with_context(|| format!("GET {url}: unreadable body"))
