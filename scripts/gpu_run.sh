@@ -36,13 +36,17 @@
 #                                 times of one decode and one verification step (SmolLM2
 #                                 shape, GEMV up to 8 rows), per kernel
 #   scripts/gpu_run.sh soak       (after smollm2) the soak of the speculation issue: SmolLM2
-#                                 with the shipped EAGLE-3 head, blocks of 4 tokens (each
-#                                 wave's 64 x 256 generated tokens take 4,096 never-used
-#                                 blocks, so ids pass 65,535 from wave 16), 0.9 of the
-#                                 device; `bench soak` (25 waves of 64, then one alone);
-#                                 then, where `scripts/gpu_build.sh --fault` built
-#                                 peregrine-fault, the same with the head's KV zeroed above
-#                                 block 65,535 (PEREGRINE_FAULT_DRAFT_KV_ABOVE)
+#                                 with the shipped EAGLE-3 head, `bench soak` (25 waves of
+#                                 64, then one alone) over two layouts: blocks of 4 tokens
+#                                 and a shared prompt (each wave's 64 x 256 generated tokens
+#                                 take 4,096 never-used blocks, so ids pass 65,535 from wave
+#                                 16), and blocks of 16, prefix caching off and a prompt of
+#                                 about 3,600 tokens at 0.95 of the device (the waves sweep
+#                                 the pool past the draft layer's 2^31-byte offset); then,
+#                                 where `scripts/gpu_build.sh --fault` built peregrine-fault,
+#                                 the first layout with the head's KV zeroed above block
+#                                 65,535 (PEREGRINE_FAULT_DRAFT_KV_ABOVE); SOAK_RUNS names
+#                                 some of ids, offsets and fault
 #   scripts/gpu_run.sh limits     step limits past the device refused at start-up, named
 #   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
 #                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
@@ -83,11 +87,11 @@
 #                                 serve on the held-out prompts, then its step-time and
 #                                 head-step series from /metrics
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
-#                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl,
-#                                 carried): bench spec at batch 1, 8, 32 and 64 (adaptive
-#                                 drafting, and with EAGLE3_FIXED=1 at 1 and 64 always
-#                                 drafting too), then served
-#                                 with and without the head, in turns: bench serve at
+#                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl
+#                                 if carried, else tools/eagle3/bench_dataset.py's): bench
+#                                 spec at batch 1, 8, 32 and 64 (adaptive drafting, and with
+#                                 EAGLE3_FIXED=1 at 1 and 64 always drafting too), then
+#                                 served with and without the head, in turns: bench serve at
 #                                 concurrency 1, 8 and 64
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
@@ -134,6 +138,20 @@ serve_async_on_off() {
             serve_bench "$bin/peregrine" "/tmp/serve-$round${flags:+-off}.log" "$1" $flags
         done
     done
+}
+# Prints the path of the held-out prompts as a bench dataset (after smollm2): the carried
+# target/eagle3-bench/heldout_bench.jsonl if there is one, else one built from
+# tools/eagle3/prompts/heldout.jsonl with the target's chat template.
+heldout_bench() {
+    local carried=target/eagle3-bench/heldout_bench.jsonl built=/tmp/eagle3-bench/heldout_bench.jsonl
+    if [ -f $carried ]; then
+        echo $carried
+        return
+    fi
+    mkdir -p /tmp/eagle3-bench
+    [ -s $built ] || python3 tools/eagle3/bench_dataset.py /tmp/smollm2 \
+        tools/eagle3/prompts/heldout.jsonl $built >&2
+    echo $built
 }
 mode=${1:-tests}
 case "$mode" in
@@ -257,17 +275,36 @@ verify)
     done
     ;;
 soak)
+    # Two layouts. ids: blocks of 4 tokens with the prompt shared through the prefix cache,
+    # so only generated tokens take fresh blocks and ids pass 65,535 from wave 16. offsets:
+    # blocks of 16, prefix caching off and a prompt of about 3,600 tokens, so each wave
+    # takes about 15,000 fresh blocks and the 25 waves sweep the whole pool, past the block
+    # where the draft layer's K (or V) tensor passes 2^31 bytes (0.95 of the device puts
+    # that tensor just over 2 GiB). The fault run is the ids layout with the head's KV
+    # zeroed above block 65,535. Every step drafts (no adaptive drafting), so that every
+    # wave verifies drafts read from wherever its KV lies.
     port=8125
-    runs=plain
-    [ -f target/gpu-carry/peregrine-fault.gz ] && runs="plain fault"
+    long_prompt=$(python3 -c 'winds = ["north", "east", "south", "west"]
+print("Here is the keeper log of the lighthouse. " + " ".join(
+    f"Day {d}: the lamp was lit at {18 + d % 3}:{d % 60:02d}, wind {d * 7 % 40} knots from "
+    f"the {winds[d % 4]}, {d * 13 % 9} ships passed." for d in range(1, 161))
+    + " Summarise the log, then write a story about the keeper.")')
+    runs="ids offsets"
+    [ -f target/gpu-carry/peregrine-fault.gz ] && runs="ids offsets fault"
+    runs=${SOAK_RUNS:-$runs}
     for run in $runs; do
-        serve_bin="$bin/peregrine" fault=()
-        if [ $run = fault ]; then
-            serve_bin="$bin/peregrine-fault" fault=(env PEREGRINE_FAULT_DRAFT_KV_ABOVE=65535)
-        fi
-        echo "== soak, $run" | tee -a "$OUT/soak.log"
+        serve_bin="$bin/peregrine" fault=() prompt=()
+        layout=(--block-size 4 --gpu-memory-utilization 0.9)
+        case $run in
+        fault)
+            serve_bin="$bin/peregrine-fault" fault=(env PEREGRINE_FAULT_DRAFT_KV_ABOVE=65535) ;;
+        offsets)
+            layout=(--block-size 16 --gpu-memory-utilization 0.95 --no-prefix-caching)
+            prompt=(--prompt "$long_prompt") ;;
+        esac
+        echo "== soak, $run: ${layout[*]}" | tee -a "$OUT/soak.log"
         "${fault[@]}" "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port \
-            --max-num-seqs 64 --block-size 4 --gpu-memory-utilization 0.9 \
+            --max-num-seqs 64 "${layout[@]}" --no-speculative-adaptive \
             --speculative-method eagle3 --draft-model heads/smollm2-135m-eagle3 \
             >"/tmp/serve-soak-$run.log" 2>&1 &
         server=$!
@@ -278,7 +315,7 @@ soak)
         grep -E "blocks|bytes_per_layer|audit|fault" "/tmp/serve-soak-$run.log" | head -6 |
             tee -a "$OUT/soak.log"
         "$bin/peregrine" bench soak --url http://127.0.0.1:$port --waves 25 --concurrency 64 \
-            --max-tokens 256 2>&1 | tee -a "$OUT/soak.log"
+            --max-tokens 256 "${prompt[@]}" 2>&1 | tee -a "$OUT/soak.log"
         kill $server
         wait $server
         grep -E "WARN|ERROR|alarm" "/tmp/serve-soak-$run.log" | tail -20 >>"$OUT/soak.log"
@@ -376,7 +413,7 @@ eagle3train)
     tools/eagle3/gpu.sh train "$bin/peregrine"
     ;;
 eagle3time)
-    head=heads/smollm2-135m-eagle3 data=target/eagle3-bench/heldout_bench.jsonl port=8125
+    head=heads/smollm2-135m-eagle3 data=$(heldout_bench) port=8125
     for c in 1 64; do
         for flags in "--speculative-method eagle3 --draft-model $head" \
             "--speculative-method eagle3 --draft-model $head --no-speculative-adaptive" ""; do
@@ -401,7 +438,7 @@ eagle3time)
     done
     ;;
 eagle3serve)
-    head=heads/smollm2-135m-eagle3 data=target/eagle3-bench/heldout_bench.jsonl
+    head=heads/smollm2-135m-eagle3 data=$(heldout_bench)
     for c in 1 8 32 64; do
         for flags in "" ${EAGLE3_FIXED:+"--no-speculative-adaptive"}; do
             [ -n "$flags" ] && [ $c != 1 ] && [ $c != 64 ] && continue

@@ -545,7 +545,8 @@ async fn the_acceptance_alarm_fires_past_a_faulty_block_id() {
     assert!(warning.contains("WARN"), "{warning}");
     for needle in [
         " position 1: blocks 65536-69535 (draft KV bytes [",
-        "below block 65536, z -",
+        "below block 65536, -",
+        " points at equal lengths, z -",
         " by band blocks 0-65535 ",
         " largest KV block id in use ",
     ] {

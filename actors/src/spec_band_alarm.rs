@@ -4,30 +4,34 @@
 //! the high blocks. A change of workload moves the acceptance of every band alike; a
 //! fault of addressing moves only the bands past a limit.
 //!
-//! The window is the last `window` (4,000) verifications of every band together, each
-//! placed in the band ([`Bands`]) of its sequence's largest block id. After each
-//! verification, for each draft position p and each band boundary B, the drafts at p of
-//! the verifications placed at or past B (side U) are compared with those placed before B
-//! (side L), rates being accepted over proposed at p. The test is a one-sided
-//! two-proportion z-test, `z = (r_U - r_L) / SE`, with SE the pooled binomial one,
-//! `sqrt(r (1 - r) (1/n_U + 1/n_L))` (r the pooled rate, n the drafts), widened to the
-//! request-clustered one, `sqrt(V_U + V_L)`, where that is larger; V is the sandwich
-//! variance of a side's ratio over its requests, `k/(k-1) * sum_i (a_i - r n_i)^2 / n^2`
-//! for k requests with a_i of n_i drafts accepted. The clustered error is there because
-//! the drafts of one request are not independent (its prompt sets its acceptance): with
-//! the binomial error alone, a few odd requests in one band, or a change of workload that
-//! reached one band's requests first, would look significant.
+//! The window is the last `window` (20,000) verifications of every band together, each
+//! placed in the band ([`Bands`]) of its sequence's largest block id and in the stratum
+//! of its sequence's length (`stratum_tokens`, 8, tokens a stratum). Every `check_every`
+//! (500) verifications, for each draft position p and each band boundary B, the drafts at
+//! p of the verifications placed at or past B (side U) are compared with those placed
+//! before B (side L), stratum by stratum: sequences reach higher block ids as they grow,
+//! and where many requests run in step (waves of one prompt) a band is also a stretch of
+//! the text, so only drafts at the same length are compared. The test is a one-sided
+//! stratified two-proportion z-test (Mantel-Haenszel weights): over the strata s where
+//! both sides have drafts, with n and a a side's drafts and accepted drafts there,
+//! `w_s = n_U n_L / (n_U + n_L)`, the difference `D = sum_s w_s (a_U/n_U - a_L/n_L) / W`
+//! (`W = sum_s w_s`) and `z = D / SE`. SE is the larger of the binomial error,
+//! `sqrt(sum_s w_s^2 p_s (1 - p_s) (1/n_U + 1/n_L)) / W` (p_s the stratum's pooled rate),
+//! and the request-clustered one, `sqrt(k/(k-1) sum_i u_i^2)` over the k requests, where
+//! `u_i = sum_s ±w_s (a_is - r n_is) / (W n)` sums request i's residuals against its
+//! side's rate r in each stratum. The clustered error is there because the drafts of one
+//! request are not independent (its prompt sets its acceptance): with the binomial error
+//! alone, a few odd requests in one band would look significant.
 //!
-//! A comparison is low when each side has at least `min_proposed` (30) drafts at p from
-//! at least `min_requests` (8) requests, `z < z_below` (-4: p < 3.2e-5 one-sided, so
-//! that the few dozen comparisons of each check do not raise it by chance) and U's rate is
-//! at least `min_gap` (0.2) below L's (with thousands of drafts, small differences between
-//! bands, such as longer sequences reaching higher block ids, are significant without
-//! being a fault; the incident's gap was 0.55). The alarm is raised when some comparison
-//! is low at `sustain` (1,000) consecutive checks, and cleared when the comparisons that
-//! raised it have their data again and none is low for as many checks. Only upper sides
-//! are suspects, the shape of an address that goes wrong past a limit; the lowest band
-//! never is.
+//! A comparison is low when each side has at least `min_proposed` (30) drafts at p in the
+//! strata both have, from at least `min_requests` (8) requests, `z < z_below` (-4:
+//! p < 3.2e-5 one-sided, so that the few dozen comparisons of each check do not raise it
+//! by chance) and `D` is at least `min_gap` (0.2) below zero (with thousands of drafts,
+//! small differences between bands are significant without being a fault; the
+//! incident's gap was 0.55). The alarm is raised when some comparison is low at `sustain`
+//! (4) consecutive checks, and cleared when the comparisons that raised it have their
+//! data again and none is low for as many checks. Only upper sides are suspects, the
+//! shape of an address that goes wrong past a limit; the lowest band never is.
 
 use crate::messages::RequestId;
 use crate::spec_bands::Bands;
@@ -39,6 +43,10 @@ use std::fmt::Write;
 pub struct BandAlarmSettings {
     /// Verifications of every band together in the sliding window.
     pub window: usize,
+    /// Sequence lengths (in tokens) of one stratum.
+    pub stratum_tokens: usize,
+    /// Verifications between two checks.
+    pub check_every: usize,
     /// Drafts each side of a comparison needs at the position.
     pub min_proposed: u64,
     /// Requests each side of a comparison needs at the position.
@@ -47,25 +55,27 @@ pub struct BandAlarmSettings {
     pub z_below: f64,
     /// How far (absolute, 0..1) the upper side's rate must be below the lower side's.
     pub min_gap: f64,
-    /// Consecutive checks (one per verification) that raise the alarm, and clear it.
+    /// Consecutive checks that raise the alarm, and clear it.
     pub sustain: usize,
 }
 
 impl Default for BandAlarmSettings {
     fn default() -> Self {
         BandAlarmSettings {
-            window: 4000,
+            window: 20_000,
+            stratum_tokens: 8,
+            check_every: 500,
             min_proposed: 30,
             min_requests: 8,
             z_below: -4.0,
             min_gap: 0.2,
-            sustain: 1000,
+            sustain: 4,
         }
     }
 }
 
-/// The window's drafts at one position on one side of a comparison (or in one band), with
-/// the sums over its requests that the clustered variance needs.
+/// The drafts at one position on one side of a comparison, in the strata both sides have
+/// (or in one band, over every stratum).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Side {
     /// Drafts accepted.
@@ -74,71 +84,12 @@ pub struct Side {
     pub proposed: u64,
     /// Requests with drafts at the position.
     pub requests: u64,
-    /// Sums over requests of n_i^2, a_i^2 and a_i n_i.
-    nn: u64,
-    aa: u64,
-    an: u64,
 }
 
 impl Side {
-    /// Adds one request's `(proposed, accepted)` (`add`), or takes it away.
-    fn shift(&mut self, (n, a): (u64, u64), add: bool) {
-        let parts = [
-            (&mut self.proposed, n),
-            (&mut self.accepted, a),
-            (&mut self.requests, u64::from(n > 0)),
-            (&mut self.nn, n * n),
-            (&mut self.aa, a * a),
-            (&mut self.an, a * n),
-        ];
-        for (sum, v) in parts {
-            if add {
-                *sum += v;
-            } else {
-                *sum -= v;
-            }
-        }
-    }
-
-    fn plus(mut self, other: &Side) -> Side {
-        self.accepted += other.accepted;
-        self.proposed += other.proposed;
-        self.requests += other.requests;
-        self.nn += other.nn;
-        self.aa += other.aa;
-        self.an += other.an;
-        self
-    }
-
     /// Accepted over proposed.
     pub fn rate(&self) -> f64 {
         self.accepted as f64 / self.proposed.max(1) as f64
-    }
-
-    /// The request-clustered (sandwich) variance of the rate.
-    fn clustered_variance(&self) -> f64 {
-        if self.requests < 2 {
-            return 0.0;
-        }
-        let (r, n) = (self.rate(), self.proposed as f64);
-        let squares = self.aa as f64 - 2.0 * r * self.an as f64 + r * r * self.nn as f64;
-        let k = self.requests as f64;
-        k / (k - 1.0) * squares.max(0.0) / (n * n)
-    }
-}
-
-/// The z statistic of `upper`'s rate against `lower`'s, both with drafts (0 when
-/// neither varies).
-fn z_statistic(upper: &Side, lower: &Side) -> f64 {
-    let (n1, n2) = (upper.proposed as f64, lower.proposed as f64);
-    let pooled = (upper.accepted + lower.accepted) as f64 / (n1 + n2);
-    let binomial = pooled * (1.0 - pooled) * (1.0 / n1 + 1.0 / n2);
-    let clustered = upper.clustered_variance() + lower.clustered_variance();
-    let se = binomial.max(clustered).sqrt();
-    if se > 0.0 {
-        (upper.rate() - lower.rate()) / se
-    } else {
-        0.0
     }
 }
 
@@ -149,11 +100,13 @@ pub struct BandLow {
     pub position: usize,
     /// The first band of the low side: bands `from..` against bands `..from`.
     pub from: usize,
-    /// The drafts of bands `from..`.
+    /// The drafts of bands `from..`, in the strata both sides have.
     pub low: Side,
-    /// The drafts of bands `..from`.
+    /// The drafts of bands `..from`, in the strata both sides have.
     pub rest: Side,
-    /// The z statistic of `low` against `rest`.
+    /// The stratified difference of the low side's rate from the rest's.
+    pub gap: f64,
+    /// The z statistic of `gap`.
     pub z: f64,
     /// Each band's (accepted, proposed) at the position in the window.
     pub per_band: Vec<(u64, u64)>,
@@ -180,20 +133,46 @@ enum Verdict {
 /// A comparison: (draft position, first band of the upper side).
 type Key = (usize, usize);
 
+/// Where a verification's drafts are counted: its band, request and stratum.
+type CellKey = (usize, RequestId, usize);
+
 /// One verification in the window.
 struct Entry {
-    band: usize,
-    request: RequestId,
+    cell: CellKey,
     drafts: usize,
     accepted: usize,
 }
 
-/// One request's drafts in one band in the window.
+/// One request's drafts in one band and stratum in the window.
 #[derive(Default)]
-struct Cluster {
+struct Cell {
     verifications: usize,
     /// Per position: (proposed, accepted).
     per_position: Vec<(u64, u64)>,
+}
+
+/// Both sides' (proposed, accepted) in one stratum at one position.
+#[derive(Clone, Copy, Default)]
+struct Stratum {
+    upper: (u64, u64),
+    lower: (u64, u64),
+}
+
+impl Stratum {
+    /// Both sides have drafts here.
+    fn informative(&self) -> bool {
+        self.upper.0 > 0 && self.lower.0 > 0
+    }
+
+    /// The Mantel-Haenszel weight.
+    fn weight(&self) -> f64 {
+        let (nu, nl) = (self.upper.0 as f64, self.lower.0 as f64);
+        nu * nl / (nu + nl)
+    }
+
+    fn rate((n, a): (u64, u64)) -> f64 {
+        a as f64 / n.max(1) as f64
+    }
 }
 
 /// The band alarm's state.
@@ -201,10 +180,10 @@ pub struct BandAlarm {
     settings: BandAlarmSettings,
     bands: usize,
     entries: VecDeque<Entry>,
-    /// Per band: each request's drafts in the window.
-    clusters: Vec<HashMap<RequestId, Cluster>>,
-    /// Per band, per position: the window's sums.
-    sums: Vec<Vec<Side>>,
+    cells: HashMap<CellKey, Cell>,
+    /// Draft positions seen in the window's verifications (the most drafts of one).
+    positions: usize,
+    since_check: usize,
     low_streak: usize,
     quiet_streak: usize,
     /// While raised: the (position, from) comparisons that were low.
@@ -218,8 +197,9 @@ impl BandAlarm {
             settings,
             bands,
             entries: VecDeque::new(),
-            clusters: (0..bands).map(|_| HashMap::new()).collect(),
-            sums: vec![Vec::new(); bands],
+            cells: HashMap::new(),
+            positions: 0,
+            since_check: 0,
             low_streak: 0,
             quiet_streak: 0,
             raised: None,
@@ -231,21 +211,23 @@ impl BandAlarm {
         self.raised.is_some()
     }
 
-    /// One verification of `request`, placed in `band`: `drafts` proposed, the first
-    /// `accepted` accepted. Returns the change of state, if any.
+    /// One verification of `request`, placed in `band`, whose sequence held `tokens`
+    /// tokens: `drafts` proposed, the first `accepted` accepted. Returns the change of
+    /// state, if any (only a verification that ends a check interval changes it).
     pub fn record(
         &mut self,
         band: usize,
         request: RequestId,
+        tokens: usize,
         drafts: usize,
         accepted: usize,
     ) -> Option<BandAlarmChange> {
         if self.bands < 2 {
             return None;
         }
+        let stratum = tokens / self.settings.stratum_tokens.max(1);
         let entry = Entry {
-            band,
-            request,
+            cell: (band.min(self.bands - 1), request, stratum),
             drafts,
             accepted,
         };
@@ -256,74 +238,138 @@ impl BandAlarm {
                 self.apply(&old, false);
             }
         }
+        self.since_check += 1;
+        if self.since_check < self.settings.check_every.max(1) {
+            return None;
+        }
+        self.since_check = 0;
         self.check()
     }
 
-    /// Adds `e` to the window's sums, or takes it away.
+    /// Adds `e` to its cell, or takes it away.
     fn apply(&mut self, e: &Entry, add: bool) {
-        if self.sums[e.band].len() < e.drafts {
-            for sums in &mut self.sums {
-                sums.resize(e.drafts, Side::default());
-            }
+        self.positions = self.positions.max(e.drafts);
+        let cell = self.cells.entry(e.cell).or_default();
+        if cell.per_position.len() < e.drafts {
+            cell.per_position.resize(e.drafts, (0, 0));
         }
-        let clusters = &mut self.clusters[e.band];
-        let cluster = clusters.entry(e.request).or_default();
-        if cluster.per_position.len() < e.drafts {
-            cluster.per_position.resize(e.drafts, (0, 0));
-        }
-        for (i, slot) in cluster.per_position.iter_mut().enumerate().take(e.drafts) {
+        for (i, slot) in cell.per_position.iter_mut().enumerate().take(e.drafts) {
             let ok = u64::from(i < e.accepted);
-            let sums = &mut self.sums[e.band][i];
-            sums.shift(*slot, false);
             *slot = if add {
                 (slot.0 + 1, slot.1 + ok)
             } else {
                 (slot.0 - 1, slot.1 - ok)
             };
-            sums.shift(*slot, true);
         }
         if add {
-            cluster.verifications += 1;
+            cell.verifications += 1;
         } else {
-            cluster.verifications -= 1;
-            if cluster.verifications == 0 {
-                clusters.remove(&e.request);
+            cell.verifications -= 1;
+            if cell.verifications == 0 {
+                self.cells.remove(&e.cell);
             }
         }
     }
 
+    /// The comparison of bands `from..` with bands `..from` at `position`.
+    fn compare(&self, position: usize, from: usize, per_band: &[(u64, u64)]) -> (Verdict, BandLow) {
+        let s = &self.settings;
+        let at = |cell: &Cell| cell.per_position.get(position).copied().unwrap_or((0, 0));
+        let mut strata: HashMap<usize, Stratum> = HashMap::new();
+        for (&(band, _, stratum), cell) in &self.cells {
+            let (n, a) = at(cell);
+            let entry = strata.entry(stratum).or_default();
+            let side = if band >= from {
+                &mut entry.upper
+            } else {
+                &mut entry.lower
+            };
+            *side = (side.0 + n, side.1 + a);
+        }
+        let total: f64 = strata
+            .values()
+            .filter(|x| x.informative())
+            .map(Stratum::weight)
+            .sum();
+        let (mut gap, mut binomial) = (0.0, 0.0);
+        for x in strata.values().filter(|x| x.informative()) {
+            let w = x.weight() / total;
+            gap += w * (Stratum::rate(x.upper) - Stratum::rate(x.lower));
+            let pooled = Stratum::rate((x.upper.0 + x.lower.0, x.upper.1 + x.lower.1));
+            let (nu, nl) = (x.upper.0 as f64, x.lower.0 as f64);
+            binomial += w * w * pooled * (1.0 - pooled) * (1.0 / nu + 1.0 / nl);
+        }
+        // Each request's residuals, and the sides' sums over the informative strata.
+        let mut residuals: HashMap<RequestId, f64> = HashMap::new();
+        let (mut low, mut rest) = (Side::default(), Side::default());
+        let (mut low_requests, mut rest_requests) = (HashSet::new(), HashSet::new());
+        for (&(band, request, stratum), cell) in &self.cells {
+            let (n, a) = at(cell);
+            let x = strata[&stratum];
+            if n == 0 || !x.informative() {
+                continue;
+            }
+            let upper = band >= from;
+            let (side, sum, requests, sign) = if upper {
+                (x.upper, &mut low, &mut low_requests, 1.0)
+            } else {
+                (x.lower, &mut rest, &mut rest_requests, -1.0)
+            };
+            sum.proposed += n;
+            sum.accepted += a;
+            requests.insert(request);
+            let w = x.weight() / total;
+            let residual = a as f64 - Stratum::rate(side) * n as f64;
+            *residuals.entry(request).or_default() += sign * w * residual / side.0 as f64;
+        }
+        low.requests = low_requests.len() as u64;
+        rest.requests = rest_requests.len() as u64;
+        let k = residuals.len() as f64;
+        let clustered = if k > 1.0 {
+            k / (k - 1.0) * residuals.values().map(|u| u * u).sum::<f64>()
+        } else {
+            0.0
+        };
+        let se = binomial.max(clustered).sqrt();
+        let z = if se > 0.0 { gap / se } else { 0.0 };
+        let thin = [low, rest]
+            .iter()
+            .any(|x| x.proposed < s.min_proposed || x.requests < s.min_requests);
+        let verdict = if thin {
+            Verdict::Thin
+        } else if z < s.z_below && -gap >= s.min_gap {
+            Verdict::Low
+        } else {
+            Verdict::Fine
+        };
+        let finding = BandLow {
+            position,
+            from,
+            low,
+            rest,
+            gap,
+            z,
+            per_band: per_band.to_vec(),
+        };
+        (verdict, finding)
+    }
+
     /// Every comparison now, by (position, from), and the low ones' findings.
     fn comparisons(&self) -> (Vec<(Key, Verdict)>, Vec<BandLow>) {
-        let s = &self.settings;
         let (mut verdicts, mut lows) = (Vec::new(), Vec::new());
-        for position in 0..self.sums[0].len() {
-            let per_band: Vec<Side> = self.sums.iter().map(|b| b[position]).collect();
-            for from in 1..self.bands {
-                let low = per_band[from..].iter().fold(Side::default(), Side::plus);
-                let rest = per_band[..from].iter().fold(Side::default(), Side::plus);
-                let thin = [low, rest]
-                    .iter()
-                    .any(|x| x.proposed < s.min_proposed || x.requests < s.min_requests);
-                if thin {
-                    verdicts.push(((position, from), Verdict::Thin));
-                    continue;
+        for position in 0..self.positions {
+            let mut per_band = vec![(0, 0); self.bands];
+            for (&(band, _, _), cell) in &self.cells {
+                if let Some(&(n, a)) = cell.per_position.get(position) {
+                    per_band[band].0 += a;
+                    per_band[band].1 += n;
                 }
-                let z = z_statistic(&low, &rest);
-                let verdict = if z < s.z_below && rest.rate() - low.rate() >= s.min_gap {
-                    Verdict::Low
-                } else {
-                    Verdict::Fine
-                };
+            }
+            for from in 1..self.bands {
+                let (verdict, finding) = self.compare(position, from, &per_band);
                 verdicts.push(((position, from), verdict));
                 if verdict == Verdict::Low {
-                    lows.push(BandLow {
-                        position,
-                        from,
-                        low,
-                        rest,
-                        z,
-                        per_band: per_band.iter().map(|b| (b.accepted, b.proposed)).collect(),
-                    });
+                    lows.push(finding);
                 }
             }
         }
@@ -376,14 +422,14 @@ impl BandAlarm {
 
 /// The warning logged when the band alarm is raised: per low position, the low bands with
 /// their block ids and byte offsets, the window's accepted / proposed on both sides and in
-/// every band, and the z statistic; then the largest KV block id in use.
+/// every band, the stratified gap and its z statistic; then the largest KV block id in use.
 pub fn band_alarm_message(lows: &[BandLow], bands: &Bands, largest: Option<u32>) -> String {
     let mut text = String::from("spec: draft acceptance depends on where the draft KV lives:");
     for l in lows {
         let _ = write!(
             text,
             " position {}: {} accepted {}/{} ({:.1}%, {} requests) vs {}/{} ({:.1}%, {} \
-             requests) below block {}, z {:.1}, by band",
+             requests) below block {}, {:+.1} points at equal lengths, z {:.1}, by band",
             l.position,
             bands.describe(l.from..bands.count()),
             l.low.accepted,
@@ -395,6 +441,7 @@ pub fn band_alarm_message(lows: &[BandLow], bands: &Bands, largest: Option<u32>)
             100.0 * l.rest.rate(),
             l.rest.requests,
             bands.start(l.from),
+            100.0 * l.gap,
             l.z
         );
         for (band, (accepted, proposed)) in l.per_band.iter().enumerate() {
@@ -426,6 +473,7 @@ mod tests {
         block: u32,
         rate: f64,
         left: usize,
+        tokens: usize,
     }
 
     /// Requests run 16 at a time, interleaved at random, each for 20 to 80 verifications
@@ -458,18 +506,21 @@ mod tests {
                 while self.running.len() < 16 {
                     let (block, rate) = start(&mut self.rng, self.started);
                     let left = self.rng.random_range(20..=80);
+                    let tokens = self.rng.random_range(20..200);
                     self.running.push(Running {
                         id: RequestId(self.started),
                         block,
                         rate,
                         left,
+                        tokens,
                     });
                     self.started += 1;
                 }
                 let i = self.rng.random_range(0..self.running.len());
                 let r = &mut self.running[i];
                 let accepted = (0..3).take_while(|_| self.rng.random_bool(r.rate)).count();
-                changes.extend(alarm.record(bands.of(r.block), r.id, 3, accepted));
+                changes.extend(alarm.record(bands.of(r.block), r.id, r.tokens, 3, accepted));
+                r.tokens += accepted + 1;
                 r.left -= 1;
                 if r.left == 0 {
                     self.running.swap_remove(i);
@@ -531,13 +582,15 @@ mod tests {
             let block = place(rng, 0.3);
             (block, if block > 65_535 { 0.25 } else { 0.8 })
         };
-        let changes = traffic.run(&mut alarm, &bands, 10_000, &mut faulty);
+        let changes = traffic.run(&mut alarm, &bands, 20_000, &mut faulty);
         let [BandAlarmChange::Raised(lows)] = &changes[..] else {
             panic!("{changes:?}");
         };
         assert!(alarm.raised());
         let positions: Vec<usize> = lows.iter().map(|l| l.position).collect();
-        assert_eq!(positions, [0, 1, 2]);
+        // Position 2 falls as far, later: its share of the window's faulty drafts is
+        // smaller when the first two raise it.
+        assert!(positions.starts_with(&[0, 1]), "{positions:?}");
         let text = band_alarm_message(lows, &bands, Some(69_990));
         assert!(
             text.starts_with(
@@ -548,14 +601,14 @@ mod tests {
         );
         for needle in [
             " position 1: blocks 65536-69999",
-            " position 2: blocks 65536-69999",
-            "below block 65536, z -",
+            "below block 65536, -",
+            " points at equal lengths, z -",
             "by band blocks 0-65535 ",
             " largest KV block id in use 69990",
         ] {
             assert!(text.contains(needle), "{needle:?} not in {text}");
         }
-        let changes = traffic.run(&mut alarm, &bands, 10_000, &mut healthy);
+        let changes = traffic.run(&mut alarm, &bands, 40_000, &mut healthy);
         assert_eq!(changes, [BandAlarmChange::Cleared]);
         assert!(!alarm.raised());
     }
@@ -563,26 +616,26 @@ mod tests {
     #[test]
     fn a_band_with_few_requests_or_few_drafts_stays_quiet() {
         let bands = two_bands();
-        // One request in 40 lives past 65,535 and accepts nothing: hundreds of its drafts
+        // One request in 200 lives past 65,535 and accepts nothing: dozens of its drafts
         // are in the window, but from fewer than 8 requests.
         let mut alarm = alarm();
         let mut traffic = Traffic::new(3);
         let mut few = |rng: &mut ChaCha8Rng, n: u64| {
-            if n.is_multiple_of(40) {
+            if n.is_multiple_of(200) {
                 (rng.random_range(65_536..70_000), 0.0)
             } else {
                 (place(rng, 0.0), 0.8)
             }
         };
         assert!(traffic.run(&mut alarm, &bands, 20_000, &mut few).is_empty());
-        // One verification in 200 comes from a request past 65,535 that accepts nothing:
-        // 30 such requests, but never 30 drafts at a position in the window.
+        // One verification in 250 comes from a request past 65,535 that accepts nothing:
+        // 24 such requests, never 30 drafts at a position in the window.
         let mut alarm = alarm_window_full_of(0.8);
         for i in 0..6000u64 {
-            if i.is_multiple_of(200) {
-                assert_eq!(alarm.record(1, RequestId(1000 + i / 200), 3, 0), None);
+            if i.is_multiple_of(250) {
+                assert_eq!(alarm.record(1, RequestId(1000 + i / 250), 100, 3, 0), None);
             }
-            assert_eq!(alarm.record(0, RequestId(i % 50), 3, 3), None);
+            assert_eq!(alarm.record(0, RequestId(i % 50), 100, 3, 3), None);
         }
         assert!(!alarm.raised());
     }
@@ -591,18 +644,73 @@ mod tests {
     fn alarm_window_full_of(rate: f64) -> BandAlarm {
         let mut alarm = alarm();
         let mut rng = ChaCha8Rng::seed_from_u64(4);
-        for i in 0..4000u64 {
+        for i in 0..20_000u64 {
             let accepted = (0..3).take_while(|_| rng.random_bool(rate)).count();
-            assert_eq!(alarm.record(0, RequestId(i % 50), 3, accepted), None);
+            assert_eq!(alarm.record(0, RequestId(i % 50), 100, 3, accepted), None);
         }
         alarm
+    }
+
+    /// The soak's shape: waves of 64 requests of one prompt at temperature 0, in step, so
+    /// that every request of a wave verifies the same drafts with the same outcome at the
+    /// same length; each block of 4 tokens is a never-used one, so the ids pass 65,535
+    /// within wave 16 and a band is also a stretch of the text. The text has stretches the
+    /// head drafts well and stretches it drafts badly. `fault(rng, accepted)` gives what a
+    /// request past block 65,535 accepts instead.
+    fn waves(fault: &mut impl FnMut(&mut ChaCha8Rng, usize) -> usize) -> Vec<BandAlarmChange> {
+        let bands = two_bands();
+        let mut alarm = alarm();
+        let mut rng = ChaCha8Rng::seed_from_u64(9);
+        let mut next_block = 0u32;
+        let mut changes = Vec::new();
+        for wave in 0..25u64 {
+            let mut text = ChaCha8Rng::seed_from_u64(7);
+            let mut tokens = 30usize;
+            let mut largest = [0u32; 64];
+            for step in 0..120 {
+                let rate = if (step / 12) % 3 == 0 { 0.05 } else { 0.85 };
+                let accepted = (0..3).take_while(|_| text.random_bool(rate)).count();
+                for (r, block) in largest.iter_mut().enumerate() {
+                    if step == 0 || tokens / 4 > (tokens - accepted - 1) / 4 {
+                        *block = next_block;
+                        next_block += 1;
+                    }
+                    let id = RequestId(wave * 64 + r as u64);
+                    let got = if *block > 65_535 {
+                        fault(&mut rng, accepted)
+                    } else {
+                        accepted
+                    };
+                    changes.extend(alarm.record(bands.of(*block), id, tokens, 3, got));
+                }
+                tokens += accepted + 1;
+            }
+        }
+        assert!(
+            next_block > 70_000 || next_block > 65_536,
+            "ids passed 65,535"
+        );
+        changes
+    }
+
+    #[test]
+    fn waves_of_one_prompt_stay_quiet_and_a_fault_past_65535_raises_it() {
+        assert_eq!(waves(&mut |_, accepted| accepted), []);
+        let changes = waves(&mut |rng, accepted| if rng.random_bool(0.6) { 0 } else { accepted });
+        let [BandAlarmChange::Raised(lows), ..] = &changes[..] else {
+            panic!("{changes:?}");
+        };
+        assert!(
+            lows.iter().any(|l| l.position == 0 && l.gap < -0.2),
+            "{lows:?}"
+        );
     }
 
     #[test]
     fn one_band_has_nothing_to_compare() {
         let mut alarm = BandAlarm::new(BandAlarmSettings::default(), 1);
         for i in 0..5000 {
-            assert_eq!(alarm.record(0, RequestId(i % 20), 3, 0), None);
+            assert_eq!(alarm.record(0, RequestId(i % 20), 100, 3, 0), None);
         }
         assert!(!alarm.raised());
     }

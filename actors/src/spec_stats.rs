@@ -80,6 +80,8 @@ pub struct Place {
     /// The largest block id in the request's block table (where the draft KV it read
     /// lives); `None` when the request ended while the step ran.
     pub max_block_id: Option<u32>,
+    /// The tokens the request held before the step (how far into its text it was).
+    pub tokens: usize,
 }
 
 /// The scheduler's speculation statistics.
@@ -109,33 +111,20 @@ impl SpecStats {
     }
 
     /// One request's verification: `drafts` proposed, the first `accepted` accepted, by
-    /// the request at `place`; `kv` is the pool's state this step, for the alarms.
+    /// the request at `place`; `kv` is the pool's state this step, for the alarms. The
+    /// step's last verification is followed by [`SpecStats::end_step`].
     pub fn record(&mut self, drafts: usize, accepted: usize, place: Place, kv: &KvUsage) {
         metrics::record_verification(drafts, accepted);
         self.total.add(drafts, accepted);
         self.interval.add(drafts, accepted);
         metrics::record_tokens_per_forward(self.total.tokens_per_forward());
-        match self.alarm.record(drafts, accepted) {
-            Some(AlarmChange::Raised(low)) => {
-                warn!(
-                    largest_kv_block_id_in_use = ?kv.max_block_id_in_use,
-                    "{}",
-                    alarm_message(&low, kv)
-                );
-                metrics::record_acceptance_alarm(true);
-            }
-            Some(AlarmChange::Cleared) => {
-                info!("spec: draft acceptance recovered");
-                self.alarm_cleared();
-            }
-            None => {}
-        }
+        self.alarm.record(drafts, accepted);
         if let Some(block) = place.max_block_id {
             let band = self.bands.of(block);
             metrics::record_band_verification(self.bands.name(band), drafts, accepted);
             match self
                 .band_alarm
-                .record(band, place.request, drafts, accepted)
+                .record(band, place.request, place.tokens, drafts, accepted)
             {
                 Some(BandAlarmChange::Raised(lows)) => {
                     warn!(
@@ -156,6 +145,26 @@ impl SpecStats {
             info!("spec: {}", self.interval.summary());
             self.interval = SpecCounts::default();
             self.last_log = Instant::now();
+        }
+    }
+
+    /// Ends a step whose verifications [`SpecStats::record`] took (the whole-pool alarm
+    /// counts in steps); `kv` is the pool's state this step.
+    pub fn end_step(&mut self, kv: &KvUsage) {
+        match self.alarm.end_step() {
+            Some(AlarmChange::Raised(low)) => {
+                warn!(
+                    largest_kv_block_id_in_use = ?kv.max_block_id_in_use,
+                    "{}",
+                    alarm_message(&low, kv)
+                );
+                metrics::record_acceptance_alarm(true);
+            }
+            Some(AlarmChange::Cleared) => {
+                info!("spec: draft acceptance recovered");
+                self.alarm_cleared();
+            }
+            None => {}
         }
     }
 

@@ -315,6 +315,7 @@ impl Scheduler {
         for (drafts, accepted, place) in applied.verified {
             self.spec.record(drafts, accepted, place, &self.kv_seen);
         }
+        self.spec.end_step(&self.kv_seen);
         self.pending.computed.extend(applied.computed);
         for (id, reason) in applied.ended {
             self.finish(id, reason);

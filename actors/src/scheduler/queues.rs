@@ -336,10 +336,11 @@ impl Queues {
         let mut rejected: HashMap<RequestId, usize> = HashMap::new();
         for out in done.sampled {
             if out.num_drafts > 0 {
-                let table = self.seqs.get(&out.id).map(|seq| &seq.block_table);
+                let seq = self.seqs.get(&out.id);
                 let place = Place {
                     request: out.id,
-                    max_block_id: table.and_then(|t| t.iter().max().copied()),
+                    max_block_id: seq.and_then(|s| s.block_table.iter().max().copied()),
+                    tokens: seq.map_or(0, |s| s.tokens.len()),
                 };
                 applied
                     .verified

@@ -648,9 +648,12 @@ fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
         let seq = h.queues.get(RequestId(id)).unwrap();
         seq.block_table.iter().max().copied()
     };
+    // Each request emitted id + 1 tokens in the step.
+    let before = |id| h.queues.get(RequestId(id)).unwrap().tokens.len() - (id as usize + 1);
     let place = |id| Place {
         request: RequestId(id),
         max_block_id: largest(id),
+        tokens: before(id),
     };
     assert!(largest(2) > largest(1), "request 2's blocks come after 1's");
     let mut verified = h.verified.clone();
