@@ -19,7 +19,7 @@ use common::first_two::{
 use common::reference::RefModel;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
-use peregrine_actors::draft::{DraftMethod, Eagle3};
+use peregrine_actors::draft::{DraftMethod, Eagle3, LAZY_ROWS};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage};
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head, HeadInput};
@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 const BLOCK: usize = 4;
-const NUM_BLOCKS: u64 = 24;
+const NUM_BLOCKS: u64 = 64;
 const TARGET_LAYERS: usize = 4;
 
 // ---------------------------------------------------------------------------------------
@@ -986,6 +986,7 @@ fn the_proposer_drafts_what_the_head_gives_over_the_verified_history() {
                 block_table: blocks.clone(),
                 max_drafts: K,
                 sampling: None,
+                drafts_paused: false,
             };
             method.propose(&[seq]).unwrap().remove(0).tokens
         };
@@ -1095,6 +1096,7 @@ fn the_fault_hook_zeroes_the_heads_kv_above_its_block_id_only() {
         block_table: blocks.clone(),
         max_drafts: 3,
         sampling: None,
+        drafts_paused: false,
     };
     let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
     assert_eq!(drafts.len(), 3);
@@ -1104,12 +1106,13 @@ fn the_fault_hook_zeroes_the_heads_kv_above_its_block_id_only() {
     }
 }
 
-/// A request planned with no room for drafts (the scheduler found drafting does not pay,
-/// or its last token is due) still runs the head's step 0 over the target's rows: the
-/// head's KV holds them before it drafts again, so the features do not pile up, and its
-/// drafts when room returns are those of the head run afresh.
+/// A request planned without drafts runs the head's step 0 over the target's rows where
+/// its last token is due (`drafts_paused` false), so that the head's KV holds its answer;
+/// where drafting is paused (it does not pay at the batch size) its rows wait, and run
+/// in the step that drafts again, whose drafts are those of the head run afresh, or once
+/// `LAZY_ROWS` of them wait.
 #[test]
-fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
+fn a_request_planned_without_drafts_runs_step_0_now_or_when_it_drafts_again() {
     const K: usize = 3;
     let Drafting {
         model,
@@ -1119,37 +1122,60 @@ fn a_request_planned_without_drafts_keeps_the_heads_kv_in_step() {
     } = drafting(81);
     let mut rng = ChaCha8Rng::seed_from_u64(83);
     let mut tokens: Vec<u32> = (0..13).map(|_| rng.random_range(0..300)).collect();
-    let blocks = vec![5, 11, 2, 19, 7, 14, 1, 9];
+    let blocks: Vec<u32> = (0..48).map(|b| (b * 7 + 3) % NUM_BLOCKS as u32).collect();
     let mut cache = KvCache::new(TARGET_LAYERS, model.kv_layout(NUM_BLOCKS, BLOCK as u64));
     let id = RequestId(3);
     let mut start = 0;
-    for step in 0..4 {
+    let zero = vec![0.0; head_kv(&method, &blocks, 0).len()];
+    // (max_drafts, drafts_paused) per step: due, paused twice, drafting, paused.
+    let plan = [(0, false), (0, true), (0, true), (K, false), (0, true)];
+    for (step, &(max_drafts, drafts_paused)) in plan.iter().enumerate() {
         // The target runs what is not in its cache yet and samples the next token.
         let fed = (&tokens[start..], start);
         let logits = target_chunk(&model, &mut cache, &mut method, id, fed, &blocks);
         start = tokens.len();
         tokens.push(argmax(&logits));
-        let before = head_kv(&method, &blocks, tokens.len() - 2);
-        let max_drafts = if step < 3 { 0 } else { K };
+        let last_row = tokens.len() - 2;
+        let before = head_kv(&method, &blocks, last_row);
         let seq = ProposeSeq {
             id,
             tokens: tokens.clone(),
             block_table: blocks.clone(),
             max_drafts,
             sampling: None,
+            drafts_paused,
         };
         let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
+        let written = head_kv(&method, &blocks, last_row) != before;
+        assert_eq!(
+            written, !drafts_paused,
+            "step {step}: the last row's head KV"
+        );
         if max_drafts == 0 {
             assert!(drafts.is_empty(), "step {step}: {drafts:?}");
-            assert_ne!(
-                head_kv(&method, &blocks, tokens.len() - 2),
-                before,
-                "step {step}: the head's KV of the last position was not written"
-            );
         } else {
             assert_eq!(drafts, expected_drafts(&model, &reference, &tokens, K));
+            for pos in 0..tokens.len() - 1 {
+                assert_ne!(head_kv(&method, &blocks, pos), zero, "position {pos}");
+            }
         }
     }
+    // LAZY_ROWS rows waiting run at once, paused or not.
+    let more: Vec<u32> = (0..LAZY_ROWS).map(|_| rng.random_range(0..300)).collect();
+    tokens.extend(&more);
+    let fed = (&tokens[start..], start);
+    let logits = target_chunk(&model, &mut cache, &mut method, id, fed, &blocks);
+    tokens.push(argmax(&logits));
+    let seq = ProposeSeq {
+        id,
+        tokens: tokens.clone(),
+        block_table: blocks.clone(),
+        max_drafts: 0,
+        sampling: None,
+        drafts_paused: true,
+    };
+    assert!(method.propose(&[seq]).unwrap().remove(0).tokens.is_empty());
+    assert_ne!(head_kv(&method, &blocks, tokens.len() - 2), zero);
 }
 
 /// A prompt computed in chunks runs the head's step 0 over each chunk in the proposal
@@ -1184,6 +1210,7 @@ fn each_prompt_chunk_runs_step_0_in_the_next_proposal() {
             block_table: blocks.clone(),
             max_drafts: if last_chunk { K } else { 0 },
             sampling: None,
+            drafts_paused: false,
         };
         let drafts = method.propose(&[seq]).unwrap().remove(0).tokens;
         assert_ne!(
@@ -1225,6 +1252,7 @@ fn a_prefix_hit_drafts_from_the_head_kv_its_shared_blocks_hold() {
             block_table: table.to_vec(),
             max_drafts: K,
             sampling: None,
+            drafts_paused: false,
         };
         method.propose(&[seq]).unwrap().remove(0).tokens
     };

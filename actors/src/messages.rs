@@ -284,6 +284,9 @@ pub struct ProposeSeq {
     pub max_drafts: usize,
     /// How its drafts are drawn: `None` greedily.
     pub sampling: Option<DraftSampling>,
+    /// It decodes, has room for drafts and was planned with none (drafting does not pay
+    /// at this batch size): a method that follows the target's states may let them wait.
+    pub drafts_paused: bool,
 }
 
 /// How a sampled request's drafts are drawn: from the drafter's distribution at the
@@ -339,6 +342,9 @@ pub struct ProposeDelta {
     pub max_drafts: usize,
     /// How its drafts are drawn: `None` greedily.
     pub sampling: Option<DraftSampling>,
+    /// It decodes, has room for drafts and was planned with none (drafting does not pay
+    /// at this batch size): a method that follows the target's states may let them wait.
+    pub drafts_paused: bool,
 }
 
 /// The scheduler's one message to the draft proposer per step.
@@ -360,6 +366,9 @@ pub struct Propose {
 pub struct Drafts {
     pub step: u64,
     pub drafts: Vec<(RequestId, Drafted)>,
+    /// The method also ran rows that waited while drafts were paused (EAGLE-3's step 0
+    /// catching up): the step costs more than drafting at its batch size does.
+    pub caught_up: bool,
 }
 
 /// Messages to the draft proposer (on its own thread), handled in order, so a capture runs

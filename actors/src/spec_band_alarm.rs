@@ -6,8 +6,8 @@
 //!
 //! The window is the last `window` (20,000) verifications of every band together, each
 //! placed in the band ([`Bands`]) of its sequence's largest block id and in the stratum
-//! of its sequence's length (`stratum_tokens`, 8, tokens a stratum). Every `check_every`
-//! (500) verifications, for each draft position p and each band boundary B, the drafts at
+//! of its sequence's length (`stratum_tokens`, 32, tokens a stratum). Every `check_every`
+//! (1,000) verifications, for each draft position p and each band boundary B, the drafts at
 //! p of the verifications placed at or past B (side U) are compared with those placed
 //! before B (side L), stratum by stratum: sequences reach higher block ids as they grow,
 //! and where many requests run in step (waves of one prompt) a band is also a stretch of
@@ -29,7 +29,7 @@
 //! by chance) and `D` is at least `min_gap` (0.2) below zero (with thousands of drafts,
 //! small differences between bands are significant without being a fault; the
 //! incident's gap was 0.55). The alarm is raised when some comparison is low at `sustain`
-//! (4) consecutive checks, and cleared when the comparisons that raised it have their
+//! (3) consecutive checks, and cleared when the comparisons that raised it have their
 //! data again and none is low for as many checks. Only upper sides are suspects, the
 //! shape of an address that goes wrong past a limit; the lowest band never is.
 
@@ -63,13 +63,13 @@ impl Default for BandAlarmSettings {
     fn default() -> Self {
         BandAlarmSettings {
             window: 20_000,
-            stratum_tokens: 8,
-            check_every: 500,
+            stratum_tokens: 32,
+            check_every: 1000,
             min_proposed: 30,
             min_requests: 8,
             z_below: -4.0,
             min_gap: 0.2,
-            sustain: 4,
+            sustain: 3,
         }
     }
 }
@@ -175,6 +175,135 @@ impl Stratum {
     }
 }
 
+/// A cell of the window, its request and stratum as dense indices for one check.
+struct Placed<'a> {
+    band: usize,
+    request: usize,
+    stratum: usize,
+    cell: &'a Cell,
+}
+
+/// The window's cells as one check sees them.
+struct Window<'a> {
+    cells: Vec<Placed<'a>>,
+    requests: usize,
+    strata: usize,
+    bands: usize,
+}
+
+impl Window<'_> {
+    /// Each cell's (proposed, accepted) at `position`.
+    fn at(&self, position: usize) -> Vec<(u64, u64)> {
+        let at = |c: &Placed| c.cell.per_position.get(position).copied();
+        self.cells.iter().map(|c| at(c).unwrap_or((0, 0))).collect()
+    }
+
+    /// Per stratum and band (`stratum * bands + band`): the (proposed, accepted) of `at`.
+    fn sums(&self, at: &[(u64, u64)]) -> Vec<(u64, u64)> {
+        let mut sums = vec![(0, 0); self.strata * self.bands];
+        for (c, &(n, a)) in self.cells.iter().zip(at) {
+            let slot = &mut sums[c.stratum * self.bands + c.band];
+            *slot = (slot.0 + n, slot.1 + a);
+        }
+        sums
+    }
+
+    /// The comparison of bands `from..` with bands `..from` at `position`, whose cells
+    /// hold `at` ([`Window::at`]) and strata `by_band` ([`Window::sums`]).
+    fn compare(
+        &self,
+        s: &BandAlarmSettings,
+        (position, from): Key,
+        at: &[(u64, u64)],
+        by_band: &[(u64, u64)],
+        per_band: &[(u64, u64)],
+    ) -> (Verdict, BandLow) {
+        let add = |x: (u64, u64), y: &(u64, u64)| (x.0 + y.0, x.1 + y.1);
+        let strata: Vec<Stratum> = by_band
+            .chunks(self.bands)
+            .map(|bands| Stratum {
+                upper: bands[from..].iter().fold((0, 0), add),
+                lower: bands[..from].iter().fold((0, 0), add),
+            })
+            .collect();
+        let total: f64 = strata
+            .iter()
+            .filter(|x| x.informative())
+            .map(Stratum::weight)
+            .sum();
+        let (mut gap, mut binomial) = (0.0, 0.0);
+        for x in strata.iter().filter(|x| x.informative()) {
+            let w = x.weight() / total;
+            gap += w * (Stratum::rate(x.upper) - Stratum::rate(x.lower));
+            let pooled = Stratum::rate((x.upper.0 + x.lower.0, x.upper.1 + x.lower.1));
+            let (nu, nl) = (x.upper.0 as f64, x.lower.0 as f64);
+            binomial += w * w * pooled * (1.0 - pooled) * (1.0 / nu + 1.0 / nl);
+        }
+        // Per stratum and side (lower, upper): the side's rate and the coefficient of a
+        // request's residual there, `±w_s / (W n)`; none where the stratum is one-sided.
+        let terms: Vec<Option<[(f64, f64); 2]>> = strata
+            .iter()
+            .map(|x| {
+                let w = x.weight() / total;
+                let term =
+                    |side: (u64, u64), sign: f64| (Stratum::rate(side), sign * w / side.0 as f64);
+                x.informative()
+                    .then(|| [term(x.lower, -1.0), term(x.upper, 1.0)])
+            })
+            .collect();
+        // Each request's residuals, and the sides' sums over the informative strata.
+        let mut residuals = vec![0.0; self.requests];
+        let mut counted = vec![[false; 2]; self.requests];
+        let mut sides = [Side::default(); 2];
+        for (c, &(n, a)) in self.cells.iter().zip(at) {
+            let Some(term) = &terms[c.stratum] else {
+                continue;
+            };
+            if n == 0 {
+                continue;
+            }
+            let upper = usize::from(c.band >= from);
+            let (rate, coefficient) = term[upper];
+            let sum = &mut sides[upper];
+            sum.proposed += n;
+            sum.accepted += a;
+            let seen = &mut counted[c.request][upper];
+            sum.requests += u64::from(!*seen);
+            *seen = true;
+            residuals[c.request] += coefficient * (a as f64 - rate * n as f64);
+        }
+        let [rest, low] = sides;
+        let k = counted.iter().filter(|c| c[0] || c[1]).count() as f64;
+        let clustered = if k > 1.0 {
+            k / (k - 1.0) * residuals.iter().map(|u| u * u).sum::<f64>()
+        } else {
+            0.0
+        };
+        let se = binomial.max(clustered).sqrt();
+        let z = if se > 0.0 { gap / se } else { 0.0 };
+        let thin = [low, rest]
+            .iter()
+            .any(|x| x.proposed < s.min_proposed || x.requests < s.min_requests);
+        let verdict = if thin {
+            Verdict::Thin
+        } else if z < s.z_below && -gap >= s.min_gap {
+            Verdict::Low
+        } else {
+            Verdict::Fine
+        };
+        let finding = BandLow {
+            position,
+            from,
+            low,
+            rest,
+            gap,
+            z,
+            per_band: per_band.to_vec(),
+        };
+        (verdict, finding)
+    }
+}
+
 /// The band alarm's state.
 pub struct BandAlarm {
     settings: BandAlarmSettings,
@@ -271,102 +400,53 @@ impl BandAlarm {
         }
     }
 
-    /// The comparison of bands `from..` with bands `..from` at `position`.
-    fn compare(&self, position: usize, from: usize, per_band: &[(u64, u64)]) -> (Verdict, BandLow) {
-        let s = &self.settings;
-        let at = |cell: &Cell| cell.per_position.get(position).copied().unwrap_or((0, 0));
-        let mut strata: HashMap<usize, Stratum> = HashMap::new();
-        for (&(band, _, stratum), cell) in &self.cells {
-            let (n, a) = at(cell);
-            let entry = strata.entry(stratum).or_default();
-            let side = if band >= from {
-                &mut entry.upper
-            } else {
-                &mut entry.lower
-            };
-            *side = (side.0 + n, side.1 + a);
-        }
-        let total: f64 = strata
-            .values()
-            .filter(|x| x.informative())
-            .map(Stratum::weight)
-            .sum();
-        let (mut gap, mut binomial) = (0.0, 0.0);
-        for x in strata.values().filter(|x| x.informative()) {
-            let w = x.weight() / total;
-            gap += w * (Stratum::rate(x.upper) - Stratum::rate(x.lower));
-            let pooled = Stratum::rate((x.upper.0 + x.lower.0, x.upper.1 + x.lower.1));
-            let (nu, nl) = (x.upper.0 as f64, x.lower.0 as f64);
-            binomial += w * w * pooled * (1.0 - pooled) * (1.0 / nu + 1.0 / nl);
-        }
-        // Each request's residuals, and the sides' sums over the informative strata.
-        let mut residuals: HashMap<RequestId, f64> = HashMap::new();
-        let (mut low, mut rest) = (Side::default(), Side::default());
-        let (mut low_requests, mut rest_requests) = (HashSet::new(), HashSet::new());
-        for (&(band, request, stratum), cell) in &self.cells {
-            let (n, a) = at(cell);
-            let x = strata[&stratum];
-            if n == 0 || !x.informative() {
-                continue;
-            }
-            let upper = band >= from;
-            let (side, sum, requests, sign) = if upper {
-                (x.upper, &mut low, &mut low_requests, 1.0)
-            } else {
-                (x.lower, &mut rest, &mut rest_requests, -1.0)
-            };
-            sum.proposed += n;
-            sum.accepted += a;
-            requests.insert(request);
-            let w = x.weight() / total;
-            let residual = a as f64 - Stratum::rate(side) * n as f64;
-            *residuals.entry(request).or_default() += sign * w * residual / side.0 as f64;
-        }
-        low.requests = low_requests.len() as u64;
-        rest.requests = rest_requests.len() as u64;
-        let k = residuals.len() as f64;
-        let clustered = if k > 1.0 {
-            k / (k - 1.0) * residuals.values().map(|u| u * u).sum::<f64>()
-        } else {
-            0.0
-        };
-        let se = binomial.max(clustered).sqrt();
-        let z = if se > 0.0 { gap / se } else { 0.0 };
-        let thin = [low, rest]
-            .iter()
-            .any(|x| x.proposed < s.min_proposed || x.requests < s.min_requests);
-        let verdict = if thin {
-            Verdict::Thin
-        } else if z < s.z_below && -gap >= s.min_gap {
-            Verdict::Low
-        } else {
-            Verdict::Fine
-        };
-        let finding = BandLow {
-            position,
-            from,
-            low,
-            rest,
-            gap,
-            z,
-            per_band: per_band.to_vec(),
-        };
-        (verdict, finding)
-    }
-
     /// Every comparison now, by (position, from), and the low ones' findings.
     fn comparisons(&self) -> (Vec<(Key, Verdict)>, Vec<BandLow>) {
-        let (mut verdicts, mut lows) = (Vec::new(), Vec::new());
-        for position in 0..self.positions {
-            let mut per_band = vec![(0, 0); self.bands];
-            for (&(band, _, _), cell) in &self.cells {
-                if let Some(&(n, a)) = cell.per_position.get(position) {
-                    per_band[band].0 += a;
-                    per_band[band].1 += n;
+        // Dense indices of the window's requests and strata, for this check.
+        let mut requests: HashMap<RequestId, usize> = HashMap::new();
+        let mut strata: HashMap<usize, usize> = HashMap::new();
+        let cells: Vec<Placed> = self
+            .cells
+            .iter()
+            .map(|(&(band, request, stratum), cell)| {
+                let next = requests.len();
+                let request = *requests.entry(request).or_insert(next);
+                let next = strata.len();
+                let stratum = *strata.entry(stratum).or_insert(next);
+                Placed {
+                    band,
+                    request,
+                    stratum,
+                    cell,
                 }
-            }
+            })
+            .collect();
+        let window = Window {
+            cells,
+            requests: requests.len(),
+            strata: strata.len(),
+            bands: self.bands,
+        };
+        let (mut verdicts, mut lows) = (Vec::new(), Vec::new());
+        let s = &self.settings;
+        for position in 0..self.positions {
+            let at = window.at(position);
+            let by_band = window.sums(&at);
+            let per_band: Vec<(u64, u64)> = (0..self.bands)
+                .map(|band| {
+                    let cells = (0..window.strata).map(|s| by_band[s * self.bands + band]);
+                    cells.fold((0, 0), |(a, n), (cn, ca)| (a + ca, n + cn))
+                })
+                .collect();
             for from in 1..self.bands {
-                let (verdict, finding) = self.compare(position, from, &per_band);
+                // A side with too few drafts in every stratum together is thin already.
+                let drafts = |bands: &[(u64, u64)]| bands.iter().map(|b| b.1).sum::<u64>();
+                if drafts(&per_band[from..]).min(drafts(&per_band[..from])) < s.min_proposed {
+                    verdicts.push(((position, from), Verdict::Thin));
+                    continue;
+                }
+                let key = (position, from);
+                let (verdict, finding) = window.compare(s, key, &at, &by_band, &per_band);
                 verdicts.push(((position, from), verdict));
                 if verdict == Verdict::Low {
                     lows.push(finding);

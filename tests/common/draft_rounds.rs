@@ -56,6 +56,7 @@ pub fn proposal(tokens: &[Vec<u32>]) -> Vec<ProposeSeq> {
                 .collect(),
             max_drafts: max_drafts(i),
             sampling: None,
+            drafts_paused: false,
         })
         .collect()
 }

@@ -8,9 +8,18 @@
 //! verified (rows of rejected drafts are dropped): the row at position j pairs the
 //! target's features at j with token j + 1 (the last one being the token the target just
 //! produced), which also fills the head's KV cache. The scheduler proposes every request
-//! it plans, prompt chunks and requests with no room for drafts included, so a row waits
-//! one step at most. Once step 0 has reached the last token, its last row gives the first
-//! draft; steps 1.. run one row per request at the next position, fed the previous `pre`.
+//! it plans, prompt chunks and requests with no room for drafts included. A prompt
+//! chunk's rows run in the next proposal, so that a prefix another request shares holds
+//! the head's KV; a decoding request whose drafts are paused (planned with none where it
+//! has room: drafting does not pay at this batch size) leaves its rows waiting, up to
+//! [`LAZY_ROWS`], and they run in the step that drafts for it again, or the one of its
+//! last token: a step planned without drafts then runs no head at all, and costs what a
+//! step without speculation does, with the features' hand-off. (A request that stops on
+//! an end-of-sequence token while paused leaves its last rows out of the head's KV, so a
+//! later request that shares its blocks through the prefix cache fails their check and
+//! drafts nothing.) Once step 0 has reached the last token, its last
+//! row gives the first draft; steps 1.. run one row per request at the next position,
+//! fed the previous `pre`.
 //! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`, for
 //! greedy requests; a sampled request's drafts are drawn from the head's distribution at
 //! its temperature (`DraftSampler`: the top draft logits, its own seeded stream) and go to
@@ -42,6 +51,11 @@ use peregrine_ops::{KvCache, SeqSpec};
 use std::collections::HashMap;
 use std::time::Instant;
 
+/// Rows a request whose drafts are paused lets wait before its step 0 runs them
+/// anyway (one forward over them, in place of one a step), so that the features held on
+/// the host stay bounded.
+pub const LAZY_ROWS: usize = 128;
+
 /// What the head holds for one request.
 #[derive(Default)]
 struct HeadSeq {
@@ -58,6 +72,8 @@ struct HeadSeq {
     blocks: SeqBlocks,
     /// A sampled request's draft sampler, made at its first sampled draft.
     sampler: Option<DraftSampler>,
+    /// Rows of its features waited while its drafts were paused.
+    waited: bool,
 }
 
 /// The EAGLE-3 method, its head run by `R` (on the CPU by default).
@@ -68,6 +84,8 @@ pub struct Eagle3<R = CpuHead> {
     seqs: HashMap<RequestId, HeadSeq>,
     /// Which blocks hold the head's KV for what content.
     blocks: HeadBlocks,
+    /// The last proposal's step 0 ran rows that had waited.
+    caught_up: bool,
     /// The fault hook's block id threshold.
     #[cfg(feature = "fault-hooks")]
     fault_above: Option<u32>,
@@ -92,6 +110,7 @@ impl<R: HeadRunner> Eagle3<R> {
         Eagle3 {
             width: runner.aux_width(),
             blocks: HeadBlocks::new(runner.block_size()),
+            caught_up: false,
             runner,
             seqs: HashMap::new(),
             #[cfg(feature = "fault-hooks")]
@@ -217,6 +236,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
 
     fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
         let w = self.width;
+        self.caught_up = false;
         let mut drafts: Vec<Drafted> = seqs
             .iter()
             .map(|s| Drafted {
@@ -249,13 +269,16 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             // The head writes only into the blocks it now holds alone.
             self.blocks.take_table(&mut state.blocks, &s.block_table);
             let have = state.computed + state.pending.len() / w;
-            // Every row whose next token is known runs: a prompt chunk's in the step after
-            // the target computed it, and the latest token's of a request with no room for
-            // drafts, so that the features never wait longer than a step.
+            // Every row whose next token is known runs, a prompt chunk's in the step after
+            // the target computed it; a request whose drafts are paused lets its rows wait
+            // until it drafts again, its last token is due or they reach LAZY_ROWS.
             let end = have.min(len.saturating_sub(1));
-            if end <= state.computed {
+            let lazy = s.drafts_paused && end.saturating_sub(state.computed) < LAZY_ROWS;
+            if end <= state.computed || lazy {
+                state.waited |= lazy && end > state.computed;
                 continue;
             }
+            self.caught_up |= std::mem::take(&mut state.waited);
             state.pending.truncate((end - state.computed) * w);
             specs.push(SeqSpec {
                 num_cached: state.computed,
@@ -336,6 +359,10 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
 
     fn release(&mut self, id: RequestId) {
         self.seqs.remove(&id);
+    }
+
+    fn caught_up(&self) -> bool {
+        self.caught_up
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

@@ -23,7 +23,7 @@ mod progress;
 
 pub use backend_draft::BackendDraft;
 pub use draft_model::DraftModel;
-pub use eagle3::Eagle3;
+pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
 pub use head_runner::{CpuHead, HeadRunner, HeadStep};
@@ -58,6 +58,11 @@ pub trait DraftMethod: Send {
     /// The target hidden states of the steps since the last proposal, in step order.
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let _ = rows;
+    }
+    /// Whether the last [`DraftMethod::propose`] also ran rows that waited while a
+    /// sequence's drafts were paused (`ProposeSeq::drafts_paused`).
+    fn caught_up(&self) -> bool {
+        false
     }
     /// Captures graphs of the method's decode steps for every size of `sizes`, replacing
     /// those held (on failure they stay); `None` drops them. A method that runs no graphs
@@ -147,6 +152,7 @@ fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyho
                 block_table,
                 max_drafts: delta.max_drafts,
                 sampling: delta.sampling,
+                drafts_paused: delta.drafts_paused,
             }
         })
         .collect();
@@ -163,6 +169,7 @@ fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyho
     }
     Ok(Drafts {
         step: propose.step,
+        caught_up: method.caught_up(),
         drafts: ids
             .into_iter()
             .zip(drafts)
@@ -215,6 +222,7 @@ mod tests {
             new_blocks: vec![0, 1],
             max_drafts,
             sampling: None,
+            drafts_paused: false,
         }
     }
 

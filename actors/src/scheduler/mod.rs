@@ -282,7 +282,7 @@ impl Scheduler {
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
         self.record_queues();
         let proposing = Instant::now();
-        let plan = self.propose(plan).await?;
+        let (plan, caught_up) = self.propose(plan).await?;
         times.propose = proposing.elapsed();
         if plan.is_empty() {
             tokio::task::yield_now().await;
@@ -307,7 +307,9 @@ impl Scheduler {
             self.drafts.record(&DecodeStep {
                 requests: decoding,
                 planned,
-                elapsed: only_decodes.then(|| started.elapsed()),
+                // A step whose proposal caught the drafter up on paused rows costs more
+                // than its drafts: it teaches acceptance, not cost.
+                elapsed: (only_decodes && !caught_up).then(|| started.elapsed()),
                 accepted: &accepted,
             });
             metrics::record_planned_drafts(&size_class_label(size_class(decoding)), planned);
@@ -327,16 +329,17 @@ impl Scheduler {
 
     /// Sends the proposer every planned request (prompt chunks and decodes without room
     /// too: EAGLE-3 takes in their hidden states) and asks drafts of the decodes with room;
-    /// their chunks shrink to the drafts each got.
-    async fn propose(&mut self, plan: StepPlan) -> anyhow::Result<StepPlan> {
+    /// their chunks shrink to the drafts each got. Also says whether the proposer caught
+    /// up on rows that waited while drafts were paused ([`crate::messages::Drafts::caught_up`]).
+    async fn propose(&mut self, plan: StepPlan) -> anyhow::Result<(StepPlan, bool)> {
         let Some(proposer) = &self.proposer else {
             self.pending.draft_release.clear();
-            return Ok(plan);
+            return Ok((plan, false));
         };
         let seqs = self.queues.proposals(&plan);
         let pending = &mut self.pending;
         if seqs.is_empty() && pending.draft_release.is_empty() && pending.hidden.is_empty() {
-            return Ok(plan);
+            return Ok((plan, false));
         }
         let propose = Propose {
             step: self.step + 1,
@@ -345,6 +348,6 @@ impl Scheduler {
             hidden: std::mem::take(&mut pending.hidden),
         };
         let drafts = proposer.propose(propose).await?;
-        Ok(plan.with_drafts(drafts.drafts))
+        Ok((plan.with_drafts(drafts.drafts), drafts.caught_up))
     }
 }

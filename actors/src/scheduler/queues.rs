@@ -274,6 +274,9 @@ impl Queues {
                     new_blocks: seq.block_table[kept_blocks..].to_vec(),
                     max_drafts,
                     sampling: draft_sampling(&seq.req.spec.params),
+                    drafts_paused: seq.is_decoding()
+                        && max_drafts == 0
+                        && seq.req.spec.max_tokens > seq.output_len() + 1,
                 }
             })
             .collect()

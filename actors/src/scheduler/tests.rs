@@ -471,6 +471,34 @@ fn speculation_plans_room_for_drafts_within_max_tokens() {
          the target's states of every step)"
     );
     assert_eq!(proposals[0].max_drafts, 0);
+    let paused: Vec<bool> = proposals.iter().map(|p| p.drafts_paused).collect();
+    assert_eq!(paused, [false, false], "1's last token is due; 2 drafts");
+}
+
+#[test]
+fn a_decode_planned_without_drafts_where_it_has_room_is_paused() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    // The controller found drafting does not pay: none planned.
+    h.limits.num_speculative_tokens = 0;
+    h.submit(1, &prompt(0, 4), 2, 0).unwrap();
+    h.submit(2, &prompt(40, 4), 10, 0).unwrap();
+    let (plan, _) = h.plan();
+    let paused = |h: &mut Harness, plan: &StepPlan| -> Vec<(u64, bool)> {
+        let proposals = h.queues.proposals(plan);
+        proposals
+            .iter()
+            .map(|p| (p.id.0, p.drafts_paused))
+            .collect()
+    };
+    assert_eq!(paused(&mut h, &plan), [(1, false), (2, false)], "prefills");
+    h.done(&plan, |_| vec![5]);
+    let (plan, _) = h.plan();
+    assert_eq!(
+        paused(&mut h, &plan),
+        [(1, false), (2, true)],
+        "1's last token is due; 2 has room"
+    );
 }
 
 #[test]
