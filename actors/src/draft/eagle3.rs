@@ -17,9 +17,8 @@
 //! step without speculation does, with the features' hand-off. (A request that stops on
 //! an end-of-sequence token while paused leaves its last rows out of the head's KV, so a
 //! later request that shares its blocks through the prefix cache fails their check and
-//! drafts nothing.) Once step 0 has reached the last token, its last
-//! row gives the first draft; steps 1.. run one row per request at the next position,
-//! fed the previous `pre`.
+//! drafts nothing.) Once step 0 has reached the last token, its last row gives the first
+//! draft; steps 1.. run one row per request at the next position, fed the previous `pre`.
 //! Drafting is greedy over the draft vocabulary, mapped to target ids through `d2t`, for
 //! greedy requests; a sampled request's drafts are drawn from the head's distribution at
 //! its temperature (`DraftSampler`: the top draft logits, its own seeded stream) and go to

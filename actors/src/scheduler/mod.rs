@@ -330,7 +330,8 @@ impl Scheduler {
     /// Sends the proposer every planned request (prompt chunks and decodes without room
     /// too: EAGLE-3 takes in their hidden states) and asks drafts of the decodes with room;
     /// their chunks shrink to the drafts each got. Also says whether the proposer caught
-    /// up on rows that waited while drafts were paused ([`crate::messages::Drafts::caught_up`]).
+    /// up on rows that waited while drafts were paused
+    /// ([`crate::messages::Drafts::caught_up`]).
     async fn propose(&mut self, plan: StepPlan) -> anyhow::Result<(StepPlan, bool)> {
         let Some(proposer) = &self.proposer else {
             self.pending.draft_release.clear();
