@@ -91,8 +91,9 @@ settings! {
     enable_prefix_caching: bool = true;
         given bool, fill value, reload Restart, Public, check any,
         flag "--no-prefix-caching", arg(long = "no-prefix-caching", num_args = 0,
-            default_missing_value = "false",
-            help = "Turn prefix caching off (it is on by default)");
+            alias = "no-enable-prefix-caching", default_missing_value = "false",
+            help = "Turn prefix caching off (it is on by default; vLLM's \
+                    --no-enable-prefix-caching also does)");
     /// Batch-invariant GPU kernels.
     deterministic: bool = false;
         given bool, fill value, reload Restart, Public, check any,

@@ -71,6 +71,9 @@ fn flags_override_the_file_and_the_file_overrides_defaults() {
     assert_eq!(config.block_size, 16);
     let keys = from_file("", &["--api-key", "x", "--api-key", "y"]).expect("loads");
     assert_eq!(keys.api_keys, ["x", "y"]);
+    // vLLM's spelling of the same flag.
+    let vllm = from_file("", &["--no-enable-prefix-caching"]).expect("loads");
+    assert!(!vllm.enable_prefix_caching);
 }
 
 #[test]
