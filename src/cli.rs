@@ -130,7 +130,8 @@ pub struct BenchSpecArgs {
     /// Tokens to generate per request (random prompts ignore EOS).
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
-    /// A JSONL file of {"prompt": ..., "max_tokens"?: ...} lines instead of random prompts.
+    /// A JSONL file of {"prompt": ..., "max_tokens"?: ..., "ignore_eos"?: ...} lines instead
+    /// of random prompts.
     #[arg(long)]
     pub dataset: Option<PathBuf>,
     /// Seed for the random prompts.
@@ -228,7 +229,8 @@ pub struct BenchServeArgs {
     /// Tokens to generate per request (sent as max_tokens with ignore_eos).
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
-    /// A JSONL file of {"prompt": ..., "max_tokens"?: ...} lines instead of random prompts.
+    /// A JSONL file of {"prompt": ..., "max_tokens"?: ..., "ignore_eos"?: ...} lines instead
+    /// of random prompts.
     #[arg(long)]
     pub dataset: Option<PathBuf>,
     /// Seed for the random prompts.

@@ -56,11 +56,13 @@ pub fn random(count: usize, input_len: usize, output_len: usize, seed: u64) -> V
 struct DatasetLine {
     prompt: String,
     max_tokens: Option<usize>,
+    ignore_eos: Option<bool>,
 }
 
 /// Reads a JSONL dataset and returns `count` prompts, going round the file again when
 /// it has fewer lines. Lines without `max_tokens` get `default_max_tokens`; the model
-/// may stop early at end-of-sequence. Blank lines are skipped.
+/// may stop early at end-of-sequence unless the line sets `ignore_eos`. Blank lines are
+/// skipped.
 pub fn dataset(
     path: &Path,
     count: usize,
@@ -90,7 +92,7 @@ fn parse_dataset(text: &str, default_max_tokens: usize) -> anyhow::Result<Vec<Pr
                     .rsplit_once(" at line ")
                     .map_or(reason.as_str(), |(r, _)| r);
                 bail!(
-                    "line {number}, column {}: expected {{\"prompt\": string, \"max_tokens\"?: integer}}: {reason}",
+                    "line {number}, column {}: expected {{\"prompt\": string, \"max_tokens\"?: integer, \"ignore_eos\"?: boolean}}: {reason}",
                     e.column()
                 )
             }
@@ -103,7 +105,7 @@ fn parse_dataset(text: &str, default_max_tokens: usize) -> anyhow::Result<Vec<Pr
             approx_tokens: parsed.prompt.split_whitespace().count(),
             text: parsed.prompt,
             max_tokens,
-            ignore_eos: false,
+            ignore_eos: parsed.ignore_eos.unwrap_or(false),
         });
     }
     if prompts.is_empty() {
@@ -130,10 +132,12 @@ mod tests {
 
     #[test]
     fn dataset_lines_with_and_without_max_tokens() {
-        let text = "{\"prompt\": \"hello there\", \"max_tokens\": 5}\n\n{\"prompt\": \"hi\"}\n";
+        let text = "{\"prompt\": \"hello there\", \"max_tokens\": 5, \"ignore_eos\": true}\n\n\
+                    {\"prompt\": \"hi\"}\n";
         let prompts = parse_dataset(text, 9).unwrap();
         assert_eq!(prompts.len(), 2);
         assert_eq!((prompts[0].max_tokens, prompts[0].approx_tokens), (5, 2));
+        assert!(prompts[0].ignore_eos);
         assert_eq!(prompts[1].max_tokens, 9);
         assert!(!prompts[1].ignore_eos);
     }
