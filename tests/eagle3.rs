@@ -21,7 +21,9 @@ use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
 use peregrine_actors::draft::{DraftMethod, Eagle3, LAZY_ROWS};
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage};
+use peregrine_actors::messages::{
+    HiddenData, HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage,
+};
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head, HeadInput};
 use peregrine_models::{ForwardError, LlamaModel, Weights};
 use peregrine_ops::sampling::SamplingParams;
@@ -1064,7 +1066,7 @@ fn target_chunk(
     method.receive_hidden(vec![HiddenRows {
         id,
         first_pos: start,
-        data: aux,
+        data: HiddenData::Host(aux),
     }]);
     logits
 }

@@ -20,7 +20,7 @@ use peregrine_actors::draft::{DraftMethod, Eagle3};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{
-    Drafted, HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage,
+    Drafted, HiddenData, HiddenRows, ProposeSeq, RequestId, SchedulerLimits, Usage,
 };
 use peregrine_models::eagle3::Eagle3Head;
 use peregrine_models::LlamaModel;
@@ -127,7 +127,7 @@ fn rounds(n: usize, mut check: impl FnMut(&Round)) {
                 .map(|i| HiddenRows {
                     id: RequestId(i as u64),
                     first_pos: fed[i],
-                    data: features(i, fed[i], tokens[i].len() - 1, width),
+                    data: HiddenData::Host(features(i, fed[i], tokens[i].len() - 1, width)),
                 })
                 .collect()
         };

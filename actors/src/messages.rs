@@ -258,8 +258,40 @@ pub struct HiddenRows {
     pub id: RequestId,
     /// The position of the first row.
     pub first_pos: usize,
-    /// `[rows, width]`, row-major.
-    pub data: Vec<f32>,
+    pub data: HiddenData,
+}
+
+/// Rows of recorded target hidden states: the values, or where on the device they wait.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HiddenData {
+    /// `[rows, width]` f32 on the host, row-major (the CPU backend).
+    Host(Vec<f32>),
+    /// Rows `first..first + rows` of the feature ring the CUDA backend stores them into,
+    /// which an EAGLE-3 head on the same device gathers them from: numbers, not a handle.
+    Ring { first: u64, rows: usize },
+}
+
+impl HiddenData {
+    /// The number of rows, for rows of `width` values.
+    pub fn rows(&self, width: usize) -> usize {
+        match self {
+            HiddenData::Host(values) => values.len() / width.max(1),
+            HiddenData::Ring { rows, .. } => *rows,
+        }
+    }
+
+    /// Rows `start..end` of these (each `width` values wide).
+    pub fn slice(&self, start: usize, end: usize, width: usize) -> HiddenData {
+        match self {
+            HiddenData::Host(values) => {
+                HiddenData::Host(values[start * width..end * width].to_vec())
+            }
+            HiddenData::Ring { first, .. } => HiddenData::Ring {
+                first: first + start as u64,
+                rows: end - start,
+            },
+        }
+    }
 }
 
 /// Messages to the target runner (on its own thread), handled in order, so a capture runs

@@ -9,8 +9,8 @@ use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spi
 use crate::backend::{ModelBackend, RowSampling, StepInput, StepOutput, StepSource, Wanted};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
-    AheadUse, GeneratedToken, HiddenRows, RequestId, RunnerMsg, SamplingSetup, ScheduledBatch,
-    ScheduledSeq, SeqOutput, StepDone,
+    AheadUse, GeneratedToken, HiddenData, HiddenRows, RequestId, RunnerMsg, SamplingSetup,
+    ScheduledBatch, ScheduledSeq, SeqOutput, StepDone,
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
@@ -60,7 +60,7 @@ pub struct TargetRunner {
     /// The step queued ahead after the last one, if any.
     ahead: Option<AheadStep>,
     /// The hidden states the step being run recorded, for its `StepDone`.
-    hidden: Option<Vec<f32>>,
+    hidden: Option<HiddenData>,
 }
 
 /// Sends steps to the runner's thread.
@@ -426,9 +426,12 @@ impl TargetRunner {
 
 /// Cuts the hidden states of a step's rows (`[tokens of seqs, width]`) into one piece
 /// per sequence, at its positions.
-fn split_hidden(hidden: &[f32], seqs: &[RunSeq]) -> Vec<HiddenRows> {
+fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
     let num_tokens: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-    let width = hidden.len() / num_tokens.max(1);
+    let width = match hidden {
+        HiddenData::Host(values) => values.len() / num_tokens.max(1),
+        HiddenData::Ring { .. } => 1,
+    };
     let mut start = 0;
     seqs.iter()
         .map(|s| {
@@ -437,7 +440,7 @@ fn split_hidden(hidden: &[f32], seqs: &[RunSeq]) -> Vec<HiddenRows> {
             HiddenRows {
                 id: s.id,
                 first_pos: s.num_cached,
-                data: hidden[rows.start * width..rows.end * width].to_vec(),
+                data: hidden.slice(rows.start, rows.end, width),
             }
         })
         .collect()

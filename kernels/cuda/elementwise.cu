@@ -1,5 +1,5 @@
 // Element-wise kernels of the model path: token embedding, the gated MLP activation, row
-// gathers, column copies and random weights. One thread per output element; all offsets 64-bit.
+// gathers, the feature ring's stores, column copies and random weights. One thread per output element; all offsets 64-bit.
 
 // out[r, :] = table[tokens[r], :] widened to f32 (the residual stream is f32).
 extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
@@ -35,6 +35,19 @@ extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ src,
     if (i >= (i64)count * dim) return;
     const i64 j = i / dim;
     out[i] = src[(i64)rows[j] * dim + i % dim];
+}
+
+// ring[(first + r) % capacity, :] = bf16(src[r, :]) for `rows` f32 rows of `dim`: a target
+// forward's recorded layer inputs stored, on the target's stream, into the ring an EAGLE-3
+// head gathers them from (`FeatureRing`).
+extern "C" __global__ void ring_store_f32_bf16(const float* __restrict__ src,
+                                               bf16* __restrict__ ring, i64 first,
+                                               i64 capacity, int rows, int dim) {
+    pdl_begin();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * dim) return;
+    const i64 r = i / dim;
+    ring[((first + r) % capacity) * dim + i % dim] = to_bf16(src[i]);
 }
 
 // out[i] = uniform in [-scale, scale), from a hash of (seed, i): random weights made on the

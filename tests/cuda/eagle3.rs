@@ -22,10 +22,10 @@ use rand::Rng;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-const BLOCK: usize = 16;
+pub(crate) const BLOCK: usize = 16;
 /// Blocks of the caches: four per sequence for up to 8 sequences, then the scratch block.
-const NUM_BLOCKS: u64 = 33;
-const SCRATCH: u32 = 32;
+pub(crate) const NUM_BLOCKS: u64 = 33;
+pub(crate) const SCRATCH: u32 = 32;
 
 /// A head of the GPU's kernel shapes (head_dim 64) for a target of `gpu_sized` shapes with
 /// 4 layers; aux layers 0, 2, 3, or the default (2, 2, 1) when `norm_before_residual`.
@@ -76,7 +76,7 @@ fn options(deterministic: bool) -> GpuModelOptions {
 }
 
 /// The CPU head of `dir` and the same head on the GPU.
-fn heads(dir: &Path, deterministic: bool) -> (Eagle3Head, GpuEagle3Head) {
+pub(crate) fn heads(dir: &Path, deterministic: bool) -> (Eagle3Head, GpuEagle3Head) {
     let s = setup().expect("a GPU");
     let target = LlamaModel::load(&dir.join("target")).unwrap();
     let host = Eagle3Head::load(&dir.join("head"), &target).unwrap();
@@ -89,13 +89,16 @@ fn heads(dir: &Path, deterministic: bool) -> (Eagle3Head, GpuEagle3Head) {
 }
 
 /// Sequence `i`'s block table: blocks i, i + 8, i + 16, i + 24.
-fn table(i: usize) -> Vec<u32> {
+pub(crate) fn table(i: usize) -> Vec<u32> {
     (0..4).map(|j| (i + 8 * j) as u32).collect()
 }
 
 /// The first step of sequences of `lens` new tokens over `tables`, and the row of each
 /// sequence's last token.
-fn first_step<'a>(lens: &[usize], tables: &'a [Vec<u32>]) -> (Vec<SeqSpec<'a>>, Vec<usize>) {
+pub(crate) fn first_step<'a>(
+    lens: &[usize],
+    tables: &'a [Vec<u32>],
+) -> (Vec<SeqSpec<'a>>, Vec<usize>) {
     let specs = lens
         .iter()
         .zip(tables)

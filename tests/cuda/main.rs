@@ -10,6 +10,7 @@ mod common;
 mod attention;
 mod eagle3;
 mod engine;
+mod feature_ring;
 mod graphs;
 mod model;
 mod ops;

@@ -6,7 +6,7 @@ use super::{
     StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
-use crate::messages::GeneratedToken;
+use crate::messages::{GeneratedToken, HiddenData};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache};
@@ -19,7 +19,7 @@ struct CpuBackend {
     /// Layers whose inputs every forward records (none: no recording).
     hidden_layers: Vec<usize>,
     /// What the last forward recorded.
-    hidden: Option<Vec<f32>>,
+    hidden: Option<HiddenData>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
     /// The ids of the step [`Forwards::greedy`] ran ahead (on the CPU, at once).
@@ -39,7 +39,7 @@ impl CpuBackend {
         let vocab = self.model.config().vocab_size;
         if let Some(graphs) = &mut self.graphs {
             if let Some(out) = graphs.replay(tokens, plan, logit_rows, &mut self.cache, vocab)? {
-                self.hidden = out.hidden;
+                self.hidden = out.hidden.map(HiddenData::Host);
                 return Ok(out.logits);
             }
         }
@@ -55,7 +55,7 @@ impl CpuBackend {
             logit_rows,
             &self.hidden_layers,
         )?;
-        self.hidden = Some(hidden);
+        self.hidden = Some(HiddenData::Host(hidden));
         Ok(logits)
     }
 }
@@ -155,7 +155,7 @@ impl Forwards for CpuBackend {
         Ok((ids, true))
     }
 
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+    fn take_hidden(&mut self) -> Option<HiddenData> {
         self.hidden.take()
     }
 }

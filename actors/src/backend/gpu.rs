@@ -2,18 +2,22 @@
 //! `--gpu-memory-utilization` after a profiling forward of the largest step; with a draft
 //! model (`--speculative-method draft_model`) or an EAGLE-3 head (`eagle3`), that too, on a
 //! stream of its own, its KV cache in the same blocks as the target's (a pool of its own
-//! shape). The target records the inputs of the head's aux layers when asked.
+//! shape). The target records the inputs of the head's aux layers when asked, and with
+//! a head beside it stores them into the feature ring the head gathers them from on the
+//! device (without one they are downloaded).
 
 use super::{
     blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
     ModelBackend, PoolInfo, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
 };
+use crate::draft::LAZY_ROWS;
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
-use crate::messages::GeneratedToken;
+use crate::messages::{GeneratedToken, HiddenData};
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::gemv_max_rows_for;
+use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
@@ -80,7 +84,10 @@ struct GpuBackend {
     pool: PoolInfo,
     max_seq_len_to_capture: usize,
     /// What the last forward recorded of the layers `ModelBackend::record_hidden` named.
-    hidden: Option<Vec<f32>>,
+    hidden: Option<HiddenData>,
+    /// The ring the recorded layer inputs are handed off in, on the device, to an EAGLE-3
+    /// head beside the target; without one they come to the host.
+    ring: Option<Arc<FeatureRing>>,
     /// The decode step `Forwards::greedy` queued, until the next call.
     ahead: Option<QueuedStep>,
     /// Whether the model records layer inputs (then nothing is queued ahead: a queued
@@ -109,7 +116,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     let mut model = load_profiled(dir, gpu.clone(), &kernels, s, max_logit_rows)?;
     // A drafter runs on a stream of its own (a second handle on the device) and asks one
     // logit row per sequence.
-    let (mut draft, mut head) = (None, None);
+    let (mut draft, mut head, mut ring) = (None, None, None);
     match &s.draft {
         Some(GpuDraft::Model(draft_dir)) => {
             let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
@@ -132,10 +139,24 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
             model.record_aux(&aux)?;
             let embed = model.shared_embedding();
             let target = model.config();
-            let loaded =
+            let mut loaded =
                 GpuEagle3Head::load(head_dir, target, embed, head_gpu, kernels.clone(), options)
                     .with_context(|| format!("loading the EAGLE-3 head {}", head_dir.display()))?;
+            // The features go from the target to the head on the device.
+            let width = aux.len() * target.hidden_size;
+            let rows = feature_ring_rows(s);
+            let handed = Arc::new(
+                FeatureRing::new(&gpu, rows, width)
+                    .with_context(|| format!("a feature ring of {rows} rows of {width}"))?,
+            );
+            info!(
+                rows,
+                bytes = handed.bytes(),
+                "feature ring for the EAGLE-3 head"
+            );
+            loaded.read_features_from(handed.clone())?;
             head = Some(loaded);
+            ring = Some(handed);
         }
         None => {}
     }
@@ -164,7 +185,8 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     };
     let drafts = s.num_speculative_tokens;
     let blocks = num_blocks as u64;
-    let target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
+    let mut target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
+    target.ring = ring;
     let beside = match (draft, head) {
         (Some(draft), _) => {
             let capacity = StepCapacity {
@@ -193,6 +215,15 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
         target: Box::new(target),
         beside,
     })
+}
+
+/// Rows of the feature ring an EAGLE-3 head reads: room for the rows a step 0 may still
+/// read when a store begins (two steps of `max_num_batched_tokens`, and every sequence's
+/// rows that wait while its drafts are paused, with two verifications' more), so that
+/// no row is overwritten before step 0 has read it.
+fn feature_ring_rows(s: &GpuSettings) -> usize {
+    let verify = 1 + s.num_speculative_tokens;
+    2 * s.max_num_batched_tokens + s.max_num_seqs * (LAZY_ROWS + 2 * verify)
 }
 
 /// The kernels for `gpu`, launched with programmatic dependent launch except in
@@ -277,6 +308,7 @@ impl GpuBackend {
             pool,
             max_seq_len_to_capture: s.max_seq_len_to_capture,
             hidden: None,
+            ring: None,
             ahead: None,
             records_hidden: false,
         })
@@ -317,6 +349,12 @@ fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::
 }
 
 impl GpuBackend {
+    /// The device, the kernels and the feature ring, held apart from the backend's borrows.
+    fn handles(&self) -> (Arc<Gpu>, Arc<CudaKernels>, Option<Arc<FeatureRing>>) {
+        let gpu = self.model.gpu().clone();
+        (gpu, self.kernels.clone(), self.ring.clone())
+    }
+
     /// Replays the graph that serves this step, if every row is a logit row, in order, and
     /// a captured size and context class hold it: a decode graph for pure decode (one row a
     /// sequence), else a verification graph when no sequence has more rows than the last
@@ -371,12 +409,27 @@ fn longest_context(plan: &AttentionPlan) -> usize {
     plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0)
 }
 
-/// The recorded layer inputs `aux` (when the forward recorded some), on the host.
-fn download_aux(gpu: &Gpu, aux: Option<CudaView<f32>>) -> anyhow::Result<Option<Vec<f32>>> {
-    Ok(match aux {
-        Some(aux) => Some(gpu.download(&aux)?),
-        None => None,
-    })
+/// Hands on the recorded layer inputs `aux` (when the forward recorded some): stored into
+/// `ring` on the target's stream where there is one, else downloaded.
+fn hand_off(
+    gpu: &Gpu,
+    kernels: &CudaKernels,
+    ring: Option<&FeatureRing>,
+    aux: Option<CudaView<f32>>,
+) -> anyhow::Result<Option<HiddenData>> {
+    let Some(aux) = aux else {
+        return Ok(None);
+    };
+    Ok(Some(match ring {
+        Some(ring) => {
+            let rows = aux.len() / ring.width();
+            let first = ring
+                .store(kernels, gpu.stream(), &aux, rows)
+                .context("storing the recorded layer inputs into the feature ring")?;
+            HiddenData::Ring { first, rows }
+        }
+        None => HiddenData::Host(gpu.download(&aux)?),
+    }))
 }
 
 /// Samples every row of the device `logits` (`[sampling.len(), vocab]`): on the device (one
@@ -419,13 +472,16 @@ impl Forwards for GpuBackend {
         sampling: &mut [RowSampling],
     ) -> anyhow::Result<Vec<GeneratedToken>> {
         let vocab = self.model.config().vocab_size;
-        let gpu = self.model.gpu().clone();
-        let kernels = self.kernels.clone();
+        let (gpu, kernels, ring) = self.handles();
+        let ring = ring.as_deref();
         let replayed = match self.replay(tokens, plan, logit_rows)? {
-            Some(r) => Some((
-                sample_logits(&gpu, &kernels, &r.logits(), vocab, sampling)?,
-                download_aux(&gpu, r.aux())?,
-            )),
+            Some(r) => {
+                let hidden = hand_off(&gpu, &kernels, ring, r.aux())?;
+                Some((
+                    sample_logits(&gpu, &kernels, &r.logits(), vocab, sampling)?,
+                    hidden,
+                ))
+            }
             None => None,
         };
         if let Some((sampled, hidden)) = replayed {
@@ -433,11 +489,11 @@ impl Forwards for GpuBackend {
             return Ok(sampled);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
-        let sampled = sample_logits(&gpu, &kernels, &logits, vocab, sampling)?;
+        self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         drop(cache);
-        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
-        Ok(sampled)
+        self.hidden = hand_off(&gpu, &kernels, ring, self.model.last_aux(tokens.len()))?;
+        let logits = self.model.last_logits(logit_rows.len());
+        sample_logits(&gpu, &kernels, &logits, vocab, sampling)
     }
 
     fn vocab(&self) -> usize {
@@ -452,9 +508,13 @@ impl Forwards for GpuBackend {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<u32>> {
-        let gpu = self.model.gpu().clone();
+        let (gpu, kernels, ring) = self.handles();
+        let ring = ring.as_deref();
         let replayed = match self.replay(tokens, plan, logit_rows)? {
-            Some(r) => Some((r.greedy_ids()?, download_aux(&gpu, r.aux())?)),
+            Some(r) => {
+                let hidden = hand_off(&gpu, &kernels, ring, r.aux())?;
+                Some((r.greedy_ids()?, hidden))
+            }
             None => None,
         };
         if let Some((ids, hidden)) = replayed {
@@ -462,12 +522,10 @@ impl Forwards for GpuBackend {
             return Ok(ids);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let ids = self
-            .model
-            .forward_argmax(tokens, plan, &mut cache, logit_rows)?;
+        self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         drop(cache);
-        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
-        Ok(ids)
+        self.hidden = hand_off(&gpu, &kernels, ring, self.model.last_aux(tokens.len()))?;
+        Ok(self.model.last_argmax(logit_rows.len())?)
     }
 
     /// One download of the picked rows' logits after the forward.
@@ -477,9 +535,13 @@ impl Forwards for GpuBackend {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<f32>> {
-        let gpu = self.model.gpu().clone();
+        let (gpu, kernels, ring) = self.handles();
+        let ring = ring.as_deref();
         let replayed = match self.replay(tokens, plan, logit_rows)? {
-            Some(r) => Some((gpu.download(&r.logits())?, download_aux(&gpu, r.aux())?)),
+            Some(r) => {
+                let hidden = hand_off(&gpu, &kernels, ring, r.aux())?;
+                Some((gpu.download(&r.logits())?, hidden))
+            }
             None => None,
         };
         if let Some((logits, hidden)) = replayed {
@@ -487,11 +549,10 @@ impl Forwards for GpuBackend {
             return Ok(logits);
         }
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let logits = self.model.forward(tokens, plan, &mut cache, logit_rows)?;
-        let logits = gpu.download(&logits)?;
+        self.model.forward(tokens, plan, &mut cache, logit_rows)?;
         drop(cache);
-        self.hidden = download_aux(&gpu, self.model.last_aux(tokens.len()))?;
-        Ok(logits)
+        self.hidden = hand_off(&gpu, &kernels, ring, self.model.last_aux(tokens.len()))?;
+        Ok(gpu.download(&self.model.last_logits(logit_rows.len()))?)
     }
 
     /// Through the decode graph that serves the step (else eagerly, queuing nothing): the
@@ -530,7 +591,7 @@ impl Forwards for GpuBackend {
         Ok((ids, ahead))
     }
 
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+    fn take_hidden(&mut self) -> Option<HiddenData> {
         self.hidden.take()
     }
 }

@@ -12,7 +12,7 @@ pub use cpu_memory::{CpuFootprint, StepBounds};
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
-use crate::messages::GeneratedToken;
+use crate::messages::{GeneratedToken, HiddenData};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
@@ -236,8 +236,8 @@ pub struct StepOutput {
     pub queued_next: bool,
     /// The hidden states the forward recorded, `[rows, layers.len() * hidden]`, where
     /// [`ModelBackend::record_hidden`] asked for them: every planned row's, for a draft
-    /// method to read.
-    pub hidden: Option<Vec<f32>>,
+    /// method to read (on the host, or in the CUDA backend's feature ring).
+    pub hidden: Option<HiddenData>,
 }
 
 impl StepOutput {
@@ -368,7 +368,7 @@ pub trait Forwards {
         }
     }
     /// The hidden states the last forward recorded, if it recorded any; taken.
-    fn take_hidden(&mut self) -> Option<Vec<f32>> {
+    fn take_hidden(&mut self) -> Option<HiddenData> {
         None
     }
 }

@@ -3,8 +3,10 @@
 //! shape.
 //!
 //! The target records the inputs of the head's aux layers for every row it runs; they
-//! arrive here with each `Propose` and wait, per request, until the token after each
-//! position is known. Step 0 then runs every waiting row whose position the target has
+//! arrive here with each `Propose` (as values from the CPU backend, or as the numbers of
+//! the rows of the feature ring the CUDA backend stored them into, which the GPU head
+//! gathers on the device) and wait, per request, until the token after each position is
+//! known. Step 0 then runs every waiting row whose position the target has
 //! verified (rows of rejected drafts are dropped): the row at position j pairs the
 //! target's features at j with token j + 1 (the last one being the token the target just
 //! produced), which also fills the head's KV cache. The scheduler proposes every request
@@ -37,6 +39,7 @@
 //! check, gets no drafts; its output is unchanged.
 
 use super::head_blocks::{HeadBlocks, SeqBlocks};
+use super::head_features::{Pending, StepFeatures};
 use super::head_runner::{CpuHead, HeadRunner, HeadStep};
 use super::DraftMethod;
 use crate::backend::PoolInfo;
@@ -60,8 +63,8 @@ pub const LAZY_ROWS: usize = 128;
 struct HeadSeq {
     /// Positions whose step-0 KV is in the head's cache: `0..computed`.
     computed: usize,
-    /// Target features of positions `computed..`, one row of the aux width each.
-    pending: Vec<f32>,
+    /// Target features of positions `computed..`, one row each.
+    pending: Pending,
     /// The features had a gap: no drafts for this request.
     broken: bool,
     /// Positions `0..computed` came from the prefix cache: their head KV is checked at the
@@ -212,24 +215,21 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 s.computed = r.first_pos;
                 s.unchecked_prefix = true;
             }
-            let end = s.computed + s.pending.len() / w;
+            let end = s.computed + s.pending.rows(w);
             if r.first_pos > end {
                 s.broken = true;
             } else if r.first_pos < s.computed {
                 // The target ran positions the head has seen again (a recompute, which
                 // may start past a prefix hit): take them afresh.
                 s.computed = r.first_pos;
-                s.pending.clear();
+                s.pending.truncate(0, w);
                 s.unchecked_prefix = r.first_pos > 0;
                 self.blocks.rewind(&mut s.blocks, r.first_pos);
             } else {
                 // Rows past first_pos are those of rejected drafts.
-                s.pending.truncate((r.first_pos - s.computed) * w);
+                s.pending.truncate(r.first_pos - s.computed, w);
             }
-            if r.data.len() % w != 0 {
-                s.broken = true;
-            }
-            s.pending.extend(r.data);
+            s.broken |= !s.pending.extend(r.data, w);
         }
     }
 
@@ -246,7 +246,8 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         // Step 0: the rows at positions the target has run, up to the one before the
         // last token (whose successor, the next token, is not known yet).
         let (mut live, mut ends, mut drafting) = (vec![], vec![], vec![]);
-        let (mut specs, mut tokens, mut features, mut rows) = (vec![], vec![], vec![], vec![]);
+        let (mut specs, mut tokens, mut rows) = (vec![], vec![], vec![]);
+        let mut features = StepFeatures::default();
         for (i, s) in seqs.iter().enumerate() {
             let len = s.tokens.len();
             let Some(state) = self.seqs.get_mut(&s.id) else {
@@ -262,12 +263,22 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                     );
                 state.broken |= !valid;
             }
+            if let Some(row) = state.pending.oldest_ring_row() {
+                if !state.broken && !self.runner.holds_ring_row(row) {
+                    tracing::warn!(
+                        request = %s.id,
+                        row,
+                        "the feature ring overwrote rows before step 0 read them: no drafts"
+                    );
+                    state.broken = true;
+                }
+            }
             if state.broken {
                 continue;
             }
             // The head writes only into the blocks it now holds alone.
             self.blocks.take_table(&mut state.blocks, &s.block_table);
-            let have = state.computed + state.pending.len() / w;
+            let have = state.computed + state.pending.rows(w);
             // Every row whose next token is known runs, a prompt chunk's in the step after
             // the target computed it; a request whose drafts are paused lets its rows wait
             // until it drafts again, its last token is due or they reach LAZY_ROWS.
@@ -278,14 +289,14 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
                 continue;
             }
             self.caught_up |= std::mem::take(&mut state.waited);
-            state.pending.truncate((end - state.computed) * w);
+            state.pending.truncate(end - state.computed, w);
             specs.push(SeqSpec {
                 num_cached: state.computed,
                 num_new: end - state.computed,
                 block_table: &s.block_table,
             });
             tokens.extend_from_slice(&s.tokens[state.computed + 1..=end]);
-            features.extend_from_slice(&state.pending);
+            features.push(&state.pending);
             rows.push(tokens.len() - 1);
             live.push(i);
             ends.push(end);
@@ -299,7 +310,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         let sampled = |k: &usize| drafting[*k] && seqs[live[*k]].sampling.is_some();
         let logits = (0..live.len()).any(|k| sampled(&k));
         let started = Instant::now();
-        let step = self.run_head(&specs, &tokens, HeadInput::Aux(&features), &rows, logits)?;
+        let step = self.run_head(&specs, &tokens, features.input()?, &rows, logits)?;
         metrics::record_head_step(true, started.elapsed());
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
@@ -314,7 +325,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             }
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
             state.computed = ends[k];
-            state.pending.clear();
+            state.pending.truncate(0, w);
             let s = &seqs[i];
             self.blocks
                 .mark(&mut state.blocks, &s.tokens, &s.block_table, state.computed);

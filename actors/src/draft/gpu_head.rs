@@ -186,8 +186,8 @@ impl HeadRunner for GpuHead {
             });
         }
         // A catch-up past the buffers: in forwards they hold.
-        let (kind, features) = input.parts();
         let h = self.hidden_size();
+        let (kind, features) = input.host().unwrap_or((FeatureKind::Aux, &[]));
         let width = features.len() / tokens.len().max(1);
         let v = self.head.vocab().len();
         let mut drafts = vec![0; rows.len()];
@@ -209,6 +209,10 @@ impl HeadRunner for GpuHead {
                 .flat_map(|&t| &features[t * width..(t + 1) * width])
                 .copied()
                 .collect();
+            let ring_rows: Vec<u64> = match input {
+                HeadInput::Ring(all) => from.iter().map(|&t| all[t]).collect(),
+                HeadInput::Aux(_) | HeadInput::Pre(_) => Vec::new(),
+            };
             local_row.fill(None);
             for (j, &t) in from.iter().enumerate() {
                 local_row[t] = Some(j);
@@ -218,9 +222,10 @@ impl HeadRunner for GpuHead {
                 .enumerate()
                 .filter_map(|(i, &r)| local_row.get(r).copied().flatten().map(|j| (i, j)))
                 .unzip();
-            let input = match kind {
-                FeatureKind::Aux => HeadInput::Aux(&feats),
-                FeatureKind::Pre => HeadInput::Pre(&feats),
+            let input = match (input, kind) {
+                (HeadInput::Ring(_), _) => HeadInput::Ring(&ring_rows),
+                (_, FeatureKind::Aux) => HeadInput::Aux(&feats),
+                (_, FeatureKind::Pre) => HeadInput::Pre(&feats),
             };
             let out = self
                 .head
@@ -260,6 +265,10 @@ impl HeadRunner for GpuHead {
         .context("capturing the EAGLE-3 head's graphs")?;
         self.graphs = Some(graphs);
         Ok(())
+    }
+
+    fn holds_ring_row(&self, row: u64) -> bool {
+        self.head.feature_ring().is_some_and(|ring| ring.holds(row))
     }
 
     #[cfg(feature = "fault-hooks")]

@@ -55,6 +55,12 @@ pub trait HeadRunner: Send {
     /// Captures the head's decode step for every size of `sizes`, replacing the graphs held
     /// (on failure they stay); `None` drops them.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()>;
+    /// Whether the feature ring the head reads ([`HeadInput::Ring`]) still holds row `row`;
+    /// false for a head that reads none.
+    fn holds_ring_row(&self, row: u64) -> bool {
+        let _ = row;
+        false
+    }
     /// Fault hook (feature `fault-hooks`): zeroes the head's KV in every block above
     /// `above` that a sequence of `specs` uses.
     #[cfg(feature = "fault-hooks")]
@@ -108,6 +114,10 @@ impl HeadRunner for Box<dyn HeadRunner> {
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         (**self).capture_graphs(sizes)
+    }
+
+    fn holds_ring_row(&self, row: u64) -> bool {
+        (**self).holds_ring_row(row)
     }
 
     #[cfg(feature = "fault-hooks")]

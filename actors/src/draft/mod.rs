@@ -17,6 +17,7 @@ mod eagle3;
 #[cfg(feature = "cuda")]
 mod gpu_head;
 mod head_blocks;
+mod head_features;
 mod head_runner;
 mod ngram;
 mod progress;

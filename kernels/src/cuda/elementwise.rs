@@ -84,6 +84,43 @@ pub fn gather_rows(
     Ok(())
 }
 
+/// `ring[(first + r) % capacity] = src[r]` narrowed to bf16, for the `rows` f32 rows of `dim`
+/// elements at the start of `src`, where `ring` holds `capacity` rows of `dim`.
+pub fn ring_store(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    src: &CudaView<f32>,
+    ring: &mut CudaViewMut<bf16>,
+    first: u64,
+    rows: usize,
+    dim: usize,
+) -> Result<(), DriverError> {
+    if rows * dim == 0 {
+        return Ok(());
+    }
+    let capacity = ring.len() / dim;
+    assert!(src.len() >= rows * dim, "ring_store: short source");
+    assert!(
+        rows <= capacity,
+        "ring_store: {rows} rows past a ring of {capacity}"
+    );
+    let i32_of = |v: usize| i32::try_from(v).expect("ring_store: a size past i32");
+    let (rows_i, dim_i) = (i32_of(rows), i32_of(dim));
+    // The kernel reduces the row modulo the capacity: the sum stays far below 2^63.
+    let (first_i, capacity_i) = ((first % capacity as u64) as i64, capacity as i64);
+    let mut launch = k.launch(stream, "ring_store_f32_bf16");
+    launch
+        .arg(src)
+        .arg(ring)
+        .arg(&first_i)
+        .arg(&capacity_i)
+        .arg(&rows_i)
+        .arg(&dim_i);
+    // SAFETY: every row lands in the ring modulo its capacity; `src` holds rows * dim.
+    unsafe { launch.launch(grid(blocks(rows * dim), THREADS, 0)) }?;
+    Ok(())
+}
+
 /// Fills `out` with values uniform in `[-scale, scale)` from a hash of `(seed, index)`.
 pub fn fill_uniform(
     k: &CudaKernels,

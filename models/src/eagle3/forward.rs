@@ -21,6 +21,10 @@ pub enum HeadInput<'a> {
     /// Step 0: the target's auxiliary hidden states, `[T, aux_layers.len() * H_t]`, which
     /// go through `fc`.
     Aux(&'a [f32]),
+    /// Step 0 on the GPU: the same states as rows of the feature ring the target stored
+    /// them into on the device (`feature_ring::FeatureRing`), one row number per token. A
+    /// head on the CPU refuses them.
+    Ring(&'a [u64]),
     /// Later steps: each row's previous `pre`, `[T, H]`, used as is.
     Pre(&'a [f32]),
 }
@@ -35,11 +39,28 @@ pub struct HeadOutput {
 }
 
 impl HeadInput<'_> {
-    /// The kind of feature, and its rows.
-    pub fn parts(&self) -> (FeatureKind, &[f32]) {
+    /// The kind of feature.
+    pub fn kind(&self) -> FeatureKind {
+        match self {
+            HeadInput::Aux(_) | HeadInput::Ring(_) => FeatureKind::Aux,
+            HeadInput::Pre(_) => FeatureKind::Pre,
+        }
+    }
+
+    /// The number of rows of a [`HeadInput::Ring`]; 0 for host features.
+    pub fn rows(&self) -> usize {
+        match self {
+            HeadInput::Ring(ids) => ids.len(),
+            HeadInput::Aux(_) | HeadInput::Pre(_) => 0,
+        }
+    }
+
+    /// The kind of feature and its rows on the host; `None` for rows in a feature ring.
+    pub fn host(&self) -> Option<(FeatureKind, &[f32])> {
         match *self {
-            HeadInput::Aux(aux) => (FeatureKind::Aux, aux),
-            HeadInput::Pre(pre) => (FeatureKind::Pre, pre),
+            HeadInput::Aux(aux) => Some((FeatureKind::Aux, aux)),
+            HeadInput::Pre(pre) => Some((FeatureKind::Pre, pre)),
+            HeadInput::Ring(_) => None,
         }
     }
 }
@@ -60,7 +81,9 @@ impl Eagle3Head {
         logit_rows: &[usize],
     ) -> Result<HeadOutput, ForwardError> {
         check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
-        let (kind, features) = input.parts();
+        let Some((kind, features)) = input.host() else {
+            return Err(ForwardError::DeviceFeatures);
+        };
         let width = self.feature_width(kind);
         let what = match kind {
             FeatureKind::Aux => "aux hidden states",

@@ -6,6 +6,7 @@
 //! halves of one `[T, 2H]` matrix; `g` (from `fc`, or the staged `pre`) is widened into the
 //! f32 residual stream, which becomes `h1`, then `h2` (the next step's `pre`).
 
+use super::feature_ring::FeatureRing;
 use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
 use crate::gpu_graph::SharedGraphBuffers;
 use crate::llama::{check_inputs, ForwardError};
@@ -42,6 +43,8 @@ pub struct GpuEagle3Head {
     plan: DeviceAttentionPlan,
     /// The buffers of the decode graphs, while any graph was captured from them.
     pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers>,
+    /// The ring the target hands its features off in, where it does.
+    ring: Option<Arc<FeatureRing>>,
 }
 
 /// The head's embedding table: its own, or the target's.
@@ -83,6 +86,8 @@ pub(super) struct HeadWorkspace {
     pub(super) work: Workspace,
     /// bf16 `[tokens, fc_in]`: the staged target features of a step fed them.
     aux: CudaSlice<bf16>,
+    /// The ring slots of a step's features gathered from a feature ring, one a token.
+    slots: CudaSlice<i32>,
     /// f32 `[tokens, H]`: the staged `pre` of a step fed it.
     pub(super) feature: CudaSlice<f32>,
     /// bf16 `[tokens, H]`: `fc`'s output.
@@ -127,6 +132,7 @@ impl HeadWorkspace {
         Ok(HeadWorkspace {
             work: Workspace::with_dims(gpu, dims, max_tokens, max_logit_rows)?,
             aux: gpu.zeros((t * fc_in).max(1))?,
+            slots: gpu.zeros(if aux { t.max(1) } else { 1 })?,
             feature: gpu.zeros(t * h)?,
             g: gpu.zeros(t * h)?,
             e: gpu.zeros(t * h)?,
@@ -134,21 +140,28 @@ impl HeadWorkspace {
         })
     }
 
-    /// Copies `features` (`[n, width]` of `kind`) into the staged feature buffer.
+    /// Stages `input` into the feature buffer of its kind: host rows copied, rows of
+    /// `ring` gathered on the device.
     fn stage_features(
         &mut self,
-        gpu: &Gpu,
-        kind: FeatureKind,
-        features: &[f32],
+        core: &HeadCore,
+        input: HeadInput,
+        ring: Option<&FeatureRing>,
     ) -> Result<(), GpuForwardError> {
-        let stream = gpu.stream();
-        match kind {
-            FeatureKind::Aux => {
+        let stream = core.gpu.stream();
+        match input {
+            HeadInput::Aux(features) => {
                 let host: Vec<bf16> = features.iter().map(|&v| bf16::from_f32(v)).collect();
                 let dst = &mut self.aux.slice_mut(0..host.len());
                 stream.memcpy_htod(&host, dst)?;
             }
-            FeatureKind::Pre => {
+            HeadInput::Ring(ids) => {
+                let ring = ring.ok_or(GpuForwardError::NoFeatureRing)?;
+                let (slots, aux) = (&mut self.slots, &mut self.aux);
+                ring.gather(&core.kernels, stream, ids, slots, aux)
+                    .map_err(GpuForwardError::from)?;
+            }
+            HeadInput::Pre(features) => {
                 let dst = &mut self.feature.slice_mut(0..features.len());
                 stream.memcpy_htod(features, dst)?;
             }
@@ -264,7 +277,27 @@ impl GpuEagle3Head {
             work,
             plan,
             graph_buffers: SharedGraphBuffers::default(),
+            ring: None,
         })
+    }
+
+    /// The ring the target hands its features off in, where the head reads one.
+    pub fn feature_ring(&self) -> Option<&FeatureRing> {
+        self.ring.as_deref()
+    }
+
+    /// From now on step 0 may read its features from `ring` ([`HeadInput::Ring`]), the
+    /// ring the target stores its recorded layer inputs into. Refused when its rows are not
+    /// as wide as `fc`'s input.
+    pub fn read_features_from(&mut self, ring: Arc<FeatureRing>) -> anyhow::Result<()> {
+        let width = self.core.width(FeatureKind::Aux);
+        anyhow::ensure!(
+            ring.width() == width,
+            "a feature ring of rows of {} for a head whose fc reads {width}",
+            ring.width()
+        );
+        self.ring = Some(ring);
+        Ok(())
     }
 
     /// The head's configuration.
@@ -351,12 +384,13 @@ impl GpuEagle3Head {
         logit_rows: &[usize],
     ) -> Result<(), GpuForwardError> {
         let core = &*self.core;
-        let (kind, features) = input.parts();
         let (n, r) = (tokens.len(), logit_rows.len());
-        core.check(tokens, kind, features, plan, logit_rows, &self.work, cache)?;
-        self.work.stage_features(&core.gpu, kind, features)?;
+        core.check(tokens, input, plan, logit_rows, &self.work, cache)?;
+        self.work
+            .stage_features(core, input, self.ring.as_deref())?;
         self.plan.stage(tokens, plan, logit_rows)?;
         let every_row = logit_rows.iter().copied().eq(0..n);
+        let kind = input.kind();
         core.launch(&mut self.work, n, r, every_row, kind, &self.plan, cache)
     }
 }
@@ -371,12 +405,10 @@ impl HeadCore {
     }
 
     /// Refuses a step the buffers, the rotary table or the cache cannot hold.
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn check(
         &self,
         tokens: &[u32],
-        kind: FeatureKind,
-        features: &[f32],
+        input: HeadInput,
         plan: &AttentionPlan,
         logit_rows: &[usize],
         work: &HeadWorkspace,
@@ -385,11 +417,15 @@ impl HeadCore {
         let c = &self.config;
         check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
         let (n, r) = (tokens.len(), logit_rows.len());
-        let width = self.width(kind);
-        if features.len() != n * width {
+        // A ring row holds a whole row of features.
+        let (len, width) = match input.host() {
+            Some((kind, features)) => (features.len(), self.width(kind)),
+            None => (input.rows(), 1),
+        };
+        if len != n * width {
             return Err(ForwardError::HiddenShape {
                 what: "head features",
-                len: features.len(),
+                len,
                 rows: n,
                 width,
             }

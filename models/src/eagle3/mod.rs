@@ -14,10 +14,14 @@
 //! - [`record`]: the forward, recorded into a CPU graph over the head's buffers.
 //! - [`stage`]: a step's inputs and features, staged into those buffers.
 //! - [`vocab`]: draft id → target id.
+//! - `feature_ring` (`cuda` feature): the target's features handed to the head on the
+//!   device.
 //! - `gpu` and `gpu_graph` (`cuda` feature): the head on the GPU, eagerly and through CUDA
 //!   graphs of its decode step.
 
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod feature_ring;
 pub mod forward;
 #[cfg(feature = "cuda")]
 pub mod gpu;

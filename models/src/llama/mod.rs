@@ -35,6 +35,8 @@ pub enum ForwardError {
         rows: usize,
         width: usize,
     },
+    #[error("features in a GPU's feature ring were given to a forward on the CPU")]
+    DeviceFeatures,
     #[error("sequence {seq}: a block table of {blocks} blocks, past the {max} staged")]
     TableWidth {
         seq: usize,

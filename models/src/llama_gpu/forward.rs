@@ -39,6 +39,10 @@ pub enum GpuForwardError {
     Driver(#[from] DriverError),
     #[error(transparent)]
     Gpu(#[from] GpuError),
+    #[error(transparent)]
+    Ring(#[from] crate::eagle3::feature_ring::RingError),
+    #[error("features in a feature ring were given to a head that reads none")]
+    NoFeatureRing,
 }
 
 impl GpuLlama {
@@ -89,6 +93,14 @@ impl GpuLlama {
         }
         self.core.argmax(&mut self.work, rows)?;
         Ok(self.core.gpu.download(&self.work.ids.slice(0..rows))?)
+    }
+
+    /// The logits of the first `rows` logit rows of the last forward, `[rows, vocab]` f32.
+    pub fn last_logits(&self, rows: usize) -> CudaView<'_, f32> {
+        let rows = rows.min(self.work.max_logit_rows);
+        self.work
+            .logits
+            .slice(0..rows * self.core.config.vocab_size)
     }
 
     /// [`GpuLlama::forward`] with the logits copied to the host.

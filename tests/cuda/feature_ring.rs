@@ -1,0 +1,164 @@
+//! The feature ring that hands the target's recorded layer inputs to an EAGLE-3 head on the
+//! device: rows stored on one stream (the target's) and gathered on another (the head's)
+//! come back as the host's bf16 rounding of the values stored, across the ring's wrap and
+//! in any order; rows overwritten are refused; and a head fed rows of the ring drafts bit
+//! for bit as one fed the same features from the host, through one forward and through a
+//! catch-up cut into forwards its buffers hold.
+
+use crate::eagle3::{first_step, gpu_head_spec, heads, table, write_target_and_head};
+use crate::eagle3::{BLOCK, NUM_BLOCKS, SCRATCH};
+use crate::{random_f32, rng, setup, to_bf16};
+use half::bf16;
+use peregrine_actors::draft::{GpuHead, HeadCapacity, HeadRunner};
+use peregrine_models::eagle3::feature_ring::{FeatureRing, RingError};
+use peregrine_models::eagle3::HeadInput;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_runtime::cuda::Gpu;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use std::sync::{Arc, Mutex};
+
+/// Stores `rows` rows of `values` (`[rows, width]`) into `ring` on `target`'s stream, in
+/// chunks of `chunk` rows, and returns the number of the first.
+fn store(ring: &FeatureRing, target: &Gpu, values: &[f32], rows: usize, chunk: usize) -> u64 {
+    let s = setup().unwrap();
+    let width = ring.width();
+    let mut first = None;
+    for start in (0..rows).step_by(chunk) {
+        let end = (start + chunk).min(rows);
+        let src = target.upload(&values[start * width..end * width]).unwrap();
+        let at = ring
+            .store(&s.kernels, target.stream(), &src.as_view(), end - start)
+            .unwrap();
+        first.get_or_insert(at);
+        // The source may go once the store is queued and done.
+        target.synchronize().unwrap();
+    }
+    first.unwrap()
+}
+
+#[test]
+fn rows_stored_on_one_stream_are_gathered_on_another_across_the_wrap() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let target = Gpu::open(0).unwrap();
+    let mut rng = rng("rows_stored_on_one_stream_are_gathered_on_another_across_the_wrap");
+    // An odd width and a capacity that the stores wrap past twice.
+    let (width, capacity) = (37, 23);
+    let ring = FeatureRing::new(&target, capacity, width).unwrap();
+    let junk = random_f32(&mut rng, 40 * width, 3.0);
+    let junk_first = store(&ring, &target, &junk, 40, 7);
+    assert_eq!(junk_first, 0);
+    let rows = 20;
+    let values = random_f32(&mut rng, rows * width, 3.0);
+    let first = store(&ring, &target, &values, rows, 6);
+    assert_eq!(first, 40);
+    // Rows 37..60 are held; 36 was overwritten by row 59.
+    assert!(ring.holds(37) && ring.holds(59));
+    assert!(!ring.holds(36) && !ring.holds(60));
+    let mut order: Vec<usize> = (0..rows).collect();
+    order.shuffle(&mut rng);
+    let ids: Vec<u64> = order.iter().map(|&r| first + r as u64).collect();
+    let mut slots = s.gpu.zeros::<i32>(rows).unwrap();
+    // Poisoned: a row the gather missed reads NaN.
+    let mut out = s.gpu.upload(&vec![bf16::NAN; (rows + 2) * width]).unwrap();
+    ring.gather(&s.kernels, s.gpu.stream(), &ids, &mut slots, &mut out)
+        .unwrap();
+    let got = s.gpu.download(&out).unwrap();
+    let want: Vec<bf16> = order
+        .iter()
+        .flat_map(|&r| to_bf16(&values[r * width..(r + 1) * width]))
+        .collect();
+    let bits = |v: &[bf16]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got[..rows * width]), bits(&want), "gathered rows");
+    assert!(
+        got[rows * width..].iter().all(|v| v.is_nan()),
+        "past the rows"
+    );
+    // A row a later store overwrote is refused, and so is one not stored yet.
+    for row in [36, 60] {
+        let err = ring.gather(&s.kernels, s.gpu.stream(), &[row], &mut slots, &mut out);
+        assert!(
+            matches!(err, Err(RingError::NotHeld { row: r, oldest: 37, next: 60 }) if r == row),
+            "row {row}: {err:?}"
+        );
+    }
+    // A store of more rows than the ring holds is refused before anything is queued.
+    let big = target
+        .upload(&random_f32(&mut rng, 24 * width, 1.0))
+        .unwrap();
+    let err = ring.store(&s.kernels, target.stream(), &big.as_view(), 24);
+    assert!(
+        matches!(err, Err(RingError::Room { rows: 24, room: 23 })),
+        "{err:?}"
+    );
+    assert!(ring.holds(59) && !ring.holds(60));
+}
+
+#[test]
+fn a_head_fed_rows_of_the_ring_drafts_as_one_fed_host_features() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_target_and_head(dir.path(), &gpu_head_spec(false, true), 41);
+    let target = Gpu::open(0).unwrap();
+    let runner = |max_tokens: usize, max_logit_rows: usize, ring: Option<Arc<FeatureRing>>| {
+        let (host, mut head) = heads(dir.path(), true);
+        if let Some(ring) = ring {
+            head.read_features_from(ring).unwrap();
+        }
+        let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
+        let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
+        let capacity = HeadCapacity {
+            max_tokens,
+            max_logit_rows,
+        };
+        let scratch = i64::from(SCRATCH) * BLOCK as i64;
+        GpuHead::new(head, cache, capacity, scratch, 1024)
+    };
+    let mut host_fed = runner(256, 16, None);
+    let width = host_fed.aux_width();
+    let ring = Arc::new(FeatureRing::new(&target, 64, width).unwrap());
+    let (mut ring_fed, mut cut) = (
+        runner(256, 16, Some(ring.clone())),
+        runner(16, 2, Some(ring.clone())),
+    );
+    assert!(!host_fed.holds_ring_row(0));
+    let mut rng = rng("a_head_fed_rows_of_the_ring_drafts_as_one_fed_host_features");
+    let lens = [7usize, 12, 1, 20, 3];
+    let tables: Vec<Vec<u32>> = (0..lens.len()).map(table).collect();
+    let (specs, rows) = first_step(&lens, &tables);
+    let total: usize = lens.iter().sum();
+    let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
+    // The ring wraps inside the step's rows.
+    store(
+        &ring,
+        &target,
+        &random_f32(&mut rng, 50 * width, 2.0),
+        50,
+        25,
+    );
+    let aux = random_f32(&mut rng, total * width, 2.0);
+    let first = store(&ring, &target, &aux, total, 9);
+    let ids: Vec<u64> = (first..first + total as u64).collect();
+    // 93 rows stored: 29.. are held.
+    assert!(ring_fed.holds_ring_row(29) && !ring_fed.holds_ring_row(28));
+    let want = host_fed
+        .run(&specs, &tokens, HeadInput::Aux(&aux), &rows, true)
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (what, head) in [("one forward", &mut ring_fed), ("cut", &mut cut)] {
+        let got = head
+            .run(&specs, &tokens, HeadInput::Ring(&ids), &rows, true)
+            .unwrap();
+        assert_eq!(got.greedy, want.greedy, "{what}: drafts");
+        assert_eq!(bits(&got.pre), bits(&want.pre), "{what}: pre");
+        let (got, want) = (got.logits.unwrap(), want.logits.as_ref().unwrap());
+        assert_eq!(bits(&got), bits(want), "{what}: logits");
+    }
+    // A head that reads no ring refuses ring rows.
+    let err = host_fed.run(&specs, &tokens, HeadInput::Ring(&ids), &rows, false);
+    assert!(err.is_err());
+}
