@@ -282,13 +282,17 @@ soak)
     # where the draft layer's K (or V) tensor passes 2^31 bytes (0.95 of the device puts
     # that tensor just over 2 GiB). The fault run is the ids layout with the head's KV
     # zeroed above block 65,535. Every step drafts (no adaptive drafting), so that every
-    # wave verifies drafts read from wherever its KV lies.
+    # wave verifies drafts read from wherever its KV lies. The long prompt is a user turn in
+    # SmolLM2's chat template (the head was trained on its answers to such turns): raw, the
+    # target's first token after it was the end of text, and every draft after it was one
+    # of text past the end.
     port=8125
     long_prompt=$(python3 -c 'winds = ["north", "east", "south", "west"]
-print("Here is the keeper log of the lighthouse. " + " ".join(
+print("<|im_start|>user\nHere is the keeper log of the lighthouse. " + " ".join(
     f"Day {d}: the lamp was lit at {18 + d % 3}:{d % 60:02d}, wind {d * 7 % 40} knots from "
     f"the {winds[d % 4]}, {d * 13 % 9} ships passed." for d in range(1, 161))
-    + " Summarise the log, then write a story about the keeper.")')
+    + " Summarise the log, then write a story about the keeper.<|im_end|>\n"
+    + "<|im_start|>assistant\n")')
     runs="ids offsets"
     [ -f target/gpu-carry/peregrine-fault.gz ] && runs="ids offsets fault"
     runs=${SOAK_RUNS:-$runs}

@@ -241,7 +241,7 @@ fn gpu_head_follows_the_cpu_head_norm_before_residual() {
 }
 
 /// The bits of every block of the one-layer `cache`, K then V, block by block.
-fn blocks(cache: &GpuKvCache) -> Vec<Vec<u16>> {
+pub(crate) fn blocks(cache: &GpuKvCache) -> Vec<Vec<u16>> {
     let gpu = &setup().unwrap().gpu;
     let (k, v) = cache.layer(0);
     let (k, v): (Vec<bf16>, Vec<bf16>) = (gpu.download(k).unwrap(), gpu.download(v).unwrap());
@@ -459,6 +459,7 @@ fn a_catch_up_past_the_buffers_drafts_as_one_forward_does() {
         let capacity = HeadCapacity {
             max_tokens,
             max_logit_rows,
+            first_rows: 1,
         };
         let scratch = i64::from(SCRATCH) * BLOCK as i64;
         GpuHead::new(head, cache, capacity, scratch, 1024)

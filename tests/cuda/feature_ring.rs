@@ -3,16 +3,19 @@
 //! come back as the host's bf16 rounding of the values stored, across the ring's wrap and
 //! in any order; rows overwritten are refused; and a head fed rows of the ring drafts bit
 //! for bit as one fed the same features from the host, through one forward and through a
-//! catch-up cut into forwards its buffers hold.
+//! catch-up cut into forwards its buffers hold; and a decode-shaped step 0 replayed through
+//! a graph of step 0 drafts bit for bit as the eager step does.
 
-use crate::eagle3::{first_step, gpu_head_spec, heads, table, write_target_and_head};
+use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, table, write_target_and_head};
 use crate::eagle3::{BLOCK, NUM_BLOCKS, SCRATCH};
 use crate::{random_f32, rng, setup, to_bf16};
 use half::bf16;
 use peregrine_actors::draft::{GpuHead, HeadCapacity, HeadRunner};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_models::eagle3::feature_ring::{FeatureRing, RingError};
 use peregrine_models::eagle3::HeadInput;
 use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::SeqSpec;
 use peregrine_runtime::cuda::Gpu;
 use rand::seq::SliceRandom;
 use rand::Rng;
@@ -114,6 +117,7 @@ fn a_head_fed_rows_of_the_ring_drafts_as_one_fed_host_features() {
         let capacity = HeadCapacity {
             max_tokens,
             max_logit_rows,
+            first_rows: 4,
         };
         let scratch = i64::from(SCRATCH) * BLOCK as i64;
         GpuHead::new(head, cache, capacity, scratch, 1024)
@@ -161,4 +165,85 @@ fn a_head_fed_rows_of_the_ring_drafts_as_one_fed_host_features() {
     // A head that reads no ring refuses ring rows.
     let err = host_fed.run(&specs, &tokens, HeadInput::Ring(&ids), &rows, false);
     assert!(err.is_err());
+}
+
+/// Deterministic mode: after the same prompts' step 0 (eager: past the graphs' rows a
+/// sequence), a step 0 of 1 to 4 rows a sequence (14 rows; the graphs of step 0 hold 4, 8,
+/// 16 and 32, so it pads) replayed through a graph gives exactly the eager step's drafts
+/// and `pre`, and writes every block as the eager step does but the scratch block, which
+/// only its padded rows wrote.
+#[test]
+fn a_decode_shaped_step_0_through_a_graph_drafts_as_the_eager_step() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    write_target_and_head(dir.path(), &gpu_head_spec(false, true), 43);
+    let target = Gpu::open(0).unwrap();
+    let runner = |ring: &Arc<FeatureRing>| {
+        let (host, mut head) = heads(dir.path(), true);
+        head.read_features_from(ring.clone()).unwrap();
+        let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
+        let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
+        let capacity = HeadCapacity {
+            max_tokens: 256,
+            max_logit_rows: 16,
+            first_rows: 4,
+        };
+        let scratch = i64::from(SCRATCH) * BLOCK as i64;
+        let head = GpuHead::new(head, cache.clone(), capacity, scratch, 1024);
+        (head, cache)
+    };
+    let (host, _) = heads(dir.path(), true);
+    let width = host.aux_layers().len() * host.config().target_hidden_size;
+    let ring = Arc::new(FeatureRing::new(&target, 256, width).unwrap());
+    let ((mut eager, eager_cache), (mut graphed, graph_cache)) = (runner(&ring), runner(&ring));
+    graphed
+        .capture_graphs(Some(&CaptureSizes::from_list(&[1, 2, 4, 8], 8).unwrap()))
+        .unwrap();
+    let scratch_before = blocks(&graph_cache.lock().unwrap())[SCRATCH as usize].clone();
+    let mut rng = rng("a_decode_shaped_step_0_through_a_graph_drafts_as_the_eager_step");
+    let lens = [7usize, 12, 5, 20, 9];
+    let tables: Vec<Vec<u32>> = (0..lens.len()).map(table).collect();
+    let (specs, rows) = first_step(&lens, &tables);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for (step, news) in [lens.to_vec(), vec![1, 4, 2, 3, 4]].into_iter().enumerate() {
+        let (specs, rows) = match step {
+            0 => (specs.clone(), rows.clone()),
+            _ => {
+                let specs: Vec<SeqSpec> = specs
+                    .iter()
+                    .zip(&news)
+                    .map(|(s, &n)| SeqSpec {
+                        num_cached: s.num_new,
+                        num_new: n,
+                        block_table: s.block_table,
+                    })
+                    .collect();
+                let (_, rows) = first_step(&news, &tables);
+                (specs, rows)
+            }
+        };
+        let total: usize = news.iter().sum();
+        let tokens: Vec<u32> = (0..total).map(|_| rng.random_range(0..1000)).collect();
+        let aux = random_f32(&mut rng, total * width, 2.0);
+        let first = store(&ring, &target, &aux, total, total);
+        let ids: Vec<u64> = (first..first + total as u64).collect();
+        let input = HeadInput::Ring(&ids);
+        let want = eager.run(&specs, &tokens, input, &rows, false).unwrap();
+        let got = graphed.run(&specs, &tokens, input, &rows, false).unwrap();
+        assert_eq!(got.greedy, want.greedy, "step {step}: drafts");
+        assert_eq!(bits(&got.pre), bits(&want.pre), "step {step}: pre");
+    }
+    let (eager_blocks, graph_blocks) = (
+        blocks(&eager_cache.lock().unwrap()),
+        blocks(&graph_cache.lock().unwrap()),
+    );
+    for b in 0..SCRATCH as usize {
+        assert!(eager_blocks[b] == graph_blocks[b], "block {b} differs");
+    }
+    assert!(
+        graph_blocks[SCRATCH as usize] != scratch_before,
+        "no padded row of a graph of step 0 wrote the scratch KV"
+    );
 }

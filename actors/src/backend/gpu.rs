@@ -206,6 +206,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 max_tokens: s.max_num_batched_tokens,
                 max_logit_rows: s.max_num_seqs,
                 max_seq_len_to_capture: s.max_seq_len_to_capture,
+                verify_rows: 1 + s.num_speculative_tokens,
             };
             Some(DraftBeside::Eagle3Head(Box::new(head), limits))
         }

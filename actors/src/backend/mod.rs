@@ -91,6 +91,8 @@ pub struct HeadLimits {
     pub max_logit_rows: usize,
     /// The longest context a captured decode graph serves.
     pub max_seq_len_to_capture: usize,
+    /// The most rows a sequence verifies: 1 + its drafts.
+    pub verify_rows: usize,
 }
 
 /// Refuses a draft model whose vocabulary differs from the target's (they must share a

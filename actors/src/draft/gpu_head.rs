@@ -1,7 +1,8 @@
 //! An EAGLE-3 head on the GPU, as the CUDA backend loads it beside the target: its
-//! one-layer cache in the blocks of the target's pool, its decode steps replayed through
-//! CUDA graphs where one serves the batch, and a catch-up larger than its buffers run in
-//! forwards that fit them.
+//! one-layer cache in the blocks of the target's pool, its decode steps and its
+//! decode-shaped step 0 (up to the rows a sequence verifies, greedy, fed the feature ring)
+//! replayed through CUDA graphs where one serves the batch, and a catch-up larger than its
+//! buffers run in forwards that fit them.
 
 use super::backend_draft::forwards;
 use super::head_runner::{HeadRunner, HeadStep};
@@ -23,6 +24,9 @@ pub struct HeadCapacity {
     pub max_tokens: usize,
     /// Rows of one forward that ask drafts.
     pub max_logit_rows: usize,
+    /// The most rows a sequence runs through a graph of step 0: 1 + the drafts a step
+    /// verifies (1: no such graphs).
+    pub first_rows: usize,
 }
 
 /// An EAGLE-3 head on the GPU with its KV cache.
@@ -39,6 +43,9 @@ pub struct GpuHead {
     block_size: usize,
     num_blocks: u64,
     graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
+    /// The graphs of step 0, by rows (captured with the decode graphs where the head reads
+    /// a feature ring and sequences verify drafts).
+    first_graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
 }
 
 impl GpuHead {
@@ -63,6 +70,7 @@ impl GpuHead {
         let capacity = HeadCapacity {
             max_tokens: limits.max_tokens,
             max_logit_rows: limits.max_logit_rows,
+            first_rows: limits.verify_rows,
         };
         let scratch_slot = pool
             .scratch_slot()
@@ -98,6 +106,48 @@ impl GpuHead {
             block_size: layout.block_size as usize,
             num_blocks: layout.num_blocks,
             graphs: None,
+            first_graphs: None,
+        }
+    }
+
+    /// Replays the graph of step 0 that serves this step, if one does: features of the
+    /// feature ring, no logits asked, each sequence's rows within `first_rows`, its last
+    /// row its logit row.
+    fn replay_first(
+        &self,
+        plan: &AttentionPlan,
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+        logits: bool,
+    ) -> anyhow::Result<Option<HeadStep>> {
+        let (Some(graphs), HeadInput::Ring(features), false) = (&self.first_graphs, input, logits)
+        else {
+            return Ok(None);
+        };
+        let seqs = plan.seqs();
+        let lasts = seqs.iter().scan(0, |end, s| {
+            *end += s.q_len;
+            Some(*end - 1)
+        });
+        if seqs.iter().any(|s| s.q_len > self.capacity.first_rows)
+            || !lasts.eq(rows.iter().copied())
+        {
+            return Ok(None);
+        }
+        let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
+        match graphs.graph_for(tokens.len()) {
+            Some((_, graph)) if longest <= graph.max_context() => {
+                let out = graph
+                    .replay_first(tokens, features, plan, rows)
+                    .context("EAGLE-3 head step-0 graph replay")?;
+                Ok(Some(HeadStep {
+                    greedy: out.drafts,
+                    logits: None,
+                    pre: out.pre,
+                }))
+            }
+            _ => Ok(None),
         }
     }
 
@@ -167,6 +217,9 @@ impl HeadRunner for GpuHead {
         let (block_size, num_blocks) = (self.block_size, self.num_blocks);
         let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
         if let Some(out) = self.replay(&plan, tokens, input, rows, logits)? {
+            return Ok(out);
+        }
+        if let Some(out) = self.replay_first(&plan, tokens, input, rows, logits)? {
             return Ok(out);
         }
         let cap = self.capacity;
@@ -251,6 +304,7 @@ impl HeadRunner for GpuHead {
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         let Some(sizes) = sizes else {
             self.graphs = None;
+            self.first_graphs = None;
             return Ok(());
         };
         let limits = GraphLimits {
@@ -263,7 +317,23 @@ impl HeadRunner for GpuHead {
             head.capture_decode(size, limits, cache)
         })
         .context("capturing the EAGLE-3 head's graphs")?;
+        let per_seq = self.capacity.first_rows;
+        let first_graphs = match (head.feature_ring(), per_seq) {
+            (Some(_), 2..) => {
+                let rows = sizes.scaled(per_seq);
+                let limits = GraphLimits {
+                    max_rows: rows.largest(),
+                    ..limits
+                };
+                let graphs = GraphCaptureManager::capture(rows, |size| {
+                    head.capture_first(size, limits, cache)
+                });
+                Some(graphs.context("capturing the EAGLE-3 head's step-0 graphs")?)
+            }
+            _ => None,
+        };
         self.graphs = Some(graphs);
+        self.first_graphs = first_graphs;
         Ok(())
     }
 

@@ -140,6 +140,19 @@ impl HeadWorkspace {
         })
     }
 
+    /// Gathers the rows `ids` of `ring` into the staged target features, on the head's
+    /// stream.
+    pub(super) fn gather_features(
+        &mut self,
+        core: &HeadCore,
+        ring: &FeatureRing,
+        ids: &[u64],
+    ) -> Result<(), GpuForwardError> {
+        let stream = core.gpu.stream();
+        ring.gather(&core.kernels, stream, ids, &mut self.slots, &mut self.aux)?;
+        Ok(())
+    }
+
     /// Stages `input` into the feature buffer of its kind: host rows copied, rows of
     /// `ring` gathered on the device.
     fn stage_features(
@@ -157,9 +170,7 @@ impl HeadWorkspace {
             }
             HeadInput::Ring(ids) => {
                 let ring = ring.ok_or(GpuForwardError::NoFeatureRing)?;
-                let (slots, aux) = (&mut self.slots, &mut self.aux);
-                ring.gather(&core.kernels, stream, ids, slots, aux)
-                    .map_err(GpuForwardError::from)?;
+                self.gather_features(core, ring, ids)?;
             }
             HeadInput::Pre(features) => {
                 let dst = &mut self.feature.slice_mut(0..features.len());
@@ -284,6 +295,11 @@ impl GpuEagle3Head {
     /// The ring the target hands its features off in, where the head reads one.
     pub fn feature_ring(&self) -> Option<&FeatureRing> {
         self.ring.as_deref()
+    }
+
+    /// [`GpuEagle3Head::feature_ring`], shared.
+    pub(super) fn feature_ring_handle(&self) -> Option<Arc<FeatureRing>> {
+        self.ring.clone()
     }
 
     /// From now on step 0 may read its features from `ring` ([`HeadInput::Ring`]), the

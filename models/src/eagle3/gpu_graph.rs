@@ -1,10 +1,15 @@
-//! The head's decode step (one row per sequence, fed its `pre`) captured as CUDA graphs, as
-//! the target's are (`llama_gpu::graph`): one graph per batch size and context class, all
-//! over one set of buffers allocated at the largest size, which every graph holds with the
-//! head's weights and its KV cache (DESIGN.md rule 4). A step is padded up to its graph's
-//! size: token ids, positions and the staged `pre` repeat the last real row, and slot
-//! mappings point padded rows at a scratch slot no sequence owns.
+//! The head's steps captured as CUDA graphs, as the target's are (`llama_gpu::graph`): its
+//! decode step (one row per sequence, fed its `pre`), and its step 0 of a decode-shaped
+//! batch (up to the rows a sequence verifies, fed target features gathered from the
+//! feature ring, every row a logit row: the verification graphs' shape). One graph per
+//! size and context class, each kind over one set of buffers allocated at its largest
+//! size, which every graph of the kind holds with the head's weights and its KV cache
+//! (DESIGN.md rule 4). A step is padded up to its graph's size: token ids, positions and
+//! the staged `pre` repeat the last real row, and slot mappings point padded rows at a
+//! scratch slot no sequence owns; a step 0's features are gathered into the real rows
+//! only, before the graph runs.
 
+use super::feature_ring::FeatureRing;
 use super::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore, HeadWorkspace};
 use super::FeatureKind;
 use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
@@ -17,21 +22,35 @@ use peregrine_ops::AttentionPlan;
 use peregrine_runtime::{Padding, StagedInput};
 use std::sync::{Arc, Mutex};
 
-/// The buffers every decode graph of a head addresses.
+/// Which step of the head a graph runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadGraphKind {
+    /// A draft step after the first: one row per sequence, fed its `pre`.
+    Decode,
+    /// Step 0 of a decode-shaped batch: any rows a sequence, fed target features from the
+    /// feature ring, every row a logit row.
+    First,
+}
+
+/// The buffers every graph of one kind of a head addresses.
 pub(super) struct HeadGraphBuffers {
+    kind: HeadGraphKind,
     limits: GraphLimits,
     plan: DeviceAttentionPlan,
     work: HeadWorkspace,
-    /// The host side of the staged `pre`, `[rows, H]` (batch on axis 0).
-    pre: StagedInput<f32>,
+    /// The host side of the staged `pre`, `[rows, H]` (batch on axis 0), for decode graphs.
+    pre: Option<StagedInput<f32>>,
 }
 
-/// One captured decode step of the head and everything its kernels address.
+/// One captured step of the head and everything its kernels address.
 pub struct CapturedHeadDecode {
     size: usize,
+    kind: HeadGraphKind,
     graphs: ContextGraphs,
     buffers: Arc<Mutex<HeadGraphBuffers>>,
     core: Arc<HeadCore>,
+    /// The ring a step 0's features are gathered from.
+    ring: Option<Arc<FeatureRing>>,
     _cache: SharedKvCache,
 }
 
@@ -40,12 +59,18 @@ pub struct CapturedHeadDecode {
 unsafe impl Send for CapturedHeadDecode {}
 
 impl HeadGraphBuffers {
-    fn new(core: &HeadCore, limits: GraphLimits, block_size: usize) -> anyhow::Result<Self> {
+    fn new(
+        core: &HeadCore,
+        kind: HeadGraphKind,
+        limits: GraphLimits,
+        block_size: usize,
+    ) -> anyhow::Result<Self> {
         let c = &core.config;
+        let decode = kind == HeadGraphKind::Decode;
         let capacity = PlanCapacity {
             rows: limits.max_rows,
             // The head's draft steps: one row a sequence.
-            decode_only: true,
+            decode_only: decode,
             max_context: limits.max_context,
             block_size,
             scratch_slot: limits.scratch_slot,
@@ -53,10 +78,14 @@ impl HeadGraphBuffers {
         let gpu = &core.gpu;
         let plan =
             DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
-        let work = HeadWorkspace::new(core, limits.max_rows, limits.max_rows, false)?;
+        let work = HeadWorkspace::new(core, limits.max_rows, limits.max_rows, !decode)?;
         let shape = [limits.max_rows, c.hidden_size];
-        let pre = StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?;
+        let pre = match kind {
+            HeadGraphKind::Decode => Some(StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?),
+            HeadGraphKind::First => None,
+        };
         Ok(HeadGraphBuffers {
+            kind,
             limits,
             plan,
             work,
@@ -64,8 +93,10 @@ impl HeadGraphBuffers {
         })
     }
 
-    /// Stages a step (`tokens` fed `pre` over `plan`) padded to `size` rows, for grids that
-    /// serve contexts up to `context`.
+    /// Stages a step (`tokens` over `plan`, fed `pre` in a decode graph) padded to `size`
+    /// rows, for grids that serve contexts up to `context`. A step 0's features are
+    /// gathered apart ([`HeadWorkspace::gather_features`]).
+    #[allow(clippy::too_many_arguments)]
     fn stage(
         &mut self,
         core: &HeadCore,
@@ -77,11 +108,14 @@ impl HeadGraphBuffers {
     ) -> Result<(), GpuForwardError> {
         let rows: Vec<usize> = (0..tokens.len()).collect();
         self.plan.stage_padded(tokens, plan, &rows, size, context)?;
+        let Some(staged_pre) = &mut self.pre else {
+            return Ok(());
+        };
         let h = core.config.hidden_size;
-        self.pre
+        staged_pre
             .stage(pre, tokens.len(), size)
             .map_err(|e| AttentionError::Shape(e.to_string()))?;
-        let staged = &self.pre.as_slice()[..size * h];
+        let staged = &staged_pre.as_slice()[..size * h];
         let dst = &mut self.work.feature.slice_mut(0..size * h);
         core.gpu.stream().memcpy_htod(staged, dst)?;
         Ok(())
@@ -94,7 +128,10 @@ impl HeadGraphBuffers {
         size: usize,
         cache: &mut GpuKvCache,
     ) -> Result<(), GpuForwardError> {
-        let kind = FeatureKind::Pre;
+        let kind = match self.kind {
+            HeadGraphKind::Decode => FeatureKind::Pre,
+            HeadGraphKind::First => FeatureKind::Aux,
+        };
         core.launch(&mut self.work, size, size, true, kind, &self.plan, cache)?;
         core.argmax(&mut self.work.work, size)
     }
@@ -113,6 +150,33 @@ impl GpuEagle3Head {
         limits: GraphLimits,
         cache: &SharedKvCache,
     ) -> anyhow::Result<CapturedHeadDecode> {
+        self.capture(size, HeadGraphKind::Decode, limits, cache)
+    }
+
+    /// [`GpuEagle3Head::capture_decode`] for step 0 of up to `rows` rows (any number a
+    /// sequence, every row a logit row) fed features of the head's feature ring, over
+    /// buffers of their own of `limits.max_rows` rows. Refused for a head that reads no
+    /// ring.
+    pub fn capture_first(
+        &mut self,
+        rows: usize,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedHeadDecode> {
+        anyhow::ensure!(
+            self.feature_ring().is_some(),
+            "graphs of step 0 read the feature ring, and the head reads none"
+        );
+        self.capture(rows, HeadGraphKind::First, limits, cache)
+    }
+
+    fn capture(
+        &mut self,
+        size: usize,
+        kind: HeadGraphKind,
+        limits: GraphLimits,
+        cache: &SharedKvCache,
+    ) -> anyhow::Result<CapturedHeadDecode> {
         anyhow::ensure!(
             size >= 1 && size <= limits.max_rows,
             "a head graph of {size} rows past the {} its buffers hold",
@@ -122,9 +186,9 @@ impl GpuEagle3Head {
         let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
         let block_size = kv.layout().block_size as usize;
         let buffers = self.graph_buffers.for_capture(
-            |_| true,
+            |b| b.kind == kind,
             |b| b.limits.serve(size, &limits),
-            || HeadGraphBuffers::new(&core, limits, block_size),
+            || HeadGraphBuffers::new(&core, kind, limits, block_size),
         )?;
         let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
         let tokens = vec![0u32; size];
@@ -141,9 +205,11 @@ impl GpuEagle3Head {
         drop(b);
         Ok(CapturedHeadDecode {
             size,
+            kind,
             graphs,
             buffers,
             core,
+            ring: self.feature_ring_handle(),
             _cache: cache.clone(),
         })
     }
@@ -175,7 +241,10 @@ impl CapturedHeadDecode {
         let c = &core.config;
         check_inputs(tokens, plan, &[], c.vocab_size)?;
         let n = tokens.len();
-        if plan.seqs().iter().any(|s| s.q_len != 1) || n != plan.seqs().len() {
+        if self.kind != HeadGraphKind::Decode
+            || plan.seqs().iter().any(|s| s.q_len != 1)
+            || n != plan.seqs().len()
+        {
             return Err(
                 AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
             );
@@ -198,5 +267,49 @@ impl CapturedHeadDecode {
         b.stage(core, tokens, pre, plan, self.size, context)?;
         graph.launch()?;
         core.drafts(&b.work.work, n, n, logits)
+    }
+
+    /// Runs step 0 of `tokens` over `plan` (planned over the real rows), fed the feature
+    /// ring's rows `features` (one a token), through the graph, padded to its size, and
+    /// returns the greedy draft of each row of `logit_rows` and every row's `pre`.
+    /// Refused, with nothing launched, when the step does not fit the graph.
+    pub fn replay_first(
+        &self,
+        tokens: &[u32],
+        features: &[u64],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        let core = &*self.core;
+        check_inputs(tokens, plan, logit_rows, core.config.vocab_size)?;
+        let n = tokens.len();
+        if self.kind != HeadGraphKind::First {
+            return Err(AttentionError::Shape("not a graph of step 0".into()).into());
+        }
+        if features.len() != n {
+            return Err(ForwardError::HiddenShape {
+                what: "feature ring rows",
+                len: features.len(),
+                rows: n,
+                width: 1,
+            }
+            .into());
+        }
+        let ring = self.ring.as_deref().ok_or(GpuForwardError::NoFeatureRing)?;
+        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        plan.check_fits(self.size, self.size)
+            .map_err(AttentionError::from)?;
+        core.check_positions(plan)?;
+        let (context, graph) = self.graphs.serving(plan)?;
+        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        b.stage(core, tokens, &[], plan, self.size, context)?;
+        b.work.gather_features(core, ring, features)?;
+        graph.launch()?;
+        let every = core.drafts(&b.work.work, n, n, false)?;
+        Ok(GpuHeadDrafts {
+            drafts: logit_rows.iter().map(|&r| every.drafts[r]).collect(),
+            logits: None,
+            pre: every.pre,
+        })
     }
 }
