@@ -10,7 +10,7 @@ use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
-use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head};
+use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head, GpuHeadDrafts};
 use peregrine_models::eagle3::{DraftVocab, Eagle3Config, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_ops::cuda::GpuKvCache;
@@ -135,20 +135,11 @@ impl GpuHead {
         {
             return Ok(None);
         }
-        let longest = seqs.iter().map(|s| s.context_len).max().unwrap_or(0);
-        match graphs.graph_for(tokens.len()) {
-            Some((_, graph)) if longest <= graph.max_context() => {
-                let out = graph
-                    .replay_first(tokens, features, plan, rows)
-                    .context("EAGLE-3 head step-0 graph replay")?;
-                Ok(Some(HeadStep {
-                    greedy: out.drafts,
-                    logits: None,
-                    pre: out.pre,
-                }))
-            }
-            _ => Ok(None),
-        }
+        through_graph(graphs, tokens.len(), plan, |graph| {
+            graph
+                .replay_first(tokens, features, plan, rows)
+                .context("EAGLE-3 head step-0 graph replay")
+        })
     }
 
     /// Replays the graph that serves a decode step fed `pre`, if one does.
@@ -166,20 +157,33 @@ impl GpuHead {
         if !is_decode_step(tokens, plan, rows) {
             return Ok(None);
         }
-        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
-        match graphs.graph_for(plan.seqs().len()) {
-            Some((_, graph)) if longest <= graph.max_context() => {
-                let out = graph
-                    .replay(tokens, pre, plan, logits)
-                    .context("EAGLE-3 head graph replay")?;
-                Ok(Some(HeadStep {
-                    greedy: out.drafts,
-                    logits: out.logits,
-                    pre: out.pre,
-                }))
-            }
-            _ => Ok(None),
+        through_graph(graphs, plan.seqs().len(), plan, |graph| {
+            graph
+                .replay(tokens, pre, plan, logits)
+                .context("EAGLE-3 head graph replay")
+        })
+    }
+}
+
+/// Runs `replay` on the graph of `graphs` that holds `n` (rows or sequences) and the
+/// longest context of `plan`, if one does.
+fn through_graph(
+    graphs: &GraphCaptureManager<CapturedHeadDecode>,
+    n: usize,
+    plan: &AttentionPlan,
+    replay: impl FnOnce(&CapturedHeadDecode) -> anyhow::Result<GpuHeadDrafts>,
+) -> anyhow::Result<Option<HeadStep>> {
+    let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+    match graphs.graph_for(n) {
+        Some((_, graph)) if longest <= graph.max_context() => {
+            let out = replay(graph)?;
+            Ok(Some(HeadStep {
+                greedy: out.drafts,
+                logits: out.logits,
+                pre: out.pre,
+            }))
         }
+        _ => Ok(None),
     }
 }
 
