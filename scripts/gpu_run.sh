@@ -46,7 +46,9 @@
 #                                 where `scripts/gpu_build.sh --fault` built peregrine-fault,
 #                                 the first layout with the head's KV zeroed above block
 #                                 65,535 (PEREGRINE_FAULT_DRAFT_KV_ABOVE); SOAK_RUNS names
-#                                 some of ids, offsets and fault
+#                                 some of ids, offsets and fault. Each run's verifications,
+#                                 as the band alarm counted them, come back in
+#                                 verifications-RUN.txt.gz
 #   scripts/gpu_run.sh limits     step limits past the device refused at start-up, named
 #   scripts/gpu_run.sh abserve    SmolLM2-135M (after smollm2) served by the base build (as in
 #                                 `ab`) and by this one, in turns, two rounds: `bench serve` at
@@ -310,6 +312,7 @@ print("<|im_start|>user\nHere is the keeper log of the lighthouse. " + " ".join(
         "${fault[@]}" "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port \
             --max-num-seqs 64 "${layout[@]}" --no-speculative-adaptive \
             --speculative-method eagle3 --draft-model heads/smollm2-135m-eagle3 \
+            --log-level info,peregrine_actors::spec_stats=trace \
             >"/tmp/serve-soak-$run.log" 2>&1 &
         server=$!
         for _ in $(seq 1 240); do
@@ -323,6 +326,9 @@ print("<|im_start|>user\nHere is the keeper log of the lighthouse. " + " ".join(
         kill $server
         wait $server
         grep -E "WARN|ERROR|alarm" "/tmp/serve-soak-$run.log" | tail -20 >>"$OUT/soak.log"
+        # Every verification the band alarm counted, for replaying it offline.
+        grep -E " verification band=" "/tmp/serve-soak-$run.log" | sed -E 's/^.* verification //' |
+            gzip -9 >"$OUT/verifications-$run.txt.gz"
     done
     ;;
 abserve)

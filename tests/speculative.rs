@@ -546,7 +546,8 @@ async fn the_acceptance_alarm_fires_past_a_faulty_block_id() {
     for needle in [
         " position 1: blocks 65536-69535 (draft KV bytes [",
         "below block 65536, -",
-        " points at equal lengths, z -",
+        " points at equal lengths (",
+        "% of the rate lost), z -",
         " by band blocks 0-65535 ",
         " largest KV block id in use ",
     ] {

@@ -5,6 +5,11 @@
 //! that depends on the band of block ids a sequence's KV lives in (`spec_band_alarm`).
 //! Per-position rates are accepted over proposed at that position; buckets are the share
 //! of verifications that accepted 0, 1, ... drafts.
+//!
+//! At trace level for this module (`--log-level info,peregrine_actors::spec_stats=trace`)
+//! each verification the band alarm counts is logged as one line, `verification band=B
+//! request=R tokens=T drafts=D accepted=A block=K`, in the order the alarm saw them, so a
+//! served run's stream can be replayed through [`BandAlarm`] offline.
 
 use crate::messages::{KvUsage, RequestId};
 use crate::metrics;
@@ -13,7 +18,7 @@ use crate::spec_band_alarm::{band_alarm_message, BandAlarm, BandAlarmChange, Ban
 use crate::spec_bands::Bands;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
-use tracing::{info, warn};
+use tracing::{info, trace, warn};
 
 const LOG_EVERY: Duration = Duration::from_secs(10);
 
@@ -121,6 +126,15 @@ impl SpecStats {
         self.alarm.record(drafts, accepted);
         if let Some(block) = place.max_block_id {
             let band = self.bands.of(block);
+            trace!(
+                band,
+                request = place.request.0,
+                tokens = place.tokens,
+                drafts,
+                accepted,
+                block,
+                "verification"
+            );
             metrics::record_band_verification(self.bands.name(band), drafts, accepted);
             match self
                 .band_alarm
