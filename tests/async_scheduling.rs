@@ -6,12 +6,12 @@
 
 mod common;
 
-use common::engine::{collect, counter, requests, solo, submit, tiny_backend};
+use common::engine::{collect, counter, requests, solo, submit, submit_stopping, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::{RequestEvent, SchedulerLimits};
+use peregrine_actors::messages::{FinishReason, RequestEvent, SchedulerLimits};
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
@@ -165,4 +165,69 @@ async fn sampled_requests_beside_greedy_ones_are_unchanged_and_off_queues_nothin
             "{served} tokens from steps queued ahead, async {on}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_batch_whose_last_request_stops_on_a_token_goes_on_queued_ahead() {
+    // Three greedy requests decoding together, the last one of the batch stopping on a
+    // stop token (which, unlike its length, the runner cannot see coming): the queued step
+    // ran three rows, the batch after it has two, and the step queued after that must not
+    // go on from the three. (On the GPU the decode graph refused it, failing the requests.)
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 95).write_hf(dir.path());
+    // Prompts of 3 tokens and 10 tokens each: every position within the first block of
+    // 16, so each step can queue the next (it needs the next position's block).
+    let reqs: Vec<Request> = requests(300, 3, 13)
+        .into_iter()
+        .map(|(prompt, _)| (prompt[..3].to_vec(), SamplingParams::greedy(), 10))
+        .collect();
+    let alone = alone(dir.path(), &reqs);
+    // The last request stops at a token of its output that it did not emit before, from
+    // its fourth on; at each of the first three such.
+    let stops: Vec<usize> = (3..10)
+        .filter(|&j| !alone[2][..j].contains(&alone[2][j]))
+        .take(3)
+        .collect();
+    assert!(
+        !stops.is_empty(),
+        "no new token in the last request's output"
+    );
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    for stop_at in stops {
+        let stop = alone[2][stop_at];
+        let engine = engine(dir.path(), 64, true);
+        engine
+            .graphs
+            .capture(Some(CaptureSizes::for_max_num_seqs(8)))
+            .await
+            .unwrap();
+        let mut streams = Vec::new();
+        for (i, (prompt, params, max_tokens)) in reqs.iter().enumerate() {
+            let stops = if i == 2 { vec![stop] } else { vec![] };
+            let rx = submit_stopping(
+                &engine.scheduler,
+                i as u64,
+                prompt,
+                params,
+                *max_tokens,
+                stops,
+            );
+            streams.push(rx.await);
+        }
+        for (i, (rx, want)) in streams.into_iter().zip(&alone).enumerate() {
+            let (got, reason, _) = collect(rx).await;
+            match i {
+                2 => {
+                    assert_eq!(reason, FinishReason::Stop, "request 2, stop at {stop_at}");
+                    assert_eq!(got[..], want[..=stop_at], "request 2, stop at {stop_at}");
+                }
+                _ => assert_eq!(&got, want, "request {i}, stop at {stop_at}"),
+            }
+        }
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert!(counter(&snapshot, "peregrine:decode_ahead_tokens_total") > 0);
 }

@@ -24,6 +24,19 @@ pub async fn submit(
     params: &SamplingParams,
     max_tokens: usize,
 ) -> mpsc::UnboundedReceiver<RequestEvent> {
+    submit_stopping(scheduler, id, prompt, params, max_tokens, vec![]).await
+}
+
+/// Submits one request that also stops at any of `stop_token_ids` (past EOS otherwise) and
+/// returns its event stream.
+pub async fn submit_stopping(
+    scheduler: &mpsc::Sender<SchedulerMsg>,
+    id: u64,
+    prompt: &[u32],
+    params: &SamplingParams,
+    max_tokens: usize,
+    stop_token_ids: Vec<u32>,
+) -> mpsc::UnboundedReceiver<RequestEvent> {
     let (events, rx) = mpsc::unbounded_channel();
     let request = GenerateRequest {
         id: RequestId(id),
@@ -31,7 +44,7 @@ pub async fn submit(
             prompt: Arc::from(prompt),
             params: params.clone(),
             max_tokens,
-            stop_token_ids: vec![],
+            stop_token_ids,
             ignore_eos: true,
             logprobs: None,
             priority: 0,

@@ -147,9 +147,17 @@ impl Forwards for CpuBackend {
                 None => anyhow::bail!("no step was queued ahead"),
             },
         };
-        let Some(next) = next.filter(|n| decode && n.seqs().len() == ids.len()) else {
+        let Some(next) = next.filter(|_| decode) else {
             return Ok((ids, false));
         };
+        // As the GPU's decode graphs do: `next` goes on from this step's rows, one each.
+        if next.seqs().len() != ids.len() {
+            anyhow::bail!(
+                "a step queued ahead of {} sequences after one of {}",
+                next.seqs().len(),
+                ids.len()
+            );
+        }
         let rows: Vec<usize> = (0..ids.len()).collect();
         self.queued = Some(self.argmax(&ids, next, &rows)?);
         Ok((ids, true))

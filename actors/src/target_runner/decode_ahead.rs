@@ -82,8 +82,11 @@ impl TargetRunner {
             if served.is_empty() {
                 used = AheadUse::Dropped;
             } else {
-                // The queued step goes on only if the batch is exactly what was queued.
+                // The queued step goes on only if the batch is exactly what was queued: a
+                // sequence that stopped after it was queued (on a stop token, which the
+                // runner does not see coming) leaves the batch shorter than its rows.
                 let same = served.len() == seqs.len()
+                    && ahead.seqs.len() == seqs.len()
                     && seqs.iter().zip(&ahead.seqs).all(|(s, a)| s.id == a.id);
                 let next = if same {
                     self.next_plan(&all, &wants_more)?
