@@ -228,6 +228,9 @@ fn check_linear(s: &crate::Setup, deterministic: bool) {
         (7, 6144, 2048, 8),
         (64, 8192, 2048, 0),
         (130, 1000, 576, 8),
+        // 131 and 150 share 130's bucket of rows, and so its algorithm, once checked.
+        (131, 1000, 576, 0),
+        (150, 1000, 576, 0),
         // Columns of 8192 split over 4 warps of the GEMV kernel; 521 columns leave the
         // last block's second column empty.
         (3, 521, 8192, 0),
@@ -350,6 +353,43 @@ fn chained_products_read_what_the_kernel_ahead_wrote() {
 fn cublas_linear_matches_the_cpu() {
     let Some(s) = setup() else { return };
     check_linear(s, false);
+}
+
+/// A shape's algorithm comes from its bucket of rows, chosen for the bucket's largest, so a
+/// product's bits do not depend on which shapes of its bucket came before it.
+#[test]
+fn a_products_bits_do_not_depend_on_the_shapes_before_it() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("buckets");
+    let (n, k) = (1000, 576);
+    let x = to_bf16(&random_f32(&mut rng, 160 * k, 1.0));
+    let w = to_bf16(&random_f32(&mut rng, n * k, 0.05));
+    let (x_d, w_d) = (s.gpu.upload(&x).unwrap(), s.gpu.upload(&w).unwrap());
+    let product = |gemm: &Gemm, m: usize| -> Vec<u32> {
+        let mut out_d = poisoned(&s.gpu, m * n, f32::NAN.to_bits());
+        let mut out_view = unsafe { out_d.transmute_mut::<f32>(m * n) }.unwrap();
+        let x_view = x_d.slice(..m * k);
+        gemm.linear(
+            &s.kernels,
+            s.gpu.stream(),
+            &x_view,
+            &w_d.as_view(),
+            &mut out_view,
+            m,
+            n,
+        )
+        .unwrap();
+        download_checked(&s.gpu, &out_d, m * n, f32::NAN.to_bits())
+    };
+    let alone = product(&Gemm::new(s.gpu.stream().clone(), false).unwrap(), 150);
+    let after = Gemm::new(s.gpu.stream().clone(), false).unwrap();
+    for m in [131, 160, 129] {
+        product(&after, m);
+    }
+    assert!(
+        alone == product(&after, 150),
+        "150 rows after 131, 160 and 129 changed"
+    );
 }
 
 #[test]

@@ -2,11 +2,17 @@
 //!
 //! `cublasGemmEx` (and cudarc's `matmul`) asks cuBLAS's heuristic on every call, which costs
 //! several microseconds of host time a product: at batch 1 the host then launches slower
-//! than the GPU runs. Here the descriptors and the heuristic's choice are made at the first
-//! product of a shape (rows, columns, depth, output type and operand alignments) and kept;
-//! every later product of that shape is one `cublasLtMatmul` call. Split-k schemes that
-//! reduce with atomics are excluded, so a shape's result is the same at every step and
-//! from run to run.
+//! than the GPU runs. Here the descriptors are made at the first product of a shape (rows,
+//! columns, depth, output type and operand alignments) and kept; every later product of
+//! that shape is one `cublasLtMatmul` call. A query of the heuristic costs about 0.25 ms
+//! of host time, and a server meets a new number of rows in most steps that mix prompt
+//! chunks and verifications (on the H200, 155 to 626 new shapes in a one-second benchmark,
+//! 37 to 110 ms of its host time), so the heuristic is asked once per bucket of rows
+//! ([`algorithm_rows`]), for the bucket's largest, and a shape takes its bucket's algorithm
+//! once cuBLASLt has checked it for the shape (else the heuristic's choice for the shape
+//! itself). Each plan made is logged at debug level, with the host time it took. Split-k
+//! schemes that reduce with atomics are excluded, and a shape's algorithm depends only on
+//! the shape, so its result is the same at every step and from run to run.
 //!
 //! (Timing the heuristic's next best candidates at the first product of a small shape, as
 //! PyTorch's GEMM tuning does, was tried on the H200 for Llama-3.2-1B's decode shapes and
@@ -58,11 +64,20 @@ impl Drop for LtPlan {
     }
 }
 
+/// The plans of the shapes seen so far, and the algorithms of their buckets.
+#[derive(Default)]
+struct Plans {
+    shapes: HashMap<LtShape, Option<LtPlan>>,
+    /// By shape with `m` its bucket's ([`algorithm_rows`]); `None` where the heuristic
+    /// offers none.
+    algorithms: HashMap<LtShape, Option<sys::cublasLtMatmulAlgo_t>>,
+}
+
 /// A cuBLASLt handle, its workspace and the plans of the shapes seen so far.
 pub struct LtMatmul {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    plans: Mutex<HashMap<LtShape, Option<LtPlan>>>,
+    plans: Mutex<Plans>,
 }
 
 // SAFETY: the handle and descriptors are plain cuBLASLt objects that may be used from any
@@ -73,7 +88,7 @@ unsafe impl Sync for LtMatmul {}
 
 impl Drop for LtMatmul {
     fn drop(&mut self) {
-        self.plans.lock().map(|mut p| p.clear()).ok();
+        self.plans.lock().map(|mut p| p.shapes.clear()).ok();
         // SAFETY: the handle was created by `LtMatmul::new` and is destroyed once, after the
         // plans made with it.
         unsafe {
@@ -87,6 +102,17 @@ pub fn alignment(address: u64) -> u32 {
     1u32 << address.trailing_zeros().min(8)
 }
 
+/// The rows whose heuristic choice a product of `m` rows takes: `m` itself up to 16, above
+/// the end of its bucket, eight buckets to each power of two (17-20, 21-24, ... 29-32,
+/// 33-40, ...).
+pub fn algorithm_rows(m: usize) -> usize {
+    if m <= 16 {
+        return m;
+    }
+    let step = m.next_power_of_two() / 8;
+    m.div_ceil(step) * step
+}
+
 impl LtMatmul {
     /// A handle whose products run on `stream`, with its workspace allocated there.
     pub fn new(stream: &Arc<CudaStream>) -> Result<LtMatmul, LtError> {
@@ -95,7 +121,7 @@ impl LtMatmul {
         Ok(LtMatmul {
             handle,
             workspace,
-            plans: Mutex::new(HashMap::new()),
+            plans: Mutex::new(Plans::default()),
         })
     }
 
@@ -115,10 +141,41 @@ impl LtMatmul {
         w: u64,
         out: u64,
     ) -> Result<bool, LtError> {
-        let mut plans = self.plans.lock().expect("cuBLASLt plans poisoned");
-        let plan = match plans.entry(shape) {
+        let mut guard = self.plans.lock().expect("cuBLASLt plans poisoned");
+        let plans = &mut *guard;
+        let plan = match plans.shapes.entry(shape) {
             Entry::Occupied(known) => known.into_mut(),
-            Entry::Vacant(new) => new.insert(LtPlan::new(self.handle, shape)?),
+            Entry::Vacant(new) => {
+                let started = std::time::Instant::now();
+                let bucket = LtShape {
+                    m: algorithm_rows(shape.m),
+                    ..shape
+                };
+                let algorithm = match plans.algorithms.entry(bucket) {
+                    Entry::Occupied(known) => *known.get(),
+                    Entry::Vacant(new) => {
+                        let chosen = LtPlan::new(self.handle, bucket)?.map(|p| p.algo);
+                        *new.insert(chosen)
+                    }
+                };
+                let plan = match algorithm {
+                    Some(algo) => LtPlan::with_algorithm(self.handle, shape, algo)?,
+                    None => None,
+                };
+                let bucket_algorithm = plan.is_some();
+                let plan = match plan {
+                    Some(plan) => Some(plan),
+                    None => LtPlan::new(self.handle, shape)?,
+                };
+                tracing::debug!(
+                    ?shape,
+                    found = plan.is_some(),
+                    bucket_algorithm,
+                    us = started.elapsed().as_micros() as u64,
+                    "cuBLASLt plan made"
+                );
+                new.insert(plan)
+            }
         };
         let Some(plan) = plan.as_ref() else {
             return Ok(false);
@@ -174,6 +231,46 @@ impl LtPlan {
     /// offers none. Column-major view, as cuBLAS sees row-major data: outᵀ[n, m] =
     /// w[n, k] (stored k-major, so transposed) · xᵀ[k, m].
     fn new(handle: sys::cublasLtHandle_t, shape: LtShape) -> Result<Option<LtPlan>, LtError> {
+        // SAFETY: the caller's handle is live.
+        unsafe { LtPlan::describe(shape)?.choose(handle, shape) }
+    }
+
+    /// The descriptors of `shape` with `algo`, if cuBLASLt's check finds that it runs the
+    /// shape within the workspace.
+    fn with_algorithm(
+        handle: sys::cublasLtHandle_t,
+        shape: LtShape,
+        algo: sys::cublasLtMatmulAlgo_t,
+    ) -> Result<Option<LtPlan>, LtError> {
+        let mut plan = LtPlan::describe(shape)?;
+        let mut result = std::mem::MaybeUninit::<sys::cublasLtMatmulHeuristicResult_t>::uninit();
+        // SAFETY: the descriptors are live and `result` is room for one heuristic result.
+        let status = unsafe {
+            sys::cublasLtMatmulAlgoCheck(
+                handle,
+                plan.desc,
+                plan.w_layout,
+                plan.x_layout,
+                plan.out_layout,
+                plan.out_layout,
+                &algo,
+                result.as_mut_ptr(),
+            )
+        };
+        if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+            return Ok(None);
+        }
+        // SAFETY: a successful check wrote the result.
+        let result = unsafe { result.assume_init() };
+        if result.workspaceSize > WORKSPACE_BYTES {
+            return Ok(None);
+        }
+        plan.algo = algo;
+        Ok(Some(plan))
+    }
+
+    /// The descriptors of `shape`, its algorithm not chosen yet.
+    fn describe(shape: LtShape) -> Result<LtPlan, LtError> {
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         let bf16 = sys::cudaDataType::CUDA_R_16BF;
         let desc = lt::create_matmul_desc(
@@ -200,6 +297,23 @@ impl LtPlan {
             plan.w_layout = lt::create_matrix_layout(bf16, k, n, k as i64)?;
             plan.x_layout = lt::create_matrix_layout(bf16, k, m, k as i64)?;
             plan.out_layout = lt::create_matrix_layout(shape.out, n, m, n as i64)?;
+        }
+        Ok(plan)
+    }
+
+    /// The plan with the heuristic's best algorithm for `shape`, whose descriptors it
+    /// holds, or `None` when it offers none.
+    ///
+    /// # Safety
+    /// `handle` is a live cuBLASLt handle.
+    unsafe fn choose(
+        mut self,
+        handle: sys::cublasLtHandle_t,
+        shape: LtShape,
+    ) -> Result<Option<LtPlan>, LtError> {
+        // SAFETY: the descriptors are live, and each attribute buffer is a live value of
+        // the attribute's type and size.
+        unsafe {
             let pref = lt::create_matmul_pref()?;
             let workspace = WORKSPACE_BYTES as u64;
             // No in-place split-k: it reduces with atomics, whose order varies.
@@ -248,19 +362,19 @@ impl LtPlan {
                 .and_then(|()| {
                     lt::get_matmul_algo_heuristic(
                         handle,
-                        plan.desc,
-                        plan.w_layout,
-                        plan.x_layout,
-                        plan.out_layout,
-                        plan.out_layout,
+                        self.desc,
+                        self.w_layout,
+                        self.x_layout,
+                        self.out_layout,
+                        self.out_layout,
                         pref,
                     )
                 });
             let _ = lt::destroy_matmul_pref(pref);
             match chosen {
                 Ok(result) => {
-                    plan.algo = result.algo;
-                    Ok(Some(plan))
+                    self.algo = result.algo;
+                    Ok(Some(self))
                 }
                 Err(CublasError(sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
                 Err(err) => Err(err.into()),
@@ -280,7 +394,23 @@ pub enum LtError {
 
 #[cfg(test)]
 mod tests {
-    use super::alignment;
+    use super::{algorithm_rows, alignment};
+
+    #[test]
+    fn rows_share_an_algorithm_in_eight_buckets_a_power_of_two() {
+        let buckets: Vec<usize> = [1, 16, 17, 20, 21, 32, 33, 40, 41, 64, 65, 129, 1000, 4096]
+            .map(algorithm_rows)
+            .to_vec();
+        assert_eq!(
+            buckets,
+            vec![1, 16, 20, 20, 24, 32, 40, 40, 48, 64, 80, 160, 1024, 4096]
+        );
+        // Every m takes a bucket at least as large, less than a quarter larger again.
+        for m in 1..5000 {
+            let b = algorithm_rows(m);
+            assert!(b >= m && (b - m) * 4 < m, "{m} -> {b}");
+        }
+    }
 
     #[test]
     fn alignment_is_the_largest_power_of_two_up_to_256() {
