@@ -88,6 +88,13 @@
 #                                 server per concurrency (1 and 64) and per setting, bench
 #                                 serve on the held-out prompts, then its step-time and
 #                                 head-step series from /metrics
+#   scripts/gpu_run.sh draftcost  (after smollm2) what adaptive drafting sees and decides: a
+#                                 fresh server per setting (adaptive, always 1, 2 and 3
+#                                 drafts, no speculation) at concurrency 64 and 32
+#                                 (DRAFTCOST_CONCURRENCY), DRAFTCOST_ROUNDS rounds (1),
+#                                 bench serve on the held-out prompts; each step's trace,
+#                                 the head's steps and the cuBLASLt plans made come back
+#                                 in steps.tar (steps-rROUND-cC-SETTING.txt.gz)
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
 #                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl
 #                                 if carried, else tools/eagle3/bench_dataset.py's): bench
@@ -446,6 +453,38 @@ eagle3time)
             wait $server
         done
     done
+    ;;
+draftcost)
+    head=heads/smollm2-135m-eagle3 data=$(heldout_bench) port=8126
+    trace=info,peregrine_actors::scheduler=trace,peregrine_actors::draft::gpu_head=trace,peregrine_kernels::cuda::gemm_lt=debug
+    for round in $(seq 1 "${DRAFTCOST_ROUNDS:-1}"); do
+        for c in ${DRAFTCOST_CONCURRENCY:-64 32}; do
+            for setting in adaptive k1 k2 k3 off; do
+                case $setting in
+                adaptive) flags="--speculative-method eagle3 --draft-model $head" ;;
+                k?) flags="--speculative-method eagle3 --draft-model $head --no-speculative-adaptive
+                        --num-speculative-tokens ${setting#k}" ;;
+                off) flags="" ;;
+                esac
+                echo "== round $round concurrency $c $setting" | tee -a "$OUT/draftcost.log"
+                # shellcheck disable=SC2086
+                "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
+                    --max-num-seqs 64 --log-level $trace $flags >/tmp/serve-cost.log 2>&1 &
+                server=$!
+                for _ in $(seq 1 240); do
+                    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
+                    sleep 0.5
+                done
+                "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
+                    --num-prompts $((3 * c)) --concurrency $c 2>&1 |
+                    grep -E "Output token throughput|Mean TPOT|Benchmark duration" | tee -a "$OUT/draftcost.log"
+                kill $server
+                wait $server
+                grep -E "TRACE|DEBUG" /tmp/serve-cost.log | gzip -c >"/tmp/steps-r$round-c$c-$setting.txt.gz"
+            done
+        done
+    done
+    (cd /tmp && tar cf "$OUT/steps.tar" steps-r*-c*-*.txt.gz)
     ;;
 eagle3serve)
     head=heads/smollm2-135m-eagle3 data=$(heldout_bench)

@@ -398,8 +398,9 @@ pub struct Propose {
 pub struct Drafts {
     pub step: u64,
     pub drafts: Vec<(RequestId, Drafted)>,
-    /// The method also ran rows that waited while drafts were paused (EAGLE-3's step 0
-    /// catching up): the step costs more than drafting at its batch size does.
+    /// The method also ran rows beyond those the last verifications added (EAGLE-3's step
+    /// 0 catching up on rows that waited while drafts were paused, or on a prompt's): the
+    /// step costs more than drafting at its batch size does.
     pub caught_up: bool,
 }
 

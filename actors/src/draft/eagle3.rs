@@ -74,8 +74,9 @@ struct HeadSeq {
     blocks: SeqBlocks,
     /// A sampled request's draft sampler, made at its first sampled draft.
     sampler: Option<DraftSampler>,
-    /// Rows of its features waited while its drafts were paused.
-    waited: bool,
+    /// The most rows its next step 0 runs when it only follows verification: 1 + the
+    /// drafts it was given (more are rows that waited, or a prompt's).
+    next_rows: usize,
 }
 
 /// The EAGLE-3 method, its head run by `R` (on the CPU by default).
@@ -86,7 +87,7 @@ pub struct Eagle3<R = CpuHead> {
     seqs: HashMap<RequestId, HeadSeq>,
     /// Which blocks hold the head's KV for what content.
     blocks: HeadBlocks,
-    /// The last proposal's step 0 ran rows that had waited.
+    /// The last proposal's step 0 ran rows beyond those of the last verifications.
     caught_up: bool,
     /// The fault hook's block id threshold.
     #[cfg(feature = "fault-hooks")]
@@ -285,10 +286,9 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             let end = have.min(len.saturating_sub(1));
             let lazy = s.drafts_paused && end.saturating_sub(state.computed) < LAZY_ROWS;
             if end <= state.computed || lazy {
-                state.waited |= lazy && end > state.computed;
                 continue;
             }
-            self.caught_up |= std::mem::take(&mut state.waited);
+            self.caught_up |= end - state.computed > state.next_rows.max(1);
             state.pending.truncate(end - state.computed, w);
             specs.push(SeqSpec {
                 num_cached: state.computed,
@@ -325,6 +325,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             }
             let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
             state.computed = ends[k];
+            state.next_rows = 1 + if drafting[k] { seqs[i].max_drafts } else { 0 };
             state.pending.truncate(0, w);
             let s = &seqs[i];
             self.blocks

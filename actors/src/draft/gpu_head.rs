@@ -110,6 +110,106 @@ impl GpuHead {
         }
     }
 
+    /// Runs one step of the head: through a graph where one serves it, else eagerly
+    /// (in forwards the buffers hold, for a catch-up past them); also says which.
+    fn run_step(
+        &mut self,
+        specs: &[SeqSpec],
+        tokens: &[u32],
+        input: HeadInput,
+        rows: &[usize],
+        logits: bool,
+    ) -> anyhow::Result<(HeadStep, &'static str)> {
+        let (block_size, num_blocks) = (self.block_size, self.num_blocks);
+        let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
+        if let Some(out) = self.replay(&plan, tokens, input, rows, logits)? {
+            return Ok((out, "graph"));
+        }
+        if let Some(out) = self.replay_first(&plan, tokens, input, rows, logits)? {
+            return Ok((out, "step-0 graph"));
+        }
+        let cap = self.capacity;
+
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let fits = tokens.len() <= cap.max_tokens
+            && specs.len() <= cap.max_logit_rows
+            && rows.len() <= cap.max_logit_rows;
+        if fits {
+            let out = self
+                .head
+                .forward_greedy(tokens, input, &plan, &mut cache, rows, logits)
+                .context("EAGLE-3 head forward")?;
+            let out = HeadStep {
+                greedy: out.drafts,
+                logits: out.logits,
+                pre: out.pre,
+            };
+            return Ok((out, "eager"));
+        }
+        // A catch-up past the buffers: in forwards they hold.
+        let h = self.hidden_size();
+        let (kind, features) = input.host().unwrap_or((FeatureKind::Aux, &[]));
+        let width = features.len() / tokens.len().max(1);
+        let v = self.head.vocab().len();
+        let mut drafts = vec![0; rows.len()];
+        let mut all_logits = logits.then(|| vec![0.0; rows.len() * v]);
+        let mut pre = vec![0.0; tokens.len() * h];
+        // The forward row each token lands on, in the forward being run.
+        let mut local_row = vec![None; tokens.len()];
+        for pieces in forwards(specs, cap.max_tokens, cap.max_logit_rows) {
+            let piece_specs: Vec<SeqSpec> = pieces.iter().map(|(_, p, _)| *p).collect();
+            let plan = AttentionPlan::new(&piece_specs, block_size, num_blocks)?;
+            // Where each row of this forward comes from.
+            let from: Vec<usize> = pieces
+                .iter()
+                .flat_map(|(_, p, start)| *start..*start + p.num_new)
+                .collect();
+            let ids: Vec<u32> = from.iter().map(|&t| tokens[t]).collect();
+            let feats: Vec<f32> = from
+                .iter()
+                .flat_map(|&t| &features[t * width..(t + 1) * width])
+                .copied()
+                .collect();
+            let ring_rows: Vec<u64> = match input {
+                HeadInput::Ring(all) => from.iter().map(|&t| all[t]).collect(),
+                HeadInput::Aux(_) | HeadInput::Pre(_) => Vec::new(),
+            };
+            local_row.fill(None);
+            for (j, &t) in from.iter().enumerate() {
+                local_row[t] = Some(j);
+            }
+            let (wanted, local): (Vec<usize>, Vec<usize>) = rows
+                .iter()
+                .enumerate()
+                .filter_map(|(i, &r)| local_row.get(r).copied().flatten().map(|j| (i, j)))
+                .unzip();
+            let input = match (input, kind) {
+                (HeadInput::Ring(_), _) => HeadInput::Ring(&ring_rows),
+                (_, FeatureKind::Aux) => HeadInput::Aux(&feats),
+                (_, FeatureKind::Pre) => HeadInput::Pre(&feats),
+            };
+            let out = self
+                .head
+                .forward_greedy(&ids, input, &plan, &mut cache, &local, logits)
+                .context("EAGLE-3 head forward")?;
+            for (j, (&i, d)) in wanted.iter().zip(out.drafts).enumerate() {
+                drafts[i] = d;
+                if let (Some(all), Some(got)) = (&mut all_logits, &out.logits) {
+                    all[i * v..(i + 1) * v].copy_from_slice(&got[j * v..(j + 1) * v]);
+                }
+            }
+            for (j, &t) in from.iter().enumerate() {
+                pre[t * h..(t + 1) * h].copy_from_slice(&out.pre[j * h..(j + 1) * h]);
+            }
+        }
+        let out = HeadStep {
+            greedy: drafts,
+            logits: all_logits,
+            pre,
+        };
+        Ok((out, "eager in pieces"))
+    }
+
     /// Replays the graph of step 0 that serves this step, if one does: features of the
     /// feature ring, no logits asked, each sequence's rows within `first_rows`, its last
     /// row its logit row.
@@ -218,91 +318,16 @@ impl HeadRunner for GpuHead {
         rows: &[usize],
         logits: bool,
     ) -> anyhow::Result<HeadStep> {
-        let (block_size, num_blocks) = (self.block_size, self.num_blocks);
-        let plan = AttentionPlan::new(specs, block_size, num_blocks)?;
-        if let Some(out) = self.replay(&plan, tokens, input, rows, logits)? {
-            return Ok(out);
-        }
-        if let Some(out) = self.replay_first(&plan, tokens, input, rows, logits)? {
-            return Ok(out);
-        }
-        let cap = self.capacity;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let fits = tokens.len() <= cap.max_tokens
-            && specs.len() <= cap.max_logit_rows
-            && rows.len() <= cap.max_logit_rows;
-        if fits {
-            let out = self
-                .head
-                .forward_greedy(tokens, input, &plan, &mut cache, rows, logits)
-                .context("EAGLE-3 head forward")?;
-            return Ok(HeadStep {
-                greedy: out.drafts,
-                logits: out.logits,
-                pre: out.pre,
-            });
-        }
-        // A catch-up past the buffers: in forwards they hold.
-        let h = self.hidden_size();
-        let (kind, features) = input.host().unwrap_or((FeatureKind::Aux, &[]));
-        let width = features.len() / tokens.len().max(1);
-        let v = self.head.vocab().len();
-        let mut drafts = vec![0; rows.len()];
-        let mut all_logits = logits.then(|| vec![0.0; rows.len() * v]);
-        let mut pre = vec![0.0; tokens.len() * h];
-        // The forward row each token lands on, in the forward being run.
-        let mut local_row = vec![None; tokens.len()];
-        for pieces in forwards(specs, cap.max_tokens, cap.max_logit_rows) {
-            let piece_specs: Vec<SeqSpec> = pieces.iter().map(|(_, p, _)| *p).collect();
-            let plan = AttentionPlan::new(&piece_specs, block_size, num_blocks)?;
-            // Where each row of this forward comes from.
-            let from: Vec<usize> = pieces
-                .iter()
-                .flat_map(|(_, p, start)| *start..*start + p.num_new)
-                .collect();
-            let ids: Vec<u32> = from.iter().map(|&t| tokens[t]).collect();
-            let feats: Vec<f32> = from
-                .iter()
-                .flat_map(|&t| &features[t * width..(t + 1) * width])
-                .copied()
-                .collect();
-            let ring_rows: Vec<u64> = match input {
-                HeadInput::Ring(all) => from.iter().map(|&t| all[t]).collect(),
-                HeadInput::Aux(_) | HeadInput::Pre(_) => Vec::new(),
-            };
-            local_row.fill(None);
-            for (j, &t) in from.iter().enumerate() {
-                local_row[t] = Some(j);
-            }
-            let (wanted, local): (Vec<usize>, Vec<usize>) = rows
-                .iter()
-                .enumerate()
-                .filter_map(|(i, &r)| local_row.get(r).copied().flatten().map(|j| (i, j)))
-                .unzip();
-            let input = match (input, kind) {
-                (HeadInput::Ring(_), _) => HeadInput::Ring(&ring_rows),
-                (_, FeatureKind::Aux) => HeadInput::Aux(&feats),
-                (_, FeatureKind::Pre) => HeadInput::Pre(&feats),
-            };
-            let out = self
-                .head
-                .forward_greedy(&ids, input, &plan, &mut cache, &local, logits)
-                .context("EAGLE-3 head forward")?;
-            for (j, (&i, d)) in wanted.iter().zip(out.drafts).enumerate() {
-                drafts[i] = d;
-                if let (Some(all), Some(got)) = (&mut all_logits, &out.logits) {
-                    all[i * v..(i + 1) * v].copy_from_slice(&got[j * v..(j + 1) * v]);
-                }
-            }
-            for (j, &t) in from.iter().enumerate() {
-                pre[t * h..(t + 1) * h].copy_from_slice(&out.pre[j * h..(j + 1) * h]);
-            }
-        }
-        Ok(HeadStep {
-            greedy: drafts,
-            logits: all_logits,
-            pre,
-        })
+        let started = std::time::Instant::now();
+        let (out, path) = self.run_step(specs, tokens, input, rows, logits)?;
+        tracing::trace!(
+            path,
+            seqs = specs.len(),
+            tokens = tokens.len(),
+            us = started.elapsed().as_micros() as u64,
+            "head step"
+        );
+        Ok(out)
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

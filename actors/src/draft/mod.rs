@@ -60,8 +60,9 @@ pub trait DraftMethod: Send {
     fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
         let _ = rows;
     }
-    /// Whether the last [`DraftMethod::propose`] also ran rows that waited while a
-    /// sequence's drafts were paused (`ProposeSeq::drafts_paused`).
+    /// Whether the last [`DraftMethod::propose`] also ran rows beyond those the last
+    /// verifications added: rows that waited while a sequence's drafts were paused
+    /// (`ProposeSeq::drafts_paused`), or a prompt's.
     fn caught_up(&self) -> bool {
         false
     }

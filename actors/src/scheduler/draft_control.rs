@@ -6,41 +6,61 @@
 //! cost little; at a large batch the step is bound by compute, verifying k more rows per
 //! request costs about what decoding them would, and drafting stops paying. So the
 //! controller estimates, for each k from 0 to `num_speculative_tokens`:
-//! - the wall time of a decode step with k planned (the proposal, the target's forward
-//!   and the host work around them), an exponential moving average per decode batch size
-//!   (in powers of two: 1, 2-3, 4-7, ...), over the steps that computed nothing else;
+//! - the wall time of a decode step of n requests with k planned (the proposal, the
+//!   target's forward and the host work around them), over the steps that computed nothing
+//!   else. Each batch-size class (powers of two: 1, 2-3, 4-7, ...) keeps a moving average
+//!   of its steps' sizes and times per k, a point of a curve; the cost at n is the curve
+//!   through the points around it (linear between them, flat past the last), so that
+//!   batches of 63 and 64, in two classes, see nearly one cost, and a k measured at one
+//!   size informs the sizes near it. A new class's first two steps keep the cheaper (the
+//!   first step of a size may warm something up), and a later step counts at most twice
+//!   the cost it was expected to have (the proposer's work of a step now and then takes
+//!   longer);
 //! - the tokens a decoding request emits per step with k planned, a moving average over
 //!   the steps of every batch size (acceptance depends on the text, not on the batch). A
 //!   step planned with k also measures every smaller k: a request that accepted `a` of
 //!   its drafts would have emitted 1 + min(a, k') with k' planned, since drafts form a
 //!   chain;
+//! - what a step costs beyond its k when the proposal catches up: EAGLE-3's head lets
+//!   the rows of requests planned without drafts wait, and runs them in the next step that
+//!   drafts (it also runs a new prompt's rows); such a step teaches acceptance and this
+//!   extra, not the cost of its k.
 //!
-//! and plans the k with the most tokens per second. Each batch size first measures every
-//! k once (the configured one first, then none); after that a step of the size now and
-//! then re-measures the k whose cost it measured longest ago, so that a change in cost or
-//! in acceptance is seen: 16 steps after the last re-measurement, twice as many after
-//! each that left the best k as it was (up to 256), and 16 again once the best k changes.
-//! A re-measurement of drafting plans it for two steps: the first after steps without
-//! drafts may catch EAGLE-3's head up on the rows that waited (`Drafts::caught_up`), and
-//! the scheduler records no cost for such a step.
-//! A re-measurement costs what the worse k does (at a large batch a drafting step costs
-//! several plain ones, and with EAGLE-3 it also catches the head up on the steps it
-//! skipped), so a size whose best k holds pays for few. A greedy request's output does
-//! not depend on the drafts it got.
+//! It plans the k with the most tokens per second, except that going from drafting to not
+//! drafting or back (which makes, or pays, a catch-up) needs the better k to save more
+//! than a catch-up costs over the steps the choice is expected to hold (the steps until
+//! the next re-measurement, at most [`SWITCH_HORIZON_MAX`]). Each class first measures
+//! every k its curves do not cover (the configured one first, then none); after that a
+//! step of the class now and then re-measures the k whose cost it measured longest ago,
+//! so that a change in cost or in acceptance is seen: 16 steps after the last
+//! re-measurement, twice as many after each that left the best k as it was (up to 256),
+//! and 16 again once the best k changes. A re-measurement of drafting plans it for two
+//! steps, since the first may catch up. A greedy request's output does not depend on the
+//! drafts it got.
+//!
+//! At trace level (`--log-level info,peregrine_actors::scheduler=trace`) each plan is
+//! logged as `draft plan requests= class= k= why= rates=`.
 
 use std::time::Duration;
+use tracing::trace;
 
 /// Steps of one batch size between two re-measurements, at first and once the best k
 /// changes.
 const EXPLORE_EVERY: u64 = 16;
 /// The most steps between two re-measurements, which double while the best k holds.
 const EXPLORE_EVERY_MAX: u64 = 256;
+/// The most steps a choice to start or stop drafting is expected to hold, when weighing
+/// what it saves against a catch-up.
+pub const SWITCH_HORIZON_MAX: u64 = 64;
 /// Weight of a new step in a cost's moving average.
 const COST_WEIGHT: f64 = 0.25;
 /// Weight of one step in the moving average of tokens per request: an average fed after
 /// `s` steps without news takes `1 - (1 - w)^s` of the new step (at most a half), so an
 /// estimate that only re-measurements feed still follows within a few of them.
 const TOKENS_WEIGHT: f64 = 0.05;
+/// A class's point and a k with no point within this factor of the batch size is
+/// measured before it is compared.
+const NEAR: f64 = 2.0;
 
 /// A moving average and the step it was last fed.
 #[derive(Clone, Copy, Debug)]
@@ -64,12 +84,90 @@ impl Average {
     }
 }
 
-/// What one decode batch size measured.
+/// One class's measured decode steps of one k: their mean size and wall time.
+#[derive(Clone, Copy, Debug)]
+struct Point {
+    n: f64,
+    seconds: f64,
+    samples: u64,
+    last_step: u64,
+}
+
+/// The decode-step cost of one k: a point per batch-size class.
 #[derive(Clone, Debug, Default)]
-struct SizeCosts {
-    /// Seconds per step by k planned.
-    seconds: Vec<Option<Average>>,
-    /// Decisions made for this size.
+struct Curve {
+    points: Vec<Option<Point>>,
+}
+
+impl Curve {
+    /// The estimated wall time of a step of `n` requests: linear between the points on
+    /// either side of `n`, the nearest one's past the last; `None` when no point lies
+    /// within a factor [`NEAR`] of `n`.
+    fn at(&self, n: f64) -> Option<f64> {
+        let below = self.points.iter().flatten().filter(|p| p.n <= n);
+        let above = self.points.iter().flatten().filter(|p| p.n > n);
+        let below = below.max_by(|a, b| a.n.total_cmp(&b.n));
+        let above = above.min_by(|a, b| a.n.total_cmp(&b.n));
+        let near = |p: &Point| (p.n / n).max(n / p.n) <= NEAR;
+        if !below.iter().chain(above.iter()).any(|p| near(p)) {
+            return None;
+        }
+        Some(match (below, above) {
+            (Some(a), Some(b)) => a.seconds + (b.seconds - a.seconds) * (n - a.n) / (b.n - a.n),
+            (Some(p), None) | (None, Some(p)) => p.seconds,
+            (None, None) => unreachable!("a near point exists"),
+        })
+    }
+
+    /// When the point nearest `n` was last fed (0 if none).
+    fn last_fed_near(&self, n: f64) -> u64 {
+        let distance = |p: &&Point| (p.n / n).max(n / p.n);
+        let nearest = self
+            .points
+            .iter()
+            .flatten()
+            .min_by(|a, b| distance(a).total_cmp(&distance(b)));
+        nearest.map_or(0, |p| p.last_step)
+    }
+
+    /// Feeds a step of `n` requests that took `seconds` into `class`'s point.
+    fn feed(&mut self, class: usize, n: f64, seconds: f64, step: u64) {
+        let expected = self.at(n);
+        if self.points.len() <= class {
+            self.points.resize(class + 1, None);
+        }
+        let slot = &mut self.points[class];
+        *slot = Some(match *slot {
+            None => Point {
+                n,
+                seconds,
+                samples: 1,
+                last_step: step,
+            },
+            // The cheaper of a class's first two steps.
+            Some(p) if p.samples == 1 => Point {
+                n: (p.n + n) / 2.0,
+                seconds: p.seconds.min(seconds),
+                samples: 2,
+                last_step: step,
+            },
+            Some(p) => {
+                let seconds = expected.map_or(seconds, |e| seconds.min(2.0 * e));
+                Point {
+                    n: p.n + COST_WEIGHT * (n - p.n),
+                    seconds: p.seconds + COST_WEIGHT * (seconds - p.seconds),
+                    samples: p.samples + 1,
+                    last_step: step,
+                }
+            }
+        });
+    }
+}
+
+/// What one decode batch-size class decided.
+#[derive(Clone, Debug, Default)]
+struct SizeState {
+    /// Decisions made for this class.
     steps: u64,
     /// The step of the last re-measurement, and the steps until the next.
     explored_at: u64,
@@ -77,7 +175,7 @@ struct SizeCosts {
     /// The best k at the last decision.
     best: Option<usize>,
     /// A re-measured k planned again at the next step: the first step of a k after a
-    /// pause may catch the drafter up, which teaches no cost (`DecodeStep::elapsed`).
+    /// pause may catch the drafter up, which teaches no cost (`DecodeStep::caught_up`).
     again: Option<usize>,
 }
 
@@ -87,9 +185,15 @@ pub struct DraftControl {
     max_drafts: usize,
     adaptive: bool,
     /// Per batch-size class ([`size_class`]).
-    sizes: Vec<SizeCosts>,
+    sizes: Vec<SizeState>,
+    /// Decode-step costs by k planned.
+    costs: Vec<Curve>,
     /// Tokens a request emits per step by k planned.
     tokens: Vec<Option<Average>>,
+    /// Seconds a step that caught the drafter up took beyond its k's cost.
+    catch_up: Option<Average>,
+    /// Whether the last step planned drafts.
+    drafting: bool,
     /// Steps recorded, the clock of `last_step`.
     clock: u64,
 }
@@ -103,6 +207,9 @@ pub struct DecodeStep<'a> {
     pub planned: usize,
     /// The step's wall time, when it computed nothing but decodes (else `None`).
     pub elapsed: Option<Duration>,
+    /// The proposal caught the drafter up ([`crate::messages::Drafts::caught_up`]): the
+    /// step's time is its k's cost and a catch-up.
+    pub caught_up: bool,
     /// Accepted drafts of each request that verified drafts.
     pub accepted: &'a [usize],
 }
@@ -130,21 +237,45 @@ impl DraftControl {
             max_drafts,
             adaptive,
             sizes: Vec::new(),
+            costs: vec![Curve::default(); max_drafts + 1],
             tokens: vec![None; max_drafts + 1],
+            catch_up: None,
+            drafting: false,
             clock: 0,
         }
     }
 
     /// Takes new limits; what was measured for draft counts past a lower maximum goes.
     pub fn reconfigure(&mut self, max_drafts: usize, adaptive: bool) {
-        if max_drafts != self.max_drafts {
-            self.tokens.resize(max_drafts + 1, None);
-            for size in &mut self.sizes {
-                size.seconds.truncate(max_drafts + 1);
-            }
-        }
+        self.tokens.resize(max_drafts + 1, None);
+        self.costs.resize(max_drafts + 1, Curve::default());
         self.max_drafts = max_drafts;
         self.adaptive = adaptive;
+    }
+
+    /// Estimated tokens per second per request of a step of `n` with `k` planned, and its
+    /// cost; an unmeasured k counts as the best.
+    fn rate(&self, n: f64, k: usize) -> (f64, Option<f64>) {
+        // A k whose tokens no step measured yet is taken to accept every draft.
+        let tokens = self.tokens[k].map_or(1.0 + k as f64, |a| a.value);
+        match self.costs[k].at(n) {
+            Some(s) if s > 0.0 => (tokens / s, Some(s)),
+            _ => (f64::INFINITY, None),
+        }
+    }
+
+    /// Whether planning `to` in place of `from` at `n` saves more than a catch-up costs
+    /// over `horizon` steps of `to`: the time `to`'s tokens would take at `from`'s rate,
+    /// less `to`'s own.
+    fn worth_switching(&self, n: f64, from: usize, to: usize, horizon: u64) -> bool {
+        let (Some(catch_up), (from_rate, Some(_)), (to_rate, Some(to_cost))) =
+            (self.catch_up, self.rate(n, from), self.rate(n, to))
+        else {
+            return true;
+        };
+        let to_tokens = to_rate * to_cost;
+        let saved_per_step = to_tokens / from_rate - to_cost;
+        saved_per_step * horizon as f64 > catch_up.value
     }
 
     /// The drafts to plan per request for a step that decodes `requests` requests.
@@ -154,41 +285,60 @@ impl DraftControl {
         }
         let class = size_class(requests);
         if self.sizes.len() <= class {
-            self.sizes.resize(class + 1, SizeCosts::default());
+            self.sizes.resize(class + 1, SizeState::default());
         }
         let k_max = self.max_drafts;
-        let size = &mut self.sizes[class];
-        size.seconds.resize(k_max + 1, None);
-        size.steps += 1;
-        if let Some(k) = size.again.take() {
+        let n = requests as f64;
+        self.sizes[class].steps += 1;
+        if let Some(k) = self.sizes[class].again.take() {
+            trace!(requests, class, k, why = "again", "draft plan");
             return k;
         }
+        let rates: Vec<f64> = (0..=k_max).map(|k| self.rate(n, k).0).collect();
         // Measure each k once: the configured one first, then none, then the rest.
         let order = std::iter::once(k_max).chain(0..k_max);
-        let untried = order.clone().find(|&k| size.seconds[k].is_none());
-        let best = (0..=k_max).max_by(|&a, &b| {
-            let rate = |k: usize| rate(&self.tokens, &size.seconds, k);
-            rate(a).total_cmp(&rate(b)).then(b.cmp(&a))
-        });
+        let untried = order.clone().find(|&k| self.costs[k].at(n).is_none());
+        let best = (0..=k_max).max_by(|&a, &b| rates[a].total_cmp(&rates[b]).then(b.cmp(&a)));
+        let size = &mut self.sizes[class];
         if size.best != best || size.explore_every == 0 {
             size.explore_every = EXPLORE_EVERY;
             size.explored_at = size.steps;
         }
         size.best = best;
-        match (untried, best) {
-            (Some(k), _) => k,
-            (None, Some(best)) if size.steps - size.explored_at >= size.explore_every => {
+        let due = size.steps - size.explored_at >= size.explore_every;
+        let horizon = size.explore_every.min(SWITCH_HORIZON_MAX);
+        let (k, why) = match (untried, best) {
+            (Some(k), _) => (k, "untried"),
+            (None, Some(best)) if due => {
+                let size = &mut self.sizes[class];
                 size.explored_at = size.steps;
                 size.explore_every = (2 * size.explore_every).min(EXPLORE_EVERY_MAX);
+                let costs = &self.costs;
                 let k = order
                     .filter(|&k| k != best)
-                    .min_by_key(|&k| size.seconds[k].map_or(0, |a| a.last_step))
+                    .min_by_key(|&k| costs[k].last_fed_near(n))
                     .unwrap_or(best);
                 size.again = (k > 0).then_some(k);
-                k
+                (k, "re-measure")
             }
-            (None, best) => best.unwrap_or(k_max),
-        }
+            (None, best) => {
+                let best = best.unwrap_or(k_max);
+                // Starting or stopping drafts: weighed against a catch-up.
+                let stay = match self.drafting {
+                    false => 0,
+                    true => (1..=k_max)
+                        .max_by(|&a, &b| rates[a].total_cmp(&rates[b]).then(b.cmp(&a)))
+                        .unwrap_or(best),
+                };
+                if (best > 0) != self.drafting && !self.worth_switching(n, stay, best, horizon) {
+                    (stay, "holds")
+                } else {
+                    (best, "best")
+                }
+            }
+        };
+        trace!(requests, class, k, why, ?rates, "draft plan");
+        k
     }
 
     /// Feeds what a decode step planned with [`DraftControl::plan`] measured.
@@ -197,6 +347,7 @@ impl DraftControl {
             return;
         }
         self.clock += 1;
+        self.drafting = step.planned > 0;
         let n = step.requests as f64;
         for k in 0..=step.planned {
             let extra: usize = step.accepted.iter().map(|&a| a.min(k)).sum();
@@ -206,24 +357,18 @@ impl DraftControl {
             let weight = (1.0 - (1.0 - TOKENS_WEIGHT).powi(quiet as i32)).min(0.5);
             Average::feed(&mut self.tokens[k], sample, weight, self.clock);
         }
-        let (Some(elapsed), Some(size)) =
-            (step.elapsed, self.sizes.get_mut(size_class(n as usize)))
-        else {
+        let Some(elapsed) = step.elapsed.map(|e| e.as_secs_f64()) else {
             return;
         };
-        if let Some(slot) = size.seconds.get_mut(step.planned) {
-            Average::feed(slot, elapsed.as_secs_f64(), COST_WEIGHT, self.clock);
+        let curve = &mut self.costs[step.planned];
+        if step.caught_up {
+            if let Some(expected) = curve.at(n) {
+                let extra = (elapsed - expected).max(0.0);
+                Average::feed(&mut self.catch_up, extra, COST_WEIGHT, self.clock);
+            }
+            return;
         }
-    }
-}
-
-/// Estimated tokens per second per request with k planned: untried k count as the best.
-fn rate(tokens: &[Option<Average>], seconds: &[Option<Average>], k: usize) -> f64 {
-    // A k whose tokens no step measured yet is taken to accept every draft.
-    let tokens = tokens[k].map_or(1.0 + k as f64, |a| a.value);
-    match seconds[k] {
-        Some(s) if s.value > 0.0 => tokens / s.value,
-        _ => f64::INFINITY,
+        curve.feed(size_class(step.requests), n, elapsed, self.clock);
     }
 }
 
@@ -240,9 +385,13 @@ mod tests {
         accept: f64,
         state: u64,
         /// What a drafting step after one without drafts adds (EAGLE-3's head catching
-        /// up); the scheduler records no cost for such a step.
+        /// up); the step says it caught up.
         catch_up: f64,
         last_k: usize,
+        /// The first step of each k at each size class costs this many times more (a
+        /// warm-up).
+        first_spike: f64,
+        seen: Vec<(usize, usize)>,
     }
 
     impl Sim {
@@ -256,8 +405,18 @@ mod tests {
 
         /// Runs `steps` steps of `n` requests; returns the tokens per second overall.
         fn run(&mut self, control: &mut DraftControl, n: usize, steps: usize) -> f64 {
+            self.run_sizes(control, std::iter::repeat_n(n, steps))
+        }
+
+        /// Runs one step of each batch size `sizes` gives; returns the tokens per second
+        /// overall.
+        fn run_sizes(
+            &mut self,
+            control: &mut DraftControl,
+            sizes: impl IntoIterator<Item = usize>,
+        ) -> f64 {
             let (mut tokens, mut seconds) = (0usize, 0.0);
-            for _ in 0..steps {
+            for n in sizes {
                 let k = control.plan(n);
                 let accepted: Vec<usize> = (0..n)
                     .map(|_| (0..k).take_while(|_| self.uniform() < self.accept).count())
@@ -265,6 +424,10 @@ mod tests {
                 // Timing noise of up to 5%.
                 let mut cost = (self.fixed + self.per_row * (n * (1 + k)) as f64)
                     * (1.0 + 0.05 * self.uniform());
+                if !self.seen.contains(&(size_class(n), k)) {
+                    self.seen.push((size_class(n), k));
+                    cost *= self.first_spike;
+                }
                 let caught_up = k > 0 && self.last_k == 0 && self.catch_up > 0.0;
                 if caught_up {
                     cost += self.catch_up;
@@ -276,7 +439,8 @@ mod tests {
                 control.record(&DecodeStep {
                     requests: n,
                     planned: k,
-                    elapsed: (!caught_up).then(|| Duration::from_secs_f64(cost)),
+                    elapsed: Some(Duration::from_secs_f64(cost)),
+                    caught_up,
                     accepted: &accepted,
                 });
             }
@@ -292,6 +456,8 @@ mod tests {
             state: seed,
             catch_up: 0.0,
             last_k: 0,
+            first_spike: 1.0,
+            seen: Vec::new(),
         }
     }
 
@@ -390,6 +556,7 @@ mod tests {
                 requests: 5,
                 planned: k,
                 elapsed: Some(Duration::from_millis(10)),
+                caught_up: false,
                 accepted: &[],
             });
         }
@@ -404,6 +571,7 @@ mod tests {
             requests: 1,
             planned: 1,
             elapsed: None,
+            caught_up: false,
             accepted: &[1],
         });
         // No cost for k = 1 yet: still measuring it.
@@ -418,6 +586,75 @@ mod tests {
         s.run(&mut control, 64, 50);
         assert_eq!(control.plan(64), 4);
         assert!(control.sizes.is_empty() && control.tokens.iter().all(Option::is_none));
+        assert!(control.costs.iter().all(|c| c.points.is_empty()));
+    }
+
+    /// The tokens per second of always planning `k` over `sizes`, with `catch_up`.
+    fn fixed_rate_over(sim: &dyn Fn() -> Sim, sizes: &[usize], k: usize) -> f64 {
+        let mut control = DraftControl::new(k, false);
+        sim().run_sizes(&mut control, sizes.iter().copied())
+    }
+
+    #[test]
+    fn batches_either_side_of_a_class_boundary_see_one_cost() {
+        // A served run at 64 concurrent requests: a ramp through 32-63 (class 5), where
+        // drafting pays, then batches of 63 and 64 in turns (classes 5 and 6), where it
+        // does not, each start of drafting costing a catch-up of four plain steps. Had
+        // each class its own costs, 63 would keep drafting from what the ramp measured,
+        // and each turn would pay the catch-up.
+        let sizes: Vec<usize> = (32..64)
+            .flat_map(|n| [n, n])
+            .chain((0..1500).map(|i| 63 + i % 2))
+            .collect();
+        let make = || Sim {
+            catch_up: 8e-3,
+            ..sim(1e-3, 30e-6, 0.6, 11)
+        };
+        let best = (0..=3)
+            .map(|k| fixed_rate_over(&make, &sizes, k))
+            .fold(0.0, f64::max);
+        let mut control = DraftControl::new(3, true);
+        let got = make().run_sizes(&mut control, sizes.iter().copied());
+        assert!(got > 0.95 * best, "{got:.1} vs best fixed {best:.1} tok/s");
+    }
+
+    #[test]
+    fn a_run_that_drains_to_one_request_is_never_slower_than_a_fixed_choice() {
+        // 64 requests finishing one by one, 20 steps apart: drafting stops paying above
+        // some size and pays more and more below it.
+        let sizes: Vec<usize> = (1..=64).rev().flat_map(|n| [n; 20]).collect();
+        let make = || Sim {
+            catch_up: 6e-3,
+            ..sim(1e-3, 30e-6, 0.7, 12)
+        };
+        let fixed: Vec<f64> = (0..=3).map(|k| fixed_rate_over(&make, &sizes, k)).collect();
+        let best = fixed.iter().copied().fold(0.0, f64::max);
+        let mut control = DraftControl::new(3, true);
+        let got = make().run_sizes(&mut control, sizes.iter().copied());
+        assert!(
+            got > 0.97 * best,
+            "{got:.1} vs fixed k = 0..3 {fixed:.1?} tok/s"
+        );
+    }
+
+    #[test]
+    fn a_warm_up_step_does_not_decide() {
+        // The first step of each k at each size costs five times what it will.
+        for (n, accept) in [(1, 0.7), (64, 0.7)] {
+            let make = || Sim {
+                first_spike: 5.0,
+                ..sim(1e-3, 0.1e-3, accept, 13)
+            };
+            let best = (0..=3)
+                .map(|k| fixed_rate(1e-3, 0.1e-3, accept, n, k))
+                .fold(0.0, f64::max);
+            let mut control = DraftControl::new(3, true);
+            let got = make().run(&mut control, n, 400);
+            assert!(
+                got > 0.9 * best,
+                "batch {n}: {got:.1} vs best {best:.1} tok/s"
+            );
+        }
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //! proposer drafts for them, the target verifies, and the request advances by the
 //! accepted drafts plus one. KV written at rejected positions is left behind the
 //! sequence's length and overwritten next step; the blocks stay with the request.
+//!
+//! At trace level for this module (`--log-level info,peregrine_actors::scheduler=trace`)
+//! each step is logged as `step requests=N planned=K only_decodes= caught_up= accepted=
+//! allocate_us= propose_us= forward_us= total_us=`, and each plan of the draft controller as `draft plan` (`draft_control.rs`): what the
+//! adaptive drafting saw and chose, step by step.
 
 mod draft_control;
 mod policy;
@@ -38,7 +43,7 @@ use policy::{schedule, StepPlan};
 use queues::{Queues, SubmitLimits};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
-use tracing::{info, warn};
+use tracing::{info, trace, warn};
 
 /// Fixed facts about the model and the pool the scheduler plans for.
 #[derive(Clone, Debug)]
@@ -302,14 +307,13 @@ impl Scheduler {
         let applied = self
             .queues
             .apply_done(&plan, done, &self.setup.eos_token_ids);
+        let accepted: Vec<usize> = applied.verified.iter().map(|v| v.1).collect();
         if self.proposer.is_some() && decoding > 0 {
-            let accepted: Vec<usize> = applied.verified.iter().map(|v| v.1).collect();
             self.drafts.record(&DecodeStep {
                 requests: decoding,
                 planned,
-                // A step whose proposal caught the drafter up on paused rows costs more
-                // than its drafts: it teaches acceptance, not cost.
-                elapsed: (only_decodes && !caught_up).then(|| started.elapsed()),
+                elapsed: only_decodes.then(|| started.elapsed()),
+                caught_up,
                 accepted: &accepted,
             });
             metrics::record_planned_drafts(&size_class_label(size_class(decoding)), planned);
@@ -324,6 +328,18 @@ impl Scheduler {
         }
         times.total = started.elapsed();
         metrics::record_step_times(&times);
+        trace!(
+            requests = decoding,
+            planned,
+            only_decodes,
+            caught_up,
+            accepted = accepted.iter().sum::<usize>(),
+            allocate_us = times.allocate.as_micros() as u64,
+            propose_us = times.propose.as_micros() as u64,
+            forward_us = times.forward.as_micros() as u64,
+            total_us = times.total.as_micros() as u64,
+            "step"
+        );
         Ok(())
     }
 
