@@ -129,7 +129,6 @@ impl GpuHead {
             return Ok((out, "step-0 graph"));
         }
         let cap = self.capacity;
-
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let fits = tokens.len() <= cap.max_tokens
             && specs.len() <= cap.max_logit_rows
