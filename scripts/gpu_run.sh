@@ -115,6 +115,13 @@ done
 export CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 export PEREGRINE_CACHE=/tmp/peregrine-cache
 export RUST_BACKTRACE=1
+# Waits up to two minutes for a server to listen on port $1.
+wait_for_port() {
+    for _ in $(seq 1 240); do
+        (exec 3<>/dev/tcp/127.0.0.1/"$1") 2>/dev/null && return
+        sleep 0.5
+    done
+}
 # Serves the model in $3 (SmolLM2-135M: /tmp/smollm2) with binary $1, logging to $2, with
 # the serve flags after them; runs `bench serve` at concurrency 1 and 8 against it, stops
 # it, and prints the engine's time per step from its log (serve_steps.py: each request's
@@ -124,10 +131,7 @@ serve_bench() {
     shift 3
     "$serve_bin" serve --model "$model" --device cuda --port $port "$@" >"$log" 2>&1 &
     local server=$!
-    for _ in $(seq 1 240); do
-        (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-        sleep 0.5
-    done
+    wait_for_port $port
     for c in 1 8; do
         "$bin/peregrine" bench serve --url http://127.0.0.1:$port --num-prompts $((8 * c)) \
             --concurrency $c --input-len 128 --output-len 128
@@ -322,10 +326,7 @@ print("<|im_start|>user\nHere is the keeper log of the lighthouse. " + " ".join(
             --log-level info,peregrine_actors::spec_stats=trace \
             >"/tmp/serve-soak-$run.log" 2>&1 &
         server=$!
-        for _ in $(seq 1 240); do
-            (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-            sleep 0.5
-        done
+        wait_for_port $port
         grep -E "blocks|bytes_per_layer|audit|fault" "/tmp/serve-soak-$run.log" | head -6 |
             tee -a "$OUT/soak.log"
         "$bin/peregrine" bench soak --url http://127.0.0.1:$port --waves 25 --concurrency 64 \
@@ -439,10 +440,7 @@ eagle3time)
             "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
                 --max-num-seqs 64 $flags >/tmp/serve-time.log 2>&1 &
             server=$!
-            for _ in $(seq 1 240); do
-                (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-                sleep 0.5
-            done
+            wait_for_port $port
             "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
                 --num-prompts $((c == 1 ? 24 : 192)) --concurrency $c 2>&1 |
                 grep -E "Output token throughput|Mean TPOT|Benchmark duration" | tee -a "$OUT/eagle3_time.log"
@@ -471,10 +469,7 @@ draftcost)
                 "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
                     --max-num-seqs 64 --log-level $trace $flags >/tmp/serve-cost.log 2>&1 &
                 server=$!
-                for _ in $(seq 1 240); do
-                    (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-                    sleep 0.5
-                done
+                wait_for_port $port
                 "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
                     --num-prompts $((3 * c)) --concurrency $c 2>&1 |
                     grep -E "Output token throughput|Mean TPOT|Benchmark duration" | tee -a "$OUT/draftcost.log"
@@ -506,10 +501,7 @@ eagle3serve)
         "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
             --max-num-seqs 64 $flags >"/tmp/serve-eagle3${flags:+-on}.log" 2>&1 &
         server=$!
-        for _ in $(seq 1 240); do
-            (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
-            sleep 0.5
-        done
+        wait_for_port $port
         for c in 1 8 64; do
             "$bin/peregrine" bench serve --url http://127.0.0.1:$port --dataset $data \
                 --num-prompts $((c == 1 ? 16 : c * 2)) --concurrency $c 2>&1 |
