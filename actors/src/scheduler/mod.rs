@@ -18,8 +18,9 @@
 //!
 //! At trace level for this module (`--log-level info,peregrine_actors::scheduler=trace`)
 //! each step is logged as `step requests=N planned=K only_decodes= caught_up= accepted=
-//! allocate_us= propose_us= forward_us= total_us=`, and each plan of the draft controller as `draft plan` (`draft_control.rs`): what the
-//! adaptive drafting saw and chose, step by step.
+//! allocate_us= propose_us= forward_us= total_us=`, and each plan of the draft controller
+//! as `draft plan` (`draft_control.rs`): what adaptive drafting saw and chose, step by
+//! step.
 
 mod draft_control;
 mod policy;

@@ -151,26 +151,34 @@ impl LtMatmul {
                     m: algorithm_rows(shape.m),
                     ..shape
                 };
-                let algorithm = match plans.algorithms.entry(bucket) {
-                    Entry::Occupied(known) => *known.get(),
-                    Entry::Vacant(new) => {
-                        let chosen = LtPlan::new(self.handle, bucket)?.map(|p| p.algo);
-                        *new.insert(chosen)
+                let plan = match plans.algorithms.entry(bucket) {
+                    // The bucket's own largest shape: the heuristic's plan for it is both.
+                    Entry::Vacant(new) if bucket == shape => {
+                        let plan = LtPlan::new(self.handle, shape)?;
+                        new.insert(plan.as_ref().map(|p| p.algo));
+                        plan
                     }
-                };
-                let plan = match algorithm {
-                    Some(algo) => LtPlan::with_algorithm(self.handle, shape, algo)?,
-                    None => None,
-                };
-                let bucket_algorithm = plan.is_some();
-                let plan = match plan {
-                    Some(plan) => Some(plan),
-                    None => LtPlan::new(self.handle, shape)?,
+                    entry => {
+                        let algorithm = match entry {
+                            Entry::Occupied(known) => *known.get(),
+                            Entry::Vacant(new) => {
+                                let chosen = LtPlan::new(self.handle, bucket)?.map(|p| p.algo);
+                                *new.insert(chosen)
+                            }
+                        };
+                        let checked = match algorithm {
+                            Some(algo) => LtPlan::with_algorithm(self.handle, shape, algo)?,
+                            None => None,
+                        };
+                        match checked {
+                            Some(plan) => Some(plan),
+                            None => LtPlan::new(self.handle, shape)?,
+                        }
+                    }
                 };
                 tracing::debug!(
                     ?shape,
                     found = plan.is_some(),
-                    bucket_algorithm,
                     us = started.elapsed().as_micros() as u64,
                     "cuBLASLt plan made"
                 );
