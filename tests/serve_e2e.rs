@@ -496,10 +496,12 @@ fn bench_soak_reports_every_wave_and_the_request_alone() {
             "3",
             "--concurrency",
             "4",
+            // Long enough that a wave spans many polls on a fast machine: at 24
+            // tokens a wave of the tiny model ended within one 5 ms poll in CI.
             "--max-tokens",
-            "24",
+            "256",
             "--poll-ms",
-            "5",
+            "2",
             "--prompt",
             "the quick brown fox jumps over the lazy dog",
         ]);
