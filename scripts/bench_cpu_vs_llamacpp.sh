@@ -39,9 +39,11 @@ if [ ! -x "$tools/llama-server" ] || [ ! -x "$tools/llama-bench" ]; then
   if [ ! -f "$src/CMakeLists.txt" ]; then
     mkdir -p "$root/target/llamacpp"
     url=$(python3 - <<'EOF'
-import json, urllib.request
-info = json.load(urllib.request.urlopen("https://pypi.org/pypi/llama-cpp-python/json"))
-print(next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist"))
+import json, urllib.parse, urllib.request
+api = "https://pypi.org/pypi/llama-cpp-python/json"
+info = json.load(urllib.request.urlopen(api))
+# A mirror may answer with URLs relative to the API's.
+print(urllib.parse.urljoin(api, next(u["url"] for u in info["urls"] if u["packagetype"] == "sdist")))
 EOF
 )
     python3 -c "import urllib.request,sys; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])" \

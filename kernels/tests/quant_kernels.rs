@@ -113,7 +113,8 @@ fn every_kernel_matches_a_float64_product_within_the_activation_rounding() {
     for format in BlockFormat::ALL {
         for blocks_per_row in [1, 2, 3, 5] {
             let k = blocks_per_row * format.block_elems();
-            for rows in [1, 7] {
+            // 8 and 24 rows of Q4_0, Q4_1 and Q8_0 are interleaved; 1 and 7 are not.
+            for rows in [1, 7, 8, 24] {
                 let bytes = random_blocks(&mut rng, format, rows * blocks_per_row);
                 let w = Matrix::blocks(format, Arc::from(bytes), k).unwrap();
                 for n in [1, 2, 3, 4, 5, 9] {
@@ -141,29 +142,59 @@ fn a_row_is_bit_identical_alone_and_in_any_batch() {
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     for format in BlockFormat::ALL {
         let k = 3 * format.block_elems();
-        let rows = 11;
-        let w = Matrix::blocks(
-            format,
-            Arc::from(random_blocks(&mut rng, format, rows * 3)),
-            k,
-        )
-        .unwrap();
-        let row = random(&mut rng, k);
-        for simd in levels() {
-            let mut alone = vec![f32::NAN; rows];
-            w.matmul_with(simd, &row, &mut alone);
-            for (batch, at) in [(2, 1), (3, 2), (5, 4), (8, 5), (13, 0), (13, 12)] {
-                let mut x = random(&mut rng, batch * k);
-                x[at * k..(at + 1) * k].copy_from_slice(&row);
-                let mut out = vec![f32::NAN; batch * rows];
-                w.matmul_with(simd, &x, &mut out);
-                assert_eq!(
-                    &out[at * rows..(at + 1) * rows],
-                    &alone[..],
-                    "{} {simd:?} batch {batch} at {at}",
-                    format.name()
-                );
+        for rows in [11, 16] {
+            let w = Matrix::blocks(
+                format,
+                Arc::from(random_blocks(&mut rng, format, rows * 3)),
+                k,
+            )
+            .unwrap();
+            let row = random(&mut rng, k);
+            for simd in levels() {
+                let mut alone = vec![f32::NAN; rows];
+                w.matmul_with(simd, &row, &mut alone);
+                for (batch, at) in [(2, 1), (3, 2), (5, 4), (8, 5), (13, 0), (13, 12)] {
+                    let mut x = random(&mut rng, batch * k);
+                    x[at * k..(at + 1) * k].copy_from_slice(&row);
+                    let mut out = vec![f32::NAN; batch * rows];
+                    w.matmul_with(simd, &x, &mut out);
+                    assert_eq!(
+                        &out[at * rows..(at + 1) * rows],
+                        &alone[..],
+                        "{} {simd:?} batch {batch} at {at} rows {rows}",
+                        format.name()
+                    );
+                }
             }
+        }
+    }
+}
+
+#[test]
+fn interleaved_rows_dequantize_as_stored_and_agree_across_simd_bit_for_bit() {
+    let mut rng = ChaCha8Rng::seed_from_u64(10);
+    for format in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+        let (k, rows) = (5 * format.block_elems(), 16);
+        let bytes = random_blocks(&mut rng, format, rows * 5);
+        let w = Matrix::blocks(format, Arc::from(bytes.clone()), k).unwrap();
+        assert_eq!(w.describe(), format!("{} x {rows}", format.name()));
+        let mut want = vec![f32::NAN; rows * k];
+        format.dequantize(&bytes, &mut want);
+        let got = w.to_f32();
+        assert!(
+            got.iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{}: interleaved rows do not dequantize to the stored values",
+            format.name()
+        );
+        let x = random(&mut rng, 6 * k);
+        let mut portable = vec![f32::NAN; 6 * rows];
+        w.matmul_with(Simd::Portable, &x, &mut portable);
+        for simd in levels() {
+            let mut out = vec![f32::NAN; 6 * rows];
+            w.matmul_with(simd, &x, &mut out);
+            assert_eq!(out, portable, "{} {simd:?}", format.name());
         }
     }
 }

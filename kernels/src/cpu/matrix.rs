@@ -3,7 +3,10 @@
 //! fused q/k/v of a Q4_K_M file mixes Q4_K and Q6_K). Its product reads that form directly.
 
 use super::linear::{linear, SendPtr};
-use super::quant::{block_rows, half_dot, BlockFormat, Half, Q8Row, Q8Rows, Simd};
+use super::quant::{
+    block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves, BlockFormat,
+    Half, Q8Row, Q8Rows, Simd, LANES,
+};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -16,6 +19,8 @@ pub enum Storage {
     Half(Half, Arc<[u16]>),
     /// Whole blocks of `format` per row.
     Blocks(BlockFormat, Arc<[u8]>),
+    /// Groups of [`LANES`] rows of `format` in the [`interleave`]d layout.
+    Interleaved(BlockFormat, Arc<[u8]>),
 }
 
 /// Rows of a matrix stored one way.
@@ -81,6 +86,8 @@ impl Matrix {
     }
 
     /// A block-quantized matrix of `cols` columns from its bytes (whole blocks per row).
+    /// Q4_0, Q4_1 and Q8_0 rows are interleaved eight at a time when their number is a
+    /// multiple of eight, for the products.
     pub fn blocks(
         format: BlockFormat,
         bytes: Arc<[u8]>,
@@ -95,7 +102,12 @@ impl Matrix {
                 block: format.block_elems(),
             })?;
         let rows = whole_rows(bytes.len(), row_bytes)?;
-        Ok(Matrix::one(Storage::Blocks(format, bytes), rows, cols))
+        let storage = if interleaves(format) && rows.is_multiple_of(LANES) {
+            Storage::Interleaved(format, interleave(format, &bytes, row_bytes).into())
+        } else {
+            Storage::Blocks(format, bytes)
+        };
+        Ok(Matrix::one(storage, rows, cols))
     }
 
     fn one(storage: Storage, rows: usize, cols: usize) -> Matrix {
@@ -151,7 +163,7 @@ impl Matrix {
         let part = |p: &Part| match &p.storage {
             Storage::F32(v) => 4 * v.len(),
             Storage::Half(_, v) => 2 * v.len(),
-            Storage::Blocks(_, b) => b.len(),
+            Storage::Blocks(_, b) | Storage::Interleaved(_, b) => b.len(),
         };
         self.parts.iter().map(part).sum::<usize>() as u64
     }
@@ -193,6 +205,10 @@ impl Matrix {
             Storage::Blocks(format, bytes) => {
                 let rb = format.row_bytes(k).expect("checked at construction");
                 format.dequantize(&bytes[local * rb..(local + 1) * rb], out);
+            }
+            Storage::Interleaved(format, bytes) => {
+                let rb = format.row_bytes(k).expect("checked at construction");
+                interleaved_row(*format, bytes, rb, local, out);
             }
         }
     }
@@ -245,7 +261,7 @@ impl Matrix {
         let quantized = self
             .parts
             .iter()
-            .any(|p| matches!(p.storage, Storage::Blocks(..)))
+            .any(|p| matches!(p.storage, Storage::Blocks(..) | Storage::Interleaved(..)))
             .then(|| Q8Rows::quantize(x, k));
         let q8: Vec<Q8Row> = quantized
             .as_ref()
@@ -263,6 +279,18 @@ impl Matrix {
                     let rows = X_TILE.min(n - t);
                     let (xt, dots) = (&x[t * k..(t + rows) * k], &mut dots[..count * rows]);
                     let q8 = q8.get(t..t + rows).unwrap_or_default();
+                    if let Storage::Interleaved(format, bytes) = &part.storage {
+                        let rb = format.row_bytes(k).expect("checked at construction");
+                        let w = &bytes[start * rb..(start + count) * rb];
+                        // SAFETY: the panel's columns of rows t..t + rows lie in `out`
+                        // (checked above) and belong to this panel alone; `start` and
+                        // `count` are whole groups (see `panels`).
+                        unsafe {
+                            let at = dst.at(t * width + first + start);
+                            interleaved_rows(simd, *format, w, q8, at, width);
+                        }
+                        continue;
+                    }
                     part.dots(simd, start, count, k, xt, q8, dots);
                     for (j, dots) in dots.chunks_exact(rows).enumerate() {
                         for (r, &v) in dots.iter().enumerate() {
@@ -276,11 +304,15 @@ impl Matrix {
     }
 
     /// Panels of rows for the threads: (part, its first row in the matrix, first row in
-    /// the part, rows), about four per thread of the pool. An output's value does not
-    /// depend on which panel computes it.
+    /// the part, rows), about four per thread of the pool, whole groups of [`LANES`]
+    /// rows. An output's value does not depend on which panel computes it.
     fn panels(&self) -> Vec<(&Part, usize, usize, usize)> {
         let threads = rayon::current_num_threads().max(1);
-        let per = self.rows.div_ceil(4 * threads).max(4);
+        let per = self
+            .rows
+            .div_ceil(4 * threads)
+            .max(1)
+            .next_multiple_of(LANES);
         let mut panels = Vec::new();
         let mut first = 0;
         for p in &self.parts {
@@ -299,7 +331,7 @@ impl Part {
             Storage::F32(_) => "F32",
             Storage::Half(Half::Bf16, _) => "BF16",
             Storage::Half(Half::F16, _) => "F16",
-            Storage::Blocks(f, _) => f.name(),
+            Storage::Blocks(f, _) | Storage::Interleaved(f, _) => f.name(),
         }
     }
 
@@ -336,6 +368,7 @@ impl Part {
                     }
                 }
             }
+            Storage::Interleaved(..) => unreachable!("interleaved parts write their outputs"),
             Storage::F32(values) => {
                 for (j, out) in out.chunks_exact_mut(n).enumerate() {
                     let w = &values[(start + j) * k..(start + j + 1) * k];
@@ -355,6 +388,9 @@ fn join(a: &Part, b: &Part) -> Option<Part> {
         (Storage::Half(k, x), Storage::Half(l, y)) if k == l => Storage::Half(*k, concat(x, y)),
         (Storage::Blocks(f, x), Storage::Blocks(g, y)) if f == g => {
             Storage::Blocks(*f, concat(x, y))
+        }
+        (Storage::Interleaved(f, x), Storage::Interleaved(g, y)) if f == g => {
+            Storage::Interleaved(*f, concat(x, y))
         }
         _ => return None,
     };
