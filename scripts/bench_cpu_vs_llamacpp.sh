@@ -6,7 +6,9 @@
 #   - served output tokens/s at concurrency 1, 8 and 32 (128 tokens in, 128 out, ignoring
 #     EOS): `peregrine bench serve` against `peregrine serve` and against `llama-server`
 #     with as many parallel slots;
-#   - the resident memory of `peregrine serve` after the served runs, against the GGUF's size.
+#   - the resident memory of `peregrine serve` after the served runs, against the GGUF's size;
+#   - the perplexity of scripts/data/perplexity.txt at a context of 512: `peregrine
+#     perplexity` against llama.cpp's `llama-perplexity`, with their relative difference.
 #
 # llama.cpp's tools are built once from the source that the `llama-cpp-python` package
 # ships (its sdist vendors llama.cpp), with -DGGML_NATIVE=ON, and cached in
@@ -34,7 +36,7 @@ gguf="$(realpath "$gguf")"
 
 # llama.cpp's tools, built once from llama-cpp-python's vendored source.
 tools="$root/target/llamacpp/build/bin"
-if [ ! -x "$tools/llama-server" ] || [ ! -x "$tools/llama-bench" ]; then
+if [ ! -x "$tools/llama-server" ] || [ ! -x "$tools/llama-bench" ] || [ ! -x "$tools/llama-perplexity" ]; then
   src="$root/target/llamacpp/src"
   if [ ! -f "$src/CMakeLists.txt" ]; then
     mkdir -p "$root/target/llamacpp"
@@ -63,6 +65,7 @@ fi
 
 ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x')" "$1" "$2"; }
 pair() { printf '%-34s peregrine %9.1f   llama.cpp %9.1f   ratio %s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")"; }
+diff_pct() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{100 * (a / b - 1):+.2f}%')" "$1" "$2"; }
 
 echo "GGUF: $gguf ($(du -m "$gguf" | cut -f1) MB), $threads threads, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 
@@ -123,3 +126,13 @@ done
 kill "$theirs_pid"; wait "$theirs_pid" 2>/dev/null || true
 
 echo "peregrine serve resident memory: $(( rss_kb / 1024 )) MB (GGUF file: $(du -m "$gguf" | cut -f1) MB)"
+
+# Perplexity of a fixed English text, 512-token chunks (llama-perplexity's default method).
+text="$root/scripts/data/perplexity.txt"
+final_ppl() { grep -o 'Final estimate: PPL = [0-9.]*' | grep -o '[0-9.]*$'; }
+our_ppl=$("$peregrine" perplexity --model "$gguf" --file "$text" --ctx-size 512 2>/dev/null \
+  | tee "$work/peregrine_perplexity.txt" | final_ppl)
+their_ppl=$("$tools/llama-perplexity" -m "$gguf" -f "$text" -c 512 -t "$threads" 2>&1 \
+  | tee "$work/llama_perplexity.txt" | final_ppl)
+printf '%-34s peregrine %9.4f   llama.cpp %9.4f   diff %s\n' "perplexity (ctx 512)" "$our_ppl" \
+  "$their_ppl" "$(diff_pct "$our_ppl" "$their_ppl")"

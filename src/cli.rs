@@ -29,6 +29,8 @@ pub enum Command {
     // A negative value (`--kv-cache-memory -5`) is a value, refused by its check, not a flag.
     #[command(allow_negative_numbers = true)]
     Serve(Box<peregrine_config::ServeArgs>),
+    /// The model's perplexity on a text, computed as llama.cpp's `llama-perplexity` does.
+    Perplexity(PerplexityArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -298,6 +300,27 @@ pub struct GenerateArgs {
     /// Generate max_tokens even past the end-of-sequence token.
     #[arg(long)]
     pub ignore_eos: bool,
+}
+
+/// `peregrine perplexity`: llama-perplexity's default method (chunks of --ctx-size tokens,
+/// each scored on its second half) on the CPU.
+#[derive(Args, Debug)]
+pub struct PerplexityArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text to score (one trailing newline is dropped, as llama.cpp's `-f` does).
+    #[arg(long, short = 'f')]
+    pub file: PathBuf,
+    /// Tokens per chunk (llama.cpp's `-c`); each chunk's tokens from ctx-size/2 + 1 on are
+    /// scored.
+    #[arg(long, short = 'c', default_value_t = 512)]
+    pub ctx_size: usize,
+    /// Score only the first N chunks (default: every whole chunk of the text).
+    #[arg(long)]
+    pub chunks: Option<usize>,
+    /// Rows per forward; a longer chunk is prefilled in pieces (llama.cpp's `-b`).
+    #[arg(long, short = 'b', default_value_t = 2048)]
+    pub batch_size: usize,
 }
 
 /// `peregrine fetch`.

@@ -109,6 +109,14 @@ impl Tokenizer {
         self.bos_token_id
     }
 
+    /// Whether [`encode`](Self::encode) with special tokens starts a text with BOS (added by
+    /// the post-processor or by `add_bos_token`): what llama.cpp's `llama_vocab_get_add_bos`
+    /// says of a GGUF's metadata.
+    pub fn adds_bos(&self) -> anyhow::Result<bool> {
+        Ok(self.bos_token_id.is_some()
+            && self.encode("", true)?.first() == self.bos_token_id.as_ref())
+    }
+
     /// A streaming decoder that starts with no tokens.
     pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream {
         DecodeStream {
@@ -376,6 +384,25 @@ mod tests {
         let tail = truncated.finish().unwrap();
         assert_eq!(tail, tokenizer.decode(&ids[..2], false).unwrap());
         assert!(tail.contains('\u{FFFD}'));
+    }
+
+    #[test]
+    fn adds_bos_follows_the_post_processor_and_add_bos_token() {
+        let added = |bos_template, config: &str| {
+            let dir = model_dir(bos_template, &[("tokenizer_config.json", config)]);
+            Tokenizer::from_dir(dir.path()).unwrap().adds_bos().unwrap()
+        };
+        let (plain, asking) = (
+            r#"{"bos_token": "<|bos|>"}"#,
+            r#"{"bos_token": "<|bos|>", "add_bos_token": true}"#,
+        );
+        assert!(added(true, plain), "the post-processor adds it");
+        assert!(added(false, asking), "add_bos_token adds it");
+        assert!(!added(false, plain));
+        assert!(
+            !added(false, r#"{"add_bos_token": true}"#),
+            "no BOS token to add"
+        );
     }
 
     #[test]

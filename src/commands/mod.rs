@@ -9,6 +9,7 @@ mod engine;
 mod fetch;
 mod generate;
 mod heads;
+mod perplexity;
 mod serve;
 
 use crate::cli::{BenchCommand, Cli, Command, ModelArgs};
@@ -34,6 +35,7 @@ pub fn run(cli: Cli) -> ExitCode {
         Command::Fetch(args) => fetch::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Serve(args) => serve::run(*args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Bench(BenchCommand::Serve(args)) => bench_serve::run(args),
         Command::Bench(BenchCommand::Latency(args)) => bench_latency::run(args),
         Command::Bench(BenchCommand::Spec(args)) => bench_spec::run(args),
