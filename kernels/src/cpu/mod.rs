@@ -53,6 +53,25 @@ impl KvLayout {
         let slot = block * self.block_size + index % self.block_size;
         self.slot_offset(slot) + kv_head * self.head_dim
     }
+
+    /// [`token_offset`](Self::token_offset) of tokens `0..tokens` in order, a block at a
+    /// time (no division per token).
+    pub fn token_offsets<'a>(
+        &'a self,
+        block_table: &'a [u32],
+        tokens: u64,
+        kv_head: u64,
+    ) -> impl Iterator<Item = u64> + 'a {
+        let blocks = tokens.div_ceil(self.block_size) as usize;
+        block_table[..blocks]
+            .iter()
+            .flat_map(move |&block| {
+                let first = self.slot_offset(block as u64 * self.block_size);
+                (0..self.block_size).map(move |t| first + self.slot_offset(t))
+            })
+            .take(tokens as usize)
+            .map(move |at| at + kv_head * self.head_dim)
+    }
 }
 
 /// What the address audit (DESIGN.md rule 2) found for one layer of the pool.
@@ -109,6 +128,24 @@ mod tests {
             err.contains("paged_attention") && err.contains("blocks"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn token_offsets_in_order_are_each_tokens_offset() {
+        let layout = KvLayout {
+            num_blocks: 1 << 20,
+            block_size: 16,
+            num_kv_heads: 3,
+            head_dim: 64,
+        };
+        let table = [70_000u32, 3, 65_535, 65_536, 1 << 19];
+        for tokens in [0u64, 1, 15, 16, 17, 70, 80] {
+            let got: Vec<u64> = layout.token_offsets(&table, tokens, 2).collect();
+            let want: Vec<u64> = (0..tokens)
+                .map(|i| layout.token_offset(&table, i, 2))
+                .collect();
+            assert_eq!(got, want, "{tokens} tokens");
+        }
     }
 
     #[test]
