@@ -242,7 +242,10 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         sum = a.mul_add(b, sum);
     }
     let eight = _mm256_add_ps(lo, hi);
-    let four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+    let four = _mm_add_ps(
+        _mm256_castps256_ps128(eight),
+        _mm256_extractf128_ps(eight, 1),
+    );
     let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
     let one = _mm_add_ss(two, _mm_movehdup_ps(two));
     _mm_cvtss_f32(one) + sum
