@@ -63,6 +63,15 @@ EOF
     --target llama-bench llama-server llama-perplexity llama-quantize >/dev/null
 fi
 
+# llama.cpp's repacked weights (its AMX and repack buffers) crash on some machines (its AMX
+# matrix product segfaults on a 2-core Sapphire Rapids VM): probe them, and where they crash
+# run llama.cpp with its plain CPU buffers (`--repack 0` / `--no-repack`) and say so.
+bench_flags=() common_flags=()
+if ! "$tools/llama-bench" -m "$gguf" -t 1 -p 32 -n 0 -r 1 >/dev/null 2>&1; then
+  echo "llama.cpp: repacked weights crash on this machine; running it with --no-repack"
+  bench_flags=(--repack 0) common_flags=(--no-repack)
+fi
+
 ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x')" "$1" "$2"; }
 pair() { printf '%-34s peregrine %9.1f   llama.cpp %9.1f   ratio %s\n' "$1" "$2" "$3" "$(ratio "$2" "$3")"; }
 diff_pct() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{100 * (a / b - 1):+.2f}%')" "$1" "$2"; }
@@ -78,7 +87,7 @@ latency() { # input-len output-len column
 : > "$work/peregrine_latency.txt"
 our_tg=$(latency 8 128 5)
 our_pp=$(latency 512 1 3)
-"$tools/llama-bench" -m "$gguf" -t "$threads" -p 512 -n 128 -r 3 -o json > "$work/llama_bench.json" 2>/dev/null
+"$tools/llama-bench" -m "$gguf" "${bench_flags[@]}" -t "$threads" -p 512 -n 128 -r 3 -o json > "$work/llama_bench.json" 2>/dev/null
 read -r their_pp their_tg < <(python3 -c "
 import json, sys
 rows = json.load(open(sys.argv[1]))
@@ -115,7 +124,7 @@ rss_kb=$(awk '/VmRSS/ {print $2}' "/proc/$ours_pid/status")
 kill "$ours_pid"; wait "$ours_pid" 2>/dev/null || true
 
 lport=$(( port + 1 ))
-"$tools/llama-server" -m "$gguf" -t "$threads" -tb "$threads" --parallel 32 -c $(( 32 * 320 )) \
+"$tools/llama-server" -m "$gguf" "${common_flags[@]}" -t "$threads" -tb "$threads" --parallel 32 -c $(( 32 * 320 )) \
   --host 127.0.0.1 --port "$lport" > "$work/llama_server.log" 2>&1 &
 theirs_pid=$!
 trap 'kill $theirs_pid 2>/dev/null || true' EXIT
@@ -132,7 +141,7 @@ text="$root/scripts/data/perplexity.txt"
 final_ppl() { grep -o 'Final estimate: PPL = [0-9.]*' | grep -o '[0-9.]*$'; }
 our_ppl=$("$peregrine" perplexity --model "$gguf" --file "$text" --ctx-size 512 2>/dev/null \
   | tee "$work/peregrine_perplexity.txt" | final_ppl)
-their_ppl=$("$tools/llama-perplexity" -m "$gguf" -f "$text" -c 512 -t "$threads" 2>&1 \
+their_ppl=$("$tools/llama-perplexity" -m "$gguf" "${common_flags[@]}" -f "$text" -c 512 -t "$threads" 2>&1 \
   | tee "$work/llama_perplexity.txt" | final_ppl)
 printf '%-34s peregrine %9.4f   llama.cpp %9.4f   diff %s\n' "perplexity (ctx 512)" "$our_ppl" \
   "$their_ppl" "$(diff_pct "$our_ppl" "$their_ppl")"

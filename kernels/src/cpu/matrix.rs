@@ -5,7 +5,7 @@
 use super::linear::{linear, SendPtr};
 use super::quant::{
     block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves, BlockFormat,
-    Half, Q8Row, Q8Rows, Simd, LANES,
+    Half, Q8Row, Q8Rows, Simd, LANES, WIDE_LANES,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -19,8 +19,9 @@ pub enum Storage {
     Half(Half, Arc<[u16]>),
     /// Whole blocks of `format` per row.
     Blocks(BlockFormat, Arc<[u8]>),
-    /// Groups of [`LANES`] rows of `format` in the [`interleave`]d layout.
-    Interleaved(BlockFormat, Arc<[u8]>),
+    /// Groups of `lanes` ([`LANES`] or [`WIDE_LANES`]) rows of `format` in the
+    /// [`interleave`]d layout.
+    Interleaved(BlockFormat, usize, Arc<[u8]>),
 }
 
 /// Rows of a matrix stored one way.
@@ -86,8 +87,9 @@ impl Matrix {
     }
 
     /// A block-quantized matrix of `cols` columns from its bytes (whole blocks per row).
-    /// Q4_0, Q4_1 and Q8_0 rows are interleaved eight at a time when their number is a
-    /// multiple of eight, for the products.
+    /// Q4_0, Q4_1 and Q8_0 rows are interleaved for the products: sixteen at a time where
+    /// the CPU has AVX-512 VNNI and their number is a multiple of sixteen, else eight at a
+    /// time when it is a multiple of eight.
     pub fn blocks(
         format: BlockFormat,
         bytes: Arc<[u8]>,
@@ -102,8 +104,11 @@ impl Matrix {
                 block: format.block_elems(),
             })?;
         let rows = whole_rows(bytes.len(), row_bytes)?;
-        let storage = if interleaves(format) && rows.is_multiple_of(LANES) {
-            Storage::Interleaved(format, interleave(format, &bytes, row_bytes).into())
+        let wide = Simd::detected() == Simd::Avx512Vnni && rows.is_multiple_of(WIDE_LANES);
+        let lanes = if wide { WIDE_LANES } else { LANES };
+        let storage = if interleaves(format) && rows.is_multiple_of(lanes) {
+            let bytes = interleave(format, &bytes, row_bytes, lanes);
+            Storage::Interleaved(format, lanes, bytes.into())
         } else {
             Storage::Blocks(format, bytes)
         };
@@ -163,7 +168,7 @@ impl Matrix {
         let part = |p: &Part| match &p.storage {
             Storage::F32(v) => 4 * v.len(),
             Storage::Half(_, v) => 2 * v.len(),
-            Storage::Blocks(_, b) | Storage::Interleaved(_, b) => b.len(),
+            Storage::Blocks(_, b) | Storage::Interleaved(_, _, b) => b.len(),
         };
         self.parts.iter().map(part).sum::<usize>() as u64
     }
@@ -206,9 +211,9 @@ impl Matrix {
                 let rb = format.row_bytes(k).expect("checked at construction");
                 format.dequantize(&bytes[local * rb..(local + 1) * rb], out);
             }
-            Storage::Interleaved(format, bytes) => {
+            Storage::Interleaved(format, lanes, bytes) => {
                 let rb = format.row_bytes(k).expect("checked at construction");
-                interleaved_row(*format, bytes, rb, local, out);
+                interleaved_row(*format, *lanes, bytes, rb, local, out);
             }
         }
     }
@@ -272,14 +277,13 @@ impl Matrix {
         self.panels()
             .into_par_iter()
             .for_each(|(part, first, start, count)| {
-                let mut dots = vec![0.0f32; count * X_TILE.min(n)];
+                let mut dots = Vec::new();
                 // Tiles of x's rows, so a tile stays in the core's first-level cache while
                 // every weight row of the panel runs through it.
                 for t in (0..n).step_by(X_TILE) {
                     let rows = X_TILE.min(n - t);
-                    let (xt, dots) = (&x[t * k..(t + rows) * k], &mut dots[..count * rows]);
                     let q8 = q8.get(t..t + rows).unwrap_or_default();
-                    if let Storage::Interleaved(format, bytes) = &part.storage {
+                    if let Storage::Interleaved(format, lanes, bytes) = &part.storage {
                         let rb = format.row_bytes(k).expect("checked at construction");
                         let w = &bytes[start * rb..(start + count) * rb];
                         // SAFETY: the panel's columns of rows t..t + rows lie in `out`
@@ -287,11 +291,13 @@ impl Matrix {
                         // `count` are whole groups (see `panels`).
                         unsafe {
                             let at = dst.at(t * width + first + start);
-                            interleaved_rows(simd, *format, w, q8, at, width);
+                            interleaved_rows(simd, *format, *lanes, w, q8, at, width);
                         }
                         continue;
                     }
-                    part.dots(simd, start, count, k, xt, q8, dots);
+                    dots.resize(count * rows, 0.0);
+                    let xt = &x[t * k..(t + rows) * k];
+                    part.dots(simd, start, count, k, xt, q8, &mut dots);
                     for (j, dots) in dots.chunks_exact(rows).enumerate() {
                         for (r, &v) in dots.iter().enumerate() {
                             // SAFETY: column `first + start + j` of row `t + r` lies in
@@ -304,7 +310,7 @@ impl Matrix {
     }
 
     /// Panels of rows for the threads: (part, its first row in the matrix, first row in
-    /// the part, rows), about four per thread of the pool, whole groups of [`LANES`]
+    /// the part, rows), about four per thread of the pool, whole groups of [`WIDE_LANES`]
     /// rows. An output's value does not depend on which panel computes it.
     fn panels(&self) -> Vec<(&Part, usize, usize, usize)> {
         let threads = rayon::current_num_threads().max(1);
@@ -312,7 +318,7 @@ impl Matrix {
             .rows
             .div_ceil(4 * threads)
             .max(1)
-            .next_multiple_of(LANES);
+            .next_multiple_of(WIDE_LANES);
         let mut panels = Vec::new();
         let mut first = 0;
         for p in &self.parts {
@@ -331,7 +337,7 @@ impl Part {
             Storage::F32(_) => "F32",
             Storage::Half(Half::Bf16, _) => "BF16",
             Storage::Half(Half::F16, _) => "F16",
-            Storage::Blocks(f, _) | Storage::Interleaved(f, _) => f.name(),
+            Storage::Blocks(f, _) | Storage::Interleaved(f, _, _) => f.name(),
         }
     }
 
@@ -389,8 +395,8 @@ fn join(a: &Part, b: &Part) -> Option<Part> {
         (Storage::Blocks(f, x), Storage::Blocks(g, y)) if f == g => {
             Storage::Blocks(*f, concat(x, y))
         }
-        (Storage::Interleaved(f, x), Storage::Interleaved(g, y)) if f == g => {
-            Storage::Interleaved(*f, concat(x, y))
+        (Storage::Interleaved(f, l, x), Storage::Interleaved(g, m, y)) if f == g && l == m => {
+            Storage::Interleaved(*f, *l, concat(x, y))
         }
         _ => return None,
     };

@@ -2,23 +2,55 @@
 //! and F16C: each 32-byte load holds four values of each of eight weight rows, each
 //! activation row's four matching values are broadcast to every lane, and `vpmaddubsw`
 //! leaves each row's sums in its own lanes; up to four activation rows share each
-//! weight load. The arithmetic per output is the portable one of
-//! [`interleaved`](super::interleaved), bit for bit.
+//! weight load. Groups of sixteen rows run as two groups of eight (the layout's halves).
+//! The arithmetic per output is the portable one of [`interleaved`](super::interleaved),
+//! bit for bit.
 
 use super::format::BlockFormat;
 use super::interleaved::{header_bytes, LANES};
 use super::q8::{Q8Row, QK8};
 use std::arch::x86_64::*;
 
+/// Eight rows of a group of `lanes` interleaved rows: the group's first byte, its width,
+/// and which eight of its rows.
+#[derive(Clone, Copy)]
+struct Eight {
+    group: *const u8,
+    lanes: usize,
+    half: usize,
+}
+
+impl Eight {
+    /// Block `b`'s first byte (blocks of `format`).
+    #[inline(always)]
+    unsafe fn block(self, format: BlockFormat, b: usize) -> *const u8 {
+        self.group.add(b * self.lanes * format.block_bytes())
+    }
+
+    /// The eight rows' f16 scales of the array at `p` (`d`, or Q4_1's `m` one array on).
+    #[inline(always)]
+    unsafe fn scales(self, p: *const u8) -> __m256 {
+        halves(p.add(2 * LANES * self.half))
+    }
+
+    /// The eight rows' 32 bytes of chunk `c` of the block at `p`.
+    #[inline(always)]
+    unsafe fn chunk(self, format: BlockFormat, p: *const u8, c: usize) -> __m256i {
+        let at = header_bytes(format, self.lanes) + 4 * self.lanes * c + 32 * self.half;
+        _mm256_loadu_si256(p.add(at) as *const __m256i)
+    }
+}
+
 /// `dst[r * stride + i] = w[i] · x[r]`, as [`super::interleaved::rows`].
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `format` must interleave; `w` must be whole
-/// groups of interleaved rows of `row_bytes` and every row of `x` as long as a row;
-/// `dst` as [`super::interleaved::rows`] requires.
+/// groups of `lanes` ([`LANES`] or twice that) interleaved rows of `row_bytes` and every
+/// row of `x` as long as a row; `dst` as [`super::interleaved::rows`] requires.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn rows(
     format: BlockFormat,
+    lanes: usize,
     w: &[u8],
     row_bytes: usize,
     x: &[Q8Row],
@@ -26,20 +58,40 @@ pub unsafe fn rows(
     stride: usize,
 ) {
     let blocks = row_bytes / format.block_bytes();
-    for (gi, group) in w.chunks_exact(LANES * row_bytes).enumerate() {
+    for (gi, group) in w.chunks_exact(lanes * row_bytes).enumerate() {
         for (c, x) in x.chunks(4).enumerate() {
-            let out = dst.add(4 * c * stride + gi * LANES);
-            match (format, x.len()) {
-                (BlockFormat::Q8_0, 1) => store(bytes_group::<1>(group, blocks, x), out, stride),
-                (BlockFormat::Q8_0, 2) => store(bytes_group::<2>(group, blocks, x), out, stride),
-                (BlockFormat::Q8_0, 3) => store(bytes_group::<3>(group, blocks, x), out, stride),
-                (BlockFormat::Q8_0, _) => store(bytes_group::<4>(group, blocks, x), out, stride),
-                (f, 1) => store(nibble_group::<1>(f, group, blocks, x), out, stride),
-                (f, 2) => store(nibble_group::<2>(f, group, blocks, x), out, stride),
-                (f, 3) => store(nibble_group::<3>(f, group, blocks, x), out, stride),
-                (f, _) => store(nibble_group::<4>(f, group, blocks, x), out, stride),
+            for half in 0..lanes / LANES {
+                let group = Eight {
+                    group: group.as_ptr(),
+                    lanes,
+                    half,
+                };
+                let out = dst.add(4 * c * stride + gi * lanes + half * LANES);
+                eight(format, group, blocks, x, out, stride);
             }
         }
+    }
+}
+
+/// One group of eight rows against up to four rows of `x`, stored at `out`.
+#[inline(always)]
+unsafe fn eight(
+    format: BlockFormat,
+    group: Eight,
+    blocks: usize,
+    x: &[Q8Row],
+    out: *mut f32,
+    stride: usize,
+) {
+    match (format, x.len()) {
+        (BlockFormat::Q8_0, 1) => store(bytes_group::<1>(group, blocks, x), out, stride),
+        (BlockFormat::Q8_0, 2) => store(bytes_group::<2>(group, blocks, x), out, stride),
+        (BlockFormat::Q8_0, 3) => store(bytes_group::<3>(group, blocks, x), out, stride),
+        (BlockFormat::Q8_0, _) => store(bytes_group::<4>(group, blocks, x), out, stride),
+        (f, 1) => store(nibble_group::<1>(f, group, blocks, x), out, stride),
+        (f, 2) => store(nibble_group::<2>(f, group, blocks, x), out, stride),
+        (f, 3) => store(nibble_group::<3>(f, group, blocks, x), out, stride),
+        (f, _) => store(nibble_group::<4>(f, group, blocks, x), out, stride),
     }
 }
 
@@ -67,25 +119,23 @@ unsafe fn halves(p: *const u8) -> __m256 {
 #[inline(always)]
 unsafe fn nibble_group<const R: usize>(
     format: BlockFormat,
-    group: &[u8],
+    group: Eight,
     blocks: usize,
     x: &[Q8Row],
 ) -> [__m256; R] {
     let (mask, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
-    let size = LANES * format.block_bytes();
-    let header = header_bytes(format);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..blocks {
-        let p = group.as_ptr().add(b * size);
-        let d = halves(p);
+        let p = group.block(format, b);
+        let d = group.scales(p);
         let o = if format == BlockFormat::Q4_1 {
-            halves(p.add(2 * LANES))
+            group.scales(p.add(2 * group.lanes))
         } else {
             _mm256_mul_ps(d, _mm256_set1_ps(-8.0))
         };
         let mut sums = [_mm256_setzero_si256(); R];
         for chunk in 0..4 {
-            let v = _mm256_loadu_si256(p.add(header + 32 * chunk) as *const __m256i);
+            let v = group.chunk(format, p, chunk);
             let lo = _mm256_and_si256(v, mask);
             let hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), mask);
             for r in 0..R {
@@ -110,17 +160,15 @@ unsafe fn nibble_group<const R: usize>(
 /// Q8_0: signed weights, multiplied as `|w| * (x * sign(w))` so `vpmaddubsw` applies;
 /// each chunk's pairs are widened to `i32` before they are summed.
 #[inline(always)]
-unsafe fn bytes_group<const R: usize>(group: &[u8], blocks: usize, x: &[Q8Row]) -> [__m256; R] {
+unsafe fn bytes_group<const R: usize>(group: Eight, blocks: usize, x: &[Q8Row]) -> [__m256; R] {
     let ones = _mm256_set1_epi16(1);
-    let size = LANES * BlockFormat::Q8_0.block_bytes();
-    let header = header_bytes(BlockFormat::Q8_0);
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..blocks {
-        let p = group.as_ptr().add(b * size);
-        let d = halves(p);
+        let p = group.block(BlockFormat::Q8_0, b);
+        let d = group.scales(p);
         let mut sums = [_mm256_setzero_si256(); R];
         for chunk in 0..8 {
-            let v = _mm256_loadu_si256(p.add(header + 32 * chunk) as *const __m256i);
+            let v = group.chunk(BlockFormat::Q8_0, p, chunk);
             let magnitude = _mm256_sign_epi8(v, v);
             for r in 0..R {
                 let signed = _mm256_sign_epi8(broadcast(&x[r], b * QK8 + 4 * chunk), v);

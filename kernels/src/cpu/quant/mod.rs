@@ -8,6 +8,8 @@ mod avx2;
 mod avx2_x8;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_x16;
 mod format;
 mod half_dot;
 mod interleaved;
@@ -16,7 +18,9 @@ mod q8;
 
 pub use format::BlockFormat;
 pub use half_dot::Half;
-pub use interleaved::{dequantize_row as interleaved_row, interleave, interleaves, LANES};
+pub use interleaved::{
+    dequantize_row as interleaved_row, interleave, interleaves, LANES, WIDE_LANES,
+};
 pub use q8::{Q8Row, Q8Rows, QK8};
 
 use std::sync::OnceLock;
@@ -106,10 +110,10 @@ pub fn block_rows(simd: Simd, format: BlockFormat, w: &[u8], x: &[Q8Row], out: &
     portable::rows(format, w, row_bytes, x, out);
 }
 
-/// `dst[r * stride + i] = w[i] · x[r]` for every row `i` of `w` (whole groups of
-/// [`LANES`] rows of `format` in the [`interleave`]d layout, `x[0]`'s length each) and
-/// every row `r` of `x`, with `simd` (which must be this CPU's or portable). The result
-/// is the same, bit for bit, with every `simd`.
+/// `dst[r * stride + i] = w[i] · x[r]` for every row `i` of `w` (whole groups of `lanes`
+/// ([`LANES`] or [`WIDE_LANES`]) rows of `format` in the [`interleave`]d layout, `x[0]`'s
+/// length each) and every row `r` of `x`, with `simd` (which must be this CPU's or
+/// portable). The result is the same, bit for bit, with every `simd`.
 ///
 /// # Safety
 /// `dst[r * stride + i]` must be writable for every such `r` and `i`, and no other thread
@@ -117,6 +121,7 @@ pub fn block_rows(simd: Simd, format: BlockFormat, w: &[u8], x: &[Q8Row], out: &
 pub unsafe fn interleaved_rows(
     simd: Simd,
     format: BlockFormat,
+    lanes: usize,
     w: &[u8],
     x: &[Q8Row],
     dst: *mut f32,
@@ -127,28 +132,40 @@ pub unsafe fn interleaved_rows(
     let row_bytes = format.row_bytes(values).unwrap_or(0);
     assert!(
         interleaves(format)
+            && (lanes == LANES || lanes == WIDE_LANES)
             && row_bytes > 0
-            && w.len().is_multiple_of(LANES * row_bytes)
+            && w.len().is_multiple_of(lanes * row_bytes)
             && stride >= w.len() / row_bytes
             && x.iter().all(|x| x.q.len() == values
                 && x.d.len() == values / QK8
                 && x.s.len() == values / QK8),
-        "interleaved_rows: {} bytes of {} rows against {} activation rows of {values}",
+        "interleaved_rows: {} bytes of {} rows in groups of {lanes} against {} activation \
+         rows of {values}",
         w.len(),
         format.name(),
         x.len(),
     );
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Portable {
-        assert!(simd.has_avx2(), "interleaved_rows: this CPU lacks AVX2");
+    if simd == Simd::Avx512Vnni && lanes == WIDE_LANES {
+        assert!(
+            Simd::detected() == Simd::Avx512Vnni,
+            "interleaved_rows: this CPU lacks AVX-512 VNNI"
+        );
         // SAFETY: the CPU has the features (checked), `w` is whole groups of rows and every
         // row of `x` holds one row's values (checked); `dst` is the caller's.
-        unsafe { avx2_x8::rows(format, w, row_bytes, x, dst, stride) };
+        unsafe { avx512_x16::rows(format, w, row_bytes, x, dst, stride) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd != Simd::Portable {
+        assert!(simd.has_avx2(), "interleaved_rows: this CPU lacks AVX2");
+        // SAFETY: as above, for AVX2.
+        unsafe { avx2_x8::rows(format, lanes, w, row_bytes, x, dst, stride) };
         return;
     }
     let _ = simd;
     // SAFETY: as above.
-    unsafe { interleaved::rows(format, w, row_bytes, x, dst, stride) };
+    unsafe { interleaved::rows(format, lanes, w, row_bytes, x, dst, stride) };
 }
 
 /// Runs `group(row, first, xs, outs)` for every row of `w` (rows of `row_bytes`) and every

@@ -1,0 +1,160 @@
+//! The interleaved (sixteen rows at a time) Q4_0, Q4_1 and Q8_0 products with AVX-512
+//! VNNI: each 64-byte load holds four values of each of sixteen weight rows, each
+//! activation row's four matching values are broadcast to every lane, and one `vpdpbusd`
+//! adds the sixteen rows' four products into their own `i32` lanes; up to four activation
+//! rows share each weight load. Q8_0's signed weights are made unsigned in the register
+//! (`q + 128`) and 128 times the activation block's integer sum is taken off again, so the
+//! integer sums are exact and the arithmetic per output is the portable one of
+//! [`interleaved`](super::interleaved), bit for bit.
+
+use super::format::BlockFormat;
+use super::interleaved::{header_bytes, WIDE_LANES};
+use super::q8::{Q8Row, QK8};
+use std::arch::x86_64::*;
+
+/// `dst[r * stride + i] = w[i] · x[r]`, as [`super::interleaved::rows`], for groups of
+/// [`WIDE_LANES`] rows.
+///
+/// # Safety
+/// The CPU must have what [`super::avx512::available`] checks; `format` must interleave;
+/// `w` must be whole groups of [`WIDE_LANES`] interleaved rows of `row_bytes` and every
+/// row of `x` as long as a row; `dst` as [`super::interleaved::rows`] requires.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c,fma")]
+pub unsafe fn rows(
+    format: BlockFormat,
+    w: &[u8],
+    row_bytes: usize,
+    x: &[Q8Row],
+    dst: *mut f32,
+    stride: usize,
+) {
+    let blocks = row_bytes / format.block_bytes();
+    // Q8_0: 128 times each activation block's integer sum, what the offset weights add.
+    let offsets: Vec<i32> = if format == BlockFormat::Q8_0 {
+        x.iter()
+            .flat_map(|x| x.q.chunks_exact(QK8))
+            .map(|b| 128 * b.iter().map(|&v| i32::from(v)).sum::<i32>())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    for (gi, group) in w.chunks_exact(WIDE_LANES * row_bytes).enumerate() {
+        let group = group.as_ptr();
+        for (c, x) in x.chunks(4).enumerate() {
+            let out = dst.add(4 * c * stride + gi * WIDE_LANES);
+            let offsets = offsets.get(4 * c * blocks..).unwrap_or_default();
+            match (format, x.len()) {
+                (BlockFormat::Q8_0, 1) => store(bytes::<1>(group, blocks, x, offsets), out, stride),
+                (BlockFormat::Q8_0, 2) => store(bytes::<2>(group, blocks, x, offsets), out, stride),
+                (BlockFormat::Q8_0, 3) => store(bytes::<3>(group, blocks, x, offsets), out, stride),
+                (BlockFormat::Q8_0, _) => store(bytes::<4>(group, blocks, x, offsets), out, stride),
+                (f, 1) => store(nibbles::<1>(f, group, blocks, x), out, stride),
+                (f, 2) => store(nibbles::<2>(f, group, blocks, x), out, stride),
+                (f, 3) => store(nibbles::<3>(f, group, blocks, x), out, stride),
+                (f, _) => store(nibbles::<4>(f, group, blocks, x), out, stride),
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn store<const R: usize>(acc: [__m512; R], out: *mut f32, stride: usize) {
+    for (r, acc) in acc.into_iter().enumerate() {
+        _mm512_storeu_ps(out.add(r * stride), acc);
+    }
+}
+
+/// The four bytes of `x`'s integers from value `at`, in every lane.
+#[inline(always)]
+unsafe fn broadcast(x: &Q8Row, at: usize) -> __m512i {
+    _mm512_set1_epi32(std::ptr::read_unaligned(x.q.as_ptr().add(at) as *const i32))
+}
+
+/// The sixteen lanes' f16 scales at `p`, widened.
+#[inline(always)]
+unsafe fn halves(p: *const u8) -> __m512 {
+    _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+}
+
+/// `acc += sum * (d * dx)`, the block's scaled integer sum.
+#[inline(always)]
+unsafe fn scaled(acc: __m512, sum: __m512i, d: __m512, dx: f32) -> __m512 {
+    _mm512_fmadd_ps(
+        _mm512_cvtepi32_ps(sum),
+        _mm512_mul_ps(d, _mm512_set1_ps(dx)),
+        acc,
+    )
+}
+
+/// Q4_0 and Q4_1: the nibbles are unsigned already.
+#[inline(always)]
+unsafe fn nibbles<const R: usize>(
+    format: BlockFormat,
+    group: *const u8,
+    blocks: usize,
+    x: &[Q8Row],
+) -> [__m512; R] {
+    let mask = _mm512_set1_epi8(0x0f);
+    let size = WIDE_LANES * format.block_bytes();
+    let header = header_bytes(format, WIDE_LANES);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..blocks {
+        let p = group.add(b * size);
+        let d = halves(p);
+        let o = if format == BlockFormat::Q4_1 {
+            halves(p.add(2 * WIDE_LANES))
+        } else {
+            _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
+        };
+        let mut sums = [_mm512_setzero_si512(); R];
+        for chunk in 0..4 {
+            let v = _mm512_loadu_si512(p.add(header + 64 * chunk) as *const __m512i);
+            let lo = _mm512_and_si512(v, mask);
+            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            for r in 0..R {
+                let at = b * QK8 + 8 * chunk;
+                sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast(&x[r], at));
+                sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast(&x[r], at + 4));
+            }
+        }
+        for r in 0..R {
+            acc[r] = scaled(acc[r], sums[r], d, *x[r].d.get_unchecked(b));
+            acc[r] = _mm512_fmadd_ps(o, _mm512_set1_ps(*x[r].s.get_unchecked(b)), acc[r]);
+        }
+    }
+    acc
+}
+
+/// Q8_0: the weights offset by 128 in the register; `offsets[r * blocks + b]` is what that
+/// adds to row `r`'s sum of block `b`.
+#[inline(always)]
+unsafe fn bytes<const R: usize>(
+    group: *const u8,
+    blocks: usize,
+    x: &[Q8Row],
+    offsets: &[i32],
+) -> [__m512; R] {
+    let flip = _mm512_set1_epi8(i8::MIN);
+    let size = WIDE_LANES * BlockFormat::Q8_0.block_bytes();
+    let header = header_bytes(BlockFormat::Q8_0, WIDE_LANES);
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..blocks {
+        let p = group.add(b * size);
+        let d = halves(p);
+        let mut sums = [_mm512_setzero_si512(); R];
+        for chunk in 0..8 {
+            let v = _mm512_loadu_si512(p.add(header + 64 * chunk) as *const __m512i);
+            let unsigned = _mm512_xor_si512(v, flip);
+            for r in 0..R {
+                let at = b * QK8 + 4 * chunk;
+                sums[r] = _mm512_dpbusd_epi32(sums[r], unsigned, broadcast(&x[r], at));
+            }
+        }
+        for r in 0..R {
+            let offset = _mm512_set1_epi32(*offsets.get_unchecked(r * blocks + b));
+            let sum = _mm512_sub_epi32(sums[r], offset);
+            acc[r] = scaled(acc[r], sum, d, *x[r].d.get_unchecked(b));
+        }
+    }
+    acc
+}
