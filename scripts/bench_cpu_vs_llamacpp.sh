@@ -67,7 +67,7 @@ fi
 # matrix product segfaults on a 2-core Sapphire Rapids VM): probe them, and where they crash
 # run llama.cpp with its plain CPU buffers (`--repack 0` / `--no-repack`) and say so.
 bench_flags=() common_flags=()
-if ! "$tools/llama-bench" -m "$gguf" -t 1 -p 32 -n 0 -r 1 >/dev/null 2>&1; then
+if ! ("$tools/llama-bench" -m "$gguf" -t 1 -p 32 -n 0 -r 1 >/dev/null 2>&1) 2>/dev/null; then
   echo "llama.cpp: repacked weights crash on this machine; running it with --no-repack"
   bench_flags=(--repack 0) common_flags=(--no-repack)
 fi

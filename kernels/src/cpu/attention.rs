@@ -4,6 +4,8 @@
 
 use super::linear::SendPtr;
 use super::quant::Simd;
+#[cfg(target_arch = "x86_64")]
+use super::softmax::exp_row_avx2;
 use super::KvLayout;
 use rayon::prelude::*;
 
@@ -141,18 +143,31 @@ impl GroupTask<'_> {
         let token = |j: usize| offsets[j];
         // Row r's head h scores at `(r * group + h) * n`, its first `keys(r)` used.
         let mut scores = vec![0f32; self.q.len() * group * n];
-        for j in 0..n {
-            let k = &self.k_cache[token(j)..][..d];
-            for (r, q) in self.q.iter().enumerate().filter(|&(r, _)| j < keys(r)) {
-                for h in 0..group {
-                    let score = dot::<FMA>(&q[h * d..(h + 1) * d], k) * self.scale;
-                    scores[(r * group + h) * n + j] = score;
+        #[cfg(target_arch = "x86_64")]
+        if FMA {
+            // SAFETY: `FMA` is set only where the CPU has AVX2 and FMA (see `paged_attention`).
+            unsafe { self.scores_avx2(&offsets, &mut scores) };
+        }
+        if !FMA || cfg!(not(target_arch = "x86_64")) {
+            for j in 0..n {
+                let k = &self.k_cache[token(j)..][..d];
+                for (r, q) in self.q.iter().enumerate().filter(|&(r, _)| j < keys(r)) {
+                    for h in 0..group {
+                        let score = dot::<FMA>(&q[h * d..(h + 1) * d], k) * self.scale;
+                        scores[(r * group + h) * n + j] = score;
+                    }
                 }
             }
         }
         let mut inv = Vec::with_capacity(self.q.len() * group);
         for (i, scores) in scores.chunks_mut(n).enumerate() {
             let scores = &mut scores[..keys(i / group)];
+            #[cfg(target_arch = "x86_64")]
+            if FMA {
+                // SAFETY: as above.
+                inv.push(1.0 / unsafe { exp_row_avx2(scores) });
+                continue;
+            }
             let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let mut total = 0f32;
             for s in scores.iter_mut() {
@@ -163,13 +178,20 @@ impl GroupTask<'_> {
         }
         // Each value row is read once for the tile's rows and the group's heads.
         out.iter_mut().for_each(|o| o.fill(0.0));
-        for j in 0..n {
-            let v = &self.v_cache[token(j)..][..d];
-            for (r, out) in out.iter_mut().enumerate().filter(|&(r, _)| j < keys(r)) {
-                for (h, oh) in out.chunks_exact_mut(d).enumerate() {
-                    let p = scores[(r * group + h) * n + j];
-                    for (o, &v) in oh.iter_mut().zip(v) {
-                        *o = mul_add::<FMA>(p, v, *o);
+        #[cfg(target_arch = "x86_64")]
+        if FMA {
+            // SAFETY: as above.
+            unsafe { self.values_avx2(&offsets, &scores, out) };
+        }
+        if !FMA || cfg!(not(target_arch = "x86_64")) {
+            for j in 0..n {
+                let v = &self.v_cache[token(j)..][..d];
+                for (r, out) in out.iter_mut().enumerate().filter(|&(r, _)| j < keys(r)) {
+                    for (h, oh) in out.chunks_exact_mut(d).enumerate() {
+                        let p = scores[(r * group + h) * n + j];
+                        for (o, &v) in oh.iter_mut().zip(v) {
+                            *o = mul_add::<FMA>(p, v, *o);
+                        }
                     }
                 }
             }
@@ -180,6 +202,101 @@ impl GroupTask<'_> {
                 oh.iter_mut().for_each(|o| *o *= inv);
             }
         }
+    }
+}
+
+/// Keys whose scores [`dots8_avx2`] computes at once.
+#[cfg(target_arch = "x86_64")]
+const KEY_BLOCK: usize = 8;
+
+/// Keys whose values stay in the first-level cache while every row and head of a task
+/// adds them up.
+#[cfg(target_arch = "x86_64")]
+const VALUE_BLOCK: usize = 64;
+
+#[cfg(target_arch = "x86_64")]
+impl GroupTask<'_> {
+    /// The scores of [`run`](Self::run) (`scores[(r * group + h) * n + j]`, key `j` at
+    /// `token[j]`), each the same as `dot_avx2` gives it: keys a block of eight at a time,
+    /// each block read once for the task's rows and heads.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn scores_avx2(&self, token: &[usize], scores: &mut [f32]) {
+        use std::arch::x86_64::*;
+        let d = self.layout.head_dim as usize;
+        let group = self.q[0].len() / d;
+        let n = token.len();
+        let scale = _mm256_set1_ps(self.scale);
+        for j0 in (0..n).step_by(KEY_BLOCK) {
+            let block: [&[f32]; KEY_BLOCK] =
+                std::array::from_fn(|m| &self.k_cache[token[(j0 + m).min(n - 1)]..][..d]);
+            for (r, q) in self.q.iter().enumerate() {
+                let visible = (self.first_pos + r + 1).saturating_sub(j0).min(KEY_BLOCK);
+                for h in 0..group {
+                    let q = &q[h * d..(h + 1) * d];
+                    let row = &mut scores[(r * group + h) * n + j0..];
+                    if visible == KEY_BLOCK {
+                        let dots = _mm256_mul_ps(dots8_avx2(q, &block), scale);
+                        _mm256_storeu_ps(row.as_mut_ptr(), dots);
+                    } else {
+                        for (m, score) in row[..visible].iter_mut().enumerate() {
+                            *score = dot_avx2(q, block[m]) * self.scale;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The weighted values of [`run`](Self::run) added into `out` (zeroed): each output
+    /// element takes `fma(p, v, o)` over its visible keys in order, as the plain loop does,
+    /// 64 (or 32) elements kept in registers while a block of keys goes by.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn values_avx2(&self, token: &[usize], scores: &[f32], out: &mut [&mut [f32]]) {
+        let d = self.layout.head_dim as usize;
+        let n = token.len();
+        let (wide, whole) = (d / 64 * 64, d / 32 * 32);
+        let v = self.v_cache.as_ptr();
+        for j0 in (0..n).step_by(VALUE_BLOCK) {
+            let block = &token[j0..n.min(j0 + VALUE_BLOCK)];
+            for (r, out) in out.iter_mut().enumerate() {
+                let visible = (self.first_pos + r + 1).saturating_sub(j0).min(block.len());
+                let group = out.len() / d;
+                for (h, o) in out.chunks_exact_mut(d).enumerate() {
+                    let p = &scores[(r * group + h) * n + j0..][..visible];
+                    let keys = &block[..visible];
+                    for c in (0..wide).step_by(64) {
+                        add_weighted::<8>(o.as_mut_ptr().add(c), p, v.add(c), keys);
+                    }
+                    if whole > wide {
+                        add_weighted::<4>(o.as_mut_ptr().add(wide), p, v.add(wide), keys);
+                    }
+                    for (&p, &at) in p.iter().zip(keys) {
+                        let v = &self.v_cache[at..][..d];
+                        for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
+                            *o = p.mul_add(v, *o);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `o[i] = fma(p[j], v[keys[j] + i], o[i])` for `i` in `0..8 * N` and every `j` in order,
+/// the `N` registers of `o` held while the keys go by.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn add_weighted<const N: usize>(o: *mut f32, p: &[f32], v: *const f32, keys: &[usize]) {
+    use std::arch::x86_64::*;
+    let mut acc: [__m256; N] = std::array::from_fn(|i| _mm256_loadu_ps(o.add(8 * i)));
+    for (&p, &at) in p.iter().zip(keys) {
+        let (p, v) = (_mm256_set1_ps(p), v.add(at));
+        for (i, acc) in acc.iter_mut().enumerate() {
+            *acc = _mm256_fmadd_ps(p, _mm256_loadu_ps(v.add(8 * i)), *acc);
+        }
+    }
+    for (i, acc) in acc.into_iter().enumerate() {
+        _mm256_storeu_ps(o.add(8 * i), acc);
     }
 }
 
@@ -251,6 +368,66 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
     _mm_cvtss_f32(one) + sum
 }
 
+/// `dot_avx2(a, k[m])` for the eight keys at once, in lane `m`: the same sixteen lanes,
+/// multiply-adds and reduction tree for each key, the eight trees run side by side.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots8_avx2(a: &[f32], k: &[&[f32]; KEY_BLOCK]) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let whole = a.len() / 16 * 16;
+    // Each key's two eight-lane sums, added: `eight` of `dot_avx2`; four keys at a time.
+    let mut eight = [_mm256_setzero_ps(); KEY_BLOCK];
+    for half in 0..2 {
+        let keys = &k[4 * half..4 * half + 4];
+        let (mut lo, mut hi) = ([_mm256_setzero_ps(); 4], [_mm256_setzero_ps(); 4]);
+        for i in (0..whole).step_by(16) {
+            let (a_lo, a_hi) = (
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+            );
+            for m in 0..4 {
+                let p = keys[m].as_ptr().add(i);
+                lo[m] = _mm256_fmadd_ps(a_lo, _mm256_loadu_ps(p), lo[m]);
+                hi[m] = _mm256_fmadd_ps(a_hi, _mm256_loadu_ps(p.add(8)), hi[m]);
+            }
+        }
+        for m in 0..4 {
+            eight[4 * half + m] = _mm256_add_ps(lo[m], hi[m]);
+        }
+    }
+    // four[l] = eight[l] + eight[l + 4], two keys to a register.
+    let four = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_permute2f128_ps(x, y, 0x20),
+            _mm256_permute2f128_ps(x, y, 0x31),
+        )
+    };
+    let (f01, f23) = (four(eight[0], eight[1]), four(eight[2], eight[3]));
+    let (f45, f67) = (four(eight[4], eight[5]), four(eight[6], eight[7]));
+    // two[l] = four[l] + four[l + 2]: keys (0, 2 | 1, 3) and (4, 6 | 5, 7).
+    let two = |x: __m256, y: __m256| {
+        _mm256_add_ps(
+            _mm256_shuffle_ps(x, y, 0b01_00_01_00),
+            _mm256_shuffle_ps(x, y, 0b11_10_11_10),
+        )
+    };
+    let (t0, t1) = (two(f01, f23), two(f45, f67));
+    // one = two[0] + two[1]: keys in lanes 0, 2, 4, 6, 1, 3, 5, 7.
+    let one = _mm256_add_ps(
+        _mm256_shuffle_ps(t0, t1, 0b10_00_10_00),
+        _mm256_shuffle_ps(t0, t1, 0b11_01_11_01),
+    );
+    let ordered = _mm256_permutevar8x32_ps(one, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    // The values past the last whole sixteen, as `dot_avx2` adds them.
+    let tails: [f32; KEY_BLOCK] = std::array::from_fn(|m| {
+        a[whole..]
+            .iter()
+            .zip(&k[m][whole..])
+            .fold(0f32, |sum, (&a, &b)| a.mul_add(b, sum))
+    });
+    _mm256_add_ps(ordered, _mm256_loadu_ps(tails.as_ptr()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::write_kv;
@@ -294,6 +471,89 @@ mod tests {
             }
         }
         out
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn eight_keys_at_once_score_as_one_key_at_a_time_bit_for_bit() {
+        if !Simd::detected().has_avx2() {
+            return;
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for d in [8usize, 16, 24, 64, 72, 128] {
+            let mut random =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-3.0..3.0)).collect() };
+            let (a, keys) = (random(d), random(KEY_BLOCK * d));
+            let k: [&[f32]; KEY_BLOCK] = std::array::from_fn(|m| &keys[m * d..(m + 1) * d]);
+            let mut got = [f32::NAN; KEY_BLOCK];
+            // SAFETY: the CPU has AVX2 and FMA (checked above).
+            unsafe {
+                std::arch::x86_64::_mm256_storeu_ps(got.as_mut_ptr(), dots8_avx2(&a, &k));
+                for (m, got) in got.iter().enumerate() {
+                    assert_eq!(got.to_bits(), dot_avx2(&a, k[m]).to_bits(), "d {d} key {m}");
+                }
+            }
+        }
+    }
+
+    /// A 64-wide head (the models' width) over 3 to 150 keys, prefill rows spanning
+    /// several tiles: against the float64 reference, and each row equal bit for bit to the
+    /// same row computed alone.
+    #[test]
+    fn wide_heads_match_dense_attention_and_a_row_alone() {
+        let mut rng = ChaCha8Rng::seed_from_u64(6);
+        let (heads, kvh, d, bs) = (6usize, 2usize, 64usize, 16u64);
+        for (past, q_new) in [(0usize, 3usize), (5, 1), (0, 37), (113, 37)] {
+            let total = past + q_new;
+            let layout = KvLayout {
+                num_blocks: 20,
+                block_size: bs,
+                num_kv_heads: kvh as u64,
+                head_dim: d as u64,
+            };
+            let table: Vec<u32> = (0..total.div_ceil(bs as usize) as u32)
+                .map(|b| 19 - b)
+                .collect();
+            let kv_w = kvh * d;
+            let mut random =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+            let (k, v, q) = (
+                random(total * kv_w),
+                random(total * kv_w),
+                random(q_new * heads * d),
+            );
+            let mut kc = vec![f32::NAN; layout.layer_elems() as usize];
+            let mut vc = kc.clone();
+            let slots: Vec<i64> = (0..total as u64)
+                .map(|t| (table[(t / bs) as usize] as u64 * bs + t % bs) as i64)
+                .collect();
+            write_kv(&mut kc, &mut vc, &layout, &slots, &k, &v);
+            let scale = 1.0 / (d as f32).sqrt();
+            let attend = |q: &[f32], q_len: usize, context_len: usize| -> Vec<f32> {
+                let mut o = vec![f32::NAN; q.len()];
+                let seqs = [AttentionSeq {
+                    q_start: 0,
+                    q_len,
+                    context_len,
+                    block_table: &table,
+                }];
+                paged_attention(q, heads, &kc, &vc, &layout, &seqs, scale, &mut o);
+                o
+            };
+            let o = attend(&q, q_new, total);
+            let want = dense(&q, &k, &v, heads, kvh, d, past);
+            for (got, want) in o.iter().zip(&want) {
+                assert!(
+                    (*got as f64 - want).abs() < 1e-5,
+                    "past {past}: {got} vs {want}"
+                );
+            }
+            let w = heads * d;
+            for i in [0, q_new / 2, q_new - 1] {
+                let alone = attend(&q[i * w..(i + 1) * w], 1, past + i + 1);
+                assert_eq!(alone, o[i * w..(i + 1) * w], "past {past} row {i}");
+            }
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ mod matrix;
 mod norm;
 pub mod quant;
 mod rotary;
+mod softmax;
 
 pub use activation::silu_and_mul;
 

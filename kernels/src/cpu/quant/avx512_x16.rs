@@ -1,7 +1,7 @@
 //! The interleaved (sixteen rows at a time) Q4_0, Q4_1 and Q8_0 products with AVX-512
 //! VNNI: each 64-byte load holds four values of each of sixteen weight rows, each
 //! activation row's four matching values are broadcast to every lane, and one `vpdpbusd`
-//! adds the sixteen rows' four products into their own `i32` lanes; up to four activation
+//! adds the sixteen rows' four products into their own `i32` lanes; up to eight activation
 //! rows share each weight load. Q8_0's signed weights are made unsigned in the register
 //! (`q + 128`) and 128 times the activation block's integer sum is taken off again, so the
 //! integer sums are exact and the arithmetic per output is the portable one of
@@ -40,21 +40,48 @@ pub unsafe fn rows(
     };
     for (gi, group) in w.chunks_exact(WIDE_LANES * row_bytes).enumerate() {
         let group = group.as_ptr();
-        for (c, x) in x.chunks(4).enumerate() {
-            let out = dst.add(4 * c * stride + gi * WIDE_LANES);
-            let offsets = offsets.get(4 * c * blocks..).unwrap_or_default();
-            match (format, x.len()) {
-                (BlockFormat::Q8_0, 1) => store(bytes::<1>(group, blocks, x, offsets), out, stride),
-                (BlockFormat::Q8_0, 2) => store(bytes::<2>(group, blocks, x, offsets), out, stride),
-                (BlockFormat::Q8_0, 3) => store(bytes::<3>(group, blocks, x, offsets), out, stride),
-                (BlockFormat::Q8_0, _) => store(bytes::<4>(group, blocks, x, offsets), out, stride),
-                (f, 1) => store(nibbles::<1>(f, group, blocks, x), out, stride),
-                (f, 2) => store(nibbles::<2>(f, group, blocks, x), out, stride),
-                (f, 3) => store(nibbles::<3>(f, group, blocks, x), out, stride),
-                (f, _) => store(nibbles::<4>(f, group, blocks, x), out, stride),
+        for (c, x) in x.chunks(ROWS).enumerate() {
+            let out = dst.add(ROWS * c * stride + gi * WIDE_LANES);
+            let offsets = offsets.get(ROWS * c * blocks..).unwrap_or_default();
+            let args = (format, group, blocks, x, offsets, out, stride);
+            match x.len() {
+                1 => sixteen::<1>(args),
+                2 => sixteen::<2>(args),
+                3 => sixteen::<3>(args),
+                4 => sixteen::<4>(args),
+                5 => sixteen::<5>(args),
+                6 => sixteen::<6>(args),
+                7 => sixteen::<7>(args),
+                _ => sixteen::<ROWS>(args),
             }
         }
     }
+}
+
+/// Activation rows that share each weight load: eight rows' integer and float sums take
+/// sixteen of the 32 registers, and their eight independent chains of `vpdpbusd` keep
+/// its latency hidden.
+const ROWS: usize = 8;
+
+/// One group of sixteen rows against `R` rows of `x`, stored at `out`.
+#[inline(always)]
+unsafe fn sixteen<const R: usize>(
+    (format, group, blocks, x, offsets, out, stride): (
+        BlockFormat,
+        *const u8,
+        usize,
+        &[Q8Row],
+        &[i32],
+        *mut f32,
+        usize,
+    ),
+) {
+    let acc = if format == BlockFormat::Q8_0 {
+        bytes::<R>(group, blocks, x, offsets)
+    } else {
+        nibbles::<R>(format, group, blocks, x)
+    };
+    store(acc, out, stride);
 }
 
 #[inline(always)]
