@@ -151,10 +151,7 @@ mod tests {
             // SAFETY: as above.
             let total = unsafe { exp_row_avx2(&mut got) };
             let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let want: Vec<f64> = row
-                .iter()
-                .map(|&s| f64::from(s - max).exp())
-                .collect();
+            let want: Vec<f64> = row.iter().map(|&s| f64::from(s - max).exp()).collect();
             for (g, w) in got.iter().zip(&want) {
                 assert!(
                     (f64::from(*g) - w).abs() <= 3e-7 * w.max(1e-30),

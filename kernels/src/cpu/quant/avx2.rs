@@ -1,30 +1,27 @@
 //! Block dot products with AVX2, FMA and F16C for the 32-value formats (Q8_0, Q4_0, Q4_1,
-//! Q5_0, Q5_1): a block's 32 weights are widened to bytes once, then multiplied with each
-//! activation row's 32 `i8` by `vpmaddubsw` and summed in eight f32 lanes. Each output
-//! row's operations are the same whatever the number of rows in the group.
+//! Q5_0, Q5_1) and the K-quants (Q4_K, Q5_K, Q6_K): each 32 weights are widened to bytes
+//! once, then multiplied with each activation row's 32 `i8` by `vpmaddubsw` and summed in
+//! eight f32 lanes (the K-quants' sub-block scales applied to the integer sums by
+//! `vpmaddwd`). Each output row's operations are the same whatever the number of rows in
+//! the group.
 
-use super::format::BlockFormat;
+use super::format::{scale_min_k4, BlockFormat};
 use super::q8::{Q8Row, QK8};
 use std::arch::x86_64::*;
 
-/// Whether this CPU runs [`dot`].
+/// Whether this CPU runs [`rows`].
 pub fn available() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
 }
 
-/// Whether [`dot`] handles `format`.
-pub fn handles(format: BlockFormat) -> bool {
-    format.block_elems() == QK8
-}
-
 /// `out[j * n + r] = w[j] · x[r]` for every row `j` of `w` (rows of `row_bytes`) and
 /// every row `r` of the `n` rows of `x`.
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C ([`available`]); `format` must be one
-/// [`handles`]; `w` must be whole rows of whole blocks and every row of `x` as long as one.
+/// The CPU must have AVX2, FMA and F16C ([`available`]); `w` must be whole rows of whole
+/// blocks and every row of `x` as long as one.
 pub unsafe fn rows(format: BlockFormat, w: &[u8], row_bytes: usize, x: &[Q8Row], out: &mut [f32]) {
     match format {
         BlockFormat::Q8_0 => rows_q8_0(w, row_bytes, x, out),
@@ -32,7 +29,9 @@ pub unsafe fn rows(format: BlockFormat, w: &[u8], row_bytes: usize, x: &[Q8Row],
         BlockFormat::Q4_1 => rows_q4_1(w, row_bytes, x, out),
         BlockFormat::Q5_0 => rows_q5_0(w, row_bytes, x, out),
         BlockFormat::Q5_1 => rows_q5_1(w, row_bytes, x, out),
-        other => panic!("avx2::rows: {} is not a 32-value format", other.name()),
+        BlockFormat::Q4K => rows_q4k(w, row_bytes, x, out),
+        BlockFormat::Q5K => rows_q5k(w, row_bytes, x, out),
+        BlockFormat::Q6K => rows_q6k(w, row_bytes, x, out),
     }
 }
 
@@ -56,6 +55,9 @@ kernel!(rows_q4_0, q4_0);
 kernel!(rows_q4_1, q4_1);
 kernel!(rows_q5_0, q5_0);
 kernel!(rows_q5_1, q5_1);
+kernel!(rows_q4k, q4k);
+kernel!(rows_q5k, q5k);
+kernel!(rows_q6k, q6k);
 
 #[inline(always)]
 unsafe fn f16(p: *const u8) -> f32 {
@@ -184,5 +186,130 @@ unsafe fn q8_0<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
     }
     for r in 0..R {
         out[r] = hsum(_mm256_add_ps(acc[0][r], acc[1][r]));
+    }
+}
+
+/// Q4_K and Q5_K: per 32 values (one activation block) a 6-bit scale `sc` and minimum `m`;
+/// per row, `sum d * dx * sc * (q · qx) - dmin * m * sx` over the sub-blocks.
+#[inline(always)]
+unsafe fn q45k<const R: usize, const FIVE: bool>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    let bytes = if FIVE { 176 } else { 144 };
+    let (mask, one) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(1));
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut offsets = [0f32; R];
+    for b in 0..w.len() / bytes {
+        let block = &w[b * bytes..(b + 1) * bytes];
+        let (d, dmin) = (f16(block.as_ptr()), f16(block.as_ptr().add(2)));
+        let scales = &block[4..16];
+        let qs = block.as_ptr().add(if FIVE { 48 } else { 16 });
+        let high = if FIVE {
+            _mm256_loadu_si256(block.as_ptr().add(16) as *const __m256i)
+        } else {
+            _mm256_setzero_si256()
+        };
+        for chunk in 0..4 {
+            let v = _mm256_loadu_si256(qs.add(32 * chunk) as *const __m256i);
+            for half in 0..2 {
+                let sub = 2 * chunk + half;
+                let (sc, m) = scale_min_k4(sub, scales);
+                let shifted = if half == 0 {
+                    v
+                } else {
+                    _mm256_srli_epi16(v, 4)
+                };
+                let mut q = _mm256_and_si256(shifted, mask);
+                if FIVE {
+                    // Bit `sub` of each byte of `high` is its value's fifth bit.
+                    let bit = _mm256_srl_epi16(high, _mm_cvtsi32_si128(sub as i32));
+                    q = _mm256_or_si256(q, _mm256_slli_epi16(_mm256_and_si256(bit, one), 4));
+                }
+                let scale = _mm256_set1_epi16(i16::from(sc));
+                let a = b * 8 + sub;
+                for r in 0..R {
+                    let x = &x[r];
+                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(a * QK8) as *const __m256i);
+                    let sum = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xv), scale);
+                    let dx = _mm256_set1_ps(d * *x.d.get_unchecked(a));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dx, acc[r]);
+                    offsets[r] += dmin * f32::from(m) * *x.s.get_unchecked(a);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum(acc[r]) - offsets[r];
+    }
+}
+
+#[inline(always)]
+unsafe fn q4k<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    q45k::<R, false>(w, x, out)
+}
+
+#[inline(always)]
+unsafe fn q5k<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    q45k::<R, true>(w, x, out)
+}
+
+/// Q6_K: values `q - 32` with `q` of six bits, a signed scale per 16; `q · qx - 32 Σ qx`
+/// per pair in `i16` (at most 2 · 63 · 127 and 2 · 32 · 127), the two scales of each 32
+/// values applied by `vpmaddwd`.
+#[inline(always)]
+unsafe fn q6k<const R: usize>(w: &[u8], x: &[Q8Row], out: &mut [f32]) {
+    let (mask, three, bias) = (
+        _mm256_set1_epi8(0x0f),
+        _mm256_set1_epi8(3),
+        _mm256_set1_epi8(32),
+    );
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..w.len() / 210 {
+        let block = &w[b * 210..(b + 1) * 210];
+        let p = block.as_ptr();
+        let d = f16(p.add(208));
+        let sc = &block[192..208];
+        for n in 0..2 {
+            let ql0 = _mm256_loadu_si256(p.add(64 * n) as *const __m256i);
+            let ql1 = _mm256_loadu_si256(p.add(64 * n + 32) as *const __m256i);
+            let h = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+            let two_bits = |shift: i32| {
+                let bits = _mm256_srl_epi16(h, _mm_cvtsi32_si128(shift));
+                _mm256_slli_epi16(_mm256_and_si256(bits, three), 4)
+            };
+            // Values 128n + 32i + l for l in 0..32, i = 0..4.
+            let q = [
+                _mm256_or_si256(_mm256_and_si256(ql0, mask), two_bits(0)),
+                _mm256_or_si256(_mm256_and_si256(ql1, mask), two_bits(2)),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql0, 4), mask),
+                    two_bits(4),
+                ),
+                _mm256_or_si256(
+                    _mm256_and_si256(_mm256_srli_epi16(ql1, 4), mask),
+                    two_bits(6),
+                ),
+            ];
+            for (i, q) in q.into_iter().enumerate() {
+                let s = 8 * n + 2 * i;
+                let scale = _mm256_set_m128i(
+                    _mm_set1_epi16(i16::from(sc[s + 1] as i8)),
+                    _mm_set1_epi16(i16::from(sc[s] as i8)),
+                );
+                let a = b * 8 + 4 * n + i;
+                for r in 0..R {
+                    let x = &x[r];
+                    let xv = _mm256_loadu_si256(x.q.as_ptr().add(a * QK8) as *const __m256i);
+                    let pairs = _mm256_sub_epi16(
+                        _mm256_maddubs_epi16(q, xv),
+                        _mm256_maddubs_epi16(bias, xv),
+                    );
+                    let sum = _mm256_madd_epi16(pairs, scale);
+                    let dx = _mm256_set1_ps(d * *x.d.get_unchecked(a));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), dx, acc[r]);
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        out[r] = hsum(acc[r]);
     }
 }

@@ -190,7 +190,7 @@ fn nibbles(qs: &[u8], high: u32, u: &mut Unpacked) {
 }
 
 /// Scale and minimum `j` (of 8) of a Q4_K / Q5_K block's 12 packed 6-bit values.
-fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
     if j < 4 {
         (s[j] & 63, s[j + 4] & 63)
     } else {

@@ -100,7 +100,7 @@ pub fn block_rows(simd: Simd, format: BlockFormat, w: &[u8], x: &[Q8Row], out: &
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Portable && avx2::handles(format) {
+    if simd != Simd::Portable {
         assert!(simd.has_avx2(), "block_rows: this CPU lacks AVX2");
         // SAFETY: as above, for AVX2.
         unsafe { avx2::rows(format, w, row_bytes, x, out) };
