@@ -6,8 +6,8 @@
 
 use half::{bf16, f16};
 use peregrine_kernels::cpu::quant::{
-    interleave, interleaved_row, interleaved_rows, BlockFormat, Half, Q8Row, Q8Rows, Simd, LANES,
-    WIDE_LANES,
+    interleave, interleaved_row, interleaved_rows, woven_row_bytes, BlockFormat, Half, Q8Row,
+    Q8Rows, Simd, LANES, WIDE_LANES,
 };
 use peregrine_kernels::cpu::Matrix;
 use rand::{Rng, SeedableRng};
@@ -177,18 +177,28 @@ fn a_row_is_bit_identical_alone_and_in_any_batch() {
 #[test]
 fn interleaved_rows_dequantize_as_stored_and_agree_across_simd_bit_for_bit() {
     let mut rng = ChaCha8Rng::seed_from_u64(10);
-    for format in [BlockFormat::Q4_0, BlockFormat::Q4_1, BlockFormat::Q8_0] {
+    let formats = [
+        BlockFormat::Q4_0,
+        BlockFormat::Q4_1,
+        BlockFormat::Q5_0,
+        BlockFormat::Q5_1,
+        BlockFormat::Q8_0,
+        BlockFormat::Q4K,
+    ];
+    for format in formats {
         for lanes in [LANES, WIDE_LANES] {
             let (blocks, rows, n) = (5, 2 * lanes, 6);
             let k = blocks * format.block_elems();
             let row_bytes = format.row_bytes(k).unwrap();
             let bytes = random_blocks(&mut rng, format, rows * blocks);
             let woven = interleave(format, &bytes, row_bytes, lanes);
+            let woven_row = woven_row_bytes(format, k).unwrap();
+            assert_eq!(woven.len(), rows * woven_row);
             let mut want = vec![f32::NAN; rows * k];
             format.dequantize(&bytes, &mut want);
             for (r, want) in want.chunks_exact(k).enumerate() {
                 let mut got = vec![f32::NAN; k];
-                interleaved_row(format, lanes, &woven, row_bytes, r, &mut got);
+                interleaved_row(format, lanes, &woven, woven_row, r, &mut got);
                 assert!(
                     got.iter()
                         .zip(want)

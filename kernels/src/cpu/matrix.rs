@@ -4,8 +4,8 @@
 
 use super::linear::{linear, SendPtr};
 use super::quant::{
-    block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves, BlockFormat,
-    Half, Q8Row, Q8Rows, Simd, LANES, WIDE_LANES,
+    block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves,
+    woven_row_bytes, BlockFormat, Half, Q8Row, Q8Rows, Simd, LANES, WIDE_LANES,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -89,7 +89,8 @@ impl Matrix {
     /// A block-quantized matrix of `cols` columns from its bytes (whole blocks per row).
     /// Q4_0, Q4_1 and Q8_0 rows are interleaved for the products: sixteen at a time where
     /// the CPU has AVX-512 VNNI and their number is a multiple of sixteen, else eight at a
-    /// time when it is a multiple of eight.
+    /// time when it is a multiple of eight; Q5_0, Q5_1 and Q4_K rows sixteen at a time, with
+    /// VNNI only.
     pub fn blocks(
         format: BlockFormat,
         bytes: Arc<[u8]>,
@@ -106,7 +107,14 @@ impl Matrix {
         let rows = whole_rows(bytes.len(), row_bytes)?;
         let wide = Simd::detected() == Simd::Avx512Vnni && rows.is_multiple_of(WIDE_LANES);
         let lanes = if wide { WIDE_LANES } else { LANES };
-        let storage = if interleaves(format) && rows.is_multiple_of(lanes) {
+        let weave = interleaves(format)
+            && rows.is_multiple_of(lanes)
+            && (wide
+                || matches!(
+                    format,
+                    BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+                ));
+        let storage = if weave {
             let bytes = interleave(format, &bytes, row_bytes, lanes);
             Storage::Interleaved(format, lanes, bytes.into())
         } else {
@@ -212,7 +220,7 @@ impl Matrix {
                 format.dequantize(&bytes[local * rb..(local + 1) * rb], out);
             }
             Storage::Interleaved(format, lanes, bytes) => {
-                let rb = format.row_bytes(k).expect("checked at construction");
+                let rb = woven_row_bytes(*format, k).expect("checked at construction");
                 interleaved_row(*format, *lanes, bytes, rb, local, out);
             }
         }
@@ -284,7 +292,7 @@ impl Matrix {
                     let rows = X_TILE.min(n - t);
                     let q8 = q8.get(t..t + rows).unwrap_or_default();
                     if let Storage::Interleaved(format, lanes, bytes) = &part.storage {
-                        let rb = format.row_bytes(k).expect("checked at construction");
+                        let rb = woven_row_bytes(*format, k).expect("checked at construction");
                         let w = &bytes[start * rb..(start + count) * rb];
                         // SAFETY: the panel's columns of rows t..t + rows lie in `out`
                         // (checked above) and belong to this panel alone; `start` and

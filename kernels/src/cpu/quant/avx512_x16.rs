@@ -2,13 +2,15 @@
 //! VNNI: each 64-byte load holds four values of each of sixteen weight rows, each
 //! activation row's four matching values are broadcast to every lane, and one `vpdpbusd`
 //! adds the sixteen rows' four products into their own `i32` lanes; up to eight activation
-//! rows share each weight load. Q8_0's signed weights are made unsigned in the register
+//! rows share each weight load. Q5_0 and Q5_1 run as Q4_0 and Q4_1 with each chunk's fifth
+//! bits spread to their bytes (`vpshufb`) and set where a bit test finds them. Q4_K runs as Q4_0 per sub-block of 32 values, with the
+//! sub-block's scale and minimum per lane. Q8_0's signed weights are made unsigned in the register
 //! (`q + 128`) and 128 times the activation block's integer sum is taken off again, so the
 //! integer sums are exact and the arithmetic per output is the portable one of
 //! [`interleaved`](super::interleaved), bit for bit.
 
 use super::format::BlockFormat;
-use super::interleaved::{header_bytes, WIDE_LANES};
+use super::interleaved::{fifth_bits_at, header_bytes, lane_block_bytes, WIDE_LANES};
 use super::q8::{Q8Row, QK8};
 use std::arch::x86_64::*;
 
@@ -28,7 +30,7 @@ pub unsafe fn rows(
     dst: *mut f32,
     stride: usize,
 ) {
-    let blocks = row_bytes / format.block_bytes();
+    let blocks = row_bytes / lane_block_bytes(format);
     // Q8_0: 128 times each activation block's integer sum, what the offset weights add.
     let offsets: Vec<i32> = if format == BlockFormat::Q8_0 {
         x.iter()
@@ -76,10 +78,10 @@ unsafe fn sixteen<const R: usize>(
         usize,
     ),
 ) {
-    let acc = if format == BlockFormat::Q8_0 {
-        bytes::<R>(group, blocks, x, offsets)
-    } else {
-        nibbles::<R>(format, group, blocks, x)
+    let acc = match format {
+        BlockFormat::Q8_0 => bytes::<R>(group, blocks, x, offsets),
+        BlockFormat::Q4K => q4k::<R>(group, blocks, x),
+        _ => nibbles::<R>(format, group, blocks, x),
     };
     store(acc, out, stride);
 }
@@ -113,7 +115,34 @@ unsafe fn scaled(acc: __m512, sum: __m512i, d: __m512, dx: f32) -> __m512 {
     )
 }
 
-/// Q4_0 and Q4_1: the nibbles are unsigned already.
+/// Byte `q` of a chunk belongs to row `q / 4`: which of a 16-byte row-per-byte array's
+/// bytes (the same in every 128-bit lane) it takes.
+const SPREAD: [u8; 64] = {
+    let mut at = [0u8; 64];
+    let mut q = 0;
+    while q < 64 {
+        at[q] = ((q % 16) / 4 + 4 * (q / 16)) as u8;
+        q += 1;
+    }
+    at
+};
+
+/// Byte `q` of a chunk holds value `t = q % 4` of its row (low nibble) and `t + 4` (high):
+/// the bits of those values in a Q5 fifth-bit byte.
+const LOW_BITS: [u8; 64] = bits(0);
+const HIGH_BITS: [u8; 64] = bits(4);
+
+const fn bits(shift: usize) -> [u8; 64] {
+    let mut b = [0u8; 64];
+    let mut q = 0;
+    while q < 64 {
+        b[q] = 1 << (shift + q % 4);
+        q += 1;
+    }
+    b
+}
+
+/// Q4_0, Q4_1, Q5_0 and Q5_1: the values are unsigned.
 #[inline(always)]
 unsafe fn nibbles<const R: usize>(
     format: BlockFormat,
@@ -124,20 +153,35 @@ unsafe fn nibbles<const R: usize>(
     let mask = _mm512_set1_epi8(0x0f);
     let size = WIDE_LANES * format.block_bytes();
     let header = header_bytes(format, WIDE_LANES);
+    let five = matches!(format, BlockFormat::Q5_0 | BlockFormat::Q5_1);
+    let fifth = fifth_bits_at(format, WIDE_LANES);
+    let load = |b: &[u8; 64]| _mm512_loadu_si512(b.as_ptr() as *const __m512i);
+    let (spread, low_bits, high_bits) = (load(&SPREAD), load(&LOW_BITS), load(&HIGH_BITS));
+    let sixteen = _mm512_set1_epi8(0x10);
     let mut acc = [_mm512_setzero_ps(); R];
     for b in 0..blocks {
         let p = group.add(b * size);
         let d = halves(p);
-        let o = if format == BlockFormat::Q4_1 {
-            halves(p.add(2 * WIDE_LANES))
-        } else {
-            _mm512_mul_ps(d, _mm512_set1_ps(-8.0))
+        let o = match format {
+            BlockFormat::Q4_1 | BlockFormat::Q5_1 => halves(p.add(2 * WIDE_LANES)),
+            BlockFormat::Q5_0 => _mm512_mul_ps(d, _mm512_set1_ps(-16.0)),
+            _ => _mm512_mul_ps(d, _mm512_set1_ps(-8.0)),
         };
         let mut sums = [_mm512_setzero_si512(); R];
         for chunk in 0..4 {
             let v = _mm512_loadu_si512(p.add(header + 64 * chunk) as *const __m512i);
-            let lo = _mm512_and_si512(v, mask);
-            let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            let mut lo = _mm512_and_si512(v, mask);
+            let mut hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+            if five {
+                let at = p.add(fifth + chunk * WIDE_LANES) as *const __m128i;
+                let bits = _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(at)), spread);
+                let (low, high) = (
+                    _mm512_test_epi8_mask(bits, low_bits),
+                    _mm512_test_epi8_mask(bits, high_bits),
+                );
+                lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(low, sixteen));
+                hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high, sixteen));
+            }
             for r in 0..R {
                 let at = b * QK8 + 8 * chunk;
                 sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast(&x[r], at));
@@ -181,6 +225,47 @@ unsafe fn bytes<const R: usize>(
             let offset = _mm512_set1_epi32(*offsets.get_unchecked(r * blocks + b));
             let sum = _mm512_sub_epi32(sums[r], offset);
             acc[r] = scaled(acc[r], sum, d, *x[r].d.get_unchecked(b));
+        }
+    }
+    acc
+}
+
+/// Q4_K: per sub-block of 32 values the nibbles' sums, scaled by the lanes' `d * scale`
+/// and less their `dmin * min` times the activation block's sum.
+#[inline(always)]
+unsafe fn q4k<const R: usize>(group: *const u8, blocks: usize, x: &[Q8Row]) -> [__m512; R] {
+    const L: usize = WIDE_LANES;
+    let mask = _mm512_set1_epi8(0x0f);
+    let size = L * lane_block_bytes(BlockFormat::Q4K);
+    let header = header_bytes(BlockFormat::Q4K, L);
+    let bytes = |p: *const u8| {
+        _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i)))
+    };
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..blocks {
+        let p = group.add(b * size);
+        let (d, dmin) = (halves(p), halves(p.add(2 * L)));
+        for sub in 0..8 {
+            let scale = _mm512_mul_ps(d, bytes(p.add(4 * L + sub * L)));
+            let off = _mm512_mul_ps(dmin, bytes(p.add(12 * L + sub * L)));
+            let a = b * 8 + sub;
+            let mut sums = [_mm512_setzero_si512(); R];
+            for chunk in 0..4 {
+                let at = header + 64 * (4 * sub + chunk);
+                let v = _mm512_loadu_si512(p.add(at) as *const __m512i);
+                let lo = _mm512_and_si512(v, mask);
+                let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+                for r in 0..R {
+                    let at = a * QK8 + 8 * chunk;
+                    sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast(&x[r], at));
+                    sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast(&x[r], at + 4));
+                }
+            }
+            for r in 0..R {
+                acc[r] = scaled(acc[r], sums[r], scale, *x[r].d.get_unchecked(a));
+                let sx = _mm512_set1_ps(*x[r].s.get_unchecked(a));
+                acc[r] = _mm512_fnmadd_ps(off, sx, acc[r]);
+            }
         }
     }
     acc

@@ -19,7 +19,7 @@ mod q8;
 pub use format::BlockFormat;
 pub use half_dot::Half;
 pub use interleaved::{
-    dequantize_row as interleaved_row, interleave, interleaves, LANES, WIDE_LANES,
+    dequantize_row as interleaved_row, interleave, interleaves, woven_row_bytes, LANES, WIDE_LANES,
 };
 pub use q8::{Q8Row, Q8Rows, QK8};
 
@@ -129,7 +129,7 @@ pub unsafe fn interleaved_rows(
 ) {
     let Some(first) = x.first() else { return };
     let values = first.q.len();
-    let row_bytes = format.row_bytes(values).unwrap_or(0);
+    let row_bytes = woven_row_bytes(format, values).unwrap_or(0);
     assert!(
         interleaves(format)
             && (lanes == LANES || lanes == WIDE_LANES)
@@ -156,14 +156,19 @@ pub unsafe fn interleaved_rows(
         unsafe { avx512_x16::rows(format, w, row_bytes, x, dst, stride) };
         return;
     }
+    // The eight-lane AVX2 kernel has Q4_0, Q4_1 and Q8_0 (the others are woven for VNNI).
+    let eight = matches!(
+        format,
+        BlockFormat::Q4_0 | BlockFormat::Q4_1 | BlockFormat::Q8_0
+    );
     #[cfg(target_arch = "x86_64")]
-    if simd != Simd::Portable {
+    if simd != Simd::Portable && eight {
         assert!(simd.has_avx2(), "interleaved_rows: this CPU lacks AVX2");
         // SAFETY: as above, for AVX2.
         unsafe { avx2_x8::rows(format, lanes, w, row_bytes, x, dst, stride) };
         return;
     }
-    let _ = simd;
+    let _ = (simd, eight);
     // SAFETY: as above.
     unsafe { interleaved::rows(format, lanes, w, row_bytes, x, dst, stride) };
 }
