@@ -435,6 +435,19 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
 
+    /// A layer's K and V caches (NaN where nothing is written) holding `k` and `v`, one
+    /// token per slot of `layout.slot_elems()`, token `t` in block `table[t / block_size]`.
+    fn cache(layout: &KvLayout, table: &[u32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let bs = layout.block_size;
+        let mut kc = vec![f32::NAN; layout.layer_elems() as usize];
+        let mut vc = kc.clone();
+        let slots: Vec<i64> = (0..(k.len() as u64 / layout.slot_elems()))
+            .map(|t| (table[(t / bs) as usize] as u64 * bs + t % bs) as i64)
+            .collect();
+        write_kv(&mut kc, &mut vc, layout, &slots, k, v);
+        (kc, vc)
+    }
+
     /// Dense attention in f64 over contiguous K/V rows, written independently.
     fn dense(
         q: &[f32],
@@ -522,12 +535,7 @@ mod tests {
                 random(total * kv_w),
                 random(q_new * heads * d),
             );
-            let mut kc = vec![f32::NAN; layout.layer_elems() as usize];
-            let mut vc = kc.clone();
-            let slots: Vec<i64> = (0..total as u64)
-                .map(|t| (table[(t / bs) as usize] as u64 * bs + t % bs) as i64)
-                .collect();
-            write_kv(&mut kc, &mut vc, &layout, &slots, &k, &v);
+            let (kc, vc) = cache(&layout, &table, &k, &v);
             let scale = 1.0 / (d as f32).sqrt();
             let attend = |q: &[f32], q_len: usize, context_len: usize| -> Vec<f32> {
                 let mut o = vec![f32::NAN; q.len()];
@@ -576,12 +584,7 @@ mod tests {
         let v: Vec<f32> = (0..total * kv_w)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        let mut kc = vec![f32::NAN; layout.layer_elems() as usize];
-        let mut vc = kc.clone();
-        let slots: Vec<i64> = (0..total as u64)
-            .map(|t| (table[(t / bs) as usize] as u64 * bs + t % bs) as i64)
-            .collect();
-        write_kv(&mut kc, &mut vc, &layout, &slots, &k, &v);
+        let (kc, vc) = cache(&layout, &table, &k, &v);
         let q_new = 3;
         let q: Vec<f32> = (0..(q_new + 2) * heads * d)
             .map(|_| rng.random_range(-1.0..1.0))

@@ -115,6 +115,22 @@ unsafe fn scaled(acc: __m512, sum: __m512i, d: __m512, dx: f32) -> __m512 {
     )
 }
 
+/// `sums[r] += lo · x[r][at..at + 4] + hi · x[r][at + 4..at + 8]` in every lane: a chunk
+/// of nibbles (values `t` and `t + 4` of each row's four) against each activation row.
+#[inline(always)]
+unsafe fn add_nibbles<const R: usize>(
+    sums: &mut [__m512i; R],
+    lo: __m512i,
+    hi: __m512i,
+    x: &[Q8Row],
+    at: usize,
+) {
+    for (sum, x) in sums.iter_mut().zip(x) {
+        *sum = _mm512_dpbusd_epi32(*sum, lo, broadcast(x, at));
+        *sum = _mm512_dpbusd_epi32(*sum, hi, broadcast(x, at + 4));
+    }
+}
+
 /// Byte `q` of a chunk belongs to row `q / 4`: which of a 16-byte row-per-byte array's
 /// bytes (the same in every 128-bit lane) it takes.
 const SPREAD: [u8; 64] = {
@@ -182,11 +198,7 @@ unsafe fn nibbles<const R: usize>(
                 lo = _mm512_or_si512(lo, _mm512_maskz_mov_epi8(low, sixteen));
                 hi = _mm512_or_si512(hi, _mm512_maskz_mov_epi8(high, sixteen));
             }
-            for r in 0..R {
-                let at = b * QK8 + 8 * chunk;
-                sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast(&x[r], at));
-                sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast(&x[r], at + 4));
-            }
+            add_nibbles(&mut sums, lo, hi, x, b * QK8 + 8 * chunk);
         }
         for r in 0..R {
             acc[r] = scaled(acc[r], sums[r], d, *x[r].d.get_unchecked(b));
@@ -255,11 +267,7 @@ unsafe fn q4k<const R: usize>(group: *const u8, blocks: usize, x: &[Q8Row]) -> [
                 let v = _mm512_loadu_si512(p.add(at) as *const __m512i);
                 let lo = _mm512_and_si512(v, mask);
                 let hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
-                for r in 0..R {
-                    let at = a * QK8 + 8 * chunk;
-                    sums[r] = _mm512_dpbusd_epi32(sums[r], lo, broadcast(&x[r], at));
-                    sums[r] = _mm512_dpbusd_epi32(sums[r], hi, broadcast(&x[r], at + 4));
-                }
+                add_nibbles(&mut sums, lo, hi, x, a * QK8 + 8 * chunk);
             }
             for r in 0..R {
                 acc[r] = scaled(acc[r], sums[r], scale, *x[r].d.get_unchecked(a));
