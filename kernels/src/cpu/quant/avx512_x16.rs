@@ -1,12 +1,16 @@
-//! The interleaved (sixteen rows at a time) Q4_0, Q4_1 and Q8_0 products with AVX-512
-//! VNNI: each 64-byte load holds four values of each of sixteen weight rows, each
-//! activation row's four matching values are broadcast to every lane, and one `vpdpbusd`
-//! adds the sixteen rows' four products into their own `i32` lanes; up to eight activation
-//! rows share each weight load. Q5_0 and Q5_1 run as Q4_0 and Q4_1 with each chunk's fifth
-//! bits spread to their bytes (`vpshufb`) and set where a bit test finds them. Q4_K runs as Q4_0 per sub-block of 32 values, with the
-//! sub-block's scale and minimum per lane. Q8_0's signed weights are made unsigned in the register
-//! (`q + 128`) and 128 times the activation block's integer sum is taken off again, so the
-//! integer sums are exact and the arithmetic per output is the portable one of
+//! The interleaved (sixteen rows at a time) Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q4_K products
+//! with AVX-512 VNNI: each 64-byte load holds four values of each of sixteen weight rows,
+//! each activation row's four matching values are broadcast to every lane, and one
+//! `vpdpbusd` adds the sixteen rows' four products into their own `i32` lanes; up to eight
+//! activation rows share each weight load.
+//! - Q5_0 and Q5_1 run as Q4_0 and Q4_1 with each chunk's fifth bits spread to their bytes
+//!   (`vpshufb`) and set where a bit test finds them.
+//! - Q4_K runs as Q4_0 per sub-block of 32 values, with the sub-block's scale and minimum
+//!   per lane.
+//! - Q8_0's signed weights are made unsigned in the register (`q + 128`) and 128 times the
+//!   activation block's integer sum is taken off again.
+//!
+//! So the integer sums are exact and the arithmetic per output is the portable one of
 //! [`interleaved`](super::interleaved), bit for bit.
 
 use super::format::BlockFormat;
