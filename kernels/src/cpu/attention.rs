@@ -255,6 +255,11 @@ impl GroupTask<'_> {
         let d = self.layout.head_dim as usize;
         let n = token.len();
         let (wide, whole) = (d / 64 * 64, d / 32 * 32);
+        // `add_weighted` reads through a raw pointer: every key's values must lie in the cache.
+        assert!(
+            token.iter().all(|&at| at + d <= self.v_cache.len()),
+            "paged_attention: a block id lies past the value cache"
+        );
         let v = self.v_cache.as_ptr();
         for j0 in (0..n).step_by(VALUE_BLOCK) {
             let block = &token[j0..n.min(j0 + VALUE_BLOCK)];
