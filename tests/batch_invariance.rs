@@ -66,11 +66,25 @@ fn random_tokens(rng: &mut ChaCha8Rng, n: usize, vocab: u32) -> Vec<u32> {
 #[test]
 fn a_requests_logits_do_not_depend_on_its_batch_or_blocks() {
     let dir = tempfile::tempdir().unwrap();
-    let spec = TinySpec::llama_tiny();
-    let vocab = spec.vocab_size as u32;
-    TinyModel::random(spec, 7).write_hf(dir.path());
-    let model = LlamaModel::load(dir.path()).unwrap();
-    let layout = model.kv_layout(POOL, BLOCK_SIZE as u64);
+    TinyModel::random(TinySpec::llama_tiny(), 7).write_hf(dir.path());
+    check(&LlamaModel::load(dir.path()).unwrap());
+}
+
+/// The same for latent attention and mixtures of experts: the DeepSeek-V2, DeepSeek-V3 and
+/// Qwen3-MoE checkpoints of the transformers fixtures (experts run on the rows routed to
+/// them, gathered from the whole batch).
+#[test]
+fn latent_attention_and_experts_do_not_depend_on_the_batch_either() {
+    for name in ["deepseek_v2", "deepseek_v3", "qwen3_moe"] {
+        let dir = std::path::Path::new("tests/fixtures/deepseek").join(name);
+        check(&LlamaModel::load(&dir).unwrap());
+    }
+}
+
+/// One request's logits alone, in batches of prefills and decodes, and chunked, with its
+/// blocks in different places: bit for bit the same.
+fn check(model: &LlamaModel) {
+    let vocab = model.config().vocab_size as u32;
     let mut rng = ChaCha8Rng::seed_from_u64(8);
     // The request under test: a 23-token prompt, then 10 teacher-forced decode tokens.
     let r_tokens = random_tokens(&mut rng, 33, vocab);
@@ -78,20 +92,20 @@ fn a_requests_logits_do_not_depend_on_its_batch_or_blocks() {
     let b_tokens = random_tokens(&mut rng, 60, vocab);
 
     // Alone, blocks 0..3.
-    let mut cache = KvCache::new(model.config().num_layers, layout);
+    let mut cache = model.new_cache(POOL, BLOCK_SIZE as u64);
     let mut seqs = vec![Seq {
         tokens: r_tokens.clone(),
         blocks: vec![0, 1, 2],
         cached: 0,
     }];
-    let mut alone = step(&model, &mut cache, &mut seqs, &[(0, 23)]).remove(0);
+    let mut alone = step(model, &mut cache, &mut seqs, &[(0, 23)]).remove(0);
     for _ in 0..10 {
-        alone.extend(step(&model, &mut cache, &mut seqs, &[(0, 1)]).remove(0));
+        alone.extend(step(model, &mut cache, &mut seqs, &[(0, 1)]).remove(0));
     }
 
     // In a batch: prefilled between two other prefills, then decoded in the middle of the
     // batch, with scattered blocks in a cache that other requests have already written.
-    let mut cache = KvCache::new(model.config().num_layers, layout);
+    let mut cache = model.new_cache(POOL, BLOCK_SIZE as u64);
     let mut seqs = vec![
         Seq {
             tokens: a_tokens.clone(),
@@ -109,13 +123,13 @@ fn a_requests_logits_do_not_depend_on_its_batch_or_blocks() {
             cached: 0,
         },
     ];
-    let mut batched = step(&model, &mut cache, &mut seqs, &[(0, 9), (1, 23), (2, 40)]).remove(1);
+    let mut batched = step(model, &mut cache, &mut seqs, &[(0, 9), (1, 23), (2, 40)]).remove(1);
     for _ in 0..10 {
-        batched.extend(step(&model, &mut cache, &mut seqs, &[(0, 1), (1, 1), (2, 1)]).remove(1));
+        batched.extend(step(model, &mut cache, &mut seqs, &[(0, 1), (1, 1), (2, 1)]).remove(1));
     }
 
     // Chunked prefill at the end of batches of decodes, blocks at the top of the pool.
-    let mut cache = KvCache::new(model.config().num_layers, layout);
+    let mut cache = model.new_cache(POOL, BLOCK_SIZE as u64);
     let mut seqs = vec![
         Seq {
             tokens: b_tokens,
@@ -128,11 +142,11 @@ fn a_requests_logits_do_not_depend_on_its_batch_or_blocks() {
             cached: 0,
         },
     ];
-    step(&model, &mut cache, &mut seqs, &[(0, 37)]);
-    let mut chunked = step(&model, &mut cache, &mut seqs, &[(0, 1), (1, 16)]).remove(1);
-    chunked.extend(step(&model, &mut cache, &mut seqs, &[(0, 1), (1, 7)]).remove(1));
+    step(model, &mut cache, &mut seqs, &[(0, 37)]);
+    let mut chunked = step(model, &mut cache, &mut seqs, &[(0, 1), (1, 16)]).remove(1);
+    chunked.extend(step(model, &mut cache, &mut seqs, &[(0, 1), (1, 7)]).remove(1));
     for _ in 0..10 {
-        chunked.extend(step(&model, &mut cache, &mut seqs, &[(1, 1), (0, 1)]).remove(0));
+        chunked.extend(step(model, &mut cache, &mut seqs, &[(1, 1), (0, 1)]).remove(0));
     }
 
     assert_eq!(alone.len(), 33);

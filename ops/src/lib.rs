@@ -10,8 +10,8 @@ pub mod norm;
 pub mod rotary;
 pub mod sampling;
 
-pub use attention::{AttentionPlan, PagedAttention, PlanError, SeqSpec, StagedMeta};
-pub use kv_cache::KvCache;
+pub use attention::{AttentionPlan, MlaAttention, PagedAttention, PlanError, SeqSpec, StagedMeta};
+pub use kv_cache::{KvCache, KvRows};
 pub use linear::Linear;
 pub use norm::RmsNorm;
 pub use rotary::{RopeScaling, Rotary, RotaryLayout, RotaryTables};

@@ -1,5 +1,5 @@
-//! Rotary position embeddings: inverse frequencies (with "linear" and "llama3" scaling),
-//! per-step cos/sin tables, and their application to q and k.
+//! Rotary position embeddings: inverse frequencies (with "linear", "llama3" and "yarn"
+//! scaling), per-step cos/sin tables, and their application to q and k.
 
 use peregrine_kernels::cpu;
 pub use peregrine_kernels::cpu::RotaryLayout;
@@ -19,12 +19,26 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// YaRN (Peng et al. 2309.00071): frequencies interpolated by `factor` below a ramp
+    /// between the dimensions that turn `beta_slow` and `beta_fast` times over the original
+    /// context, kept above it; cos and sin are multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// Whether the ramp's ends are rounded outwards to whole dimensions.
+        truncate: bool,
+        attention_factor: f64,
+    },
 }
 
 /// Rotary embedding for heads of `head_dim` elements.
 #[derive(Clone, Debug)]
 pub struct Rotary {
     inv_freq: Vec<f64>,
+    /// What cos and sin are multiplied by (YaRN's attention factor; 1 otherwise).
+    magnitude: f64,
     head_dim: usize,
     layout: RotaryLayout,
 }
@@ -40,11 +54,20 @@ impl Rotary {
     /// Frequencies `theta^(-2i/head_dim)`, scaled as `scaling` says.
     pub fn new(head_dim: usize, theta: f64, scaling: &RopeScaling, layout: RotaryLayout) -> Rotary {
         let inv_freq = (0..head_dim / 2)
-            .map(|i| 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64))
-            .map(|f| scale_frequency(f, scaling))
+            .map(|i| {
+                let f = 1.0 / theta.powf(2.0 * i as f64 / head_dim as f64);
+                scale_frequency(f, i, head_dim, theta, scaling)
+            })
             .collect();
+        let magnitude = match *scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            } => attention_factor,
+            _ => 1.0,
+        };
         Rotary {
             inv_freq,
+            magnitude,
             head_dim,
             layout,
         }
@@ -66,7 +89,7 @@ impl Rotary {
         for (&p, (cos, sin)) in positions.iter().zip(rows) {
             for ((f, c), s) in self.inv_freq.iter().zip(cos).zip(sin) {
                 let (sv, cv) = (p as f64 * f).sin_cos();
-                (*c, *s) = (cv as f32, sv as f32);
+                (*c, *s) = ((cv * self.magnitude) as f32, (sv * self.magnitude) as f32);
             }
         }
     }
@@ -106,7 +129,8 @@ impl Rotary {
     }
 }
 
-fn scale_frequency(f: f64, scaling: &RopeScaling) -> f64 {
+/// Frequency `f` of pair `i` of `head_dim` (base `theta`), scaled as `scaling` says.
+fn scale_frequency(f: f64, i: usize, head_dim: usize, theta: f64, scaling: &RopeScaling) -> f64 {
     match *scaling {
         RopeScaling::None => f,
         RopeScaling::Linear { factor } => f / factor,
@@ -126,6 +150,28 @@ fn scale_frequency(f: f64, scaling: &RopeScaling) -> f64 {
                 let t = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                 (1.0 - t) * f / factor + t * f
             }
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: old,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        } => {
+            let d = head_dim as f64;
+            // The dimension whose pair turns `turns` times over the original context.
+            let dim_of = |turns: f64| d * (old / (turns * 2.0 * PI)).ln() / (2.0 * theta.ln());
+            let (mut low, mut high) = (dim_of(beta_fast), dim_of(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, high) = (low.max(0.0), high.min(d - 1.0));
+            let high = if low == high { high + 0.001 } else { high };
+            let ramp = ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+            // Pairs below the ramp keep their frequency, those past it are interpolated.
+            let kept = 1.0 - ramp;
+            f / factor * (1.0 - kept) + f * kept
         }
     }
 }
@@ -154,6 +200,35 @@ mod tests {
             .unwrap();
         assert!(scaled.inv_freq[mid] < plain.inv_freq[mid]);
         assert!(scaled.inv_freq[mid] > plain.inv_freq[mid] / 8.0);
+    }
+
+    #[test]
+    fn yarn_keeps_fast_pairs_interpolates_slow_ones_and_scales_the_tables() {
+        let yarn = RopeScaling::Yarn {
+            factor: 40.0,
+            original_max_position_embeddings: 4096.0,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            truncate: true,
+            attention_factor: 1.25,
+        };
+        let plain = Rotary::new(64, 10000.0, &RopeScaling::None, RotaryLayout::Interleaved);
+        let scaled = Rotary::new(64, 10000.0, &yarn, RotaryLayout::Interleaved);
+        // DeepSeek-V2-Lite's rope: the ramp runs from dimension 10 to 23 (of 32 pairs).
+        let dim_of = |turns: f64| 64.0 * (4096.0 / (turns * 2.0 * PI)).ln() / (2.0 * 10000f64.ln());
+        assert_eq!((dim_of(32.0).floor(), dim_of(1.0).ceil()), (10.0, 23.0));
+        for i in 0..=10 {
+            assert_eq!(scaled.inv_freq[i], plain.inv_freq[i], "pair {i}");
+        }
+        for i in 23..32 {
+            assert_eq!(scaled.inv_freq[i], plain.inv_freq[i] / 40.0, "pair {i}");
+        }
+        let t = (16.0 - 10.0) / 13.0;
+        let mid = plain.inv_freq[16] * (t / 40.0 + (1.0 - t));
+        assert!((scaled.inv_freq[16] - mid).abs() < 1e-15 * mid.abs().max(1.0));
+        let (a, b) = (plain.tables(&[5]), scaled.tables(&[5]));
+        assert!((b.cos[0] - 1.25 * a.cos[0]).abs() < 1e-6);
+        assert!((b.sin[3] - 1.25 * a.sin[3]).abs() < 1e-6);
     }
 
     #[test]

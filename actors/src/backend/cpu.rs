@@ -9,7 +9,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{GeneratedToken, HiddenData};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
-use peregrine_ops::{AttentionPlan, KvCache};
+use peregrine_ops::{AttentionPlan, KvCache, KvRows};
 use std::sync::Arc;
 
 struct CpuBackend {
@@ -77,14 +77,18 @@ pub fn cpu_backend(
     let audit = layout
         .audit(4)
         .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
-    let cache = KvCache::try_new(model.config().num_layers, layout).map_err(|e| {
+    let rows = model.kv_rows();
+    let cache = KvCache::try_with(model.config().num_layers, layout, rows).map_err(|e| {
         anyhow::anyhow!("allocating the KV cache (kv_cache_memory {kv_cache_memory} bytes): {e}")
     })?;
     let pool = PoolInfo {
         layout,
         bytes_per_layer: cache.bytes_per_layer(),
         audit,
-        kernels: "write_kv, paged_attention",
+        kernels: match rows {
+            KvRows::KeysAndValues => "write_kv, paged_attention",
+            KvRows::Latent => "write_latent, mla_attention",
+        },
         computed_in: "u64",
         device: "cpu".into(),
         scratch_block: Some(scratch_block),

@@ -58,7 +58,7 @@ impl DraftModel {
         layout
             .audit(4)
             .map_err(|e| anyhow::anyhow!("draft KV address audit: {e}"))?;
-        let cache = KvCache::new(c.num_layers, layout);
+        let cache = model.new_cache(num_blocks, block_size);
         let forward = CpuDraftForward {
             model,
             cache,

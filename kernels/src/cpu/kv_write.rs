@@ -14,19 +14,26 @@ pub fn write_kv(
     k: &[f32],
     v: &[f32],
 ) {
+    assert_eq!(v.len(), k.len(), "write_kv: v differs from k");
+    write_rows(k_cache, layout, slot_mapping, k);
+    write_rows(v_cache, layout, slot_mapping, v);
+}
+
+/// Copies row `r` of `rows` (`[rows, num_kv_heads * head_dim]`) into slot
+/// `slot_mapping[r]` of one cache: a latent-attention layer's one row per token, or one of
+/// [`write_kv`]'s two. Negative slots are skipped; offsets are 64-bit.
+pub fn write_rows(cache: &mut [f32], layout: &KvLayout, slot_mapping: &[i64], rows: &[f32]) {
     let width = layout.slot_elems() as usize;
     assert_eq!(
-        k.len(),
+        rows.len(),
         slot_mapping.len() * width,
-        "write_kv: k is not [rows, {width}]"
+        "write_kv: rows are not [rows, {width}]"
     );
-    assert_eq!(v.len(), k.len(), "write_kv: v differs from k");
     for (r, &slot) in slot_mapping.iter().enumerate() {
         if slot < 0 {
             continue;
         }
         let at = layout.slot_offset(slot as u64) as usize;
-        k_cache[at..at + width].copy_from_slice(&k[r * width..(r + 1) * width]);
-        v_cache[at..at + width].copy_from_slice(&v[r * width..(r + 1) * width]);
+        cache[at..at + width].copy_from_slice(&rows[r * width..(r + 1) * width]);
     }
 }

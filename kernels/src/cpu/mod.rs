@@ -6,6 +6,7 @@ mod embedding;
 mod kv_write;
 mod linear;
 mod matrix;
+mod mla_attention;
 mod norm;
 pub mod quant;
 mod rotary;
@@ -15,9 +16,10 @@ pub use activation::silu_and_mul;
 
 pub use attention::{paged_attention, AttentionSeq};
 pub use embedding::embedding;
-pub use kv_write::write_kv;
+pub use kv_write::{write_kv, write_rows};
 pub use linear::linear;
 pub use matrix::{Matrix, MatrixError, Storage};
+pub use mla_attention::mla_attention;
 pub use norm::{add_rms_norm, rms_norm};
 pub use rotary::{apply_rotary, RotaryLayout};
 
@@ -166,5 +168,32 @@ mod tests {
         }
         // The last element of the pool lies past 2^31 and 2^32 elements' worth of bytes.
         assert!(layout.layer_elems() * 2 > 1u64 << 32);
+    }
+
+    #[test]
+    fn latent_rows_past_2_31_over_576_are_addressed_exactly() {
+        // A latent cache: one 576-element row a token. Row 3,728,271 is the first whose
+        // element offset (times 576) passes 2^31, where an int32 product wraps.
+        let first_past = (1u64 << 31).div_ceil(576);
+        assert_eq!(first_past, 3_728_271);
+        for block_size in [1u64, 16, 64] {
+            let layout = KvLayout {
+                num_blocks: 4_000_000 / block_size + 1,
+                block_size,
+                num_kv_heads: 1,
+                head_dim: 576,
+            };
+            for row in [first_past - 2, first_past - 1, first_past, first_past + 1] {
+                let (block, within) = (row / block_size, row % block_size);
+                let table = [3, block as u32];
+                let at = layout.token_offset(&table, block_size + within, 0);
+                assert_eq!(at, row * 576, "row {row}, blocks of {block_size}");
+                let all: Vec<u64> = layout
+                    .token_offsets(&table, block_size + within + 1, 0)
+                    .collect();
+                assert_eq!(*all.last().unwrap(), row * 576);
+            }
+            assert!(layout.audit(4).is_ok());
+        }
     }
 }

@@ -1,5 +1,11 @@
-//! The Llama family (Llama, Mistral, Qwen2, Qwen3) over a paged KV cache.
+//! Decoder-only models over a paged KV cache: the Llama family (Llama, Mistral, Qwen2,
+//! Qwen3) and the DeepSeek family (DeepSeek-V2/V3 with latent attention, Qwen3-MoE), whose
+//! layers differ only in their attention (grouped-query or latent) and MLP (dense or a
+//! mixture of experts).
 
+mod mla;
+mod mlp;
+mod moe;
 mod record;
 
 pub use record::LlamaBuffers;
@@ -8,9 +14,13 @@ use crate::config::ModelConfig;
 use crate::cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
 use crate::progress;
 use crate::weights::{WeightError, Weights};
+use mla::MlaWeights;
+use mlp::GatedMlp;
+use moe::MoeWeights;
 use peregrine_kernels::cpu::{KvLayout, Matrix};
 use peregrine_ops::{
-    AttentionPlan, KvCache, Linear, PagedAttention, PlanError, RmsNorm, Rotary, RotaryLayout,
+    AttentionPlan, KvCache, KvRows, Linear, PagedAttention, PlanError, RmsNorm, Rotary,
+    RotaryLayout,
 };
 use peregrine_runtime::cpu_graph::{BufferPool, CpuGraph, GraphError};
 use peregrine_runtime::StageError;
@@ -51,15 +61,49 @@ pub enum ForwardError {
     Graph(#[from] GraphError),
 }
 
+/// One decoder layer: a norm, the attention, a norm, the MLP.
 struct Layer {
     input_norm: RmsNorm,
+    attention: LayerAttention,
+    post_norm: RmsNorm,
+    mlp: LayerMlp,
+}
+
+/// A layer's attention.
+enum LayerAttention {
+    /// Grouped-query attention over keys and values (the Llama family, Qwen3-MoE).
+    Grouped(Arc<GroupedAttention>),
+    /// Multi-head latent attention over one latent row a token (DeepSeek).
+    Latent(Arc<MlaWeights>),
+}
+
+/// Grouped-query attention's weights: q/k/v stacked, Qwen3's per-head q/k norms.
+struct GroupedAttention {
     qkv: Linear,
     q_norm: Option<RmsNorm>,
     k_norm: Option<RmsNorm>,
     o_proj: Linear,
-    post_norm: RmsNorm,
-    gate_up: Linear,
-    down: Linear,
+}
+
+/// A layer's MLP.
+enum LayerMlp {
+    Dense(Arc<GatedMlp>),
+    Experts(Arc<MoeWeights>),
+}
+
+impl Layer {
+    /// The layer's projections as stored.
+    fn linears(&self) -> Vec<&Linear> {
+        let mut all = match &self.attention {
+            LayerAttention::Grouped(g) => vec![&g.qkv, &g.o_proj],
+            LayerAttention::Latent(m) => m.linears(),
+        };
+        match &self.mlp {
+            LayerMlp::Dense(mlp) => all.extend([&mlp.gate_up, &mlp.down]),
+            LayerMlp::Experts(moe) => all.extend(moe.linears()),
+        }
+        all
+    }
 }
 
 /// A loaded Llama-family model. Weight matrices are held on the CPU as they are stored
@@ -90,68 +134,33 @@ impl LlamaModel {
     pub fn from_weights(config: ModelConfig, w: &Weights) -> Result<LlamaModel, WeightError> {
         let c = &config;
         let (h, d) = (c.hidden_size, c.head_dim);
-        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
         let eps = c.rms_norm_eps as f32;
         let bar = progress::bar(c.num_layers as u64, "loading weights", "layers");
         let embed = Arc::new(w.matrix("model.embed_tokens.weight", [c.vocab_size, h])?);
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}");
-            let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
-            let matrix = |name: &str, shape: [usize; 2]| w.matrix(&format!("{p}.{name}"), shape);
-            let stack =
-                |names: &[(&str, usize)], cols: usize| -> Result<Arc<Matrix>, WeightError> {
-                    let parts = names
-                        .iter()
-                        .map(|&(name, rows)| matrix(name, [rows, cols]))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    let stacked = Matrix::stack(parts).map_err(|source| WeightError::Matrix {
-                        name: format!("{p}.{}", names[0].0),
-                        source,
-                    })?;
-                    Ok(Arc::new(stacked))
-                };
-            let qkv = stack(
-                &[
-                    ("self_attn.q_proj.weight", qd),
-                    ("self_attn.k_proj.weight", kvd),
-                    ("self_attn.v_proj.weight", kvd),
-                ],
-                h,
-            )?;
-            let qkv_bias = if c.qkv_bias {
-                let mut b = get("self_attn.q_proj.bias", &[qd])?;
-                b.extend(get("self_attn.k_proj.bias", &[kvd])?);
-                b.extend(get("self_attn.v_proj.bias", &[kvd])?);
-                Some(b)
-            } else {
-                None
+            let norm = |name: &str| -> Result<RmsNorm, WeightError> {
+                Ok(RmsNorm::new(w.f32(&format!("{p}.{name}"), &[h])?, eps))
             };
-            let (q_norm, k_norm) = if c.qk_norm {
-                (
-                    Some(RmsNorm::new(get("self_attn.q_norm.weight", &[d])?, eps)),
-                    Some(RmsNorm::new(get("self_attn.k_norm.weight", &[d])?, eps)),
-                )
-            } else {
-                (None, None)
+            let attention = match c.mla {
+                Some(_) => LayerAttention::Latent(Arc::new(MlaWeights::load(w, c, &p)?)),
+                None => LayerAttention::Grouped(Arc::new(grouped_attention(w, c, &p)?)),
             };
-            let inter = c.intermediate_size;
-            let gate_up = stack(
-                &[
-                    ("mlp.gate_proj.weight", inter),
-                    ("mlp.up_proj.weight", inter),
-                ],
-                h,
-            )?;
+            let mlp = match &c.moe {
+                Some(moe) if moe.layers[l] => {
+                    LayerMlp::Experts(Arc::new(MoeWeights::load(w, c, &p)?))
+                }
+                _ => {
+                    let mlp = GatedMlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size)?;
+                    LayerMlp::Dense(Arc::new(mlp))
+                }
+            };
             layers.push(Arc::new(Layer {
-                input_norm: RmsNorm::new(get("input_layernorm.weight", &[h])?, eps),
-                qkv: Linear::of(qkv, qkv_bias),
-                q_norm,
-                k_norm,
-                o_proj: Linear::of(Arc::new(matrix("self_attn.o_proj.weight", [h, qd])?), None),
-                post_norm: RmsNorm::new(get("post_attention_layernorm.weight", &[h])?, eps),
-                gate_up: Linear::of(gate_up, None),
-                down: Linear::of(Arc::new(matrix("mlp.down_proj.weight", [h, inter])?), None),
+                input_norm: norm("input_layernorm.weight")?,
+                attention,
+                post_norm: norm("post_attention_layernorm.weight")?,
+                mlp,
             }));
             bar.inc(1);
         }
@@ -163,7 +172,17 @@ impl LlamaModel {
                 None,
             )
         };
-        let rotary = Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit);
+        let rotary = match &c.mla {
+            Some(m) => {
+                let layout = if m.rope_interleaved {
+                    RotaryLayout::Interleaved
+                } else {
+                    RotaryLayout::HalfSplit
+                };
+                Rotary::new(m.qk_rope_head_dim, c.rope_theta, &c.rope_scaling, layout)
+            }
+            None => Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit),
+        };
         let norm = Arc::new(RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps));
         progress::finish(
             &bar,
@@ -200,12 +219,8 @@ impl LlamaModel {
         let layers: u64 = self
             .layers
             .iter()
-            .map(|l| {
-                l.qkv.size_bytes()
-                    + l.o_proj.size_bytes()
-                    + l.gate_up.size_bytes()
-                    + l.down.size_bytes()
-            })
+            .flat_map(|l| l.linears())
+            .map(Linear::size_bytes)
             .sum();
         let tied = Arc::ptr_eq(&self.embed, self.lm_head.matrix());
         let head = if tied { 0 } else { self.lm_head.size_bytes() };
@@ -217,7 +232,9 @@ impl LlamaModel {
     pub fn weight_storage(&self) -> String {
         let mut forms: Vec<String> = Vec::new();
         let matrices = self.layers.iter().flat_map(|l| {
-            [&l.qkv, &l.o_proj, &l.gate_up, &l.down].map(|linear| linear.matrix().clone())
+            l.linears()
+                .into_iter()
+                .map(|linear| linear.matrix().clone())
         });
         for m in std::iter::once(self.embed.clone()).chain(matrices) {
             for form in m.storage_names() {
@@ -234,9 +251,26 @@ impl LlamaModel {
         self.config.kv_layout(num_blocks, block_size)
     }
 
-    /// Bytes of K and V one token takes across all layers.
+    /// Bytes of K and V (or of the latent) one token takes across all layers.
     pub fn kv_bytes_per_token(&self) -> u64 {
         self.config.kv_bytes_per_token(4)
+    }
+
+    /// What a token leaves in each layer's cache.
+    pub fn kv_rows(&self) -> KvRows {
+        if self.config.mla.is_some() {
+            KvRows::Latent
+        } else {
+            KvRows::KeysAndValues
+        }
+    }
+
+    /// A KV cache of `num_blocks` blocks of `block_size` tokens for every layer (panics if
+    /// the host cannot give it).
+    pub fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache {
+        let layout = self.kv_layout(num_blocks, block_size);
+        KvCache::try_with(self.config.num_layers, layout, self.kv_rows())
+            .expect("allocating the KV cache")
     }
 
     /// Runs `tokens` (one per planned row) through the model, writing their keys and values
@@ -322,6 +356,50 @@ impl LlamaModel {
     pub fn pool(&self) -> &BufferPool {
         &self.pool
     }
+}
+
+/// Grouped-query attention's weights of layer `p`.
+fn grouped_attention(
+    w: &Weights,
+    c: &ModelConfig,
+    p: &str,
+) -> Result<GroupedAttention, WeightError> {
+    let (h, d) = (c.hidden_size, c.head_dim);
+    let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
+    let eps = c.rms_norm_eps as f32;
+    let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
+    let matrix = |name: &str, shape: [usize; 2]| w.matrix(&format!("{p}.{name}"), shape);
+    let parts = vec![
+        matrix("self_attn.q_proj.weight", [qd, h])?,
+        matrix("self_attn.k_proj.weight", [kvd, h])?,
+        matrix("self_attn.v_proj.weight", [kvd, h])?,
+    ];
+    let qkv = Matrix::stack(parts).map_err(|source| WeightError::Matrix {
+        name: format!("{p}.self_attn.q_proj.weight"),
+        source,
+    })?;
+    let qkv_bias = if c.qkv_bias {
+        let mut b = get("self_attn.q_proj.bias", &[qd])?;
+        b.extend(get("self_attn.k_proj.bias", &[kvd])?);
+        b.extend(get("self_attn.v_proj.bias", &[kvd])?);
+        Some(b)
+    } else {
+        None
+    };
+    let (q_norm, k_norm) = if c.qk_norm {
+        (
+            Some(RmsNorm::new(get("self_attn.q_norm.weight", &[d])?, eps)),
+            Some(RmsNorm::new(get("self_attn.k_norm.weight", &[d])?, eps)),
+        )
+    } else {
+        (None, None)
+    };
+    Ok(GroupedAttention {
+        qkv: Linear::of(Arc::new(qkv), qkv_bias),
+        q_norm,
+        k_norm,
+        o_proj: Linear::of(Arc::new(matrix("self_attn.o_proj.weight", [h, qd])?), None),
+    })
 }
 
 /// Checks a forward's inputs against the plan and the vocabulary, before any work.

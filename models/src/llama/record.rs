@@ -5,7 +5,9 @@
 //!
 //! [`CpuGraph`]: peregrine_runtime::cpu_graph::CpuGraph
 
-use super::{ForwardError, Layer, LlamaModel};
+use super::mla::{self, MlaActivations};
+use super::moe::{self, MoeActivations};
+use super::{ForwardError, GroupedAttention, Layer, LayerAttention, LayerMlp, LlamaModel};
 use crate::config::ModelConfig;
 use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
@@ -23,6 +25,10 @@ pub struct LlamaBuffers {
     /// `[rows, aux_layers * hidden]` the inputs of the recorded layers (empty if none).
     pub aux: CpuBuffer<f32>,
     act: Activations,
+    /// Latent attention's activations, for a model that has it.
+    mla: Option<MlaActivations>,
+    /// The mixture's activations, for a model that has one.
+    moe: Option<MoeActivations>,
 }
 
 impl LlamaBuffers {
@@ -49,17 +55,30 @@ impl LlamaBuffers {
         aux_layers: usize,
     ) -> LlamaBuffers {
         let cap = inputs.capacity;
-        let dims = Dims {
-            hidden: c.hidden_size,
-            head_dim: c.head_dim,
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            intermediate: c.intermediate_size,
+        // Latent attention keeps its own buffers; the shared ones hold only its rotary
+        // tables.
+        let dims = match &c.mla {
+            Some(m) => Dims {
+                hidden: c.hidden_size,
+                head_dim: m.qk_rope_head_dim,
+                heads: 0,
+                kv_heads: 0,
+                intermediate: c.intermediate_size,
+            },
+            None => Dims {
+                hidden: c.hidden_size,
+                head_dim: c.head_dim,
+                heads: c.num_heads,
+                kv_heads: c.num_kv_heads,
+                intermediate: c.intermediate_size,
+            },
         };
         LlamaBuffers {
             logits: pool.alloc(cap.logit_rows * c.vocab_size),
             aux: pool.alloc(cap.rows * aux_layers * c.hidden_size),
             act: Activations::new(pool, dims, cap),
+            mla: c.mla.as_ref().map(|_| MlaActivations::new(pool, c, cap)),
+            moe: c.moe.as_ref().map(|_| MoeActivations::new(pool, c, cap)),
             inputs,
         }
     }
@@ -135,32 +154,40 @@ impl LlamaModel {
             Ok(())
         });
         self.record_aux(graph, b, n, l, aux_layers);
-        ops::linear(graph, "qkv", layer, |ly| &ly.qkv, &a.normed, &a.qkv, n);
-        ops::split_qkv(graph, a, n);
-        ops::qk_norm_rope(graph, a, &self.rotary, layer, qk_norms, n);
-        ops::write_kv(graph, &b.inputs, a, n, l);
-        ops::attention(graph, &b.inputs, a, self.attention, shape, l)?;
-        ops::linear(
-            graph,
-            "o_proj",
-            layer,
-            |ly| &ly.o_proj,
-            &a.attn,
-            &a.delta,
-            n,
-        );
+        match &layer.attention {
+            LayerAttention::Grouped(g) => {
+                ops::linear(graph, "qkv", g, |g| &g.qkv, &a.normed, &a.qkv, n);
+                ops::split_qkv(graph, a, n);
+                ops::qk_norm_rope(graph, a, &self.rotary, g, qk_norms, n);
+                ops::write_kv(graph, &b.inputs, a, n, l);
+                ops::attention(graph, &b.inputs, a, self.attention, shape, l)?;
+                ops::linear(graph, "o_proj", g, |g| &g.o_proj, &a.attn, &a.delta, n);
+            }
+            LayerAttention::Latent(m) => {
+                let acts = b.mla.as_ref().expect("latent buffers of a latent model");
+                mla::record(graph, &b.inputs, a, acts, m, &self.rotary, shape, l)?;
+            }
+        }
         ops::add_norm(graph, "post_norm", a, layer, |ly| &ly.post_norm, n);
-        ops::linear(
-            graph,
-            "gate_up",
-            layer,
-            |ly| &ly.gate_up,
-            &a.normed,
-            &a.gate_up,
-            n,
-        );
-        ops::silu_and_mul(graph, a, n);
-        ops::linear(graph, "down", layer, |ly| &ly.down, &a.act, &a.delta, n);
+        match &layer.mlp {
+            LayerMlp::Dense(mlp) => {
+                ops::linear(
+                    graph,
+                    "gate_up",
+                    mlp,
+                    |m| &m.gate_up,
+                    &a.normed,
+                    &a.gate_up,
+                    n,
+                );
+                ops::silu_and_mul(graph, a, n);
+                ops::linear(graph, "down", mlp, |m| &m.down, &a.act, &a.delta, n);
+            }
+            LayerMlp::Experts(moe) => {
+                let acts = b.moe.as_ref().expect("mixture buffers of a mixture model");
+                moe::record(graph, a, acts, moe, n);
+            }
+        }
         Ok(())
     }
 
@@ -190,6 +217,6 @@ impl LlamaModel {
 }
 
 /// The layer's per-head q and k norms, if it has them (Qwen3).
-fn qk_norms(ly: &Layer) -> Option<(&RmsNorm, &RmsNorm)> {
-    ly.q_norm.as_ref().zip(ly.k_norm.as_ref())
+fn qk_norms(g: &GroupedAttention) -> Option<(&RmsNorm, &RmsNorm)> {
+    g.q_norm.as_ref().zip(g.k_norm.as_ref())
 }

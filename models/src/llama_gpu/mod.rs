@@ -114,6 +114,7 @@ impl GpuLlama {
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuLlama> {
         let config = ModelConfig::from_dir(dir)?;
+        check_supported(&config)?;
         let weights = GpuWeights::load(&gpu, &config, &Weights::open(dir)?)?;
         GpuLlama::new(config, weights, gpu, kernels, options)
     }
@@ -127,6 +128,7 @@ impl GpuLlama {
         kernels: Arc<CudaKernels>,
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuLlama> {
+        check_supported(&config)?;
         let weights = GpuWeights::random(&gpu, &kernels, &config, seed)?;
         GpuLlama::new(config, weights, gpu, kernels, options)
     }
@@ -250,4 +252,17 @@ impl GpuLlama {
         let c = &self.core.config;
         (2 * c.num_layers * c.num_kv_heads * c.head_dim * 2) as u64
     }
+}
+
+/// Refuses what the GPU forward does not run yet: latent attention and mixtures of experts
+/// (DeepSeek-V2/V3, Qwen3-MoE run on the CPU).
+fn check_supported(config: &ModelConfig) -> anyhow::Result<()> {
+    if config.mla.is_some() || config.moe.is_some() {
+        anyhow::bail!(
+            "{:?} models (latent attention, mixtures of experts) run on the CPU only for now: \
+             use --device cpu",
+            config.architecture
+        );
+    }
+    Ok(())
 }

@@ -33,7 +33,7 @@ pub struct StagedMeta<'a> {
 impl StagedMeta<'_> {
     /// The sequences with query rows, refused when the metadata is not a plan (starts that
     /// go backwards, more queries than context, a context past its block table).
-    fn seqs(&self, block_size: usize) -> Result<Vec<AttentionSeq<'_>>, PlanError> {
+    pub(super) fn seqs(&self, block_size: usize) -> Result<Vec<AttentionSeq<'_>>, PlanError> {
         let bad = |seq, reason: String| PlanError::Metadata { seq, reason };
         let mut seqs = Vec::new();
         for (s, (bounds, &len)) in self.query_start.windows(2).zip(self.seq_lens).enumerate() {

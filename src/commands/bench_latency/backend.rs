@@ -78,8 +78,7 @@ pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn L
             }
             let dir = crate::commands::resolve_model(&args.model)?;
             let model = LlamaModel::load(&dir)?;
-            let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
-            let cache = KvCache::new(model.config().num_layers, layout);
+            let cache = model.new_cache(blocks_needed(args, largest), args.block_size as u64);
             Ok(Box::new(CpuModel { model, cache }))
         }
         #[cfg(feature = "cuda")]

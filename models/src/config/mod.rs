@@ -1,5 +1,14 @@
-//! Hugging Face `config.json` for the Llama family: Llama, Mistral, Qwen2 and Qwen3.
+//! Hugging Face `config.json` for the Llama family (Llama, Mistral, Qwen2, Qwen3) and the
+//! DeepSeek family (DeepSeek-V2 and V3 with latent attention and experts, Qwen3-MoE).
 
+mod mla;
+mod moe;
+
+pub use mla::MlaConfig;
+pub use moe::{GroupScore, MoeConfig, Scoring};
+
+use mla::RawMla;
+use moe::RawMoe;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::RopeScaling;
 use serde::Deserialize;
@@ -18,7 +27,7 @@ pub enum ConfigError {
     Parse(#[from] serde_json::Error),
     #[error("config.json: field `{field}`: {problem}")]
     FieldType { field: String, problem: String },
-    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)")]
+    #[error("unsupported architecture {0:?} (supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, DeepseekV2ForCausalLM, DeepseekV3ForCausalLM)")]
     Architecture(String),
     #[error("config.json: field `{field}` {problem}")]
     Field {
@@ -34,6 +43,12 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    /// Qwen3 attention with a mixture of experts.
+    Qwen3Moe,
+    /// Multi-head latent attention and DeepSeek's mixture of experts.
+    DeepseekV2,
+    /// DeepSeek-V2's shape with sigmoid routing and multi-token prediction layers.
+    DeepseekV3,
 }
 
 /// A validated model configuration.
@@ -60,6 +75,13 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// Multi-head latent attention in place of grouped-query attention (DeepSeek).
+    pub mla: Option<MlaConfig>,
+    /// The mixture of experts, for the layers it names.
+    pub moe: Option<MoeConfig>,
+    /// Multi-token prediction layers stored after the last decoder layer
+    /// (`num_nextn_predict_layers`, DeepSeek-V3); the forward does not run them.
+    pub mtp_layers: usize,
 }
 
 #[derive(Deserialize)]
@@ -83,6 +105,32 @@ struct RawConfig {
     hidden_act: Option<String>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<Value>,
+    /// transformers 5's name for `rope_scaling`, with `rope_theta` inside.
+    rope_parameters: Option<Value>,
+    q_lora_rank: Option<usize>,
+    kv_lora_rank: Option<usize>,
+    qk_nope_head_dim: Option<usize>,
+    qk_rope_head_dim: Option<usize>,
+    v_head_dim: Option<usize>,
+    rope_interleave: Option<bool>,
+    n_routed_experts: Option<usize>,
+    num_experts: Option<usize>,
+    num_local_experts: Option<usize>,
+    num_experts_per_tok: Option<usize>,
+    moe_intermediate_size: Option<usize>,
+    n_shared_experts: Option<usize>,
+    first_k_dense_replace: Option<usize>,
+    moe_layer_freq: Option<usize>,
+    n_group: Option<usize>,
+    topk_group: Option<usize>,
+    topk_method: Option<String>,
+    scoring_func: Option<String>,
+    norm_topk_prob: Option<bool>,
+    routed_scaling_factor: Option<f64>,
+    decoder_sparse_step: Option<usize>,
+    mlp_only_layers: Option<Vec<usize>>,
+    shared_expert_intermediate_size: Option<usize>,
+    num_nextn_predict_layers: Option<usize>,
 }
 
 /// The attention geometry every Llama-family config.json gives, checked.
@@ -199,9 +247,12 @@ fn parse_raw(text: &str) -> Result<RawConfig, ConfigError> {
 }
 
 impl ModelConfig {
-    /// Bytes of K and V one token takes across all layers, at `elem_bytes` per value.
+    /// Bytes one token takes in the KV cache across all layers, at `elem_bytes` per value:
+    /// its keys and values, or under latent attention its one latent row.
     pub fn kv_bytes_per_token(&self, elem_bytes: u64) -> u64 {
-        2 * (self.num_layers * self.num_kv_heads * self.head_dim) as u64 * elem_bytes
+        let layout = self.kv_layout(1, 1);
+        let rows = if self.mla.is_some() { 1 } else { 2 };
+        rows * self.num_layers as u64 * layout.slot_elems() * elem_bytes
     }
 
     /// Reads and validates `dir/config.json`.
@@ -222,8 +273,35 @@ impl ModelConfig {
             "MistralForCausalLM" => Architecture::Mistral,
             "Qwen2ForCausalLM" => Architecture::Qwen2,
             "Qwen3ForCausalLM" => Architecture::Qwen3,
+            "Qwen3MoeForCausalLM" => Architecture::Qwen3Moe,
+            "DeepseekV2ForCausalLM" => Architecture::DeepseekV2,
+            "DeepseekV3ForCausalLM" => Architecture::DeepseekV3,
             other => return Err(ConfigError::Architecture(other.to_string())),
         };
+        let deepseek = matches!(
+            architecture,
+            Architecture::DeepseekV2 | Architecture::DeepseekV3
+        );
+        let rope = raw.rope_scaling.as_ref().or(raw.rope_parameters.as_ref());
+        let mla = if deepseek {
+            let mla = RawMla {
+                q_lora_rank: raw.q_lora_rank,
+                kv_lora_rank: raw.kv_lora_rank,
+                qk_nope_head_dim: raw.qk_nope_head_dim,
+                qk_rope_head_dim: raw.qk_rope_head_dim,
+                v_head_dim: raw.v_head_dim,
+                rope_interleave: raw.rope_interleave,
+            };
+            Some(MlaConfig::parse(mla, rope)?)
+        } else {
+            None
+        };
+        if raw.shared_expert_intermediate_size.is_some_and(|s| s > 0) {
+            return Err(field_error(
+                "shared_expert_intermediate_size",
+                "names a gated shared expert, which is not supported",
+            ));
+        }
         let AttentionShape {
             hidden_size,
             num_heads,
@@ -233,8 +311,10 @@ impl ModelConfig {
             raw.hidden_act.as_deref(),
             raw.hidden_size,
             raw.num_attention_heads,
-            raw.num_key_value_heads,
-            raw.head_dim,
+            // Latent attention has one latent for all heads; its heads are as wide as
+            // their query.
+            raw.num_key_value_heads.filter(|_| mla.is_none()),
+            mla.as_ref().map(MlaConfig::qk_head_dim).or(raw.head_dim),
         )?;
         let mut max_model_len = required(raw.max_position_embeddings, "max_position_embeddings")?;
         let windowed =
@@ -260,25 +340,53 @@ impl ModelConfig {
             }
         };
         let rms_norm_eps = positive_or(raw.rms_norm_eps, 1e-6, "rms_norm_eps")?;
-        let rope_theta = positive_or(raw.rope_theta, 10000.0, "rope_theta")?;
+        let theta_inside = raw
+            .rope_parameters
+            .as_ref()
+            .and_then(|p| p["rope_theta"].as_f64());
+        let rope_theta = positive_or(raw.rope_theta.or(theta_inside), 10000.0, "rope_theta")?;
+        let num_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
+        let moe = RawMoe {
+            num_experts: raw
+                .n_routed_experts
+                .or(raw.num_experts)
+                .or(raw.num_local_experts)
+                .filter(|_| deepseek || architecture == Architecture::Qwen3Moe),
+            experts_per_token: raw.num_experts_per_tok,
+            moe_intermediate_size: raw.moe_intermediate_size,
+            n_shared_experts: raw.n_shared_experts,
+            first_k_dense_replace: raw.first_k_dense_replace,
+            moe_layer_freq: raw.moe_layer_freq,
+            n_group: raw.n_group,
+            topk_group: raw.topk_group,
+            topk_method: raw.topk_method,
+            scoring_func: raw.scoring_func,
+            norm_topk_prob: raw.norm_topk_prob,
+            routed_scaling_factor: raw.routed_scaling_factor,
+            decoder_sparse_step: raw.decoder_sparse_step,
+            mlp_only_layers: raw.mlp_only_layers,
+        };
         Ok(ModelConfig {
             architecture,
             vocab_size: required(raw.vocab_size, "vocab_size")?,
             hidden_size,
             intermediate_size: required(raw.intermediate_size, "intermediate_size")?,
-            num_layers: required(raw.num_hidden_layers, "num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
             rms_norm_eps,
             rope_theta,
-            rope_scaling: rope_scaling(raw.rope_scaling.as_ref())?,
+            rope_scaling: rope_scaling(rope)?,
             max_model_len,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias == Some(true),
-            qk_norm: architecture == Architecture::Qwen3,
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
+            moe: MoeConfig::parse(architecture, moe, num_layers)?,
+            mla,
+            mtp_layers: raw.num_nextn_predict_layers.unwrap_or(0),
         })
     }
 }
@@ -310,6 +418,35 @@ pub(crate) fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigE
         "linear" => Ok(RopeScaling::Linear {
             factor: number("factor")?,
         }),
+        "yarn" => {
+            let factor = number("factor")?;
+            let optional = |key: &str, default: f64| match v.get(key) {
+                None | Some(Value::Null) => Ok(default),
+                Some(_) => number(key),
+            };
+            // transformers' default: the ratio of `mscale` to `mscale_all_dim` when both
+            // are given, else YaRN's `0.1 ln(factor) + 1`.
+            let mscale = |m: f64| {
+                if factor <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * factor.ln() + 1.0
+                }
+            };
+            let (m, all) = (v["mscale"].as_f64(), v["mscale_all_dim"].as_f64());
+            let default_factor = match (m, all) {
+                (Some(m), Some(all)) if m != 0.0 && all != 0.0 => mscale(m) / mscale(all),
+                _ => mscale(1.0),
+            };
+            Ok(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: number("original_max_position_embeddings")?,
+                beta_fast: optional("beta_fast", 32.0)?,
+                beta_slow: optional("beta_slow", 1.0)?,
+                truncate: v["truncate"].as_bool().unwrap_or(true),
+                attention_factor: optional("attention_factor", default_factor)?,
+            })
+        }
         "llama3" => {
             let (low, high) = (number("low_freq_factor")?, number("high_freq_factor")?);
             if high <= low {
@@ -327,19 +464,24 @@ pub(crate) fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigE
         }
         other => Err(field_error(
             "rope_scaling",
-            format!("type {other:?} is not supported (supported: linear, llama3)"),
+            format!("type {other:?} is not supported (supported: linear, llama3, yarn)"),
         )),
     }
 }
 
 impl ModelConfig {
-    /// One layer's KV cache layout for a pool of `num_blocks` blocks of `block_size` tokens.
+    /// One layer's KV cache layout for a pool of `num_blocks` blocks of `block_size` tokens;
+    /// under latent attention one "head" per token, as wide as the latent and rotary key.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        let (num_kv_heads, head_dim) = match &self.mla {
+            Some(mla) => (1, mla.cache_width()),
+            None => (self.num_kv_heads, self.head_dim),
+        };
         KvLayout {
             num_blocks,
             block_size,
-            num_kv_heads: self.num_kv_heads as u64,
-            head_dim: self.head_dim as u64,
+            num_kv_heads: num_kv_heads as u64,
+            head_dim: head_dim as u64,
         }
     }
 }
@@ -386,7 +528,7 @@ mod tests {
         assert!(e.to_string().contains("num_key_value_heads"), "{e}");
         let e = ModelConfig::from_json(&LLAMA.replace("\"hidden_size\":64,", "")).unwrap_err();
         assert!(e.to_string().contains("`hidden_size` is missing"), "{e}");
-        let e = ModelConfig::from_json(&LLAMA.replace("llama3", "yarn")).unwrap_err();
-        assert!(e.to_string().contains("yarn"), "{e}");
+        let e = ModelConfig::from_json(&LLAMA.replace("llama3", "dynamic")).unwrap_err();
+        assert!(e.to_string().contains("dynamic"), "{e}");
     }
 }
