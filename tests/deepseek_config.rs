@@ -102,6 +102,9 @@ fn deepseek_v3() {
     assert_eq!(moe.shared_intermediate_size, 2048);
     assert_eq!(moe.layers.iter().filter(|&&m| !m).count(), 3);
     assert!(moe.layers[3]);
+    // The multi-token prediction layer after the 61 decoder layers has the mixture too.
+    assert_eq!(moe.layers.len(), 62);
+    assert!(moe.layers[61]);
     assert_eq!(c.mtp_layers, 1);
     assert_eq!(
         (c.bos_token_id, c.eos_token_ids.clone()),

@@ -631,13 +631,13 @@ fn aux_hidden_states_are_the_target_layer_inputs() {
     )
     .unwrap();
     let e = model
-        .forward_with_aux(&[1], &plan, &mut plain, &[0], &[1, TARGET_LAYERS])
+        .forward_with_aux(&[1], &plan, &mut plain, &[0], &[1, TARGET_LAYERS + 1])
         .unwrap_err();
     assert!(
         matches!(
             e,
             ForwardError::AuxLayer {
-                layer: 4,
+                layer: 5,
                 layers: 4
             }
         ),

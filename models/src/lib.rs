@@ -1,4 +1,4 @@
-//! Model architectures (the Llama family, EAGLE-3 draft heads), Hugging Face config parsing, safetensors loading, GGUF import,
+//! Model architectures (the Llama and DeepSeek families, EAGLE-3 and MTP draft heads), Hugging Face config parsing, safetensors loading, GGUF import,
 //! tokenizers and chat templates.
 
 pub mod chat_template;
@@ -12,6 +12,7 @@ pub mod gpu_graph;
 pub mod llama;
 #[cfg(feature = "cuda")]
 pub mod llama_gpu;
+pub mod mtp;
 pub mod progress;
 pub mod tokenizer;
 pub mod weights;

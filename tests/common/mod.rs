@@ -7,6 +7,8 @@ pub mod eagle3_head;
 pub mod engine;
 pub mod first_two;
 pub mod gguf_writer;
+pub mod mtp_checkpoint;
+pub mod mtp_reference;
 pub mod reference;
 pub mod tiny_model;
 pub mod tiny_tokenizer;

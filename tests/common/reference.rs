@@ -176,7 +176,7 @@ impl RefModel {
     }
 }
 
-fn widen(dtype: Dtype, data: &[u8]) -> Vec<f64> {
+pub fn widen(dtype: Dtype, data: &[u8]) -> Vec<f64> {
     match dtype {
         Dtype::F32 => data
             .chunks_exact(4)
@@ -194,18 +194,18 @@ fn widen(dtype: Dtype, data: &[u8]) -> Vec<f64> {
     }
 }
 
-fn dot(a: &[f64], b: &[f64]) -> f64 {
+pub fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(a, b)| a * b).sum()
 }
 
 /// `w` is `[rows, x.len()]` row-major; returns `w @ x`.
-fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
+pub fn matvec(w: &[f64], x: &[f64], rows: usize) -> Vec<f64> {
     (0..rows)
         .map(|r| dot(&w[r * x.len()..(r + 1) * x.len()], x))
         .collect()
 }
 
-fn rms(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
+pub fn rms(x: &[f64], w: &[f64], eps: f64) -> Vec<f64> {
     let ms = x.iter().map(|v| v * v).sum::<f64>() / x.len() as f64;
     let r = 1.0 / (ms + eps).sqrt();
     x.iter().zip(w).map(|(x, w)| x * r * w).collect()

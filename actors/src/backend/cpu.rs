@@ -188,7 +188,8 @@ impl ModelBackend for CpuBackend {
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
         self.queued = None;
         let num_layers = self.model.config().num_layers;
-        if let Some(l) = layers.iter().find(|&&l| l >= num_layers) {
+        // Layer `num_layers`'s "input" is the last layer's output (what MTP reads).
+        if let Some(l) = layers.iter().find(|&&l| l > num_layers) {
             anyhow::bail!("hidden states of layer {l} asked of a target of {num_layers} layers");
         }
         self.hidden_layers = layers.to_vec();

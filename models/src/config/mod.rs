@@ -346,6 +346,7 @@ impl ModelConfig {
             .and_then(|p| p["rope_theta"].as_f64());
         let rope_theta = positive_or(raw.rope_theta.or(theta_inside), 10000.0, "rope_theta")?;
         let num_layers = required(raw.num_hidden_layers, "num_hidden_layers")?;
+        let mtp_layers = raw.num_nextn_predict_layers.unwrap_or(0);
         let moe = RawMoe {
             num_experts: raw
                 .n_routed_experts
@@ -384,9 +385,9 @@ impl ModelConfig {
             qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
-            moe: MoeConfig::parse(architecture, moe, num_layers)?,
+            moe: MoeConfig::parse(architecture, moe, num_layers + mtp_layers)?,
             mla,
-            mtp_layers: raw.num_nextn_predict_layers.unwrap_or(0),
+            mtp_layers,
         })
     }
 }

@@ -46,7 +46,8 @@ pub struct MoeConfig {
     pub normalize: bool,
     /// What the routed experts' sum is multiplied by (`routed_scaling_factor`).
     pub routed_scaling: f64,
-    /// For each layer, whether its MLP is the mixture (else the dense MLP).
+    /// For each layer (the decoder's, then the multi-token prediction layers after them),
+    /// whether its MLP is the mixture (else the dense MLP).
     pub layers: Vec<bool>,
 }
 
@@ -70,7 +71,8 @@ pub(super) struct RawMoe {
 }
 
 impl MoeConfig {
-    /// The mixture of an architecture that has one, for a model of `num_layers`; `None`
+    /// The mixture of an architecture that has one, for a model of `num_layers` (its
+    /// decoder's and its multi-token prediction layers); `None`
     /// when the config names no routed experts (a dense model).
     pub(super) fn parse(
         architecture: Architecture,

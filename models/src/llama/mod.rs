@@ -6,7 +6,7 @@
 mod mla;
 mod mlp;
 mod moe;
-mod record;
+pub(crate) mod record;
 
 pub use record::LlamaBuffers;
 
@@ -36,7 +36,7 @@ pub enum ForwardError {
     TokenId { id: u32, vocab: usize },
     #[error("logits were asked for row {row} of a step of {rows} rows")]
     LogitRow { row: usize, rows: usize },
-    #[error("hidden states of layer {layer} were asked for a model of {layers} layers")]
+    #[error("hidden states of layer {layer} were asked for a model of {layers} layers (at most layer {layers}: the last layer's output)")]
     AuxLayer { layer: usize, layers: usize },
     #[error("{what} holds {len} values; {rows} rows of {width} were expected")]
     HiddenShape {
@@ -62,7 +62,7 @@ pub enum ForwardError {
 }
 
 /// One decoder layer: a norm, the attention, a norm, the MLP.
-struct Layer {
+pub(crate) struct Layer {
     input_norm: RmsNorm,
     attention: LayerAttention,
     post_norm: RmsNorm,
@@ -139,29 +139,7 @@ impl LlamaModel {
         let embed = Arc::new(w.matrix("model.embed_tokens.weight", [c.vocab_size, h])?);
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
-            let p = format!("model.layers.{l}");
-            let norm = |name: &str| -> Result<RmsNorm, WeightError> {
-                Ok(RmsNorm::new(w.f32(&format!("{p}.{name}"), &[h])?, eps))
-            };
-            let attention = match c.mla {
-                Some(_) => LayerAttention::Latent(Arc::new(MlaWeights::load(w, c, &p)?)),
-                None => LayerAttention::Grouped(Arc::new(grouped_attention(w, c, &p)?)),
-            };
-            let mlp = match &c.moe {
-                Some(moe) if moe.layers[l] => {
-                    LayerMlp::Experts(Arc::new(MoeWeights::load(w, c, &p)?))
-                }
-                _ => {
-                    let mlp = GatedMlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size)?;
-                    LayerMlp::Dense(Arc::new(mlp))
-                }
-            };
-            layers.push(Arc::new(Layer {
-                input_norm: norm("input_layernorm.weight")?,
-                attention,
-                post_norm: norm("post_attention_layernorm.weight")?,
-                mlp,
-            }));
+            layers.push(Arc::new(load_layer(w, c, l)?));
             bar.inc(1);
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
@@ -172,17 +150,7 @@ impl LlamaModel {
                 None,
             )
         };
-        let rotary = match &c.mla {
-            Some(m) => {
-                let layout = if m.rope_interleaved {
-                    RotaryLayout::Interleaved
-                } else {
-                    RotaryLayout::HalfSplit
-                };
-                Rotary::new(m.qk_rope_head_dim, c.rope_theta, &c.rope_scaling, layout)
-            }
-            None => Rotary::new(d, c.rope_theta, &c.rope_scaling, RotaryLayout::HalfSplit),
-        };
+        let rotary = rotary_of(c);
         let norm = Arc::new(RmsNorm::new(w.f32("model.norm.weight", &[h])?, eps));
         progress::finish(
             &bar,
@@ -212,6 +180,12 @@ impl LlamaModel {
     /// EAGLE-3 head without its own `embed_tokens` uses it).
     pub fn embedding_table(&self) -> Arc<Matrix> {
         self.embed.clone()
+    }
+
+    /// The output projection, `[vocab_size, hidden_size]` (shared: an MTP head without its
+    /// own `shared_head.head` uses it).
+    pub fn lm_head(&self) -> Arc<Linear> {
+        self.lm_head.clone()
     }
 
     /// Bytes of parameters held.
@@ -288,8 +262,8 @@ impl LlamaModel {
 
     /// [`forward`](Self::forward) that also records, for every row, the residual-stream
     /// input of each layer in `aux_layers` (layer 0's input is the embedding; layer l's is
-    /// the residual after layer l-1's output was added): the hidden states an EAGLE-3 head
-    /// reads. They come back concatenated in the order of `aux_layers`, as
+    /// the residual after layer l-1's output was added; layer `num_layers`'s, the residual
+    /// after the last layer's): the hidden states an EAGLE-3 or MTP head reads. They come back concatenated in the order of `aux_layers`, as
     /// `[tokens, aux_layers.len() * hidden_size]`, next to the logits. Recording copies
     /// rows during the one forward; it changes nothing the forward computes.
     pub fn forward_with_aux(
@@ -301,7 +275,7 @@ impl LlamaModel {
         aux_layers: &[usize],
     ) -> Result<(Vec<f32>, Vec<f32>), ForwardError> {
         let layers = self.config.num_layers;
-        if let Some(&layer) = aux_layers.iter().find(|&&l| l >= layers) {
+        if let Some(&layer) = aux_layers.iter().find(|&&l| l > layers) {
             return Err(ForwardError::AuxLayer { layer, layers });
         }
         let mut aux = vec![0.0; tokens.len() * aux_layers.len() * self.config.hidden_size];
@@ -355,6 +329,59 @@ impl LlamaModel {
     /// The pool the model's buffers come from.
     pub fn pool(&self) -> &BufferPool {
         &self.pool
+    }
+}
+
+/// Layer `l` of the checkpoint (`model.layers.{l}`): a decoder layer, or a multi-token
+/// prediction layer's decoder block past the last one.
+pub(crate) fn load_layer(w: &Weights, c: &ModelConfig, l: usize) -> Result<Layer, WeightError> {
+    let (p, h, eps) = (
+        format!("model.layers.{l}"),
+        c.hidden_size,
+        c.rms_norm_eps as f32,
+    );
+    let norm = |name: &str| -> Result<RmsNorm, WeightError> {
+        Ok(RmsNorm::new(w.f32(&format!("{p}.{name}"), &[h])?, eps))
+    };
+    let attention = match c.mla {
+        Some(_) => LayerAttention::Latent(Arc::new(MlaWeights::load(w, c, &p)?)),
+        None => LayerAttention::Grouped(Arc::new(grouped_attention(w, c, &p)?)),
+    };
+    let mlp = match &c.moe {
+        Some(moe) if moe.layers.get(l) == Some(&true) => {
+            LayerMlp::Experts(Arc::new(MoeWeights::load(w, c, &p)?))
+        }
+        _ => {
+            let mlp = GatedMlp::load(w, &format!("{p}.mlp"), h, c.intermediate_size)?;
+            LayerMlp::Dense(Arc::new(mlp))
+        }
+    };
+    Ok(Layer {
+        input_norm: norm("input_layernorm.weight")?,
+        attention,
+        post_norm: norm("post_attention_layernorm.weight")?,
+        mlp,
+    })
+}
+
+/// The rotary embedding of `c`'s attention: over the whole head, or latent attention's
+/// rotary part (interleaved pairs unless `rope_interleave` is false).
+pub(crate) fn rotary_of(c: &ModelConfig) -> Rotary {
+    match &c.mla {
+        Some(m) => {
+            let layout = if m.rope_interleaved {
+                RotaryLayout::Interleaved
+            } else {
+                RotaryLayout::HalfSplit
+            };
+            Rotary::new(m.qk_rope_head_dim, c.rope_theta, &c.rope_scaling, layout)
+        }
+        None => Rotary::new(
+            c.head_dim,
+            c.rope_theta,
+            &c.rope_scaling,
+            RotaryLayout::HalfSplit,
+        ),
     }
 }
 

@@ -11,7 +11,7 @@ use super::{ForwardError, GroupedAttention, Layer, LayerAttention, LayerMlp, Lla
 use crate::config::ModelConfig;
 use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
-use peregrine_ops::RmsNorm;
+use peregrine_ops::{PagedAttention, RmsNorm, Rotary};
 use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
@@ -24,7 +24,7 @@ pub struct LlamaBuffers {
     pub logits: CpuBuffer<f32>,
     /// `[rows, aux_layers * hidden]` the inputs of the recorded layers (empty if none).
     pub aux: CpuBuffer<f32>,
-    act: Activations,
+    pub(crate) act: Activations,
     /// Latent attention's activations, for a model that has it.
     mla: Option<MlaActivations>,
     /// The mixture's activations, for a model that has one.
@@ -48,7 +48,7 @@ impl LlamaBuffers {
     }
 
     /// Activations and outputs for `inputs`' capacity, from `pool`.
-    pub(super) fn new(
+    pub(crate) fn new(
         pool: &BufferPool,
         c: &ModelConfig,
         inputs: StepInputs,
@@ -104,7 +104,7 @@ impl LlamaModel {
             });
         }
         let layers = self.config.num_layers;
-        if let Some(&layer) = aux_layers.iter().find(|&&l| l >= layers) {
+        if let Some(&layer) = aux_layers.iter().find(|&&l| l > layers) {
             return Err(ForwardError::AuxLayer { layer, layers });
         }
         let (b, n) = (buffers, shape.rows);
@@ -123,6 +123,8 @@ impl LlamaModel {
             &b.logits,
             shape,
         );
+        // "Layer `num_layers`'s input": the residual after the last layer.
+        self.record_aux(graph, b, n, layers, aux_layers);
         Ok(())
     }
 
@@ -136,59 +138,15 @@ impl LlamaModel {
         layer: &Arc<Layer>,
         aux_layers: &[usize],
     ) -> Result<(), ForwardError> {
-        let n = shape.rows;
-        let h = self.config.hidden_size;
-        let a = &b.act;
-        let (res, normed, delta) = (a.residual.clone(), a.normed.clone(), a.delta.clone());
-        let ly = layer.clone();
-        let handles = [res.handle(), delta.handle(), normed.handle()];
-        graph.record("input_norm", &handles, move |_| {
-            let out = &mut normed.write()[..n * h];
-            if l == 0 {
-                ly.input_norm.forward(&res.read()[..n * h], out);
-            } else {
-                let delta = &delta.read()[..n * h];
-                ly.input_norm
-                    .forward_residual(&mut res.write()[..n * h], delta, out);
-            }
-            Ok(())
-        });
-        self.record_aux(graph, b, n, l, aux_layers);
-        match &layer.attention {
-            LayerAttention::Grouped(g) => {
-                ops::linear(graph, "qkv", g, |g| &g.qkv, &a.normed, &a.qkv, n);
-                ops::split_qkv(graph, a, n);
-                ops::qk_norm_rope(graph, a, &self.rotary, g, qk_norms, n);
-                ops::write_kv(graph, &b.inputs, a, n, l);
-                ops::attention(graph, &b.inputs, a, self.attention, shape, l)?;
-                ops::linear(graph, "o_proj", g, |g| &g.o_proj, &a.attn, &a.delta, n);
-            }
-            LayerAttention::Latent(m) => {
-                let acts = b.mla.as_ref().expect("latent buffers of a latent model");
-                mla::record(graph, &b.inputs, a, acts, m, &self.rotary, shape, l)?;
-            }
-        }
-        ops::add_norm(graph, "post_norm", a, layer, |ly| &ly.post_norm, n);
-        match &layer.mlp {
-            LayerMlp::Dense(mlp) => {
-                ops::linear(
-                    graph,
-                    "gate_up",
-                    mlp,
-                    |m| &m.gate_up,
-                    &a.normed,
-                    &a.gate_up,
-                    n,
-                );
-                ops::silu_and_mul(graph, a, n);
-                ops::linear(graph, "down", mlp, |m| &m.down, &a.act, &a.delta, n);
-            }
-            LayerMlp::Experts(moe) => {
-                let acts = b.moe.as_ref().expect("mixture buffers of a mixture model");
-                moe::record(graph, a, acts, moe, n);
-            }
-        }
-        Ok(())
+        record_input_norm(graph, b, shape.rows, layer, l == 0);
+        self.record_aux(graph, b, shape.rows, l, aux_layers);
+        let block = Block {
+            layer,
+            rotary: &self.rotary,
+            attention: self.attention,
+            cache_layer: l,
+        };
+        record_block(graph, b, shape, block)
     }
 
     /// Copies the residual stream (layer `l`'s input) into every slot of the aux buffer
@@ -214,6 +172,95 @@ impl LlamaModel {
             });
         }
     }
+}
+
+/// What one decoder block records: its layer's weights, the rotary embedding and
+/// attention settings, and the cache layer its keys and values go to.
+pub(crate) struct Block<'a> {
+    pub layer: &'a Arc<Layer>,
+    pub rotary: &'a Arc<Rotary>,
+    pub attention: PagedAttention,
+    pub cache_layer: usize,
+}
+
+/// `input_layernorm` of the first `n` rows into `b`'s normed buffer: of the residual as
+/// it is (`first`: it holds the block's input), else after the last delta is added.
+pub(crate) fn record_input_norm(
+    graph: &mut Graph,
+    b: &LlamaBuffers,
+    n: usize,
+    layer: &Arc<Layer>,
+    first: bool,
+) {
+    let a = &b.act;
+    let h = a.dims.hidden;
+    let (res, normed, delta) = (a.residual.clone(), a.normed.clone(), a.delta.clone());
+    let ly = layer.clone();
+    let handles = [res.handle(), delta.handle(), normed.handle()];
+    graph.record("input_norm", &handles, move |_| {
+        let out = &mut normed.write()[..n * h];
+        if first {
+            ly.input_norm.forward(&res.read()[..n * h], out);
+        } else {
+            let delta = &delta.read()[..n * h];
+            ly.input_norm
+                .forward_residual(&mut res.write()[..n * h], delta, out);
+        }
+        Ok(())
+    });
+}
+
+/// A decoder block after its input norm: the attention (its keys and values, or latent
+/// rows, into `block.cache_layer`), the post-attention norm, the MLP, leaving the MLP's
+/// output in the delta buffer.
+pub(crate) fn record_block(
+    graph: &mut Graph,
+    b: &LlamaBuffers,
+    shape: StepShape,
+    block: Block,
+) -> Result<(), ForwardError> {
+    let Block {
+        layer,
+        rotary,
+        attention,
+        cache_layer: l,
+    } = block;
+    let (a, n) = (&b.act, shape.rows);
+    match &layer.attention {
+        LayerAttention::Grouped(g) => {
+            ops::linear(graph, "qkv", g, |g| &g.qkv, &a.normed, &a.qkv, n);
+            ops::split_qkv(graph, a, n);
+            ops::qk_norm_rope(graph, a, rotary, g, qk_norms, n);
+            ops::write_kv(graph, &b.inputs, a, n, l);
+            ops::attention(graph, &b.inputs, a, attention, shape, l)?;
+            ops::linear(graph, "o_proj", g, |g| &g.o_proj, &a.attn, &a.delta, n);
+        }
+        LayerAttention::Latent(m) => {
+            let acts = b.mla.as_ref().expect("latent buffers of a latent model");
+            mla::record(graph, &b.inputs, a, acts, m, rotary, shape, l)?;
+        }
+    }
+    ops::add_norm(graph, "post_norm", a, layer, |ly| &ly.post_norm, n);
+    match &layer.mlp {
+        LayerMlp::Dense(mlp) => {
+            ops::linear(
+                graph,
+                "gate_up",
+                mlp,
+                |m| &m.gate_up,
+                &a.normed,
+                &a.gate_up,
+                n,
+            );
+            ops::silu_and_mul(graph, a, n);
+            ops::linear(graph, "down", mlp, |m| &m.down, &a.act, &a.delta, n);
+        }
+        LayerMlp::Experts(moe) => {
+            let acts = b.moe.as_ref().expect("mixture buffers of a mixture model");
+            moe::record(graph, a, acts, moe, n);
+        }
+    }
+    Ok(())
 }
 
 /// The layer's per-head q and k norms, if it has them (Qwen3).
