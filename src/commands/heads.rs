@@ -16,8 +16,12 @@ pub const DEFAULT_HEAD: &str = "smollm2-135m-eagle3";
 const CHECKOUT_HEADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/heads");
 
 /// The draft directory of `config`: `draft_model` when it names one; for eagle3 with the
-/// default model and none named, the default model's head; otherwise none.
+/// default model and none named, the default model's head; for mtp, the target's own
+/// folder (its multi-token prediction layers); otherwise none.
 pub fn draft_dir(config: &ServeConfig) -> anyhow::Result<Option<PathBuf>> {
+    if config.speculative_method == Some(SpeculativeMethod::Mtp) {
+        return Ok(Some(crate::commands::engine::model_dir(config)?.0));
+    }
     let wants_default = config.draft_model.is_none()
         && config.model.is_none()
         && config.speculative_method == Some(SpeculativeMethod::Eagle3);

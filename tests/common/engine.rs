@@ -8,7 +8,7 @@ use peregrine_actors::messages::{
 };
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
-use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_ops::{AttentionPlan, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
@@ -125,8 +125,7 @@ pub fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParam
 pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) -> Vec<Vec<u32>> {
     const BLOCK: usize = 16;
     let model = LlamaModel::load(dir).unwrap();
-    let layout = model.kv_layout(64, BLOCK as u64);
-    let mut cache = KvCache::new(model.config().num_layers, layout);
+    let mut cache = model.new_cache(64, BLOCK as u64);
     reqs.iter()
         .map(|(prompt, params)| {
             let mut sampler = Sampler::new(params).unwrap();

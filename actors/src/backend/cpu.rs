@@ -9,7 +9,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{GeneratedToken, HiddenData};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
-use peregrine_ops::{AttentionPlan, KvCache, KvRows};
+use peregrine_ops::{AttentionPlan, KvCache, KvRows, Linear};
 use std::sync::Arc;
 
 struct CpuBackend {
@@ -203,6 +203,10 @@ impl ModelBackend for CpuBackend {
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {
         Some(self.model.embedding_table())
+    }
+
+    fn lm_head(&self) -> Option<Arc<Linear>> {
+        Some(self.model.lm_head())
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

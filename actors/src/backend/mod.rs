@@ -17,7 +17,7 @@ use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{argmax, log_softmax, Sampler};
-use peregrine_ops::AttentionPlan;
+use peregrine_ops::{AttentionPlan, Linear};
 use std::sync::Arc;
 
 /// What the pool is and what the address audit (DESIGN.md rule 2) found for it.
@@ -303,6 +303,11 @@ pub trait ModelBackend: Send {
     /// The token embedding table on the host, `[vocab, hidden]`, where the backend holds
     /// one (an EAGLE-3 head without its own shares it).
     fn embedding_table(&self) -> Option<Arc<Matrix>> {
+        None
+    }
+    /// The output projection on the host, where the backend holds one (an MTP layer
+    /// without its own `shared_head.head` shares it).
+    fn lm_head(&self) -> Option<Arc<Linear>> {
         None
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on

@@ -11,7 +11,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head, GpuHeadDrafts};
-use peregrine_models::eagle3::{DraftVocab, Eagle3Config, FeatureKind, HeadInput};
+use peregrine_models::eagle3::{DraftVocab, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
@@ -287,8 +287,12 @@ fn through_graph(
 }
 
 impl HeadRunner for GpuHead {
-    fn config(&self) -> &Eagle3Config {
-        self.head.config()
+    fn aux_width(&self) -> usize {
+        self.aux_layers().len() * self.head.config().target_hidden_size
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.head.config().hidden_size
     }
 
     fn vocab(&self) -> &DraftVocab {

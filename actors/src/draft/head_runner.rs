@@ -5,7 +5,7 @@
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
-use peregrine_models::eagle3::{DraftVocab, Eagle3Config, Eagle3Head, HeadInput};
+use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 
@@ -20,22 +20,17 @@ pub struct HeadStep {
     pub pre: Vec<f32>,
 }
 
-/// An EAGLE-3 head with its KV cache, on some device.
+/// A draft head that reads the target's hidden states (an EAGLE-3 head, or an MTP layer)
+/// with its KV cache, on some device.
 pub trait HeadRunner: Send {
-    /// The head's configuration.
-    fn config(&self) -> &Eagle3Config;
     /// Its draft vocabulary (draft id to target id).
     fn vocab(&self) -> &DraftVocab;
     /// The target layers whose inputs feed the head, in concatenation order.
     fn aux_layers(&self) -> &[usize];
     /// The width of one row of target features (the aux layers' inputs side by side).
-    fn aux_width(&self) -> usize {
-        self.aux_layers().len() * self.config().target_hidden_size
-    }
+    fn aux_width(&self) -> usize;
     /// The head's width H: one row of `pre`.
-    fn hidden_size(&self) -> usize {
-        self.config().hidden_size
-    }
+    fn hidden_size(&self) -> usize;
     /// Tokens per block of its cache (the target pool's).
     fn block_size(&self) -> usize;
     /// Bytes one block takes in the K or V tensor of its one-layer cache.
@@ -81,8 +76,12 @@ pub(super) fn blocks_above(specs: &[SeqSpec], above: u32) -> Vec<u32> {
 }
 
 impl HeadRunner for Box<dyn HeadRunner> {
-    fn config(&self) -> &Eagle3Config {
-        (**self).config()
+    fn aux_width(&self) -> usize {
+        (**self).aux_width()
+    }
+
+    fn hidden_size(&self) -> usize {
+        (**self).hidden_size()
     }
 
     fn vocab(&self) -> &DraftVocab {
@@ -164,8 +163,12 @@ impl CpuHead {
 }
 
 impl HeadRunner for CpuHead {
-    fn config(&self) -> &Eagle3Config {
-        self.head.config()
+    fn aux_width(&self) -> usize {
+        self.aux_layers().len() * self.head.config().target_hidden_size
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.head.config().hidden_size
     }
 
     fn vocab(&self) -> &DraftVocab {

@@ -3,9 +3,10 @@
 //! draft model's forwards block. Each step the scheduler sends one `Propose` for every
 //! decoding sequence and gets their drafts back before it sends the target its batch.
 //!
-//! A method that needs the target's hidden states (EAGLE-3) names the target layers it
-//! reads; the engine asks the target backend to record them, the runner returns them with
-//! each step, and the scheduler passes them on with the next `Propose` (MTP is not built).
+//! A method that needs the target's hidden states (an EAGLE-3 head, or a DeepSeek-V3 MTP
+//! layer run as a head by the same method) names the target layers it reads; the engine
+//! asks the target backend to record them, the runner returns them with each step, and
+//! the scheduler passes them on with the next `Propose`.
 //!
 //! A draft model and an EAGLE-3 head (on either device) replay captured decode graphs for
 //! their steps after the first; the engine captures them with the target's
@@ -19,6 +20,7 @@ mod gpu_head;
 mod head_blocks;
 mod head_features;
 mod head_runner;
+mod mtp_head;
 mod ngram;
 mod progress;
 
@@ -28,6 +30,7 @@ pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
 pub use head_runner::{CpuHead, HeadRunner, HeadStep};
+pub use mtp_head::CpuMtpHead;
 pub use ngram::Ngram;
 
 use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};

@@ -42,6 +42,9 @@ pub enum SpeculativeMethod {
     DraftModel,
     /// An EAGLE-3 head (`draft_model`; with the default model, the head shipped for it).
     Eagle3,
+    /// The target's own multi-token prediction layers (DeepSeek-V3's
+    /// `num_nextn_predict_layers`), chained for more than one draft.
+    Mtp,
 }
 
 impl SpeculativeMethod {
@@ -51,6 +54,7 @@ impl SpeculativeMethod {
             SpeculativeMethod::Ngram => "ngram",
             SpeculativeMethod::DraftModel => "draft_model",
             SpeculativeMethod::Eagle3 => "eagle3",
+            SpeculativeMethod::Mtp => "mtp",
         }
     }
 }

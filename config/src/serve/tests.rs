@@ -464,6 +464,14 @@ fn speculation_settings_load_and_bad_ones_name_their_field() {
         e.contains("only used with speculative_method draft_model"),
         "{e}"
     );
+    // mtp drafts with the target's own layers: no draft model is named.
+    let mtp = from_file("", &["--model", "m", "--speculative-method", "mtp"]).expect("loads");
+    assert_eq!(mtp.speculative_method, Some(SpeculativeMethod::Mtp));
+    let e = refused("", &["--speculative-method", "mtp", "--draft-model", "d"]);
+    assert!(
+        e.contains("only used with speculative_method draft_model"),
+        "{e}"
+    );
     // Speculation is a device-independent setting: the GPU sizes its logits for it.
     let config = from_file("device = \"cuda\"", &["--speculative-method", "ngram"]).unwrap();
     assert_eq!(config.speculative_method, Some(SpeculativeMethod::Ngram));

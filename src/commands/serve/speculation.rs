@@ -3,10 +3,13 @@
 use crate::commands::heads::draft_dir;
 use anyhow::Context;
 use peregrine_actors::backend::{DraftBeside, ModelBackend};
-use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, HeadRunner, Ngram};
+use peregrine_actors::draft::{
+    BackendDraft, CpuMtpHead, DraftMethod, DraftModel, Eagle3, HeadRunner, Ngram,
+};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
+use peregrine_models::mtp::MtpHead;
 use peregrine_models::{LlamaModel, Weights};
 use std::path::Path;
 use std::sync::Arc;
@@ -73,6 +76,14 @@ pub fn build_drafter(
                 .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
             Box::new(with_fault(Eagle3::new(head, target.config(), target.pool())?)?)
         }
+        (SpeculativeMethod::Mtp, None) => {
+            let dir = draft_model.context("speculative_method mtp reads the target's folder")?;
+            let head = load_mtp(dir, target)
+                .with_context(|| format!("loading the MTP layer of {}", dir.display()))?;
+            let vocab = target.config().vocab_size;
+            let runner = CpuMtpHead::new(head, target.pool(), vocab)?;
+            Box::new(with_fault(Eagle3::with_runner(runner))?)
+        }
         (method, Some(_)) => anyhow::bail!(
             "the backend loaded a drafter beside the target that speculative_method {} does not use",
             method.as_str()
@@ -120,7 +131,7 @@ pub fn gpu_draft(
     match method? {
         SpeculativeMethod::DraftModel => Some(GpuDraft::Model(dir)),
         SpeculativeMethod::Eagle3 => Some(GpuDraft::Eagle3Head(dir)),
-        SpeculativeMethod::Ngram => None,
+        SpeculativeMethod::Ngram | SpeculativeMethod::Mtp => None,
     }
 }
 
@@ -144,5 +155,24 @@ fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3He
         &weights,
         target.config(),
         embed,
+    )?)
+}
+
+/// The first multi-token prediction layer of the target checkpoint in `dir`, sharing the
+/// target's embedding table and output projection where the layer has none of its own.
+fn load_mtp(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<MtpHead> {
+    let (Some(embed), Some(head)) = (target.embedding_table(), target.lm_head()) else {
+        anyhow::bail!(
+            "speculative_method mtp runs on the CPU; the {} backend does not share the \
+             target's embedding and output projection",
+            target.pool().device
+        );
+    };
+    let weights = Weights::open(dir)?;
+    Ok(MtpHead::from_weights(
+        target.config(),
+        &weights,
+        embed,
+        head,
     )?)
 }
