@@ -1,8 +1,8 @@
 //! `--speculative-method mtp` through the serving engine on the CPU: DeepSeek-V3's
 //! multi-token prediction layer (random, on the V3 fixture) drafts three tokens a step,
-//! chained on its own output, and every greedy request's output equals the plainest loop's
-//! (the model alone, no batch, no drafts), in a roomy pool and in one tight enough to
-//! preempt.
+//! chained on its own output, the target and the head replaying captured graphs, and every
+//! greedy request's output equals the plainest loop's (the model alone, no batch, no
+//! drafts), in a roomy pool and in one tight enough to preempt.
 
 mod common;
 
@@ -11,6 +11,7 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use peregrine_actors::backend::cpu_backend;
 use peregrine_actors::draft::{CpuMtpHead, DraftMethod, Eagle3};
 use peregrine_actors::engine::{start_engine, EngineSettings};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
 use peregrine_models::mtp::MtpHead;
 use peregrine_models::{LlamaModel, Weights};
@@ -33,7 +34,7 @@ async fn served(
     let target = cpu_backend(model, kv_blocks * BLOCK as u64 * bytes, BLOCK).unwrap();
     let weights = Weights::open(dir).unwrap();
     let mtp = MtpHead::from_weights(&config, &weights, embed, head).unwrap();
-    let runner = CpuMtpHead::new(mtp, target.pool(), config.vocab_size).unwrap();
+    let runner = CpuMtpHead::new(mtp, &config, target.pool()).unwrap();
     let drafter: Box<dyn DraftMethod> = Box::new(Eagle3::with_runner(runner));
     let settings = EngineSettings {
         block_size: BLOCK,
@@ -49,6 +50,9 @@ async fn served(
         async_scheduling: false,
     };
     let engine = start_engine(target, &settings, Some(drafter)).unwrap();
+    // The target's decode steps and the head's draft steps replay graphs.
+    let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 8).unwrap();
+    engine.graphs.capture(Some(sizes)).await.unwrap();
     let mut streams = Vec::new();
     for (i, (prompt, params)) in reqs.iter().enumerate() {
         streams.push(submit(&engine.scheduler, i as u64, prompt, params, MAX_TOKENS).await);

@@ -14,9 +14,10 @@
 //! It drafts over the whole vocabulary.
 
 use crate::config::ModelConfig;
-use crate::cpu_graph::ops::{self as ops, refuse, Graph};
-use crate::cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
-use crate::eagle3::{FeatureKind, HeadInput, HeadOutput};
+use crate::cpu_graph::head::{GraphHead, HeadIo};
+use crate::cpu_graph::ops::{self as ops, Graph};
+use crate::cpu_graph::step_io::{StepInputs, StepShape};
+use crate::eagle3::{FeatureKind, HeadInput, HeadOutput, HeadStaging};
 use crate::llama::record::{record_block, record_input_norm, Block};
 use crate::llama::{check_inputs, load_layer, rotary_of, ForwardError, Layer, LlamaBuffers};
 use crate::weights::{WeightError, Weights};
@@ -164,40 +165,32 @@ impl MtpHead {
             return Err(ForwardError::DeviceFeatures);
         };
         let (n, h) = (tokens.len(), self.config.hidden_size);
-        if features.len() != n * h {
-            return Err(ForwardError::HiddenShape {
-                what: "MTP features",
-                len: features.len(),
-                rows: n,
-                width: h,
-            });
-        }
         let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
-        let b = MtpBuffers::new(self, shape, max_blocks);
-        StepStaging::new(shape, max_blocks, -1)?.stage(
-            &b.block.inputs,
-            tokens,
-            plan,
-            logit_rows,
-            shape,
-        )?;
-        b.feature.write()[..n * h].copy_from_slice(features);
+        let b = self.buffers(shape, max_blocks, kind);
+        HeadStaging::new(shape, max_blocks, -1, h)?
+            .stage(&b, tokens, features, plan, logit_rows, shape)?;
         let mut graph = CpuGraph::new();
-        self.record(&mut graph, &b, shape, kind)?;
+        self.record(&mut graph, &b, shape)?;
         graph.replay(cache)?;
         let logits = b.block.logits.read().to_vec();
         let pre = b.block.act.residual.read()[..n * h].to_vec();
         Ok(HeadOutput { logits, pre })
     }
 
-    /// Records the head's forward of a step of `shape` over `b`, its features of `kind`.
-    fn record(
+    /// Records the head's forward of a step of `shape` over `b`.
+    fn record_step(
         &self,
         graph: &mut Graph,
         b: &MtpBuffers,
         shape: StepShape,
-        kind: FeatureKind,
     ) -> Result<(), ForwardError> {
+        let cap = b.block.inputs.capacity;
+        if shape.rows > cap.rows || shape.seqs > cap.seqs || shape.logit_rows > cap.logit_rows {
+            return Err(ForwardError::TokenCount {
+                tokens: shape.rows,
+                rows: cap.rows,
+            });
+        }
         let (w, a, n, h) = (
             &self.weights,
             &b.block.act,
@@ -205,7 +198,7 @@ impl MtpHead {
             self.config.hidden_size,
         );
         ops::embedding(graph, &b.block.inputs, &w.embed, &b.e, n, h);
-        self.record_input(graph, b, kind, n);
+        self.record_input(graph, b, b.kind, n);
         ops::linear(graph, "eh_proj", w, |w| &w.eh_proj, &b.u, &a.residual, n);
         ops::rotary_tables(graph, &b.block.inputs, a, &self.rotary, n);
         record_input_norm(graph, &b.block, n, &w.layer, true);
@@ -247,9 +240,6 @@ impl MtpHead {
                 FeatureKind::Aux => w.target_norm.forward(feature, &mut g[..n * h]),
                 FeatureKind::Pre => g[..n * h].copy_from_slice(feature),
             }
-            if u.len() < n * 2 * h {
-                return Err(refuse(format!("{n} rows past the head's buffers")));
-            }
             for (t, out) in u[..n * 2 * h].chunks_mut(2 * h).enumerate() {
                 let (left, right) = out.split_at_mut(h);
                 w.enorm.forward(&e[t * h..(t + 1) * h], left);
@@ -260,10 +250,13 @@ impl MtpHead {
     }
 }
 
-/// Everything a forward of the head reads and writes besides its weights and cache.
-struct MtpBuffers {
+/// Everything a forward of the head reads and writes besides its weights and cache, each
+/// at the largest step it serves.
+pub struct MtpBuffers {
     /// The decoder block's buffers (the staged inputs, its activations, the logits).
     block: LlamaBuffers,
+    /// Which feature the rows are fed.
+    kind: FeatureKind,
     /// `[rows, H]` the staged feature of each row.
     feature: CpuBuffer<f32>,
     /// `[rows, H]` the embeddings, then `g`.
@@ -273,16 +266,50 @@ struct MtpBuffers {
     u: CpuBuffer<f32>,
 }
 
-impl MtpBuffers {
-    fn new(head: &MtpHead, capacity: StepShape, max_blocks: usize) -> MtpBuffers {
-        let (pool, n, h) = (&head.pool, capacity.rows, head.config.hidden_size);
+impl HeadIo for MtpBuffers {
+    fn inputs(&self) -> &StepInputs {
+        &self.block.inputs
+    }
+
+    fn feature(&self) -> &CpuBuffer<f32> {
+        &self.feature
+    }
+
+    fn logits(&self) -> &CpuBuffer<f32> {
+        &self.block.logits
+    }
+
+    fn pre(&self) -> &CpuBuffer<f32> {
+        &self.block.act.residual
+    }
+}
+
+impl GraphHead for MtpHead {
+    type Buffers = MtpBuffers;
+
+    fn feature_width(&self, _kind: FeatureKind) -> usize {
+        self.config.hidden_size
+    }
+
+    fn buffers(&self, capacity: StepShape, max_blocks: usize, kind: FeatureKind) -> MtpBuffers {
+        let (pool, n, h) = (&self.pool, capacity.rows, self.config.hidden_size);
         let inputs = StepInputs::new(pool, capacity, max_blocks);
         MtpBuffers {
-            block: LlamaBuffers::new(pool, &head.config, inputs, 0),
+            block: LlamaBuffers::new(pool, &self.config, inputs, 0),
+            kind,
             feature: pool.alloc(n * h),
             e: pool.alloc(n * h),
             g: pool.alloc(n * h),
             u: pool.alloc(n * 2 * h),
         }
+    }
+
+    fn record(
+        &self,
+        graph: &mut Graph,
+        b: &MtpBuffers,
+        shape: StepShape,
+    ) -> Result<(), ForwardError> {
+        self.record_step(graph, b, shape)
     }
 }

@@ -135,7 +135,7 @@ pub struct CpuHead {
     /// Block-table entries the graphs stage.
     graph_table_width: usize,
     /// The captured graphs of the head's decode step, if any.
-    graphs: Option<CpuHeadGraphs>,
+    graphs: Option<CpuHeadGraphs<Eagle3Head>>,
 }
 
 impl CpuHead {

@@ -2,18 +2,19 @@
 //! the EAGLE-3 method drives (it reads the target's features the same way, step 0 pairing
 //! the target's output at j with token j + 1, later steps chained on the head's own
 //! output), drafting over the whole vocabulary, its one-layer cache over the target's
-//! blocks.
+//! blocks. Its steps after the first replay captured graphs of its decode step when one
+//! serves the batch, as an EAGLE-3 head's do.
 
 use super::head_runner::{HeadRunner, HeadStep};
 use crate::backend::PoolInfo;
-use crate::graphs::CaptureSizes;
+use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
 use peregrine_models::eagle3::{DraftVocab, HeadInput};
 use peregrine_models::mtp::MtpHead;
+use peregrine_models::ModelConfig;
 #[cfg(feature = "fault-hooks")]
 use peregrine_ops::KvRows;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
-use tracing::info;
 
 /// An MTP head with its cache, on the CPU.
 pub struct CpuMtpHead {
@@ -23,12 +24,19 @@ pub struct CpuMtpHead {
     vocab: DraftVocab,
     /// The one target "layer" the head reads: the last layer's output.
     aux: [usize; 1],
+    /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
+    scratch_slot: Option<i64>,
+    /// Block-table entries the graphs stage.
+    graph_table_width: usize,
+    /// The captured graphs of the head's decode step, if any.
+    graphs: Option<CpuHeadGraphs<MtpHead>>,
 }
 
 impl CpuMtpHead {
-    /// The `head` with a one-layer cache of as many blocks as the target's `pool` (its
-    /// scratch block included), of the same size, audited first.
-    pub fn new(head: MtpHead, pool: &PoolInfo, vocab_size: usize) -> anyhow::Result<CpuMtpHead> {
+    /// The `head` of `target` with a one-layer cache of as many blocks as the target's
+    /// `pool` (its scratch block included), of the same size, audited first.
+    pub fn new(head: MtpHead, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<CpuMtpHead> {
+        let vocab_size = target.vocab_size;
         let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
         head.kv_layout(num_blocks, block_size)
             .audit(4)
@@ -40,6 +48,9 @@ impl CpuMtpHead {
             cache: head.new_cache(num_blocks, block_size),
             head,
             vocab,
+            scratch_slot: pool.scratch_slot(),
+            graph_table_width: pool.graph_table_width(target.max_model_len),
+            graphs: None,
         })
     }
 }
@@ -80,10 +91,19 @@ impl HeadRunner for CpuMtpHead {
     ) -> anyhow::Result<HeadStep> {
         let layout = self.cache.layout();
         let plan = &AttentionPlan::new(specs, layout.block_size as usize, layout.num_blocks)?;
-        let out = self
-            .head
-            .forward(tokens, input, plan, &mut self.cache, rows)
-            .context("MTP head forward")?;
+        let replayed = match (&mut self.graphs, input) {
+            (Some(graphs), HeadInput::Pre(pre)) => graphs
+                .replay(tokens, pre, plan, rows, &mut self.cache)
+                .context("MTP head graph replay")?,
+            _ => None,
+        };
+        let out = match replayed {
+            Some(out) => out,
+            None => self
+                .head
+                .forward(tokens, input, plan, &mut self.cache, rows)
+                .context("MTP head forward")?,
+        };
         Ok(HeadStep {
             greedy: self.vocab.greedy(&out.logits),
             logits: logits.then_some(out.logits),
@@ -91,11 +111,18 @@ impl HeadRunner for CpuMtpHead {
         })
     }
 
-    /// The MTP head's draft steps run eagerly: it captures no graphs.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
-        if sizes.is_some() {
-            info!("the MTP head runs its draft steps eagerly (its graphs are not built yet)");
-        }
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            return Ok(());
+        };
+        let scratch_slot = self.scratch_slot.context(
+            "the target pool has no scratch block for the padded rows of the head's graphs",
+        )?;
+        let graphs =
+            CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
+                .context("capturing the MTP head's graphs")?;
+        self.graphs = Some(graphs);
         Ok(())
     }
 

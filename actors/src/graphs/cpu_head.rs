@@ -1,32 +1,34 @@
-//! The CPU backend's captured graphs of an EAGLE-3 head's decode step (its draft steps
-//! after the first: one row per request, fed the row's previous `pre`): one recorded
+//! The CPU backend's captured graphs of a draft head's decode step (an EAGLE-3 head's or an
+//! MTP layer's draft steps after the first: one row per request, fed the row's previous
+//! `pre`): one recorded
 //! forward per batch size, all viewing one set of buffers sized for the largest, and the
 //! staging that pads a batch (and its `pre` rows) up to its graph's size.
 
 use super::{CaptureSizes, GraphCaptureManager};
-use peregrine_models::eagle3::{Eagle3Head, FeatureKind, HeadBuffers, HeadOutput, HeadStaging};
+use peregrine_models::cpu_graph::head::{GraphHead, HeadIo};
+use peregrine_models::eagle3::{FeatureKind, HeadOutput, HeadStaging};
 use peregrine_models::StepShape;
 use peregrine_ops::{AttentionPlan, KvCache};
 use peregrine_runtime::cpu_graph::CpuGraph;
 
 /// Graphs of the head's decode step with the buffers they share (each graph also owns
 /// them).
-pub struct CpuHeadGraphs {
+pub struct CpuHeadGraphs<H: GraphHead> {
     manager: GraphCaptureManager<CpuGraph<KvCache>>,
-    buffers: HeadBuffers,
+    buffers: H::Buffers,
     staging: HeadStaging,
     hidden: usize,
 }
 
-impl CpuHeadGraphs {
+impl<H: GraphHead> CpuHeadGraphs<H> {
     /// Captures `head`'s decode step for every size of `sizes`, over block tables of
     /// `max_blocks`; padded rows write their keys and values into `scratch_slot`.
     pub fn capture(
-        head: &Eagle3Head,
+        head: &H,
         sizes: &CaptureSizes,
         max_blocks: usize,
         scratch_slot: i64,
-    ) -> anyhow::Result<CpuHeadGraphs> {
+    ) -> anyhow::Result<CpuHeadGraphs<H>> {
         let largest = StepShape::decode(sizes.largest());
         let kind = FeatureKind::Pre;
         let buffers = head.buffers(largest, max_blocks, kind);
@@ -63,7 +65,7 @@ impl CpuHeadGraphs {
         cache: &mut KvCache,
     ) -> anyhow::Result<Option<HeadOutput>> {
         let n = plan.seqs().len();
-        let max_blocks = self.buffers.inputs.max_blocks;
+        let max_blocks = self.buffers.inputs().max_blocks;
         let Some((size, graph)) = self
             .manager
             .graph_for_step(tokens, plan, logit_rows, max_blocks)
@@ -74,8 +76,8 @@ impl CpuHeadGraphs {
         self.staging
             .stage(&self.buffers, tokens, pre, plan, logit_rows, padded)?;
         graph.replay(cache)?;
-        let vocab = self.buffers.logits.len() / self.sizes().largest();
-        let logits = self.buffers.logits.read()[..n * vocab].to_vec();
+        let vocab = self.buffers.logits().len() / self.sizes().largest();
+        let logits = self.buffers.logits().read()[..n * vocab].to_vec();
         let pre = self.buffers.pre().read()[..n * self.hidden].to_vec();
         Ok(Some(HeadOutput { logits, pre }))
     }

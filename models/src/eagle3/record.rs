@@ -8,6 +8,7 @@
 
 use super::load::HeadWeights;
 use super::Eagle3Head;
+use crate::cpu_graph::head::{GraphHead, HeadIo};
 use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::llama::ForwardError;
@@ -175,5 +176,44 @@ impl Eagle3Head {
             }
             Ok(())
         });
+    }
+}
+
+impl HeadIo for HeadBuffers {
+    fn inputs(&self) -> &StepInputs {
+        &self.inputs
+    }
+
+    fn feature(&self) -> &CpuBuffer<f32> {
+        &self.feature
+    }
+
+    fn logits(&self) -> &CpuBuffer<f32> {
+        &self.logits
+    }
+
+    fn pre(&self) -> &CpuBuffer<f32> {
+        HeadBuffers::pre(self)
+    }
+}
+
+impl GraphHead for Eagle3Head {
+    type Buffers = HeadBuffers;
+
+    fn feature_width(&self, kind: FeatureKind) -> usize {
+        Eagle3Head::feature_width(self, kind)
+    }
+
+    fn buffers(&self, capacity: StepShape, max_blocks: usize, kind: FeatureKind) -> HeadBuffers {
+        Eagle3Head::buffers(self, capacity, max_blocks, kind)
+    }
+
+    fn record(
+        &self,
+        graph: &mut Graph,
+        b: &HeadBuffers,
+        shape: StepShape,
+    ) -> Result<(), ForwardError> {
+        Eagle3Head::record(self, graph, b, shape)
     }
 }

@@ -2,7 +2,7 @@
 //! inputs as [`StepStaging`] stages them, and each row's feature (`[rows, width]`, batch
 //! on axis 0), whose padded rows repeat the last real row.
 
-use super::record::HeadBuffers;
+use crate::cpu_graph::head::HeadIo;
 use crate::cpu_graph::step_io::{copy, StepShape, StepStaging};
 use crate::llama::ForwardError;
 use peregrine_ops::AttentionPlan;
@@ -38,7 +38,7 @@ impl HeadStaging {
     /// `buffers`.
     pub fn stage(
         &mut self,
-        buffers: &HeadBuffers,
+        buffers: &impl HeadIo,
         tokens: &[u32],
         features: &[f32],
         plan: &AttentionPlan,
@@ -54,14 +54,14 @@ impl HeadStaging {
                 width: self.width,
             });
         }
-        let inputs = &buffers.inputs;
-        self.step.stage(inputs, tokens, plan, logit_rows, padded)?;
+        self.step
+            .stage(buffers.inputs(), tokens, plan, logit_rows, padded)?;
         copy(
             &mut self.feature,
             features,
             n,
             padded.rows,
-            &buffers.feature,
+            buffers.feature(),
         )
     }
 }

@@ -80,8 +80,7 @@ pub fn build_drafter(
             let dir = draft_model.context("speculative_method mtp reads the target's folder")?;
             let head = load_mtp(dir, target)
                 .with_context(|| format!("loading the MTP layer of {}", dir.display()))?;
-            let vocab = target.config().vocab_size;
-            let runner = CpuMtpHead::new(head, target.pool(), vocab)?;
+            let runner = CpuMtpHead::new(head, target.config(), target.pool())?;
             Box::new(with_fault(Eagle3::with_runner(runner))?)
         }
         (method, Some(_)) => anyhow::bail!(
