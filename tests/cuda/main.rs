@@ -12,6 +12,7 @@ mod eagle3;
 mod engine;
 mod feature_ring;
 mod graphs;
+mod mla;
 mod model;
 mod ops;
 mod sampling;

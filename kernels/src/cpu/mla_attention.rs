@@ -240,7 +240,7 @@ mod tests {
             head_dim: width as u64,
         };
         let cache: Vec<f32> = (0..layout.layer_elems())
-            .map(|_| rng.gen_range(-1.0..1.0))
+            .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         // Two sequences: a prefill of 9 rows after 3 cached tokens, and one decode row.
         let tables: [Vec<u32>; 2] = [vec![40, 3, 17, 60], vec![9, 63, 1, 22, 5]];
@@ -260,7 +260,7 @@ mod tests {
         ];
         let rows = 12; // two padded rows at the end
         let q: Vec<f32> = (0..rows * heads * width)
-            .map(|_| rng.gen_range(-1.0..1.0))
+            .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         let sentinel = -1234.5f32;
         let mut o = vec![sentinel; rows * heads * latent];
@@ -301,11 +301,11 @@ mod tests {
             head_dim: width as u64,
         };
         let cache: Vec<f32> = (0..layout.layer_elems())
-            .map(|_| rng.gen_range(-1.0..1.0))
+            .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         let table = [5u32, 2];
         let q: Vec<f32> = (0..7 * heads * width)
-            .map(|_| rng.gen_range(-1.0..1.0))
+            .map(|_| rng.random_range(-1.0..1.0))
             .collect();
         let whole = AttentionSeq {
             q_start: 0,

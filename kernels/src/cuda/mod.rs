@@ -8,6 +8,7 @@ pub mod gemm;
 pub mod gemm_lt;
 pub mod kv_write;
 pub mod launch;
+pub mod mla;
 pub mod norm;
 pub mod sampling;
 
@@ -31,6 +32,10 @@ pub const MODULES: &[KernelSource] = &[
     KernelSource {
         name: "attention",
         code: include_str!("../../cuda/attention.cu"),
+    },
+    KernelSource {
+        name: "mla",
+        code: include_str!("../../cuda/mla.cu"),
     },
     KernelSource {
         name: "kv_write",

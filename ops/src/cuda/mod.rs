@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod kv_cache;
+pub mod mla;
 pub mod plan;
 pub mod sampler;
 

@@ -1,0 +1,100 @@
+//! The latent attention op on the GPU (DeepSeek's MLA, absorbed, decode): run from the
+//! device plan the runner that owns the stream built over the real tokens, its planned
+//! rows checked on the host against the q and o it is given before anything launches.
+
+use super::attention::AttentionError;
+use super::plan::DeviceAttentionPlan;
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use half::bf16;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::mla::{self as kernel, MlaHeads};
+use peregrine_kernels::cuda::CudaKernels;
+
+/// Multi-head latent attention of decode rows over a paged latent cache.
+#[derive(Clone, Copy, Debug)]
+pub struct GpuMlaAttention {
+    /// Query heads.
+    pub num_heads: usize,
+    /// Width of the latent part of a cache row (`kv_lora_rank`).
+    pub latent: usize,
+    /// Softmax scale.
+    pub scale: f32,
+}
+
+impl GpuMlaAttention {
+    /// Attention of the planned rows of `q` (`[rows, num_heads, latent + rope]`) into `o`
+    /// (`[rows, num_heads, latent]`) over one layer's latent `cache` laid out as `layout`
+    /// (one KV head as wide as a cache row). Refused on the host, nothing launched, when
+    /// the plan covers more rows than q or o hold, names a block past the pool, or plans
+    /// rows of the prefill kernel (each sequence must feed one row).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        q: &CudaView<bf16>,
+        cache: &CudaSlice<bf16>,
+        layout: &KvLayout,
+        plan: &DeviceAttentionPlan,
+        o: &mut CudaViewMut<bf16>,
+    ) -> Result<(), AttentionError> {
+        let width = layout.head_dim as usize;
+        let (nh, latent) = (self.num_heads, self.latent);
+        let problem = if layout.num_kv_heads != 1 {
+            Some(format!(
+                "a latent cache has one row a token, not {} heads",
+                layout.num_kv_heads
+            ))
+        } else if nh == 0 || latent == 0 || latent > width || width > kernel::MAX_WIDTH {
+            Some(format!(
+                "{nh} heads of a latent of {latent} over rows of {width}"
+            ))
+        } else if !(kernel::COMBINE_THREADS as usize).is_multiple_of(latent) {
+            Some(format!(
+                "latent {latent} does not divide the combine's {} threads",
+                kernel::COMBINE_THREADS
+            ))
+        } else if layout.block_size == 0 {
+            Some("block size 0".into())
+        } else if plan.live_counts().prefill > 0 {
+            Some("latent attention on the GPU runs one row a sequence (decode) only".into())
+        } else {
+            None
+        };
+        if let Some(p) = problem {
+            return Err(AttentionError::Shape(p));
+        }
+        plan.check_fits(q.len() / (nh * width), o.len() / (nh * latent))?;
+        plan.check_blocks(layout)?;
+        if (cache.len() as u64) < layout.layer_elems() {
+            return Err(AttentionError::Shape(format!(
+                "a cache of {} elements under a layer of {}",
+                cache.len(),
+                layout.layer_elems()
+            )));
+        }
+        if plan.rows() == 0 {
+            return Ok(());
+        }
+        let mut scratch = plan.scratch();
+        plan.ensure_scratch(&mut scratch, nh, latent)?;
+        let scratch = scratch.as_mut().expect("scratch allocated above");
+        let heads = MlaHeads {
+            num_heads: nh,
+            latent,
+            scale: self.scale,
+        };
+        kernel::mla_decode(
+            kernels,
+            stream,
+            q,
+            cache,
+            layout,
+            heads,
+            &plan.meta(),
+            scratch,
+            o,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,259 @@
+//! Latent-attention decode on the GPU against the CPU kernel (`cpu::mla_attention`) on the
+//! same bf16-rounded data: scattered blocks, contexts of one partition and of several (the
+//! combine), a sentinel tail after o; a single-layer latent pool past 4 GiB read at rows
+//! 3,728,269 / 3,728,270 (2^31 / 576) and blocks 65,535 / 65,536; and a plan of more rows
+//! than q or o refused on the host with nothing launched.
+
+use super::{assert_close, random_f32, rng, setup, to_bf16, to_f32};
+use half::bf16;
+use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
+use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_ops::cuda::attention::AttentionError;
+use peregrine_ops::cuda::mla::GpuMlaAttention;
+use peregrine_ops::cuda::plan::DeviceAttentionPlan;
+use peregrine_ops::{AttentionPlan, PlanError, SeqSpec};
+use rand::seq::SliceRandom;
+use std::collections::HashMap;
+
+/// DeepSeek's shapes: 16 heads (V2-Lite), a 512-wide latent and a 64-wide rotary key.
+const HEADS: usize = 16;
+const LATENT: usize = 512;
+const WIDTH: usize = 576;
+const BLOCK: usize = 16;
+const TAIL: usize = 3;
+/// The softmax scale of DeepSeek-V2-Lite (192^-0.5 times YaRN's mscale squared).
+const SCALE: f32 = 0.114_721;
+
+fn layout(num_blocks: usize) -> KvLayout {
+    KvLayout {
+        num_blocks: num_blocks as u64,
+        block_size: BLOCK as u64,
+        num_kv_heads: 1,
+        head_dim: WIDTH as u64,
+    }
+}
+
+fn sentinel() -> bf16 {
+    bf16::from_f32(12_345.0)
+}
+
+/// Runs the op for one-row sequences of `contexts` with `tables` over `cache` (device)
+/// and checks it against the CPU kernel over `host_cache` (with `host_tables`).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    what: &str,
+    contexts: &[usize],
+    tables: &[Vec<u32>],
+    cache: &cudarc::driver::CudaSlice<bf16>,
+    device_layout: &KvLayout,
+    host_cache: &[f32],
+    host_layout: &KvLayout,
+    host_tables: &[Vec<u32>],
+) {
+    let s = setup().unwrap();
+    let mut rng = rng(what);
+    let rows = contexts.len();
+    let q = to_bf16(&random_f32(&mut rng, rows * HEADS * WIDTH, 0.5));
+    let specs: Vec<SeqSpec> = contexts
+        .iter()
+        .zip(tables)
+        .map(|(&ctx, t)| SeqSpec {
+            num_cached: ctx - 1,
+            num_new: 1,
+            block_table: t,
+        })
+        .collect();
+    let plan = AttentionPlan::new(&specs, BLOCK, device_layout.num_blocks).unwrap();
+    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
+    let q_dev = s.gpu.upload(&q).unwrap();
+    let mut o_host = vec![bf16::NAN; rows * HEADS * LATENT];
+    o_host.extend(vec![sentinel(); TAIL * HEADS * LATENT]);
+    let mut o_dev = s.gpu.upload(&o_host).unwrap();
+    let op = GpuMlaAttention {
+        num_heads: HEADS,
+        latent: LATENT,
+        scale: SCALE,
+    };
+    op.forward(
+        &s.kernels,
+        s.gpu.stream(),
+        &q_dev.slice(..),
+        cache,
+        device_layout,
+        &dplan,
+        &mut o_dev.slice_mut(..),
+    )
+    .unwrap();
+    let got = s.gpu.download(&o_dev).unwrap();
+    let seqs: Vec<AttentionSeq> = contexts
+        .iter()
+        .enumerate()
+        .map(|(i, &ctx)| AttentionSeq {
+            q_start: i,
+            q_len: 1,
+            context_len: ctx,
+            block_table: &host_tables[i],
+        })
+        .collect();
+    let mut want = vec![0f32; rows * HEADS * LATENT];
+    let q32 = to_f32(&q);
+    cpu::mla_attention(
+        &q32,
+        HEADS,
+        host_cache,
+        host_layout,
+        LATENT,
+        &seqs,
+        SCALE,
+        &mut want,
+    );
+    let n = rows * HEADS * LATENT;
+    assert_close(what, &to_f32(&got[..n]), &want, 2e-3, 1e-2);
+    assert!(
+        got[n..].iter().all(|x| x.to_bits() == sentinel().to_bits()),
+        "{what}: the sentinel tail after o was written"
+    );
+}
+
+#[test]
+fn mla_decode_matches_the_cpu_over_scattered_blocks_and_partitions() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("mla_decode_matches_the_cpu");
+    // One partition (1, 37, 512 tokens) and several (513, 1,500), blocks shuffled.
+    let contexts = [1usize, 37, 512, 513, 1_500, 200];
+    let need: Vec<usize> = contexts.iter().map(|c| c.div_ceil(BLOCK)).collect();
+    let total: usize = need.iter().sum::<usize>() + 11;
+    let mut ids: Vec<u32> = (0..total as u32).collect();
+    ids.shuffle(&mut rng);
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in &need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    let layout = layout(total);
+    let values = to_bf16(&random_f32(&mut rng, layout.layer_elems() as usize, 1.0));
+    let cache = s.gpu.upload(&values).unwrap();
+    let host = to_f32(&values);
+    check(
+        "scattered",
+        &contexts,
+        &tables,
+        &cache,
+        &layout,
+        &host,
+        &layout,
+        &tables,
+    );
+}
+
+#[test]
+fn mla_decode_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("mla_decode_past_4_gib");
+    let layout = layout(300_000);
+    let bytes = layout.layer_elems() * 2;
+    assert!(bytes > 5 << 30, "{bytes}");
+    // Row 3,728,270 is the last whose element offset (x 576) stays below 2^31; block
+    // `high` holds it, the rows before it and 3,728,271, the first past.
+    let (row_a, row_b) = (3_728_269u64, 3_728_270u64);
+    assert!(row_b * 576 < 1 << 31 && (row_b + 1) * 576 > 1 << 31);
+    let high = (row_a / BLOCK as u64) as u32;
+    assert_eq!(high, ((row_b + 1) / BLOCK as u64) as u32);
+    let tables = vec![
+        vec![65_535, 65_536, high, 299_999],
+        vec![1, high + 1, 65_534],
+        vec![high - 1, high, 131_072],
+    ];
+    let contexts = [64usize, 40, 3 * BLOCK];
+    let mut cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
+    // Random rows in every block a table names, on the device and in a compact host copy.
+    let used: Vec<u32> = {
+        let mut u: Vec<u32> = tables.iter().flatten().copied().collect();
+        u.sort_unstable();
+        u.dedup();
+        u
+    };
+    let host_ids: HashMap<u32, u32> = used
+        .iter()
+        .enumerate()
+        .map(|(i, &b)| (b, i as u32))
+        .collect();
+    let block = BLOCK * WIDTH;
+    let mut host = vec![0f32; used.len() * block];
+    for (i, &b) in used.iter().enumerate() {
+        let data = to_bf16(&random_f32(&mut rng, block, 1.0));
+        let at = b as usize * block;
+        s.gpu
+            .stream()
+            .memcpy_htod(&data, &mut cache.slice_mut(at..at + block))
+            .unwrap();
+        let back = s.gpu.download(&cache.slice(at..at + block)).unwrap();
+        assert!(back
+            .iter()
+            .zip(&data)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        host[i * block..(i + 1) * block].copy_from_slice(&to_f32(&data));
+    }
+    let host_tables: Vec<Vec<u32>> = tables
+        .iter()
+        .map(|t| t.iter().map(|b| host_ids[b]).collect())
+        .collect();
+    let host_layout = self::layout(used.len());
+    check(
+        "past 4 GiB",
+        &contexts,
+        &tables,
+        &cache,
+        &layout,
+        &host,
+        &host_layout,
+        &host_tables,
+    );
+}
+
+#[test]
+fn a_plan_past_q_or_o_is_refused_with_nothing_launched() {
+    let Some(s) = setup() else { return };
+    let layout = layout(8);
+    let cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
+    let tables = [vec![0u32], vec![1], vec![2]];
+    let specs: Vec<SeqSpec> = tables
+        .iter()
+        .map(|t| SeqSpec {
+            num_cached: 3,
+            num_new: 1,
+            block_table: t,
+        })
+        .collect();
+    // Three rows planned (as a padded plan would be) over q and o of the two real rows.
+    let plan = AttentionPlan::new(&specs, BLOCK, layout.num_blocks).unwrap();
+    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
+    let q = s.gpu.upload(&vec![bf16::ONE; 2 * HEADS * WIDTH]).unwrap();
+    let mut o = s.gpu.upload(&vec![sentinel(); 2 * HEADS * LATENT]).unwrap();
+    let op = GpuMlaAttention {
+        num_heads: HEADS,
+        latent: LATENT,
+        scale: SCALE,
+    };
+    let err = op
+        .forward(
+            &s.kernels,
+            s.gpu.stream(),
+            &q.slice(..),
+            &cache,
+            &layout,
+            &dplan,
+            &mut o.slice_mut(..),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            AttentionError::Plan(PlanError::RowsExceedBuffer { planned: 3, .. })
+        ),
+        "{err}"
+    );
+    let back = s.gpu.download(&o).unwrap();
+    assert!(back.iter().all(|x| x.to_bits() == sentinel().to_bits()));
+}
