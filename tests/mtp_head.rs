@@ -60,7 +60,7 @@ fn mtp_matches_the_float64_reference_at_step_0_and_chained() {
     let weights = Weights::open(dir.path()).unwrap();
     let head =
         MtpHead::from_weights(&c, &weights, target.embedding_table(), target.lm_head()).unwrap();
-    assert_eq!(head.aux_layer(), c.num_layers);
+    assert_eq!(head.aux_layers(), [c.num_layers]);
 
     // The target's prefill, recording its last layer's output for every row.
     let mut cache = target.new_cache(POOL, BLOCK_SIZE as u64);

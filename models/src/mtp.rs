@@ -17,7 +17,7 @@ use crate::config::ModelConfig;
 use crate::cpu_graph::head::{GraphHead, HeadIo};
 use crate::cpu_graph::ops::{self as ops, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
-use crate::eagle3::{FeatureKind, HeadInput, HeadOutput, HeadStaging};
+use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput, HeadStaging};
 use crate::llama::record::{record_block, record_input_norm, Block};
 use crate::llama::{check_inputs, load_layer, rotary_of, ForwardError, Layer, LlamaBuffers};
 use crate::weights::{WeightError, Weights};
@@ -57,6 +57,10 @@ struct MtpWeights {
 /// (`Arc`) with the graphs that record its forward; its buffers come from its own pool.
 pub struct MtpHead {
     config: ModelConfig,
+    /// Draft ids are target ids.
+    vocab: DraftVocab,
+    /// The one target "layer" the head reads: the last layer's output.
+    aux: [usize; 1],
     weights: Arc<MtpWeights>,
     rotary: Arc<Rotary>,
     attention: PagedAttention,
@@ -108,8 +112,13 @@ impl MtpHead {
             head_norm: Arc::new(norm("shared_head.norm.weight")?),
             lm_head,
         };
+        let identity = vec![0i64; config.vocab_size];
+        let vocab = DraftVocab::from_d2t(&identity, config.vocab_size)
+            .expect("the identity maps inside the vocabulary");
         Ok(MtpHead {
             config: config.clone(),
+            vocab,
+            aux: [config.num_layers],
             weights: Arc::new(weights),
             rotary: Arc::new(rotary_of(config)),
             attention: PagedAttention {
@@ -125,10 +134,15 @@ impl MtpHead {
         self.config.hidden_size
     }
 
-    /// The target layer whose input the head reads at step 0: "layer `num_layers`", the
-    /// last layer's output.
-    pub fn aux_layer(&self) -> usize {
-        self.config.num_layers
+    /// The target layers whose inputs the head reads at step 0: "layer `num_layers`"
+    /// alone, the last layer's output.
+    pub fn aux_layers(&self) -> &[usize] {
+        &self.aux
+    }
+
+    /// Its draft vocabulary: the target's, every draft id its own target id.
+    pub fn vocab(&self) -> &DraftVocab {
+        &self.vocab
     }
 
     /// The head's one-layer cache layout over `num_blocks` blocks of `block_size` tokens

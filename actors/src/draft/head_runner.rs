@@ -1,12 +1,18 @@
-//! Where an EAGLE-3 head runs: its forwards over its own one-layer KV cache (in the blocks
-//! of the target's pool) and the graphs of its decode step. [`CpuHead`] runs the head on
-//! the CPU; the CUDA backend's runs it on the GPU (`gpu_head`).
+//! Where a draft head that reads the target's features runs (an EAGLE-3 head, or
+//! DeepSeek-V3's MTP layer): its forwards over its own one-layer KV cache (in the blocks of
+//! the target's pool) and the graphs of its decode step. [`CpuHead`] runs either head on
+//! the CPU; the CUDA backend's runs an EAGLE-3 head on the GPU (`gpu_head`).
 
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
-use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput};
-use peregrine_models::ModelConfig;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_models::cpu_graph::head::GraphHead;
+use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput, HeadOutput};
+use peregrine_models::mtp::MtpHead;
+use peregrine_models::{ForwardError, ModelConfig};
+#[cfg(feature = "fault-hooks")]
+use peregrine_ops::KvRows;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 
 /// What one step of the head gives.
@@ -125,31 +131,139 @@ impl HeadRunner for Box<dyn HeadRunner> {
     }
 }
 
-/// An EAGLE-3 head on the CPU, its cache a [`KvCache`] of the head's shape over as many
-/// blocks as the target's pool.
-pub struct CpuHead {
-    head: Eagle3Head,
+/// A draft head that runs on the CPU: an EAGLE-3 head or an MTP layer, each with its own
+/// kind of one-layer cache, its forward and its graphs.
+pub trait CpuDraftHead: GraphHead<Buffers: Send> + Send + 'static {
+    /// What the head is called in errors.
+    const NAME: &'static str;
+    /// Its draft vocabulary (draft id to target id).
+    fn vocab(&self) -> &DraftVocab;
+    /// The target layers whose inputs feed it, in concatenation order.
+    fn aux_layers(&self) -> &[usize];
+    /// The width of one row of target features.
+    fn aux_width(&self) -> usize;
+    /// The head's width H: one row of `pre`.
+    fn hidden_size(&self) -> usize;
+    /// Its one-layer cache's layout over `num_blocks` blocks of `block_size` tokens.
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout;
+    /// A one-layer cache of that layout, of the head's kind.
+    fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache;
+    /// One eager forward (see [`Eagle3Head::forward`]).
+    fn forward(
+        &self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut KvCache,
+        logit_rows: &[usize],
+    ) -> Result<HeadOutput, ForwardError>;
+}
+
+impl CpuDraftHead for Eagle3Head {
+    const NAME: &'static str = "EAGLE-3 head";
+
+    fn vocab(&self) -> &DraftVocab {
+        Eagle3Head::vocab(self)
+    }
+
+    fn aux_layers(&self) -> &[usize] {
+        Eagle3Head::aux_layers(self)
+    }
+
+    fn aux_width(&self) -> usize {
+        Eagle3Head::aux_layers(self).len() * self.config().target_hidden_size
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config().hidden_size
+    }
+
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        Eagle3Head::kv_layout(self, num_blocks, block_size)
+    }
+
+    fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache {
+        KvCache::new(1, Eagle3Head::kv_layout(self, num_blocks, block_size))
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut KvCache,
+        logit_rows: &[usize],
+    ) -> Result<HeadOutput, ForwardError> {
+        Eagle3Head::forward(self, tokens, input, plan, cache, logit_rows)
+    }
+}
+
+impl CpuDraftHead for MtpHead {
+    const NAME: &'static str = "MTP head";
+
+    fn vocab(&self) -> &DraftVocab {
+        MtpHead::vocab(self)
+    }
+
+    fn aux_layers(&self) -> &[usize] {
+        MtpHead::aux_layers(self)
+    }
+
+    fn aux_width(&self) -> usize {
+        MtpHead::hidden_size(self)
+    }
+
+    fn hidden_size(&self) -> usize {
+        MtpHead::hidden_size(self)
+    }
+
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        MtpHead::kv_layout(self, num_blocks, block_size)
+    }
+
+    fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache {
+        MtpHead::new_cache(self, num_blocks, block_size)
+    }
+
+    fn forward(
+        &self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut KvCache,
+        logit_rows: &[usize],
+    ) -> Result<HeadOutput, ForwardError> {
+        MtpHead::forward(self, tokens, input, plan, cache, logit_rows)
+    }
+}
+
+/// A draft head on the CPU (an EAGLE-3 head by default), its one-layer cache of the head's
+/// shape over as many blocks as the target's pool.
+pub struct CpuHead<H: CpuDraftHead = Eagle3Head> {
+    head: H,
     cache: KvCache,
     /// Where the padded rows of a replayed graph write: the target pool's scratch slot.
     scratch_slot: Option<i64>,
     /// Block-table entries the graphs stage.
     graph_table_width: usize,
     /// The captured graphs of the head's decode step, if any.
-    graphs: Option<CpuHeadGraphs<Eagle3Head>>,
+    graphs: Option<CpuHeadGraphs<H>>,
 }
 
-impl CpuHead {
+/// DeepSeek-V3's multi-token prediction layer run as a draft head on the CPU.
+pub type CpuMtpHead = CpuHead<MtpHead>;
+
+impl<H: CpuDraftHead> CpuHead<H> {
     /// The `head` for `target`, with a one-layer cache of as many blocks as the target's
-    /// `pool` (its scratch block included), of the same size.
-    pub fn new(head: Eagle3Head, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<CpuHead> {
+    /// `pool` (its scratch block included), of the same size, audited first.
+    pub fn new(head: H, target: &ModelConfig, pool: &PoolInfo) -> anyhow::Result<CpuHead<H>> {
         let (num_blocks, block_size) = (pool.layout.num_blocks, pool.layout.block_size);
-        let layout = head.kv_layout(num_blocks, block_size);
-        layout
+        head.kv_layout(num_blocks, block_size)
             .audit(4)
-            .map_err(|e| anyhow::anyhow!("EAGLE-3 KV address audit: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("{} KV address audit: {e}", H::NAME))?;
         Ok(CpuHead {
+            cache: head.new_cache(num_blocks, block_size),
             head,
-            cache: KvCache::new(1, layout),
             scratch_slot: pool.scratch_slot(),
             graph_table_width: pool.graph_table_width(target.max_model_len),
             graphs: None,
@@ -162,13 +276,13 @@ impl CpuHead {
     }
 }
 
-impl HeadRunner for CpuHead {
+impl<H: CpuDraftHead> HeadRunner for CpuHead<H> {
     fn aux_width(&self) -> usize {
-        self.aux_layers().len() * self.head.config().target_hidden_size
+        self.head.aux_width()
     }
 
     fn hidden_size(&self) -> usize {
-        self.head.config().hidden_size
+        self.head.hidden_size()
     }
 
     fn vocab(&self) -> &DraftVocab {
@@ -201,7 +315,7 @@ impl HeadRunner for CpuHead {
         let replayed = match (&mut self.graphs, input) {
             (Some(graphs), HeadInput::Pre(pre)) => graphs
                 .replay(tokens, pre, plan, rows, &mut self.cache)
-                .context("EAGLE-3 head graph replay")?,
+                .with_context(|| format!("{} graph replay", H::NAME))?,
             _ => None,
         };
         let out = match replayed {
@@ -209,7 +323,7 @@ impl HeadRunner for CpuHead {
             None => self
                 .head
                 .forward(tokens, input, plan, &mut self.cache, rows)
-                .context("EAGLE-3 head forward")?,
+                .with_context(|| format!("{} forward", H::NAME))?,
         };
         Ok(HeadStep {
             greedy: self.head.vocab().greedy(&out.logits),
@@ -228,7 +342,7 @@ impl HeadRunner for CpuHead {
         )?;
         let graphs =
             CpuHeadGraphs::capture(&self.head, sizes, self.graph_table_width, scratch_slot)
-                .context("capturing the EAGLE-3 head's graphs")?;
+                .with_context(|| format!("capturing the {}'s graphs", H::NAME))?;
         self.graphs = Some(graphs);
         Ok(())
     }
@@ -242,7 +356,10 @@ impl HeadRunner for CpuHead {
             .flat_map(|b| (0..bs).map(move |i| i64::from(b) * bs + i))
             .collect();
         let zeros = vec![0.0; slots.len() * layout.slot_elems() as usize];
-        self.cache.write(0, &slots, &zeros, &zeros);
+        match self.cache.rows() {
+            KvRows::Latent => self.cache.write_latent(0, &slots, &zeros),
+            KvRows::KeysAndValues => self.cache.write(0, &slots, &zeros, &zeros),
+        }
         Ok(())
     }
 }

@@ -20,7 +20,6 @@ mod gpu_head;
 mod head_blocks;
 mod head_features;
 mod head_runner;
-mod mtp_head;
 mod ngram;
 mod progress;
 
@@ -29,8 +28,7 @@ pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
-pub use head_runner::{CpuHead, HeadRunner, HeadStep};
-pub use mtp_head::CpuMtpHead;
+pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 
 use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};

@@ -45,19 +45,7 @@ pub fn paged_attention(
         "heads not grouped"
     );
     assert_eq!(q.len(), o.len(), "paged_attention: q and o differ in size");
-    let rows = o.len() / width;
-    let mut owned = vec![false; rows];
-    for seq in seqs {
-        assert!(seq.q_len <= seq.context_len, "more queries than context");
-        assert!(
-            seq.q_start + seq.q_len <= rows,
-            "a sequence's rows lie past q and o"
-        );
-        for row in &mut owned[seq.q_start..seq.q_start + seq.q_len] {
-            assert!(!*row, "two sequences share a row of q and o");
-            *row = true;
-        }
-    }
+    check_rows(seqs, o.len() / width);
     // One task per (tile of a sequence's query rows, KV head): the tile's rows and the
     // group's query heads read each key and value once.
     let kv_heads = layout.num_kv_heads as usize;
@@ -99,6 +87,23 @@ pub fn paged_attention(
         let _ = fma;
         task.run::<false>(&mut out);
     });
+}
+
+/// Checks that every sequence of `seqs` has no more queries than context and owns rows of
+/// its own among `rows` (the raw-pointer writes of the kernels rely on it).
+pub(super) fn check_rows(seqs: &[AttentionSeq], rows: usize) {
+    let mut owned = vec![false; rows];
+    for seq in seqs {
+        assert!(seq.q_len <= seq.context_len, "more queries than context");
+        assert!(
+            seq.q_start + seq.q_len <= rows,
+            "a sequence's rows lie past q and o"
+        );
+        for row in &mut owned[seq.q_start..seq.q_start + seq.q_len] {
+            assert!(!*row, "two sequences share a row of q and o");
+            *row = true;
+        }
+    }
 }
 
 /// Query rows of one sequence a task takes at a time.

@@ -3,6 +3,7 @@
 //! key]`, and sums the latent parts of those rows as its values. It is multi-query
 //! attention whose value is the first `latent` elements of the key.
 
+use super::attention::check_rows;
 use super::linear::SendPtr;
 use super::{AttentionSeq, KvLayout};
 use rayon::prelude::*;
@@ -49,18 +50,7 @@ pub fn mla_attention(
         rows * num_heads * latent,
         "mla_attention: o differs from q in rows"
     );
-    let mut owned = vec![false; rows];
-    for seq in seqs {
-        assert!(seq.q_len <= seq.context_len, "more queries than context");
-        assert!(
-            seq.q_start + seq.q_len <= rows,
-            "a sequence's rows lie past q and o"
-        );
-        for row in &mut owned[seq.q_start..seq.q_start + seq.q_len] {
-            assert!(!*row, "two sequences share a row of q and o");
-            *row = true;
-        }
-    }
+    check_rows(seqs, rows);
     let mut tasks = Vec::new();
     for (s, seq) in seqs.iter().enumerate() {
         for first in (0..seq.q_len).step_by(ROW_TILE) {

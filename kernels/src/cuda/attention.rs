@@ -52,7 +52,7 @@ const SPLIT_BUSY_BLOCKS: usize = 256;
 
 /// Threads of the split, combine and prefill kernels (`PA_*_THREADS` in the source).
 const SPLIT_THREADS: u32 = 256;
-const COMBINE_THREADS: u32 = 512;
+pub(crate) const COMBINE_THREADS: u32 = 512;
 const PREFILL_THREADS: u32 = 128;
 
 /// One sequence's query rows and context, as the work lists need them.
@@ -240,6 +240,38 @@ pub struct Heads {
     pub scale: f32,
 }
 
+/// `paged_attention_combine` of a step's decode sequences of more than one partition:
+/// their split records in `scratch` (of `num_heads` heads of `head_dim`) merged into their
+/// rows of `o`. The caller has checked `meta`, `scratch` and `o` against each other (and
+/// `head_dim` divides [`COMBINE_THREADS`]).
+pub(crate) fn combine(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    scratch: &CudaSlice<f32>,
+    num_heads: usize,
+    head_dim: usize,
+    meta: &AttentionMeta,
+    o: &mut CudaViewMut<bf16>,
+) -> Result<(), DriverError> {
+    let blocks = meta.counts.decode * num_heads;
+    assert!(blocks <= i32::MAX as usize, "combine: grid too large");
+    let (work_i, nh_i, d_i) = (meta.counts.split as i32, num_heads as i32, head_dim as i32);
+    let mut launch = k.launch(stream, "paged_attention_combine");
+    launch
+        .arg(scratch)
+        .arg(&work_i)
+        .arg(&nh_i)
+        .arg(&d_i)
+        .arg(&meta.decode)
+        .arg(&meta.live)
+        .arg(&meta.q_start)
+        .arg(&meta.context_len)
+        .arg(&mut *o);
+    // SAFETY: one block per decode sequence and head, reading the records the split kernel
+    // wrote for it and writing its own row of o (below `meta.rows`, checked by the caller).
+    unsafe { launch.launch(grid(blocks as u32, COMBINE_THREADS, 0)) }
+}
+
 /// Paged attention of every planned row: q (bf16 rows of `q_stride`, heads at column 0)
 /// against one layer's caches, into the dense `o` (`[rows, num_heads * head_dim]`). Rows no
 /// sequence covers are not touched. `scratch` holds at least
@@ -316,12 +348,7 @@ pub fn paged_attention(
         blocks as u32
     };
     let q_stride_i = q_stride as i64;
-    let (nh_i, kvh_i, bs_i, d_i) = (
-        nh as i32,
-        kv_heads as i32,
-        layout.block_size as i32,
-        d as i32,
-    );
+    let (nh_i, kvh_i, bs_i) = (nh as i32, kv_heads as i32, layout.block_size as i32);
     let scale = heads.scale;
     let new_kv = match &fused {
         None => PaNewKv::default(),
@@ -392,21 +419,7 @@ pub fn paged_attention(
         unsafe { launch.launch(grid(split_blocks as u32, SPLIT_THREADS, 0)) }?;
     }
     if counts.decode > 0 {
-        let work_i = counts.split as i32;
-        let mut launch = k.launch(stream, "paged_attention_combine");
-        launch
-            .arg(&*scratch)
-            .arg(&work_i)
-            .arg(&nh_i)
-            .arg(&d_i)
-            .arg(&meta.decode)
-            .arg(&meta.live)
-            .arg(&meta.q_start)
-            .arg(&meta.context_len)
-            .arg(&mut *o);
-        // SAFETY: one block per decode sequence and head, reading the records the split
-        // kernel wrote for it and writing its own row of o (below `meta.rows`, checked).
-        unsafe { launch.launch(grid(blocks(counts.decode), COMBINE_THREADS, 0)) }?;
+        combine(k, stream, scratch, nh, d, meta, o)?;
     }
     if counts.prefill > 0 {
         let name = format!("paged_attention_prefill_d{d}");

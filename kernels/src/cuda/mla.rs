@@ -3,7 +3,7 @@
 //! `cuda/attention.cu` (with the latent as its head size) for the sequences of more than
 //! one partition.
 
-use super::attention::{AttentionMeta, LIVE_COUNTS, PARTITION_TOKENS};
+use super::attention::{combine, AttentionMeta, LIVE_COUNTS, PARTITION_TOKENS};
 use super::{grid, CudaKernels};
 use crate::cpu::KvLayout;
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
@@ -17,7 +17,7 @@ pub const MAX_WIDTH: usize = 1024;
 /// Threads of the split kernel (`MLA_THREADS`).
 const SPLIT_THREADS: u32 = 256;
 /// Threads of the combine kernel (`PA_COMBINE_THREADS`): the latent must divide it.
-pub const COMBINE_THREADS: u32 = 512;
+pub const COMBINE_THREADS: u32 = super::attention::COMBINE_THREADS;
 
 /// The head geometry of one latent-attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -123,21 +123,7 @@ pub fn mla_decode(
         unsafe { launch.launch(grid(blocks(counts.split), SPLIT_THREADS, 0)) }?;
     }
     if counts.decode > 0 {
-        let work_i = counts.split as i32;
-        let mut launch = k.launch(stream, "paged_attention_combine");
-        launch
-            .arg(&*scratch)
-            .arg(&work_i)
-            .arg(&nh_i)
-            .arg(&latent_i)
-            .arg(&meta.decode)
-            .arg(&meta.live)
-            .arg(&meta.q_start)
-            .arg(&meta.context_len)
-            .arg(&mut *o);
-        // SAFETY: one block per decode sequence and head, reading the records the split
-        // kernel wrote for it and writing its own row of o (below `meta.rows`, checked).
-        unsafe { launch.launch(grid(blocks(counts.decode), COMBINE_THREADS, 0)) }?;
+        combine(k, stream, scratch, nh, latent, meta, o)?;
     }
     Ok(())
 }

@@ -8,7 +8,9 @@ use crate::ForwardError;
 use peregrine_kernels::cpu::embedding as embed_rows;
 use peregrine_kernels::cpu::silu_and_mul as silu_mul;
 use peregrine_kernels::cpu::Matrix;
-use peregrine_ops::{AttentionPlan, KvCache, Linear, PagedAttention, RmsNorm, Rotary, StagedMeta};
+use peregrine_ops::{
+    AttentionPlan, KvCache, Linear, PagedAttention, PlanError, RmsNorm, Rotary, StagedMeta,
+};
 use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer, CpuGraph, OpError};
 use std::sync::Arc;
 
@@ -239,23 +241,49 @@ pub(crate) fn attention(
     shape: StepShape,
     layer: usize,
 ) -> Result<(), ForwardError> {
-    let (n, seqs) = (shape.rows, shape.seqs);
     let qd = a.q_dim();
-    AttentionPlan::check_rows(n, a.q.len() / qd, a.attn.len() / qd)?;
+    let rows = (&a.q, qd, &a.attn, qd);
+    staged_attention(
+        graph,
+        "paged_attention",
+        inputs,
+        rows,
+        shape,
+        move |q, o, cache, meta| attention.forward_staged(q, o, cache, layer, meta),
+    )
+}
+
+/// Records an attention op `run` of the first `shape.rows` rows of `q` (rows of `q_width`)
+/// into `o` (rows of `o_width`) over the staged metadata of `shape.seqs` sequences: the
+/// step's rows are checked against q and o at capture; `run` checks the rows planned at
+/// each replay before its kernel runs.
+pub(crate) fn staged_attention(
+    graph: &mut Graph,
+    name: &'static str,
+    inputs: &StepInputs,
+    (q, q_width, o, o_width): (&CpuBuffer<f32>, usize, &CpuBuffer<f32>, usize),
+    shape: StepShape,
+    run: impl Fn(&[f32], &mut [f32], &KvCache, &StagedMeta) -> Result<(), PlanError>
+        + Send
+        + Sync
+        + 'static,
+) -> Result<(), ForwardError> {
+    let (n, seqs) = (shape.rows, shape.seqs);
+    AttentionPlan::check_rows(n, q.len() / q_width, o.len() / o_width)?;
     let (starts, lens, tables) = (
         inputs.query_start.clone(),
         inputs.seq_lens.clone(),
         inputs.block_tables.clone(),
     );
-    let (q, attn, max_blocks) = (a.q.clone(), a.attn.clone(), inputs.max_blocks);
+    let (q, o, max_blocks) = (q.clone(), o.clone(), inputs.max_blocks);
     let handles = [
         q.handle(),
-        attn.handle(),
+        o.handle(),
         starts.handle(),
         lens.handle(),
         tables.handle(),
     ];
-    graph.record("paged_attention", &handles, move |cache| {
+    graph.record(name, &handles, move |cache| {
         let (starts, lens, tables) = (starts.read(), lens.read(), tables.read());
         let meta = StagedMeta {
             query_start: &starts[..seqs + 1],
@@ -263,8 +291,8 @@ pub(crate) fn attention(
             block_tables: &tables[..seqs * max_blocks],
             max_blocks,
         };
-        let (q, o) = (&q.read()[..n * qd], &mut attn.write()[..n * qd]);
-        Ok(attention.forward_staged(q, o, cache, layer, &meta)?)
+        let (q, o) = (&q.read()[..n * q_width], &mut o.write()[..n * o_width]);
+        Ok(run(q, o, cache, &meta)?)
     });
     Ok(())
 }

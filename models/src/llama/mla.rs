@@ -4,12 +4,12 @@
 //! attention's latent output out of it by `W_UV` after (reference §4.4).
 
 use crate::config::{MlaConfig, ModelConfig};
-use crate::cpu_graph::ops::{linear, refuse, Activations, Graph};
+use crate::cpu_graph::ops::{linear, refuse, staged_attention, Activations, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::weights::{WeightError, Weights};
 use crate::ForwardError;
 use peregrine_kernels::cpu::Matrix;
-use peregrine_ops::{AttentionPlan, Linear, MlaAttention, RmsNorm, Rotary, StagedMeta};
+use peregrine_ops::{Linear, MlaAttention, RmsNorm, Rotary};
 use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
@@ -337,42 +337,19 @@ fn attention(
     shape: StepShape,
     layer: usize,
 ) -> Result<(), ForwardError> {
-    let (n, seqs, heads) = (shape.rows, shape.seqs, m.heads);
-    let (l, width) = (c.kv_lora_rank, c.cache_width());
-    AttentionPlan::check_rows(
-        n,
-        m.q_latent.len() / (heads * width),
-        m.o_latent.len() / (heads * l),
-    )?;
+    let (heads, l) = (m.heads, c.kv_lora_rank);
     let op = MlaAttention {
         num_heads: heads,
         latent: l,
         scale: c.softmax_scale as f32,
     };
-    let (starts, lens, tables) = (
-        inputs.query_start.clone(),
-        inputs.seq_lens.clone(),
-        inputs.block_tables.clone(),
-    );
-    let (q, o, max_blocks) = (m.q_latent.clone(), m.o_latent.clone(), inputs.max_blocks);
-    let handles = [
-        q.handle(),
-        o.handle(),
-        starts.handle(),
-        lens.handle(),
-        tables.handle(),
-    ];
-    graph.record("mla_attention", &handles, move |cache| {
-        let (starts, lens, tables) = (starts.read(), lens.read(), tables.read());
-        let meta = StagedMeta {
-            query_start: &starts[..seqs + 1],
-            seq_lens: &lens[..seqs],
-            block_tables: &tables[..seqs * max_blocks],
-            max_blocks,
-        };
-        let q = &q.read()[..n * heads * width];
-        let o = &mut o.write()[..n * heads * l];
-        Ok(op.forward_staged(q, o, cache, layer, &meta)?)
-    });
-    Ok(())
+    let rows = (&m.q_latent, heads * c.cache_width(), &m.o_latent, heads * l);
+    staged_attention(
+        graph,
+        "mla_attention",
+        inputs,
+        rows,
+        shape,
+        move |q, o, cache, meta| op.forward_staged(q, o, cache, layer, meta),
+    )
 }
