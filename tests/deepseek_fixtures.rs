@@ -43,7 +43,7 @@ fn logits(model: &LlamaModel, prompt: &[u32], cuts: &[usize]) -> Vec<Vec<f32>> {
     rows
 }
 
-/// Largest |ours - theirs| over all logits, relative to the largest |theirs|.
+/// Largest |ours - theirs| over all logits, relative to the largest |theirs| (both printed).
 fn relative_error(ours: &[Vec<f32>], theirs: &Value) -> f64 {
     let theirs: Vec<Vec<f64>> = serde_json::from_value(theirs.clone()).unwrap();
     let scale = theirs.iter().flatten().fold(0f64, |m, v| m.max(v.abs()));
@@ -56,6 +56,7 @@ fn relative_error(ours: &[Vec<f32>], theirs: &Value) -> f64 {
             a.iter().zip(b).map(|(x, y)| (*x as f64 - y).abs())
         })
         .fold(0f64, f64::max);
+    eprintln!("largest logit difference {diff:.3e} of logits up to {scale:.3}");
     diff / scale
 }
 
