@@ -382,6 +382,47 @@ fn speculative_greedy_requests_match_generate() {
     }
 }
 
+/// 11b. DeepSeek-V3 (the transformers fixture: latent attention, experts) with a random
+///      multi-token prediction layer: greedy requests served with `--speculative-method
+///      mtp`, which drafts with the target's own MTP layer, return exactly what
+///      `peregrine generate` prints without it.
+#[test]
+fn mtp_greedy_requests_match_generate() {
+    let _serial = serial();
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    common::mtp_checkpoint::write(dir.path(), 31);
+    // A tokenizer of 300 tokens under the model's 320: a padded vocabulary, as published
+    // checkpoints have.
+    write_tokenizer(dir.path(), 300);
+    let prompt = "the quick brown fox the quick brown fox the quick brown fox the quick";
+    let greedy = generate(
+        dir.path(),
+        &[
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "24",
+            "--ignore-eos",
+        ],
+    );
+    let expected = dir.path().join("expected.json");
+    let body = serde_json::json!({
+        "prompt": prompt,
+        "greedy": {"temperature": 0.0, "max_tokens": 24, "text": greedy},
+    });
+    std::fs::write(&expected, serde_json::to_vec_pretty(&body).unwrap()).unwrap();
+    let server = Server::start(dir.path(), &["--speculative-method", "mtp"]);
+    server.check("check_seeded.py", &["--expected", &path_arg(&expected)]);
+    let (_, metrics) = http_get(&server.base, "/metrics").unwrap();
+    assert!(
+        metrics.contains("peregrine:spec_decode_num_drafts_total"),
+        "no verification with drafts\n{}",
+        server.log()
+    );
+}
+
 /// 12. The front door holds: stalled bodies and headers get 408 and lose their
 ///     connection, idle connections cannot exhaust the file limit, huge bodies and
 ///     prompts get 413 without slowing `/health` or keeping memory, a queued stream that
