@@ -14,16 +14,16 @@
 //! It drafts over the whole vocabulary.
 
 use crate::config::ModelConfig;
-use crate::cpu_graph::head::{GraphHead, HeadIo};
+use crate::cpu_graph::head::{forward_eagerly, GraphHead, HeadIo};
 use crate::cpu_graph::ops::{self as ops, Graph};
 use crate::cpu_graph::step_io::{StepInputs, StepShape};
-use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput, HeadStaging};
+use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
 use crate::llama::record::{record_block, record_input_norm, Block};
-use crate::llama::{check_inputs, load_layer, rotary_of, ForwardError, Layer, LlamaBuffers};
+use crate::llama::{load_layer, rotary_of, ForwardError, Layer, LlamaBuffers};
 use crate::weights::{WeightError, Weights};
 use peregrine_kernels::cpu::{KvLayout, Matrix};
-use peregrine_ops::{AttentionPlan, KvCache, KvRows, Linear, PagedAttention, RmsNorm, Rotary};
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer, CpuGraph};
+use peregrine_ops::{AttentionPlan, KvCache, Linear, PagedAttention, RmsNorm, Rotary};
+use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
 /// A multi-token prediction head that cannot be loaded.
@@ -153,12 +153,8 @@ impl MtpHead {
 
     /// A one-layer cache of [`kv_layout`](Self::kv_layout), of the kind the target's is.
     pub fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache {
-        let rows = if self.config.mla.is_some() {
-            KvRows::Latent
-        } else {
-            KvRows::KeysAndValues
-        };
-        KvCache::try_with(1, self.kv_layout(num_blocks, block_size), rows)
+        let layout = self.kv_layout(num_blocks, block_size);
+        KvCache::try_with(1, layout, self.config.kv_rows())
             .expect("allocating the MTP head's KV cache")
     }
 
@@ -174,21 +170,8 @@ impl MtpHead {
         cache: &mut KvCache,
         logit_rows: &[usize],
     ) -> Result<HeadOutput, ForwardError> {
-        check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
-        let Some((kind, features)) = input.host() else {
-            return Err(ForwardError::DeviceFeatures);
-        };
-        let (n, h) = (tokens.len(), self.config.hidden_size);
-        let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
-        let b = self.buffers(shape, max_blocks, kind);
-        HeadStaging::new(shape, max_blocks, -1, h)?
-            .stage(&b, tokens, features, plan, logit_rows, shape)?;
-        let mut graph = CpuGraph::new();
-        self.record(&mut graph, &b, shape)?;
-        graph.replay(cache)?;
-        let logits = b.block.logits.read().to_vec();
-        let pre = b.block.act.residual.read()[..n * h].to_vec();
-        Ok(HeadOutput { logits, pre })
+        let vocab = self.config.vocab_size;
+        forward_eagerly(self, vocab, tokens, input, plan, cache, logit_rows)
     }
 
     /// Records the head's forward of a step of `shape` over `b`.

@@ -10,7 +10,7 @@ pub use moe::{GroupScore, MoeConfig, Scoring};
 use mla::RawMla;
 use moe::RawMoe;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_ops::RopeScaling;
+use peregrine_ops::{KvRows, RopeScaling};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::Path;
@@ -471,6 +471,16 @@ pub(crate) fn rope_scaling(value: Option<&Value>) -> Result<RopeScaling, ConfigE
 }
 
 impl ModelConfig {
+    /// What a token leaves in each layer's cache: keys and values, or under latent attention
+    /// one latent row.
+    pub fn kv_rows(&self) -> KvRows {
+        if self.mla.is_some() {
+            KvRows::Latent
+        } else {
+            KvRows::KeysAndValues
+        }
+    }
+
     /// One layer's KV cache layout for a pool of `num_blocks` blocks of `block_size` tokens;
     /// under latent attention one "head" per token, as wide as the latent and rotary key.
     pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {

@@ -4,9 +4,10 @@
 
 use super::ops::Graph;
 use super::step_io::{StepInputs, StepShape};
-use crate::eagle3::FeatureKind;
-use crate::llama::ForwardError;
-use peregrine_runtime::cpu_graph::CpuBuffer;
+use crate::eagle3::{FeatureKind, HeadInput, HeadOutput, HeadStaging};
+use crate::llama::{check_inputs, ForwardError};
+use peregrine_ops::{AttentionPlan, KvCache};
+use peregrine_runtime::cpu_graph::{CpuBuffer, CpuGraph};
 
 /// The buffers of a head's forward that a caller stages into and reads back.
 pub trait HeadIo {
@@ -37,4 +38,45 @@ pub trait GraphHead {
         b: &Self::Buffers,
         shape: StepShape,
     ) -> Result<(), ForwardError>;
+}
+
+/// One eager forward of `head`: `tokens` (target ids below `vocab`, one per planned row of
+/// `plan`) fed `input` from the host, staged at the step's own size into buffers from the
+/// head's pool, recorded and replayed once against `cache` (a captured graph replays the
+/// same recording); the logits of `logit_rows` and `pre` of every row.
+pub fn forward_eagerly<H: GraphHead>(
+    head: &H,
+    vocab: usize,
+    tokens: &[u32],
+    input: HeadInput,
+    plan: &AttentionPlan,
+    cache: &mut KvCache,
+    logit_rows: &[usize],
+) -> Result<HeadOutput, ForwardError> {
+    check_inputs(tokens, plan, logit_rows, vocab)?;
+    let Some((kind, features)) = input.host() else {
+        return Err(ForwardError::DeviceFeatures);
+    };
+    let width = head.feature_width(kind);
+    if features.len() != tokens.len() * width {
+        return Err(ForwardError::HiddenShape {
+            what: match kind {
+                FeatureKind::Aux => "aux hidden states",
+                FeatureKind::Pre => "pre",
+            },
+            len: features.len(),
+            rows: tokens.len(),
+            width,
+        });
+    }
+    let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
+    let buffers = head.buffers(shape, max_blocks, kind);
+    HeadStaging::new(shape, max_blocks, -1, width)?
+        .stage(&buffers, tokens, features, plan, logit_rows, shape)?;
+    let mut graph = CpuGraph::new();
+    head.record(&mut graph, &buffers, shape)?;
+    graph.replay(cache)?;
+    let logits = buffers.logits().read().to_vec();
+    let pre = buffers.pre().read().to_vec();
+    Ok(HeadOutput { logits, pre })
 }

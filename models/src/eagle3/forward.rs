@@ -8,12 +8,10 @@
 //! ```
 
 use super::record::FeatureKind;
-use super::stage::HeadStaging;
 use super::Eagle3Head;
-use crate::cpu_graph::step_io::StepShape;
-use crate::llama::{check_inputs, ForwardError};
+use crate::cpu_graph::head::forward_eagerly;
+use crate::llama::ForwardError;
 use peregrine_ops::{AttentionPlan, KvCache};
-use peregrine_runtime::cpu_graph::CpuGraph;
 
 /// The feature `g` of each row.
 #[derive(Clone, Copy, Debug)]
@@ -80,42 +78,14 @@ impl Eagle3Head {
         cache: &mut KvCache,
         logit_rows: &[usize],
     ) -> Result<HeadOutput, ForwardError> {
-        check_inputs(tokens, plan, logit_rows, self.config.vocab_size)?;
-        let Some((kind, features)) = input.host() else {
-            return Err(ForwardError::DeviceFeatures);
-        };
-        let width = self.feature_width(kind);
-        let what = match kind {
-            FeatureKind::Aux => "aux hidden states",
-            FeatureKind::Pre => "pre",
-        };
-        check_width(what, features, tokens.len(), width)?;
-        let (shape, max_blocks) = StepShape::of(tokens, plan, logit_rows);
-        let buffers = self.buffers(shape, max_blocks, kind);
-        HeadStaging::new(shape, max_blocks, -1, width)?
-            .stage(&buffers, tokens, features, plan, logit_rows, shape)?;
-        let mut graph = CpuGraph::new();
-        self.record(&mut graph, &buffers, shape)?;
-        graph.replay(cache)?;
-        let logits = buffers.logits.read().to_vec();
-        let pre = buffers.pre().read().to_vec();
-        Ok(HeadOutput { logits, pre })
+        forward_eagerly(
+            self,
+            self.config.vocab_size,
+            tokens,
+            input,
+            plan,
+            cache,
+            logit_rows,
+        )
     }
-}
-
-fn check_width(
-    what: &'static str,
-    values: &[f32],
-    rows: usize,
-    width: usize,
-) -> Result<(), ForwardError> {
-    if values.len() != rows * width {
-        return Err(ForwardError::HiddenShape {
-            what,
-            len: values.len(),
-            rows,
-            width,
-        });
-    }
-    Ok(())
 }

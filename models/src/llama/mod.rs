@@ -232,11 +232,7 @@ impl LlamaModel {
 
     /// What a token leaves in each layer's cache.
     pub fn kv_rows(&self) -> KvRows {
-        if self.config.mla.is_some() {
-            KvRows::Latent
-        } else {
-            KvRows::KeysAndValues
-        }
+        self.config.kv_rows()
     }
 
     /// A KV cache of `num_blocks` blocks of `block_size` tokens for every layer (panics if
