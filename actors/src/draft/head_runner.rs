@@ -7,7 +7,7 @@ use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_models::cpu_graph::head::GraphHead;
+use peregrine_models::cpu_graph::head::{forward_eagerly, GraphHead};
 use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput, HeadOutput};
 use peregrine_models::mtp::MtpHead;
 use peregrine_models::{ForwardError, ModelConfig};
@@ -133,7 +133,7 @@ impl HeadRunner for Box<dyn HeadRunner> {
 
 /// A draft head that runs on the CPU: an EAGLE-3 head or an MTP layer, each with its own
 /// kind of one-layer cache, its forward and its graphs.
-pub trait CpuDraftHead: GraphHead<Buffers: Send> + Send + 'static {
+pub trait CpuDraftHead: GraphHead<Buffers: Send> + Send + Sized + 'static {
     /// What the head is called in errors.
     const NAME: &'static str;
     /// Its draft vocabulary (draft id to target id).
@@ -148,7 +148,9 @@ pub trait CpuDraftHead: GraphHead<Buffers: Send> + Send + 'static {
     fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout;
     /// A one-layer cache of that layout, of the head's kind.
     fn new_cache(&self, num_blocks: u64, block_size: u64) -> KvCache;
-    /// One eager forward (see [`Eagle3Head::forward`]).
+    /// The target's vocabulary: the ids its tokens are drawn from.
+    fn target_vocab(&self) -> usize;
+    /// One eager forward of the head ([`forward_eagerly`]).
     fn forward(
         &self,
         tokens: &[u32],
@@ -156,7 +158,10 @@ pub trait CpuDraftHead: GraphHead<Buffers: Send> + Send + 'static {
         plan: &AttentionPlan,
         cache: &mut KvCache,
         logit_rows: &[usize],
-    ) -> Result<HeadOutput, ForwardError>;
+    ) -> Result<HeadOutput, ForwardError> {
+        let vocab = self.target_vocab();
+        forward_eagerly(self, vocab, tokens, input, plan, cache, logit_rows)
+    }
 }
 
 impl CpuDraftHead for Eagle3Head {
@@ -186,15 +191,8 @@ impl CpuDraftHead for Eagle3Head {
         KvCache::new(1, Eagle3Head::kv_layout(self, num_blocks, block_size))
     }
 
-    fn forward(
-        &self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut KvCache,
-        logit_rows: &[usize],
-    ) -> Result<HeadOutput, ForwardError> {
-        Eagle3Head::forward(self, tokens, input, plan, cache, logit_rows)
+    fn target_vocab(&self) -> usize {
+        self.config().vocab_size
     }
 }
 
@@ -225,15 +223,8 @@ impl CpuDraftHead for MtpHead {
         MtpHead::new_cache(self, num_blocks, block_size)
     }
 
-    fn forward(
-        &self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut KvCache,
-        logit_rows: &[usize],
-    ) -> Result<HeadOutput, ForwardError> {
-        MtpHead::forward(self, tokens, input, plan, cache, logit_rows)
+    fn target_vocab(&self) -> usize {
+        MtpHead::vocab(self).len()
     }
 }
 

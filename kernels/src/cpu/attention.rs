@@ -4,6 +4,7 @@
 
 use super::linear::SendPtr;
 use super::quant::Simd;
+use super::softmax::exp_row;
 #[cfg(target_arch = "x86_64")]
 use super::softmax::exp_row_avx2;
 use super::KvLayout;
@@ -173,13 +174,7 @@ impl GroupTask<'_> {
                 inv.push(1.0 / unsafe { exp_row_avx2(scores) });
                 continue;
             }
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            inv.push(1.0 / total);
+            inv.push(1.0 / exp_row(scores));
         }
         // Each value row is read once for the tile's rows and the group's heads.
         out.iter_mut().for_each(|o| o.fill(0.0));

@@ -5,6 +5,7 @@
 
 use super::attention::check_rows;
 use super::linear::SendPtr;
+use super::softmax::exp_row;
 use super::{AttentionSeq, KvLayout};
 use rayon::prelude::*;
 
@@ -135,13 +136,7 @@ impl Task<'_> {
         let mut inv = Vec::with_capacity(self.q.len() * heads);
         for (i, scores) in scores.chunks_mut(n).enumerate() {
             let scores = &mut scores[..keys(i / heads)];
-            let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut total = 0f32;
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                total += *s;
-            }
-            inv.push(1.0 / total);
+            inv.push(1.0 / exp_row(scores));
         }
         out.iter_mut().for_each(|o| o.fill(0.0));
         let l = self.latent;

@@ -58,6 +58,18 @@ unsafe fn exp_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 }
 
 /// Replaces each score `s` of `scores` by `exp(s - max)` (`max` the row's largest) and
+/// returns their sum, in order: the portable softmax numerator of the attention kernels.
+pub(crate) fn exp_row(scores: &mut [f32]) -> f32 {
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0f32;
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        total += *s;
+    }
+    total
+}
+
+/// Replaces each score `s` of `scores` by `exp(s - max)` (`max` the row's largest) and
 /// returns their sum: eight lanes summed in order, the lanes added in a fixed tree, then
 /// the last values one by one; so the result depends on the row alone.
 ///
