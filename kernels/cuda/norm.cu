@@ -97,3 +97,23 @@ extern "C" __global__ void head_rms_norm_bf16(bf16* __restrict__ x, const bf16* 
     const float inv = rsqrtf(warp_sum(sq) / head_dim + eps);
     for (int i = lane; i < head_dim; i += WARP_SIZE) h[i] = to_bf16(to_f32(h[i]) * inv * to_f32(weight[i]));
 }
+
+// out[r] = x[r] * rsqrt(mean(x[r]^2) + eps) * weight for a bf16 x whose rows are
+// `x_stride` elements apart (the first `dim` columns of a wider matrix), out dense: a
+// compressed projection's own norm (DeepSeek's q_a_layernorm). One block per row.
+extern "C" __global__ void rms_norm_bf16_rows(const bf16* __restrict__ x, i64 x_stride,
+                                              const bf16* __restrict__ weight,
+                                              bf16* __restrict__ out, int dim, float eps) {
+    pdl_begin();
+    __shared__ float scratch[32];
+    const i64 row = blockIdx.x;
+    const bf16* in = x + row * x_stride;
+    float sq = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = to_f32(in[i]);
+        sq += v * v;
+    }
+    const float inv = rsqrtf(block_sum(sq, scratch) / dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x)
+        out[row * dim + i] = to_bf16(to_f32(in[i]) * inv * to_f32(weight[i]));
+}

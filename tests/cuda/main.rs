@@ -8,12 +8,14 @@
 mod common;
 
 mod attention;
+mod deepseek;
 mod eagle3;
 mod engine;
 mod feature_ring;
 mod graphs;
 mod mla;
 mod model;
+mod moe;
 mod ops;
 mod sampling;
 

@@ -26,7 +26,6 @@ use peregrine_models::llama_gpu::{
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
-use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use peregrine_runtime::cuda::Gpu;
@@ -288,12 +287,17 @@ impl GpuBackend {
         let scratch_block = u32::try_from(num_blocks - 1)?;
         let layout = model.kv_layout(num_blocks, s.block_size as u64);
         let audit = audit(&layout, 2).map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
-        let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+        let cache = model.new_cache(num_blocks, s.block_size as u64)?;
+        let kernels_audited = if model.config().mla.is_some() {
+            "mla_prepare, mla_decode_split"
+        } else {
+            "kv_write, paged_attention"
+        };
         let pool = PoolInfo {
             layout,
             bytes_per_layer: cache.bytes_per_layer(),
             audit,
-            kernels: "kv_write, paged_attention",
+            kernels: kernels_audited,
             computed_in: "i64",
             device: format!("{} ({})", gpu.name(), gpu.arch()),
             scratch_block: Some(scratch_block),
@@ -327,8 +331,7 @@ fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::
     let blocks_per_seq = per_seq.div_ceil(s.block_size);
     let num_blocks = (seqs * blocks_per_seq) as u64;
     let gpu = model.gpu().clone();
-    let layout = model.kv_layout(num_blocks, s.block_size as u64);
-    let mut cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+    let mut cache = model.new_cache(num_blocks, s.block_size as u64)?;
     let tables: Vec<Vec<u32>> = (0..seqs)
         .map(|i| ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect())
         .collect();

@@ -3,6 +3,10 @@
 //! batch-invariant fixed-order GEMV kernel (`cuda/gemm.cu`) for every product of
 //! --deterministic mode and, on request, for products of few rows.
 
+mod batched;
+
+pub use batched::{BatchedShape, Strided, WeightLayout};
+
 use super::elementwise::silu_and_mul;
 use super::gemm_lt::{alignment, LtError, LtMatmul, LtShape};
 use super::launch::KernelLaunch;

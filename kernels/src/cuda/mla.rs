@@ -56,6 +56,11 @@ pub fn mla_decode(
         latent > 0 && latent <= width && width <= MAX_WIDTH,
         "mla_decode: latent {latent} of rows of {width} (at most {MAX_WIDTH})"
     );
+    // 16-byte loads of the cache rows and of each thread's 8 latent elements.
+    assert!(
+        latent.is_multiple_of(8) && width.is_multiple_of(8),
+        "mla_decode: latent {latent} or row width {width} not a multiple of 8"
+    );
     // The combine kernel gives every output element the same number of threads.
     assert!(
         (COMBINE_THREADS as usize).is_multiple_of(latent),
@@ -128,6 +133,125 @@ pub fn mla_decode(
     Ok(())
 }
 
+/// Threads of `mla_prepare` (`MLA_PREPARE_THREADS`).
+const PREPARE_THREADS: u32 = 128;
+
+/// The projections of one step's rows of a latent-attention layer, as [`mla_prepare`]
+/// reads them: each row's query heads and its compressed key/value row.
+#[derive(Clone, Copy)]
+pub struct MlaProjections<'a, 'b> {
+    /// `[rows, q_stride]`: row r's head h is `[q_nope | q_pe]` from column
+    /// `h * (nope + rope)`.
+    pub q: &'a CudaView<'b, bf16>,
+    /// Elements between rows of `q`.
+    pub q_stride: usize,
+    /// Per-head width of the query's part without a position.
+    pub nope: usize,
+    /// `[rows, kv_stride]`: row r's latent then its rotary key, from column 0.
+    pub kv_a: &'a CudaView<'b, bf16>,
+    /// Elements between rows of `kv_a`.
+    pub kv_stride: usize,
+    /// The latent's RMSNorm weight (`kv_a_layernorm`), `[latent]`, and its epsilon.
+    pub kv_norm: &'a CudaView<'b, bf16>,
+    pub eps: f32,
+}
+
+/// The rotary table and the step's positions and slots, as [`mla_prepare`] reads them.
+#[derive(Clone, Copy)]
+pub struct MlaRotary<'a, 'b> {
+    /// Per position, rope/2 cosines then rope/2 sines (f32).
+    pub cos_sin: &'a CudaView<'b, f32>,
+    /// Positions the table covers.
+    pub table_positions: usize,
+    /// Whether pairs are interleaved (element 2i with 2i+1) rather than halves.
+    pub interleaved: bool,
+    /// Each row's position (below `table_positions`: the caller's check).
+    pub positions: &'a CudaView<'b, i32>,
+    /// Each row's cache slot (negative: not written).
+    pub slot_mapping: &'a CudaView<'b, i64>,
+}
+
+/// For `rows` rows: each query head's rotary part rotated into `q_lat` (`[rows, heads,
+/// latent + rope]`, from column `latent` of each head; the absorbed part is left to the
+/// product) and each row's cache row (the normed latent, then the rotated key) written at
+/// its slot of one layer's latent `cache` (`layout`: one head of `latent + rope`). A slot
+/// past the pool is skipped on the device; the ops layer refuses such plans first.
+#[allow(clippy::too_many_arguments)]
+pub fn mla_prepare(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    p: MlaProjections,
+    rot: MlaRotary,
+    heads: usize,
+    rows: usize,
+    cache: &mut CudaSlice<bf16>,
+    layout: &KvLayout,
+    q_lat: &mut CudaViewMut<bf16>,
+) -> Result<(), DriverError> {
+    let width = layout.head_dim as usize;
+    let latent = p.kv_norm.len();
+    assert!(
+        layout.num_kv_heads == 1 && latent < width,
+        "mla_prepare: not a latent layout"
+    );
+    let rope = width - latent;
+    assert!(
+        rope.is_multiple_of(2),
+        "mla_prepare: odd rotary width {rope}"
+    );
+    assert!(
+        rot.cos_sin.len() >= rot.table_positions * rope,
+        "mla_prepare: a rotary table shorter than its positions"
+    );
+    let reach = |stride: usize, cols: usize| rows.saturating_sub(1) * stride + cols;
+    assert!(
+        p.q.len() >= reach(p.q_stride, heads * (p.nope + rope))
+            && p.kv_a.len() >= reach(p.kv_stride, width)
+            && rot.positions.len() >= rows
+            && rot.slot_mapping.len() >= rows
+            && q_lat.len() >= rows * heads * width,
+        "mla_prepare: short buffers"
+    );
+    assert!(
+        cache.len() as u64 >= layout.layer_elems(),
+        "mla_prepare: cache smaller than its layout"
+    );
+    if rows == 0 {
+        return Ok(());
+    }
+    let blocks = u32::try_from(rows * (heads + 1)).expect("mla_prepare: grid too large");
+    let slots = (layout.num_blocks * layout.block_size) as i64;
+    let rotary: i32 = if rot.interleaved { 2 } else { 1 };
+    let (q_stride, kv_stride) = (p.q_stride as i64, p.kv_stride as i64);
+    let (nope, rows_i, heads_i) = (p.nope as i32, rows as i32, heads as i32);
+    let (latent_i, rope_i) = (latent as i32, rope as i32);
+    let mut launch = k.launch(stream, "mla_prepare");
+    launch
+        .arg(p.q)
+        .arg(&q_stride)
+        .arg(&nope)
+        .arg(p.kv_a)
+        .arg(&kv_stride)
+        .arg(p.kv_norm)
+        .arg(&p.eps)
+        .arg(rot.positions)
+        .arg(rot.cos_sin)
+        .arg(&rotary)
+        .arg(rot.slot_mapping)
+        .arg(&rows_i)
+        .arg(&slots)
+        .arg(&mut *q_lat)
+        .arg(&mut *cache)
+        .arg(&heads_i)
+        .arg(&latent_i)
+        .arg(&rope_i);
+    // SAFETY: every row read or written lies inside its buffer (checked above); cache rows
+    // are written only at slots inside the pool (checked on the device), positions are in
+    // the table (the caller's contract, checked by the model against max_model_len).
+    unsafe { launch.launch(grid(blocks, PREPARE_THREADS, 0)) }?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -138,6 +262,7 @@ mod tests {
             ("MLA_MAX_WIDTH", super::MAX_WIDTH),
             ("MLA_THREADS", super::SPLIT_THREADS as usize),
             ("MLA_LIVE_SPLIT", 0),
+            ("MLA_PREPARE_THREADS", super::PREPARE_THREADS as usize),
         ] {
             let line = format!("#define {name} {value} ");
             assert!(source.contains(&line), "{name} is not {value} in mla.cu");

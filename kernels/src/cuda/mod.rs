@@ -9,6 +9,7 @@ pub mod gemm_lt;
 pub mod kv_write;
 pub mod launch;
 pub mod mla;
+pub mod moe;
 pub mod norm;
 pub mod sampling;
 
@@ -36,6 +37,10 @@ pub const MODULES: &[KernelSource] = &[
     KernelSource {
         name: "mla",
         code: include_str!("../../cuda/mla.cu"),
+    },
+    KernelSource {
+        name: "moe",
+        code: include_str!("../../cuda/moe.cu"),
     },
     KernelSource {
         name: "kv_write",

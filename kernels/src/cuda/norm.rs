@@ -62,6 +62,43 @@ pub fn rms_norm_columns(
     Ok(())
 }
 
+/// `out[r] = x[r] / rms(x[r]) * weight` for `rows` bf16 rows of `weight.len()` columns
+/// whose starts are `x_stride` elements apart (the first columns of a wider matrix), into
+/// the dense `[rows, weight.len()]` matrix `out`.
+#[allow(clippy::too_many_arguments)]
+pub fn rms_norm_rows(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    x: &CudaView<bf16>,
+    x_stride: usize,
+    weight: &CudaView<bf16>,
+    out: &mut CudaViewMut<bf16>,
+    rows: usize,
+    eps: f32,
+) -> Result<(), DriverError> {
+    let dim = weight.len();
+    assert!(x_stride >= dim, "rms_norm_rows: rows overlap");
+    if rows == 0 {
+        return Ok(());
+    }
+    assert!(
+        x.len() >= (rows - 1) * x_stride + dim && out.len() >= rows * dim,
+        "rms_norm_rows: short buffers"
+    );
+    let (stride_i, dim_i) = (x_stride as i64, dim as i32);
+    let mut launch = k.launch(stream, "rms_norm_bf16_rows");
+    launch
+        .arg(x)
+        .arg(&stride_i)
+        .arg(weight)
+        .arg(out)
+        .arg(&dim_i)
+        .arg(&eps);
+    // SAFETY: both buffers reach their last row (checked above); one block per row.
+    unsafe { launch.launch(grid(rows as u32, HEAD_THREADS, 0)) }?;
+    Ok(())
+}
+
 /// `residual[r] += delta[r]`, then `out[r] = residual[r] / rms(residual[r]) * weight`.
 #[allow(clippy::too_many_arguments)]
 pub fn add_rms_norm(

@@ -1,5 +1,8 @@
 //! The forward pass on the GPU, kernel for kernel the CPU `LlamaModel::forward`.
 
+use super::experts::{mix, ExpertBuffers};
+use super::latent::{attend_latent, LatentStep};
+use super::weights::{GpuAttention, GpuLayer, GpuMlp};
 use super::{GpuLlama, LlamaCore, Workspace};
 use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};
@@ -15,7 +18,7 @@ use peregrine_ops::cuda::attention::{
     write_kv, AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
 };
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::AttentionPlan;
+use peregrine_ops::{AttentionPlan, KvRows};
 use peregrine_runtime::cuda::GpuError;
 
 /// A GPU forward pass that cannot run, with the reason.
@@ -31,6 +34,8 @@ pub enum GpuForwardError {
     Position { position: u32, max: usize },
     #[error("the KV cache has {cache} layers but the model {model}")]
     CacheLayers { cache: usize, model: usize },
+    #[error("the KV cache holds {cache:?} but the model's attention needs {model:?}")]
+    CacheRows { cache: KvRows, model: KvRows },
     #[error(transparent)]
     Attention(#[from] AttentionError),
     #[error(transparent)]
@@ -151,6 +156,12 @@ pub(super) fn check_step(
             model: c.num_layers,
         });
     }
+    if cache.rows() != c.kv_rows() {
+        return Err(GpuForwardError::CacheRows {
+            cache: cache.rows(),
+            model: c.kv_rows(),
+        });
+    }
     Ok(())
 }
 
@@ -216,10 +227,12 @@ impl LlamaCore {
             residual,
             h,
         )?;
-        // One-row decode steps fold each RMSNorm into the product after it and each
-        // residual add into the product before it (Gemm::fuses_norms): the residual stream
-        // then always holds the next norm's input.
-        let fused = gemm.fuses_norms(n);
+        // One-row decode steps of the Llama family fold each RMSNorm into the product after
+        // it and each residual add into the product before it (Gemm::fuses_norms): the
+        // residual stream then always holds the next norm's input. Latent attention and
+        // mixtures read a normed activation.
+        let plain = c.mla.is_none() && c.moe.is_none();
+        let fused = plain && gemm.fuses_norms(n);
         for (l, layer) in weights.layers.iter().enumerate() {
             let norm = layer.input_norm.as_view();
             if !fused && l == 0 {
@@ -235,7 +248,36 @@ impl LlamaCore {
                     copy_columns(k, stream, &residual.as_view(), h, dst, stride, n, h)?;
                 }
             }
-            let qkv_w = layer.qkv.as_view();
+            let g = match &layer.attention {
+                GpuAttention::Grouped(g) => g,
+                GpuAttention::Latent(m) => {
+                    let buffers = b.latent.as_deref_mut().expect("latent buffers");
+                    let layout = *cache.layout();
+                    let (latent_cache, _) = cache.layer_mut(l);
+                    let step = LatentStep {
+                        kernels: k,
+                        stream,
+                        gemm,
+                        config: c,
+                        rotary,
+                        plan: dplan,
+                    };
+                    let x = &normed.as_view();
+                    attend_latent(&step, m, buffers, x, n, latent_cache, &layout, delta)?;
+                    self.mlp(
+                        layer,
+                        &mut b.experts,
+                        residual,
+                        normed,
+                        delta,
+                        &mut *gate_up,
+                        &mut *act,
+                        n,
+                    )?;
+                    continue;
+                }
+            };
+            let qkv_w = g.qkv.as_view();
             if fused {
                 let x = NormedInput {
                     residual: &residual.as_view(),
@@ -246,10 +288,10 @@ impl LlamaCore {
             } else {
                 gemm.linear(k, stream, &normed.as_view(), &qkv_w, qkv, n, width)?;
             }
-            if let Some(bias) = &layer.qkv_bias {
+            if let Some(bias) = &g.qkv_bias {
                 add_bias(k, stream, qkv, &bias.as_view(), n)?;
             }
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+            if let (Some(qn), Some(kn)) = (&g.q_norm, &g.k_norm) {
                 let (q_heads, kv_heads) = (c.num_heads, c.num_kv_heads);
                 head_rms_norm(k, stream, qkv, &qn.as_view(), n, width, 0, q_heads, eps)?;
                 head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
@@ -257,22 +299,33 @@ impl LlamaCore {
             let kv = LayerKv::of(cache, l);
             let attention = &self.attention;
             attend(k, stream, attention, qkv, width, rotary, kv, dplan, attn)?;
-            let (o_w, post) = (layer.o_proj.as_view(), layer.post_norm.as_view());
-            let (gu, down) = (layer.gate_up.as_view(), layer.down.as_view());
-            if fused {
-                gemm.add_linear(k, stream, &attn.as_view(), &o_w, residual, n, h)?;
-                let x = NormedInput {
-                    residual: &residual.as_view(),
-                    weight: &post,
-                    eps,
-                };
-                gemm.normed_gate_up_act(k, stream, x, &gu, act, n, inter)?;
-                gemm.add_linear(k, stream, &act.as_view(), &down, residual, n, h)?;
-            } else {
-                gemm.linear(k, stream, &attn.as_view(), &o_w, delta, n, h)?;
-                add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
-                gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
-                gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
+            let o_w = g.o_proj.as_view();
+            match (&layer.mlp, fused) {
+                (GpuMlp::Dense { gate_up: gu, down }, true) => {
+                    let post = layer.post_norm.as_view();
+                    let (gu, down) = (gu.as_view(), down.as_view());
+                    gemm.add_linear(k, stream, &attn.as_view(), &o_w, residual, n, h)?;
+                    let x = NormedInput {
+                        residual: &residual.as_view(),
+                        weight: &post,
+                        eps,
+                    };
+                    gemm.normed_gate_up_act(k, stream, x, &gu, act, n, inter)?;
+                    gemm.add_linear(k, stream, &act.as_view(), &down, residual, n, h)?;
+                }
+                _ => {
+                    gemm.linear(k, stream, &attn.as_view(), &o_w, delta, n, h)?;
+                    self.mlp(
+                        layer,
+                        &mut b.experts,
+                        residual,
+                        normed,
+                        delta,
+                        &mut *gate_up,
+                        &mut *act,
+                        n,
+                    )?;
+                }
             }
         }
         let final_norm = weights.norm.as_view();
@@ -298,6 +351,41 @@ impl LlamaCore {
             every_row,
         };
         project_logits(k, stream, gemm, &normed.as_view(), h, &head, dplan, out)
+    }
+}
+
+impl LlamaCore {
+    /// Queues layer `layer`'s MLP unfused: `residual += delta` and its post-attention norm
+    /// into `normed`, then the dense MLP or the mixture of those rows into `delta`.
+    #[allow(clippy::too_many_arguments)]
+    fn mlp(
+        &self,
+        layer: &GpuLayer,
+        experts: &mut Option<&mut ExpertBuffers>,
+        residual: &mut CudaViewMut<f32>,
+        normed: &mut CudaViewMut<bf16>,
+        delta: &mut CudaViewMut<bf16>,
+        gate_up: &mut CudaViewMut<bf16>,
+        act: &mut CudaViewMut<bf16>,
+        n: usize,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
+        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps as f32);
+        let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
+        let post = layer.post_norm.as_view();
+        add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
+        match &layer.mlp {
+            GpuMlp::Dense { gate_up: gu, down } => {
+                let (gu, down) = (gu.as_view(), down.as_view());
+                gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
+                gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
+            }
+            GpuMlp::Experts(e) => {
+                let buffers = experts.as_deref_mut().expect("mixture buffers");
+                mix(k, stream, gemm, c, e, buffers, &normed.as_view(), n, delta)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -21,7 +21,7 @@
 //! host memory (see `ahead`), which is why a decode step is captured in two variants, one
 //! per host buffer, and its launches alternate between them.
 
-use super::{GpuForwardError, GpuLlama, LlamaCore, Workspace};
+use super::{attention_plan, scratch_heads, GpuForwardError, GpuLlama, LlamaCore, Workspace};
 use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
 use crate::llama::check_inputs;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
@@ -151,7 +151,9 @@ impl GraphBuffers {
             scratch_slot: limits.scratch_slot,
         };
         let kernel = core.decode_kernel;
-        let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, c.num_heads, c.head_dim)?;
+        let (heads, head_dim) = scratch_heads(c);
+        let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, heads, head_dim)?;
+        let plan = attention_plan(c, plan);
         let work = Workspace::new(gpu, c, rows, rows, aux_layers)?;
         let published = [
             MappedHost::new(gpu.stream(), rows)?,

@@ -1,19 +1,24 @@
 //! The Llama family on the CUDA backend: bf16 weights on the device, the forward pass of
 //! `LlamaModel` kernel for kernel, logits in f32. Built with the `cuda` feature.
 
+mod experts;
 mod forward;
 mod graph;
+mod latent;
 mod weights;
 mod workspace;
 
+pub use experts::{ExpertBuffers, GpuExperts};
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
 pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep};
-pub use weights::GpuWeights;
+pub use latent::{GpuLatent, LatentBuffers};
+pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights, RandomWeights};
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;
 use crate::gpu_graph::SharedGraphBuffers;
+use crate::llama::rotary_of;
 use crate::weights::Weights;
 use cudarc::driver::{CudaSlice, CudaView};
 use half::bf16;
@@ -22,8 +27,8 @@ use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention};
-use peregrine_ops::{Rotary, RotaryLayout};
-use peregrine_runtime::cuda::Gpu;
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_runtime::cuda::{Gpu, GpuError};
 use peregrine_runtime::host_memory::human_bytes;
 use std::path::Path;
 use std::sync::Arc;
@@ -114,7 +119,7 @@ impl GpuLlama {
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuLlama> {
         let config = ModelConfig::from_dir(dir)?;
-        check_supported(&config)?;
+        check_supported(&config, &options)?;
         let weights = GpuWeights::load(&gpu, &config, &Weights::open(dir)?)?;
         GpuLlama::new(config, weights, gpu, kernels, options)
     }
@@ -128,7 +133,7 @@ impl GpuLlama {
         kernels: Arc<CudaKernels>,
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuLlama> {
-        check_supported(&config)?;
+        check_supported(&config, &options)?;
         let weights = GpuWeights::random(&gpu, &kernels, &config, seed)?;
         GpuLlama::new(config, weights, gpu, kernels, options)
     }
@@ -141,15 +146,10 @@ impl GpuLlama {
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuLlama> {
         let c = &config;
-        let rotary = Rotary::new(
-            c.head_dim,
-            c.rope_theta,
-            &c.rope_scaling,
-            RotaryLayout::HalfSplit,
-        );
+        let rotary = rotary_of(c);
         let positions = u32::try_from(c.max_model_len)?;
         let cos_sin = gpu.upload(&rotary.cos_sin_table(positions))?;
-        let planned = WorkspaceDims::of(c).bytes(options.max_tokens, options.max_logit_rows);
+        let planned = Workspace::bytes_for(c, options.max_tokens, options.max_logit_rows);
         let (free, _) = gpu.memory()?;
         anyhow::ensure!(
             planned <= free,
@@ -163,7 +163,7 @@ impl GpuLlama {
         let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows, &[])?;
         let gemm = options.gemm(&gpu)?;
         let decode_kernel = options.decode_kernel();
-        let plan = DeviceAttentionPlan::growing(&gpu, decode_kernel)?;
+        let plan = attention_plan(c, DeviceAttentionPlan::growing(&gpu, decode_kernel)?);
         let core = LlamaCore {
             attention: GpuPagedAttention {
                 num_heads: c.num_heads,
@@ -247,20 +247,72 @@ impl GpuLlama {
         SharedEmbedding(self.core.clone())
     }
 
-    /// Bytes of K and V one token takes across all layers (bf16).
+    /// Bytes one token takes in the KV cache across all layers (bf16): its keys and
+    /// values, or under latent attention its latent rows.
     pub fn kv_bytes_per_token(&self) -> u64 {
+        self.core.config.kv_bytes_per_token(2)
+    }
+
+    /// For a model with a mixture of experts, the bytes a decode step of `batch` sequences
+    /// of `context` tokens must read at least: every weight but the routed experts', the
+    /// routed experts a batch of that size is expected to choose if its rows chose
+    /// uniformly (`E · (1 - (1 - K/E)^batch)` a layer), and the KV cache rows the step
+    /// reads. `None` for a dense model (its floor is its weights).
+    pub fn routed_step_bytes(&self, batch: usize, context: usize) -> Option<u64> {
+        let m = self.core.config.moe.as_ref()?;
+        let (e, k) = (m.num_experts as f64, m.experts_per_token as f64);
+        let chosen = e * (1.0 - (1.0 - k / e).powi(batch as i32));
+        let routed: u64 = self
+            .core
+            .weights
+            .layers
+            .iter()
+            .map(|l| match &l.mlp {
+                GpuMlp::Experts(x) => 2 * (x.gate_up.len() + x.down.len()) as u64,
+                GpuMlp::Dense { .. } => 0,
+            })
+            .sum();
+        let read_routed = routed as f64 * chosen / e;
+        let kv = self.kv_bytes_per_token() * (batch * context) as u64;
+        Some(self.weight_bytes() - routed + read_routed as u64 + kv)
+    }
+
+    /// A zeroed KV cache of `num_blocks` blocks of `block_size` tokens for every layer,
+    /// holding what the model's attention keeps (keys and values, or latent rows).
+    pub fn new_cache(&self, num_blocks: u64, block_size: u64) -> Result<GpuKvCache, GpuError> {
         let c = &self.core.config;
-        (2 * c.num_layers * c.num_kv_heads * c.head_dim * 2) as u64
+        let layout = c.kv_layout(num_blocks, block_size);
+        GpuKvCache::with_rows(&self.core.gpu, c.num_layers, layout, c.kv_rows())
     }
 }
 
-/// Refuses what the GPU forward does not run yet: latent attention and mixtures of experts
-/// (DeepSeek-V2/V3, Qwen3-MoE run on the CPU).
-fn check_supported(config: &ModelConfig) -> anyhow::Result<()> {
-    if config.mla.is_some() || config.moe.is_some() {
+/// `plan` as model `c`'s attention needs it: under latent attention every sequence is cut
+/// into one-row sequences (the GPU's latent kernel runs decode rows).
+fn attention_plan(c: &ModelConfig, plan: DeviceAttentionPlan) -> DeviceAttentionPlan {
+    if c.mla.is_some() {
+        plan.cutting_every_sequence()
+    } else {
+        plan
+    }
+}
+
+/// The heads and per-head width of the split kernels' scratch records of model `c`: its
+/// query heads of `head_dim`, or under latent attention of the latent.
+fn scratch_heads(c: &ModelConfig) -> (usize, usize) {
+    match &c.mla {
+        Some(m) => (c.num_heads, m.kv_lora_rank),
+        None => (c.num_heads, c.head_dim),
+    }
+}
+
+/// Refuses what the GPU forward does not run: latent attention under `--deterministic`
+/// (its per-head products go through cuBLAS, whose results are not batch-invariant).
+fn check_supported(config: &ModelConfig, options: &GpuModelOptions) -> anyhow::Result<()> {
+    if config.mla.is_some() && options.deterministic {
         anyhow::bail!(
-            "{:?} models (latent attention, mixtures of experts) run on the CPU only for now: \
-             use --device cpu",
+            "--deterministic is not available for {:?} models on the GPU yet (latent \
+             attention's per-head products are not batch-invariant there): use --device cpu \
+             or leave --deterministic off",
             config.architecture
         );
     }

@@ -1,5 +1,7 @@
 //! A checkpoint's tensors on the GPU in bf16, q/k/v and gate/up fused as on the CPU.
 
+use super::experts::GpuExperts;
+use super::latent::GpuLatent;
 use crate::config::ModelConfig;
 use crate::progress;
 use crate::weights::{WeightError, Weights};
@@ -12,16 +14,36 @@ use peregrine_runtime::cuda::{Gpu, GpuError};
 /// One decoder layer's parameters.
 pub struct GpuLayer {
     pub input_norm: CudaSlice<bf16>,
+    pub attention: GpuAttention,
+    pub post_norm: CudaSlice<bf16>,
+    pub mlp: GpuMlp,
+}
+
+/// A layer's attention: grouped-query, or latent (DeepSeek's MLA).
+pub enum GpuAttention {
+    Grouped(GpuGrouped),
+    Latent(GpuLatent),
+}
+
+/// Grouped-query attention's parameters.
+pub struct GpuGrouped {
     /// `[q + k + v, hidden]`.
     pub qkv: CudaSlice<bf16>,
     pub qkv_bias: Option<CudaSlice<bf16>>,
     pub q_norm: Option<CudaSlice<bf16>>,
     pub k_norm: Option<CudaSlice<bf16>>,
     pub o_proj: CudaSlice<bf16>,
-    pub post_norm: CudaSlice<bf16>,
-    /// `[2 * intermediate, hidden]`: gate rows, then up rows.
-    pub gate_up: CudaSlice<bf16>,
-    pub down: CudaSlice<bf16>,
+}
+
+/// A layer's MLP: dense, or a mixture of experts.
+pub enum GpuMlp {
+    Dense {
+        /// `[2 * intermediate, hidden]`: gate rows, then up rows.
+        gate_up: CudaSlice<bf16>,
+        down: CudaSlice<bf16>,
+    },
+    /// Boxed: a mixture's handles outweigh the dense pair's.
+    Experts(Box<GpuExperts>),
 }
 
 /// Every parameter of the model on the device.
@@ -44,7 +66,8 @@ pub enum GpuWeightError {
     Driver(#[from] cudarc::driver::DriverError),
 }
 
-fn to_device(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
+/// `values` rounded to bf16 on the device.
+pub(super) fn to_device(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
     let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
     gpu.upload(&host)
 }
@@ -53,71 +76,34 @@ impl GpuWeights {
     /// Reads, fuses, converts to bf16 and uploads every tensor, checking every shape; a bar
     /// on stderr counts the layers uploaded.
     pub fn load(gpu: &Gpu, c: &ModelConfig, w: &Weights) -> Result<GpuWeights, GpuWeightError> {
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, inter) = (c.num_heads * d, c.num_kv_heads * d, c.intermediate_size);
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
         let bar = progress::bar(c.num_layers as u64, "uploading weights", "layers");
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}");
             let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
-            let fused = |parts: &[(&str, usize)], cols: Option<usize>| {
-                let mut all = Vec::new();
-                for &(name, rows) in parts {
-                    let shape = match cols {
-                        Some(cols) => vec![rows, cols],
-                        None => vec![rows],
-                    };
-                    all.extend(get(name, &shape)?);
+            let attention = match c.mla {
+                Some(_) => GpuAttention::Latent(GpuLatent::load(gpu, c, w, &p)?),
+                None => GpuAttention::Grouped(GpuGrouped::load(gpu, c, w, &p)?),
+            };
+            let mlp = match &c.moe {
+                Some(m) if m.layers.get(l).copied().unwrap_or(false) => {
+                    GpuMlp::Experts(Box::new(GpuExperts::load(gpu, c, w, &p)?))
                 }
-                Ok::<_, WeightError>(all)
+                _ => {
+                    let mut gate_up = get("mlp.gate_proj.weight", &[inter, h])?;
+                    gate_up.extend(get("mlp.up_proj.weight", &[inter, h])?);
+                    GpuMlp::Dense {
+                        gate_up: to_device(gpu, &gate_up)?,
+                        down: to_device(gpu, &get("mlp.down_proj.weight", &[h, inter])?)?,
+                    }
+                }
             };
-            let qkv = fused(
-                &[
-                    ("self_attn.q_proj.weight", qd),
-                    ("self_attn.k_proj.weight", kvd),
-                    ("self_attn.v_proj.weight", kvd),
-                ],
-                Some(h),
-            )?;
-            let qkv_bias = if c.qkv_bias {
-                let bias = fused(
-                    &[
-                        ("self_attn.q_proj.bias", qd),
-                        ("self_attn.k_proj.bias", kvd),
-                        ("self_attn.v_proj.bias", kvd),
-                    ],
-                    None,
-                )?;
-                Some(to_device(gpu, &bias)?)
-            } else {
-                None
-            };
-            let norm = |name: &str| to_device(gpu, &get(name, &[d])?).map_err(GpuWeightError::from);
-            let (q_norm, k_norm) = if c.qk_norm {
-                (
-                    Some(norm("self_attn.q_norm.weight")?),
-                    Some(norm("self_attn.k_norm.weight")?),
-                )
-            } else {
-                (None, None)
-            };
-            let gate_up = fused(
-                &[
-                    ("mlp.gate_proj.weight", inter),
-                    ("mlp.up_proj.weight", inter),
-                ],
-                Some(h),
-            )?;
             layers.push(GpuLayer {
                 input_norm: to_device(gpu, &get("input_layernorm.weight", &[h])?)?,
-                qkv: to_device(gpu, &qkv)?,
-                qkv_bias,
-                q_norm,
-                k_norm,
-                o_proj: to_device(gpu, &get("self_attn.o_proj.weight", &[h, qd])?)?,
+                attention,
                 post_norm: to_device(gpu, &get("post_attention_layernorm.weight", &[h])?)?,
-                gate_up: to_device(gpu, &gate_up)?,
-                down: to_device(gpu, &get("mlp.down_proj.weight", &[h, inter])?)?,
+                mlp,
             });
             bar.inc(1);
         }
@@ -162,50 +148,39 @@ impl GpuWeights {
         c: &ModelConfig,
         seed: u64,
     ) -> Result<GpuWeights, GpuWeightError> {
-        let (h, d) = (c.hidden_size, c.head_dim);
-        let (qd, kvd, inter) = (c.num_heads * d, c.num_kv_heads * d, c.intermediate_size);
-        let mut next_seed = seed;
-        let mut matrix = |rows: usize, cols: usize, scale: f32| {
-            let mut m = gpu.zeros::<bf16>(rows * cols)?;
-            next_seed = next_seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
-            fill_uniform(
-                kernels,
-                gpu.stream(),
-                &mut m.as_view_mut(),
-                next_seed,
-                scale,
-            )?;
-            Ok::<_, GpuWeightError>(m)
-        };
-        let fan_in = |k: usize| 1.0 / (k as f32).sqrt();
-        let ones = |n: usize| gpu.upload(&vec![bf16::ONE; n]);
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let mut r = RandomWeights { gpu, kernels, seed };
         let mut layers = Vec::with_capacity(c.num_layers);
-        for _ in 0..c.num_layers {
-            layers.push(GpuLayer {
-                input_norm: ones(h)?,
-                qkv: matrix(qd + 2 * kvd, h, fan_in(h))?,
-                qkv_bias: if c.qkv_bias {
-                    Some(matrix(1, qd + 2 * kvd, 0.1)?)
-                } else {
-                    None
+        for l in 0..c.num_layers {
+            let attention = match c.mla {
+                Some(_) => GpuAttention::Latent(GpuLatent::random(&mut r, c)?),
+                None => GpuAttention::Grouped(GpuGrouped::random(&mut r, c)?),
+            };
+            let mlp = match &c.moe {
+                Some(m) if m.layers.get(l).copied().unwrap_or(false) => {
+                    GpuMlp::Experts(Box::new(GpuExperts::random(&mut r, c)?))
+                }
+                _ => GpuMlp::Dense {
+                    gate_up: r.linear(2 * inter, h)?,
+                    down: r.linear(h, inter)?,
                 },
-                q_norm: if c.qk_norm { Some(ones(d)?) } else { None },
-                k_norm: if c.qk_norm { Some(ones(d)?) } else { None },
-                o_proj: matrix(h, qd, fan_in(qd))?,
-                post_norm: ones(h)?,
-                gate_up: matrix(2 * inter, h, fan_in(h))?,
-                down: matrix(h, inter, fan_in(inter))?,
+            };
+            layers.push(GpuLayer {
+                input_norm: r.ones(h)?,
+                attention,
+                post_norm: r.ones(h)?,
+                mlp,
             });
         }
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            Some(matrix(c.vocab_size, h, fan_in(h))?)
+            Some(r.linear(c.vocab_size, h)?)
         };
         let weights = GpuWeights {
-            embed: matrix(c.vocab_size, h, 1.0)?,
+            embed: r.matrix(c.vocab_size, h, 1.0)?,
             layers,
-            norm: ones(h)?,
+            norm: r.ones(h)?,
             lm_head,
         };
         weights.settle(gpu)
@@ -219,17 +194,162 @@ impl GpuWeights {
             .layers
             .iter()
             .map(|l| {
-                len(&l.input_norm)
-                    + len(&l.qkv)
-                    + opt(&l.qkv_bias)
-                    + opt(&l.q_norm)
-                    + opt(&l.k_norm)
-                    + len(&l.o_proj)
-                    + len(&l.post_norm)
-                    + len(&l.gate_up)
-                    + len(&l.down)
+                let attention = match &l.attention {
+                    GpuAttention::Grouped(g) => {
+                        len(&g.qkv)
+                            + opt(&g.qkv_bias)
+                            + opt(&g.q_norm)
+                            + opt(&g.k_norm)
+                            + len(&g.o_proj)
+                    }
+                    GpuAttention::Latent(m) => m.elements(),
+                };
+                let mlp = match &l.mlp {
+                    GpuMlp::Dense { gate_up, down } => len(gate_up) + len(down),
+                    GpuMlp::Experts(e) => e.elements(),
+                };
+                len(&l.input_norm) + attention + len(&l.post_norm) + mlp
             })
             .sum();
         2 * (layers + len(&self.embed) + len(&self.norm) + opt(&self.lm_head))
+    }
+}
+
+impl GpuGrouped {
+    /// Layer `p`'s grouped-query attention (`{p}.self_attn.*`), q/k/v fused.
+    fn load(gpu: &Gpu, c: &ModelConfig, w: &Weights, p: &str) -> Result<Self, GpuWeightError> {
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
+        let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.self_attn.{name}"), shape);
+        let fused = |parts: &[(&str, usize)], cols: Option<usize>| {
+            let mut all = Vec::new();
+            for &(name, rows) in parts {
+                let shape = match cols {
+                    Some(cols) => vec![rows, cols],
+                    None => vec![rows],
+                };
+                all.extend(get(name, &shape)?);
+            }
+            Ok::<_, WeightError>(all)
+        };
+        let qkv = fused(
+            &[
+                ("q_proj.weight", qd),
+                ("k_proj.weight", kvd),
+                ("v_proj.weight", kvd),
+            ],
+            Some(h),
+        )?;
+        let qkv_bias = if c.qkv_bias {
+            let bias = fused(
+                &[
+                    ("q_proj.bias", qd),
+                    ("k_proj.bias", kvd),
+                    ("v_proj.bias", kvd),
+                ],
+                None,
+            )?;
+            Some(to_device(gpu, &bias)?)
+        } else {
+            None
+        };
+        let norm = |name: &str| to_device(gpu, &get(name, &[d])?).map_err(GpuWeightError::from);
+        let (q_norm, k_norm) = if c.qk_norm {
+            (Some(norm("q_norm.weight")?), Some(norm("k_norm.weight")?))
+        } else {
+            (None, None)
+        };
+        Ok(GpuGrouped {
+            qkv: to_device(gpu, &qkv)?,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            o_proj: to_device(gpu, &get("o_proj.weight", &[h, qd])?)?,
+        })
+    }
+
+    /// Random weights of `c`'s shapes.
+    fn random(r: &mut RandomWeights, c: &ModelConfig) -> Result<Self, GpuWeightError> {
+        let (h, d) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
+        let qkv_bias = if c.qkv_bias {
+            Some(r.matrix(1, qd + 2 * kvd, 0.1)?)
+        } else {
+            None
+        };
+        let (q_norm, k_norm) = if c.qk_norm {
+            (Some(r.ones(d)?), Some(r.ones(d)?))
+        } else {
+            (None, None)
+        };
+        Ok(GpuGrouped {
+            qkv: r.linear(qd + 2 * kvd, h)?,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            o_proj: r.linear(h, qd)?,
+        })
+    }
+}
+
+/// Random weights made on the device, each matrix from the next of a sequence of seeds.
+pub struct RandomWeights<'a> {
+    gpu: &'a Gpu,
+    kernels: &'a CudaKernels,
+    seed: u64,
+}
+
+impl RandomWeights<'_> {
+    /// The device the weights are made on.
+    pub fn gpu(&self) -> &Gpu {
+        self.gpu
+    }
+
+    /// A `[rows, cols]` matrix uniform in `±scale`.
+    pub fn matrix(
+        &mut self,
+        rows: usize,
+        cols: usize,
+        scale: f32,
+    ) -> Result<CudaSlice<bf16>, GpuWeightError> {
+        let mut m = self.gpu.zeros::<bf16>(rows * cols)?;
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let (stream, out) = (self.gpu.stream(), &mut m.as_view_mut());
+        fill_uniform(self.kernels, stream, out, self.seed, scale)?;
+        Ok(m)
+    }
+
+    /// A linear layer's `[rows, cols]` weight, uniform in `±1/sqrt(cols)` (its fan-in).
+    pub fn linear(&mut self, rows: usize, cols: usize) -> Result<CudaSlice<bf16>, GpuWeightError> {
+        self.matrix(rows, cols, 1.0 / (cols as f32).sqrt())
+    }
+
+    /// A linear layer's `[rows, cols]` weight in f32, uniform in `±1/sqrt(cols)`, made on
+    /// the host (for the few weights kept in f32).
+    pub fn f32_linear(
+        &mut self,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaSlice<f32>, GpuWeightError> {
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let scale = 1.0 / (cols as f64).sqrt();
+        let mut state = self.seed | 1;
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|_| {
+                // xorshift64*: uniform in [0, 1), then in ±scale.
+                state ^= state >> 12;
+                state ^= state << 25;
+                state ^= state >> 27;
+                let u =
+                    (state.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+                ((2.0 * u - 1.0) * scale) as f32
+            })
+            .collect();
+        Ok(self.gpu.upload(&values)?)
+    }
+
+    /// `n` ones (a norm's weight).
+    pub fn ones(&self, n: usize) -> Result<CudaSlice<bf16>, GpuWeightError> {
+        Ok(self.gpu.upload(&vec![bf16::ONE; n])?)
     }
 }

@@ -1,6 +1,8 @@
 //! The activation buffers of one forward, allocated once at the largest step and viewed
 //! per step, so a step allocates nothing and its peak memory is known at start-up.
 
+use super::experts::ExpertBuffers;
+use super::latent::LatentBuffers;
 use super::GpuForwardError;
 use crate::config::ModelConfig;
 use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut};
@@ -71,6 +73,9 @@ pub struct StepBuffers<'a> {
     pub picked: &'a mut CudaSlice<bf16>,
     pub logits: &'a mut CudaSlice<f32>,
     pub aux: Option<&'a mut AuxStates>,
+    /// Whole, sliced by the forward: latent attention's and the mixture's activations.
+    pub latent: Option<&'a mut LatentBuffers>,
+    pub experts: Option<&'a mut ExpertBuffers>,
 }
 
 /// The inputs of some layers, recorded for every row of a forward (the target features of
@@ -112,6 +117,10 @@ pub struct Workspace {
     pub partials: CudaSlice<u64>,
     /// The recorded layer inputs, when the forward records some.
     pub aux: Option<AuxStates>,
+    /// Latent attention's activations, for a model that has it.
+    pub latent: Option<LatentBuffers>,
+    /// The mixture's activations, for a model that has one.
+    pub experts: Option<ExpertBuffers>,
 }
 
 impl Workspace {
@@ -125,7 +134,32 @@ impl Workspace {
     ) -> Result<Workspace, GpuError> {
         let mut work = Workspace::with_dims(gpu, WorkspaceDims::of(c), max_tokens, max_logit_rows)?;
         work.record(gpu, aux_layers, c.hidden_size)?;
+        if c.mla.is_some() {
+            work.latent = Some(LatentBuffers::new(gpu, c, max_tokens)?);
+        }
+        if c.moe.is_some() {
+            work.experts = Some(ExpertBuffers::new(gpu, c, max_tokens)?);
+        }
         Ok(work)
+    }
+
+    /// The device bytes [`Workspace::new`] allocates for model `c` (less recorded layer
+    /// inputs): known before anything is allocated.
+    pub fn bytes_for(c: &ModelConfig, max_tokens: usize, max_logit_rows: usize) -> u64 {
+        let latent = if c.mla.is_some() {
+            LatentBuffers::bytes_for(c, max_tokens)
+        } else {
+            0
+        };
+        let experts = if c.moe.is_some() {
+            ExpertBuffers::bytes_for(c, max_tokens)
+        } else {
+            0
+        };
+        WorkspaceDims::of(c)
+            .bytes(max_tokens, max_logit_rows)
+            .saturating_add(latent)
+            .saturating_add(experts)
     }
 
     /// From now on the forward records the inputs of `layers` (none when empty) into
@@ -174,6 +208,8 @@ impl Workspace {
             ids: gpu.zeros(max_logit_rows)?,
             partials: gpu.zeros(argmax_partials(max_logit_rows, vocab))?,
             aux: None,
+            latent: None,
+            experts: None,
         })
     }
 
@@ -200,6 +236,8 @@ impl Workspace {
             picked: &mut self.picked,
             logits: &mut self.logits,
             aux: self.aux.as_mut(),
+            latent: self.latent.as_mut(),
+            experts: self.experts.as_mut(),
         }
     }
 
@@ -253,6 +291,8 @@ impl Workspace {
         let f32s = self.residual.len() + self.logits.len();
         let aux = self.aux.as_ref().map_or(0, |a| a.states.len());
         let argmax = 4 * self.ids.len() as u64 + 8 * self.partials.len() as u64;
-        b16 + 4 * (f32s + aux) as u64 + argmax
+        let latent = self.latent.as_ref().map_or(0, LatentBuffers::bytes);
+        let experts = self.experts.as_ref().map_or(0, ExpertBuffers::bytes);
+        b16 + 4 * (f32s + aux) as u64 + argmax + latent + experts
     }
 }

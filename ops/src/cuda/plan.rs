@@ -135,6 +135,9 @@ pub struct DeviceAttentionPlan {
     /// The work items the kernels are launched for (and the scratch is laid out by).
     grid: WorkCounts,
     decode_kernel: DecodeKernel,
+    /// Sequences of up to this many rows are cut into one-row sequences where one-row
+    /// sequences go to the split kernel.
+    cut_rows: usize,
     fixed: Option<FixedInputs>,
     at: Offsets,
     host_ints: Vec<i32>,
@@ -205,10 +208,27 @@ struct SeqArrays {
 
 impl SeqArrays {
     /// The arrays of `plan`, each table starting `table_stride` entries after the last
-    /// (its own length when `None`) and padded with its last id up to that stride.
+    /// (its own length when `None`) and padded with its last id up to that stride. Without
+    /// a stride, a sequence whose table is the one before it (the rows of a cut sequence)
+    /// shares its entries.
     fn new(plan: &AttentionPlan, table_stride: Option<usize>) -> SeqArrays {
         let mut a = SeqArrays::default();
+        let mut previous: Option<&[u32]> = None;
         for s in plan.seqs() {
+            let table: &[u32] = &s.block_table;
+            if table_stride.is_none() && previous == Some(table) {
+                assert!(
+                    s.q_start + s.q_len <= i32::MAX as usize,
+                    "attention plan: rows past i32"
+                );
+                a.q_start.push(s.q_start as i32);
+                a.q_len.push(s.q_len as i32);
+                a.context_len.push(s.context_len as i32);
+                let last = *a.table_start.last().expect("a sequence before");
+                a.table_start.push(last);
+                continue;
+            }
+            previous = Some(table);
             assert!(
                 s.q_start + s.q_len <= i32::MAX as usize,
                 "attention plan: rows past i32"
@@ -240,6 +260,7 @@ impl DeviceAttentionPlan {
             live: WorkCounts::default(),
             grid: WorkCounts::default(),
             decode_kernel: decode,
+            cut_rows: SPLIT_MAX_ROWS,
             fixed: None,
             at: Offsets::default(),
             host_ints: Vec::new(),
@@ -322,6 +343,7 @@ impl DeviceAttentionPlan {
             live: WorkCounts::default(),
             grid,
             decode_kernel: decode,
+            cut_rows: SPLIT_MAX_ROWS,
             fixed: Some(inputs),
             at,
             ints: gpu.stream().clone_htod(&ints)?,
@@ -333,6 +355,14 @@ impl DeviceAttentionPlan {
         };
         plan.reserve_scratch(num_heads, head_dim)?;
         Ok(plan)
+    }
+
+    /// The same plan, cutting every sequence, however long, into one-row sequences where
+    /// one-row sequences go to the split kernel: for latent attention, whose GPU kernel
+    /// runs decode rows only (each row then sees the keys up to its own position).
+    pub fn cutting_every_sequence(mut self) -> DeviceAttentionPlan {
+        self.cut_rows = usize::MAX;
+        self
     }
 
     /// Stages a step into a growing plan: `tokens` (one per row) over `plan` (planned over
@@ -417,7 +447,7 @@ impl DeviceAttentionPlan {
         // Where one-row sequences go to the split kernel, so do the rows of short
         // sequences, cut into one-row sequences (positions, slots and rows unchanged).
         let cut = match self.decode_kernel {
-            DecodeKernel::Split => rows.plan.one_row_sequences(SPLIT_MAX_ROWS),
+            DecodeKernel::Split => rows.plan.one_row_sequences(self.cut_rows),
             DecodeKernel::Prefill => None,
         };
         let plan = cut.as_ref().unwrap_or(rows.plan);

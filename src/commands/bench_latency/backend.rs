@@ -19,6 +19,12 @@ pub trait LatencyModel {
     fn weight_bytes(&self) -> u64;
     /// The bandwidth floor of one decode step in ms, where it can be measured.
     fn decode_floor_ms(&mut self) -> anyhow::Result<Option<f64>>;
+    /// For a mixture of experts, the bytes a decode step of `batch` sequences of `context`
+    /// tokens reads at least (the experts its batch is expected to choose, the other
+    /// weights and the KV rows), which replace the weights in its floor; `None` otherwise.
+    fn routed_step_bytes(&self, _batch: usize, _context: usize) -> Option<u64> {
+        None
+    }
     /// One forward; returns each logit row's greedy token.
     fn step(
         &mut self,

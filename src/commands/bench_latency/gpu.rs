@@ -13,7 +13,6 @@ use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep,
 };
 use peregrine_models::ModelConfig;
-use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::Gpu;
 use std::sync::{Arc, Mutex};
@@ -81,8 +80,7 @@ impl GpuModel {
         };
         // One block more than the sequences use: the scratch block padded graph rows write.
         let blocks = blocks_needed(args, largest) + 1;
-        let layout = model.kv_layout(blocks, args.block_size as u64);
-        let cache = GpuKvCache::new(&gpu, model.config().num_layers, layout)?;
+        let cache = model.new_cache(blocks, args.block_size as u64)?;
         let cache = Arc::new(Mutex::new(cache));
         let mut products = if args.deterministic {
             "products by the batch-invariant GEMV kernel".to_string()
@@ -187,6 +185,10 @@ impl LatencyModel for GpuModel {
 
     fn weight_bytes(&self) -> u64 {
         self.model.weight_bytes()
+    }
+
+    fn routed_step_bytes(&self, batch: usize, context: usize) -> Option<u64> {
+        self.model.routed_step_bytes(batch, context)
     }
 
     fn decode_floor_ms(&mut self) -> anyhow::Result<Option<f64>> {

@@ -55,6 +55,12 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         let m = measure(&mut *model, &args, shape, args.output_len, Decode::Plain)?;
         let steps = args.output_len as f64;
         let step_ms = m.decode_s * 1e3 / steps;
+        // A mixture's floor is what its batch is expected to read, at the mean context.
+        let context = args.input_len + args.output_len / 2;
+        let floor_ms = match (floor_ms, model.routed_step_bytes(batch, context)) {
+            (Some(f), Some(bytes)) => Some(f * bytes as f64 / model.weight_bytes() as f64),
+            (f, _) => f,
+        };
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
         let replays = model.replays_step(batch, 1);
         let (device_ms, ahead_ms) = if replays {
@@ -92,6 +98,13 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
             (batch * args.input_len) as f64 / m.prefill_s,
             (batch * args.output_len) as f64 / m.decode_s,
             m.host_s * 1e3 / steps,
+        );
+    }
+    if model.routed_step_bytes(1, 1).is_some() {
+        println!(
+            "of_floor (a mixture of experts): against the bytes a step reads at least: the \
+             routed experts its batch is expected to choose, every other weight and the KV \
+             rows at the mean context"
         );
     }
     println!(
