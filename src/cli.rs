@@ -196,6 +196,12 @@ pub struct BenchLatencyArgs {
     /// the same batch; on the GPU through verification graphs. 1: decode steps only.
     #[arg(long, default_value_t = 1)]
     pub verify_rows: usize,
+    /// Also time, on the GPU, a drafting round of the model's multi-token prediction layer
+    /// (its checkpoint's, or random with --random-weights) of this many drafts a sequence:
+    /// step 0 over each sequence's --verify-rows rows, then the chained steps, through the
+    /// layer's graphs. 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub mtp_drafts: usize,
     /// GPU decode steps run eagerly rather than through CUDA graphs (captured, one per batch
     /// size timed, for contexts up to --max-seq-len-to-capture).
     #[arg(long)]

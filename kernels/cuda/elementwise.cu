@@ -13,6 +13,21 @@ extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
     out[i] = to_f32(table[(i64)tokens[r] * dim + c]);
 }
 
+// embedding_bf16_f32, with the rows at position 0 zeroed (a multi-token prediction
+// layer's embedding: the token before the first has none).
+extern "C" __global__ void embedding_past_first_bf16_f32(const int* __restrict__ tokens,
+                                                         const int* __restrict__ positions,
+                                                         const bf16* __restrict__ table,
+                                                         float* __restrict__ out, int rows,
+                                                         int dim) {
+    pdl_begin();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)rows * dim) return;
+    const i64 r = i / dim;
+    const i64 c = i % dim;
+    out[i] = positions[r] == 0 ? 0.0f : to_f32(table[(i64)tokens[r] * dim + c]);
+}
+
 // out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i].
 extern "C" __global__ void silu_and_mul_bf16(const bf16* __restrict__ gate_up,
                                              bf16* __restrict__ out, int rows, int inter) {

@@ -266,6 +266,9 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                     (_, Some(DraftBeside::Model(draft))) => {
                         Box::new(BackendDraft::new(draft, target.pool()).unwrap())
                     }
+                    (method, Some(DraftBeside::MtpHead(..))) => {
+                        panic!("{method}: the backend loaded an MTP layer")
+                    }
                     (method, None) => panic!("{method}: the backend loaded no drafter"),
                 })
             };
@@ -308,6 +311,66 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
         assert_eq!(
             accepted_on_gpu[2], accepted_on_gpu[3],
             "the EAGLE-3 head's graphs changed what its drafts were accepted"
+        );
+    });
+}
+
+/// `--speculative-method mtp` on the GPU: DeepSeek-V3's tiny fixture with a random
+/// multi-token prediction layer drafts K = 2 tokens a step for greedy requests, eagerly and
+/// through the head's graphs (its draft steps and step 0) and the target's verification
+/// graphs; every request's tokens are those it gets without speculation, and the graphs
+/// change no acceptance.
+#[test]
+fn mtp_drafts_on_the_gpu_leave_greedy_outputs_unchanged() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    crate::common::mtp_checkpoint::write(dir.path(), 41);
+    let reqs: Vec<_> = requests(320, 12, 42)
+        .into_iter()
+        .map(|(prompt, _)| (prompt, SamplingParams::greedy()))
+        .collect();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let plain = run_all(&gpu_engine(dir.path(), false).scheduler, &reqs, MAX_TOKENS).await;
+        let mut accepted_by_run = Vec::new();
+        for graphs in [false, true] {
+            let drafter = |target: &mut dyn ModelBackend, beside: Option<DraftBeside>| {
+                let Some(DraftBeside::MtpHead(head, limits)) = beside else {
+                    panic!("the backend loaded no MTP layer");
+                };
+                let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
+                Some(Box::new(Eagle3::with_runner(runner)) as Box<dyn DraftMethod>)
+            };
+            let mtp = Some(GpuDraft::Mtp(dir.path().to_path_buf()));
+            let engine = gpu_engine_drafting(dir.path(), false, drafter, 2, mtp, false);
+            if graphs {
+                let sizes = CaptureSizes::for_max_num_seqs(32);
+                engine.graphs.capture(Some(sizes)).await.unwrap();
+            }
+            let drafted = run_all(&engine.scheduler, &reqs, MAX_TOKENS).await;
+            let (mut proposed, mut accepted) = (0, 0);
+            for (i, ((want, _), (got, usage))) in plain.iter().zip(&drafted).enumerate() {
+                assert_eq!(
+                    got, want,
+                    "graphs {graphs}: request {i} changed with MTP drafts"
+                );
+                proposed += usage.num_draft_tokens;
+                accepted += usage.num_accepted_tokens;
+            }
+            eprintln!("MTP, graphs {graphs}: {accepted} of {proposed} drafts accepted");
+            assert!(proposed > 0, "graphs {graphs}: no draft was verified");
+            accepted_by_run.push(
+                drafted
+                    .iter()
+                    .map(|(_, u)| u.num_accepted_tokens)
+                    .collect::<Vec<_>>(),
+            );
+        }
+        assert_eq!(
+            accepted_by_run[0], accepted_by_run[1],
+            "the MTP layer's graphs changed what its drafts were accepted"
         );
     });
 }

@@ -14,8 +14,10 @@ mod engine;
 mod feature_ring;
 mod graphs;
 mod mla;
+mod mla_padding;
 mod model;
 mod moe;
+mod mtp;
 mod ops;
 mod sampling;
 

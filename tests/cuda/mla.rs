@@ -16,15 +16,15 @@ use rand::seq::SliceRandom;
 use std::collections::HashMap;
 
 /// DeepSeek's shapes: 16 heads (V2-Lite), a 512-wide latent and a 64-wide rotary key.
-const HEADS: usize = 16;
-const LATENT: usize = 512;
-const WIDTH: usize = 576;
-const BLOCK: usize = 16;
-const TAIL: usize = 3;
+pub(super) const HEADS: usize = 16;
+pub(super) const LATENT: usize = 512;
+pub(super) const WIDTH: usize = 576;
+pub(super) const BLOCK: usize = 16;
+pub(super) const TAIL: usize = 3;
 /// The softmax scale of DeepSeek-V2-Lite (192^-0.5 times YaRN's mscale squared).
-const SCALE: f32 = 0.114_721;
+pub(super) const SCALE: f32 = 0.114_721;
 
-fn layout(num_blocks: usize) -> KvLayout {
+pub(super) fn layout(num_blocks: usize) -> KvLayout {
     KvLayout {
         num_blocks: num_blocks as u64,
         block_size: BLOCK as u64,
@@ -33,7 +33,7 @@ fn layout(num_blocks: usize) -> KvLayout {
     }
 }
 
-fn sentinel() -> bf16 {
+pub(super) fn sentinel() -> bf16 {
     bf16::from_f32(12_345.0)
 }
 

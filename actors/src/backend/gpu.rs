@@ -1,7 +1,7 @@
 //! The CUDA backend: the bf16 model on device 0, its KV pool sized from
 //! `--gpu-memory-utilization` after a profiling forward of the largest step; with a draft
-//! model (`--speculative-method draft_model`) or an EAGLE-3 head (`eagle3`), that too, on a
-//! stream of its own, its KV cache in the same blocks as the target's (a pool of its own
+//! model (`--speculative-method draft_model`), an EAGLE-3 head (`eagle3`) or the target's
+//! multi-token prediction layer (`mtp`), that too, on a stream of its own, its KV cache in the same blocks as the target's (a pool of its own
 //! shape). The target records the inputs of the head's aux layers when asked, and with
 //! a head beside it stores them into the feature ring the head gathers them from on the
 //! device (without one they are downloaded).
@@ -24,6 +24,7 @@ use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
     CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep, ReplayedStep,
 };
+use peregrine_models::mtp::gpu::GpuMtpHead;
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
 use peregrine_ops::{AttentionPlan, SeqSpec};
@@ -64,6 +65,25 @@ pub enum GpuDraft {
     Model(PathBuf),
     /// An EAGLE-3 head in this directory ([`DraftBeside::Eagle3Head`]).
     Eagle3Head(PathBuf),
+    /// The first multi-token prediction layer of the target checkpoint in this directory
+    /// ([`DraftBeside::MtpHead`]).
+    Mtp(PathBuf),
+}
+
+/// A draft head the backend loaded beside the target.
+enum HeadBeside {
+    Eagle3(GpuEagle3Head),
+    Mtp(GpuMtpHead),
+}
+
+impl HeadBeside {
+    /// Bytes one token takes in the head's one-layer cache.
+    fn kv_bytes_per_token(&self) -> u64 {
+        match self {
+            HeadBeside::Eagle3(h) => h.kv_bytes_per_token(),
+            HeadBeside::Mtp(h) => h.kv_bytes_per_token(),
+        }
+    }
 }
 
 struct GpuBackend {
@@ -126,12 +146,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
         }
         Some(GpuDraft::Eagle3Head(head_dir)) => {
             let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let options = GpuModelOptions {
-                max_tokens: s.max_num_batched_tokens,
-                max_logit_rows: s.max_num_seqs,
-                deterministic: s.deterministic,
-                gemv_max_rows: gemv_max_rows_for(model.config().hidden_size),
-            };
+            let options = head_options(s, model.config());
             // The target's recorded layer inputs take their memory before the pool's is
             // measured.
             let aux = Eagle3Config::from_dir(head_dir)?.aux_layers(model.config().num_layers)?;
@@ -142,19 +157,24 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 GpuEagle3Head::load(head_dir, target, embed, head_gpu, kernels.clone(), options)
                     .with_context(|| format!("loading the EAGLE-3 head {}", head_dir.display()))?;
             // The features go from the target to the head on the device.
-            let width = aux.len() * target.hidden_size;
-            let rows = feature_ring_rows(s);
-            let handed = Arc::new(
-                FeatureRing::new(&gpu, rows, width)
-                    .with_context(|| format!("a feature ring of {rows} rows of {width}"))?,
-            );
-            info!(
-                rows,
-                bytes = handed.bytes(),
-                "feature ring for the EAGLE-3 head"
-            );
+            let handed = feature_ring(&gpu, s, aux.len() * target.hidden_size)?;
             loaded.read_features_from(handed.clone())?;
-            head = Some(loaded);
+            head = Some(HeadBeside::Eagle3(loaded));
+            ring = Some(handed);
+        }
+        Some(GpuDraft::Mtp(dir)) => {
+            let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
+            let options = head_options(s, model.config());
+            // The layer reads the target's last-layer output: "the input of layer L".
+            model.record_aux(&[model.config().num_layers])?;
+            let shared = model.shared_embedding();
+            let target = model.config();
+            let mut loaded =
+                GpuMtpHead::load(dir, target, shared, head_gpu, kernels.clone(), options)
+                    .with_context(|| format!("loading the MTP layer of {}", dir.display()))?;
+            let handed = feature_ring(&gpu, s, target.hidden_size)?;
+            loaded.read_features_from(handed.clone())?;
+            head = Some(HeadBeside::Mtp(loaded));
             ring = Some(handed);
         }
         None => {}
@@ -207,7 +227,10 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 max_seq_len_to_capture: s.max_seq_len_to_capture,
                 verify_rows: 1 + s.num_speculative_tokens,
             };
-            Some(DraftBeside::Eagle3Head(Box::new(head), limits))
+            Some(match head {
+                HeadBeside::Eagle3(h) => DraftBeside::Eagle3Head(Box::new(h), limits),
+                HeadBeside::Mtp(h) => DraftBeside::MtpHead(Box::new(h), limits),
+            })
         }
         (None, None) => None,
     };
@@ -217,7 +240,31 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     })
 }
 
-/// Rows of the feature ring an EAGLE-3 head reads: room for the rows a step 0 may still
+/// The options of a draft head beside a target of `target`: one logit row a sequence.
+fn head_options(s: &GpuSettings, target: &ModelConfig) -> GpuModelOptions {
+    GpuModelOptions {
+        max_tokens: s.max_num_batched_tokens,
+        max_logit_rows: s.max_num_seqs,
+        deterministic: s.deterministic,
+        gemv_max_rows: gemv_max_rows_for(target.hidden_size),
+    }
+}
+
+/// The ring the target hands rows of `width` off in to a head on `gpu`, of
+/// [`feature_ring_rows`] rows.
+fn feature_ring(gpu: &Gpu, s: &GpuSettings, width: usize) -> anyhow::Result<Arc<FeatureRing>> {
+    let rows = feature_ring_rows(s);
+    let ring = FeatureRing::new(gpu, rows, width)
+        .with_context(|| format!("a feature ring of {rows} rows of {width}"))?;
+    info!(
+        rows,
+        bytes = ring.bytes(),
+        "feature ring for the draft head"
+    );
+    Ok(Arc::new(ring))
+}
+
+/// Rows of the feature ring a draft head reads: room for the rows a step 0 may still
 /// read when a store begins (two steps of `max_num_batched_tokens`, and every sequence's
 /// rows that wait while its drafts are paused, with two verifications' more), so that
 /// no row is overwritten before step 0 has read it.

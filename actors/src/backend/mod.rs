@@ -69,7 +69,7 @@ pub struct Loaded {
 }
 
 /// A drafter a backend loaded beside the target: the CUDA backend loads the draft model or
-/// the EAGLE-3 head with the target, so that the pool is sized from what both leave of
+/// the EAGLE-3 head or MTP layer with the target, so that the pool is sized from what both leave of
 /// the device's memory and each block holds the KV of all of them.
 pub enum DraftBeside {
     /// The draft model's backend, over a pool of the same blocks.
@@ -80,6 +80,10 @@ pub enum DraftBeside {
         Box<peregrine_models::eagle3::gpu::GpuEagle3Head>,
         HeadLimits,
     ),
+    /// The target's multi-token prediction layer on the GPU, and the steps its runner is
+    /// sized for.
+    #[cfg(feature = "cuda")]
+    MtpHead(Box<peregrine_models::mtp::gpu::GpuMtpHead>, HeadLimits),
 }
 
 /// The steps a drafter loaded beside the target is sized for.

@@ -1,19 +1,20 @@
-//! An EAGLE-3 head on the GPU, as the CUDA backend loads it beside the target: its
-//! one-layer cache in the blocks of the target's pool, its decode steps and its
+//! A draft head on the GPU (an EAGLE-3 head, or a multi-token prediction layer), as the
+//! CUDA backend loads it beside the target: its one-layer cache in the blocks of the
+//! target's pool, its decode steps and its
 //! decode-shaped step 0 (up to the rows a sequence verifies, greedy, fed the feature ring)
 //! replayed through CUDA graphs where one serves the batch, and a catch-up larger than its
 //! buffers run in forwards that fit them.
 
 use super::backend_draft::forwards;
+use super::gpu_heads::{CapturedHeadStep, GpuDraftHead};
 use super::head_runner::{HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
-use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head, GpuHeadDrafts};
+use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadDrafts};
 use peregrine_models::eagle3::{DraftVocab, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
-use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::sync::{Arc, Mutex};
 
@@ -29,9 +30,9 @@ pub struct HeadCapacity {
     pub first_rows: usize,
 }
 
-/// An EAGLE-3 head on the GPU with its KV cache.
-pub struct GpuHead {
-    head: GpuEagle3Head,
+/// A draft head on the GPU with its KV cache.
+pub struct GpuHead<H: GpuDraftHead = GpuEagle3Head> {
+    head: H,
     cache: SharedKvCache,
     capacity: HeadCapacity,
     /// The slot the padded rows of a replayed graph write: in the target pool's scratch
@@ -42,30 +43,25 @@ pub struct GpuHead {
     /// The cache's block size and blocks, which plans are made over.
     block_size: usize,
     num_blocks: u64,
-    graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
+    graphs: Option<GraphCaptureManager<H::Graph>>,
     /// The graphs of step 0, by rows (captured with the decode graphs where the head reads
     /// a feature ring and sequences verify drafts).
-    first_graphs: Option<GraphCaptureManager<CapturedHeadDecode>>,
+    first_graphs: Option<GraphCaptureManager<H::Graph>>,
 }
 
-impl GpuHead {
-    /// The EAGLE-3 `head` the CUDA backend loaded beside the target, with a one-layer cache
+impl<H: GpuDraftHead> GpuHead<H> {
+    /// The `head` the CUDA backend loaded beside the target, with a one-layer cache
     /// of the head's shape in the blocks of the target's `pool` (the scratch block
     /// included), address-audited, sized for `limits`.
-    pub fn beside(
-        head: GpuEagle3Head,
-        pool: &PoolInfo,
-        limits: HeadLimits,
-    ) -> anyhow::Result<GpuHead> {
-        let layout = head
-            .config()
-            .kv_layout(pool.layout.num_blocks, pool.layout.block_size);
-        audit(&layout, 2).map_err(|e| anyhow::anyhow!("EAGLE-3 head KV address audit: {e}"))?;
-        let cache = GpuKvCache::new(head.gpu(), 1, layout)?;
+    pub fn beside(head: H, pool: &PoolInfo, limits: HeadLimits) -> anyhow::Result<GpuHead<H>> {
+        let cache = head.new_cache(pool.layout.num_blocks, pool.layout.block_size)?;
+        let layout = *cache.layout();
+        audit(&layout, 2).map_err(|e| anyhow::anyhow!("{} KV address audit: {e}", H::NAME))?;
         tracing::info!(
+            head = H::NAME,
             blocks = layout.num_blocks,
             bytes_per_layer = cache.bytes_per_layer(),
-            "EAGLE-3 head loaded beside the target"
+            "draft head loaded beside the target"
         );
         let capacity = HeadCapacity {
             max_tokens: limits.max_tokens,
@@ -90,12 +86,12 @@ impl GpuHead {
     /// pool), its buffers holding `capacity`; graphs serve contexts up to `max_context` and
     /// their padded rows write into `scratch_slot`.
     pub fn new(
-        head: GpuEagle3Head,
+        head: H,
         cache: SharedKvCache,
         capacity: HeadCapacity,
         scratch_slot: i64,
         max_context: usize,
-    ) -> GpuHead {
+    ) -> GpuHead<H> {
         let layout = *cache.lock().unwrap_or_else(|e| e.into_inner()).layout();
         GpuHead {
             head,
@@ -137,7 +133,7 @@ impl GpuHead {
             let out = self
                 .head
                 .forward_greedy(tokens, input, &plan, &mut cache, rows, logits)
-                .context("EAGLE-3 head forward")?;
+                .with_context(|| format!("{} forward", H::NAME))?;
             let out = HeadStep {
                 greedy: out.drafts,
                 logits: out.logits,
@@ -190,7 +186,7 @@ impl GpuHead {
             let out = self
                 .head
                 .forward_greedy(&ids, input, &plan, &mut cache, &local, logits)
-                .context("EAGLE-3 head forward")?;
+                .with_context(|| format!("{} forward", H::NAME))?;
             for (j, (&i, d)) in wanted.iter().zip(out.drafts).enumerate() {
                 drafts[i] = d;
                 if let (Some(all), Some(got)) = (&mut all_logits, &out.logits) {
@@ -237,7 +233,7 @@ impl GpuHead {
         through_graph(graphs, tokens.len(), plan, |graph| {
             graph
                 .replay_first(tokens, features, plan, rows)
-                .context("EAGLE-3 head step-0 graph replay")
+                .with_context(|| format!("{} step-0 graph replay", H::NAME))
         })
     }
 
@@ -259,18 +255,18 @@ impl GpuHead {
         through_graph(graphs, plan.seqs().len(), plan, |graph| {
             graph
                 .replay(tokens, pre, plan, logits)
-                .context("EAGLE-3 head graph replay")
+                .with_context(|| format!("{} graph replay", H::NAME))
         })
     }
 }
 
 /// Runs `replay` on the graph of `graphs` that holds `n` (rows or sequences) and the
 /// longest context of `plan`, if one does.
-fn through_graph(
-    graphs: &GraphCaptureManager<CapturedHeadDecode>,
+fn through_graph<G: CapturedHeadStep>(
+    graphs: &GraphCaptureManager<G>,
     n: usize,
     plan: &AttentionPlan,
-    replay: impl FnOnce(&CapturedHeadDecode) -> anyhow::Result<GpuHeadDrafts>,
+    replay: impl FnOnce(&G) -> anyhow::Result<GpuHeadDrafts>,
 ) -> anyhow::Result<Option<HeadStep>> {
     let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
     match graphs.graph_for(n) {
@@ -286,13 +282,13 @@ fn through_graph(
     }
 }
 
-impl HeadRunner for GpuHead {
+impl<H: GpuDraftHead> HeadRunner for GpuHead<H> {
     fn aux_width(&self) -> usize {
-        self.aux_layers().len() * self.head.config().target_hidden_size
+        self.head.aux_width()
     }
 
     fn hidden_size(&self) -> usize {
-        self.head.config().hidden_size
+        self.head.hidden_size()
     }
 
     fn vocab(&self) -> &DraftVocab {
@@ -348,7 +344,7 @@ impl HeadRunner for GpuHead {
         let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
             head.capture_decode(size, limits, cache)
         })
-        .context("capturing the EAGLE-3 head's graphs")?;
+        .with_context(|| format!("capturing the {}'s graphs", H::NAME))?;
         let per_seq = self.capacity.first_rows;
         let first_graphs = match (head.feature_ring(), per_seq) {
             (Some(_), 2..) => {
@@ -360,7 +356,7 @@ impl HeadRunner for GpuHead {
                 let graphs = GraphCaptureManager::capture(rows, |size| {
                     head.capture_first(size, limits, cache)
                 });
-                Some(graphs.context("capturing the EAGLE-3 head's step-0 graphs")?)
+                Some(graphs.with_context(|| format!("capturing the {}'s step-0 graphs", H::NAME))?)
             }
             _ => None,
         };
@@ -382,7 +378,10 @@ impl HeadRunner for GpuHead {
         for b in super::head_runner::blocks_above(specs, above) {
             let range = b as usize * block..(b as usize + 1) * block;
             gpu.stream().memset_zeros(&mut k.slice_mut(range.clone()))?;
-            gpu.stream().memset_zeros(&mut v.slice_mut(range))?;
+            // A latent cache keeps no values.
+            if range.end <= v.len() {
+                gpu.stream().memset_zeros(&mut v.slice_mut(range))?;
+            }
         }
         Ok(())
     }

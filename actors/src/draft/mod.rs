@@ -17,6 +17,8 @@ mod draft_model;
 mod eagle3;
 #[cfg(feature = "cuda")]
 mod gpu_head;
+#[cfg(feature = "cuda")]
+mod gpu_heads;
 mod head_blocks;
 mod head_features;
 mod head_runner;
@@ -28,6 +30,8 @@ pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
+#[cfg(feature = "cuda")]
+pub use gpu_heads::{CapturedHeadStep, GpuDraftHead};
 pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 

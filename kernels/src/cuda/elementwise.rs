@@ -38,6 +38,38 @@ pub fn embedding(
     Ok(())
 }
 
+/// [`embedding`], with the rows whose `positions` are 0 zeroed (a multi-token prediction
+/// layer's embedding). `positions` holds one position a token.
+pub fn embedding_past_first(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    tokens: &CudaView<i32>,
+    positions: &CudaView<i32>,
+    table: &CudaView<bf16>,
+    out: &mut CudaViewMut<f32>,
+    dim: usize,
+) -> Result<(), DriverError> {
+    let rows = tokens.len();
+    assert!(out.len() >= rows * dim, "embedding: short output");
+    assert!(positions.len() >= rows, "embedding: a position short");
+    if rows == 0 {
+        return Ok(());
+    }
+    let (rows_i, dim_i) = (rows as i32, dim as i32);
+    let mut launch = k.launch(stream, "embedding_past_first_bf16_f32");
+    launch
+        .arg(tokens)
+        .arg(positions)
+        .arg(table)
+        .arg(out)
+        .arg(&rows_i)
+        .arg(&dim_i);
+    // SAFETY: `out` holds rows * dim elements and `positions` rows; ids are in the table
+    // (caller's check).
+    unsafe { launch.launch(grid(blocks(rows * dim), THREADS, 0)) }?;
+    Ok(())
+}
+
 /// `out[r, i] = silu(gate_up[r, i]) * gate_up[r, inter + i]` for `rows` rows.
 pub fn silu_and_mul(
     k: &CudaKernels,

@@ -1,17 +1,15 @@
 //! The forward pass on the GPU, kernel for kernel the CPU `LlamaModel::forward`.
 
-use super::experts::{mix, ExpertBuffers};
-use super::latent::{attend_latent, LatentStep};
-use super::weights::{GpuAttention, GpuLayer, GpuMlp};
-use super::{GpuLlama, LlamaCore, Workspace};
+use super::layer::{LayerInput, LayerStep};
+use super::{GpuLlama, LlamaCore, StepBuffers, Workspace};
 use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};
 use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_kernels::cuda::elementwise::{add_bias, copy_columns, embedding, gather_rows};
-use peregrine_kernels::cuda::gemm::{Gemm, GemmError, NormedInput};
-use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm, rms_norm};
+use peregrine_kernels::cuda::elementwise::{copy_columns, embedding, gather_rows};
+use peregrine_kernels::cuda::gemm::{Gemm, GemmError};
+use peregrine_kernels::cuda::norm::{add_rms_norm, rms_norm};
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{
@@ -201,148 +199,51 @@ impl LlamaCore {
             "every row's logits, but {r} of {n} rows"
         );
         let c = &self.config;
-        let (h, d, inter) = (c.hidden_size, c.head_dim, c.intermediate_size);
-        let (qd, kvd) = (c.num_heads * d, c.num_kv_heads * d);
-        let width = qd + 2 * kvd;
-        let eps = c.rms_norm_eps as f32;
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps as f32);
         let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
         let weights = &self.weights;
 
         let mut b = w.step(n);
-        let (residual, normed, delta) = (&mut b.residual, &mut b.normed, &mut b.delta);
-        let (qkv, attn) = (&mut b.qkv, &mut b.attn);
-        let (gate_up, act) = (&mut b.gate_up, &mut b.act);
         let cos_sin = self.cos_sin.as_view();
-        let rotary = RotaryTable {
-            cos_sin: &cos_sin,
-            positions: c.max_model_len,
-            interleaved: self.interleaved,
-        };
-
-        embedding(
-            k,
+        let step = LayerStep {
+            kernels: k,
             stream,
-            &dplan.token_ids(),
-            &weights.embed.as_view(),
-            residual,
-            h,
-        )?;
+            gemm,
+            config: c,
+            attention: &self.attention,
+            rotary: RotaryTable {
+                cos_sin: &cos_sin,
+                positions: c.max_model_len,
+                interleaved: self.interleaved,
+            },
+            plan: dplan,
+        };
+        let embed = weights.embed.as_view();
+        embedding(k, stream, &dplan.token_ids(), &embed, &mut b.residual, h)?;
         // One-row decode steps of the Llama family fold each RMSNorm into the product after
         // it and each residual add into the product before it (Gemm::fuses_norms): the
         // residual stream then always holds the next norm's input. Latent attention and
         // mixtures read a normed activation.
         let plain = c.mla.is_none() && c.moe.is_none();
         let fused = plain && gemm.fuses_norms(n);
+        let input = if fused {
+            LayerInput::Fused
+        } else {
+            LayerInput::Normed
+        };
         for (l, layer) in weights.layers.iter().enumerate() {
             let norm = layer.input_norm.as_view();
-            if !fused && l == 0 {
-                rms_norm(k, stream, &residual.as_view(), &norm, normed, n, eps)?;
-            } else if !fused {
-                add_rms_norm(k, stream, residual, &delta.as_view(), &norm, normed, n, eps)?;
+            if !fused {
+                norm_into(k, stream, &mut b, l == 0, &norm, n, eps)?;
             }
             // The residual now holds the layer's input: recorded where asked.
-            if let Some(aux) = b.aux.as_deref_mut() {
-                let stride = aux.layers.len() * h;
-                for j in (0..aux.layers.len()).filter(|&j| aux.layers[j] == l) {
-                    let dst = &mut aux.states.slice_mut(j * h..n * stride);
-                    copy_columns(k, stream, &residual.as_view(), h, dst, stride, n, h)?;
-                }
-            }
-            let g = match &layer.attention {
-                GpuAttention::Grouped(g) => g,
-                GpuAttention::Latent(m) => {
-                    let buffers = b.latent.as_deref_mut().expect("latent buffers");
-                    let layout = *cache.layout();
-                    let (latent_cache, _) = cache.layer_mut(l);
-                    let step = LatentStep {
-                        kernels: k,
-                        stream,
-                        gemm,
-                        config: c,
-                        rotary,
-                        plan: dplan,
-                    };
-                    let x = &normed.as_view();
-                    attend_latent(&step, m, buffers, x, n, latent_cache, &layout, delta)?;
-                    self.mlp(
-                        layer,
-                        &mut b.experts,
-                        residual,
-                        normed,
-                        delta,
-                        &mut *gate_up,
-                        &mut *act,
-                        n,
-                    )?;
-                    continue;
-                }
-            };
-            let qkv_w = g.qkv.as_view();
-            if fused {
-                let x = NormedInput {
-                    residual: &residual.as_view(),
-                    weight: &norm,
-                    eps,
-                };
-                gemm.normed_linear(k, stream, x, &qkv_w, qkv, n, width)?;
-            } else {
-                gemm.linear(k, stream, &normed.as_view(), &qkv_w, qkv, n, width)?;
-            }
-            if let Some(bias) = &g.qkv_bias {
-                add_bias(k, stream, qkv, &bias.as_view(), n)?;
-            }
-            if let (Some(qn), Some(kn)) = (&g.q_norm, &g.k_norm) {
-                let (q_heads, kv_heads) = (c.num_heads, c.num_kv_heads);
-                head_rms_norm(k, stream, qkv, &qn.as_view(), n, width, 0, q_heads, eps)?;
-                head_rms_norm(k, stream, qkv, &kn.as_view(), n, width, qd, kv_heads, eps)?;
-            }
-            let kv = LayerKv::of(cache, l);
-            let attention = &self.attention;
-            attend(k, stream, attention, qkv, width, rotary, kv, dplan, attn)?;
-            let o_w = g.o_proj.as_view();
-            match (&layer.mlp, fused) {
-                (GpuMlp::Dense { gate_up: gu, down }, true) => {
-                    let post = layer.post_norm.as_view();
-                    let (gu, down) = (gu.as_view(), down.as_view());
-                    gemm.add_linear(k, stream, &attn.as_view(), &o_w, residual, n, h)?;
-                    let x = NormedInput {
-                        residual: &residual.as_view(),
-                        weight: &post,
-                        eps,
-                    };
-                    gemm.normed_gate_up_act(k, stream, x, &gu, act, n, inter)?;
-                    gemm.add_linear(k, stream, &act.as_view(), &down, residual, n, h)?;
-                }
-                _ => {
-                    gemm.linear(k, stream, &attn.as_view(), &o_w, delta, n, h)?;
-                    self.mlp(
-                        layer,
-                        &mut b.experts,
-                        residual,
-                        normed,
-                        delta,
-                        &mut *gate_up,
-                        &mut *act,
-                        n,
-                    )?;
-                }
-            }
+            record_input(k, stream, &mut b, l, n, h)?;
+            step.run(layer, &mut b, n, input, cache, l)?;
         }
         let final_norm = weights.norm.as_view();
-        if fused {
-            rms_norm(k, stream, &residual.as_view(), &final_norm, normed, n, eps)?;
-        } else {
-            add_rms_norm(
-                k,
-                stream,
-                residual,
-                &delta.as_view(),
-                &final_norm,
-                normed,
-                n,
-                eps,
-            )?;
-        }
+        norm_into(k, stream, &mut b, fused, &final_norm, n, eps)?;
+        // "The input of layer `num_layers`": the last layer's output, before the final norm.
+        record_input(k, stream, &mut b, c.num_layers, n, h)?;
         let head = weights.lm_head.as_ref().unwrap_or(&weights.embed).as_view();
         let out = LogitRows {
             picked: b.picked,
@@ -350,43 +251,58 @@ impl LlamaCore {
             rows: r,
             every_row,
         };
-        project_logits(k, stream, gemm, &normed.as_view(), h, &head, dplan, out)
+        project_logits(k, stream, gemm, &b.normed.as_view(), h, &head, dplan, out)
     }
 }
 
-impl LlamaCore {
-    /// Queues layer `layer`'s MLP unfused: `residual += delta` and its post-attention norm
-    /// into `normed`, then the dense MLP or the mixture of those rows into `delta`.
-    #[allow(clippy::too_many_arguments)]
-    fn mlp(
-        &self,
-        layer: &GpuLayer,
-        experts: &mut Option<&mut ExpertBuffers>,
-        residual: &mut CudaViewMut<f32>,
-        normed: &mut CudaViewMut<bf16>,
-        delta: &mut CudaViewMut<bf16>,
-        gate_up: &mut CudaViewMut<bf16>,
-        act: &mut CudaViewMut<bf16>,
-        n: usize,
-    ) -> Result<(), GpuForwardError> {
-        let c = &self.config;
-        let (h, inter, eps) = (c.hidden_size, c.intermediate_size, c.rms_norm_eps as f32);
-        let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
-        let post = layer.post_norm.as_view();
-        add_rms_norm(k, stream, residual, &delta.as_view(), &post, normed, n, eps)?;
-        match &layer.mlp {
-            GpuMlp::Dense { gate_up: gu, down } => {
-                let (gu, down) = (gu.as_view(), down.as_view());
-                gemm.gate_up_act(k, stream, &normed.as_view(), &gu, gate_up, act, n, inter)?;
-                gemm.linear(k, stream, &act.as_view(), &down, delta, n, h)?;
-            }
-            GpuMlp::Experts(e) => {
-                let buffers = experts.as_deref_mut().expect("mixture buffers");
-                mix(k, stream, gemm, c, e, buffers, &normed.as_view(), n, delta)?;
-            }
-        }
-        Ok(())
+/// Queues `normed = norm(residual)` of the first `n` rows of `b` under `weight`, after
+/// `residual += delta` unless `first` (the residual holds the whole sum already).
+pub(crate) fn norm_into(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    b: &mut StepBuffers,
+    first: bool,
+    weight: &CudaView<bf16>,
+    n: usize,
+    eps: f32,
+) -> Result<(), GpuForwardError> {
+    let (residual, normed) = (&mut b.residual, &mut b.normed);
+    if first {
+        rms_norm(k, stream, &residual.as_view(), weight, normed, n, eps)?;
+    } else {
+        add_rms_norm(
+            k,
+            stream,
+            residual,
+            &b.delta.as_view(),
+            weight,
+            normed,
+            n,
+            eps,
+        )?;
     }
+    Ok(())
+}
+
+/// Copies the residual stream of the first `n` rows of `b` (rows of `h`) into the columns
+/// of every recorded layer that is `layer`, where `b` records layer inputs.
+fn record_input(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    b: &mut StepBuffers,
+    layer: usize,
+    n: usize,
+    h: usize,
+) -> Result<(), GpuForwardError> {
+    let Some(aux) = b.aux.as_deref_mut() else {
+        return Ok(());
+    };
+    let stride = aux.layers.len() * h;
+    for j in (0..aux.layers.len()).filter(|&j| aux.layers[j] == layer) {
+        let dst = &mut aux.states.slice_mut(j * h..n * stride);
+        copy_columns(k, stream, &b.residual.as_view(), h, dst, stride, n, h)?;
+    }
+    Ok(())
 }
 
 /// One layer's KV cache and its layout.

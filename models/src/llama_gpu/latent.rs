@@ -5,18 +5,17 @@
 //! (every sequence cut into one-row sequences, so prefill rows run as the decode rows they
 //! would be), each head's output expanded by its `W_UV` (batched) and `o_proj`.
 
+use super::layer::LayerStep;
 use super::weights::{to_device, GpuWeightError, RandomWeights};
 use super::GpuForwardError;
 use crate::config::{MlaConfig, ModelConfig};
 use crate::weights::Weights;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
+use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_kernels::cuda::gemm::{BatchedShape, Gemm, Strided, WeightLayout};
+use peregrine_kernels::cuda::gemm::{BatchedShape, Strided, WeightLayout};
 use peregrine_kernels::cuda::mla::MlaProjections;
 use peregrine_kernels::cuda::norm::rms_norm_rows;
-use peregrine_kernels::cuda::CudaKernels;
-use peregrine_ops::cuda::attention::{DeviceAttentionPlan, RotaryTable};
 use peregrine_ops::cuda::mla::GpuMlaAttention;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 
@@ -182,21 +181,11 @@ impl LatentBuffers {
     }
 }
 
-/// What a latent layer's forward reads besides its weights and buffers.
-pub(super) struct LatentStep<'a, 'b> {
-    pub kernels: &'a CudaKernels,
-    pub stream: &'a CudaStream,
-    pub gemm: &'a Gemm,
-    pub config: &'a ModelConfig,
-    pub rotary: RotaryTable<'a, 'b>,
-    pub plan: &'a DeviceAttentionPlan,
-}
-
 /// Queues the latent attention of the `n` rows of `normed` into `delta` (`[n, hidden]`),
 /// writing their cache rows into one layer's latent `cache`.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn attend_latent(
-    s: &LatentStep,
+    s: &LayerStep,
     layer: &GpuLatent,
     b: &mut LatentBuffers,
     normed: &CudaView<bf16>,

@@ -5,14 +5,16 @@ mod experts;
 mod forward;
 mod graph;
 mod latent;
+mod layer;
 mod weights;
 mod workspace;
 
 pub use experts::{ExpertBuffers, GpuExperts};
 pub use forward::GpuForwardError;
-pub(crate) use forward::{attend, project_logits, LayerKv, LogitRows};
+pub(crate) use forward::{attend, norm_into, project_logits, LayerKv, LogitRows};
 pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep};
 pub use latent::{GpuLatent, LatentBuffers};
+pub(crate) use layer::{LayerInput, LayerStep};
 pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights, RandomWeights};
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
@@ -102,6 +104,13 @@ impl SharedEmbedding {
     /// `[vocab, hidden]` bf16.
     pub fn table(&self) -> CudaView<'_, bf16> {
         self.0.weights.embed.as_view()
+    }
+
+    /// The model's output projection, `[vocab, hidden]` bf16: its `lm_head`, or the
+    /// embedding table it is tied to.
+    pub fn output_head(&self) -> CudaView<'_, bf16> {
+        let w = &self.0.weights;
+        w.lm_head.as_ref().unwrap_or(&w.embed).as_view()
     }
 
     /// The device the table is on.
@@ -214,13 +223,15 @@ impl GpuLlama {
     }
 
     /// From now on, every forward records the input of each layer in `layers` (the
-    /// residual stream entering it) for every row, in that order of columns, for
+    /// residual stream entering it; "layer `num_layers`" is the last layer's output, before
+    /// the final norm, which a multi-token prediction head reads) for every row, in that
+    /// order of columns, for
     /// [`GpuLlama::last_aux`]; empty: none. Unless it records those already, drops the
     /// graph buffers, so that graphs captured from now on record them too (capture again:
     /// graphs captured before do not).
     pub fn record_aux(&mut self, layers: &[usize]) -> anyhow::Result<()> {
         let c = &self.core.config;
-        if let Some(l) = layers.iter().find(|&&l| l >= c.num_layers) {
+        if let Some(l) = layers.iter().find(|&&l| l > c.num_layers) {
             anyhow::bail!(
                 "the input of layer {l} asked of a model of {} layers",
                 c.num_layers
@@ -288,7 +299,7 @@ impl GpuLlama {
 
 /// `plan` as model `c`'s attention needs it: under latent attention every sequence is cut
 /// into one-row sequences (the GPU's latent kernel runs decode rows).
-fn attention_plan(c: &ModelConfig, plan: DeviceAttentionPlan) -> DeviceAttentionPlan {
+pub(crate) fn attention_plan(c: &ModelConfig, plan: DeviceAttentionPlan) -> DeviceAttentionPlan {
     if c.mla.is_some() {
         plan.cutting_every_sequence()
     } else {
@@ -298,7 +309,7 @@ fn attention_plan(c: &ModelConfig, plan: DeviceAttentionPlan) -> DeviceAttention
 
 /// The heads and per-head width of the split kernels' scratch records of model `c`: its
 /// query heads of `head_dim`, or under latent attention of the latent.
-fn scratch_heads(c: &ModelConfig) -> (usize, usize) {
+pub(crate) fn scratch_heads(c: &ModelConfig) -> (usize, usize) {
     match &c.mla {
         Some(m) => (c.num_heads, m.kv_lora_rank),
         None => (c.num_heads, c.head_dim),

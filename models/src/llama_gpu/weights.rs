@@ -76,35 +76,11 @@ impl GpuWeights {
     /// Reads, fuses, converts to bf16 and uploads every tensor, checking every shape; a bar
     /// on stderr counts the layers uploaded.
     pub fn load(gpu: &Gpu, c: &ModelConfig, w: &Weights) -> Result<GpuWeights, GpuWeightError> {
-        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let bar = progress::bar(c.num_layers as u64, "uploading weights", "layers");
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
-            let p = format!("model.layers.{l}");
-            let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
-            let attention = match c.mla {
-                Some(_) => GpuAttention::Latent(GpuLatent::load(gpu, c, w, &p)?),
-                None => GpuAttention::Grouped(GpuGrouped::load(gpu, c, w, &p)?),
-            };
-            let mlp = match &c.moe {
-                Some(m) if m.layers.get(l).copied().unwrap_or(false) => {
-                    GpuMlp::Experts(Box::new(GpuExperts::load(gpu, c, w, &p)?))
-                }
-                _ => {
-                    let mut gate_up = get("mlp.gate_proj.weight", &[inter, h])?;
-                    gate_up.extend(get("mlp.up_proj.weight", &[inter, h])?);
-                    GpuMlp::Dense {
-                        gate_up: to_device(gpu, &gate_up)?,
-                        down: to_device(gpu, &get("mlp.down_proj.weight", &[h, inter])?)?,
-                    }
-                }
-            };
-            layers.push(GpuLayer {
-                input_norm: to_device(gpu, &get("input_layernorm.weight", &[h])?)?,
-                attention,
-                post_norm: to_device(gpu, &get("post_attention_layernorm.weight", &[h])?)?,
-                mlp,
-            });
+            layers.push(GpuLayer::load(gpu, c, w, l)?);
             bar.inc(1);
         }
         let lm_head = if c.tie_word_embeddings && !w.contains("lm_head.weight") {
@@ -148,29 +124,11 @@ impl GpuWeights {
         c: &ModelConfig,
         seed: u64,
     ) -> Result<GpuWeights, GpuWeightError> {
-        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let mut r = RandomWeights { gpu, kernels, seed };
         let mut layers = Vec::with_capacity(c.num_layers);
         for l in 0..c.num_layers {
-            let attention = match c.mla {
-                Some(_) => GpuAttention::Latent(GpuLatent::random(&mut r, c)?),
-                None => GpuAttention::Grouped(GpuGrouped::random(&mut r, c)?),
-            };
-            let mlp = match &c.moe {
-                Some(m) if m.layers.get(l).copied().unwrap_or(false) => {
-                    GpuMlp::Experts(Box::new(GpuExperts::random(&mut r, c)?))
-                }
-                _ => GpuMlp::Dense {
-                    gate_up: r.linear(2 * inter, h)?,
-                    down: r.linear(h, inter)?,
-                },
-            };
-            layers.push(GpuLayer {
-                input_norm: r.ones(h)?,
-                attention,
-                post_norm: r.ones(h)?,
-                mlp,
-            });
+            layers.push(GpuLayer::random(&mut r, c, l)?);
         }
         let lm_head = if c.tie_word_embeddings {
             None
@@ -190,29 +148,95 @@ impl GpuWeights {
     pub fn bytes(&self) -> u64 {
         let len = |s: &CudaSlice<bf16>| s.len() as u64;
         let opt = |s: &Option<CudaSlice<bf16>>| s.as_ref().map_or(0, len);
-        let layers: u64 = self
-            .layers
-            .iter()
-            .map(|l| {
-                let attention = match &l.attention {
-                    GpuAttention::Grouped(g) => {
-                        len(&g.qkv)
-                            + opt(&g.qkv_bias)
-                            + opt(&g.q_norm)
-                            + opt(&g.k_norm)
-                            + len(&g.o_proj)
-                    }
-                    GpuAttention::Latent(m) => m.elements(),
-                };
-                let mlp = match &l.mlp {
-                    GpuMlp::Dense { gate_up, down } => len(gate_up) + len(down),
-                    GpuMlp::Experts(e) => e.elements(),
-                };
-                len(&l.input_norm) + attention + len(&l.post_norm) + mlp
-            })
-            .sum();
-        2 * (layers + len(&self.embed) + len(&self.norm) + opt(&self.lm_head))
+        let layers: u64 = self.layers.iter().map(GpuLayer::bytes).sum();
+        layers + 2 * (len(&self.embed) + len(&self.norm) + opt(&self.lm_head))
     }
+}
+
+impl GpuLayer {
+    /// Decoder layer `l` of checkpoint `w` (`model.layers.{l}.*`; past `c.num_layers`, a
+    /// multi-token prediction layer's block), every shape checked.
+    pub fn load(
+        gpu: &Gpu,
+        c: &ModelConfig,
+        w: &Weights,
+        l: usize,
+    ) -> Result<GpuLayer, GpuWeightError> {
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let p = format!("model.layers.{l}");
+        let get = |name: &str, shape: &[usize]| w.f32(&format!("{p}.{name}"), shape);
+        let attention = match c.mla {
+            Some(_) => GpuAttention::Latent(GpuLatent::load(gpu, c, w, &p)?),
+            None => GpuAttention::Grouped(GpuGrouped::load(gpu, c, w, &p)?),
+        };
+        let mlp = if mixes(c, l) {
+            GpuMlp::Experts(Box::new(GpuExperts::load(gpu, c, w, &p)?))
+        } else {
+            let mut gate_up = get("mlp.gate_proj.weight", &[inter, h])?;
+            gate_up.extend(get("mlp.up_proj.weight", &[inter, h])?);
+            GpuMlp::Dense {
+                gate_up: to_device(gpu, &gate_up)?,
+                down: to_device(gpu, &get("mlp.down_proj.weight", &[h, inter])?)?,
+            }
+        };
+        Ok(GpuLayer {
+            input_norm: to_device(gpu, &get("input_layernorm.weight", &[h])?)?,
+            attention,
+            post_norm: to_device(gpu, &get("post_attention_layernorm.weight", &[h])?)?,
+            mlp,
+        })
+    }
+
+    /// Layer `l` of `c`'s shapes with weights from `r`: norm weights 1.
+    pub fn random(
+        r: &mut RandomWeights,
+        c: &ModelConfig,
+        l: usize,
+    ) -> Result<GpuLayer, GpuWeightError> {
+        let (h, inter) = (c.hidden_size, c.intermediate_size);
+        let attention = match c.mla {
+            Some(_) => GpuAttention::Latent(GpuLatent::random(r, c)?),
+            None => GpuAttention::Grouped(GpuGrouped::random(r, c)?),
+        };
+        let mlp = if mixes(c, l) {
+            GpuMlp::Experts(Box::new(GpuExperts::random(r, c)?))
+        } else {
+            GpuMlp::Dense {
+                gate_up: r.linear(2 * inter, h)?,
+                down: r.linear(h, inter)?,
+            }
+        };
+        Ok(GpuLayer {
+            input_norm: r.ones(h)?,
+            attention,
+            post_norm: r.ones(h)?,
+            mlp,
+        })
+    }
+
+    /// Bytes of the layer's parameters.
+    pub fn bytes(&self) -> u64 {
+        let len = |s: &CudaSlice<bf16>| s.len() as u64;
+        let opt = |s: &Option<CudaSlice<bf16>>| s.as_ref().map_or(0, len);
+        let attention = match &self.attention {
+            GpuAttention::Grouped(g) => {
+                len(&g.qkv) + opt(&g.qkv_bias) + opt(&g.q_norm) + opt(&g.k_norm) + len(&g.o_proj)
+            }
+            GpuAttention::Latent(m) => m.elements(),
+        };
+        let mlp = match &self.mlp {
+            GpuMlp::Dense { gate_up, down } => len(gate_up) + len(down),
+            GpuMlp::Experts(e) => e.elements(),
+        };
+        2 * (len(&self.input_norm) + attention + len(&self.post_norm) + mlp)
+    }
+}
+
+/// Whether layer `l` of `c` is a mixture of experts.
+fn mixes(c: &ModelConfig, l: usize) -> bool {
+    c.moe
+        .as_ref()
+        .is_some_and(|m| m.layers.get(l).copied().unwrap_or(false))
 }
 
 impl GpuGrouped {
@@ -299,7 +323,12 @@ pub struct RandomWeights<'a> {
     seed: u64,
 }
 
-impl RandomWeights<'_> {
+impl<'a> RandomWeights<'a> {
+    /// Weights on `gpu` made by `kernels`, the first from the seed after `seed`.
+    pub fn new(gpu: &'a Gpu, kernels: &'a CudaKernels, seed: u64) -> RandomWeights<'a> {
+        RandomWeights { gpu, kernels, seed }
+    }
+
     /// The device the weights are made on.
     pub fn gpu(&self) -> &Gpu {
         self.gpu

@@ -25,6 +25,12 @@ pub trait LatencyModel {
     fn routed_step_bytes(&self, _batch: usize, _context: usize) -> Option<u64> {
         None
     }
+    /// The wall time in ms of a drafting round of the model's multi-token prediction
+    /// layer for `batch` sequences of `context` tokens, where one is loaded
+    /// (`--mtp-drafts`).
+    fn draft_round_ms(&mut self, _batch: usize, _context: usize) -> anyhow::Result<Option<f64>> {
+        Ok(None)
+    }
     /// One forward; returns each logit row's greedy token.
     fn step(
         &mut self,

@@ -2,6 +2,7 @@
 //! shapes, in bf16.
 
 use super::backend::{blocks_needed, LatencyModel, StepTokens};
+use super::mtp_round::{MtpRound, RoundShape};
 use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
 use peregrine_actors::backend::kernels_for;
@@ -30,6 +31,10 @@ pub struct GpuModel {
     queued: Option<QueuedStep>,
     model: GpuLlama,
     cache: SharedKvCache,
+    /// The multi-token prediction layer's rounds (`--mtp-drafts`).
+    mtp: Option<MtpRound>,
+    /// Drafts a round chains.
+    mtp_drafts: usize,
     source: String,
     products: String,
 }
@@ -124,6 +129,33 @@ impl GpuModel {
                 .transpose()?;
             (Some(graphs), verify_graphs)
         };
+        let mtp = (args.mtp_drafts > 0)
+            .then(|| {
+                let sizes = CaptureSizes::from_list(&args.batch_sizes, largest)
+                    .map_err(|e| anyhow::anyhow!("--batch-sizes: {e}"))?;
+                let head_options = GpuModelOptions {
+                    max_logit_rows: largest,
+                    ..options
+                };
+                let blocks = (blocks, args.block_size);
+                let context = args.max_seq_len_to_capture;
+                let kernels = kernels.clone();
+                MtpRound::new(
+                    &model,
+                    dir.as_deref(),
+                    kernels,
+                    head_options,
+                    blocks,
+                    &sizes,
+                    verify_rows,
+                    context,
+                )
+                .context("the multi-token prediction layer (--mtp-drafts)")
+            })
+            .transpose()?;
+        if mtp.is_some() {
+            products.push_str(", an MTP layer beside it on a stream of its own");
+        }
         Ok(GpuModel {
             graphs,
             verify_graphs,
@@ -131,6 +163,8 @@ impl GpuModel {
             queued: None,
             model,
             cache,
+            mtp,
+            mtp_drafts: args.mtp_drafts,
             source,
             products,
         })
@@ -207,6 +241,15 @@ impl LatencyModel for GpuModel {
         // A copy reads and writes every byte.
         let bandwidth = (2 * bytes * rounds) as f64 / start.elapsed().as_secs_f64();
         Ok(Some(self.model.weight_bytes() as f64 / bandwidth * 1e3))
+    }
+
+    fn draft_round_ms(&mut self, batch: usize, context: usize) -> anyhow::Result<Option<f64>> {
+        let drafts = self.mtp_drafts;
+        let Some(mtp) = &mut self.mtp else {
+            return Ok(None);
+        };
+        let shape = RoundShape { context, drafts };
+        Ok(Some(mtp.time(batch, shape, 20)?))
     }
 
     fn step(

@@ -4,6 +4,8 @@
 mod backend;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod mtp_round;
 
 use crate::cli::BenchLatencyArgs;
 use backend::LatencyModel;
@@ -48,6 +50,7 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         "ahead_ms/step"
     );
     let mut verified = Vec::new();
+    let mut rounds = Vec::new();
     for &batch in &args.batch_sizes {
         // One untimed pass warms up caches, cuBLAS heuristics and the allocator.
         let shape = Shape { batch, rows: 1 };
@@ -79,6 +82,9 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
         } else {
             (None, "-".to_string())
         };
+        if let Some(round_ms) = model.draft_round_ms(batch, context)? {
+            rounds.push((batch, step_ms, round_ms));
+        }
         if args.verify_rows > 1 {
             let decode = StepCost {
                 ms: step_ms,
@@ -124,6 +130,25 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
     );
     if !verified.is_empty() {
         print_verified(args.verify_rows, &verified);
+    }
+    if !rounds.is_empty() {
+        println!(
+            "{:>6} {:>14} {:>14} {:>14}",
+            "batch", "decode_ms/step", "mtp_round_ms", "round/step"
+        );
+        for (batch, step_ms, round_ms) in rounds {
+            println!(
+                "{batch:>6} {step_ms:>14.3} {round_ms:>14.3} {:>14.2}",
+                round_ms / step_ms
+            );
+        }
+        println!(
+            "mtp_round_ms: a drafting round of {} drafts a sequence by the multi-token \
+             prediction layer at the mean context: step 0 over each sequence's {} verified \
+             rows (fed the feature ring), then the chained steps, through its graphs, each \
+             step's drafts downloaded",
+            args.mtp_drafts, args.verify_rows
+        );
     }
     Ok(())
 }

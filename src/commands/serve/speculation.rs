@@ -76,6 +76,11 @@ pub fn build_drafter(
                 .with_context(|| format!("loading the EAGLE-3 head {}", dir.display()))?;
             Box::new(with_fault(Eagle3::new(head, target.config(), target.pool())?)?)
         }
+        #[cfg(feature = "cuda")]
+        (SpeculativeMethod::Mtp, Some(DraftBeside::MtpHead(head, limits))) => {
+            let runner = peregrine_actors::draft::GpuHead::beside(*head, target.pool(), limits)?;
+            Box::new(with_fault(Eagle3::with_runner(runner))?)
+        }
         (SpeculativeMethod::Mtp, None) => {
             let dir = draft_model.context("speculative_method mtp reads the target's folder")?;
             let head = load_mtp(dir, target)
@@ -119,7 +124,8 @@ fn with_fault<R: HeadRunner>(method: Eagle3<R>) -> anyhow::Result<Eagle3<R>> {
 }
 
 /// What the CUDA backend loads beside the target for `method`: the draft model or the
-/// EAGLE-3 head in `draft_model`; nothing for n-gram or without speculation.
+/// EAGLE-3 head in `draft_model`, or the MTP layer of the target's folder (which
+/// `draft_model` then names); nothing for n-gram or without speculation.
 #[cfg(feature = "cuda")]
 pub fn gpu_draft(
     method: Option<SpeculativeMethod>,
@@ -130,7 +136,8 @@ pub fn gpu_draft(
     match method? {
         SpeculativeMethod::DraftModel => Some(GpuDraft::Model(dir)),
         SpeculativeMethod::Eagle3 => Some(GpuDraft::Eagle3Head(dir)),
-        SpeculativeMethod::Ngram | SpeculativeMethod::Mtp => None,
+        SpeculativeMethod::Mtp => Some(GpuDraft::Mtp(dir)),
+        SpeculativeMethod::Ngram => None,
     }
 }
 
@@ -162,8 +169,8 @@ fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3He
 fn load_mtp(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<MtpHead> {
     let (Some(embed), Some(head)) = (target.embedding_table(), target.lm_head()) else {
         anyhow::bail!(
-            "speculative_method mtp runs on the CPU; the {} backend does not share the \
-             target's embedding and output projection",
+            "speculative_method mtp on the CPU reads the target's embedding and output \
+             projection, which the {} backend does not share",
             target.pool().device
         );
     };

@@ -13,6 +13,11 @@
 //! keeps a one-layer latent cache addressed by the target's block ids and slot mapping.
 //! It drafts over the whole vocabulary.
 
+#[cfg(feature = "cuda")]
+pub mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_graph;
+
 use crate::config::ModelConfig;
 use crate::cpu_graph::head::{forward_eagerly, GraphHead, HeadIo};
 use crate::cpu_graph::ops::{self as ops, Graph};

@@ -1,0 +1,636 @@
+//! DeepSeek-V3's multi-token prediction layer on the GPU (`cuda` feature), kernel for
+//! kernel the CPU [`MtpHead`](super::MtpHead):
+//!
+//! ```text
+//! e  = embed(x), 0 at position 0                              (one kernel)
+//! g  = target_norm(h) at step 0 (h: the target's last-layer output), else pre
+//! u  = cat(enorm(e), hnorm(g))                                 [T, 2H], two norms
+//! y  = decoder block(eh_proj(u))   (the target's layer kinds)  pre = y
+//! logits = shared_head.head(shared_head.norm(y))               [rows, vocab]
+//! ```
+//!
+//! The layer is a [`GpuLayer`] run by the target's own layer code; its cache is one layer of
+//! the target's kind (latent rows under MLA) in the blocks of the target's pool; its plan is
+//! its own, staged over its own rows (never the target's padded one).
+
+use super::MtpError;
+use crate::config::ModelConfig;
+use crate::eagle3::feature_ring::FeatureRing;
+use crate::eagle3::gpu::GpuHeadDrafts;
+use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
+use crate::gpu_graph::SharedGraphBuffers;
+use crate::llama::{check_inputs, rotary_of, ForwardError};
+use crate::llama_gpu::{
+    attention_plan, norm_into, project_logits, GpuForwardError, GpuLayer, GpuModelOptions,
+    LayerInput, LayerStep, LogitRows, RandomWeights, SharedEmbedding, Workspace,
+};
+use crate::weights::Weights;
+use cudarc::driver::{CudaSlice, CudaView};
+use half::bf16;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_kernels::cuda::elementwise::{copy_columns, embedding_past_first};
+use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::norm::{rms_norm, rms_norm_columns};
+use peregrine_kernels::cuda::CudaKernels;
+use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
+use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::AttentionPlan;
+use peregrine_runtime::cuda::{Gpu, GpuError};
+use std::path::Path;
+use std::sync::Arc;
+
+pub use super::gpu_graph::CapturedMtpStep;
+use super::gpu_graph::MtpGraphBuffers;
+
+/// A multi-token prediction head on one GPU.
+pub struct GpuMtpHead {
+    pub(super) core: Arc<MtpCore>,
+    /// The activations of eager steps.
+    work: MtpWorkspace,
+    /// The metadata of eager steps: the head's own, staged over its own rows.
+    plan: DeviceAttentionPlan,
+    /// The buffers of the graphs, while any graph was captured from them.
+    pub(super) graph_buffers: SharedGraphBuffers<MtpGraphBuffers>,
+    /// The ring the target hands its last-layer outputs off in, where it does.
+    ring: Option<Arc<FeatureRing>>,
+}
+
+/// A table the head reads: its own (the checkpoint stores one in the layer), or the
+/// target's.
+enum Table {
+    Own(CudaSlice<bf16>),
+    TargetEmbedding(SharedEmbedding),
+    TargetHead(SharedEmbedding),
+}
+
+impl Table {
+    fn view(&self) -> CudaView<'_, bf16> {
+        match self {
+            Table::Own(t) => t.as_view(),
+            Table::TargetEmbedding(shared) => shared.table(),
+            Table::TargetHead(shared) => shared.output_head(),
+        }
+    }
+}
+
+/// What every kernel of the head's forward reads and never writes; graphs hold it.
+pub(super) struct MtpCore {
+    /// The target's configuration: the layer is of its shapes.
+    pub(super) config: ModelConfig,
+    aux: [usize; 1],
+    vocab: DraftVocab,
+    pub(super) gpu: Arc<Gpu>,
+    kernels: Arc<CudaKernels>,
+    embed: Table,
+    lm_head: Table,
+    /// The target's final norm, which its last-layer output goes through at step 0.
+    target_norm: CudaSlice<bf16>,
+    enorm: CudaSlice<bf16>,
+    hnorm: CudaSlice<bf16>,
+    /// `[H, 2H]`.
+    eh_proj: CudaSlice<bf16>,
+    layer: GpuLayer,
+    head_norm: CudaSlice<bf16>,
+    cos_sin: CudaSlice<f32>,
+    interleaved: bool,
+    attention: GpuPagedAttention,
+    pub(super) decode_kernel: DecodeKernel,
+    gemm: Gemm,
+}
+
+/// The activations of one forward of the head, at its largest step.
+pub(super) struct MtpWorkspace {
+    /// The layer's activations, logits `[logit rows, vocab]`, `pre` in the residual.
+    pub(super) work: Workspace,
+    /// bf16 `[tokens, H]`: the staged target outputs of a step fed them.
+    aux: CudaSlice<bf16>,
+    /// The ring slots of a step's features gathered from a feature ring, one a token.
+    slots: CudaSlice<i32>,
+    /// f32 `[tokens, H]`: the staged `pre` of a step fed it, or `g` of one fed the target's.
+    pub(super) feature: CudaSlice<f32>,
+    /// f32 `[tokens, H]`: the tokens' embeddings.
+    e: CudaSlice<f32>,
+    /// bf16 `[tokens, 2H]`: `eh_proj`'s input.
+    u: CudaSlice<bf16>,
+}
+
+impl MtpWorkspace {
+    /// Buffers for `max_tokens` tokens and `max_logit_rows` logit rows.
+    pub(super) fn new(
+        core: &MtpCore,
+        max_tokens: usize,
+        max_logit_rows: usize,
+    ) -> Result<MtpWorkspace, GpuError> {
+        let (gpu, t, h) = (&core.gpu, max_tokens, core.config.hidden_size);
+        Ok(MtpWorkspace {
+            work: Workspace::new(gpu, &core.config, t, max_logit_rows, &[])?,
+            aux: gpu.zeros(t * h)?,
+            slots: gpu.zeros(t.max(1))?,
+            feature: gpu.zeros(t * h)?,
+            e: gpu.zeros(t * h)?,
+            u: gpu.zeros(t * 2 * h)?,
+        })
+    }
+
+    /// Gathers the rows `ids` of `ring` into the staged target outputs, on the head's
+    /// stream.
+    pub(super) fn gather_features(
+        &mut self,
+        core: &MtpCore,
+        ring: &FeatureRing,
+        ids: &[u64],
+    ) -> Result<(), GpuForwardError> {
+        let stream = core.gpu.stream();
+        ring.gather(&core.kernels, stream, ids, &mut self.slots, &mut self.aux)?;
+        Ok(())
+    }
+
+    /// Stages `input` into the buffer of its kind: host rows copied, rows of `ring`
+    /// gathered on the device.
+    fn stage_features(
+        &mut self,
+        core: &MtpCore,
+        input: HeadInput,
+        ring: Option<&FeatureRing>,
+    ) -> Result<(), GpuForwardError> {
+        let stream = core.gpu.stream();
+        match input {
+            HeadInput::Aux(features) => {
+                let host: Vec<bf16> = features.iter().map(|&v| bf16::from_f32(v)).collect();
+                stream.memcpy_htod(&host, &mut self.aux.slice_mut(0..host.len()))?;
+            }
+            HeadInput::Ring(ids) => {
+                let ring = ring.ok_or(GpuForwardError::NoFeatureRing)?;
+                self.gather_features(core, ring, ids)?;
+            }
+            HeadInput::Pre(features) => {
+                let dst = &mut self.feature.slice_mut(0..features.len());
+                stream.memcpy_htod(features, dst)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
+    let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
+    gpu.upload(&host)
+}
+
+/// The head's parameters but the rotary table and handles.
+struct MtpParams {
+    embed: Table,
+    lm_head: Table,
+    target_norm: CudaSlice<bf16>,
+    enorm: CudaSlice<bf16>,
+    hnorm: CudaSlice<bf16>,
+    eh_proj: CudaSlice<bf16>,
+    layer: GpuLayer,
+    head_norm: CudaSlice<bf16>,
+}
+
+impl GpuMtpHead {
+    /// The first multi-token prediction layer of the checkpoint in `dir` (its
+    /// `model.layers.{num_hidden_layers}.*`) for the target `target` onto `gpu`, reading
+    /// the target's embedding table and output projection from `shared` unless the layer
+    /// stores its own. Every shape is checked as the CPU [`MtpHead`](super::MtpHead)
+    /// checks it.
+    pub fn load(
+        dir: &Path,
+        target: &ModelConfig,
+        shared: SharedEmbedding,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuMtpHead> {
+        if target.mtp_layers == 0 {
+            return Err(MtpError::NoLayers.into());
+        }
+        let w = Weights::open(dir)?;
+        let (l, h, vocab) = (target.num_layers, target.hidden_size, target.vocab_size);
+        let p = format!("model.layers.{l}");
+        let get = |name: &str, shape: &[usize]| -> anyhow::Result<CudaSlice<bf16>> {
+            let values = w.f32(name, shape).map_err(MtpError::from)?;
+            Ok(upload(&gpu, &values)?)
+        };
+        let own = |name: &str, fallback: Table| -> anyhow::Result<Table> {
+            let name = format!("{p}.{name}");
+            Ok(match w.contains(&name) {
+                true => Table::Own(get(&name, &[vocab, h])?),
+                false => fallback,
+            })
+        };
+        let params = MtpParams {
+            embed: own(
+                "embed_tokens.weight",
+                Table::TargetEmbedding(shared.clone()),
+            )?,
+            lm_head: own("shared_head.head.weight", Table::TargetHead(shared))?,
+            target_norm: get("model.norm.weight", &[h])?,
+            enorm: get(&format!("{p}.enorm.weight"), &[h])?,
+            hnorm: get(&format!("{p}.hnorm.weight"), &[h])?,
+            eh_proj: get(&format!("{p}.eh_proj.weight"), &[h, 2 * h])?,
+            layer: GpuLayer::load(&gpu, target, &w, l)?,
+            head_norm: get(&format!("{p}.shared_head.norm.weight"), &[h])?,
+        };
+        GpuMtpHead::new(target, params, gpu, kernels, options)
+    }
+
+    /// A head for `target` with random weights made on the device from `seed` (the layer
+    /// as [`GpuLayer::random`] makes it, `eh_proj` uniform in `±1/sqrt(2H)`, norm weights
+    /// 1), reading the target's embedding table and output projection from `shared`: for
+    /// benchmarks of checkpoints whose weights are not here.
+    pub fn random(
+        target: &ModelConfig,
+        shared: SharedEmbedding,
+        seed: u64,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuMtpHead> {
+        anyhow::ensure!(target.mtp_layers > 0, MtpError::NoLayers);
+        let h = target.hidden_size;
+        let mut r = RandomWeights::new(&gpu, &kernels, seed);
+        let params = MtpParams {
+            embed: Table::TargetEmbedding(shared.clone()),
+            lm_head: Table::TargetHead(shared),
+            target_norm: r.ones(h)?,
+            enorm: r.ones(h)?,
+            hnorm: r.ones(h)?,
+            eh_proj: r.linear(h, 2 * h)?,
+            layer: GpuLayer::random(&mut r, target, target.num_layers)?,
+            head_norm: r.ones(h)?,
+        };
+        GpuMtpHead::new(target, params, gpu, kernels, options)
+    }
+
+    fn new(
+        target: &ModelConfig,
+        params: MtpParams,
+        gpu: Arc<Gpu>,
+        kernels: Arc<CudaKernels>,
+        options: GpuModelOptions,
+    ) -> anyhow::Result<GpuMtpHead> {
+        let c = target.clone();
+        let rotary = rotary_of(&c);
+        let cos_sin = gpu.upload(&rotary.cos_sin_table(u32::try_from(c.max_model_len)?))?;
+        let identity = vec![0i64; c.vocab_size];
+        let vocab = DraftVocab::from_d2t(&identity, c.vocab_size)
+            .expect("the identity maps inside the vocabulary");
+        let decode_kernel = options.decode_kernel();
+        let core = MtpCore {
+            aux: [c.num_layers],
+            vocab,
+            embed: params.embed,
+            lm_head: params.lm_head,
+            target_norm: params.target_norm,
+            enorm: params.enorm,
+            hnorm: params.hnorm,
+            eh_proj: params.eh_proj,
+            layer: params.layer,
+            head_norm: params.head_norm,
+            cos_sin,
+            interleaved: rotary.is_interleaved(),
+            attention: GpuPagedAttention {
+                num_heads: c.num_heads,
+                num_kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+                scale: 1.0 / (c.head_dim as f32).sqrt(),
+            },
+            decode_kernel,
+            gemm: options.gemm(&gpu)?,
+            config: c,
+            gpu: gpu.clone(),
+            kernels,
+        };
+        // No kernel may read a weight still on its way (programmatic dependent launch).
+        gpu.synchronize()?;
+        let work = MtpWorkspace::new(&core, options.max_tokens, options.max_logit_rows)?;
+        let plan = attention_plan(
+            &core.config,
+            DeviceAttentionPlan::growing(&gpu, decode_kernel)?,
+        );
+        Ok(GpuMtpHead {
+            core: Arc::new(core),
+            work,
+            plan,
+            graph_buffers: SharedGraphBuffers::default(),
+            ring: None,
+        })
+    }
+
+    /// The ring the target hands its last-layer outputs off in, where the head reads one.
+    pub fn feature_ring(&self) -> Option<&FeatureRing> {
+        self.ring.as_deref()
+    }
+
+    /// [`GpuMtpHead::feature_ring`], shared.
+    pub(super) fn feature_ring_handle(&self) -> Option<Arc<FeatureRing>> {
+        self.ring.clone()
+    }
+
+    /// From now on step 0 may read its features from `ring` ([`HeadInput::Ring`]), the
+    /// ring the target stores its last-layer outputs into. Refused when its rows are not
+    /// `H` wide.
+    pub fn read_features_from(&mut self, ring: Arc<FeatureRing>) -> anyhow::Result<()> {
+        let h = self.core.config.hidden_size;
+        anyhow::ensure!(
+            ring.width() == h,
+            "a feature ring of rows of {} for a head that reads rows of {h}",
+            ring.width()
+        );
+        self.ring = Some(ring);
+        Ok(())
+    }
+
+    /// The target's configuration, whose shapes the head's layer has.
+    pub fn config(&self) -> &ModelConfig {
+        &self.core.config
+    }
+
+    /// The one target "layer" the head reads: layer `num_layers`'s input, the last layer's
+    /// output.
+    pub fn aux_layers(&self) -> &[usize] {
+        &self.core.aux
+    }
+
+    /// Its draft vocabulary: the target's.
+    pub fn vocab(&self) -> &DraftVocab {
+        &self.core.vocab
+    }
+
+    /// The positions the head serves: the target's.
+    pub fn max_positions(&self) -> usize {
+        self.core.config.max_model_len
+    }
+
+    /// The device the head runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.core.gpu
+    }
+
+    /// Bytes one token takes in the head's one-layer cache (bf16): one layer of the
+    /// target's.
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        let c = &self.core.config;
+        c.kv_bytes_per_token(2) / c.num_layers.max(1) as u64
+    }
+
+    /// The head's one-layer cache layout over `num_blocks` blocks of `block_size` tokens.
+    pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        self.core.config.kv_layout(num_blocks, block_size)
+    }
+
+    /// A zeroed one-layer cache of [`GpuMtpHead::kv_layout`], holding what the target's
+    /// attention keeps.
+    pub fn new_cache(&self, num_blocks: u64, block_size: u64) -> Result<GpuKvCache, GpuError> {
+        let layout = self.kv_layout(num_blocks, block_size);
+        GpuKvCache::with_rows(&self.core.gpu, 1, layout, self.core.config.kv_rows())
+    }
+
+    /// Bytes of the head's own parameters (the target's tables it reads are not counted).
+    pub fn weight_bytes(&self) -> u64 {
+        let c = &self.core;
+        let own = |t: &Table| match t {
+            Table::Own(s) => 2 * s.len() as u64,
+            _ => 0,
+        };
+        let small = [&c.target_norm, &c.enorm, &c.hnorm, &c.eh_proj, &c.head_norm];
+        let small: u64 = small.iter().map(|s| 2 * s.len() as u64).sum();
+        c.layer.bytes() + small + own(&c.embed) + own(&c.lm_head)
+    }
+
+    /// Runs `tokens` (one per planned row) with features `input` through the head, writing
+    /// their cache rows into layer 0 of `cache`, and returns the logits of `logit_rows`
+    /// (`[rows, vocab]`) and every row's `pre`, as [`MtpHead::forward`](super::MtpHead::forward)
+    /// does.
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<HeadOutput, GpuForwardError> {
+        self.run(tokens, input, plan, cache, logit_rows)?;
+        let (gpu, n, r) = (&self.core.gpu, tokens.len(), logit_rows.len());
+        let (h, v) = (self.core.config.hidden_size, self.core.config.vocab_size);
+        let w = &self.work.work;
+        Ok(HeadOutput {
+            logits: gpu.download(&w.logits.slice(0..r * v))?,
+            pre: gpu.download(&w.residual.slice(0..n * h))?,
+        })
+    }
+
+    /// [`GpuMtpHead::forward`], choosing each logit row's greedy draft on the device (and,
+    /// with `logits`, downloading the rows' logits too).
+    pub fn forward_greedy(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+        logits: bool,
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        self.run(tokens, input, plan, cache, logit_rows)?;
+        let core = &*self.core;
+        core.argmax(&mut self.work.work, logit_rows.len())?;
+        core.drafts(&self.work.work, tokens.len(), logit_rows.len(), logits)
+    }
+
+    /// Checks and stages a step, then queues its forward.
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        cache: &mut GpuKvCache,
+        logit_rows: &[usize],
+    ) -> Result<(), GpuForwardError> {
+        let core = &*self.core;
+        let (n, r) = (tokens.len(), logit_rows.len());
+        core.check(tokens, input, plan, logit_rows, &self.work.work, cache)?;
+        self.work
+            .stage_features(core, input, self.ring.as_deref())?;
+        self.plan.stage(tokens, plan, logit_rows)?;
+        let every_row = logit_rows.iter().copied().eq(0..n);
+        let kind = input.kind();
+        core.launch(&mut self.work, n, r, every_row, kind, &self.plan, cache)
+    }
+}
+
+impl MtpCore {
+    /// Refuses a step the buffers, the rotary table or the cache cannot hold.
+    pub(super) fn check(
+        &self,
+        tokens: &[u32],
+        input: HeadInput,
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        work: &Workspace,
+        cache: &GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
+        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
+        let (n, r) = (tokens.len(), logit_rows.len());
+        // A ring row holds a whole row.
+        let (len, width) = match input.host() {
+            Some((_, features)) => (features.len(), c.hidden_size),
+            None => (input.rows(), 1),
+        };
+        if len != n * width {
+            return Err(ForwardError::HiddenShape {
+                what: "head features",
+                len,
+                rows: n,
+                width,
+            }
+            .into());
+        }
+        if n > work.max_tokens {
+            let max = work.max_tokens;
+            return Err(GpuForwardError::TooManyTokens { tokens: n, max });
+        }
+        if r > work.max_logit_rows {
+            let max = work.max_logit_rows;
+            return Err(GpuForwardError::TooManyLogitRows { rows: r, max });
+        }
+        self.check_positions(plan)?;
+        if cache.num_layers() != 1 {
+            let layers = cache.num_layers();
+            return Err(GpuForwardError::CacheLayers {
+                cache: layers,
+                model: 1,
+            });
+        }
+        if cache.rows() != c.kv_rows() {
+            let (cache, model) = (cache.rows(), c.kv_rows());
+            return Err(GpuForwardError::CacheRows { cache, model });
+        }
+        Ok(())
+    }
+
+    /// Refuses a plan with a position past the rotary table.
+    pub(super) fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError> {
+        let max = self.config.max_model_len;
+        match plan.positions().iter().max() {
+            Some(&position) if position as usize >= max => {
+                Err(GpuForwardError::Position { position, max })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues the forward of the `n` rows staged in `dplan` (features of `kind` staged in
+    /// `w`), leaving the logits of its `r` logit rows in `w.work.logits` and every row's
+    /// `pre` in `w.work.residual`. Reads no host value of the step but its sizes, so that a
+    /// graph captured from it serves every step staged into the same buffers.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn launch(
+        &self,
+        w: &mut MtpWorkspace,
+        n: usize,
+        r: usize,
+        every_row: bool,
+        kind: FeatureKind,
+        dplan: &DeviceAttentionPlan,
+        cache: &mut GpuKvCache,
+    ) -> Result<(), GpuForwardError> {
+        let c = &self.config;
+        let (h, eps) = (c.hidden_size, c.rms_norm_eps as f32);
+        let (k, stream, gemm) = (&*self.kernels, self.gpu.stream(), &self.gemm);
+        let mut b = w.work.step(n);
+        let (e, feature) = (
+            &mut w.e.slice_mut(0..n * h),
+            &mut w.feature.slice_mut(0..n * h),
+        );
+        let u = &mut w.u.slice_mut(0..n * 2 * h);
+
+        let (tokens, positions) = (dplan.token_ids(), dplan.positions());
+        embedding_past_first(k, stream, &tokens, &positions, &self.embed.view(), e, h)?;
+        rms_norm_columns(
+            k,
+            stream,
+            &e.as_view(),
+            &self.enorm.as_view(),
+            u,
+            n,
+            2 * h,
+            eps,
+        )?;
+        if kind == FeatureKind::Aux {
+            // g = target_norm(h), widened to f32 for hnorm.
+            let aux = w.aux.slice(0..n * h);
+            copy_columns(k, stream, &aux, h, feature, h, n, h)?;
+            let norm = self.target_norm.as_view();
+            rms_norm(k, stream, &feature.as_view(), &norm, &mut b.normed, n, eps)?;
+            copy_columns(k, stream, &b.normed.as_view(), h, feature, h, n, h)?;
+        }
+        let u_g = &mut u.slice_mut(h..);
+        let hnorm = self.hnorm.as_view();
+        rms_norm_columns(k, stream, &feature.as_view(), &hnorm, u_g, n, 2 * h, eps)?;
+        let eh_proj = self.eh_proj.as_view();
+        gemm.linear(k, stream, &u.as_view(), &eh_proj, &mut b.delta, n, h)?;
+        copy_columns(k, stream, &b.delta.as_view(), h, &mut b.residual, h, n, h)?;
+
+        let layer = &self.layer;
+        norm_into(k, stream, &mut b, true, &layer.input_norm.as_view(), n, eps)?;
+        let cos_sin = self.cos_sin.as_view();
+        let step = LayerStep {
+            kernels: k,
+            stream,
+            gemm,
+            config: c,
+            attention: &self.attention,
+            rotary: RotaryTable {
+                cos_sin: &cos_sin,
+                positions: c.max_model_len,
+                interleaved: self.interleaved,
+            },
+            plan: dplan,
+        };
+        step.run(layer, &mut b, n, LayerInput::Normed, cache, 0)?;
+        norm_into(k, stream, &mut b, false, &self.head_norm.as_view(), n, eps)?;
+        let out = LogitRows {
+            picked: b.picked,
+            logits: b.logits,
+            rows: r,
+            every_row,
+        };
+        let head = self.lm_head.view();
+        project_logits(k, stream, gemm, &b.normed.as_view(), h, &head, dplan, out)
+    }
+
+    /// Queues the argmax of the first `rows` logit rows of `w` into its ids.
+    pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
+        w.argmax(
+            &self.kernels,
+            self.gpu.stream(),
+            rows,
+            self.config.vocab_size,
+        )
+    }
+
+    /// The drafts of the first `r` argmax ids of `w` and the `pre` of its first `n` rows
+    /// (with `logits`, the first `r` logit rows too), downloaded (waits for the stream).
+    pub(super) fn drafts(
+        &self,
+        w: &Workspace,
+        n: usize,
+        r: usize,
+        logits: bool,
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        let (h, v) = (self.config.hidden_size, self.config.vocab_size);
+        let logits = match logits {
+            true => Some(self.gpu.download(&w.logits.slice(0..r * v))?),
+            false => None,
+        };
+        Ok(GpuHeadDrafts {
+            drafts: self.gpu.download(&w.ids.slice(0..r))?,
+            logits,
+            pre: self.gpu.download(&w.residual.slice(0..n * h))?,
+        })
+    }
+}
