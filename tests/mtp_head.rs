@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::mtp_reference::{MtpReference, Row};
+use common::mtp_reference::{argmax, relative_error, MtpReference, Row};
 use peregrine_models::eagle3::HeadInput;
 use peregrine_models::mtp::MtpHead;
 use peregrine_models::{LlamaModel, Weights};
@@ -23,21 +23,6 @@ fn plan(cached: usize, new: usize) -> AttentionPlan {
         block_table: &BLOCKS,
     };
     AttentionPlan::new(&[spec], BLOCK_SIZE, POOL).unwrap()
-}
-
-/// Largest |ours - theirs| relative to the largest |theirs|.
-fn relative_error(ours: &[f32], theirs: &[f64]) -> f64 {
-    assert_eq!(ours.len(), theirs.len());
-    let scale = theirs.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let diff = ours
-        .iter()
-        .zip(theirs)
-        .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-    diff / scale
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
 }
 
 #[test]

@@ -9,6 +9,10 @@ pub mod fetch;
 pub mod gguf;
 #[cfg(feature = "cuda")]
 pub mod gpu_graph;
+#[cfg(feature = "cuda")]
+pub mod head_features;
+#[cfg(feature = "cuda")]
+pub mod head_graph;
 pub mod llama;
 #[cfg(feature = "cuda")]
 pub mod llama_gpu;

@@ -280,3 +280,19 @@ fn rotate_pairs(x: &mut [f64], pos: usize, inv_freq: &[f64], magnitude: f64) {
         x[2 * i + 1] = (b * c + a * s) * magnitude;
     }
 }
+
+/// Largest |ours - theirs| relative to the largest |theirs|.
+pub fn relative_error(ours: &[f32], theirs: &[f64]) -> f64 {
+    assert_eq!(ours.len(), theirs.len());
+    let scale = theirs.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let diff = ours
+        .iter()
+        .zip(theirs)
+        .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
+    diff / scale
+}
+
+/// The index of the largest value of `row` (the first among ties).
+pub fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
+}

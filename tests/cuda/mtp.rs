@@ -6,7 +6,7 @@
 //! runs, bit for bit, their padded rows writing the scratch block only.
 
 use crate::common::mtp_checkpoint;
-use crate::common::mtp_reference::{MtpReference, Row};
+use crate::common::mtp_reference::{argmax, relative_error, MtpReference, Row};
 use crate::model::gpu_model;
 use crate::{rng, setup};
 use half::bf16;
@@ -35,21 +35,6 @@ fn plan(cached: usize, new: usize) -> AttentionPlan {
         block_table: &BLOCKS,
     };
     AttentionPlan::new(&[spec], BLOCK_SIZE, POOL).unwrap()
-}
-
-/// Largest |ours - theirs| relative to the largest |theirs|.
-fn relative_error(ours: &[f32], theirs: &[f64]) -> f64 {
-    assert_eq!(ours.len(), theirs.len());
-    let scale = theirs.iter().fold(0f64, |m, v| m.max(v.abs()));
-    let diff = ours
-        .iter()
-        .zip(theirs)
-        .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
-    diff / scale
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
 }
 
 /// The head of the checkpoint in `dir` beside `target` on the test device.

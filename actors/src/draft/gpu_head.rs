@@ -6,7 +6,7 @@
 //! buffers run in forwards that fit them.
 
 use super::backend_draft::forwards;
-use super::gpu_heads::{CapturedHeadStep, GpuDraftHead};
+use super::gpu_heads::GpuDraftHead;
 use super::head_runner::{HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
@@ -15,6 +15,7 @@ use peregrine_kernels::cuda::attention::audit;
 use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadDrafts};
 use peregrine_models::eagle3::{DraftVocab, FeatureKind, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
+use peregrine_models::head_graph::{CapturedHead, GraphedHead};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::sync::{Arc, Mutex};
 
@@ -43,10 +44,10 @@ pub struct GpuHead<H: GpuDraftHead = GpuEagle3Head> {
     /// The cache's block size and blocks, which plans are made over.
     block_size: usize,
     num_blocks: u64,
-    graphs: Option<GraphCaptureManager<H::Graph>>,
+    graphs: Option<GraphCaptureManager<CapturedHead<H::Core>>>,
     /// The graphs of step 0, by rows (captured with the decode graphs where the head reads
     /// a feature ring and sequences verify drafts).
-    first_graphs: Option<GraphCaptureManager<H::Graph>>,
+    first_graphs: Option<GraphCaptureManager<CapturedHead<H::Core>>>,
 }
 
 impl<H: GpuDraftHead> GpuHead<H> {
@@ -262,11 +263,11 @@ impl<H: GpuDraftHead> GpuHead<H> {
 
 /// Runs `replay` on the graph of `graphs` that holds `n` (rows or sequences) and the
 /// longest context of `plan`, if one does.
-fn through_graph<G: CapturedHeadStep>(
-    graphs: &GraphCaptureManager<G>,
+fn through_graph<C: GraphedHead>(
+    graphs: &GraphCaptureManager<CapturedHead<C>>,
     n: usize,
     plan: &AttentionPlan,
-    replay: impl FnOnce(&G) -> anyhow::Result<GpuHeadDrafts>,
+    replay: impl FnOnce(&CapturedHead<C>) -> anyhow::Result<GpuHeadDrafts>,
 ) -> anyhow::Result<Option<HeadStep>> {
     let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
     match graphs.graph_for(n) {

@@ -3,11 +3,12 @@
 //! recorded states on the device and both replaying captured graphs of their steps.
 
 use peregrine_models::eagle3::feature_ring::FeatureRing;
-use peregrine_models::eagle3::gpu::{CapturedHeadDecode, GpuEagle3Head, GpuHeadDrafts};
+use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore};
 use peregrine_models::eagle3::{DraftVocab, HeadInput};
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
+use peregrine_models::head_graph::{CapturedHead, GraphedHead};
 use peregrine_models::llama_gpu::GpuForwardError;
-use peregrine_models::mtp::gpu::{CapturedMtpStep, GpuMtpHead};
+use peregrine_models::mtp::gpu::{GpuMtpHead, MtpCore};
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::Gpu;
@@ -15,8 +16,8 @@ use std::sync::Arc;
 
 /// A draft head on the GPU.
 pub trait GpuDraftHead: Send {
-    /// A captured step of the head.
-    type Graph: CapturedHeadStep;
+    /// What the head's graphs hold of it.
+    type Core: GraphedHead;
     /// What the head is, for messages.
     const NAME: &'static str;
     /// The device the head runs on.
@@ -52,44 +53,22 @@ pub trait GpuDraftHead: Send {
         size: usize,
         limits: GraphLimits,
         cache: &SharedKvCache,
-    ) -> anyhow::Result<Self::Graph>;
+    ) -> anyhow::Result<CapturedHead<Self::Core>>;
     /// Captures the head's step 0 of up to `rows` rows fed the feature ring.
     fn capture_first(
         &mut self,
         rows: usize,
         limits: GraphLimits,
         cache: &SharedKvCache,
-    ) -> anyhow::Result<Self::Graph>;
+    ) -> anyhow::Result<CapturedHead<Self::Core>>;
 }
 
-/// A captured step of a draft head.
-pub trait CapturedHeadStep: Send {
-    /// The longest context the graph serves.
-    fn max_context(&self) -> usize;
-    /// Replays a draft step fed each row's `pre`.
-    fn replay(
-        &self,
-        tokens: &[u32],
-        pre: &[f32],
-        plan: &AttentionPlan,
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError>;
-    /// Replays a step 0 fed rows of the feature ring.
-    fn replay_first(
-        &self,
-        tokens: &[u32],
-        features: &[u64],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> Result<GpuHeadDrafts, GpuForwardError>;
-}
-
-/// Implements [`GpuDraftHead`] and [`CapturedHeadStep`] for a head and its graphs whose
-/// inherent methods have these names; `$width` is the width of a row of step 0.
+/// Implements [`GpuDraftHead`] for a head (whose graphs hold `$core`) whose inherent
+/// methods have these names; `$width` is the width of a row of step 0.
 macro_rules! draft_head {
-    ($head:ty, $graph:ty, $name:literal, |$h:ident| $width:expr, |$c:ident, $n:ident, $b:ident| $cache:expr) => {
+    ($head:ty, $core:ty, $name:literal, |$h:ident| $width:expr, |$c:ident, $n:ident, $b:ident| $cache:expr) => {
         impl GpuDraftHead for $head {
-            type Graph = $graph;
+            type Core = $core;
             const NAME: &'static str = $name;
             fn gpu(&self) -> &Arc<Gpu> {
                 <$head>::gpu(self)
@@ -133,7 +112,7 @@ macro_rules! draft_head {
                 size: usize,
                 limits: GraphLimits,
                 cache: &SharedKvCache,
-            ) -> anyhow::Result<$graph> {
+            ) -> anyhow::Result<CapturedHead<$core>> {
                 <$head>::capture_decode(self, size, limits, cache)
             }
             fn capture_first(
@@ -141,32 +120,8 @@ macro_rules! draft_head {
                 rows: usize,
                 limits: GraphLimits,
                 cache: &SharedKvCache,
-            ) -> anyhow::Result<$graph> {
+            ) -> anyhow::Result<CapturedHead<$core>> {
                 <$head>::capture_first(self, rows, limits, cache)
-            }
-        }
-
-        impl CapturedHeadStep for $graph {
-            fn max_context(&self) -> usize {
-                <$graph>::max_context(self)
-            }
-            fn replay(
-                &self,
-                tokens: &[u32],
-                pre: &[f32],
-                plan: &AttentionPlan,
-                logits: bool,
-            ) -> Result<GpuHeadDrafts, GpuForwardError> {
-                <$graph>::replay(self, tokens, pre, plan, logits)
-            }
-            fn replay_first(
-                &self,
-                tokens: &[u32],
-                features: &[u64],
-                plan: &AttentionPlan,
-                logit_rows: &[usize],
-            ) -> Result<GpuHeadDrafts, GpuForwardError> {
-                <$graph>::replay_first(self, tokens, features, plan, logit_rows)
             }
         }
     };
@@ -174,7 +129,7 @@ macro_rules! draft_head {
 
 draft_head!(
     GpuEagle3Head,
-    CapturedHeadDecode,
+    HeadCore,
     "EAGLE-3 head",
     |h| h.aux_layers().len() * h.config().target_hidden_size,
     |h, num_blocks, block_size| {
@@ -185,7 +140,7 @@ draft_head!(
 
 draft_head!(
     GpuMtpHead,
-    CapturedMtpStep,
+    MtpCore,
     "MTP head",
     |h| h.config().hidden_size,
     |h, num_blocks, block_size| h.new_cache(num_blocks, block_size)

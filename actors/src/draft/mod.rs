@@ -31,7 +31,7 @@ pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
 #[cfg(feature = "cuda")]
-pub use gpu_heads::{CapturedHeadStep, GpuDraftHead};
+pub use gpu_heads::GpuDraftHead;
 pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 

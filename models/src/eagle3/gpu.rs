@@ -9,6 +9,7 @@
 use super::feature_ring::FeatureRing;
 use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
 use crate::gpu_graph::SharedGraphBuffers;
+use crate::head_features::StagedFeatures;
 use crate::llama::{check_inputs, ForwardError};
 use crate::llama_gpu::{
     attend, project_logits, GpuForwardError, GpuModelOptions, LayerKv, LogitRows, SharedEmbedding,
@@ -32,7 +33,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use super::gpu_graph::CapturedHeadDecode;
-use super::gpu_graph::HeadGraphBuffers;
+use crate::head_graph::HeadGraphBuffers;
 
 /// An EAGLE-3 head on one GPU.
 pub struct GpuEagle3Head {
@@ -42,7 +43,7 @@ pub struct GpuEagle3Head {
     /// The metadata of eager steps.
     plan: DeviceAttentionPlan,
     /// The buffers of the decode graphs, while any graph was captured from them.
-    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers>,
+    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers<HeadCore>>,
     /// The ring the target hands its features off in, where it does.
     ring: Option<Arc<FeatureRing>>,
 }
@@ -54,12 +55,12 @@ enum HeadEmbedding {
 }
 
 /// What every kernel of the head's forward reads and never writes; graphs hold it.
-pub(super) struct HeadCore {
+pub struct HeadCore {
     pub(super) config: Eagle3Config,
     aux_layers: Vec<usize>,
     vocab: super::DraftVocab,
     pub(super) gpu: Arc<Gpu>,
-    kernels: Arc<CudaKernels>,
+    pub(super) kernels: Arc<CudaKernels>,
     embed: HeadEmbedding,
     fc: CudaSlice<bf16>,
     input_norm: CudaSlice<bf16>,
@@ -81,15 +82,11 @@ pub(super) struct HeadCore {
 }
 
 /// The activations of one forward of the head, at its largest step.
-pub(super) struct HeadWorkspace {
+pub struct HeadWorkspace {
     /// The decoder layer's activations, logits `[logit rows, V_d]`.
     pub(super) work: Workspace,
-    /// bf16 `[tokens, fc_in]`: the staged target features of a step fed them.
-    aux: CudaSlice<bf16>,
-    /// The ring slots of a step's features gathered from a feature ring, one a token.
-    slots: CudaSlice<i32>,
-    /// f32 `[tokens, H]`: the staged `pre` of a step fed it.
-    pub(super) feature: CudaSlice<f32>,
+    /// The staged target features (`[tokens, fc_in]`) or `pre`.
+    pub(super) features: StagedFeatures,
     /// bf16 `[tokens, H]`: `fc`'s output.
     g: CudaSlice<bf16>,
     /// f32 `[tokens, H]`: the tokens' embeddings.
@@ -131,53 +128,11 @@ impl HeadWorkspace {
         let fc_in = if aux { core.fc.len() / h } else { 0 };
         Ok(HeadWorkspace {
             work: Workspace::with_dims(gpu, dims, max_tokens, max_logit_rows)?,
-            aux: gpu.zeros((t * fc_in).max(1))?,
-            slots: gpu.zeros(if aux { t.max(1) } else { 1 })?,
-            feature: gpu.zeros(t * h)?,
+            features: StagedFeatures::new(gpu, t, fc_in, h)?,
             g: gpu.zeros(t * h)?,
             e: gpu.zeros(t * h)?,
             u: gpu.zeros(t * 2 * h)?,
         })
-    }
-
-    /// Gathers the rows `ids` of `ring` into the staged target features, on the head's
-    /// stream.
-    pub(super) fn gather_features(
-        &mut self,
-        core: &HeadCore,
-        ring: &FeatureRing,
-        ids: &[u64],
-    ) -> Result<(), GpuForwardError> {
-        let stream = core.gpu.stream();
-        ring.gather(&core.kernels, stream, ids, &mut self.slots, &mut self.aux)?;
-        Ok(())
-    }
-
-    /// Stages `input` into the feature buffer of its kind: host rows copied, rows of
-    /// `ring` gathered on the device.
-    fn stage_features(
-        &mut self,
-        core: &HeadCore,
-        input: HeadInput,
-        ring: Option<&FeatureRing>,
-    ) -> Result<(), GpuForwardError> {
-        let stream = core.gpu.stream();
-        match input {
-            HeadInput::Aux(features) => {
-                let host: Vec<bf16> = features.iter().map(|&v| bf16::from_f32(v)).collect();
-                let dst = &mut self.aux.slice_mut(0..host.len());
-                stream.memcpy_htod(&host, dst)?;
-            }
-            HeadInput::Ring(ids) => {
-                let ring = ring.ok_or(GpuForwardError::NoFeatureRing)?;
-                self.gather_features(core, ring, ids)?;
-            }
-            HeadInput::Pre(features) => {
-                let dst = &mut self.feature.slice_mut(0..features.len());
-                stream.memcpy_htod(features, dst)?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -402,8 +357,10 @@ impl GpuEagle3Head {
         let core = &*self.core;
         let (n, r) = (tokens.len(), logit_rows.len());
         core.check(tokens, input, plan, logit_rows, &self.work, cache)?;
+        let ring = self.ring.as_deref();
         self.work
-            .stage_features(core, input, self.ring.as_deref())?;
+            .features
+            .stage(&core.gpu, &core.kernels, input, ring)?;
         self.plan.stage(tokens, plan, logit_rows)?;
         let every_row = logit_rows.iter().copied().eq(0..n);
         let kind = input.kind();
@@ -511,12 +468,12 @@ impl HeadCore {
             FeatureKind::Aux => {
                 let fc_in = self.width(kind);
                 let g = &mut w.g.slice_mut(0..n * h);
-                let aux = w.aux.slice(0..n * fc_in);
+                let aux = w.features.aux.slice(0..n * fc_in);
                 gemm.linear(k, stream, &aux, &self.fc.as_view(), g, n, h)?;
                 copy_columns(k, stream, &g.as_view(), h, residual, h, n, h)?;
             }
             FeatureKind::Pre => {
-                let pre = w.feature.slice(0..n * h);
+                let pre = w.features.pre.slice(0..n * h);
                 copy_columns(k, stream, &pre, h, residual, h, n, h)?;
             }
         }

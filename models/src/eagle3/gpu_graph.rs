@@ -1,149 +1,103 @@
-//! The head's steps captured as CUDA graphs, as the target's are (`llama_gpu::graph`): its
-//! decode step (one row per sequence, fed its `pre`), and its step 0 of a decode-shaped
-//! batch (up to the rows a sequence verifies, fed target features gathered from the
-//! feature ring, every row a logit row: the verification graphs' shape). One graph per
-//! size and context class, each kind over one set of buffers allocated at its largest
-//! size, which every graph of the kind holds with the head's weights and its KV cache
-//! (DESIGN.md rule 4). A step is padded up to its graph's size: token ids, positions and
-//! the staged `pre` repeat the last real row, and slot mappings point padded rows at a
-//! scratch slot no sequence owns; a step 0's features are gathered into the real rows
-//! only, before the graph runs.
+//! The EAGLE-3 head's steps captured as CUDA graphs (`head_graph`): its decode step (one
+//! row per sequence, fed its `pre`) and its step 0 of a decode-shaped batch (fed target
+//! features gathered from the feature ring).
 
 use super::feature_ring::FeatureRing;
 use super::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore, HeadWorkspace};
 use super::FeatureKind;
-use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
-use crate::llama::{check_inputs, ForwardError};
+use crate::gpu_graph::{GraphLimits, SharedKvCache};
+use crate::head_graph::{capture_head, CapturedHead, GraphedHead, HeadGraphKind};
 use crate::llama_gpu::GpuForwardError;
+use cudarc::driver::CudaSlice;
+use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
-use peregrine_runtime::{Padding, StagedInput};
-use std::sync::{Arc, Mutex};
+use peregrine_runtime::cuda::Gpu;
+use std::sync::Arc;
 
-/// Which step of the head a graph runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HeadGraphKind {
-    /// A draft step after the first: one row per sequence, fed its `pre`.
-    Decode,
-    /// Step 0 of a decode-shaped batch: any rows a sequence, fed target features from the
-    /// feature ring, every row a logit row.
-    First,
-}
+/// One captured step of an EAGLE-3 head.
+pub type CapturedHeadDecode = CapturedHead<HeadCore>;
 
-/// The buffers every graph of one kind of a head addresses.
-pub(super) struct HeadGraphBuffers {
-    kind: HeadGraphKind,
-    limits: GraphLimits,
-    plan: DeviceAttentionPlan,
-    work: HeadWorkspace,
-    /// The host side of the staged `pre`, `[rows, H]` (batch on axis 0), for decode graphs.
-    pre: Option<StagedInput<f32>>,
-}
+impl GraphedHead for HeadCore {
+    type Work = HeadWorkspace;
 
-/// One captured step of the head and everything its kernels address.
-pub struct CapturedHeadDecode {
-    size: usize,
-    kind: HeadGraphKind,
-    graphs: ContextGraphs,
-    buffers: Arc<Mutex<HeadGraphBuffers>>,
-    core: Arc<HeadCore>,
-    /// The ring a step 0's features are gathered from.
-    ring: Option<Arc<FeatureRing>>,
-    _cache: SharedKvCache,
-}
-
-// SAFETY: as for the target's `CapturedDecode`: launched only under the lock of its
-// buffers; the other fields are Send.
-unsafe impl Send for CapturedHeadDecode {}
-
-impl HeadGraphBuffers {
-    fn new(
-        core: &HeadCore,
-        kind: HeadGraphKind,
-        limits: GraphLimits,
-        block_size: usize,
-    ) -> anyhow::Result<Self> {
-        let c = &core.config;
-        let decode = kind == HeadGraphKind::Decode;
-        let capacity = PlanCapacity {
-            rows: limits.max_rows,
-            // The head's draft steps: one row a sequence.
-            decode_only: decode,
-            max_context: limits.max_context,
-            block_size,
-            scratch_slot: limits.scratch_slot,
-        };
-        let gpu = &core.gpu;
-        let plan =
-            DeviceAttentionPlan::fixed(gpu, core.decode_kernel, capacity, c.num_heads, c.head_dim)?;
-        let work = HeadWorkspace::new(core, limits.max_rows, limits.max_rows, !decode)?;
-        let shape = [limits.max_rows, c.hidden_size];
-        let pre = match kind {
-            HeadGraphKind::Decode => Some(StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?),
-            HeadGraphKind::First => None,
-        };
-        Ok(HeadGraphBuffers {
-            kind,
-            limits,
-            plan,
-            work,
-            pre,
-        })
+    fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
     }
 
-    /// Stages a step (`tokens` over `plan`, fed `pre` in a decode graph) padded to `size`
-    /// rows, for grids that serve contexts up to `context`. A step 0's features are
-    /// gathered apart ([`HeadWorkspace::gather_features`]).
-    #[allow(clippy::too_many_arguments)]
-    fn stage(
-        &mut self,
-        core: &HeadCore,
-        tokens: &[u32],
-        pre: &[f32],
-        plan: &AttentionPlan,
-        size: usize,
-        context: usize,
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn decode_kernel(&self) -> DecodeKernel {
+        self.decode_kernel
+    }
+
+    fn fixed_plan(&self, capacity: PlanCapacity) -> Result<DeviceAttentionPlan, AttentionError> {
+        let c = &self.config;
+        DeviceAttentionPlan::fixed(
+            &self.gpu,
+            self.decode_kernel,
+            capacity,
+            c.num_heads,
+            c.head_dim,
+        )
+    }
+
+    fn graph_work(&self, rows: usize, features: bool) -> anyhow::Result<HeadWorkspace> {
+        Ok(HeadWorkspace::new(self, rows, rows, features)?)
+    }
+
+    fn staged_pre(work: &mut HeadWorkspace) -> &mut CudaSlice<f32> {
+        &mut work.features.pre
+    }
+
+    fn gather(
+        &self,
+        work: &mut HeadWorkspace,
+        ring: &FeatureRing,
+        ids: &[u64],
     ) -> Result<(), GpuForwardError> {
-        let rows: Vec<usize> = (0..tokens.len()).collect();
-        self.plan.stage_padded(tokens, plan, &rows, size, context)?;
-        let Some(staged_pre) = &mut self.pre else {
-            return Ok(());
-        };
-        let h = core.config.hidden_size;
-        staged_pre
-            .stage(pre, tokens.len(), size)
-            .map_err(|e| AttentionError::Shape(e.to_string()))?;
-        let staged = &staged_pre.as_slice()[..size * h];
-        let dst = &mut self.work.feature.slice_mut(0..size * h);
-        core.gpu.stream().memcpy_htod(staged, dst)?;
-        Ok(())
+        work.features.gather(&self.gpu, &self.kernels, ring, ids)
     }
 
-    /// Queues the forward and argmax of `size` staged rows.
-    fn launch(
-        &mut self,
-        core: &HeadCore,
-        size: usize,
+    fn launch_greedy(
+        &self,
+        work: &mut HeadWorkspace,
+        n: usize,
+        kind: FeatureKind,
+        plan: &DeviceAttentionPlan,
         cache: &mut GpuKvCache,
     ) -> Result<(), GpuForwardError> {
-        let kind = match self.kind {
-            HeadGraphKind::Decode => FeatureKind::Pre,
-            HeadGraphKind::First => FeatureKind::Aux,
-        };
-        core.launch(&mut self.work, size, size, true, kind, &self.plan, cache)?;
-        core.argmax(&mut self.work.work, size)
+        self.launch(work, n, n, true, kind, plan, cache)?;
+        self.argmax(&mut work.work, n)
+    }
+
+    fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError> {
+        HeadCore::check_positions(self, plan)
+    }
+
+    fn drafts(
+        &self,
+        work: &HeadWorkspace,
+        n: usize,
+        r: usize,
+        logits: bool,
+    ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        HeadCore::drafts(self, &work.work, n, r, logits)
     }
 }
 
 impl GpuEagle3Head {
     /// Captures the head's decode step of `size` sequences (one row each, fed its `pre`)
     /// over `cache` (the head's one-layer cache) as one graph per context class, serving
-    /// contexts up to `limits.max_context`. The first capture, or one past the rows of the
-    /// shared buffers or with other limits, allocates new shared buffers (capture the
-    /// largest size first). Each graph's step runs once eagerly before it is captured,
-    /// over the scratch slot alone.
+    /// contexts up to `limits.max_context` ([`capture_head`]).
     pub fn capture_decode(
         &mut self,
         size: usize,
@@ -163,10 +117,6 @@ impl GpuEagle3Head {
         limits: GraphLimits,
         cache: &SharedKvCache,
     ) -> anyhow::Result<CapturedHeadDecode> {
-        anyhow::ensure!(
-            self.feature_ring().is_some(),
-            "graphs of step 0 read the feature ring, and the head reads none"
-        );
         self.capture(rows, HeadGraphKind::First, limits, cache)
     }
 
@@ -177,139 +127,8 @@ impl GpuEagle3Head {
         limits: GraphLimits,
         cache: &SharedKvCache,
     ) -> anyhow::Result<CapturedHeadDecode> {
-        anyhow::ensure!(
-            size >= 1 && size <= limits.max_rows,
-            "a head graph of {size} rows past the {} its buffers hold",
-            limits.max_rows
-        );
-        let core = self.core.clone();
-        let mut kv = cache.lock().unwrap_or_else(|e| e.into_inner());
-        let block_size = kv.layout().block_size as usize;
-        let buffers = self.graph_buffers.for_capture(
-            |b| b.kind == kind,
-            |b| b.limits.serve(size, &limits),
-            || HeadGraphBuffers::new(&core, kind, limits, block_size),
-        )?;
-        let plan = scratch_plan(size, limits.scratch_slot, kv.layout())?;
-        let tokens = vec![0u32; size];
-        let pre = vec![0.5f32; size * core.config.hidden_size];
-        let classes = context_classes(limits.max_context, core.decode_kernel);
-        let mut b = buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let graphs = ContextGraphs::capture(
-            &core.gpu,
-            classes,
-            &mut (&mut *b, &mut *kv),
-            |(b, _), context| b.stage(&core, &tokens, &pre, &plan, size, context),
-            |(b, kv)| b.launch(&core, size, kv),
-        )?;
-        drop(b);
-        Ok(CapturedHeadDecode {
-            size,
-            kind,
-            graphs,
-            buffers,
-            core,
-            ring: self.feature_ring_handle(),
-            _cache: cache.clone(),
-        })
-    }
-}
-
-impl CapturedHeadDecode {
-    /// The batch size the graph was captured for.
-    pub fn size(&self) -> usize {
-        self.size
-    }
-
-    /// The longest context the graph serves.
-    pub fn max_context(&self) -> usize {
-        self.graphs.max_context()
-    }
-
-    /// Runs the head's decode step `tokens` fed `pre` (`[rows, H]`) over `plan` (planned
-    /// over the real rows, one per sequence) through the graph, padded to its size, and
-    /// returns each row's greedy draft (and its logits, with `logits`) and `pre`. Refused,
-    /// with nothing launched, when the step does not fit the graph: run it eagerly then.
-    pub fn replay(
-        &self,
-        tokens: &[u32],
-        pre: &[f32],
-        plan: &AttentionPlan,
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        let core = &*self.core;
-        let c = &core.config;
-        check_inputs(tokens, plan, &[], c.vocab_size)?;
-        let n = tokens.len();
-        if self.kind != HeadGraphKind::Decode
-            || plan.seqs().iter().any(|s| s.q_len != 1)
-            || n != plan.seqs().len()
-        {
-            return Err(
-                AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
-            );
-        }
-        if pre.len() != n * c.hidden_size {
-            return Err(ForwardError::HiddenShape {
-                what: "pre",
-                len: pre.len(),
-                rows: n,
-                width: c.hidden_size,
-            }
-            .into());
-        }
-        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
-        plan.check_fits(self.size, self.size)
-            .map_err(AttentionError::from)?;
-        core.check_positions(plan)?;
-        let (context, graph) = self.graphs.serving(plan)?;
-        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(core, tokens, pre, plan, self.size, context)?;
-        graph.launch()?;
-        core.drafts(&b.work.work, n, n, logits)
-    }
-
-    /// Runs step 0 of `tokens` over `plan` (planned over the real rows), fed the feature
-    /// ring's rows `features` (one a token), through the graph, padded to its size, and
-    /// returns the greedy draft of each row of `logit_rows` and every row's `pre`.
-    /// Refused, with nothing launched, when the step does not fit the graph.
-    pub fn replay_first(
-        &self,
-        tokens: &[u32],
-        features: &[u64],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        let core = &*self.core;
-        check_inputs(tokens, plan, logit_rows, core.config.vocab_size)?;
-        let n = tokens.len();
-        if self.kind != HeadGraphKind::First {
-            return Err(AttentionError::Shape("not a graph of step 0".into()).into());
-        }
-        if features.len() != n {
-            return Err(ForwardError::HiddenShape {
-                what: "feature ring rows",
-                len: features.len(),
-                rows: n,
-                width: 1,
-            }
-            .into());
-        }
-        let ring = self.ring.as_deref().ok_or(GpuForwardError::NoFeatureRing)?;
-        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
-        plan.check_fits(self.size, self.size)
-            .map_err(AttentionError::from)?;
-        core.check_positions(plan)?;
-        let (context, graph) = self.graphs.serving(plan)?;
-        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        b.stage(core, tokens, &[], plan, self.size, context)?;
-        b.work.gather_features(core, ring, features)?;
-        graph.launch()?;
-        let every = core.drafts(&b.work.work, n, n, false)?;
-        Ok(GpuHeadDrafts {
-            drafts: logit_rows.iter().map(|&r| every.drafts[r]).collect(),
-            logits: None,
-            pre: every.pre,
-        })
+        let ring = self.feature_ring_handle();
+        let buffers = &mut self.graph_buffers;
+        capture_head(&self.core, buffers, ring, (size, kind), limits, cache)
     }
 }

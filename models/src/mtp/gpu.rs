@@ -19,6 +19,7 @@ use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::gpu::GpuHeadDrafts;
 use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
 use crate::gpu_graph::SharedGraphBuffers;
+use crate::head_features::StagedFeatures;
 use crate::llama::{check_inputs, rotary_of, ForwardError};
 use crate::llama_gpu::{
     attention_plan, norm_into, project_logits, GpuForwardError, GpuLayer, GpuModelOptions,
@@ -41,7 +42,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use super::gpu_graph::CapturedMtpStep;
-use super::gpu_graph::MtpGraphBuffers;
+use crate::head_graph::HeadGraphBuffers;
 
 /// A multi-token prediction head on one GPU.
 pub struct GpuMtpHead {
@@ -51,7 +52,7 @@ pub struct GpuMtpHead {
     /// The metadata of eager steps: the head's own, staged over its own rows.
     plan: DeviceAttentionPlan,
     /// The buffers of the graphs, while any graph was captured from them.
-    pub(super) graph_buffers: SharedGraphBuffers<MtpGraphBuffers>,
+    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers<MtpCore>>,
     /// The ring the target hands its last-layer outputs off in, where it does.
     ring: Option<Arc<FeatureRing>>,
 }
@@ -75,13 +76,13 @@ impl Table {
 }
 
 /// What every kernel of the head's forward reads and never writes; graphs hold it.
-pub(super) struct MtpCore {
+pub struct MtpCore {
     /// The target's configuration: the layer is of its shapes.
     pub(super) config: ModelConfig,
     aux: [usize; 1],
     vocab: DraftVocab,
     pub(super) gpu: Arc<Gpu>,
-    kernels: Arc<CudaKernels>,
+    pub(super) kernels: Arc<CudaKernels>,
     embed: Table,
     lm_head: Table,
     /// The target's final norm, which its last-layer output goes through at step 0.
@@ -100,15 +101,12 @@ pub(super) struct MtpCore {
 }
 
 /// The activations of one forward of the head, at its largest step.
-pub(super) struct MtpWorkspace {
+pub struct MtpWorkspace {
     /// The layer's activations, logits `[logit rows, vocab]`, `pre` in the residual.
     pub(super) work: Workspace,
-    /// bf16 `[tokens, H]`: the staged target outputs of a step fed them.
-    aux: CudaSlice<bf16>,
-    /// The ring slots of a step's features gathered from a feature ring, one a token.
-    slots: CudaSlice<i32>,
-    /// f32 `[tokens, H]`: the staged `pre` of a step fed it, or `g` of one fed the target's.
-    pub(super) feature: CudaSlice<f32>,
+    /// The staged target outputs (`[tokens, H]`) or `pre`; a step fed the target's
+    /// outputs leaves its `g` in the `pre` buffer.
+    pub(super) features: StagedFeatures,
     /// f32 `[tokens, H]`: the tokens' embeddings.
     e: CudaSlice<f32>,
     /// bf16 `[tokens, 2H]`: `eh_proj`'s input.
@@ -125,51 +123,10 @@ impl MtpWorkspace {
         let (gpu, t, h) = (&core.gpu, max_tokens, core.config.hidden_size);
         Ok(MtpWorkspace {
             work: Workspace::new(gpu, &core.config, t, max_logit_rows, &[])?,
-            aux: gpu.zeros(t * h)?,
-            slots: gpu.zeros(t.max(1))?,
-            feature: gpu.zeros(t * h)?,
+            features: StagedFeatures::new(gpu, t, h, h)?,
             e: gpu.zeros(t * h)?,
             u: gpu.zeros(t * 2 * h)?,
         })
-    }
-
-    /// Gathers the rows `ids` of `ring` into the staged target outputs, on the head's
-    /// stream.
-    pub(super) fn gather_features(
-        &mut self,
-        core: &MtpCore,
-        ring: &FeatureRing,
-        ids: &[u64],
-    ) -> Result<(), GpuForwardError> {
-        let stream = core.gpu.stream();
-        ring.gather(&core.kernels, stream, ids, &mut self.slots, &mut self.aux)?;
-        Ok(())
-    }
-
-    /// Stages `input` into the buffer of its kind: host rows copied, rows of `ring`
-    /// gathered on the device.
-    fn stage_features(
-        &mut self,
-        core: &MtpCore,
-        input: HeadInput,
-        ring: Option<&FeatureRing>,
-    ) -> Result<(), GpuForwardError> {
-        let stream = core.gpu.stream();
-        match input {
-            HeadInput::Aux(features) => {
-                let host: Vec<bf16> = features.iter().map(|&v| bf16::from_f32(v)).collect();
-                stream.memcpy_htod(&host, &mut self.aux.slice_mut(0..host.len()))?;
-            }
-            HeadInput::Ring(ids) => {
-                let ring = ring.ok_or(GpuForwardError::NoFeatureRing)?;
-                self.gather_features(core, ring, ids)?;
-            }
-            HeadInput::Pre(features) => {
-                let dst = &mut self.feature.slice_mut(0..features.len());
-                stream.memcpy_htod(features, dst)?;
-            }
-        }
-        Ok(())
     }
 }
 
@@ -452,8 +409,10 @@ impl GpuMtpHead {
         let core = &*self.core;
         let (n, r) = (tokens.len(), logit_rows.len());
         core.check(tokens, input, plan, logit_rows, &self.work.work, cache)?;
+        let ring = self.ring.as_deref();
         self.work
-            .stage_features(core, input, self.ring.as_deref())?;
+            .features
+            .stage(&core.gpu, &core.kernels, input, ring)?;
         self.plan.stage(tokens, plan, logit_rows)?;
         let every_row = logit_rows.iter().copied().eq(0..n);
         let kind = input.kind();
@@ -544,7 +503,7 @@ impl MtpCore {
         let mut b = w.work.step(n);
         let (e, feature) = (
             &mut w.e.slice_mut(0..n * h),
-            &mut w.feature.slice_mut(0..n * h),
+            &mut w.features.pre.slice_mut(0..n * h),
         );
         let u = &mut w.u.slice_mut(0..n * 2 * h);
 
@@ -562,7 +521,7 @@ impl MtpCore {
         )?;
         if kind == FeatureKind::Aux {
             // g = target_norm(h), widened to f32 for hnorm.
-            let aux = w.aux.slice(0..n * h);
+            let aux = w.features.aux.slice(0..n * h);
             copy_columns(k, stream, &aux, h, feature, h, n, h)?;
             let norm = self.target_norm.as_view();
             rms_norm(k, stream, &feature.as_view(), &norm, &mut b.normed, n, eps)?;
