@@ -55,9 +55,9 @@ impl<H: GpuDraftHead> GpuHead<H> {
     /// of the head's shape in the blocks of the target's `pool` (the scratch block
     /// included), address-audited, sized for `limits`.
     pub fn beside(head: H, pool: &PoolInfo, limits: HeadLimits) -> anyhow::Result<GpuHead<H>> {
-        let cache = head.new_cache(pool.layout.num_blocks, pool.layout.block_size)?;
-        let layout = *cache.layout();
+        let layout = head.kv_layout(pool.layout.num_blocks, pool.layout.block_size);
         audit(&layout, 2).map_err(|e| anyhow::anyhow!("{} KV address audit: {e}", H::NAME))?;
+        let cache = head.new_cache(layout)?;
         tracing::info!(
             head = H::NAME,
             blocks = layout.num_blocks,

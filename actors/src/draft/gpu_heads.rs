@@ -2,6 +2,7 @@
 //! EAGLE-3 head and a DeepSeek-V3 multi-token prediction layer, both fed the target's
 //! recorded states on the device and both replaying captured graphs of their steps.
 
+use peregrine_kernels::cpu::KvLayout;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadDrafts, HeadCore};
 use peregrine_models::eagle3::{DraftVocab, HeadInput};
@@ -32,9 +33,11 @@ pub trait GpuDraftHead: Send {
     fn vocab(&self) -> &DraftVocab;
     /// The positions the head serves.
     fn max_positions(&self) -> usize;
-    /// A zeroed one-layer cache of the head's shape over `num_blocks` blocks of
-    /// `block_size` tokens.
-    fn new_cache(&self, num_blocks: u64, block_size: u64) -> anyhow::Result<GpuKvCache>;
+    /// The layout of the head's one-layer cache over `num_blocks` blocks of `block_size`
+    /// tokens.
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout;
+    /// A zeroed one-layer cache of the head's shape and `layout`.
+    fn new_cache(&self, layout: KvLayout) -> anyhow::Result<GpuKvCache>;
     /// Runs a step eagerly and chooses each logit row's greedy draft on the device.
     fn forward_greedy(
         &mut self,
@@ -66,7 +69,7 @@ pub trait GpuDraftHead: Send {
 /// Implements [`GpuDraftHead`] for a head (whose graphs hold `$core`) whose inherent
 /// methods have these names; `$width` is the width of a row of step 0.
 macro_rules! draft_head {
-    ($head:ty, $core:ty, $name:literal, |$h:ident| $width:expr, |$c:ident, $n:ident, $b:ident| $cache:expr) => {
+    ($head:ty, $core:ty, $name:literal, |$h:ident| $width:expr, |$c:ident, $layout:ident| $cache:expr) => {
         impl GpuDraftHead for $head {
             type Core = $core;
             const NAME: &'static str = $name;
@@ -89,7 +92,10 @@ macro_rules! draft_head {
             fn max_positions(&self) -> usize {
                 <$head>::max_positions(self)
             }
-            fn new_cache(&self, $n: u64, $b: u64) -> anyhow::Result<GpuKvCache> {
+            fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+                self.config().kv_layout(num_blocks, block_size)
+            }
+            fn new_cache(&self, $layout: KvLayout) -> anyhow::Result<GpuKvCache> {
                 let $c = self;
                 Ok($cache?)
             }
@@ -132,10 +138,7 @@ draft_head!(
     HeadCore,
     "EAGLE-3 head",
     |h| h.aux_layers().len() * h.config().target_hidden_size,
-    |h, num_blocks, block_size| {
-        let layout = h.config().kv_layout(num_blocks, block_size);
-        GpuKvCache::new(h.gpu(), 1, layout)
-    }
+    |h, layout| GpuKvCache::new(h.gpu(), 1, layout)
 );
 
 draft_head!(
@@ -143,5 +146,5 @@ draft_head!(
     MtpCore,
     "MTP head",
     |h| h.config().hidden_size,
-    |h, num_blocks, block_size| h.new_cache(num_blocks, block_size)
+    |h, layout| GpuKvCache::with_rows(h.gpu(), 1, layout, h.config().kv_rows())
 );
