@@ -1,7 +1,8 @@
 //! CUDA graphs of the decode step against eager steps: every captured size replayed after
 //! the allocator was churned, padded batches, sentinels after the graph buffers' q and o
 //! rows, and the scratch slot that padded rows write; verification graphs (up to K + 1
-//! rows a sequence) against eager verification forwards.
+//! rows a sequence) against eager verification forwards. Each for a tiny Llama and, where
+//! the mode allows, for the DeepSeek-V3 fixture's latent attention and experts.
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::model::gpu_sized;
@@ -15,8 +16,9 @@ use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GreedyIn
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_ops::{AttentionPlan, KvRows, SeqSpec};
 use rand::Rng;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 /// 1, 2, 4, 8 and every multiple of 8 up to 96: fifteen sizes.
@@ -38,25 +40,57 @@ struct Fixture {
     num_blocks: u64,
 }
 
-/// A tiny model with both caches holding the same prompts of random lengths (some past one
-/// split partition) for `seqs` sequences; returns the fixture and each sequence's (cached tokens, next token).
-fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(usize, u32)>) {
+/// The model a graph test runs.
+#[derive(Clone, Copy)]
+enum Shape {
+    /// A tiny random Llama (grouped-query attention, keys and values cached).
+    Llama,
+    /// The DeepSeek-V3 fixture: latent attention (one latent row cached a token) and a
+    /// mixture of experts; its rotary table ends at 256 positions.
+    Latent,
+}
+
+impl Shape {
+    /// Prompt lengths of a long sequence: past one split partition of the grouped decode
+    /// kernel for the Llama, as far as the rotary table leaves room for the latent model.
+    fn long_prompt(self) -> std::ops::Range<usize> {
+        match self {
+            Shape::Llama => 520..900,
+            Shape::Latent => 120..200,
+        }
+    }
+}
+
+/// A tiny model with both caches holding the same prompts of random lengths (some long)
+/// for `seqs` sequences; returns the fixture and each sequence's (cached tokens, next token).
+fn fixture(
+    shape: Shape,
+    deterministic: bool,
+    seqs: usize,
+    seed_name: &str,
+) -> (Fixture, Vec<(usize, u32)>) {
     let s = setup().expect("a GPU");
     let dir = tempfile::tempdir().unwrap();
-    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 21).write_hf(dir.path());
+    let model_dir = match shape {
+        Shape::Llama => {
+            TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 21).write_hf(dir.path());
+            dir.path()
+        }
+        Shape::Latent => Path::new("tests/fixtures/deepseek/deepseek_v3"),
+    };
     let options = GpuModelOptions {
         max_tokens: 4096,
         max_logit_rows: 128,
         deterministic,
         gemv_max_rows: GEMV_MAX_ROWS,
     };
-    let mut model = GpuLlama::load(dir.path(), s.gpu.clone(), s.kernels.clone(), options).unwrap();
+    let mut model = GpuLlama::load(model_dir, s.gpu.clone(), s.kernels.clone(), options).unwrap();
     let c = model.config().clone();
+    let vocab = c.vocab_size as u32;
     // One block past the sequences': the scratch block.
     let num_blocks = (seqs * PER_SEQ + 1) as u64;
-    let layout = model.kv_layout(num_blocks, BLOCK_SIZE as u64);
-    let mut eager_cache = GpuKvCache::new(&s.gpu, c.num_layers, layout).unwrap();
-    let graph_cache = GpuKvCache::new(&s.gpu, c.num_layers, layout).unwrap();
+    let mut eager_cache = model.new_cache(num_blocks, BLOCK_SIZE as u64).unwrap();
+    let graph_cache = model.new_cache(num_blocks, BLOCK_SIZE as u64).unwrap();
     let graph_cache = Arc::new(Mutex::new(graph_cache));
     let mut rng = rng(seed_name);
     // Scattered tables: sequence s owns blocks s, s + seqs, s + 2 seqs, ...
@@ -68,11 +102,11 @@ fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(
         // Every fourth sequence (from the fourth) past one split partition: batches of up
         // to three run the short-context graphs, larger ones the long.
         let len = if i % 4 == 3 {
-            rng.random_range(520..900usize)
+            rng.random_range(shape.long_prompt())
         } else {
             rng.random_range(1..60usize)
         };
-        let prompt: Vec<u32> = (0..len).map(|_| rng.random_range(0..1000u32)).collect();
+        let prompt: Vec<u32> = (0..len).map(|_| rng.random_range(0..vocab)).collect();
         let spec = SeqSpec {
             num_cached: 0,
             num_new: len,
@@ -88,7 +122,7 @@ fn fixture(deterministic: bool, seqs: usize, seed_name: &str) -> (Fixture, Vec<(
             .forward_to_host(&prompt, &plan, &mut kv, &last)
             .unwrap();
         assert_eq!(a, b, "the same prefill into both caches");
-        state.push((len, rng.random_range(0..1000u32)));
+        state.push((len, rng.random_range(0..vocab)));
     }
     let f = Fixture {
         model,
@@ -137,12 +171,12 @@ fn relative_error(a: &[f32], b: &[f32]) -> f32 {
 
 /// Captures every size, churns the allocator, then for every size replays a full batch and
 /// a padded one (one row fewer) and compares logits and greedy tokens with eager steps
-/// that write the eager cache. `exact`: deterministic mode, where a row's logits do not
-/// depend on the batch, so padding changes no bit.
-fn replay_matches_eager(deterministic: bool, name: &str) {
+/// that write the eager cache. `deterministic`: a row's logits do not depend on the batch,
+/// so padding changes no bit.
+fn replay_matches_eager(shape: Shape, deterministic: bool, name: &str) {
     let s = setup().expect("a GPU");
     let largest = *sizes().last().unwrap();
-    let (mut f, mut state) = fixture(deterministic, largest, name);
+    let (mut f, mut state) = fixture(shape, deterministic, largest, name);
     let limits = f.limits(largest);
     let mut graphs = Vec::new();
     for &size in sizes().iter().rev() {
@@ -207,14 +241,19 @@ fn replay_matches_eager(deterministic: bool, name: &str) {
         }
     }
     // The caches agree in every block a sequence owns (deterministic mode: bit for bit);
-    // no eager step wrote the scratch block.
+    // no eager step wrote the scratch block. A latent cache has no value tensor.
     let kv = f.graph_cache.lock().unwrap();
     let block = BLOCK_SIZE * kv.layout().slot_elems() as usize;
+    let tensors = match kv.rows() {
+        KvRows::KeysAndValues => 2,
+        KvRows::Latent => 1,
+    };
     for layer in 0..c.num_layers {
-        for (a, b) in [
-            (kv.layer(layer).0, f.eager_cache.layer(layer).0),
-            (kv.layer(layer).1, f.eager_cache.layer(layer).1),
-        ] {
+        let (graphed, eager) = (kv.layer(layer), f.eager_cache.layer(layer));
+        for (a, b) in [(graphed.0, eager.0), (graphed.1, eager.1)]
+            .into_iter()
+            .take(tensors)
+        {
             let (a, b) = (s.gpu.download(a).unwrap(), s.gpu.download(b).unwrap());
             let (owned, scratch) = a.split_at(a.len() - block);
             let (owned_eager, scratch_eager) = b.split_at(b.len() - block);
@@ -241,6 +280,7 @@ fn decode_graphs_replay_like_eager_steps_at_every_size_deterministic() {
         return;
     }
     replay_matches_eager(
+        Shape::Llama,
         true,
         "decode_graphs_replay_like_eager_steps_at_every_size_deterministic",
     );
@@ -251,17 +291,36 @@ fn decode_graphs_replay_like_eager_steps_at_every_size() {
     if setup().is_none() {
         return;
     }
-    replay_matches_eager(false, "decode_graphs_replay_like_eager_steps_at_every_size");
+    replay_matches_eager(
+        Shape::Llama,
+        false,
+        "decode_graphs_replay_like_eager_steps_at_every_size",
+    );
+}
+
+/// The same for latent attention and a mixture of experts (DeepSeek-V3): fifteen sizes,
+/// churned, every one replayed full and padded against eager steps, its padded rows
+/// writing the scratch block only.
+#[test]
+fn latent_decode_graphs_replay_like_eager_steps_at_every_size() {
+    if setup().is_none() {
+        return;
+    }
+    replay_matches_eager(
+        Shape::Latent,
+        false,
+        "latent_decode_graphs_replay_like_eager_steps_at_every_size",
+    );
 }
 
 /// Verification graphs of 4, 8, 16 and 32 rows replay steps of sequences of 1 to 4 rows
 /// each (the last token and up to 3 drafts), filling each graph or padding it, as eager
 /// verification forwards do: the same logits bit for bit and the same KV in every block a
 /// sequence owns in deterministic mode, within bf16 error otherwise.
-fn verify_replay_matches_eager(deterministic: bool, name: &str) {
+fn verify_replay_matches_eager(shape: Shape, deterministic: bool, name: &str) {
     let s = setup().expect("a GPU");
     let (most_rows, seqs) = (32usize, 8usize);
-    let (mut f, mut state) = fixture(deterministic, seqs, name);
+    let (mut f, mut state) = fixture(shape, deterministic, seqs, name);
     let limits = GraphLimits {
         max_rows: most_rows,
         ..f.limits(most_rows)
@@ -309,7 +368,8 @@ fn verify_replay_matches_eager(deterministic: bool, name: &str) {
                 .iter()
                 .enumerate()
                 .flat_map(|(i, &q)| {
-                    let drafts: Vec<u32> = (1..q).map(|_| rng.random_range(0..1000)).collect();
+                    let drafts: Vec<u32> =
+                        (1..q).map(|_| rng.random_range(0..vocab as u32)).collect();
                     std::iter::once(state[i].1).chain(drafts)
                 })
                 .collect();
@@ -367,7 +427,7 @@ fn verification_graphs_replay_like_eager_verification_deterministic() {
     if setup().is_none() {
         return;
     }
-    verify_replay_matches_eager(true, "verification_graphs_deterministic");
+    verify_replay_matches_eager(Shape::Llama, true, "verification_graphs_deterministic");
 }
 
 #[test]
@@ -375,7 +435,17 @@ fn verification_graphs_replay_like_eager_verification() {
     if setup().is_none() {
         return;
     }
-    verify_replay_matches_eager(false, "verification_graphs");
+    verify_replay_matches_eager(Shape::Llama, false, "verification_graphs");
+}
+
+/// Verification graphs of the latent model (DeepSeek-V3), whose plans cut every sequence
+/// into one-row sequences, padded and full, against eager verification forwards.
+#[test]
+fn latent_verification_graphs_replay_like_eager_verification() {
+    if setup().is_none() {
+        return;
+    }
+    verify_replay_matches_eager(Shape::Latent, false, "latent_verification_graphs");
 }
 
 /// Sentinel bits no kernel writes.
@@ -526,7 +596,7 @@ fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
         return;
     }
     const STEPS: usize = 6;
-    let (mut f, state) = fixture(false, 8, "ahead");
+    let (mut f, state) = fixture(Shape::Llama, false, 8, "ahead");
     let limits = f.limits(8);
     let graphs: Vec<_> = [8, 4, 1]
         .iter()

@@ -174,9 +174,9 @@ fn rows_of(cache: &GpuKvCache) -> Vec<bf16> {
     setup().unwrap().gpu.download(cache.layer(0).0).unwrap()
 }
 
-/// The head's draft steps through graphs of 8 and 16 sequences and its step 0 through
-/// graphs of 16 and 32 rows (two rows a sequence, fed the feature ring), for every real
-/// count below each size, against the eager head on the same poisoned cache: the same
+/// The head's draft steps through graphs of 1 to 16 sequences and its step 0 through
+/// graphs of 2 to 32 rows (two rows a sequence, fed the feature ring), captured, churned,
+/// then replayed by the smallest graph that holds each count of 1 to 16 sequences, against the eager head on the same poisoned cache: the same
 /// drafts and `pre` bit for bit, and the same cache but for the scratch block.
 #[test]
 fn mtp_graphs_replay_as_the_eager_head_runs() {
@@ -199,7 +199,8 @@ fn mtp_graphs_replay_as_the_eager_head_runs() {
         max_context: 2 * BLOCK_SIZE,
         scratch_slot: (scratch * BLOCK_SIZE as u64) as i64,
     };
-    let decode: Vec<_> = [16, 8]
+    // Every size a decode batch of up to 16 sequences captures, largest first.
+    let decode: Vec<_> = [16, 8, 4, 2, 1]
         .into_iter()
         .map(|n| head.capture_decode(n, limits, &graph_cache).unwrap())
         .collect();
@@ -207,10 +208,20 @@ fn mtp_graphs_replay_as_the_eager_head_runs() {
         max_rows: 32,
         ..limits
     };
-    let first: Vec<_> = [32, 16]
+    let first: Vec<_> = [32, 16, 8, 4, 2]
         .into_iter()
         .map(|n| head.capture_first(n, first_limits, &graph_cache).unwrap())
         .collect();
+    // Churn: buffers of the graphs' sizes allocated and freed, so that a graph reading
+    // freed memory would read someone else's data.
+    for round in 0..50 {
+        let bufs: Vec<_> = [32, 32 * h, 32 * c.vocab_size, 4096]
+            .iter()
+            .map(|&n| s.gpu.upload(&vec![f32::NAN; n + round]).unwrap())
+            .collect();
+        drop(bufs);
+    }
+
     let elems = rows_of(&eager_cache).len();
     let scratch_rows = {
         let per_block = elems / pool as usize;
@@ -243,7 +254,7 @@ fn mtp_graphs_replay_as_the_eager_head_runs() {
         let plan = AttentionPlan::new(&specs, BLOCK_SIZE, pool).unwrap();
         let pre: Vec<f32> = (0..n * h).map(|_| rng.random_range(-2.0..2.0)).collect();
         let rows: Vec<usize> = (0..n).collect();
-        let graph = &decode[if n <= 8 { 1 } else { 0 }];
+        let graph = decode.iter().rev().find(|g| g.size() >= n).unwrap();
         let got = graph.replay(&tokens, &pre, &plan, false).unwrap();
         let want = head
             .forward_greedy(
@@ -285,7 +296,7 @@ fn mtp_graphs_replay_as_the_eager_head_runs() {
             .unwrap();
         let ids: Vec<u64> = (at..at + 2 * n as u64).collect();
         let rows: Vec<usize> = (0..2 * n).collect();
-        let graph = &first[if n <= 8 { 1 } else { 0 }];
+        let graph = first.iter().rev().find(|g| g.size() >= 2 * n).unwrap();
         let got = graph
             .replay_first(&step_tokens, &ids, &plan, &rows)
             .unwrap();
