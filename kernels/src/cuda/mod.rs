@@ -43,6 +43,10 @@ pub const MODULES: &[KernelSource] = &[
         code: include_str!("../../cuda/moe.cu"),
     },
     KernelSource {
+        name: "moe_mma",
+        code: include_str!("../../cuda/moe_mma.cu"),
+    },
+    KernelSource {
         name: "kv_write",
         code: include_str!("../../cuda/kv_write.cu"),
     },
@@ -66,6 +70,8 @@ pub struct CudaKernels {
     compiled: usize,
     /// Launches use programmatic dependent launch (see [`launch`]).
     programmatic: bool,
+    /// The device has bf16 tensor-core products (`mma.sync`, compute capability 8.0 up).
+    tensor_cores: bool,
     /// The device's multiprocessors.
     multiprocessors: u32,
     /// [`CudaKernels::resident_blocks`] of each kernel asked about so far, by the dynamic
@@ -95,6 +101,7 @@ impl CudaKernels {
             functions,
             compiled,
             programmatic: supports_programmatic_launch(gpu.arch()),
+            tensor_cores: has_bf16_tensor_cores(gpu.arch()),
             multiprocessors: multiprocessors.max(1) as u32,
             resident: Mutex::new(HashMap::new()),
         })
@@ -110,6 +117,11 @@ impl CudaKernels {
     /// Whether launches use programmatic dependent launch.
     pub fn programmatic_launch(&self) -> bool {
         self.programmatic
+    }
+
+    /// Whether the device has bf16 tensor-core products (the `_mma` kernels run there).
+    pub(crate) fn tensor_cores(&self) -> bool {
+        self.tensor_cores
     }
 
     /// A launch of the kernel `name` on `stream`, to be given its parameters.
@@ -160,12 +172,20 @@ impl CudaKernels {
     }
 }
 
-/// Whether devices of `arch` (such as `sm_90`) have programmatic dependent launch: compute
-/// capability 9.0 and up.
-fn supports_programmatic_launch(arch: &str) -> bool {
+/// The compute capability of `arch` (`sm_90` is 90); none for a device of another vendor.
+fn compute_capability(arch: &str) -> Option<u32> {
     arch.strip_prefix("sm_")
         .and_then(|digits| digits.parse::<u32>().ok())
-        .is_some_and(|cc| cc >= 90)
+}
+
+/// Whether devices of `arch` have programmatic dependent launch: compute capability 9.0 up.
+fn supports_programmatic_launch(arch: &str) -> bool {
+    compute_capability(arch).is_some_and(|cc| cc >= 90)
+}
+
+/// Whether devices of `arch` have bf16 `mma.sync` products: compute capability 8.0 up.
+fn has_bf16_tensor_cores(arch: &str) -> bool {
+    compute_capability(arch).is_some_and(|cc| cc >= 80)
 }
 
 /// Names of the `extern "C" __global__` functions a source defines.
@@ -218,6 +238,14 @@ mod tests {
         assert!(!supports_programmatic_launch("sm_89"));
         assert!(!supports_programmatic_launch("sm_80"));
         assert!(!supports_programmatic_launch("gfx942"));
+    }
+
+    #[test]
+    fn bf16_tensor_cores_from_compute_capability_8() {
+        assert!(has_bf16_tensor_cores("sm_80"));
+        assert!(has_bf16_tensor_cores("sm_90"));
+        assert!(!has_bf16_tensor_cores("sm_75"));
+        assert!(!has_bf16_tensor_cores("gfx90a"));
     }
 
     #[test]

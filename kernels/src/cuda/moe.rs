@@ -28,6 +28,15 @@ const WARP_ROWS: usize = 4;
 const COMBINE_THREADS: u32 = 256;
 /// The pass sizes of the expert products: pairs that share one pass over the weights.
 const PASS_PAIRS: [usize; 4] = [1, 2, 4, 8];
+/// Pair tiles (8 pairs each) of one pass of the tensor-core expert products (`moe_mma.cu`).
+const MMA_PASS_TILES: [usize; 3] = [1, 2, 4];
+/// Warps of the tensor-core products that share one tile of weight rows (`MOE_MMA_SPLIT`).
+const MMA_SPLIT: usize = 4;
+/// Output columns a block of the tensor-core products covers: [`EXPERT_WARPS`] warps
+/// (`MOE_MMA_WARPS`), [`MMA_SPLIT`] a tile, of 8 gated columns a tile.
+const MMA_GATE_UP_COLS: usize = EXPERT_WARPS / MMA_SPLIT * 8;
+/// The same for the down projection: 16 columns a tile.
+const MMA_DOWN_COLS: usize = EXPERT_WARPS / MMA_SPLIT * 16;
 /// The most dynamic shared memory a block of the expert products stages its pass's rows
 /// in: within the 48 KiB every device grants without opting in.
 const STAGE_MAX_BYTES: usize = 44 * 1024;
@@ -274,6 +283,32 @@ fn expert_kernel(family: &str, n: usize, depth: usize) -> (String, u32) {
     }
 }
 
+/// The kernel of the expert products' `family` for `n` rows of `depth`-deep dot products,
+/// its dynamic shared memory and the output columns a block covers: the tensor-core kernel
+/// (`moe_mma.cu`) where the device has bf16 tensor cores and `depth % 32 == 0`, its pass
+/// the fewest 8-pair tiles that hold `n`; else the streaming kernel of [`expert_kernel`].
+/// The choice depends on the device and the shape, and within a kernel family every pass
+/// size gives a pair the same bits, so a row's result does not depend on the batch.
+fn expert_launch(
+    tensor_cores: bool,
+    family: &str,
+    n: usize,
+    depth: usize,
+    columns: (usize, usize),
+) -> (String, u32, usize) {
+    if tensor_cores && depth.is_multiple_of(32) {
+        let last = MMA_PASS_TILES[MMA_PASS_TILES.len() - 1];
+        let tiles = MMA_PASS_TILES
+            .into_iter()
+            .find(|&t| 8 * t >= n)
+            .unwrap_or(last);
+        (format!("{family}_mma{tiles}"), 0, columns.1)
+    } else {
+        let (kernel, staged) = expert_kernel(family, n, depth);
+        (kernel, staged, columns.0)
+    }
+}
+
 /// Blocks of an expert product over `e` experts of `ncols` output columns, `cols` columns
 /// a block: every expert's every tile, whatever the routing.
 fn expert_blocks(what: &str, e: usize, ncols: usize, cols: usize) -> u32 {
@@ -289,8 +324,9 @@ fn expert_blocks(what: &str, e: usize, ncols: usize, cols: usize) -> u32 {
 /// product would round them, then the activation rounded to bf16 (the dense MLP's
 /// arithmetic). x is `[n, h]` bf16; w is `[E, 2 * inter, h]` bf16: expert e's gate rows
 /// then its up rows. Grid: E times `inter / 16` tiles (rounded up) of 256 threads, a warp
-/// per two columns; the blocks of an expert with no pairs return at once, reading none of
-/// its weights. Requires `h % 8 == 0`, `inter % 8 == 0` and 16-byte aligned x and w.
+/// per two columns, or on tensor cores (`h % 32 == 0`, see [`expert_launch`]) four warps
+/// per eight; the blocks of an expert with no pairs return at once, reading
+/// none of its weights. Requires `h % 8 == 0`, `inter % 8 == 0` and 16-byte aligned x and w.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_gate_up_act(
     k: &CudaKernels,
@@ -332,8 +368,9 @@ pub fn moe_gate_up_act(
     if n == 0 {
         return Ok(());
     }
-    let (kernel, staged) = expert_kernel(WHAT, n, h);
-    let blocks = expert_blocks(WHAT, e, inter, EXPERT_WARPS * WARP_ROWS / 2);
+    let columns = (EXPERT_WARPS * WARP_ROWS / 2, MMA_GATE_UP_COLS);
+    let (kernel, staged, cols) = expert_launch(k.tensor_cores(), WHAT, n, h, columns);
+    let blocks = expert_blocks(WHAT, e, inter, cols);
     let mut launch = k.launch(stream, &kernel);
     launch
         .arg(x)
@@ -357,7 +394,8 @@ pub fn moe_gate_up_act(
 /// `out[pos, :] = act[pos] · Wd[e]ᵀ` in f32 (summed in an order fixed by `inter`) for every
 /// sorted pair pos of expert e, into `out` (`[n * K, h]` f32); act is `[n * K, inter]` bf16
 /// (from [`moe_gate_up_act`]), w is `[E, h, inter]` bf16. Grid: E times `h / 32` tiles
-/// (rounded up) of 256 threads, a warp per four columns; the blocks of an expert with no
+/// (rounded up) of 256 threads, a warp per four columns, or on tensor cores
+/// (`inter % 32 == 0`) four warps per sixteen; the blocks of an expert with no
 /// pairs return at once, reading none of its weights. Requires `h % 8 == 0`,
 /// `inter % 8 == 0` and 16-byte aligned act and w.
 #[allow(clippy::too_many_arguments)]
@@ -394,8 +432,9 @@ pub fn moe_down(
     if n == 0 {
         return Ok(());
     }
-    let (kernel, staged) = expert_kernel(WHAT, n, inter);
-    let blocks = expert_blocks(WHAT, e, h, EXPERT_WARPS * WARP_ROWS);
+    let columns = (EXPERT_WARPS * WARP_ROWS, MMA_DOWN_COLS);
+    let (kernel, staged, cols) = expert_launch(k.tensor_cores(), WHAT, n, inter, columns);
+    let blocks = expert_blocks(WHAT, e, h, cols);
     let mut launch = k.launch(stream, &kernel);
     launch
         .arg(act)
@@ -500,18 +539,35 @@ mod tests {
             let line = format!("#define {name} {value} ");
             assert!(source.contains(&line), "{name} is not {value} in moe.cu");
         }
+        let source = include_str!("../../cuda/moe_mma.cu");
+        for (name, value) in [
+            ("MOE_MMA_WARPS", EXPERT_WARPS),
+            ("MOE_MMA_SPLIT", MMA_SPLIT),
+        ] {
+            let line = format!("#define {name} {value} ");
+            assert!(
+                source.contains(&line),
+                "{name} is not {value} in moe_mma.cu"
+            );
+        }
     }
 
     #[test]
     fn every_kernel_a_launcher_names_is_in_the_source() {
-        let names: Vec<&str> =
-            super::super::kernel_names(include_str!("../../cuda/moe.cu")).collect();
+        let names: Vec<&str> = super::super::kernel_names(include_str!("../../cuda/moe.cu"))
+            .chain(super::super::kernel_names(include_str!(
+                "../../cuda/moe_mma.cu"
+            )))
+            .collect();
         for family in ["moe_gate_up_act", "moe_down"] {
-            for n in [1, 2, 3, 5, 8, 64, 4096] {
-                for depth in [8, 2048, 2880, 7168] {
-                    let (kernel, bytes) = expert_kernel(family, n, depth);
-                    assert!(names.contains(&kernel.as_str()), "{kernel}");
-                    assert!(bytes as usize <= STAGE_MAX_BYTES);
+            for n in [1, 2, 3, 5, 8, 9, 17, 64, 4096] {
+                for depth in [8, 24, 1408, 2048, 2880, 7168] {
+                    for tensor_cores in [false, true] {
+                        let (kernel, bytes, _) =
+                            expert_launch(tensor_cores, family, n, depth, (1, 1));
+                        assert!(names.contains(&kernel.as_str()), "{kernel}");
+                        assert!(bytes as usize <= STAGE_MAX_BYTES);
+                    }
                 }
             }
         }
@@ -527,5 +583,18 @@ mod tests {
         assert_eq!(expert_kernel("f", 64, 1408), ("f_p8_staged".into(), 22528));
         assert_eq!(expert_kernel("f", 64, 7168), ("f_p8".into(), 0));
         assert_eq!(expert_kernel("f", 2, 7168), ("f_p2_staged".into(), 28672));
+    }
+
+    #[test]
+    fn tensor_cores_take_depths_of_whole_32_chunks_in_passes_of_8_16_or_32() {
+        let launch = |n, depth| expert_launch(true, "f", n, depth, (16, 32));
+        assert_eq!(launch(1, 2048), ("f_mma1".into(), 0, 32));
+        assert_eq!(launch(8, 1408), ("f_mma1".into(), 0, 32));
+        assert_eq!(launch(9, 1408), ("f_mma2".into(), 0, 32));
+        assert_eq!(launch(64, 7168), ("f_mma4".into(), 0, 32));
+        // 24 is no whole chunk: the streaming kernel and its columns.
+        assert_eq!(launch(1, 24), ("f_p1_staged".into(), 48, 16));
+        let no_cores = expert_launch(false, "f", 1, 2048, (16, 32));
+        assert_eq!(no_cores, ("f_p1_staged".into(), 4096, 16));
     }
 }
