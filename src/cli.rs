@@ -237,8 +237,12 @@ pub struct BenchServeArgs {
     /// Tokens to generate per request (sent as max_tokens with ignore_eos).
     #[arg(long, default_value_t = 128)]
     pub output_len: usize,
-    /// A JSONL file of {"prompt": ..., "max_tokens"?: ..., "ignore_eos"?: ...} lines instead
-    /// of random prompts.
+    /// A JSONL file of {"prompt" or "messages", "max_tokens"?, "ignore_eos"?} lines instead
+    /// of random prompts; a line may also set "temperature" (default 0) and the fields that
+    /// constrain the output ("response_format", "tools", "tool_choice",
+    /// "parallel_tool_calls", "structured_outputs", "guided_json", "guided_regex",
+    /// "guided_choice", "guided_grammar", "json_schema", "grammar"), sent as given. Lines
+    /// with "messages" or "tools" go to /v1/chat/completions.
     #[arg(long)]
     pub dataset: Option<PathBuf>,
     /// Seed for the random prompts.

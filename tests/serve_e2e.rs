@@ -1,9 +1,11 @@
 //! End-to-end tests of `peregrine serve`: each test writes a tiny random Llama (vocabulary
 //! 300, with a byte-level BPE tokenizer and a ChatML template) into a temporary folder,
 //! starts the real binary on a free port, and runs one of the Python scripts in
-//! `tests/e2e/` against it. The scripts use the official `openai` client (installed by
-//! `.ci/run`) and raw HTTP from the standard library; this file owns the server's life:
-//! its flags and configuration files, its signals, and its exit status.
+//! `tests/e2e/` against it. The scripts use the official `openai` client (and the other
+//! pinned packages of `tests/e2e/requirements.txt`, which the tests install on first use into
+//! a virtual environment under `target/`: see `common::python_env`) and raw HTTP from the
+//! standard library; this file owns the server's life: its flags and configuration files,
+//! its signals, and its exit status.
 //!
 //! The tests take one lock, so that they run one at a time whatever `--test-threads` says:
 //! several of them measure how the server behaves under load, which other servers running
@@ -585,6 +587,20 @@ fn bench_soak_reports_every_wave_and_the_request_alone() {
     );
 }
 
+/// 16. Structured output: OpenAI's `response_format` (`json_schema` through the SDK's
+///     `parse()` with a Pydantic model, `json_object`, streamed), vLLM's
+///     `structured_outputs` and `guided_*`, and llama.cpp's `json_schema` and GBNF `grammar`,
+///     on both endpoints: every finished output keeps its constraint; a `max_tokens` too
+///     small ends with `length` and the text so far; bad constraints get a 400 naming the
+///     field; and the schemas llama.cpp's server let outputs break are kept.
+#[test]
+fn structured_outputs_keep_their_constraints() {
+    let _serial = serial();
+    let model = TinyDir::new(17);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_structured.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]
@@ -772,10 +788,11 @@ impl Server {
     /// Runs `tests/e2e/SCRIPT --base URL ARGS…` and fails the test (showing the script's
     /// output and the server's log) unless it exits 0.
     fn check(&self, script: &str, args: &[&str]) {
-        require_openai();
+        // The venv's interpreter, built on first use (the build is not timed with the script).
+        let python = common::python_env::python();
         let path = e2e_dir().join(script);
         let started = Instant::now();
-        let mut command = Command::new("python3");
+        let mut command = Command::new(python);
         command
             .arg("-u")
             .arg(&path)
@@ -862,22 +879,6 @@ fn e2e_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests")
         .join("e2e")
-}
-
-/// Fails with instructions unless python3 can import the official `openai` client.
-fn require_openai() {
-    let output = Command::new("python3")
-        .args(["-c", "import openai; print(openai.__version__)"])
-        .output();
-    match output {
-        Ok(output) if output.status.success() => {}
-        Ok(output) => panic!(
-            "the end-to-end tests need the official `openai` Python client, but `import openai` \
-             failed:\n{}\nInstall it with `python3 -m pip install openai` (.ci/run does).",
-            show(&output)
-        ),
-        Err(e) => panic!("the end-to-end tests need python3 on PATH: {e}"),
-    }
 }
 
 /// Runs `command` to the end, killing it after `timeout` (a hung script must not hang the

@@ -691,6 +691,7 @@ async fn with_logprobs(
             ignore_eos: true,
             logprobs: Some(3),
             priority: 0,
+            grammar: None,
         },
         arrival: Instant::now(),
         events,

@@ -15,6 +15,7 @@
 use crate::graphs::CaptureSizes;
 use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use peregrine_ops::sampling::{DraftDist, SamplingParams, TokenLogprobs};
+use peregrine_structured::CompiledGrammar;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -42,6 +43,9 @@ pub struct RequestSpec {
     pub logprobs: Option<usize>,
     /// Lower runs first (as vLLM); ties go to the earlier arrival.
     pub priority: i32,
+    /// The grammar the output must match (structured output, an enforced tool call);
+    /// `None`: free text.
+    pub grammar: Option<Arc<CompiledGrammar>>,
 }
 
 /// A request as the scheduler receives it: what it asks for, its id, its arrival and the
@@ -202,6 +206,8 @@ pub struct SamplingSetup {
     pub logprobs: Option<usize>,
     /// The most tokens the request generates: the runner queues no step past its last.
     pub max_tokens: usize,
+    /// The grammar its tokens must follow; the runner owns the request's matcher.
+    pub grammar: Option<Arc<CompiledGrammar>>,
 }
 
 /// The scheduler's one message to the target runner per step.
@@ -221,8 +227,23 @@ pub struct SeqOutput {
     pub tokens: Vec<GeneratedToken>,
     /// Drafts the step verified for this sequence.
     pub num_drafts: usize,
-    /// Drafts accepted (`tokens.len() - 1`).
+    /// Drafts accepted (at most `tokens.len() - 1`: a constrained request's tokens end with
+    /// those its grammar forced after the sampled one, which the next step computes).
     pub num_accepted: usize,
+    /// Where the request's grammar stands after the step.
+    pub grammar: GrammarStatus,
+}
+
+/// Where a constrained request's grammar stands after a step.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum GrammarStatus {
+    /// Unconstrained, or the grammar goes on.
+    #[default]
+    Open,
+    /// The grammar is complete and consumed its end: the request stops.
+    Complete,
+    /// The grammar could not go on (llguidance's message): the request ends in error.
+    Failed(String),
 }
 
 /// The runner's reply: the output of every sequence that asked for tokens, in batch

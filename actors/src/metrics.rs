@@ -229,3 +229,45 @@ pub fn record_acceptance_alarm(raised: bool) {
         counter!(SPEC_ACCEPTANCE_ALARMS).increment(1);
     }
 }
+
+/// Constrained requests (structured output, enforced tool calls), by `kind` (`json_schema`,
+/// `json_object`, `regex`, `choice`, `grammar`, `gbnf`, `tool_call`).
+pub const STRUCTURED_REQUESTS: &str = "peregrine:structured_output_requests_total";
+/// Seconds to compile a grammar that was not in the cache.
+pub const GRAMMAR_COMPILE_SECONDS: &str = "peregrine:grammar_compile_seconds";
+/// Grammars looked up in the compiled-grammar cache.
+pub const GRAMMAR_CACHE_QUERIES: &str = "peregrine:grammar_cache_queries_total";
+/// Grammars found in the compiled-grammar cache.
+pub const GRAMMAR_CACHE_HITS: &str = "peregrine:grammar_cache_hits_total";
+/// Seconds to compute one row's token mask (on the host, while the forward runs).
+pub const GRAMMAR_MASK_SECONDS: &str = "peregrine:grammar_mask_seconds";
+/// Tokens a grammar forced, taken without a sampling step each.
+pub const GRAMMAR_FORCED_TOKENS: &str = "peregrine:grammar_forced_tokens_total";
+
+/// Buckets of the grammar histograms in seconds, from 10 µs to 10 s.
+pub const GRAMMAR_BUCKETS: [f64; 16] = [
+    0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+    0.1, 0.5, 1.0, 10.0,
+];
+
+/// A constrained request of `kind` whose grammar came from the cache (`cached`) or took
+/// `compile` to compile.
+pub fn record_grammar(kind: &'static str, cached: bool, compile: Duration) {
+    counter!(STRUCTURED_REQUESTS, "kind" => kind).increment(1);
+    counter!(GRAMMAR_CACHE_QUERIES).increment(1);
+    if cached {
+        counter!(GRAMMAR_CACHE_HITS).increment(1);
+    } else {
+        histogram!(GRAMMAR_COMPILE_SECONDS).record(compile.as_secs_f64());
+    }
+}
+
+/// One row's token mask took `elapsed`.
+pub fn record_grammar_mask(elapsed: Duration) {
+    histogram!(GRAMMAR_MASK_SECONDS).record(elapsed.as_secs_f64());
+}
+
+/// A grammar forced `tokens` tokens after a sampled one.
+pub fn record_forced_tokens(tokens: usize) {
+    counter!(GRAMMAR_FORCED_TOKENS).increment(tokens as u64);
+}

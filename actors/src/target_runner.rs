@@ -4,18 +4,23 @@
 //! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
 
 mod decode_ahead;
+mod grammar;
 
 use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spin, Stopped};
-use crate::backend::{ModelBackend, RowSampling, StepInput, StepOutput, StepSource, Wanted};
+use crate::backend::{
+    ModelBackend, RowMasks, RowSampling, StepInput, StepOutput, StepSource, Wanted,
+};
 use crate::graphs::CaptureSizes;
 use crate::messages::{
-    AheadUse, GeneratedToken, HiddenData, HiddenRows, RequestId, RunnerMsg, SamplingSetup,
-    ScheduledBatch, ScheduledSeq, SeqOutput, StepDone,
+    AheadUse, GeneratedToken, GrammarStatus, HiddenData, HiddenRows, RequestId, RunnerMsg,
+    SamplingSetup, ScheduledBatch, ScheduledSeq, SeqOutput, StepDone,
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
+use grammar::{after_tokens, row_masks, verification_masks, Chosen};
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_structured::GrammarMatcher;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +34,36 @@ struct SeqSampling {
     output: Vec<u32>,
     logprobs: Option<usize>,
     max_tokens: usize,
+    /// Where a constrained request is in its grammar.
+    grammar: Option<GrammarMatcher>,
+}
+
+impl SeqSampling {
+    /// After the step chose `tokens` (the last `admitted` drafts its grammar consumed for a
+    /// verification, `accepted` of them accepted): records them as output and moves its
+    /// grammar past them, appending the tokens the grammar forces next.
+    fn chose(
+        &mut self,
+        tokens: &mut Vec<GeneratedToken>,
+        admitted: usize,
+        accepted: usize,
+    ) -> GrammarStatus {
+        self.output.extend(tokens.iter().map(|t| t.id));
+        let room = self.max_tokens.saturating_sub(self.output.len());
+        let Some(grammar) = self.grammar.as_mut() else {
+            return GrammarStatus::Open;
+        };
+        after_tokens(Chosen {
+            grammar,
+            sampler: &mut self.sampler,
+            tokens,
+            output: &mut self.output,
+            admitted,
+            accepted,
+            room,
+            fast_forward: self.logprobs.is_none(),
+        })
+    }
 }
 
 /// A sequence of the step being run: the scheduler's [`ScheduledSeq`] with the whole
@@ -285,17 +320,7 @@ impl TargetRunner {
                 .map(|id| GeneratedToken { id, logprobs: None })
                 .collect()
         } else {
-            let mut sampling: Vec<RowSampling> = states
-                .iter_mut()
-                .map(|(_, state)| RowSampling {
-                    sampler: &mut state.sampler,
-                    prompt: &state.prompt,
-                    output: &state.output,
-                    logprobs: state.logprobs,
-                })
-                .collect();
-            self.forward(fresh(tokens, plan, rows, Wanted::Sampled(&mut sampling)))?
-                .sampled()?
+            self.sample_masked(tokens, plan, rows, states)?
         };
         if generated.len() != states.len() {
             return Err(anyhow!(
@@ -308,15 +333,55 @@ impl TargetRunner {
             .iter_mut()
             .zip(generated)
             .map(|((s, state), token)| {
-                state.output.push(token.id);
+                let mut tokens = vec![token];
+                let grammar = state.chose(&mut tokens, 0, 0);
                 SeqOutput {
                     id: s.id,
-                    tokens: vec![token],
+                    tokens,
                     num_drafts: 0,
                     num_accepted: 0,
+                    grammar,
                 }
             })
             .collect())
+    }
+
+    /// The forward of `tokens`, each sampled row's token chosen by its sampler among what
+    /// its grammar allows; the masks are computed on a host thread while the forward runs.
+    fn sample_masked(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        rows: &[usize],
+        states: &mut [(&RunSeq, SeqSampling)],
+    ) -> anyhow::Result<Vec<GeneratedToken>> {
+        let mut sampling = Vec::with_capacity(states.len());
+        let mut grammars = Vec::with_capacity(states.len());
+        for (_, state) in states.iter_mut() {
+            let SeqSampling {
+                sampler,
+                prompt,
+                output,
+                logprobs,
+                grammar,
+                ..
+            } = state;
+            sampling.push(RowSampling {
+                sampler,
+                prompt,
+                output,
+                logprobs: *logprobs,
+            });
+            grammars.push(grammar.as_mut());
+        }
+        std::thread::scope(|scope| {
+            let masks = match grammars.iter().any(Option::is_some) {
+                true => RowMasks::Pending(scope.spawn(move || Ok(row_masks(grammars)))),
+                false => RowMasks::None,
+            };
+            let wanted = Wanted::Sampled(&mut sampling, masks);
+            self.forward(fresh(tokens, plan, rows, wanted))?.sampled()
+        })
     }
 
     /// Verifies every sampled sequence's drafts with its own sampler over host logits, or,
@@ -332,9 +397,19 @@ impl TargetRunner {
             return self.verify_greedy(tokens, plan, rows, states);
         }
         let vocab = self.model.config().vocab_size;
-        let logits = self
-            .forward(fresh(tokens, plan, rows, Wanted::Logits))?
-            .logits()?;
+        // Each constrained sequence's masks over its drafts, computed while the forward runs.
+        let checked: Vec<_> = states
+            .iter_mut()
+            .map(|(s, state)| (state.grammar.as_mut(), drafts_of(s)))
+            .collect();
+        let (logits, mut draft_masks) = std::thread::scope(|scope| {
+            let masks = scope.spawn(move || verification_masks(checked));
+            let logits = self.forward(fresh(tokens, plan, rows, Wanted::Logits));
+            let masks = masks
+                .join()
+                .map_err(|_| anyhow!("the thread computing grammar masks panicked"));
+            anyhow::Ok((logits?.logits()?, masks?))
+        })?;
         if logits.len() != rows.len() * vocab {
             return Err(anyhow!(
                 "{} logits for {} rows of {vocab}",
@@ -344,10 +419,23 @@ impl TargetRunner {
         }
         let mut rows = logits.chunks(vocab);
         let mut outputs = Vec::with_capacity(states.len());
-        for (s, state) in states.iter_mut() {
-            let n = s.num_drafts.min(s.tokens.len() - 1);
-            let own: Vec<&[f32]> = rows.by_ref().take(n + 1).collect();
-            let drafts = &s.tokens[s.tokens.len() - n..];
+        for ((s, state), masks) in states.iter_mut().zip(draft_masks.iter_mut()) {
+            let drafts = drafts_of(s);
+            let n = drafts.len();
+            let raw: Vec<&[f32]> = rows.by_ref().take(n + 1).collect();
+            // A constrained row is judged on its masked logits (its logprobs on the raw).
+            let masked: Vec<Vec<f32>> = match masks.as_ref() {
+                Some(masks) => masks
+                    .masks
+                    .iter()
+                    .zip(&raw)
+                    .map(|(mask, row)| mask.applied(row))
+                    .collect(),
+                None => Vec::new(),
+            };
+            let own: Vec<&[f32]> = (0..raw.len())
+                .map(|i| masked.get(i).map_or(raw[i], Vec::as_slice))
+                .collect();
             // Sampled drafts are verified against the distributions they came from.
             let dists = match s.draft_dists.as_deref() {
                 Some(d) if d.len() != n => {
@@ -367,21 +455,23 @@ impl TargetRunner {
                 &state.prompt,
                 &state.output,
             );
-            let generated = verdict
+            let mut generated = verdict
                 .tokens
                 .iter()
-                .zip(&own)
+                .zip(&raw)
                 .map(|(&id, row)| GeneratedToken {
                     id,
                     logprobs: state.logprobs.and_then(|k| log_softmax(row, id, k)),
                 })
                 .collect();
-            state.output.extend(&verdict.tokens);
+            let admitted = masks.as_ref().map_or(0, |m| m.admitted);
+            let grammar = state.chose(&mut generated, admitted, verdict.accepted);
             outputs.push(SeqOutput {
                 id: s.id,
                 tokens: generated,
                 num_drafts: n,
                 num_accepted: verdict.accepted,
+                grammar,
             });
         }
         Ok(outputs)
@@ -418,6 +508,7 @@ impl TargetRunner {
                     .collect(),
                 num_drafts: n,
                 num_accepted: verdict.accepted,
+                grammar: GrammarStatus::Open,
             });
         }
         Ok(outputs)
@@ -446,13 +537,22 @@ fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
         .collect()
 }
 
-/// Whether every sampled sequence's token is its row's argmax: greedy, without penalties
-/// or logprobs (its sampler then draws nothing, so it need not see the logits).
+/// Whether every sampled sequence's token is its row's argmax: greedy, without penalties,
+/// logprobs or a grammar (its sampler then draws nothing, so it need not see the logits).
 fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
     states.iter().all(|(_, state)| {
         let params = state.sampler.params();
-        params.is_greedy() && !params.has_penalties() && state.logprobs.is_none()
+        params.is_greedy()
+            && !params.has_penalties()
+            && state.logprobs.is_none()
+            && state.grammar.is_none()
     })
+}
+
+/// The drafts `s` carries to verify: the last of its tokens.
+fn drafts_of(s: &RunSeq) -> &[u32] {
+    let n = s.num_drafts.min(s.tokens.len() - 1);
+    &s.tokens[s.tokens.len() - n..]
 }
 
 /// A step of `tokens` over `plan` giving `wanted` of `logit_rows`.
@@ -479,6 +579,7 @@ fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {
         output: Vec::new(),
         logprobs: setup.logprobs,
         max_tokens: setup.max_tokens,
+        grammar: setup.grammar.as_ref().map(|grammar| grammar.matcher()),
     })
 }
 

@@ -9,5 +9,5 @@ pub use byte_size::{parse_byte_size, ByteSizeError};
 pub use cache::{CacheConfig, CacheConfigError};
 pub use serve::{
     ConfigError, DeviceKind, DtypeChoice, ReloadError, SamplingDefaults, ServeArgs, ServeConfig,
-    SpeculativeMethod, MAX_SPECULATIVE_TOKENS,
+    SpeculativeMethod, ToolCallParser, MAX_SPECULATIVE_TOKENS,
 };

@@ -22,7 +22,7 @@ mod tests;
 
 pub use args::ServeArgs;
 pub use checks::MAX_SPECULATIVE_TOKENS;
-pub use choices::{DeviceKind, DtypeChoice, SpeculativeMethod};
+pub use choices::{DeviceKind, DtypeChoice, SpeculativeMethod, ToolCallParser};
 pub use error::ConfigError;
 pub use reload::ReloadError;
 pub use sampling::SamplingDefaults;

@@ -1,6 +1,6 @@
 // Token sampling over f32 logits `[rows, vocab]`, one block per row, as the CPU sampler
-// (ops/src/sampling) does it: penalties in place, then greedy argmax, or temperature,
-// top-k, top-p, min-p and one inverse-CDF draw with a uniform given by the host.
+// (ops/src/sampling) does it: grammar masks and penalties in place, then greedy argmax, or
+// temperature, top-k, top-p, min-p and one inverse-CDF draw with a uniform given by the host.
 //
 // Order. Tokens are ranked by their logit, descending, ties to the lower id, NaN as -inf:
 // the CPU's "most likely first" order (dividing by the temperature keeps it). Every token
@@ -70,6 +70,49 @@ struct SampleRow {
     float frequency_penalty;   // 0 = off
     int greedy;                // nonzero: argmax, nothing else
 };
+
+// ---------------------------------------------------------------------------------------
+// Grammar masks
+
+// Threads per block of the mask kernel, and the tokens each thread covers (SAMPLE_MASK_THREADS
+// apart, so that a warp's loads and stores fall on consecutive tokens: one mask word a warp).
+#define SAMPLE_MASK_THREADS 256
+#define SAMPLE_MASK_PER_THREAD 8
+#define SAMPLE_MASK_CHUNK (SAMPLE_MASK_THREADS * SAMPLE_MASK_PER_THREAD)
+
+// Forbids the tokens each masked row's grammar mask leaves out, as `TokenMask::apply` on the
+// CPU. Masked row m is row rows[m] of `logits` ([total_rows, vocab]); its mask is words
+// m * W .. (m + 1) * W, W = ceil(vocab / 32), bit id % 32 of word id / 32 set when token id
+// is allowed (the host pads a mask over a smaller vocabulary with zero words, so a padded
+// row's tail is forbidden). Every token whose bit is 0 gets -inf; allowed logits are neither
+// read nor written, nor are rows not listed. Block b covers tokens
+// (b % chunks) * SAMPLE_MASK_CHUNK .. + SAMPLE_MASK_CHUNK of masked row b / chunks. A listed
+// row past total_rows is skipped, so no input writes out of bounds; a row listed twice only
+// writes -inf twice.
+extern "C" __global__ void __launch_bounds__(SAMPLE_MASK_THREADS)
+    sample_mask(float* __restrict__ logits, int vocab, int total_rows, int chunks,
+                const unsigned int* __restrict__ rows, const unsigned int* __restrict__ words) {
+    pdl_begin();
+    const i64 masked = blockIdx.x / chunks;
+    const int chunk = blockIdx.x % chunks;
+    const unsigned int row = rows[masked];
+    if (row >= (unsigned int)total_rows) return;
+    const i64 width = ((i64)vocab + 31) / 32;
+    const unsigned int* __restrict__ w = words + masked * width;
+    float* lg = logits + (i64)row * (i64)vocab;
+    const int first = chunk * SAMPLE_MASK_CHUNK + threadIdx.x;
+    unsigned int bits[SAMPLE_MASK_PER_THREAD];
+#pragma unroll
+    for (int j = 0; j < SAMPLE_MASK_PER_THREAD; ++j) {
+        const int i = first + j * SAMPLE_MASK_THREADS;
+        bits[j] = i < vocab ? w[i >> 5] : 0xffffffffu;
+    }
+#pragma unroll
+    for (int j = 0; j < SAMPLE_MASK_PER_THREAD; ++j) {
+        const int i = first + j * SAMPLE_MASK_THREADS;
+        if (!((bits[j] >> (i & 31)) & 1u)) lg[i] = NEG_INF;
+    }
+}
 
 // ---------------------------------------------------------------------------------------
 // Penalties

@@ -18,6 +18,7 @@ pub mod llama;
 pub mod llama_gpu;
 pub mod mtp;
 pub mod progress;
+pub mod tiny_tokenizer;
 pub mod tokenizer;
 pub mod weights;
 

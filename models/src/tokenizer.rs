@@ -117,6 +117,19 @@ impl Tokenizer {
             && self.encode("", true)?.first() == self.bos_token_id.as_ref())
     }
 
+    /// The tokenizer in `tokenizer.json`'s format: what another library (llguidance's
+    /// token trie) rebuilds the same vocabulary from.
+    pub fn to_json(&self) -> anyhow::Result<String> {
+        self.inner
+            .to_string(false)
+            .map_err(|err| anyhow!("cannot serialize the tokenizer: {err}"))
+    }
+
+    /// The id of `token`'s text in the vocabulary (added tokens included).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
     /// A streaming decoder that starts with no tokens.
     pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream {
         DecodeStream {

@@ -255,6 +255,7 @@ async fn submit(
             ignore_eos,
             logprobs: None,
             priority: 0,
+            grammar: None,
         },
         arrival: Instant::now(),
         events,

@@ -122,6 +122,7 @@ fn request(
         ignore_eos,
         logprobs: None,
         priority: 0,
+        grammar: None,
     }
 }
 

@@ -48,6 +48,7 @@ pub async fn submit_stopping(
             ignore_eos: true,
             logprobs: None,
             priority: 0,
+            grammar: None,
         },
         arrival: Instant::now(),
         events,

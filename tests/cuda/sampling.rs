@@ -1,14 +1,14 @@
 //! GPU sampling against the CPU sampler, on fresh random logits of real vocabulary sizes:
-//! greedy argmax, penalties, the kept set of every filter, the inverse-CDF draw, draw
-//! frequencies, determinism, and seeded requests end to end.
+//! greedy argmax, penalties, grammar masks, the kept set of every filter, the inverse-CDF
+//! draw, draw frequencies, determinism, and seeded requests end to end, masked or not.
 
 use crate::{random_f32, rng, setup, Setup};
 use cudarc::driver::CudaSlice;
 use peregrine_kernels::cuda::sampling::{
-    argmax_partials, sample_argmax_into, ArgmaxCopies, SampleRow,
+    argmax_partials, sample_argmax_into, sample_mask, ArgmaxCopies, SampleRow,
 };
-use peregrine_ops::cuda::sampler::{sample_row, GpuSampler, SampleRequest};
-use peregrine_ops::sampling::{apply_penalties, Sampler, SamplingParams};
+use peregrine_ops::cuda::sampler::{mask_layout, sample_row, GpuSampler, SampleRequest};
+use peregrine_ops::sampling::{apply_penalties, Sampler, SamplingParams, TokenMask};
 use peregrine_runtime::cuda::MappedHost;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -177,6 +177,7 @@ fn greedy_is_the_cpu_argmax() {
                 sampler,
                 prompt_tokens: &[],
                 output_tokens: &[],
+                mask: None,
             })
             .collect();
         let got = sampler
@@ -293,6 +294,7 @@ fn penalties_match_the_cpu() {
                 sampler,
                 prompt_tokens: prompt,
                 output_tokens: output,
+                mask: None,
             })
             .collect();
         let mut logits = s.gpu.upload(&rows.concat()).unwrap();
@@ -315,6 +317,90 @@ fn penalties_match_the_cpu() {
             );
         }
         eprintln!("penalties, vocab {vocab}: {} rows bit-exact", rows.len());
+    }
+}
+
+/// A mask over `vocab` tokens allowing each with probability `density`, never `except`.
+fn random_mask(rng: &mut ChaCha8Rng, vocab: usize, density: f64, except: &[u32]) -> TokenMask {
+    let allowed: Vec<u32> = (0..vocab as u32)
+        .filter(|id| rng.random_bool(density) && !except.contains(id))
+        .collect();
+    TokenMask::allowing(allowed, vocab)
+}
+
+#[test]
+fn the_mask_kernel_is_token_mask_apply() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("the_mask_kernel_is_token_mask_apply");
+    // A NaN with a payload no kernel writes: rows past the batch must keep it.
+    let poison = f32::from_bits(0x7fc0_dead);
+    let spare = 2;
+    // GPT-2's vocabulary (not a multiple of 32) and Llama 3's.
+    for vocab in [50_257, 128_256] {
+        let sparse: Vec<u32> = (0..5).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let masks = [
+            None,
+            Some(random_mask(&mut rng, vocab, 0.5, &[])),
+            Some(TokenMask::allowing(sparse, vocab)),
+            None,
+            Some(random_mask(&mut rng, vocab, 0.97, &[])),
+            // A padded row: the mask's vocabulary is smaller, its tail forbidden.
+            Some(random_mask(&mut rng, vocab - 45, 0.5, &[])),
+            Some(TokenMask::allowing([], vocab)),
+            None,
+        ];
+        let rows = masks.len();
+        let logits = random_f32(&mut rng, rows * vocab, 8.0);
+        let mut buffer = s.gpu.upload(&vec![poison; (rows + spare) * vocab]).unwrap();
+        s.gpu
+            .stream()
+            .memcpy_htod(&logits, &mut buffer.slice_mut(..rows * vocab))
+            .unwrap();
+        // The sampler's layout, plus a row past the batch that forbids everything: the
+        // kernel must skip it.
+        let (masked, staged) = mask_layout(vocab, masks.iter().map(Option::as_ref));
+        let mut row_ids = staged[..masked].to_vec();
+        row_ids.push(rows as u32);
+        let mut words = staged[masked..].to_vec();
+        words.resize(words.len() + TokenMask::words_for(vocab), 0);
+        let (row_ids, words) = (
+            s.gpu.upload(&row_ids).unwrap(),
+            s.gpu.upload(&words).unwrap(),
+        );
+        sample_mask(
+            &s.kernels,
+            s.gpu.stream(),
+            &mut buffer.slice_mut(..rows * vocab),
+            vocab,
+            &row_ids.as_view(),
+            &words.as_view(),
+        )
+        .unwrap();
+        let got = s.gpu.download(&buffer).unwrap();
+        for (r, mask) in masks.iter().enumerate() {
+            let before = &logits[r * vocab..(r + 1) * vocab];
+            let want = mask
+                .as_ref()
+                .map_or_else(|| before.to_vec(), |m| m.applied(before));
+            if mask.is_some() {
+                assert!(
+                    want.contains(&f32::NEG_INFINITY),
+                    "test setup: row {r} forbids nothing"
+                );
+            }
+            assert_same_logits(
+                &format!("vocab {vocab}, row {r}"),
+                &got[r * vocab..(r + 1) * vocab],
+                &want,
+            );
+        }
+        assert!(
+            got[rows * vocab..]
+                .iter()
+                .all(|l| l.to_bits() == poison.to_bits()),
+            "vocab {vocab}: the kernel wrote past the batch"
+        );
+        eprintln!("mask kernel, vocab {vocab}: {rows} rows ({masked} masked) bit-exact");
     }
 }
 
@@ -654,13 +740,15 @@ fn draw_frequencies_fit_the_cpu_probabilities() {
 }
 
 /// One run of seeded requests through `GpuSampler`, step by step, each step checked
-/// against the CPU sampler on the same history; returns every request's output. Penalises
-/// the logits in place (`GpuSampler::sample`) or a copy (`sample_view`, `in_place` false).
+/// against the CPU sampler on the same history (and the row masked by `masks[step][r]`, as
+/// `sample_on_host` does); returns every request's output. Masks and penalises the logits
+/// in place (`GpuSampler::sample`) or a copy (`sample_view`, `in_place` false).
 fn run_seeded(
     s: &Setup,
     configs: &[SamplingParams],
     prompts: &[Vec<u32>],
     steps: &[Vec<f32>],
+    masks: &[Vec<Option<TokenMask>>],
     vocab: usize,
     in_place: bool,
 ) -> Vec<Vec<u32>> {
@@ -668,7 +756,7 @@ fn run_seeded(
     let mut samplers: Vec<Sampler> = configs.iter().map(|p| Sampler::new(p).unwrap()).collect();
     let mut cpu = samplers.clone();
     let mut outputs: Vec<Vec<u32>> = vec![Vec::new(); configs.len()];
-    for (step, flat) in steps.iter().enumerate() {
+    for ((step, flat), step_masks) in steps.iter().enumerate().zip(masks) {
         let uniforms: Vec<Option<f64>> = samplers
             .iter()
             .map(|sampler| sampler.clone().next_uniform())
@@ -678,10 +766,12 @@ fn run_seeded(
             let mut requests: Vec<SampleRequest> = samplers
                 .iter_mut()
                 .zip(prompts.iter().zip(&outputs))
-                .map(|(sampler, (prompt, output))| SampleRequest {
+                .zip(step_masks)
+                .map(|((sampler, (prompt, output)), mask)| SampleRequest {
                     sampler,
                     prompt_tokens: prompt,
                     output_tokens: output,
+                    mask: mask.as_ref(),
                 })
                 .collect();
             if in_place {
@@ -694,20 +784,30 @@ fn run_seeded(
         let after = s.gpu.download(&logits).unwrap();
         for r in 0..configs.len() {
             let what = format!("step {step}, request {r}");
-            let row = &flat[r * vocab..(r + 1) * vocab];
-            let mut want = row.to_vec();
+            let unmasked = &flat[r * vocab..(r + 1) * vocab];
+            let mask = step_masks[r].as_ref();
+            let row = mask.map_or_else(|| unmasked.to_vec(), |m| m.applied(unmasked));
+            let mut want = unmasked.to_vec();
             if in_place {
+                want.clone_from(&row);
                 apply_penalties(&configs[r], &mut want, &prompts[r], &outputs[r]);
             }
             assert_same_logits(&what, &after[r * vocab..(r + 1) * vocab], &want);
-            let cpu_token = cpu[r].sample(row, &prompts[r], &outputs[r]);
+            let cpu_token = cpu[r].sample(&row, &prompts[r], &outputs[r]);
             match uniforms[r] {
                 None => assert_eq!(tokens[r], cpu_token, "{what}: greedy"),
                 Some(u) if tokens[r] != cpu_token => {
-                    let dist = cpu[r].probabilities(row, &prompts[r], &outputs[r]);
+                    let dist = cpu[r].probabilities(&row, &prompts[r], &outputs[r]);
                     assert_inverse_cdf(&what, &dist, u, tokens[r]);
                 }
                 Some(_) => {}
+            }
+            if let Some(mask) = mask {
+                assert!(
+                    mask.allows(tokens[r]),
+                    "{what}: forbidden token {}",
+                    tokens[r]
+                );
             }
             outputs[r].push(tokens[r]);
         }
@@ -771,14 +871,196 @@ fn seeded_requests_are_reproducible_and_follow_the_cpu() {
                 .collect()
         })
         .collect();
-    let first = run_seeded(s, &configs, &prompts, &steps, vocab, true);
-    let second = run_seeded(s, &configs, &prompts, &steps, vocab, false);
+    let masks = vec![vec![None; configs.len()]; steps.len()];
+    let first = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, true);
+    let second = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, false);
     assert_eq!(first, second, "a seeded request gave different tokens");
     eprintln!("seeded outputs: {first:?}");
 }
 
+#[test]
+fn masked_requests_follow_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("masked_requests_follow_the_cpu");
+    let vocab = 128_256;
+    // The padded row's mask covers this many tokens fewer than the row.
+    let padding = 300;
+    let configs = [
+        // Greedy, its unmasked argmax forbidden.
+        SamplingParams::greedy(),
+        SamplingParams {
+            repetition_penalty: 1.2,
+            seed: Some(21),
+            ..SamplingParams::greedy()
+        },
+        // Greedy, unmasked.
+        SamplingParams::greedy(),
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 50,
+            repetition_penalty: 1.1,
+            seed: Some(22),
+            ..Default::default()
+        },
+        SamplingParams {
+            top_p: 0.9,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.3,
+            seed: Some(23),
+            ..Default::default()
+        },
+        // The padded row.
+        SamplingParams {
+            temperature: 1.2,
+            top_k: 20,
+            top_p: 0.8,
+            seed: Some(24),
+            ..Default::default()
+        },
+        // Unmasked.
+        SamplingParams {
+            min_p: 0.05,
+            seed: Some(25),
+            ..Default::default()
+        },
+        // Three tokens allowed.
+        SamplingParams {
+            seed: Some(26),
+            ..Default::default()
+        },
+    ];
+    let prompts: Vec<Vec<u32>> = configs
+        .iter()
+        .map(|_| (0..64).map(|_| rng.random_range(0..vocab as u32)).collect())
+        .collect();
+    let mut steps = Vec::new();
+    let mut masks = Vec::new();
+    for _ in 0..6 {
+        let mut rows: Vec<Vec<f32>> = (0..configs.len())
+            .map(|_| peaked(&mut rng, vocab, 40, 2.0, 5.0))
+            .collect();
+        // The padded row's most likely tokens lie in its forbidden tail.
+        for logit in &mut rows[5][vocab - padding..vocab - padding + 10] {
+            *logit = 9.0;
+        }
+        let argmax = cpu_argmax(&rows[0]);
+        let few: Vec<u32> = (0..3).map(|_| rng.random_range(0..vocab as u32)).collect();
+        let step_masks = vec![
+            Some(random_mask(&mut rng, vocab, 0.3, &[argmax])),
+            Some(random_mask(&mut rng, vocab, 0.3, &[])),
+            None,
+            Some(random_mask(&mut rng, vocab, 0.3, &[])),
+            Some(random_mask(&mut rng, vocab, 0.3, &[])),
+            Some(random_mask(&mut rng, vocab - padding, 0.3, &[])),
+            None,
+            Some(TokenMask::allowing(few, vocab)),
+        ];
+        steps.push(rows.concat());
+        masks.push(step_masks);
+    }
+    let first = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, true);
+    let second = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, false);
+    assert_eq!(
+        first, second,
+        "a seeded masked request gave different tokens"
+    );
+    eprintln!("masked seeded outputs: {first:?}");
+}
+
+#[test]
+fn masked_draws_never_pick_a_forbidden_token() {
+    const DRAWS: usize = 2048;
+    let Some(s) = setup() else { return };
+    let mut rng = rng("masked_draws_never_pick_a_forbidden_token");
+    let sampler = GpuSampler::new(&s.kernels, &s.gpu);
+    let vocab = 50_257;
+    let row = peaked(&mut rng, vocab, 60, 4.0, 8.0);
+    let mask = random_mask(&mut rng, vocab, 0.25, &[]);
+    let configs = [
+        SamplingParams {
+            temperature: 1.5,
+            ..Default::default()
+        },
+        SamplingParams {
+            top_k: 8,
+            top_p: 0.95,
+            ..Default::default()
+        },
+        SamplingParams {
+            temperature: 0.7,
+            min_p: 0.01,
+            ..Default::default()
+        },
+    ];
+    // Every third row unmasked, so that a mask landing on the wrong row shows.
+    let masked = |r: usize| r % 3 != 2;
+    let params: Vec<SamplingParams> = (0..DRAWS)
+        .map(|r| SamplingParams {
+            seed: Some(rng.random()),
+            ..configs[r % configs.len()].clone()
+        })
+        .collect();
+    let masked_row = mask.applied(&row);
+    let dists: Vec<[Vec<(u32, f64)>; 2]> = configs
+        .iter()
+        .map(|p| [cpu_distribution(p, &row), cpu_distribution(p, &masked_row)])
+        .collect();
+    for (c, [unmasked, _]) in dists.iter().enumerate() {
+        let forbidden: f64 = unmasked
+            .iter()
+            .filter(|&&(t, _)| !mask.allows(t))
+            .map(|&(_, p)| p)
+            .sum();
+        assert!(
+            forbidden > 0.3,
+            "test setup: config {c}: forbidden mass {forbidden}"
+        );
+    }
+    let mut samplers: Vec<Sampler> = params.iter().map(|p| Sampler::new(p).unwrap()).collect();
+    let uniforms: Vec<f64> = samplers
+        .iter()
+        .map(|sampler| sampler.clone().next_uniform().unwrap())
+        .collect();
+    let mut logits = replicate(s, &row, DRAWS);
+    let mut requests: Vec<SampleRequest> = samplers
+        .iter_mut()
+        .enumerate()
+        .map(|(r, sampler)| SampleRequest {
+            sampler,
+            prompt_tokens: &[],
+            output_tokens: &[],
+            mask: Some(&mask).filter(|_| masked(r)),
+        })
+        .collect();
+    let tokens = sampler
+        .sample(&mut logits.as_view_mut(), vocab, &mut requests)
+        .unwrap();
+    drop(logits);
+    let mut unmasked_forbidden = 0;
+    for (r, (&token, &u)) in tokens.iter().zip(&uniforms).enumerate() {
+        let what = format!("row {r}, config {}", r % configs.len());
+        let dist = &dists[r % configs.len()][usize::from(masked(r))];
+        assert_inverse_cdf(&what, dist, u, token);
+        if masked(r) {
+            assert!(mask.allows(token), "{what}: forbidden token {token}");
+        } else if !mask.allows(token) {
+            unmasked_forbidden += 1;
+        }
+    }
+    assert!(
+        unmasked_forbidden > 0,
+        "unmasked rows never drew a token the mask forbids"
+    );
+    eprintln!(
+        "masked draws: {DRAWS} rows, {} masked, none forbidden; unmasked rows drew {unmasked_forbidden} \
+         forbidden tokens",
+        (0..DRAWS).filter(|&r| masked(r)).count()
+    );
+}
+
 /// Times the sampling kernel on a [rows, 151,936] batch for a few parameter sets, on flat
-/// random logits and on peaked ones (most of the mass on 40 tokens, like a model's).
+/// random logits and on peaked ones (most of the mass on 40 tokens, like a model's), and
+/// the mask kernel on the same batch.
 /// Prints; asserts nothing. Run with `--ignored`.
 #[test]
 #[ignore = "timing, not a check"]
@@ -837,6 +1119,31 @@ fn sampling_speed() {
                 let ms = start.elapsed().as_secs_f64() * 1e3 / rounds as f64;
                 eprintln!("speed: {shape}, {rows} rows, {name}: {ms:.3} ms");
             }
+            // The mask kernel alone, every row masked (the words staged once).
+            let mask = random_mask(&mut rng, vocab, 0.3, &[]);
+            let (masked, staged) = mask_layout(vocab, (0..rows).map(|_| Some(&mask)));
+            let staged = s.gpu.upload(&staged).unwrap();
+            let mut copy = s.gpu.stream().clone_dtod(&logits).unwrap();
+            let rounds = 10;
+            let mut elapsed = std::time::Duration::ZERO;
+            for round in 0..=rounds {
+                let start = std::time::Instant::now();
+                sample_mask(
+                    &s.kernels,
+                    s.gpu.stream(),
+                    &mut copy.as_view_mut(),
+                    vocab,
+                    &staged.slice(..masked),
+                    &staged.slice(masked..),
+                )
+                .unwrap();
+                s.gpu.synchronize().unwrap();
+                if round > 0 {
+                    elapsed += start.elapsed();
+                }
+            }
+            let ms = elapsed.as_secs_f64() * 1e3 / rounds as f64;
+            eprintln!("speed: {shape}, {rows} rows, mask kernel: {ms:.3} ms");
         }
     }
 }

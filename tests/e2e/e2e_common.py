@@ -434,3 +434,73 @@ def wait_for(condition, timeout, what, interval=0.05):
         if time.monotonic() > deadline:
             raise CheckFailed("%s did not happen within %.1fs" % (what, timeout))
         time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------------------
+# Structured output and tool calls
+# ---------------------------------------------------------------------------------------
+
+
+def _no_duplicate_keys(pairs):
+    keys = [key for key, _ in pairs]
+    duplicates = sorted({key for key in keys if keys.count(key) > 1})
+    if duplicates:
+        raise ValueError("duplicate keys %r in one object" % duplicates)
+    return dict(pairs)
+
+
+def parse_json(text, what):
+    """`text` parsed as JSON; fails the check when it is not JSON, or when an object in it
+    repeats a key (which JSON parsers resolve differently, and which hides a broken
+    `minProperties` or `required` from a schema validator)."""
+    expect(isinstance(text, str), "%s: the output is not a string: %r" % (what, text))
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+    except ValueError as err:
+        raise CheckFailed("%s: the output is not JSON with unique keys (%s): %r" % (what, err, text))
+
+
+def validate_json(text, schema, what):
+    """`text` parsed as JSON and validated against the JSON schema `schema` with the
+    `jsonschema` package (the schema's own draft, 2020-12 when it names none): the value."""
+    import jsonschema
+
+    value = parse_json(text, what)
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    errors = sorted(validator_class(schema).iter_errors(value), key=lambda e: list(e.path))
+    expect(
+        not errors,
+        "%s: the output breaks its schema: %s\n  output: %r\n  schema: %s"
+        % (what, "; ".join(e.message for e in errors[:5]), text, json.dumps(schema)),
+    )
+    return value
+
+
+def expect_fullmatch(pattern, text, what):
+    """The whole of `text` matches the regular expression `pattern`."""
+    expect(isinstance(text, str), "%s: the output is not a string: %r" % (what, text))
+    expect(
+        re.fullmatch(pattern, text, flags=re.DOTALL) is not None,
+        "%s: %r does not match /%s/ as a whole" % (what, text, pattern),
+    )
+
+
+def names_field(param, fields):
+    """Whether an error's `param` names one of `fields`, or a part of one (`field.key`,
+    `field[0]...`)."""
+    if not isinstance(param, str):
+        return False
+    return any(param == f or param.startswith(f + ".") or param.startswith(f + "[") for f in fields)
+
+
+def expect_param_error(resp, fields, what, status=400):
+    """`resp` is an OpenAI-shaped error with `status` whose `param` names one of `fields` (a
+    name or a list of names), or a part of it."""
+    fields = [fields] if isinstance(fields, str) else list(fields)
+    err = expect_error(resp, status, what=what)
+    expect(
+        names_field(err["param"], fields),
+        "%s: error.param %r names none of %r (message %r)" % (what, err["param"], fields, err["message"]),
+    )
+    return err

@@ -2,8 +2,8 @@
 //! padded rows of replayed decode graphs.
 
 use super::{
-    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowSampling, StepInput,
-    StepOutput, StepSource,
+    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks, RowSampling,
+    StepInput, StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{GeneratedToken, HiddenData};
@@ -111,10 +111,12 @@ impl Forwards for CpuBackend {
         plan: &AttentionPlan,
         logit_rows: &[usize],
         sampling: &mut [RowSampling],
+        masks: RowMasks,
     ) -> anyhow::Result<Vec<GeneratedToken>> {
         let logits = self.forward(tokens, plan, logit_rows)?;
         let vocab = self.model.config().vocab_size;
-        Ok(sample_on_host(&logits, vocab, sampling))
+        let masks = masks.wait(sampling.len())?;
+        Ok(sample_on_host(&logits, vocab, sampling, &masks))
     }
 
     fn logits(

@@ -8,7 +8,7 @@
 
 use super::{
     blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
-    ModelBackend, PoolInfo, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
+    ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
 };
 use crate::draft::LAZY_ROWS;
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
@@ -483,26 +483,32 @@ fn hand_off(
     }))
 }
 
-/// Samples every row of the device `logits` (`[sampling.len(), vocab]`): on the device (one
-/// download of the chosen ids), unless a row asks for logprobs: then the logits come to the
-/// host and the CPU samples, as it would.
+/// Samples every row of the device `logits` (`[sampling.len(), vocab]`) under its grammar
+/// mask, waited for only now that the forward is queued: on the device, masks included (one
+/// upload of the masked rows' words, one download of the chosen ids), unless a row asks for
+/// logprobs: then the logits come to the host and the CPU samples, as it would (logprobs
+/// of the unmasked row).
 fn sample_logits(
     gpu: &Gpu,
     kernels: &CudaKernels,
     logits: &CudaView<f32>,
     vocab: usize,
     sampling: &mut [RowSampling],
+    masks: RowMasks,
 ) -> anyhow::Result<Vec<GeneratedToken>> {
+    let masks = masks.wait(sampling.len())?;
     if sampling.iter().any(|s| s.logprobs.is_some()) {
         let host = gpu.download(logits)?;
-        return Ok(sample_on_host(&host, vocab, sampling));
+        return Ok(sample_on_host(&host, vocab, sampling, &masks));
     }
     let mut requests: Vec<SampleRequest> = sampling
         .iter_mut()
-        .map(|s| SampleRequest {
+        .zip(&masks)
+        .map(|(s, mask)| SampleRequest {
             sampler: &mut *s.sampler,
             prompt_tokens: s.prompt,
             output_tokens: s.output,
+            mask: mask.as_ref(),
         })
         .collect();
     let ids = GpuSampler::new(kernels, gpu).sample_view(logits, vocab, &mut requests)?;
@@ -521,15 +527,19 @@ impl Forwards for GpuBackend {
         plan: &AttentionPlan,
         logit_rows: &[usize],
         sampling: &mut [RowSampling],
+        masks: RowMasks,
     ) -> anyhow::Result<Vec<GeneratedToken>> {
         let vocab = self.model.config().vocab_size;
         let (gpu, kernels, ring) = self.handles();
         let ring = ring.as_deref();
+        let mut masks = Some(masks);
+        let mut take_masks = || masks.take().context("a step's masks were taken twice");
         let replayed = match self.replay(tokens, plan, logit_rows)? {
             Some(r) => {
                 let hidden = hand_off(&gpu, &kernels, ring, r.aux())?;
+                let logits = r.logits();
                 Some((
-                    sample_logits(&gpu, &kernels, &r.logits(), vocab, sampling)?,
+                    sample_logits(&gpu, &kernels, &logits, vocab, sampling, take_masks()?)?,
                     hidden,
                 ))
             }
@@ -544,7 +554,7 @@ impl Forwards for GpuBackend {
         drop(cache);
         self.hidden = hand_off(&gpu, &kernels, ring, self.model.last_aux(tokens.len()))?;
         let logits = self.model.last_logits(logit_rows.len());
-        sample_logits(&gpu, &kernels, &logits, vocab, sampling)
+        sample_logits(&gpu, &kernels, &logits, vocab, sampling, take_masks()?)
     }
 
     fn vocab(&self) -> usize {

@@ -16,7 +16,7 @@ use crate::messages::{GeneratedToken, HiddenData};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
-use peregrine_ops::sampling::{argmax, log_softmax, Sampler};
+use peregrine_ops::sampling::{argmax, log_softmax, Sampler, TokenMask};
 use peregrine_ops::{AttentionPlan, Linear};
 use std::sync::Arc;
 
@@ -131,6 +131,35 @@ pub struct RowSampling<'a> {
     pub logprobs: Option<usize>,
 }
 
+/// The grammar masks of a step's sampled rows, one entry per row (`None`: the row is not
+/// constrained), possibly still being computed on another host thread while the forward
+/// runs: a backend waits for them right before it samples, after it has queued the forward.
+pub enum RowMasks<'a> {
+    /// No row is constrained.
+    None,
+    /// The masks, computed.
+    Ready(Vec<Option<TokenMask>>),
+    /// The thread computing them.
+    Pending(std::thread::ScopedJoinHandle<'a, anyhow::Result<Vec<Option<TokenMask>>>>),
+}
+
+impl RowMasks<'_> {
+    /// The masks of `rows` rows, waiting for them where they are still being computed.
+    pub fn wait(self, rows: usize) -> anyhow::Result<Vec<Option<TokenMask>>> {
+        let masks = match self {
+            RowMasks::None => return Ok(vec![None; rows]),
+            RowMasks::Ready(masks) => masks,
+            RowMasks::Pending(handle) => handle
+                .join()
+                .map_err(|_| anyhow::anyhow!("the thread computing grammar masks panicked"))??,
+        };
+        if masks.len() != rows {
+            bail!("{} grammar masks for {rows} sampled rows", masks.len());
+        }
+        Ok(masks)
+    }
+}
+
 /// The largest step a backend's buffers were sized for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StepCapacity {
@@ -198,8 +227,9 @@ pub enum StepSource<'a> {
 
 /// What a step gives back of each of its logit rows.
 pub enum Wanted<'a, 's> {
-    /// The token the row's sampler chooses (with logprobs where it asks).
-    Sampled(&'a mut [RowSampling<'s>]),
+    /// The token the row's sampler chooses (with logprobs where it asks), among the tokens
+    /// its grammar mask allows where it has one.
+    Sampled(&'a mut [RowSampling<'s>], RowMasks<'a>),
     /// The row's logits, on the host: speculative verification judges several rows per
     /// sequence there.
     Logits,
@@ -331,13 +361,15 @@ pub trait ModelBackend: Send {
 /// The forwards a backend runs its steps with, one per [`Wanted`]; [`run_step`] picks one
 /// for [`ModelBackend::run`]. Only backends implement and call them.
 pub trait Forwards {
-    /// The forward, each logit row's token chosen with the matching entry of `sampling`.
+    /// The forward, each logit row's token chosen with the matching entry of `sampling`
+    /// under its mask of `masks`.
     fn sampled(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
         sampling: &mut [RowSampling],
+        masks: RowMasks,
     ) -> anyhow::Result<Vec<GeneratedToken>>;
     /// The forward, the logits of `logit_rows` on the host, `[logit_rows.len(), vocab]`.
     fn logits(
@@ -399,8 +431,8 @@ pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result
             let (ids, queued) = backend.greedy(input.source, next)?;
             (RowOutputs::Argmax(ids), queued)
         }
-        (Wanted::Sampled(sampling), Some((tokens, plan, rows))) => {
-            let sampled = backend.sampled(tokens, plan, rows, sampling)?;
+        (Wanted::Sampled(sampling, masks), Some((tokens, plan, rows))) => {
+            let sampled = backend.sampled(tokens, plan, rows, sampling, masks)?;
             (RowOutputs::Sampled(sampled), false)
         }
         (Wanted::Logits, Some((tokens, plan, rows))) => (
@@ -416,18 +448,23 @@ pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result
     })
 }
 
-/// Samples every row of host `logits` (`[sampling.len(), vocab]`), with logprobs where
-/// asked.
+/// Samples every row of host `logits` (`[sampling.len(), vocab]`) among the tokens its
+/// mask allows, with logprobs (of the unmasked row, as vLLM reports them) where asked.
 pub fn sample_on_host(
     logits: &[f32],
     vocab: usize,
     sampling: &mut [RowSampling],
+    masks: &[Option<TokenMask>],
 ) -> Vec<GeneratedToken> {
     logits
         .chunks(vocab)
         .zip(sampling)
-        .map(|(row, s)| {
-            let id = s.sampler.sample(row, s.prompt, s.output);
+        .zip(masks.iter().chain(std::iter::repeat(&None)))
+        .map(|((row, s), mask)| {
+            let id = match mask {
+                Some(mask) => s.sampler.sample(&mask.applied(row), s.prompt, s.output),
+                None => s.sampler.sample(row, s.prompt, s.output),
+            };
             let logprobs = s.logprobs.and_then(|n| log_softmax(row, id, n));
             GeneratedToken { id, logprobs }
         })

@@ -6,9 +6,11 @@ use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
+use super::constraints;
 use super::context::RequestContext;
 use super::errors::ApiError;
 use super::generation::{Delta, Generation, Output};
+use super::grammar;
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
@@ -38,6 +40,7 @@ async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
     unsupported::check(&body)?;
+    let constraint = constraints::requested(&body)?;
     let fields: GenerationFields = parse(&body)?;
     let own: CompletionFields = parse(&body)?;
     let config = state.config.get();
@@ -57,7 +60,10 @@ async fn handle(
         max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
         logprobs,
     };
-    let plan = plan(fields, input, &config, state.model.sequence_limits())?;
+    let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
+    if let Some(requested) = constraint {
+        plan.submission.grammar = Some(grammar::compile(state, requested).await?);
+    }
     let (stream, include_usage) = (plan.stream, plan.include_usage);
     let token_ids = plan.return_token_ids;
     let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());

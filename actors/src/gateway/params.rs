@@ -97,6 +97,7 @@ pub fn plan(
             ignore_eos: fields.ignore_eos.unwrap_or(false),
             logprobs: input.logprobs,
             priority: fields.priority.unwrap_or(0),
+            grammar: None,
         },
         stop,
         stream,

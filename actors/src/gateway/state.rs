@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
+use peregrine_structured::GrammarCompiler;
 
 use super::blocking::BlockingPool;
 use super::engine_client::EngineClient;
@@ -100,6 +101,9 @@ pub struct ModelInfo {
     pub max_model_len: usize,
     /// The tokens the whole KV cache holds, which may be fewer than `max_model_len`.
     pub kv_cache_tokens: usize,
+    /// Compiles requests' output constraints; `Err`: why this model's tokenizer cannot
+    /// constrain output (requests asking for it are refused with that reason).
+    pub grammars: Result<Arc<GrammarCompiler>, String>,
 }
 
 impl ModelInfo {

@@ -23,8 +23,6 @@ enum Neutral {
     Number(f64),
     /// Also one of these strings.
     Strings(&'static [&'static str]),
-    /// Also `{"type": "text"}`.
-    TextFormat,
     /// Also `["text"]`.
     TextOnly,
 }
@@ -47,9 +45,6 @@ impl Neutral {
             },
             Neutral::Number(neutral) => value.as_f64() == Some(neutral),
             Neutral::Strings(names) => value.as_str().is_some_and(|name| names.contains(&name)),
-            Neutral::TextFormat => {
-                value.as_object().is_some_and(|format| format.len() == 1) && value["type"] == "text"
-            }
             Neutral::TextOnly => value
                 .as_array()
                 .is_some_and(|kinds| kinds.iter().all(|kind| kind == "text")),
@@ -65,7 +60,6 @@ impl Neutral {
             Neutral::Empty => "leave it out or send it empty".into(),
             Neutral::Number(neutral) => format!("leave it out or send {neutral}"),
             Neutral::Strings(names) => format!("leave it out or send {}", quoted(names)),
-            Neutral::TextFormat => "leave it out or send {\"type\": \"text\"}".into(),
             Neutral::TextOnly => "leave it out or send [\"text\"]".into(),
         }
     }
@@ -112,50 +106,12 @@ const REFUSED: &[Refused] = &[
         Neutral::Strings(&["none", "auto"]),
         "a forced function call",
     ),
-    // Constrained output.
-    refused(
-        "response_format",
-        Neutral::TextFormat,
-        "structured (JSON) output",
-    ),
-    refused("structured_outputs", Neutral::Null, "structured output"),
-    refused(
-        "guided_json",
-        Neutral::Null,
-        "output constrained to a JSON schema",
-    ),
-    refused(
-        "guided_regex",
-        Neutral::Null,
-        "output constrained to a regular expression",
-    ),
-    refused(
-        "guided_choice",
-        Neutral::Null,
-        "output constrained to a list of choices",
-    ),
-    refused(
-        "guided_grammar",
-        Neutral::Null,
-        "output constrained to a grammar",
-    ),
+    // Constrained output the gateway does not read (`gateway/constraints.rs` reads the rest).
     refused(
         "structural_tag",
         Neutral::Null,
         "output constrained by structural tags",
     ),
-    refused("grammar", Neutral::Empty, "output constrained to a grammar"),
-    refused(
-        "json_schema",
-        Neutral::Null,
-        "output constrained to a JSON schema",
-    ),
-    refused(
-        "regex",
-        Neutral::Null,
-        "output constrained to a regular expression",
-    ),
-    refused("ebnf", Neutral::Null, "output constrained to a grammar"),
     // Token-level constraints and biases.
     refused("logit_bias", Neutral::Empty, "token biases"),
     refused(
@@ -292,21 +248,7 @@ mod tests {
             ("tool_choice", json!({"type": "function"}), json!("auto")),
             ("functions", json!([{"name": "f"}]), json!([])),
             ("function_call", json!({"name": "f"}), json!("none")),
-            (
-                "response_format",
-                json!({"type": "json_object"}),
-                json!({"type": "text"}),
-            ),
-            ("structured_outputs", json!({"json": {}}), Value::Null),
-            ("guided_json", json!({"type": "object"}), Value::Null),
-            ("guided_regex", json!("[a-z]+"), Value::Null),
-            ("guided_choice", json!(["a", "b"]), Value::Null),
-            ("guided_grammar", json!("root ::= \"a\""), Value::Null),
             ("structural_tag", json!("{}"), Value::Null),
-            ("grammar", json!("root ::= \"a\""), json!("")),
-            ("json_schema", json!({"type": "object"}), Value::Null),
-            ("regex", json!("a+"), Value::Null),
-            ("ebnf", json!("root ::= \"a\""), Value::Null),
             ("logit_bias", json!({"1": 5}), json!({})),
             ("min_tokens", json!(4), json!(0)),
             ("bad_words", json!(["x"]), json!([])),

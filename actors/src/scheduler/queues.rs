@@ -6,9 +6,9 @@
 use super::policy::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
 use crate::messages::{
-    AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrowSeq, ProposeDelta,
-    RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone, StepGrant,
-    SubmitError,
+    AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrammarStatus, GrowSeq,
+    ProposeDelta, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone,
+    StepGrant, SubmitError,
 };
 use crate::metrics;
 use crate::spec_stats::Place;
@@ -16,7 +16,7 @@ use peregrine_ops::sampling::SamplingParams;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Instant;
-use tracing::info;
+use tracing::{info, warn};
 
 /// What bounds a submission: the model's context, the pool, and the waiting queue.
 #[derive(Clone, Copy, Debug)]
@@ -305,6 +305,7 @@ impl Queues {
                     prompt: seq.req.spec.prompt.clone(),
                     logprobs: seq.req.spec.logprobs,
                     max_tokens: seq.req.spec.max_tokens,
+                    grammar: seq.req.spec.grammar.clone(),
                 });
                 seq.setup_sent = true;
                 let kept_blocks = seq.blocks_sent.min(seq.block_table.len());
@@ -353,6 +354,12 @@ impl Queues {
             let Some(seq) = self.seqs.get_mut(&out.id) else {
                 continue;
             };
+            if let GrammarStatus::Failed(why) = &out.grammar {
+                // The step's tokens were not chosen under the grammar: none is sent.
+                warn!(request_id = %out.id, "the request's grammar cannot go on: {why}");
+                applied.ended.push((out.id, FinishReason::Error));
+                continue;
+            }
             if out.num_drafts > 0 {
                 seq.spec[0] += 1;
                 seq.spec[1] += out.num_drafts;
@@ -382,6 +389,9 @@ impl Queues {
                 if reason.is_some() {
                     break;
                 }
+            }
+            if reason.is_none() && out.grammar == GrammarStatus::Complete {
+                reason = Some(FinishReason::Stop);
             }
             if !seq.send(RequestEvent::Tokens(tokens)) {
                 reason = Some(FinishReason::Abort);

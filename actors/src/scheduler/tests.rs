@@ -93,6 +93,7 @@ impl Harness {
                 ignore_eos: false,
                 logprobs: None,
                 priority,
+                grammar: None,
             },
             arrival: Instant::now(),
             events,
@@ -149,6 +150,7 @@ impl Harness {
                     num_accepted: tokens.len() - 1,
                     tokens,
                     num_drafts,
+                    grammar: Default::default(),
                 }
             })
             .collect();

@@ -14,7 +14,7 @@
 
 use super::{RunSeq, SeqSampling, TargetRunner};
 use crate::backend::{StepInput, StepSource, Wanted};
-use crate::messages::{AheadUse, GeneratedToken, RequestId, SeqOutput};
+use crate::messages::{AheadUse, GeneratedToken, GrammarStatus, RequestId, SeqOutput};
 use anyhow::anyhow;
 use peregrine_ops::AttentionPlan;
 use std::collections::HashMap;
@@ -149,6 +149,7 @@ impl TargetRunner {
                     tokens: vec![GeneratedToken { id, logprobs: None }],
                     num_drafts: 0,
                     num_accepted: 0,
+                    grammar: GrammarStatus::Open,
                 })
             })
             .collect::<anyhow::Result<_>>()?;

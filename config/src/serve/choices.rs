@@ -59,6 +59,35 @@ impl SpeculativeMethod {
     }
 }
 
+/// The format a model writes tool calls in, by vLLM's `--tool-call-parser` names.
+#[derive(clap::ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallParser {
+    /// `<tool_call>{"name": ..., "arguments": ...}</tool_call>` (Qwen2.5, Qwen3, Hermes,
+    /// SmolLM2).
+    Hermes,
+    /// A bare `{"name": ..., "parameters": ...}` object (Llama 3.1 to 3.3).
+    #[value(name = "llama3_json")]
+    Llama3Json,
+    /// `[TOOL_CALLS][...]` (Mistral).
+    Mistral,
+    /// DeepSeek-V3's `<｜tool▁calls▁begin｜>` blocks.
+    #[value(name = "deepseek_v3")]
+    DeepseekV3,
+}
+
+impl ToolCallParser {
+    /// The name used by the flag and the file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToolCallParser::Hermes => "hermes",
+            ToolCallParser::Llama3Json => "llama3_json",
+            ToolCallParser::Mistral => "mistral",
+            ToolCallParser::DeepseekV3 => "deepseek_v3",
+        }
+    }
+}
+
 /// The dtype the weights and activations are computed in. Each backend computes in one
 /// ([`DeviceKind::compute_dtype`]); `--dtype` names it or says `auto`.
 #[derive(clap::ValueEnum, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]

@@ -1,7 +1,7 @@
 //! Field values as JSON, for comparing configurations and showing them. Floats go through
 //! their shortest decimal form so that 0.9f32 shows as 0.9, not 0.8999999761581421.
 
-use super::{DeviceKind, DtypeChoice, SamplingDefaults, SpeculativeMethod};
+use super::{DeviceKind, DtypeChoice, SamplingDefaults, SpeculativeMethod, ToolCallParser};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -73,6 +73,12 @@ impl ToJson for Duration {
 }
 
 impl ToJson for SpeculativeMethod {
+    fn to_json(&self) -> Value {
+        Value::from(self.as_str())
+    }
+}
+
+impl ToJson for ToolCallParser {
     fn to_json(&self) -> Value {
         Value::from(self.as_str())
     }

@@ -12,7 +12,10 @@ use super::checks::{
 use super::fields::{Field, Reload};
 use super::json::ToJson;
 use super::table::{settings, Secrecy};
-use super::{ConfigError, DeviceKind, DtypeChoice, Origin, SamplingDefaults, SpeculativeMethod};
+use super::{
+    ConfigError, DeviceKind, DtypeChoice, Origin, SamplingDefaults, SpeculativeMethod,
+    ToolCallParser,
+};
 use crate::parse_byte_size;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -218,6 +221,36 @@ settings! {
             help = "Always plan --num-speculative-tokens drafts; by default the scheduler \
                     plans fewer, or none, at the batch sizes where measured step costs and \
                     acceptance say drafting does not pay");
+    /// Let requests with `tools` leave the choice to the model (`tool_choice: "auto"`, the
+    /// default when tools are sent), its calls parsed from its output (vLLM's flag).
+    enable_auto_tool_choice: bool = false;
+        given bool, fill value, reload Restart, Public, check any,
+        flag "--enable-auto-tool-choice", arg(long = "enable-auto-tool-choice", num_args = 0,
+            default_missing_value = "true",
+            help = "Let requests with tools leave the choice of calling one to the model                     (tool_choice \"auto\"); without it only \"none\", \"required\" and a                     named function are served");
+    /// The format the model writes tool calls in; `None`: the one its chat template
+    /// uses, else `hermes`.
+    tool_call_parser: Option<ToolCallParser> = None;
+        given ToolCallParser, fill optional, reload Restart, Public, check any,
+        flag "--tool-call-parser", arg(long, value_name = "NAME",
+            help = "The format the model writes tool calls in: hermes, llama3_json, mistral                     or deepseek_v3 [default: the chat template's, else hermes]");
+    /// The largest constraint (JSON schema, regular expression, grammar) compiled, in bytes.
+    max_grammar_bytes: u64 = 1 << 20;
+        given u64, fill value, reload Restart, Public, check positive_bytes,
+        flag "--max-grammar-bytes", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
+            help = "The largest JSON schema, regular expression or grammar a request may                     constrain its output with [default: 1MiB]"),
+        serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
+    /// How long compiling one constraint may take (else 400).
+    grammar_compile_timeout: Duration = Duration::from_secs(10);
+        given u64, fill seconds, reload Restart, Public, check positive_seconds,
+        flag "--grammar-compile-timeout", arg(long, value_name = "SECONDS",
+            help = "Seconds compiling one request's constraint may take; slower ones get 400 \
+                    [default: 10]");
+    /// How many compiled constraints are kept for requests that send them again.
+    grammar_cache_entries: usize = 256;
+        given usize, fill value, reload Restart, Public, check at_least_one,
+        flag "--grammar-cache-entries", arg(long, value_name = "N",
+            help = "How many compiled constraints are cached for requests that send the same                     one again [default: 256]");
     /// The shortest suffix the n-gram method matches.
     ngram_min: usize = 2;
         given usize, fill value, reload Restart, Public, check at_least_one,

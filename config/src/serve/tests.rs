@@ -352,7 +352,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 36);
+    assert_eq!(ServeConfig::default().fields().len(), 41);
 }
 
 #[test]
@@ -401,7 +401,7 @@ fn help_defaults_are_the_real_defaults() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 18);
+    assert_eq!(checked, 21);
 }
 
 #[test]

@@ -1,5 +1,5 @@
-//! Launchers of the token-sampling kernels (`cuda/sampling.cu`): greedy argmax, penalties
-//! applied in place, and the sampled path (temperature, top-k, top-p, min-p and one
+//! Launchers of the token-sampling kernels (`cuda/sampling.cu`): greedy argmax, grammar
+//! masks and penalties applied in place, and the sampled path (temperature, top-k, top-p, min-p and one
 //! inverse-CDF draw per row with a uniform chosen by the host).
 //!
 //! Every kernel runs one block per row of the `[rows, vocab]` f32 logits, so a row's result
@@ -28,6 +28,10 @@ const ARGMAX_THREADS: u32 = 256;
 const ARGMAX_CHUNK: usize = 256 * 16;
 /// Threads per row of the penalty kernel (`SAMPLE_PENALTY_THREADS`).
 const PENALTY_THREADS: u32 = 256;
+/// Threads of the mask kernel (`SAMPLE_MASK_THREADS`), and the tokens each block covers
+/// (`SAMPLE_MASK_CHUNK`).
+const MASK_THREADS: u32 = 256;
+const MASK_CHUNK: usize = 256 * 8;
 /// The largest vocabulary the kernels take: fixed-point masses of up to `2^40` a token
 /// must sum below `2^64`.
 pub const MAX_VOCAB: usize = 1 << 24;
@@ -186,6 +190,52 @@ pub fn sample_argmax_into(
     Ok(())
 }
 
+/// Applies grammar masks in place, as `peregrine_ops::sampling::TokenMask::apply` does:
+/// masked row `m` is row `rows[m]` of `logits` (`[logits.len() / vocab, vocab]`), and every
+/// token whose bit is clear in `words[m * w .. (m + 1) * w]`, `w = vocab.div_ceil(32)`, gets
+/// −∞ (bit `id % 32` of word `id / 32` allows token `id`, `TokenMask`'s layout). Allowed
+/// logits and rows not listed are neither read nor written. A mask over a smaller
+/// vocabulary than the row's (a padded LM head) must be padded with zero words, which
+/// forbid the tail. Rows past the logits are skipped by the kernel; a row listed twice is
+/// only forbidden twice.
+pub fn sample_mask(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    logits: &mut CudaViewMut<f32>,
+    vocab: usize,
+    rows: &CudaView<u32>,
+    words: &CudaView<u32>,
+) -> Result<(), DriverError> {
+    let total_rows = logits.len() / vocab.max(1);
+    let vocab_i = vocab_arg("sample_mask", vocab, total_rows, logits.len());
+    let masked = rows.len();
+    let width = vocab.div_ceil(32);
+    assert!(
+        words.len() >= masked * width,
+        "sample_mask: {} mask words for {masked} rows of {width}",
+        words.len()
+    );
+    if masked == 0 {
+        return Ok(());
+    }
+    let chunks = vocab.div_ceil(MASK_CHUNK);
+    let blocks = u32::try_from(masked * chunks).expect("sample_mask: grid too large");
+    let (total_rows_i, chunks_i) = (total_rows as i32, chunks as i32);
+    let mut launch = k.launch(stream, "sample_mask");
+    launch
+        .arg(logits)
+        .arg(&vocab_i)
+        .arg(&total_rows_i)
+        .arg(&chunks_i)
+        .arg(rows)
+        .arg(words);
+    // SAFETY: block b reads `rows[b / chunks]` (`rows` holds `masked` elements) and words of
+    // that masked row below `masked * width` (checked above), and writes only tokens below
+    // `vocab` of a row below `total_rows`, which `logits` holds (`vocab_arg`).
+    unsafe { launch.launch(grid(blocks, MASK_THREADS, 0)) }?;
+    Ok(())
+}
+
 /// Applies each row's penalties (`params[r]`'s repetition, presence and frequency
 /// penalties) to `logits` in place, as `peregrine_ops::sampling::apply_penalties` does,
 /// for `params.len()` rows.
@@ -293,6 +343,11 @@ mod tests {
         for line in [
             format!("#define SAMPLE_THREADS {THREADS}\n"),
             format!("#define SAMPLE_PENALTY_THREADS {PENALTY_THREADS}\n"),
+            format!("#define SAMPLE_MASK_THREADS {MASK_THREADS}\n"),
+            format!(
+                "#define SAMPLE_MASK_PER_THREAD {}\n",
+                MASK_CHUNK / MASK_THREADS as usize
+            ),
             format!("#define ARGMAX_THREADS {ARGMAX_THREADS}\n"),
             format!(
                 "#define ARGMAX_PER_THREAD {}\n",

@@ -1,7 +1,7 @@
 //! Token sampling on the GPU, over f32 logits `[rows, vocab]` already on the device: each
-//! row's penalties are applied in place, then every row is sampled in one launch (greedy
-//! argmax, or temperature / top-k / top-p / min-p and one inverse-CDF draw), and the chosen
-//! ids come back in one download.
+//! row's grammar mask, then its penalties, are applied in place, then every row is sampled
+//! in one launch (greedy argmax, or temperature / top-k / top-p / min-p and one inverse-CDF
+//! draw), and the chosen ids come back in one download.
 //!
 //! The semantics are the CPU sampler's (`crate::sampling`): the kept set of every filter and
 //! its probabilities are those of `Sampler::probabilities` up to f32 rounding, and the draw
@@ -14,15 +14,20 @@
 //! the output (with its count) and, when the repetition penalty is on, of the prompt (count
 //! 0 if not in the output); see [`penalty_history`] and
 //! `peregrine_kernels::cuda::sampling::sample_penalties`.
+//!
+//! Grammar masks: the words of every masked row go up in one upload per batch (see
+//! [`mask_layout`]) and one launch sets each forbidden logit to −∞, as
+//! [`TokenMask::apply`] does on the CPU before the penalties; a batch without masks
+//! uploads and launches nothing for them.
 
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams, TokenMask};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use peregrine_kernels::cuda::sampling::{self, SampleRow};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 
-/// One row of a batch to sample: the request's sampler (parameters and RNG) and the tokens
-/// its penalties look at.
+/// One row of a batch to sample: the request's sampler (parameters and RNG), the tokens
+/// its penalties look at, and its grammar mask.
 pub struct SampleRequest<'a> {
     /// The request's sampler; non-greedy rows take one uniform from its RNG.
     pub sampler: &'a mut Sampler,
@@ -30,6 +35,8 @@ pub struct SampleRequest<'a> {
     pub prompt_tokens: &'a [u32],
     /// The tokens generated so far.
     pub output_tokens: &'a [u32],
+    /// The tokens the row may sample (a grammar's mask); `None` allows every token.
+    pub mask: Option<&'a TokenMask>,
 }
 
 /// The kernels' parameters for one row: `params`, with `uniform` as the draw (`None` or
@@ -80,6 +87,29 @@ pub fn penalty_history<'a>(
     (offsets, history)
 }
 
+/// The masks of a batch in the layout `sample_mask` reads, as one buffer (one upload): the
+/// indices of the rows with a mask, then each such row's words, cut or padded with zeros
+/// (forbidden) to `vocab.div_ceil(32)`; also the number of masked rows, where the words
+/// start. Nothing for a batch without masks.
+pub fn mask_layout<'m>(
+    vocab: usize,
+    masks: impl IntoIterator<Item = Option<&'m TokenMask>>,
+) -> (usize, Vec<u32>) {
+    let width = TokenMask::words_for(vocab);
+    let mut rows = Vec::new();
+    let mut words = Vec::new();
+    for (row, mask) in masks.into_iter().enumerate() {
+        let Some(mask) = mask else { continue };
+        rows.push(u32::try_from(row).expect("GPU sampler: row index past u32"));
+        let given = &mask.words()[..mask.words().len().min(width)];
+        words.extend_from_slice(given);
+        words.resize(words.len() + width - given.len(), 0);
+    }
+    let masked = rows.len();
+    rows.append(&mut words);
+    (masked, rows)
+}
+
 /// The argmax of each of the first `rows` rows of `logits` (`[rows, vocab]`): greedy
 /// decoding without penalties, one launch and one download. Ties go to the lowest id; NaN
 /// never wins unless a row holds nothing else (then id 0), as on the CPU.
@@ -123,6 +153,7 @@ struct Prepared {
     params_dev: Option<CudaSlice<SampleRow>>,
     all_greedy: bool,
     any_penalty: bool,
+    any_mask: bool,
 }
 
 impl<'a> GpuSampler<'a> {
@@ -132,10 +163,11 @@ impl<'a> GpuSampler<'a> {
     }
 
     /// The next token of each row: row `r` of `logits` (`[rows.len(), vocab]`) belongs to
-    /// `rows[r]`. Penalties are applied to `logits` in place first (so they hold the
-    /// penalised logits afterwards); every non-greedy row takes one uniform from its
-    /// sampler's RNG. One upload of the parameters (plus the penalty history when a row has
-    /// penalties), one launch, one download of the ids.
+    /// `rows[r]`. Masks, then penalties, are applied to `logits` in place first (so they hold
+    /// the masked, penalised logits afterwards); every non-greedy row takes one uniform from
+    /// its sampler's RNG. One upload of the parameters (plus the masks when a row has one,
+    /// and the penalty history when a row has penalties), one launch each, one download of
+    /// the ids.
     ///
     /// # Panics
     /// If `vocab` is 0 or above 2^24, if `logits` holds fewer than `rows.len() * vocab`
@@ -150,19 +182,13 @@ impl<'a> GpuSampler<'a> {
             return Ok(Vec::new());
         }
         let prepared = self.prepare(rows)?;
-        if let Some(params_dev) = prepared
-            .params_dev
-            .as_ref()
-            .filter(|_| prepared.any_penalty)
-        {
-            self.penalise(logits, vocab, params_dev, history_rows(rows))?;
-        }
+        self.constrain(logits, vocab, rows, &prepared)?;
         self.finish(&logits.as_view(), vocab, &prepared)
     }
 
     /// As [`GpuSampler::sample`], for logits that must stay unchanged (such as a model's
-    /// output view): when a row has penalties, the batch's logits are copied on the device
-    /// and the copy is penalised.
+    /// output view): when a row has a mask or penalties, the batch's logits are copied on
+    /// the device and the copy is masked and penalised.
     pub fn sample_view(
         &self,
         logits: &CudaView<'_, f32>,
@@ -173,29 +199,18 @@ impl<'a> GpuSampler<'a> {
             return Ok(Vec::new());
         }
         let prepared = self.prepare(rows)?;
-        match prepared
-            .params_dev
-            .as_ref()
-            .filter(|_| prepared.any_penalty)
-        {
-            None => self.finish(logits, vocab, &prepared),
-            Some(params_dev) => {
-                let n = rows.len() * vocab;
-                assert!(
-                    logits.len() >= n,
-                    "GPU sampler: {} logits for {n}",
-                    logits.len()
-                );
-                let mut copy = self.gpu.stream().clone_dtod(&logits.slice(..n))?;
-                self.penalise(
-                    &mut copy.as_view_mut(),
-                    vocab,
-                    params_dev,
-                    history_rows(rows),
-                )?;
-                self.finish(&copy.as_view(), vocab, &prepared)
-            }
+        if !prepared.any_mask && !prepared.any_penalty {
+            return self.finish(logits, vocab, &prepared);
         }
+        let n = rows.len() * vocab;
+        assert!(
+            logits.len() >= n,
+            "GPU sampler: {} logits for {n}",
+            logits.len()
+        );
+        let mut copy = self.gpu.stream().clone_dtod(&logits.slice(..n))?;
+        self.constrain(&mut copy.as_view_mut(), vocab, rows, &prepared)?;
+        self.finish(&copy.as_view(), vocab, &prepared)
     }
 
     /// Applies each row's penalties to its row of `logits` in place, as the CPU's
@@ -256,6 +271,7 @@ impl<'a> GpuSampler<'a> {
             .collect();
         let all_greedy = params.iter().all(|p| p.greedy != 0);
         let any_penalty = rows.iter().any(|row| row.sampler.params().has_penalties());
+        let any_mask = rows.iter().any(|row| row.mask.is_some());
         let params_dev = if any_penalty || !all_greedy {
             Some(self.gpu.upload(&params)?)
         } else {
@@ -266,7 +282,39 @@ impl<'a> GpuSampler<'a> {
             params_dev,
             all_greedy,
             any_penalty,
+            any_mask,
         })
+    }
+
+    /// Masks, then penalises, the batch's `logits` in place, as the CPU does before its
+    /// distribution; nothing for a batch without masks or penalties.
+    fn constrain(
+        &self,
+        logits: &mut CudaViewMut<'_, f32>,
+        vocab: usize,
+        rows: &[SampleRequest<'_>],
+        prepared: &Prepared,
+    ) -> Result<(), GpuError> {
+        if prepared.any_mask {
+            let (masked, staged) = mask_layout(vocab, rows.iter().map(|row| row.mask));
+            let staged = self.gpu.upload(&staged)?;
+            sampling::sample_mask(
+                self.kernels,
+                self.gpu.stream(),
+                logits,
+                vocab,
+                &staged.slice(..masked),
+                &staged.slice(masked..),
+            )?;
+        }
+        if let Some(params_dev) = prepared
+            .params_dev
+            .as_ref()
+            .filter(|_| prepared.any_penalty)
+        {
+            self.penalise(logits, vocab, params_dev, history_rows(rows))?;
+        }
+        Ok(())
     }
 
     /// Samples the (penalised) `logits` with the prepared parameters and downloads the ids.
@@ -437,6 +485,45 @@ mod tests {
             penalise_on_host(params, &mut got, entries);
             assert_eq!(got, want, "row {r}");
         }
+    }
+
+    #[test]
+    fn the_mask_layout_reproduces_the_cpu_mask() {
+        let mut rng = ChaCha8Rng::seed_from_u64(43);
+        let vocab = 100;
+        let width = TokenMask::words_for(vocab);
+        let masks = [
+            None,
+            Some(TokenMask::from_words(
+                (0..width).map(|_| rng.random()).collect(),
+                vocab,
+            )),
+            Some(TokenMask::allowing([0, 31, 32, 99], vocab)),
+            None,
+            // A smaller vocabulary (a padded row): its tail is forbidden.
+            Some(TokenMask::allowing([3, 60, 69], 70)),
+            // A larger one: cut to the row.
+            Some(TokenMask::from_words(vec![u32::MAX; 5], 150)),
+        ];
+        let (masked, staged) = mask_layout(vocab, masks.iter().map(Option::as_ref));
+        let (rows, words) = staged.split_at(masked);
+        assert_eq!(rows, [1, 2, 4, 5]);
+        assert_eq!(words.len(), masked * width);
+        for (r, mask) in masks.iter().enumerate() {
+            let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-4.0..4.0)).collect();
+            // The kernel's arithmetic on the host, over the staged layout.
+            let mut got = logits.clone();
+            if let Some(m) = rows.iter().position(|&row| row as usize == r) {
+                for (id, logit) in got.iter_mut().enumerate() {
+                    if (words[m * width + id / 32] >> (id % 32)) & 1 == 0 {
+                        *logit = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            let want = mask.as_ref().map_or(logits.clone(), |m| m.applied(&logits));
+            assert_eq!(got, want, "row {r}");
+        }
+        assert_eq!(mask_layout(vocab, [None, None]), (0, Vec::new()));
     }
 
     #[test]

@@ -6,6 +6,7 @@
 mod distribution;
 mod draft_dist;
 mod logprobs;
+mod mask;
 mod params;
 mod penalties;
 mod rejection;
@@ -16,6 +17,7 @@ mod testing;
 pub use distribution::argmax;
 pub use draft_dist::{DraftDist, DraftSampler, DRAFT_DIST_TOKENS};
 pub use logprobs::{log_softmax, TokenLogprobs};
+pub use mask::TokenMask;
 pub use params::{SamplingError, SamplingParams};
 pub use penalties::apply_penalties;
 pub use rejection::{accept_greedy, verify, Verdict};

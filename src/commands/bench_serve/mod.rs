@@ -1,14 +1,20 @@
 //! `peregrine bench serve`: load-tests an OpenAI-compatible server the way
-//! `vllm bench serve` does. It sends `--num-prompts` streamed `/v1/completions`
-//! requests, at most `--concurrency` at a time, times every chunk, and prints
-//! throughput and TTFT / TPOT / ITL / end-to-end percentiles.
+//! `vllm bench serve` does. It sends `--num-prompts` streamed requests, at most
+//! `--concurrency` at a time, times every chunk, and prints throughput, TTFT / TPOT /
+//! ITL / end-to-end percentiles, and how many requests were constrained and how they
+//! ended. Random prompts go to `/v1/completions`; the lines of a `--dataset` go there or,
+//! for a chat or tools, to `/v1/chat/completions`, with their output constraints.
 
+mod constraint;
+mod dataset;
+mod job;
 pub(crate) mod prompts;
 mod report;
 pub(crate) mod request;
 mod sse;
 mod stats;
 mod stream;
+mod tally;
 #[cfg(test)]
 mod tests;
 
@@ -16,7 +22,7 @@ use crate::cli::BenchServeArgs;
 use anyhow::{bail, Context};
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use prompts::Prompt;
+use job::Job;
 use report::Report;
 use request::Server;
 use std::time::Instant;
@@ -24,13 +30,13 @@ use std::time::Instant;
 /// Runs the benchmark, prints the table and writes `--result-file`. Fails when the
 /// server cannot be reached or when every request failed.
 pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
-    let prompts = load_prompts(&args)?;
+    let jobs = load_jobs(&args)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let bar = progress_bar(prompts.len());
-    let report = runtime.block_on(benchmark(&args, &prompts, &bar));
+    let bar = progress_bar(jobs.len());
+    let report = runtime.block_on(benchmark(&args, &jobs, &bar));
     bar.finish_and_clear();
     let report = report?;
     print!("{}", report.table());
@@ -51,21 +57,30 @@ pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// The prompts `args` asks for, after checking the numbers.
-fn load_prompts(args: &BenchServeArgs) -> anyhow::Result<Vec<Prompt>> {
+/// The requests `args` asks for, after checking the numbers: the dataset's lines, going
+/// round the file again when it has fewer, or random prompts.
+fn load_jobs(args: &BenchServeArgs) -> anyhow::Result<Vec<Job>> {
     if args.num_prompts == 0 || args.concurrency == 0 || args.output_len == 0 {
         bail!("--num-prompts, --concurrency and --output-len must be at least 1");
     }
-    match &args.dataset {
-        Some(path) => prompts::dataset(path, args.num_prompts, args.output_len),
+    let jobs: Vec<Job> = match &args.dataset {
+        Some(path) => dataset::load(path, args.output_len)?
+            .into_iter()
+            .map(Job::from_line)
+            .collect(),
         None if args.input_len == 0 => bail!("--input-len must be at least 1"),
-        None => Ok(prompts::random(
-            args.num_prompts,
-            args.input_len,
-            args.output_len,
-            args.seed,
-        )),
-    }
+        None => {
+            let prompts =
+                prompts::random(args.num_prompts, args.input_len, args.output_len, args.seed);
+            prompts.iter().map(Job::from_prompt).collect()
+        }
+    };
+    Ok(jobs
+        .iter()
+        .cycle()
+        .take(args.num_prompts)
+        .cloned()
+        .collect())
 }
 
 /// A bar over the requests, drawn on stderr when it is a terminal.
@@ -79,11 +94,11 @@ fn progress_bar(len: usize) -> ProgressBar {
     bar
 }
 
-/// Finds the model (unless `--model` names it), sends every prompt with at most
+/// Finds the model (unless `--model` names it), sends every job with at most
 /// `--concurrency` in flight, and summarises.
 async fn benchmark(
     args: &BenchServeArgs,
-    prompts: &[Prompt],
+    jobs: &[Job],
     bar: &ProgressBar,
 ) -> anyhow::Result<Report> {
     let server = Server::new(&args.url, args.api_key.clone())?;
@@ -92,11 +107,11 @@ async fn benchmark(
         None => server.first_model().await?,
     };
     let start = Instant::now();
-    let mut results: Vec<_> = futures_util::stream::iter(prompts.iter().enumerate())
-        .map(|(index, prompt)| {
+    let mut results: Vec<_> = futures_util::stream::iter(jobs.iter().enumerate())
+        .map(|(index, job)| {
             let (server, model) = (&server, &model);
             async move {
-                let result = server.complete(model, prompt).await;
+                let result = server.complete(model, job).await;
                 bar.inc(1);
                 (index, result.map_err(|e| format!("{e:#}")))
             }
@@ -107,5 +122,6 @@ async fn benchmark(
     let duration = start.elapsed().as_secs_f64();
     results.sort_by_key(|(index, _)| *index);
     let results = results.into_iter().map(|(_, result)| result).collect();
-    Ok(Report::new(args, model, results, duration))
+    let constraints = jobs.iter().map(|job| job.constraint).collect();
+    Ok(Report::new(args, model, constraints, results, duration))
 }

@@ -1,10 +1,11 @@
-//! The prompts to send: random words of a fixed length, or the lines of a JSONL dataset.
+//! Plain prompts: random words of a fixed length, or the lines of a JSONL dataset that
+//! hold nothing but a prompt and its output length (what `bench spec` runs offline).
 
+use super::dataset::{self, Input, Line};
 use anyhow::{bail, Context};
 use rand::seq::IndexedRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use serde::Deserialize;
 use std::path::Path;
 
 /// Common English words; with a byte-level BPE tokenizer, " word" is one token for
@@ -51,67 +52,42 @@ pub fn random(count: usize, input_len: usize, output_len: usize, seed: u64) -> V
         .collect()
 }
 
-/// One dataset line.
-#[derive(Deserialize)]
-struct DatasetLine {
-    prompt: String,
-    max_tokens: Option<usize>,
-    ignore_eos: Option<bool>,
-}
-
-/// Reads a JSONL dataset and returns `count` prompts, going round the file again when
-/// it has fewer lines. Lines without `max_tokens` get `default_max_tokens`; the model
-/// may stop early at end-of-sequence unless the line sets `ignore_eos`. Blank lines are
-/// skipped.
+/// Reads a JSONL dataset of plain prompts (see [`dataset::load`]) and returns `count`
+/// prompts, going round the file again when it has fewer lines. A line with chat
+/// `messages` or fields that shape the output is refused: only `bench serve` sends them.
 pub fn dataset(
     path: &Path,
     count: usize,
     default_max_tokens: usize,
 ) -> anyhow::Result<Vec<Prompt>> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read the dataset {}", path.display()))?;
-    let lines = parse_dataset(&text, default_max_tokens)
+    let prompts = dataset::load(path, default_max_tokens)?
+        .into_iter()
+        .map(plain)
+        .collect::<anyhow::Result<Vec<_>>>()
         .with_context(|| format!("in the dataset {}", path.display()))?;
-    Ok(lines.iter().cycle().take(count).cloned().collect())
+    Ok(prompts.iter().cycle().take(count).cloned().collect())
 }
 
-/// Parses JSONL text; an error names the (1-based) line.
-fn parse_dataset(text: &str, default_max_tokens: usize) -> anyhow::Result<Vec<Prompt>> {
-    let mut prompts = Vec::new();
-    for (index, line) in text.lines().enumerate() {
-        let number = index + 1;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let parsed: DatasetLine = match serde_json::from_str(line) {
-            Ok(parsed) => parsed,
-            Err(e) => {
-                // serde's own "at line 1 column N" would clash with the file's line number.
-                let reason = e.to_string();
-                let reason = reason
-                    .rsplit_once(" at line ")
-                    .map_or(reason.as_str(), |(r, _)| r);
-                bail!(
-                    "line {number}, column {}: expected {{\"prompt\": string, \"max_tokens\"?: integer, \"ignore_eos\"?: boolean}}: {reason}",
-                    e.column()
-                )
-            }
-        };
-        let max_tokens = parsed.max_tokens.unwrap_or(default_max_tokens);
-        if max_tokens == 0 {
-            bail!("line {number}: max_tokens must be at least 1");
-        }
-        prompts.push(Prompt {
-            approx_tokens: parsed.prompt.split_whitespace().count(),
-            text: parsed.prompt,
-            max_tokens,
-            ignore_eos: parsed.ignore_eos.unwrap_or(false),
-        });
+/// The prompt of a line that has nothing but `prompt`, `max_tokens` and `ignore_eos`.
+fn plain(line: Line) -> anyhow::Result<Prompt> {
+    let Input::Text(text) = line.input else {
+        bail!(
+            "line {}: chat \"messages\" are sent only by `bench serve`",
+            line.number
+        );
+    };
+    if let Some(field) = line.fields.keys().next() {
+        bail!(
+            "line {}: \"{field}\" is sent only by `bench serve`",
+            line.number
+        );
     }
-    if prompts.is_empty() {
-        bail!("no prompts (the file is empty)");
-    }
-    Ok(prompts)
+    Ok(Prompt {
+        approx_tokens: text.split_whitespace().count(),
+        text,
+        max_tokens: line.max_tokens,
+        ignore_eos: line.ignore_eos,
+    })
 }
 
 #[cfg(test)]
@@ -131,29 +107,48 @@ mod tests {
     }
 
     #[test]
-    fn dataset_lines_with_and_without_max_tokens() {
+    fn plain_dataset_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
         let text = "{\"prompt\": \"hello there\", \"max_tokens\": 5, \"ignore_eos\": true}\n\n\
                     {\"prompt\": \"hi\"}\n";
-        let prompts = parse_dataset(text, 9).unwrap();
+        std::fs::write(&path, text).unwrap();
+        let prompts = dataset(&path, 2, 9).unwrap();
         assert_eq!(prompts.len(), 2);
         assert_eq!((prompts[0].max_tokens, prompts[0].approx_tokens), (5, 2));
         assert!(prompts[0].ignore_eos);
-        assert_eq!(prompts[1].max_tokens, 9);
+        assert_eq!((prompts[1].text.as_str(), prompts[1].max_tokens), ("hi", 9));
         assert!(!prompts[1].ignore_eos);
     }
 
     #[test]
-    fn bad_dataset_line_is_named() {
-        let text = "{\"prompt\": \"ok\"}\n{\"prompt\": 3}\n";
-        let error = format!("{:#}", parse_dataset(text, 9).unwrap_err());
-        assert!(error.starts_with("line 2, column 12: expected"), "{error}");
-        assert!(error.ends_with("expected a string"), "{error}");
-        let error = format!(
-            "{:#}",
-            parse_dataset("{\"prompt\": \"a\", \"max_tokens\": 0}", 9).unwrap_err()
+    fn chats_and_shaping_fields_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.jsonl");
+        for (line, want) in [
+            (
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}",
+                "line 2: chat \"messages\" are sent only by `bench serve`",
+            ),
+            (
+                "{\"prompt\": \"a\", \"guided_regex\": \"b+\"}",
+                "line 2: \"guided_regex\" is sent only by `bench serve`",
+            ),
+            (
+                "{\"prompt\": \"a\", \"temperature\": 1}",
+                "line 2: \"temperature\" is sent only by `bench serve`",
+            ),
+        ] {
+            std::fs::write(&path, format!("{{\"prompt\": \"ok\"}}\n{line}\n")).unwrap();
+            let error = format!("{:#}", dataset(&path, 1, 4).unwrap_err());
+            assert_eq!(error, format!("in the dataset {}: {want}", path.display()));
+        }
+        std::fs::write(&path, "{\"prompt\": 3}\n").unwrap();
+        let error = format!("{:#}", dataset(&path, 1, 4).unwrap_err());
+        assert!(
+            error.contains("line 1, column 12: not a dataset line"),
+            "{error}"
         );
-        assert!(error.contains("line 1: max_tokens"), "{error}");
-        assert!(parse_dataset("\n\n", 9).is_err());
     }
 
     #[test]

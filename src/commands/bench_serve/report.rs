@@ -1,6 +1,8 @@
 //! The results: vLLM's table, the JSON for `--result-file`, and the command that reruns it.
 
+use super::constraint::Constraint;
 use super::stats::{Distribution, RequestMetrics, Summary};
+use super::tally::Tally;
 use crate::cli::BenchServeArgs;
 use serde_json::{json, Map, Value};
 use std::fmt::Write;
@@ -13,29 +15,38 @@ pub struct Report {
     pub model: String,
     /// The most requests in flight at once.
     pub concurrency: usize,
+    /// Each request's kind of constrained output, in prompt order.
+    pub constraints: Vec<Option<Constraint>>,
     /// Each request's numbers or error, in prompt order.
     pub results: Vec<Result<RequestMetrics, String>>,
     /// The totals, rates and distributions.
     pub summary: Summary,
+    /// The requests by constraint kind and finish reason.
+    pub tally: Tally,
 }
 
 impl Report {
-    /// Summarises the results of a run that took `duration` seconds.
+    /// Summarises the results of a run that took `duration` seconds; `constraints` are
+    /// the requests' kinds, in the results' order.
     pub fn new(
         args: &BenchServeArgs,
         model: String,
+        constraints: Vec<Option<Constraint>>,
         results: Vec<Result<RequestMetrics, String>>,
         duration: f64,
     ) -> Self {
         let successes: Vec<&RequestMetrics> =
             results.iter().filter_map(|r| r.as_ref().ok()).collect();
         let summary = Summary::new(&successes, results.len() - successes.len(), duration);
+        let tally = Tally::new(&constraints, &results);
         Self {
             command: command_line(args, &model),
             model,
             concurrency: args.concurrency,
+            constraints,
             results,
             summary,
+            tally,
         }
     }
 
@@ -71,6 +82,8 @@ impl Report {
             "Total token throughput (tok/s):",
             format!("{:.2}", s.total_token_throughput),
         );
+        row("Constrained requests:", self.tally.constrained_text());
+        row("Finish reasons:", self.tally.finish_reasons_text());
         for (title, name, d) in distributions(s) {
             let _ = writeln!(out, "{:-^50}", title);
             for (stat, value) in [
@@ -90,8 +103,9 @@ impl Report {
         out
     }
 
-    /// The same numbers as JSON, with vLLM's key names, plus per-request arrays in
-    /// prompt order (times in seconds; `null` and an error string for a failure).
+    /// The same numbers as JSON, with vLLM's key names, plus the constraint and finish
+    /// reason counts and per-request arrays in prompt order (times in seconds; `null`
+    /// and an error string for a failure; `null` for no constraint or finish reason).
     pub fn json(&self) -> Value {
         let s = &self.summary;
         let mut fields = Map::new();
@@ -120,6 +134,9 @@ impl Report {
             put(format!("p90_{name}_ms"), json!(d.p90));
             put(format!("p99_{name}_ms"), json!(d.p99));
         }
+        for (key, value) in self.tally.json_fields() {
+            put(key.into(), value);
+        }
         let each = |f: fn(&RequestMetrics) -> Value| -> Value {
             self.results
                 .iter()
@@ -131,6 +148,13 @@ impl Report {
         put("ttfts".into(), each(|m| json!(m.ttft)));
         put("e2els".into(), each(|m| json!(m.e2e)));
         put("itls".into(), each(|m| json!(m.itl)));
+        put("finish_reasons".into(), each(|m| json!(m.finish_reason)));
+        let kinds: Vec<Option<&str>> = self
+            .constraints
+            .iter()
+            .map(|c| c.map(Constraint::name))
+            .collect();
+        put("constraints".into(), json!(kinds));
         let errors: Vec<&str> = self
             .results
             .iter()

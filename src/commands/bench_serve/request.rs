@@ -1,6 +1,7 @@
-//! The HTTP side: the model list, and one streamed `/v1/completions` request.
+//! The HTTP side: the model list, and one streamed `/v1/completions` or
+//! `/v1/chat/completions` request.
 
-use super::prompts::Prompt;
+use super::job::Job;
 use super::sse::{SseEvent, SseParser};
 use super::stats::RequestMetrics;
 use super::stream::{error_message, StreamTimer};
@@ -73,20 +74,15 @@ impl Server {
         }
     }
 
-    /// Sends one streamed completion and times it until `data: [DONE]`.
-    pub async fn complete(&self, model: &str, prompt: &Prompt) -> anyhow::Result<RequestMetrics> {
-        let body = json!({
-            "model": model,
-            "prompt": prompt.text,
-            "max_tokens": prompt.max_tokens,
-            "ignore_eos": prompt.ignore_eos,
-            "temperature": 0,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
+    /// Sends one job, streamed with usage, and times it until `data: [DONE]`.
+    pub async fn complete(&self, model: &str, job: &Job) -> anyhow::Result<RequestMetrics> {
+        let mut body = job.body.clone();
+        body.insert("model".into(), json!(model));
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
         let start = Instant::now();
         let response = self
-            .request(reqwest::Method::POST, "/v1/completions")
+            .request(reqwest::Method::POST, job.endpoint.path())
             .json(&body)
             .send()
             .await
@@ -101,7 +97,7 @@ impl Server {
             for event in parser.push(&read) {
                 match event {
                     SseEvent::Data(payload) => timer.on_chunk(&payload, now)?,
-                    SseEvent::Done => return Ok(timer.finish(now, prompt.approx_tokens)),
+                    SseEvent::Done => return Ok(timer.finish(now, job.approx_tokens)),
                 }
             }
         }

@@ -5,14 +5,17 @@
 pub struct RequestMetrics {
     /// Prompt tokens (the server's usage count, else the local estimate).
     pub input_tokens: usize,
-    /// Generated tokens (the server's usage count, else the number of text chunks).
+    /// Generated tokens (the server's usage count, else the number of token-carrying
+    /// chunks).
     pub output_tokens: usize,
-    /// Time to first token: from sending to the first chunk with text.
+    /// Time to first token: from sending to the first token-carrying chunk.
     pub ttft: f64,
     /// End-to-end latency: from sending to `data: [DONE]`.
     pub e2e: f64,
-    /// The gaps between consecutive text chunks after the first.
+    /// The gaps between consecutive token-carrying chunks after the first.
     pub itl: Vec<f64>,
+    /// Why generation stopped (`length`, `stop`, `tool_calls`, ...), if the stream said.
+    pub finish_reason: Option<String>,
 }
 
 impl RequestMetrics {
@@ -174,6 +177,7 @@ mod tests {
             ttft: 0.1,
             e2e: 0.5,
             itl: vec![0.1; 4],
+            finish_reason: Some("length".into()),
         };
         let b = RequestMetrics {
             input_tokens: 20,
@@ -181,6 +185,7 @@ mod tests {
             ttft: 0.3,
             e2e: 0.3,
             itl: vec![],
+            finish_reason: None,
         };
         let s = Summary::new(&[&a, &b], 1, 2.0);
         assert_eq!(

@@ -1,5 +1,6 @@
 //! The whole client path against a fake OpenAI server: a few lines of HTTP/1.1 over a
-//! tokio `TcpListener`, streaming one word per chunk with events split across writes.
+//! tokio `TcpListener`, streaming one word (or tool-call fragment) per chunk with events
+//! split across writes.
 
 use super::run;
 use crate::cli::BenchServeArgs;
@@ -37,7 +38,8 @@ fn start_fake_server() -> (String, Seen) {
 }
 
 /// Reads one request and answers it: the model list, a 400 for a prompt containing
-/// "fail", or a stream of `max_tokens` one-word chunks, a usage chunk and `[DONE]`.
+/// "fail", or a stream of `max_tokens` token chunks (one-word text, chat content, or
+/// tool-call fragments when tools are offered), a usage chunk and `[DONE]`.
 async fn serve_one(mut socket: TcpStream, seen: Seen) {
     let mut buf = Vec::new();
     let head_end = loop {
@@ -76,21 +78,79 @@ async fn serve_one(mut socket: TcpStream, seen: Seen) {
     let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
     socket.write_all(head.as_bytes()).await.unwrap();
     let max_tokens = body["max_tokens"].as_u64().unwrap();
-    for _ in 0..max_tokens {
-        let event = format!(
-            "data: {}\n\n",
-            json!({"object": "text_completion", "choices": [{"index": 0, "text": " word", "finish_reason": null}], "usage": null})
-        );
-        let (a, b) = event.split_at(event.len() / 2);
-        socket.write_all(a.as_bytes()).await.unwrap();
-        socket.flush().await.unwrap();
-        tokio::time::sleep(Duration::from_millis(2)).await;
-        socket.write_all(b.as_bytes()).await.unwrap();
+    let chat = body.get("messages").is_some();
+    let reason = finish_reason(&body);
+    let tools = reason == "tool_calls";
+    if chat {
+        let opening = json!({"role": "assistant", "content": ""});
+        send(&mut socket, chat_chunk(opening, Value::Null)).await;
     }
-    let prompt_tokens = prompt.split_whitespace().count();
+    for i in 0..max_tokens {
+        let last: Value = (i + 1 == max_tokens).then_some(reason).into();
+        let chunk = match (chat, tools) {
+            (false, _) => {
+                json!({"object": "text_completion", "choices": [{"index": 0, "text": " word", "finish_reason": last}], "usage": null})
+            }
+            (true, false) => chat_chunk(json!({"content": " word"}), last),
+            (true, true) => {
+                let function = if i == 0 {
+                    json!({"name": "get_weather", "arguments": ""})
+                } else {
+                    json!({"arguments": "x"})
+                };
+                let call =
+                    json!({"index": 0, "id": "call_0", "type": "function", "function": function});
+                chat_chunk(json!({"tool_calls": [call]}), last)
+            }
+        };
+        send(&mut socket, chunk).await;
+    }
+    let prompt_tokens = if chat {
+        body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap().split_whitespace().count())
+            .sum()
+    } else {
+        prompt.split_whitespace().count()
+    };
     let usage = json!({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens as u64 + max_tokens}});
     let tail = format!("data: {usage}\n\ndata: [DONE]\n\n");
     socket.write_all(tail.as_bytes()).await.unwrap();
+}
+
+/// The fake's finish reason: `tool_calls` when tools are offered, `stop` for another
+/// constraint (its output is complete), `length` otherwise.
+fn finish_reason(body: &Value) -> &'static str {
+    let constraint = [
+        "response_format",
+        "guided_choice",
+        "guided_regex",
+        "json_schema",
+    ];
+    if body["tools"].as_array().is_some_and(|t| !t.is_empty()) {
+        "tool_calls"
+    } else if constraint.iter().any(|field| body.get(field).is_some()) {
+        "stop"
+    } else {
+        "length"
+    }
+}
+
+/// A chat stream chunk with one choice.
+fn chat_chunk(delta: Value, finish_reason: Value) -> Value {
+    json!({"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]})
+}
+
+/// Writes one event in two halves, a little apart.
+async fn send(socket: &mut TcpStream, chunk: Value) {
+    let event = format!("data: {chunk}\n\n");
+    let (a, b) = event.split_at(event.len() / 2);
+    socket.write_all(a.as_bytes()).await.unwrap();
+    socket.flush().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    socket.write_all(b.as_bytes()).await.unwrap();
 }
 
 /// Arguments for `num_prompts` random prompts against `url`, writing `result_file`.
@@ -130,6 +190,12 @@ fn random_prompts_against_fake_server() {
     assert_eq!(result["itls"][0].as_array().unwrap().len(), 3);
     assert!(result["p99_tpot_ms"].as_f64().unwrap() > 0.0);
     assert!(result["mean_ttft_ms"].as_f64().unwrap() > 0.0);
+    assert_eq!(result["constrained_requests"], 0);
+    assert_eq!(result["finish_reason_counts"], json!({"length": 6}));
+    assert_eq!(
+        result["constraints"],
+        json!([null, null, null, null, null, null])
+    );
     let command = result["command"].as_str().unwrap();
     assert!(
         command
@@ -217,4 +283,130 @@ fn unreachable_server_is_a_clear_error() {
         "{error}"
     );
     assert_eq!(read_json(&out)["failed"], 6);
+}
+
+/// Writes `lines` as a dataset in `dir`.
+fn write_dataset(dir: &Path, lines: &[Value]) -> std::path::PathBuf {
+    let path = dir.join("d.jsonl");
+    let text: Vec<String> = lines.iter().map(Value::to_string).collect();
+    std::fs::write(&path, text.join("\n") + "\n").unwrap();
+    path
+}
+
+#[test]
+fn constrained_dataset_against_fake_server() {
+    let (url, seen) = start_fake_server();
+    let dir = tempfile::tempdir().unwrap();
+    let messages = json!([
+        {"role": "system", "content": "answer in JSON"},
+        {"role": "user", "content": "a b c"}
+    ]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let lines = [
+        json!({"prompt": "pick one", "guided_choice": ["yes", "no"], "max_tokens": 3}),
+        json!({"messages": messages, "response_format": {"type": "json_object"},
+               "temperature": 0.5, "max_tokens": 4}),
+        json!({"prompt": "weather in Oslo", "tools": tools, "tool_choice": "auto",
+               "parallel_tool_calls": false, "max_tokens": 5}),
+        json!({"prompt": "plain words here", "max_tokens": 2, "ignore_eos": true}),
+    ];
+    let out = dir.path().join("result.json");
+    let mut a = args(&url, &out);
+    a.model = Some("m".into());
+    a.dataset = Some(write_dataset(dir.path(), &lines));
+    (a.num_prompts, a.concurrency) = (4, 1);
+    run(a).unwrap();
+
+    let result = read_json(&out);
+    assert_eq!(
+        (result["completed"].as_u64(), result["failed"].as_u64()),
+        (Some(4), Some(0)),
+        "{}",
+        result["errors"]
+    );
+    assert_eq!(result["constrained_requests"], 3);
+    assert_eq!(
+        result["constraint_counts"],
+        json!({"json_schema": 0, "json_object": 1, "regex": 0, "choice": 1, "grammar": 0, "tools": 1})
+    );
+    assert_eq!(
+        result["constraints"],
+        json!(["choice", "json_object", "tools", null])
+    );
+    assert_eq!(
+        result["finish_reason_counts"],
+        json!({"length": 1, "stop": 2, "tool_calls": 1})
+    );
+    assert_eq!(
+        result["finish_reasons"],
+        json!(["stop", "stop", "tool_calls", "length"])
+    );
+    assert_eq!(result["output_lens"], json!([3, 4, 5, 2]));
+    assert_eq!(result["input_lens"], json!([2, 6, 3, 3]));
+    // Every token-carrying chunk is timed: chat content and tool-call fragments, not the
+    // chat's opening role chunk.
+    let itls: Vec<usize> = result["itls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|itl| itl.as_array().unwrap().len())
+        .collect();
+    assert_eq!(itls, [2, 3, 4, 1]);
+    for ttft in result["ttfts"].as_array().unwrap() {
+        assert!(ttft.as_f64().unwrap() > 0.0);
+    }
+
+    let seen = seen.lock().unwrap();
+    let paths: Vec<&str> = seen
+        .iter()
+        .map(|(head, _)| head.split(" http/").next().unwrap())
+        .collect();
+    assert_eq!(
+        paths,
+        [
+            "post /v1/completions",
+            "post /v1/chat/completions",
+            "post /v1/chat/completions",
+            "post /v1/completions"
+        ]
+    );
+    let streamed = json!({"model": "m", "stream": true, "stream_options": {"include_usage": true}});
+    let want = [
+        json!({"prompt": "pick one", "guided_choice": ["yes", "no"], "max_tokens": 3,
+               "ignore_eos": false, "temperature": 0}),
+        json!({"messages": messages, "response_format": {"type": "json_object"},
+               "temperature": 0.5, "max_tokens": 4, "ignore_eos": false}),
+        json!({"messages": [{"role": "user", "content": "weather in Oslo"}], "tools": tools,
+               "tool_choice": "auto", "parallel_tool_calls": false, "max_tokens": 5,
+               "ignore_eos": false, "temperature": 0}),
+        json!({"prompt": "plain words here", "max_tokens": 2, "ignore_eos": true,
+               "temperature": 0}),
+    ];
+    for ((_, body), mut want) in seen.iter().zip(want) {
+        want.as_object_mut()
+            .unwrap()
+            .extend(streamed.as_object().unwrap().clone());
+        assert_eq!(body, &want);
+    }
+}
+
+#[test]
+fn a_misspelt_dataset_field_is_named_before_sending() {
+    let (url, seen) = start_fake_server();
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = dir.path().join("d.jsonl");
+    let text = "{\"prompt\": \"fine\"}\n{\"prompt\": \"typo\", \"guided_regexp\": \"a+\"}\n";
+    std::fs::write(&dataset, text).unwrap();
+    let mut a = args(&url, &dir.path().join("result.json"));
+    a.dataset = Some(dataset.clone());
+    let error = format!("{:#}", run(a).unwrap_err());
+    assert!(
+        error.starts_with(&format!(
+            "in the dataset {}: line 2, column 34: not a dataset line",
+            dataset.display()
+        )) && error.contains("unknown field `guided_regexp`"),
+        "{error}"
+    );
+    assert!(seen.lock().unwrap().is_empty());
 }

@@ -15,11 +15,13 @@ use peregrine_actors::gateway::{
     self, EngineClient, GatewayState, HttpSettings, ModelInfo, SharedConfig,
 };
 use peregrine_actors::metrics::{
-    ACCEPTED_LENGTH_BUCKETS, HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
+    ACCEPTED_LENGTH_BUCKETS, GRAMMAR_BUCKETS, GRAMMAR_COMPILE_SECONDS, GRAMMAR_MASK_SECONDS,
+    HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
 };
 use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
+use peregrine_structured::{GrammarCompiler, GrammarLimits};
 use reload::{gateway_config, Reloader};
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -44,6 +46,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
     let backend = load_backend(&config, &dir)?;
+    let grammars = grammar_compiler(&config, &tokenizer, backend.target.config().vocab_size);
     let footprint = (config.device == DeviceKind::Cpu)
         .then(|| memory::footprint(&config, backend.target.config()));
     let mut prometheus = PrometheusBuilder::new();
@@ -55,6 +58,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         Matcher::Full(SPEC_ACCEPTED_LENGTH.into()),
         &ACCEPTED_LENGTH_BUCKETS,
     )?;
+    for name in [GRAMMAR_COMPILE_SECONDS, GRAMMAR_MASK_SECONDS] {
+        prometheus =
+            prometheus.set_buckets_for_metric(Matcher::Full(name.into()), &GRAMMAR_BUCKETS)?;
+    }
     let prometheus = prometheus.install_recorder()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -79,6 +86,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 chat_template,
                 max_model_len: engine.max_model_len,
                 kv_cache_tokens: engine.num_blocks as usize * config.block_size,
+                grammars,
             },
             shared,
             Arc::new(reloader.clone()),
@@ -118,4 +126,25 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let _ = tokio::time::timeout(std::time::Duration::from_secs(10), stopped.wait()).await;
         served
     })
+}
+
+/// The compiler of requests' output constraints over `tokenizer`, for logit rows of
+/// `vocab` tokens, with the configured bounds; `Err` (logged, and given to requests that
+/// ask for constrained output) where the tokenizer cannot be read by llguidance.
+fn grammar_compiler(
+    config: &ServeConfig,
+    tokenizer: &Tokenizer,
+    vocab: usize,
+) -> Result<Arc<GrammarCompiler>, String> {
+    let limits = GrammarLimits {
+        max_bytes: usize::try_from(config.max_grammar_bytes).unwrap_or(usize::MAX),
+        compile_timeout: config.grammar_compile_timeout,
+        cache_entries: config.grammar_cache_entries,
+    };
+    GrammarCompiler::new(tokenizer, vocab, limits)
+        .map(Arc::new)
+        .map_err(|err| {
+            tracing::warn!("structured output is off: {err:#}");
+            format!("{err:#}")
+        })
 }

@@ -9,6 +9,7 @@ mod info;
 mod limits;
 mod refused;
 mod streaming;
+mod structured;
 mod token_ids;
 mod tokenize;
 mod validation;
@@ -23,6 +24,7 @@ use bytes::Bytes;
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
+use peregrine_structured::{GrammarCompiler, GrammarLimits};
 use serde_json::Value;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -164,6 +166,13 @@ impl Fixture {
             chat_template,
             max_model_len: MAX_MODEL_LEN,
             kv_cache_tokens: KV_CACHE_TOKENS,
+            grammars: GrammarCompiler::new(
+                &tokenizer,
+                tokenizer.vocab_size(),
+                GrammarLimits::default(),
+            )
+            .map(Arc::new)
+            .map_err(|err| format!("{err:#}")),
         };
         let admin = Arc::new(FakeAdmin {
             refuse: refuse.map(str::to_owned),
