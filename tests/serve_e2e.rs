@@ -587,6 +587,9 @@ fn bench_soak_reports_every_wave_and_the_request_alone() {
     );
 }
 
+/// The flags that turn tool calling on, as vLLM spells them.
+const TOOL_FLAGS: [&str; 3] = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"];
+
 /// 16. Structured output: OpenAI's `response_format` (`json_schema` through the SDK's
 ///     `parse()` with a Pydantic model, `json_object`, streamed), vLLM's
 ///     `structured_outputs` and `guided_*`, and llama.cpp's `json_schema` and GBNF `grammar`,
@@ -599,6 +602,28 @@ fn structured_outputs_keep_their_constraints() {
     let model = TinyDir::new(17);
     let server = Server::start(model.path(), &[]);
     server.check("check_structured.py", &[]);
+}
+
+/// 17. Tool calling (hermes): `tool_choice` required, named, `"none"` and `"auto"`,
+///     `parallel_tool_calls: false`, a streamed call, a second turn answering the calls, and
+///     400s naming the field for an unknown function and a tool without a name.
+#[test]
+fn tool_calls_follow_tool_choice() {
+    let _serial = serial();
+    let model = TinyDir::new(18);
+    let server = Server::start(model.path(), &TOOL_FLAGS);
+    server.check("check_tools.py", &[]);
+}
+
+/// 18. LangChain's `ChatOpenAI`: `bind_tools(..., tool_choice="required")` answers with
+///     valid tool calls, and `with_structured_output` (its default method, `json_schema`,
+///     `function_calling`) returns a valid Pydantic object.
+#[test]
+fn langchain_tools_and_structured_output() {
+    let _serial = serial();
+    let model = TinyDir::new(19);
+    let server = Server::start(model.path(), &TOOL_FLAGS);
+    server.check("check_langchain.py", &[]);
 }
 
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.

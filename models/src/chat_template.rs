@@ -17,12 +17,22 @@ use crate::tokenizer::TokenizerConfig;
 const NAME: &str = "chat_template";
 
 /// One message of a chat.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
     /// `system`, `user`, `assistant`, or whatever else the template knows.
     pub role: String,
     /// The message's text.
     pub content: String,
+    /// An assistant message's calls, as templates read them: `{"id", "type": "function",
+    /// "function": {"name", "arguments"}}` with the arguments as an object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A `tool` message's answer to this call id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message's function name (or a participant's name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// `tokenizer_config.json`'s `chat_template`: one template, or a list of named ones.
@@ -48,6 +58,7 @@ pub struct NamedTemplate {
 #[derive(Debug)]
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -86,6 +97,7 @@ impl ChatTemplate {
         bos_token: Option<String>,
         eos_token: Option<String>,
     ) -> anyhow::Result<Self> {
+        let source = source.into();
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -94,13 +106,25 @@ impl ChatTemplate {
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source.into())
+        env.add_template_owned(NAME, source.clone())
             .map_err(|err| anyhow!("invalid chat template: {err}"))?;
         Ok(Self {
             env,
+            source,
             bos_token,
             eos_token,
         })
+    }
+
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// Whether the template renders a request's `tools` itself (it refers to `tools`);
+    /// for one that does not, tools are described in the system turn instead.
+    pub fn renders_tools(&self) -> bool {
+        self.source.contains("tools")
     }
 
     /// Renders `messages`, ending with the assistant's header if `add_generation_prompt`.
@@ -109,12 +133,25 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> anyhow::Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders `messages` with the request's `tools` (OpenAI's `tools` entries, as
+    /// Hugging Face's `apply_chat_template` passes them; undefined when `None`).
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> anyhow::Result<String> {
         let token = |text: &Option<String>| text.as_deref().map_or(Value::UNDEFINED, Value::from);
+        let tools = tools.map_or(Value::UNDEFINED, Value::from_serialize);
         self.env
             .get_template(NAME)
             .and_then(|template| {
                 template.render(context! {
                     messages => messages,
+                    tools => tools,
                     add_generation_prompt => add_generation_prompt,
                     bos_token => token(&self.bos_token),
                     eos_token => token(&self.eos_token),
@@ -380,6 +417,7 @@ mod tests {
         ChatMessage {
             role: role.to_owned(),
             content: content.to_owned(),
+            ..ChatMessage::default()
         }
     }
 

@@ -38,6 +38,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         let message = ChatMessage {
             role: "user".into(),
             content: args.prompt.clone(),
+            ..ChatMessage::default()
         };
         template.render(&[message], true)?
     } else {

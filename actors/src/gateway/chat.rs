@@ -1,6 +1,7 @@
 //! `POST /v1/chat/completions`, whole and streamed: the messages are rendered with the
 //! model's chat template and tokenized without extra special tokens (the template writes
-//! them), as vLLM does.
+//! them), as vLLM does. A request with tools has its reply read for calls in the model's
+//! format (`tool_output.rs`); `required` and a named function are enforced by a grammar.
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
@@ -16,12 +17,15 @@ use super::grammar;
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
+use super::prompt::ChatTools;
 use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
 };
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
+use super::tool_output::{self, CallDeltas, CallIds};
+use super::tools;
 use super::unsupported;
 
 /// The handler.
@@ -44,7 +48,31 @@ async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
     unsupported::check(&body)?;
-    let constraint = constraints::requested(&body)?;
+    let settings = state.model.tools;
+    let tools = tools::read(&body, &settings)?;
+    let forced = match &tools {
+        Some(tools) => tools.forced(&settings, &state.model.tokenizer)?,
+        None => None,
+    };
+    let constraint = match (constraints::requested(&body)?, forced) {
+        (Some(asked), Some(_)) => {
+            return Err(ApiError::invalid(
+                asked
+                    .param
+                    .split('.')
+                    .next()
+                    .unwrap_or(&asked.param)
+                    .to_owned(),
+                "a request whose `tool_choice` forces a call takes no other output constraint",
+            ))
+        }
+        (asked, forced) => asked.or(forced),
+    };
+    let reads_calls = tools.as_ref().is_some_and(|t| t.reads_calls());
+    let chat_tools = tools.map_or_else(ChatTools::default, |t| ChatTools {
+        declared: t.declared,
+        tools: t.tools,
+    });
     let fields: GenerationFields = parse(&body)?;
     let own: ChatFields = parse(&body)?;
     let config = state.config.get();
@@ -64,7 +92,7 @@ async fn handle(
     let prompter = state.prompter(&config);
     let prompt = state
         .blocking
-        .run(move || prompter.chat(messages, add_generation_prompt, false))
+        .run(move || prompter.chat(messages, chat_tools, add_generation_prompt, false))
         .await?;
     if prompt.is_empty() {
         return Err(ApiError::invalid("messages", "the rendered chat is empty"));
@@ -82,10 +110,12 @@ async fn handle(
     if let Some(requested) = constraint {
         plan.submission.grammar = Some(grammar::compile(state, requested).await?);
     }
+    plan.keep_special_tokens = reads_calls;
     let (stream, include_usage) = (plan.stream, plan.include_usage);
     let token_ids = plan.return_token_ids;
     let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
     let generation = Generation::start(state, context, plan).await?;
+    let ids = CallIds::of(&context.public_id);
     let mut format = ChatFormat {
         id: context.public_id.clone(),
         created: context.created,
@@ -93,6 +123,7 @@ async fn handle(
         logprobs: logprobs.is_some(),
         token_ids,
         prompt_token_ids,
+        calls: reads_calls.then(|| CallDeltas::new(settings.format, ids.clone())),
     };
     if stream {
         return Ok(sse::respond(
@@ -110,12 +141,18 @@ async fn handle(
         reason,
         usage,
     } = generation.collect_while_connected(peer).await?;
+    let (content, tool_calls) = match reads_calls {
+        true => tool_output::whole(settings.format, &text, &ids),
+        false => (Some(text), None),
+    };
+    let reason = tool_output::finish_reason(reason, tool_calls.is_some());
     let choice = ChatChoice {
         index: 0,
         logprobs: format.logprobs.then(|| logprobs::chat(&tokens)),
         message: AssistantMessage {
             role: "assistant",
-            content: text,
+            content,
+            tool_calls,
         },
         finish_reason: Some(reason),
         token_ids: format.token_ids.then_some(token_ids),
@@ -133,6 +170,8 @@ struct ChatFormat {
     token_ids: bool,
     /// The prompt's ids, until the first response or chunk takes them.
     prompt_token_ids: Option<Vec<u32>>,
+    /// The reply's calls, where it is read for them.
+    calls: Option<CallDeltas>,
 }
 
 impl ChatFormat {
@@ -156,6 +195,43 @@ impl ChatFormat {
     fn event(&mut self, choice: ChatChunkChoice) -> Bytes {
         sse::event(&self.wrap("chat.completion.chunk", vec![choice], None))
     }
+
+    /// The events of a reply read for calls: one per delta the text adds (the first
+    /// carrying the chunk's logprobs and token ids), and at the end one with the reason.
+    fn call_events(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
+        let Some(calls) = self.calls.as_mut() else {
+            return Bytes::new();
+        };
+        let mut deltas = calls.push(&delta.text);
+        if finish_reason.is_some() {
+            deltas.extend(calls.finish());
+        }
+        let made_calls = calls.made_calls();
+        let mut events = Vec::new();
+        let mut logprobs = self.logprobs.then(|| logprobs::chat(&delta.tokens));
+        let mut token_ids = self.token_ids.then(|| delta.token_ids.clone());
+        for chat_delta in deltas {
+            let choice = ChatChunkChoice {
+                index: 0,
+                delta: chat_delta,
+                logprobs: logprobs.take(),
+                finish_reason: None,
+                token_ids: token_ids.take(),
+            };
+            events.extend_from_slice(&self.event(choice));
+        }
+        if let Some(reason) = finish_reason {
+            let choice = ChatChunkChoice {
+                index: 0,
+                delta: ChatDelta::default(),
+                logprobs: logprobs.take(),
+                finish_reason: Some(tool_output::finish_reason(reason, made_calls)),
+                token_ids: token_ids.take(),
+            };
+            events.extend_from_slice(&self.event(choice));
+        }
+        Bytes::from(events)
+    }
 }
 
 impl ChunkFormat for ChatFormat {
@@ -165,6 +241,7 @@ impl ChunkFormat for ChatFormat {
             delta: ChatDelta {
                 role: Some("assistant"),
                 content: Some(String::new()),
+                tool_calls: None,
             },
             logprobs: None,
             finish_reason: None,
@@ -174,11 +251,14 @@ impl ChunkFormat for ChatFormat {
     }
 
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
+        if self.calls.is_some() {
+            return self.call_events(delta, finish_reason);
+        }
         let choice = ChatChunkChoice {
             index: 0,
             delta: ChatDelta {
-                role: None,
                 content: (!delta.text.is_empty()).then(|| delta.text.clone()),
+                ..ChatDelta::default()
             },
             logprobs: self.logprobs.then(|| logprobs::chat(&delta.tokens)),
             finish_reason,

@@ -40,6 +40,7 @@ async fn handle(
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
     unsupported::check(&body)?;
+    refuse_tools(&body)?;
     let constraint = constraints::requested(&body)?;
     let fields: GenerationFields = parse(&body)?;
     let own: CompletionFields = parse(&body)?;
@@ -100,6 +101,25 @@ async fn handle(
     };
     let whole = format.envelope(&delta, Some(reason), Some(usage));
     Ok(HttpResponse::Ok().json(whole))
+}
+
+/// Tools are a chat feature: a completion request that offers them is refused, naming the
+/// field, rather than served without them.
+fn refuse_tools(body: &Value) -> Result<(), ApiError> {
+    for field in ["tools", "tool_choice"] {
+        let asks = match body.get(field) {
+            None | Some(Value::Null) => false,
+            Some(Value::Array(tools)) => !tools.is_empty(),
+            Some(choice) => choice != "none",
+        };
+        if asks {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` is served on /v1/chat/completions, not on /v1/completions"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The completions wording of responses and chunks.

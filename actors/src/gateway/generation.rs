@@ -98,6 +98,9 @@ pub struct Generation {
     events: mpsc::UnboundedReceiver<RequestEvent>,
     tokenizer: Arc<Tokenizer>,
     decoder: Option<DecodeStream>,
+    /// Token ids whose text is left out of the output: none when special tokens are
+    /// skipped (the decoder drops them), else the tokens that end it.
+    unwritten: Vec<u32>,
     stops: StopMatcher,
     logprobs: bool,
     /// Report each token's id.
@@ -125,6 +128,14 @@ impl Generation {
             stream = plan.stream,
             "submitting"
         );
+        let keep_special = plan.keep_special_tokens;
+        let unwritten = match keep_special {
+            true => {
+                let eos = state.model.tokenizer.eos_token_ids();
+                [eos, submission.stop_token_ids.as_slice()].concat()
+            }
+            false => Vec::new(),
+        };
         let events = state.engine.submit(context.id, submission).await?;
         let tokenizer = &state.model.tokenizer;
         Ok(Self {
@@ -133,7 +144,8 @@ impl Generation {
             engine: state.engine.clone(),
             events,
             tokenizer: Arc::clone(tokenizer),
-            decoder: Some(tokenizer.decode_stream(true)),
+            decoder: Some(tokenizer.decode_stream(!keep_special)),
+            unwritten,
             stops: StopMatcher::new(plan.stop),
             logprobs,
             token_ids: plan.return_token_ids,
@@ -225,6 +237,7 @@ impl Generation {
                 delta.tokens.push(self.token_out(token.id, logprobs));
             }
             let text = match self.decoder.as_mut() {
+                Some(_) if self.unwritten.contains(&token.id) => None,
                 Some(decoder) => decoder.step(token.id).map_err(decode_error)?,
                 None => None,
             };

@@ -33,6 +33,9 @@ mod sse;
 mod state;
 mod stop;
 mod tokenize;
+mod tool_output;
+mod tool_prompt;
+mod tools;
 mod unsupported;
 
 #[cfg(test)]
@@ -47,3 +50,4 @@ pub use server::{app, bind, Bound, HttpSettings};
 pub use state::{
     AdminHooks, BoxFuture, GatewayConfig, GatewayState, MetricsRenderer, ModelInfo, SharedConfig,
 };
+pub use tools::ToolSettings;

@@ -29,6 +29,9 @@ pub struct Plan {
     pub spec_decode_details: bool,
     /// Add the prompt's and the generated token ids to the response.
     pub return_token_ids: bool,
+    /// Detokenize with special tokens kept (a reply read for tool calls, whose markers may
+    /// be special tokens), the tokens that end the output left out.
+    pub keep_special_tokens: bool,
 }
 
 /// What an endpoint adds to the shared fields.
@@ -107,6 +110,7 @@ pub fn plan(
             .unwrap_or(false),
         spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
         return_token_ids: fields.return_token_ids.unwrap_or(false),
+        keep_special_tokens: false,
     })
 }
 

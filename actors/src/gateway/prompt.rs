@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use peregrine_models::chat_template::{ChatMessage, ChatTemplate};
 use peregrine_models::tokenizer::Tokenizer;
+use peregrine_structured::tools::{HermesStyle, Tool};
+use serde_json::{json, Value};
 
 use super::errors::ApiError;
 use super::prompt_size::{check_chars, check_prompt};
-use super::protocol::request::{Content, MessageIn, Prompt};
+use super::protocol::request::{Content, MessageIn, Prompt, ToolCallIn};
+use super::tool_prompt::{written_out, ToolPrompt};
 
 /// What turns a request's prompt into ids: the model's tokenizer and chat template and
 /// the live character limit, owned so that the work can move to the blocking pool.
@@ -20,6 +23,17 @@ pub struct Prompter {
     pub template: Option<Arc<ChatTemplate>>,
     /// The longest prompt text, in characters.
     pub max_chars: usize,
+    /// How tool calls are laid out where the template has no tool syntax.
+    pub tool_style: HermesStyle,
+}
+
+/// The tools a chat request offers: as sent (for templates that render them) and read.
+#[derive(Default)]
+pub struct ChatTools {
+    /// The `tools` entries as sent.
+    pub declared: Vec<Value>,
+    /// The functions.
+    pub tools: Vec<Tool>,
 }
 
 impl Prompter {
@@ -50,14 +64,34 @@ impl Prompter {
         encode(&self.tokenizer, text, add_special_tokens)
     }
 
-    /// The ids of `messages` rendered with the template.
+    /// The ids of `messages` rendered with the template, offering `tools`.
     pub fn chat(
         &self,
         messages: Vec<MessageIn>,
+        tools: ChatTools,
         add_generation_prompt: bool,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, ApiError> {
-        let text = render_chat(messages, add_generation_prompt, self.template.as_deref())?;
+        let template = self.template.as_deref().ok_or_else(|| {
+            ApiError::bad_request(
+                "the model has no chat template: use /v1/completions with a plain prompt",
+            )
+        })?;
+        let messages = chat_messages(messages)?;
+        let text = match template.renders_tools() {
+            true => {
+                let declared = (!tools.declared.is_empty()).then_some(tools.declared.as_slice());
+                template.render_with_tools(&messages, declared, add_generation_prompt)
+            }
+            false => {
+                let prompt = ToolPrompt {
+                    tools: &tools.tools,
+                    style: self.tool_style,
+                };
+                template.render(&written_out(messages, &prompt), add_generation_prompt)
+            }
+        }
+        .map_err(|err| ApiError::invalid("messages", format!("{err:#}")))?;
         check_chars("messages", &text, self.max_chars)?;
         encode(&self.tokenizer, &text, add_special_tokens)
     }
@@ -105,31 +139,19 @@ fn encode(
         .map_err(|err| ApiError::invalid("prompt", format!("{err:#}")))
 }
 
-/// The text of a chat rendered with `template`.
-fn render_chat(
-    messages: Vec<MessageIn>,
-    add_generation_prompt: bool,
-    template: Option<&ChatTemplate>,
-) -> Result<String, ApiError> {
-    let template = template.ok_or_else(|| {
-        ApiError::bad_request(
-            "the model has no chat template: use /v1/completions with a plain prompt",
-        )
-    })?;
+/// A request's messages as the template reads them.
+fn chat_messages(messages: Vec<MessageIn>) -> Result<Vec<ChatMessage>, ApiError> {
     if messages.is_empty() {
         return Err(ApiError::invalid(
             "messages",
             "`messages` must hold at least one message",
         ));
     }
-    let messages = messages
+    messages
         .into_iter()
         .enumerate()
         .map(|(at, message)| chat_message(at, message))
-        .collect::<Result<Vec<_>, _>>()?;
-    template
-        .render(&messages, add_generation_prompt)
-        .map_err(|err| ApiError::invalid("messages", format!("{err:#}")))
+        .collect()
 }
 
 /// The roles a chat message may have: OpenAI's, which chat templates know. Anything else
@@ -170,8 +192,47 @@ fn chat_message(at: usize, message: MessageIn) -> Result<ChatMessage, ApiError> 
             texts.join("\n")
         }
     };
+    let tool_calls = match message.tool_calls {
+        Some(calls) => Some(
+            calls
+                .into_iter()
+                .enumerate()
+                .map(|(index, call)| template_call(at, index, call))
+                .collect::<Result<Vec<_>, _>>()?,
+        ),
+        None => None,
+    };
     Ok(ChatMessage {
         role: message.role,
         content,
+        tool_calls,
+        tool_call_id: message.tool_call_id,
+        name: message.name,
     })
+}
+
+/// Call `index` of message `at` as templates read it: `{"id", "type": "function",
+/// "function": {"name", "arguments": {...}}}`, its arguments an object (sent as JSON text,
+/// as OpenAI's clients send them, or as the object).
+fn template_call(at: usize, index: usize, call: ToolCallIn) -> Result<Value, ApiError> {
+    let param = format!("messages[{at}].tool_calls[{index}].function.arguments");
+    let arguments = match call.function.arguments {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::String(text)) if text.trim().is_empty() => json!({}),
+        Some(Value::String(text)) => serde_json::from_str(&text).map_err(|err| {
+            ApiError::invalid(&param, format!("the arguments are not JSON: {err}"))
+        })?,
+        Some(other) => other,
+    };
+    if !arguments.is_object() {
+        return Err(ApiError::invalid(
+            param,
+            "the arguments must be a JSON object",
+        ));
+    }
+    Ok(json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.function.name, "arguments": arguments},
+    }))
 }

@@ -12,6 +12,8 @@ use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
 use peregrine_structured::GrammarCompiler;
 
+use super::tools::ToolSettings;
+
 use super::blocking::BlockingPool;
 use super::engine_client::EngineClient;
 use super::errors::ApiError;
@@ -104,6 +106,8 @@ pub struct ModelInfo {
     /// Compiles requests' output constraints; `Err`: why this model's tokenizer cannot
     /// constrain output (requests asking for it are refused with that reason).
     pub grammars: Result<Arc<GrammarCompiler>, String>,
+    /// How the model writes tool calls, and whether `tool_choice: "auto"` is served.
+    pub tools: ToolSettings,
 }
 
 impl ModelInfo {
@@ -174,6 +178,7 @@ impl GatewayState {
             max_chars: config
                 .max_prompt_chars
                 .unwrap_or(PROMPT_CHARS_PER_TOKEN.saturating_mul(self.model.max_model_len)),
+            tool_style: self.model.tools.style,
         }
     }
 

@@ -6,7 +6,7 @@ use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
 use super::errors::ApiError;
 use super::params::check_model;
-use super::prompt::in_vocabulary;
+use super::prompt::{in_vocabulary, ChatTools};
 use super::protocol::tokenize::{
     DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse,
 };
@@ -31,6 +31,7 @@ pub async fn tokenize(
             }
             (None, Some(messages)) => prompter.chat(
                 messages,
+                ChatTools::default(),
                 request.add_generation_prompt.unwrap_or(true),
                 request.add_special_tokens.unwrap_or(false),
             ),

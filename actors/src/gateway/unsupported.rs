@@ -93,13 +93,8 @@ const REFUSED: &[Refused] = &[
     refused("n", Neutral::Number(1.0), "more than one choice"),
     refused("best_of", Neutral::Number(1.0), "a best-of search"),
     refused("use_beam_search", Neutral::False, "beam search"),
-    // Tools and function calls.
-    refused("tools", Neutral::Empty, "tool calling"),
-    refused(
-        "tool_choice",
-        Neutral::Strings(&["none", "auto"]),
-        "a forced tool call",
-    ),
+    // Function calls in their deprecated spelling (chat serves `tools`; completions
+    // refuse them in `completions.rs`).
     refused("functions", Neutral::Empty, "function calling"),
     refused(
         "function_call",
@@ -243,9 +238,6 @@ mod tests {
             ("n", json!(2), json!(1)),
             ("best_of", json!(3), json!(1)),
             ("use_beam_search", json!(true), json!(false)),
-            ("tools", json!([{"type": "function"}]), json!([])),
-            ("tool_choice", json!("required"), json!("none")),
-            ("tool_choice", json!({"type": "function"}), json!("auto")),
             ("functions", json!([{"name": "f"}]), json!([])),
             ("function_call", json!({"name": "f"}), json!("none")),
             ("structural_tag", json!("{}"), Value::Null),
@@ -317,7 +309,7 @@ mod tests {
             "`n` = 2 is not supported: Peregrine does not implement more than one choice; \
              leave it out or send 1"
         );
-        let err = check(&json!({"tool_choice": "required"})).unwrap_err();
+        let err = check(&json!({"function_call": {"name": "f"}})).unwrap_err();
         assert!(
             err.message().ends_with("send \"none\" or \"auto\""),
             "{}",

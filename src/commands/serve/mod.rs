@@ -12,7 +12,7 @@ use actix_web::web;
 use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use peregrine_actors::gateway::{
-    self, EngineClient, GatewayState, HttpSettings, ModelInfo, SharedConfig,
+    self, EngineClient, GatewayState, HttpSettings, ModelInfo, SharedConfig, ToolSettings,
 };
 use peregrine_actors::metrics::{
     ACCEPTED_LENGTH_BUCKETS, GRAMMAR_BUCKETS, GRAMMAR_COMPILE_SECONDS, GRAMMAR_MASK_SECONDS,
@@ -21,6 +21,7 @@ use peregrine_actors::metrics::{
 use peregrine_config::{DeviceKind, ServeArgs, ServeConfig};
 use peregrine_models::chat_template::ChatTemplate;
 use peregrine_models::tokenizer::Tokenizer;
+use peregrine_structured::tools::ToolCallFormat;
 use peregrine_structured::{GrammarCompiler, GrammarLimits};
 use reload::{gateway_config, Reloader};
 use std::io::IsTerminal;
@@ -47,6 +48,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
     let backend = load_backend(&config, &dir)?;
     let grammars = grammar_compiler(&config, &tokenizer, backend.target.config().vocab_size);
+    let tools = ToolSettings::for_model(
+        chat_template.as_deref(),
+        config
+            .tool_call_parser
+            .and_then(|p| ToolCallFormat::from_parser_name(p.as_str())),
+        config.enable_auto_tool_choice,
+    );
     let footprint = (config.device == DeviceKind::Cpu)
         .then(|| memory::footprint(&config, backend.target.config()));
     let mut prometheus = PrometheusBuilder::new();
@@ -87,6 +95,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
                 max_model_len: engine.max_model_len,
                 kv_cache_tokens: engine.num_blocks as usize * config.block_size,
                 grammars,
+                tools,
             },
             shared,
             Arc::new(reloader.clone()),

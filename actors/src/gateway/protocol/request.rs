@@ -123,6 +123,35 @@ pub struct MessageIn {
     /// The text, as a string or a list of parts; may be null (an assistant's tool call).
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's tool calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    /// A `tool` message's answer to this call id.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message's function name, or a participant's name.
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// One tool call of an assistant message, as the client sends it back.
+#[derive(Debug, Deserialize)]
+pub struct ToolCallIn {
+    /// The call's id, which a `tool` message answers.
+    #[serde(default)]
+    pub id: Option<String>,
+    /// The called function.
+    pub function: FunctionCallIn,
+}
+
+/// The function of a tool call.
+#[derive(Debug, Deserialize)]
+pub struct FunctionCallIn {
+    /// The function's name.
+    pub name: String,
+    /// Its arguments: a JSON object as text (OpenAI's shape), or the object itself.
+    #[serde(default)]
+    pub arguments: Option<serde_json::Value>,
 }
 
 /// A message's content (deserialized in `shapes.rs`).

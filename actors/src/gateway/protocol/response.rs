@@ -150,7 +150,7 @@ pub struct ChatChoice {
     pub message: AssistantMessage,
     /// The tokens' logprobs, if asked for.
     pub logprobs: Option<ChatLogprobs>,
-    /// `stop` or `length`.
+    /// `stop`, `length` or `tool_calls`.
     pub finish_reason: Option<&'static str>,
     /// vLLM's: the generated token ids, with `return_token_ids`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -162,8 +162,58 @@ pub struct ChatChoice {
 pub struct AssistantMessage {
     /// Always `assistant`.
     pub role: &'static str,
-    /// The text.
-    pub content: String,
+    /// The text; null when the reply is only tool calls.
+    pub content: Option<String>,
+    /// The tool calls the reply makes, where the request offered tools.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallOut>>,
+}
+
+/// One tool call of a reply.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ToolCallOut {
+    /// The call's id, which a `tool` message answers.
+    pub id: String,
+    /// Always `function`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The function and its arguments.
+    pub function: FunctionOut,
+}
+
+/// The function a call calls.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FunctionOut {
+    /// Its name.
+    pub name: String,
+    /// Its arguments, a JSON object as text.
+    pub arguments: String,
+}
+
+/// What a chunk adds to one tool call: its id, type and name first, then pieces of its
+/// arguments.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ToolCallDelta {
+    /// The call's position among the reply's calls.
+    pub index: usize,
+    /// The call's id, in its first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `function`, in its first delta.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    /// The name (first delta) or the next piece of the arguments.
+    pub function: FunctionDelta,
+}
+
+/// What a chunk adds to a call's function.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FunctionDelta {
+    /// The name, in the call's first delta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The next piece of the arguments (empty in the first delta).
+    pub arguments: String,
 }
 
 /// A streamed choice of `/v1/chat/completions`.
@@ -192,6 +242,9 @@ pub struct ChatDelta {
     /// New text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    /// What the chunk adds to the reply's tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
 }
 
 /// Logprobs in the chat shape.

@@ -12,6 +12,7 @@ mod streaming;
 mod structured;
 mod token_ids;
 mod tokenize;
+mod tools;
 mod validation;
 
 use std::sync::{Arc, Mutex};
@@ -33,7 +34,7 @@ use tokio::sync::mpsc;
 
 use super::{
     app, AdminHooks, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig, GatewayState,
-    ModelInfo, SharedConfig,
+    ModelInfo, SharedConfig, ToolSettings,
 };
 use crate::health::EngineHealth;
 use crate::messages::{
@@ -161,6 +162,7 @@ impl Fixture {
             request_body_timeout: BODY_TIMEOUT,
             max_prompt_chars: None,
         });
+        let tools = ToolSettings::for_model(chat_template.as_deref(), None, true);
         let model = ModelInfo {
             tokenizer: Arc::clone(&tokenizer),
             chat_template,
@@ -173,6 +175,7 @@ impl Fixture {
             )
             .map(Arc::new)
             .map_err(|err| format!("{err:#}")),
+            tools,
         };
         let admin = Arc::new(FakeAdmin {
             refuse: refuse.map(str::to_owned),

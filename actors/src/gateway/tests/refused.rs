@@ -16,11 +16,6 @@ async fn fields_that_would_change_the_output_are_refused_by_name() {
     let fixture = Fixture::new(Script::text("ok"));
     let app = fixture.app().await;
     let cases = [
-        ("tool_choice", json!("required")),
-        (
-            "tools",
-            json!([{"type": "function", "function": {"name": "f"}}]),
-        ),
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!({"name": "f"})),
         ("structural_tag", json!({"structures": []})),

@@ -28,8 +28,16 @@ async fn constrained_requests_reach_the_engine_with_their_grammar() {
             json!({"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}),
             "json_schema",
         ),
-        ("response_format", json!({"type": "json_object"}), "json_object"),
-        ("structured_outputs", json!({"choice": ["a", "b"]}), "choice"),
+        (
+            "response_format",
+            json!({"type": "json_object"}),
+            "json_object",
+        ),
+        (
+            "structured_outputs",
+            json!({"choice": ["a", "b"]}),
+            "choice",
+        ),
         ("guided_regex", json!("[0-9]+"), "regex"),
         ("guided_grammar", json!("start: \"a\" | \"b\""), "grammar"),
         ("json_schema", schema.clone(), "json_schema"),
