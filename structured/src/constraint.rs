@@ -6,6 +6,7 @@ use serde_json::{json, Value};
 
 use crate::gbnf::gbnf_to_lark;
 use crate::schema_check::unenforceable;
+use crate::schema_formats::without_unknown_formats;
 
 /// One request's output constraint.
 #[derive(Clone, Debug, PartialEq)]
@@ -87,7 +88,8 @@ impl Constraint {
                 if let Some(why) = unenforceable(schema) {
                     return Err(why);
                 }
-                TopLevelGrammar::from_json_schema(with_options(schema)?)
+                let schema = without_unknown_formats(schema.clone());
+                TopLevelGrammar::from_json_schema(with_options(&schema)?)
             }
             Constraint::JsonObject => {
                 TopLevelGrammar::from_json_schema(with_options(&json!({"type": "object"}))?)

@@ -12,6 +12,8 @@ pub mod constraint;
 pub mod gbnf;
 pub mod matcher;
 mod schema_check;
+mod schema_formats;
+mod schema_walk;
 #[cfg(test)]
 mod testing;
 #[cfg(test)]

@@ -6,76 +6,18 @@
 //! keys. So `minProperties` counted over free keys can be met by the text and broken by
 //! the parsed object; such a schema is refused rather than served unenforced.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
-/// The keywords whose values are schemas, one each.
-const SCHEMA_KEYWORDS: [&str; 9] = [
-    "additionalProperties",
-    "items",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-];
-
-/// The keywords whose values are lists of schemas.
-const LIST_KEYWORDS: [&str; 4] = ["anyOf", "allOf", "oneOf", "prefixItems"];
-
-/// The keywords whose values map names to schemas.
-const MAP_KEYWORDS: [&str; 5] = [
-    "properties",
-    "patternProperties",
-    "$defs",
-    "definitions",
-    "dependentSchemas",
-];
+use crate::schema_walk::find;
 
 /// Why `schema` cannot be enforced, naming the path of the object at fault; `None` when
 /// nothing in it is unenforceable.
 pub fn unenforceable(schema: &Value) -> Option<String> {
-    find(schema, "#")
-}
-
-fn find(schema: &Value, path: &str) -> Option<String> {
-    let fields = schema.as_object()?;
-    if let Some(why) = free_key_count(fields, path) {
-        return Some(why);
-    }
-    for keyword in SCHEMA_KEYWORDS {
-        if let Some(inner) = fields.get(keyword) {
-            if let Some(why) = find(inner, &format!("{path}/{keyword}")) {
-                return Some(why);
-            }
-        }
-    }
-    for keyword in LIST_KEYWORDS {
-        let Some(items) = fields.get(keyword).and_then(Value::as_array) else {
-            continue;
-        };
-        for (at, inner) in items.iter().enumerate() {
-            if let Some(why) = find(inner, &format!("{path}/{keyword}/{at}")) {
-                return Some(why);
-            }
-        }
-    }
-    for keyword in MAP_KEYWORDS {
-        let Some(map) = fields.get(keyword).and_then(Value::as_object) else {
-            continue;
-        };
-        for (name, inner) in map {
-            if let Some(why) = find(inner, &format!("{path}/{keyword}/{name}")) {
-                return Some(why);
-            }
-        }
-    }
-    None
+    find(schema, &mut free_key_count)
 }
 
 /// `minProperties` that only free keys can reach.
-fn free_key_count(fields: &serde_json::Map<String, Value>, path: &str) -> Option<String> {
+fn free_key_count(fields: &Map<String, Value>, path: &str) -> Option<String> {
     let min = fields.get("minProperties")?.as_u64()?;
     let required = fields
         .get("required")
@@ -127,6 +69,7 @@ mod tests {
             json!({"type": "object", "minProperties": 2, "additionalProperties": false,
                 "properties": {"a": {}, "b": {}}}),
             json!({"type": "object", "patternProperties": {"^k": {}}}),
+            json!({"type": "object", "properties": {"minProperties": {"const": 5}}}),
             json!(true),
             json!({"type": "array", "items": {"type": "object"}}),
         ] {
