@@ -3,22 +3,29 @@
 //! eager forward, the grammar's mask applied to each row before its sampler, no token
 //! forced), with the grammar's forced tokens taken without a step each; unconstrained
 //! requests beside them are untouched; speculation (n-gram, a draft model that agrees with
-//! the target, one that does not) leaves greedy constrained outputs as they are; and
-//! outputs of JSON schemas validate.
+//! the target, one that does not, a random EAGLE-3 head, one whose drafts the grammar
+//! accepts) leaves greedy constrained outputs as they are, and sampled ones with drafts
+//! still complete their grammars; on a tiny DeepSeek-V3 with an MTP layer, MTP drafting
+//! leaves greedy constrained outputs as the same engine gives them without drafts, every
+//! output completing its grammar; and outputs of JSON schemas validate.
 
 mod common;
 
-use common::engine::{collect, solo, tiny_backend};
+use common::eagle3_head::{HeadSpec, RandomHead};
+use common::engine::{collect, solo};
 use common::tiny_model::{TinyModel, TinySpec};
 use common::tiny_tokenizer::write_tokenizer;
-use peregrine_actors::draft::{DraftMethod, DraftModel, Ngram};
+use peregrine_actors::backend::cpu_backend;
+use peregrine_actors::draft::{CpuMtpHead, DraftMethod, DraftModel, Eagle3, Ngram};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::messages::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
-    SchedulerMsg,
+    SchedulerMsg, Usage,
 };
+use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
+use peregrine_models::mtp::MtpHead;
 use peregrine_models::tokenizer::Tokenizer;
-use peregrine_models::LlamaModel;
+use peregrine_models::{LlamaModel, Weights};
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::{CompiledGrammar, Constraint, GrammarCompiler, GrammarLimits};
@@ -35,19 +42,62 @@ const EOS: u32 = 2;
 /// A constrained (or free) request: prompt, sampling, grammar.
 type Request = (Vec<u32>, SamplingParams, Option<Arc<CompiledGrammar>>);
 
+/// A served request's tokens, finish reason and usage.
+type Served = (Vec<u32>, FinishReason, Usage);
+
 /// The tiny Llama with its tokenizer, written into a temporary folder.
 fn model_dir(seed: u64) -> tempfile::TempDir {
+    write_model(&TinyModel::random(TinySpec::llama_tiny(), seed))
+}
+
+/// `model` (a tiny Llama) with its tokenizer, written into a temporary folder.
+fn write_model(model: &TinyModel) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    TinyModel::random(TinySpec::llama_tiny(), seed).write_hf(dir.path());
+    model.write_hf(dir.path());
+    write_tokenizer(dir.path(), model.spec.vocab_size);
+    dir
+}
+
+/// A random EAGLE-3 head for the tiny Llama of [`model_dir`]: a `midlayer.` head reading
+/// the inputs of both of the target's layers (the default aux layers need a deeper target).
+fn random_head(seed: u64) -> RandomHead {
+    let spec = HeadSpec {
+        aux_ids: Some(vec![0, 1]),
+        ..HeadSpec::midlayer()
+    };
+    RandomHead::new(&spec, &TinySpec::llama_tiny(), seed)
+}
+
+/// `head` written into a temporary folder.
+fn head_dir(head: &RandomHead) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    head.write(dir.path());
+    dir
+}
+
+/// The tiny DeepSeek-V3 with a random MTP layer (`common::mtp_checkpoint`) and the tiny
+/// Llama's tokenizer, written into a temporary folder. The tokenizer's merges run out
+/// before the checkpoint's 320 ids, so its 300 tokens are the first 300 of them and the
+/// rest are padding, as in real checkpoints whose vocabulary is rounded up: the grammar
+/// compiler masks rows of the checkpoint's width ([`compiler`]), never allowing them.
+fn mtp_model_dir(seed: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    common::mtp_checkpoint::write(dir.path(), seed);
     write_tokenizer(dir.path(), TinySpec::llama_tiny().vocab_size);
     dir
 }
 
-/// A grammar compiler over the model's tokenizer.
+/// The vocabulary size in the config.json of the model in `dir`.
+fn vocab_size(dir: &Path) -> usize {
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"].as_u64().unwrap() as usize
+}
+
+/// A grammar compiler over the model's tokenizer and vocabulary.
 fn compiler(dir: &Path) -> GrammarCompiler {
     let tokenizer = Tokenizer::from_dir(dir).unwrap();
-    let vocab = TinySpec::llama_tiny().vocab_size;
-    GrammarCompiler::new(&tokenizer, vocab, GrammarLimits::default()).unwrap()
+    GrammarCompiler::new(&tokenizer, vocab_size(dir), GrammarLimits::default()).unwrap()
 }
 
 fn compile(compiler: &GrammarCompiler, constraint: Constraint) -> Arc<CompiledGrammar> {
@@ -126,20 +176,31 @@ fn step_by_step(dir: &Path, reqs: &[Request], max_tokens: usize) -> Vec<Vec<u32>
 /// How a run drafts.
 #[derive(Clone, Copy)]
 enum Drafts<'a> {
+    /// No speculation.
     Off,
+    /// N-gram drafts from each request's own tokens.
     Ngram,
+    /// The draft model (a tiny Llama) in this folder.
     Model(&'a Path),
+    /// The EAGLE-3 head in this folder, fed the target's hidden states.
+    Eagle3(&'a Path),
+    /// The target's own MTP layer (a DeepSeek-V3 target), run as a head.
+    Mtp,
 }
 
-/// Every request of `reqs` at once through the engine (eight sequences a step, a roomy
-/// pool); each one's tokens and finish reason.
+/// Every request of `reqs` at once through the engine of the model in `dir` (eight
+/// sequences a step, a roomy pool of 256 blocks of 16); each one's tokens, finish reason
+/// and usage.
 async fn served(
     dir: &Path,
     reqs: &[Request],
     max_tokens: usize,
     drafts: Drafts<'_>,
-) -> Vec<(Vec<u32>, FinishReason)> {
-    let target = tiny_backend(dir, 256);
+) -> Vec<Served> {
+    let model = LlamaModel::load(dir).unwrap();
+    let (embed, lm_head) = (model.embedding_table(), model.lm_head());
+    let memory = 256 * 16 * model.kv_bytes_per_token();
+    let target = cpu_backend(model, memory, 16).unwrap();
     let drafter: Option<Box<dyn DraftMethod>> = match drafts {
         Drafts::Off => None,
         Drafts::Ngram => Some(Box::new(Ngram::new(1, 3).unwrap())),
@@ -151,6 +212,24 @@ async fn served(
             )
             .unwrap(),
         )),
+        Drafts::Eagle3(head) => {
+            let head = Eagle3Head::from_weights(
+                Eagle3Config::from_dir(head).unwrap(),
+                &Weights::open(head).unwrap(),
+                target.config(),
+                embed,
+            )
+            .unwrap();
+            Some(Box::new(
+                Eagle3::new(head, target.config(), target.pool()).unwrap(),
+            ))
+        }
+        Drafts::Mtp => {
+            let weights = Weights::open(dir).unwrap();
+            let mtp = MtpHead::from_weights(target.config(), &weights, embed, lm_head).unwrap();
+            let runner = CpuMtpHead::new(mtp, target.config(), target.pool()).unwrap();
+            Some(Box::new(Eagle3::with_runner(runner)))
+        }
     };
     let settings = EngineSettings {
         block_size: 16,
@@ -184,7 +263,7 @@ async fn served(
     for rx in streams {
         let (tokens, reason, usage) = collect(rx).await;
         assert_eq!(usage.completion_tokens, tokens.len());
-        out.push((tokens, reason));
+        out.push((tokens, reason, usage));
     }
     out
 }
@@ -225,6 +304,25 @@ fn text(dir: &Path, tokens: &[u32]) -> String {
         .unwrap()
 }
 
+/// Asserts that `tokens` (decoded by the tokenizer in `dir` for the message) complete
+/// `grammar`: its matcher takes every one of them and then stops.
+fn assert_completes(what: &str, dir: &Path, tokens: &[u32], grammar: &CompiledGrammar) {
+    let out = text(dir, tokens);
+    let mut matcher = grammar.matcher();
+    matcher
+        .consume(tokens)
+        .unwrap_or_else(|err| panic!("{what}: {out:?} breaks its grammar: {err}"));
+    assert!(matcher.is_stopped(), "{what}: {out:?} is incomplete");
+}
+
+/// The draft tokens the engine verified over all of `served`.
+fn drafted(served: &[Served]) -> usize {
+    served
+        .iter()
+        .map(|(.., usage)| usage.num_draft_tokens)
+        .sum()
+}
+
 /// Grammars whose forced text has one tokenization in the tiny vocabulary (upper-case
 /// letters, digits and punctuation have no merges), so that the tokens the grammar forces
 /// are the only ones its masks allow one at a time: a regex with a forced run, a choice,
@@ -260,7 +358,7 @@ fn constrained_outputs_equal_step_by_step_decoding_with_forced_tokens_taken_at_o
     }
     let want = step_by_step(dir.path(), &reqs, 60);
     let got = runtime().block_on(served(dir.path(), &reqs, 60, Drafts::Off));
-    for (i, ((tokens, reason), want)) in got.iter().zip(&want).enumerate() {
+    for (i, ((tokens, reason, _), want)) in got.iter().zip(&want).enumerate() {
         assert_eq!(tokens, want, "request {i}: {:?}", text(dir.path(), tokens));
         if reqs[i].2.is_some() {
             assert_eq!(
@@ -285,7 +383,7 @@ fn constrained_outputs_equal_step_by_step_decoding_with_forced_tokens_taken_at_o
         );
     }
     // The texts match their grammars.
-    for (i, (tokens, _)) in got.iter().take(12).enumerate() {
+    for (i, (tokens, ..)) in got.iter().take(12).enumerate() {
         let out = text(dir.path(), tokens);
         match i % 3 {
             0 => assert!(out.contains("QZX"), "{out:?}"),
@@ -308,7 +406,7 @@ fn forced_tokens_save_steps() {
     );
     let reqs = vec![(vec![5, 6, 7], SamplingParams::greedy(), Some(choice))];
     let got = runtime().block_on(served(dir.path(), &reqs, 40, Drafts::Off));
-    let (tokens, reason) = &got[0];
+    let (tokens, reason, _) = &got[0];
     assert_eq!(text(dir.path(), tokens), "ABCDEFGHIJKLMNOP");
     assert_eq!(*reason, FinishReason::Stop);
 }
@@ -317,6 +415,7 @@ fn forced_tokens_save_steps() {
 fn speculation_keeps_greedy_constrained_outputs() {
     let dir = model_dir(13);
     let other = model_dir(14);
+    let head = head_dir(&random_head(18));
     let compiler = compiler(dir.path());
     let grammars = forced_grammars(&compiler);
     // Greedy only; prompts that repeat themselves, so that n-gram drafts are proposed.
@@ -338,17 +437,75 @@ fn speculation_keeps_greedy_constrained_outputs() {
         ("n-gram", Drafts::Ngram),
         ("an agreeing draft model", Drafts::Model(dir.path())),
         ("a disagreeing draft model", Drafts::Model(other.path())),
+        ("an EAGLE-3 head", Drafts::Eagle3(head.path())),
     ] {
         let got = rt.block_on(served(dir.path(), &reqs, 50, drafts));
-        for (i, ((tokens, _), want)) in got.iter().zip(&want).enumerate() {
+        for (i, ((tokens, ..), want)) in got.iter().zip(&want).enumerate() {
             assert_eq!(tokens, want, "{what}, request {i}");
         }
+        assert!(drafted(&got) > 0, "{what}: no drafts were verified");
     }
+}
+
+/// Accepted drafts under a grammar: a target whose logits are all equal (its final norm
+/// zeroed, so that a masked row's argmax is the lowest id its grammar allows) and an
+/// EAGLE-3 head that always drafts `A` (its draft logits all equal: draft id 0, mapped to
+/// `A`). Where the grammar allows `A` the drafts are accepted, the masks of the rows after
+/// them following the grammar past them; where it does not they are rejected; and the
+/// outputs equal step-by-step decoding's.
+#[test]
+fn accepted_eagle3_drafts_keep_greedy_constrained_outputs() {
+    let mut target = TinyModel::random(TinySpec::llama_tiny(), 20);
+    let norm = target.tensors.get_mut("model.norm.weight").unwrap();
+    norm.1.iter_mut().for_each(|w| *w = 0.0);
+    let dir = write_model(&target);
+    let a = Tokenizer::from_dir(dir.path())
+        .unwrap()
+        .token_to_id("A")
+        .unwrap();
+    let mut head = random_head(21);
+    let lm_head = head.tensors.get_mut("lm_head.weight").unwrap();
+    lm_head.1.iter_mut().for_each(|w| *w = 0.0);
+    // Draft ids map to `A` first, then to the other ids in order.
+    let order: Vec<u32> = std::iter::once(a)
+        .chain((0..target.spec.vocab_size as u32).filter(|&t| t != a))
+        .collect();
+    for (draft, offset) in head.d2t.iter_mut().enumerate() {
+        *offset = i64::from(order[draft]) - draft as i64;
+    }
+    let head = head_dir(&head);
+    let compiler = compiler(dir.path());
+    // Each grammar with the one output that the lowest allowed ids give.
+    let grammars = [
+        ("([A-C]{2}[X-Z]){3}", "AAXAAXAAX"),
+        ("[A-C]{7}[X-Z]{2}", "AAAAAAAXX"),
+    ];
+    let compiled: Vec<Arc<CompiledGrammar>> = grammars
+        .iter()
+        .map(|(regex, _)| compile(&compiler, Constraint::Regex(regex.to_string())))
+        .collect();
+    let reqs: Vec<Request> = requests(6, 11, &compiled)
+        .into_iter()
+        .map(|(prompt, _, grammar)| (prompt, SamplingParams::greedy(), grammar))
+        .collect();
+    let want = step_by_step(dir.path(), &reqs, 30);
+    let got = runtime().block_on(served(dir.path(), &reqs, 30, Drafts::Eagle3(head.path())));
+    for (i, ((tokens, reason, _), want)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(tokens, want, "request {i}");
+        assert_eq!(*reason, FinishReason::Stop, "request {i}");
+        assert_eq!(text(dir.path(), tokens), grammars[i % 2].1, "request {i}");
+    }
+    let accepted: usize = got
+        .iter()
+        .map(|(.., usage)| usage.num_accepted_tokens)
+        .sum();
+    assert!(accepted > 0, "no draft was accepted");
 }
 
 #[test]
 fn sampled_constrained_outputs_with_speculation_match_their_grammar() {
     let dir = model_dir(15);
+    let head = head_dir(&random_head(19));
     let compiler = compiler(dir.path());
     let grammars = forced_grammars(&compiler);
     let reqs: Vec<Request> = requests(12, 6, &grammars)
@@ -362,16 +519,46 @@ fn sampled_constrained_outputs_with_speculation_match_their_grammar() {
             (prompt, params, grammar)
         })
         .collect();
-    let got = runtime().block_on(served(dir.path(), &reqs, 60, Drafts::Model(dir.path())));
-    for (i, (tokens, reason)) in got.iter().enumerate() {
-        assert_eq!(*reason, FinishReason::Stop, "request {i}");
-        let out = text(dir.path(), tokens);
-        let mut matcher = reqs[i].2.as_ref().unwrap().matcher();
-        matcher
-            .consume(tokens)
-            .unwrap_or_else(|err| panic!("request {i}: {out:?} breaks its grammar: {err}"));
-        assert!(matcher.is_stopped(), "request {i}: {out:?} is incomplete");
+    let rt = runtime();
+    for (what, drafts) in [
+        ("a draft model", Drafts::Model(dir.path())),
+        ("an EAGLE-3 head", Drafts::Eagle3(head.path())),
+    ] {
+        let got = rt.block_on(served(dir.path(), &reqs, 60, drafts));
+        for (i, (tokens, reason, _)) in got.iter().enumerate() {
+            let what = format!("{what}, request {i}");
+            assert_eq!(*reason, FinishReason::Stop, "{what}");
+            assert_completes(&what, dir.path(), tokens, reqs[i].2.as_ref().unwrap());
+        }
+        assert!(drafted(&got) > 0, "{what}: no drafts were verified");
     }
+}
+
+/// On the tiny DeepSeek-V3, MTP drafting (its own random MTP layer, nearly every draft
+/// rejected) keeps each greedy constrained output as the same engine gives it without
+/// drafts (the eager Llama loop of [`step_by_step`] does not run this model), and every
+/// output, greedy or sampled, with drafts or without, completes its grammar.
+#[test]
+fn mtp_drafting_keeps_greedy_constrained_outputs_and_their_grammars() {
+    let dir = mtp_model_dir(31);
+    let compiler = compiler(dir.path());
+    let grammars = forced_grammars(&compiler);
+    let reqs = requests(12, 10, &grammars);
+    let rt = runtime();
+    let plain = rt.block_on(served(dir.path(), &reqs, 60, Drafts::Off));
+    let mtp = rt.block_on(served(dir.path(), &reqs, 60, Drafts::Mtp));
+    for (i, (want, got)) in plain.iter().zip(&mtp).enumerate() {
+        if reqs[i].1.is_greedy() {
+            assert_eq!(got.0, want.0, "request {i}: {:?}", text(dir.path(), &got.0));
+        }
+        let grammar = reqs[i].2.as_ref().unwrap();
+        for (what, (tokens, reason, _)) in [("without drafts", want), ("with MTP", got)] {
+            let what = format!("{what}, request {i}");
+            assert_eq!(*reason, FinishReason::Stop, "{what}");
+            assert_completes(&what, dir.path(), tokens, grammar);
+        }
+    }
+    assert!(drafted(&mtp) > 0, "MTP: no drafts were verified");
 }
 
 /// Schemas of the shapes real ones have: nested objects, arrays, enums, `anyOf`, numbers
@@ -409,7 +596,7 @@ fn json_schema_outputs_validate() {
     let reqs = requests(16, 8, &grammars);
     let got = runtime().block_on(served(dir.path(), &reqs, 120, Drafts::Off));
     let mut stopped = 0;
-    for (i, (tokens, reason)) in got.iter().enumerate() {
+    for (i, (tokens, reason, _)) in got.iter().enumerate() {
         if *reason != FinishReason::Stop {
             continue;
         }
@@ -433,7 +620,7 @@ fn eos_waits_for_the_grammar() {
     let regex = compile(&compiler, Constraint::Regex("(ab|cd){3,5}".into()));
     let reqs = requests(8, 9, &[regex]);
     let got = runtime().block_on(served(dir.path(), &reqs, 40, Drafts::Off));
-    for (i, (tokens, reason)) in got.iter().enumerate() {
+    for (i, (tokens, reason, _)) in got.iter().enumerate() {
         assert_eq!(*reason, FinishReason::Stop, "request {i}");
         let body: Vec<u32> = tokens.iter().copied().filter(|&t| t != EOS).collect();
         assert!(

@@ -135,3 +135,110 @@ fn unenforceable_schemas_are_refused_by_name() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_compile_past_its_time_is_refused() {
+    let compiler = crate::GrammarCompiler::new(
+        &tiny_tokenizer(300),
+        300,
+        crate::GrammarLimits {
+            compile_timeout: std::time::Duration::from_nanos(1),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let properties: serde_json::Map<String, serde_json::Value> = (0..200)
+        .map(|i| {
+            (
+                format!("key{i}"),
+                json!({"type": "string", "pattern": "^[a-z]{3,9}$"}),
+            )
+        })
+        .collect();
+    let schema = json!({"type": "object", "properties": properties});
+    let err = compiler
+        .compile(&Constraint::JsonSchema(schema))
+        .unwrap_err();
+    assert!(matches!(err, GrammarError::TooSlow { .. }), "{err}");
+}
+
+/// A random JSON value built from schema keywords and odd values, `depth` levels deep.
+fn random_schema(rng: &mut impl rand::Rng, depth: usize) -> serde_json::Value {
+    const KEYS: [&str; 24] = [
+        "type",
+        "properties",
+        "items",
+        "anyOf",
+        "oneOf",
+        "allOf",
+        "enum",
+        "const",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "pattern",
+        "minLength",
+        "maxLength",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "$ref",
+        "$defs",
+        "minItems",
+        "maxItems",
+        "format",
+        "not",
+        "prefixItems",
+    ];
+    const TYPES: [&str; 8] = [
+        "object", "array", "string", "integer", "number", "boolean", "null", "nope",
+    ];
+    match rng.random_range(0..if depth == 0 { 5 } else { 8 }) {
+        0 => json!(TYPES[rng.random_range(0..TYPES.len())]),
+        1 => json!(rng.random_range(-5i64..50)),
+        2 => json!(["#/$defs/a", "(", "^[a-z]+$", "", "date-time"][rng.random_range(0..5)]),
+        3 => json!(rng.random_bool(0.5)),
+        4 => serde_json::Value::Null,
+        5 => (0..rng.random_range(0..4))
+            .map(|_| random_schema(rng, depth - 1))
+            .collect(),
+        _ => {
+            let fields: serde_json::Map<String, serde_json::Value> = (0..rng.random_range(0..5))
+                .map(|_| {
+                    let key = KEYS[rng.random_range(0..KEYS.len())].to_owned();
+                    (key, random_schema(rng, depth - 1))
+                })
+                .collect();
+            serde_json::Value::Object(fields)
+        }
+    }
+}
+
+#[test]
+fn random_schemas_compile_or_are_refused_never_panic() {
+    use rand::SeedableRng;
+    let seed: u64 = rand::random();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let compiler = tiny_compiler();
+    let (mut compiled, mut refused) = (0, 0);
+    for _ in 0..300 {
+        let schema = random_schema(&mut rng, 4);
+        match compiler.compile(&Constraint::JsonSchema(schema.clone())) {
+            Ok((grammar, _)) => {
+                // A compiled grammar gives a first mask with something in it.
+                let mut matcher = grammar.matcher();
+                assert!(matcher.mask().is_ok(), "seed {seed}: {schema}");
+                compiled += 1;
+            }
+            Err(GrammarError::Invalid(why)) => {
+                assert!(!why.is_empty(), "seed {seed}: {schema}");
+                refused += 1;
+            }
+            Err(other) => panic!("seed {seed}: {schema}: {other}"),
+        }
+    }
+    assert!(
+        compiled > 0 && refused > 0,
+        "seed {seed}: {compiled} compiled, {refused} refused"
+    );
+}
