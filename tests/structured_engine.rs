@@ -12,7 +12,7 @@
 mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
-use common::engine::{collect, solo};
+use common::engine::{collect, solo, Solo};
 use common::tiny_model::{TinyModel, TinySpec};
 use common::tiny_tokenizer::write_tokenizer;
 use peregrine_actors::backend::cpu_backend;
@@ -27,7 +27,6 @@ use peregrine_models::mtp::MtpHead;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::{LlamaModel, Weights};
 use peregrine_ops::sampling::{Sampler, SamplingParams};
-use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::{CompiledGrammar, Constraint, GrammarCompiler, GrammarLimits};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -130,27 +129,16 @@ fn requests(n: usize, seed: u64, grammars: &[Arc<CompiledGrammar>]) -> Vec<Reque
 /// one token a step, the row masked by the grammar before the sampler draws; it ends at
 /// EOS, where the grammar is complete, or at `max_tokens`.
 fn step_by_step(dir: &Path, reqs: &[Request], max_tokens: usize) -> Vec<Vec<u32>> {
-    const BLOCK: usize = 16;
-    let model = LlamaModel::load(dir).unwrap();
-    let mut cache = model.new_cache(64, BLOCK as u64);
+    let mut solo = Solo::load(dir);
     reqs.iter()
         .map(|(prompt, params, grammar)| {
+            solo.restart();
             let mut matcher = grammar.as_ref().map(|g| g.matcher());
             let mut sampler = Sampler::new(params).unwrap();
             let mut output = Vec::new();
-            let (mut fed, mut cached) = (prompt.clone(), 0);
+            let mut fed = prompt.clone();
             while output.len() < max_tokens {
-                let blocks: Vec<u32> = (0..(cached + fed.len()).div_ceil(BLOCK) as u32).collect();
-                let spec = SeqSpec {
-                    num_cached: cached,
-                    num_new: fed.len(),
-                    block_table: &blocks,
-                };
-                let plan = AttentionPlan::new(&[spec], BLOCK, 64).unwrap();
-                let mut logits = model
-                    .forward(&fed, &plan, &mut cache, &[fed.len() - 1])
-                    .unwrap();
-                cached += fed.len();
+                let mut logits = solo.next_logits(&fed);
                 if let Some(matcher) = matcher.as_mut() {
                     matcher.mask().unwrap().apply(&mut logits);
                 }

@@ -120,31 +120,64 @@ pub fn requests(vocab: u32, n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParam
         .collect()
 }
 
-/// Each request alone, its `max_tokens` tokens past EOS, through the plainest loop there
-/// is (no engine, no batch, no graph: the model's eager forward over a cache of 64 blocks
-/// of 16, one token a step): what the engine must give it whatever else runs.
-pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) -> Vec<Vec<u32>> {
+/// One sequence at a time through the plainest loop there is (no engine, no batch, no
+/// graph): the model's eager forward over a cache of 64 blocks of 16, from position 0.
+pub struct Solo {
+    model: LlamaModel,
+    cache: peregrine_ops::KvCache,
+    cached: usize,
+}
+
+impl Solo {
     const BLOCK: usize = 16;
-    let model = LlamaModel::load(dir).unwrap();
-    let mut cache = model.new_cache(64, BLOCK as u64);
+
+    /// The model of `dir`, its cache empty.
+    pub fn load(dir: &Path) -> Solo {
+        let model = LlamaModel::load(dir).unwrap();
+        let cache = model.new_cache(64, Self::BLOCK as u64);
+        Solo {
+            model,
+            cache,
+            cached: 0,
+        }
+    }
+
+    /// Starts a new sequence (its positions from 0 again).
+    pub fn restart(&mut self) {
+        self.cached = 0;
+    }
+
+    /// The logits after `fed`, the sequence's next tokens.
+    pub fn next_logits(&mut self, fed: &[u32]) -> Vec<f32> {
+        let blocks: Vec<u32> =
+            (0..(self.cached + fed.len()).div_ceil(Self::BLOCK) as u32).collect();
+        let spec = SeqSpec {
+            num_cached: self.cached,
+            num_new: fed.len(),
+            block_table: &blocks,
+        };
+        let plan = AttentionPlan::new(&[spec], Self::BLOCK, 64).unwrap();
+        let logits = self
+            .model
+            .forward(fed, &plan, &mut self.cache, &[fed.len() - 1])
+            .unwrap();
+        self.cached += fed.len();
+        logits
+    }
+}
+
+/// Each request alone, its `max_tokens` tokens past EOS, through [`Solo`], one token a
+/// step: what the engine must give it whatever else runs.
+pub fn solo(dir: &Path, reqs: &[(Vec<u32>, SamplingParams)], max_tokens: usize) -> Vec<Vec<u32>> {
+    let mut solo = Solo::load(dir);
     reqs.iter()
         .map(|(prompt, params)| {
+            solo.restart();
             let mut sampler = Sampler::new(params).unwrap();
             let mut output = Vec::with_capacity(max_tokens);
             let mut fed = prompt.clone();
-            let mut cached = 0;
             while output.len() < max_tokens {
-                let blocks: Vec<u32> = (0..(cached + fed.len()).div_ceil(BLOCK) as u32).collect();
-                let spec = SeqSpec {
-                    num_cached: cached,
-                    num_new: fed.len(),
-                    block_table: &blocks,
-                };
-                let plan = AttentionPlan::new(&[spec], BLOCK, 64).unwrap();
-                let logits = model
-                    .forward(&fed, &plan, &mut cache, &[fed.len() - 1])
-                    .unwrap();
-                cached += fed.len();
+                let logits = solo.next_logits(&fed);
                 let token = sampler.sample(&logits, prompt, &output);
                 output.push(token);
                 fed = vec![token];
