@@ -402,13 +402,18 @@ impl TargetRunner {
             .iter_mut()
             .map(|(s, state)| (state.grammar.as_mut(), drafts_of(s)))
             .collect();
+        let constrained = checked.iter().any(|(grammar, _)| grammar.is_some());
+        let count = checked.len();
         let (logits, mut draft_masks) = std::thread::scope(|scope| {
-            let masks = scope.spawn(move || verification_masks(checked));
+            let masks = constrained.then(|| scope.spawn(move || verification_masks(checked)));
             let logits = self.forward(fresh(tokens, plan, rows, Wanted::Logits));
-            let masks = masks
-                .join()
-                .map_err(|_| anyhow!("the thread computing grammar masks panicked"));
-            anyhow::Ok((logits?.logits()?, masks?))
+            let masks = match masks {
+                Some(thread) => thread
+                    .join()
+                    .map_err(|_| anyhow!("the thread computing grammar masks panicked"))?,
+                None => vec![None; count],
+            };
+            anyhow::Ok((logits?.logits()?, masks))
         })?;
         if logits.len() != rows.len() * vocab {
             return Err(anyhow!(
