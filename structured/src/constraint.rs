@@ -7,6 +7,7 @@ use serde_json::{json, Value};
 use crate::gbnf::gbnf_to_lark;
 use crate::schema_check::unenforceable;
 use crate::schema_formats::without_unknown_formats;
+use crate::schema_objects::closed_objects;
 
 /// One request's output constraint.
 #[derive(Clone, Debug, PartialEq)]
@@ -85,10 +86,10 @@ impl Constraint {
     pub fn grammar(&self) -> Result<TopLevelGrammar, String> {
         Ok(match self {
             Constraint::JsonSchema(schema) => {
-                if let Some(why) = unenforceable(schema) {
+                let schema = closed_objects(without_unknown_formats(schema.clone()));
+                if let Some(why) = unenforceable(&schema) {
                     return Err(why);
                 }
-                let schema = without_unknown_formats(schema.clone());
                 TopLevelGrammar::from_json_schema(with_options(&schema)?)
             }
             Constraint::JsonObject => {

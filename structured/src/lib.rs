@@ -13,6 +13,7 @@ pub mod gbnf;
 pub mod matcher;
 mod schema_check;
 mod schema_formats;
+mod schema_objects;
 mod schema_walk;
 #[cfg(test)]
 mod testing;
