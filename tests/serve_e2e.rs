@@ -626,6 +626,18 @@ fn langchain_tools_and_structured_output() {
     server.check("check_langchain.py", &[]);
 }
 
+/// 19. `logit_bias` and `min_tokens` through the openai client, on both endpoints, whole
+///     and streamed: a +100 bias repeats its token and a -100 one is never picked; a stop
+///     token pulled up ends a request at once, or only after `min_tokens`; bad values get a
+///     400 naming the field.
+#[test]
+fn logit_bias_and_min_tokens_are_honoured() {
+    let _serial = serial();
+    let model = TinyDir::new(20);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_biases.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

@@ -543,12 +543,13 @@ fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
 }
 
 /// Whether every sampled sequence's token is its row's argmax: greedy, without penalties,
-/// logprobs or a grammar (its sampler then draws nothing, so it need not see the logits).
+/// biases, logprobs or a grammar (its sampler then draws nothing, so it need not see the logits).
 fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
     states.iter().all(|(_, state)| {
         let params = state.sampler.params();
         params.is_greedy()
             && !params.has_penalties()
+            && !params.has_biases()
             && state.logprobs.is_none()
             && state.grammar.is_none()
     })

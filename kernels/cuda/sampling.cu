@@ -115,6 +115,24 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_MASK_THREADS)
 }
 
 // ---------------------------------------------------------------------------------------
+// Logit biases
+
+// Adds each entry's value to one logit: entry e is three u32s, (row, token, bits of the f32
+// to add), as `logit_adjustments` lists them on the host (one entry per row and token, so
+// no two threads write one logit); -inf bans a token. An entry past total_rows or vocab is
+// skipped, so no input writes out of bounds.
+extern "C" __global__ void __launch_bounds__(256)
+    sample_bias(float* __restrict__ logits, int vocab, int total_rows, int entries,
+                const unsigned int* __restrict__ adds) {
+    pdl_begin();
+    const i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= entries) return;
+    const unsigned int row = adds[3 * e], token = adds[3 * e + 1];
+    if (row >= (unsigned int)total_rows || token >= (unsigned int)vocab) return;
+    logits[(i64)row * (i64)vocab + token] += __uint_as_float(adds[3 * e + 2]);
+}
+
+// ---------------------------------------------------------------------------------------
 // Penalties
 
 // Applies each row's penalties to its logits in place, as `apply_penalties` on the CPU.

@@ -27,6 +27,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         presence_penalty: args.presence_penalty,
         frequency_penalty: args.frequency_penalty,
         seed: args.seed,
+        ..SamplingParams::default()
     };
     params.validate()?;
     let config = engine_config(ServeConfig::load(&args.engine)?)?;

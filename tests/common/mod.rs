@@ -12,5 +12,6 @@ pub mod mtp_checkpoint;
 pub mod mtp_reference;
 pub mod python_env;
 pub mod reference;
+pub mod served;
 pub mod tiny_model;
 pub mod tiny_tokenizer;

@@ -1,6 +1,7 @@
 //! GPU sampling against the CPU sampler, on fresh random logits of real vocabulary sizes:
 //! greedy argmax, penalties, grammar masks, the kept set of every filter, the inverse-CDF
-//! draw, draw frequencies, determinism, and seeded requests end to end, masked or not.
+//! draw, draw frequencies, determinism, and seeded requests end to end, masked or not,
+//! biased (`logit_bias`, `min_tokens`) or not.
 
 use crate::{random_f32, rng, setup, Setup};
 use cudarc::driver::CudaSlice;
@@ -8,7 +9,7 @@ use peregrine_kernels::cuda::sampling::{
     argmax_partials, sample_argmax_into, sample_mask, ArgmaxCopies, SampleRow,
 };
 use peregrine_ops::cuda::sampler::{mask_layout, sample_row, GpuSampler, SampleRequest};
-use peregrine_ops::sampling::{apply_penalties, Sampler, SamplingParams, TokenMask};
+use peregrine_ops::sampling::{apply_biases, apply_penalties, Sampler, SamplingParams, TokenMask};
 use peregrine_runtime::cuda::MappedHost;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -741,8 +742,8 @@ fn draw_frequencies_fit_the_cpu_probabilities() {
 
 /// One run of seeded requests through `GpuSampler`, step by step, each step checked
 /// against the CPU sampler on the same history (and the row masked by `masks[step][r]`, as
-/// `sample_on_host` does); returns every request's output. Masks and penalises the logits
-/// in place (`GpuSampler::sample`) or a copy (`sample_view`, `in_place` false).
+/// `sample_on_host` does); returns every request's output. Masks, biases and penalises the
+/// logits in place (`GpuSampler::sample`) or a copy (`sample_view`, `in_place` false).
 fn run_seeded(
     s: &Setup,
     configs: &[SamplingParams],
@@ -790,6 +791,7 @@ fn run_seeded(
             let mut want = unmasked.to_vec();
             if in_place {
                 want.clone_from(&row);
+                apply_biases(&configs[r], &mut want, outputs[r].len());
                 apply_penalties(&configs[r], &mut want, &prompts[r], &outputs[r]);
             }
             assert_same_logits(&what, &after[r * vocab..(r + 1) * vocab], &want);
@@ -965,6 +967,92 @@ fn masked_requests_follow_the_cpu() {
         "a seeded masked request gave different tokens"
     );
     eprintln!("masked seeded outputs: {first:?}");
+}
+
+#[test]
+fn biased_requests_follow_the_cpu() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("biased_requests_follow_the_cpu");
+    let vocab = 49_152;
+    let steps_n = 6;
+    let rows: Vec<Vec<Vec<f32>>> = (0..steps_n)
+        .map(|_| {
+            (0..6)
+                .map(|_| peaked(&mut rng, vocab, 40, 2.0, 5.0))
+                .collect()
+        })
+        .collect();
+    // Each row's biases: the argmax of every step pushed down hard, eight random tokens
+    // pulled up (the first of them is also a stop id, so that `min_tokens` changes the
+    // token), one id past the vocabulary (ignored); its stop ids: that token and another.
+    let argmaxes =
+        |r: usize| -> Vec<u32> { rows.iter().map(|step| cpu_argmax(&step[r])).collect() };
+    let configs: Vec<SamplingParams> = (0..6)
+        .map(|r| {
+            let pulled: Vec<u32> = (0..8).map(|_| rng.random_range(0..vocab as u32)).collect();
+            let mut logit_bias: Vec<(u32, f32)> =
+                argmaxes(r).iter().map(|&id| (id, -100.0)).collect();
+            logit_bias.extend(pulled.iter().map(|&id| (id, 4.5)));
+            logit_bias.push((vocab as u32 + 3, 50.0));
+            let stops = vec![pulled[0], rng.random_range(0..vocab as u32)];
+            let base = match r % 2 {
+                0 => SamplingParams::greedy(),
+                _ => SamplingParams {
+                    temperature: 0.9,
+                    top_k: 60,
+                    frequency_penalty: 0.4,
+                    seed: Some(40 + r as u64),
+                    ..Default::default()
+                },
+            };
+            SamplingParams {
+                // Row 4: biases only; row 5: `min_tokens` only.
+                logit_bias: if r == 5 { Vec::new() } else { logit_bias },
+                min_tokens: if r == 4 { 0 } else { 3 },
+                min_tokens_stop_ids: stops,
+                ..base
+            }
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..6)
+        .map(|_| (0..32).map(|_| rng.random_range(0..vocab as u32)).collect())
+        .collect();
+    // Row 1's mask allows only its stop ids at first: the ban must give way there.
+    let masks: Vec<Vec<Option<TokenMask>>> = (0..steps_n)
+        .map(|step| {
+            (0..6)
+                .map(|r| match (r, step) {
+                    (1, 0) => Some(TokenMask::allowing(
+                        configs[1].min_tokens_stop_ids.clone(),
+                        vocab,
+                    )),
+                    (2, _) => Some(random_mask(&mut rng, vocab, 0.4, &[])),
+                    _ => None,
+                })
+                .collect()
+        })
+        .collect();
+    let steps: Vec<Vec<f32>> = rows.iter().map(|step| step.concat()).collect();
+    let first = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, true);
+    let second = run_seeded(s, &configs, &prompts, &steps, &masks, vocab, false);
+    assert_eq!(
+        first, second,
+        "a seeded biased request gave different tokens"
+    );
+    for (r, output) in first.iter().enumerate() {
+        let stops = &configs[r].min_tokens_stop_ids;
+        if configs[r].min_tokens > 0 && r != 1 {
+            assert!(
+                !output[..3].iter().any(|id| stops.contains(id)),
+                "row {r}: {output:?}"
+            );
+        }
+    }
+    assert!(
+        configs[1].min_tokens_stop_ids.contains(&first[1][0]),
+        "row 1 took its only token"
+    );
+    eprintln!("biased seeded outputs: {first:?}");
 }
 
 #[test]

@@ -105,6 +105,7 @@ async fn handle(
         prompt,
         max_tokens,
         logprobs,
+        vocabulary: state.model.vocabulary(),
     };
     let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
     if let Some(requested) = constraint {

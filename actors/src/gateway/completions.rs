@@ -60,6 +60,7 @@ async fn handle(
         prompt,
         max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
         logprobs,
+        vocabulary: state.model.vocabulary(),
     };
     let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
     if let Some(requested) = constraint {

@@ -102,6 +102,9 @@ pub struct Generation {
     /// skipped (the decoder drops them), else the tokens that end it.
     unwritten: Vec<u32>,
     stops: StopMatcher,
+    /// Stop strings end the output only from the token after this many (vLLM's
+    /// `min_tokens`).
+    min_tokens: usize,
     logprobs: bool,
     /// Report each token's id.
     token_ids: bool,
@@ -136,6 +139,7 @@ impl Generation {
             }
             false => Vec::new(),
         };
+        let min_tokens = submission.params.min_tokens;
         let events = state.engine.submit(context.id, submission).await?;
         let tokenizer = &state.model.tokenizer;
         Ok(Self {
@@ -147,6 +151,7 @@ impl Generation {
             decoder: Some(tokenizer.decode_stream(!keep_special)),
             unwritten,
             stops: StopMatcher::new(plan.stop),
+            min_tokens,
             logprobs,
             token_ids: plan.return_token_ids,
             spec_details: plan.spec_decode_details,
@@ -241,7 +246,12 @@ impl Generation {
                 Some(decoder) => decoder.step(token.id).map_err(decode_error)?,
                 None => None,
             };
-            match text.map(|text| self.stops.push(&text)) {
+            let checked = self.completion_tokens > self.min_tokens;
+            let matched = text.map(|text| match checked {
+                true => self.stops.push(&text),
+                false => Matched::Released(self.stops.push_unchecked(&text)),
+            });
+            match matched {
                 None => {}
                 Some(Matched::Released(text)) => delta.text.push_str(&text),
                 Some(Matched::Stopped(text)) => {

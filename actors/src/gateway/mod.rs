@@ -8,6 +8,7 @@
 
 mod admin;
 mod auth;
+mod biases;
 mod blocking;
 mod body;
 mod chat;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use peregrine_ops::sampling::{SamplingError, SamplingParams};
 
+use super::biases::{self, Vocabulary};
 use super::errors::ApiError;
 use super::protocol::request::GenerationFields;
 use super::state::{GatewayConfig, SequenceLimits};
@@ -43,6 +44,8 @@ pub struct EndpointInput {
     pub max_tokens: Option<(&'static str, i64)>,
     /// Alternatives per token, when logprobs are asked for (already range-checked).
     pub logprobs: Option<usize>,
+    /// The served vocabulary (`logit_bias` and `min_tokens` are checked against it).
+    pub vocabulary: Vocabulary,
 }
 
 /// 404 about `model` unless `requested` is absent or the served model's name.
@@ -78,8 +81,22 @@ pub fn plan(
     config: &GatewayConfig,
     limits: SequenceLimits,
 ) -> Result<Plan, ApiError> {
-    let params = sampling(&fields, &config.default_sampling)?;
     let max_tokens = max_tokens(input.max_tokens, input.prompt.len(), config, limits)?;
+    let stop_token_ids = fields.stop_token_ids.clone().unwrap_or_default();
+    let ignore_eos = fields.ignore_eos.unwrap_or(false);
+    let (min_tokens, min_tokens_stop_ids) = biases::min_tokens(
+        fields.min_tokens,
+        max_tokens,
+        &stop_token_ids,
+        ignore_eos,
+        &input.vocabulary,
+    )?;
+    let params = SamplingParams {
+        logit_bias: biases::logit_bias(fields.logit_bias.as_ref(), &input.vocabulary)?,
+        min_tokens,
+        min_tokens_stop_ids,
+        ..sampling(&fields, &config.default_sampling)?
+    };
     let stop = fields.stop.map(|stop| stop.into_vec()).unwrap_or_default();
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
@@ -96,8 +113,8 @@ pub fn plan(
             prompt: Arc::from(input.prompt),
             params,
             max_tokens,
-            stop_token_ids: fields.stop_token_ids.unwrap_or_default(),
-            ignore_eos: fields.ignore_eos.unwrap_or(false),
+            stop_token_ids,
+            ignore_eos,
             logprobs: input.logprobs,
             priority: fields.priority.unwrap_or(0),
             grammar: None,
@@ -133,6 +150,7 @@ fn sampling(
             .unwrap_or(defaults.frequency_penalty),
         // A signed seed keeps its 64 bits: -1 and 2^64 - 1 are one seed.
         seed: fields.seed.map(|seed| seed as u64).or(defaults.seed),
+        ..SamplingParams::default()
     };
     params.validate().map_err(|err| match err {
         SamplingError::Invalid { field, .. } => ApiError::invalid(field, err.to_string()),
@@ -216,6 +234,13 @@ mod tests {
         }
     }
 
+    fn vocabulary() -> Vocabulary {
+        Vocabulary {
+            size: 64,
+            eos_token_ids: vec![0],
+        }
+    }
+
     fn plan_of(body: serde_json::Value, prompt: usize) -> Result<Plan, ApiError> {
         let fields: GenerationFields = parse(&body)?;
         let requested = fields.max_tokens.map(|n| ("max_tokens", n));
@@ -223,6 +248,7 @@ mod tests {
             prompt: vec![1; prompt],
             max_tokens: requested,
             logprobs: None,
+            vocabulary: vocabulary(),
         };
         plan(fields, input, &config(), LIMITS)
     }
@@ -295,6 +321,7 @@ mod tests {
                 prompt: vec![1; prompt],
                 max_tokens: fields.max_tokens.map(|n| ("max_tokens", n)),
                 logprobs: None,
+                vocabulary: vocabulary(),
             };
             let mut config = config();
             config.default_max_tokens = None;

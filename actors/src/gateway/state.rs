@@ -14,6 +14,7 @@ use peregrine_structured::GrammarCompiler;
 
 use super::tools::ToolSettings;
 
+use super::biases::Vocabulary;
 use super::blocking::BlockingPool;
 use super::engine_client::EngineClient;
 use super::errors::ApiError;
@@ -111,6 +112,14 @@ pub struct ModelInfo {
 }
 
 impl ModelInfo {
+    /// The served vocabulary: its size and end-of-sequence ids.
+    pub fn vocabulary(&self) -> Vocabulary {
+        Vocabulary {
+            size: self.tokenizer.vocab_size(),
+            eos_token_ids: self.tokenizer.eos_token_ids().to_vec(),
+        }
+    }
+
     /// How long one request's prompt plus output may be.
     pub fn sequence_limits(&self) -> SequenceLimits {
         SequenceLimits {

@@ -1,6 +1,8 @@
 //! Stop strings over text that arrives in pieces: text is released as soon as it cannot
 //! be the start of a stop string, and the output ends just before the first stop string
-//! (which is not returned, as OpenAI).
+//! (which is not returned, as OpenAI). Text pushed unchecked (the tokens before vLLM's
+//! `min_tokens`) never ends the output, but a stop string may begin in it and end in text
+//! checked after it, as vLLM matches them.
 
 /// What a piece of text released.
 #[derive(Debug, PartialEq, Eq)]
@@ -17,6 +19,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     /// Text not released yet: a suffix that could still grow into a stop string.
     pending: String,
+    /// Where the pending text pushed unchecked ends: a stop string must end past it.
+    unchecked: usize,
 }
 
 impl StopMatcher {
@@ -26,6 +30,7 @@ impl StopMatcher {
         Self {
             stops,
             pending: String::new(),
+            unchecked: 0,
         }
     }
 
@@ -34,15 +39,39 @@ impl StopMatcher {
     /// searched.
     pub fn push(&mut self, text: &str) -> Matched {
         self.pending.push_str(text);
+        let unchecked = std::mem::take(&mut self.unchecked);
         let found = self
             .stops
             .iter()
-            .filter_map(|stop| self.pending.find(stop.as_str()))
+            .filter_map(|stop| {
+                self.pending
+                    .match_indices(stop.as_str())
+                    .map(|(at, _)| at)
+                    .find(|&at| at + stop.len() > unchecked)
+            })
             .min();
         if let Some(at) = found {
             self.pending.truncate(at);
             return Matched::Stopped(std::mem::take(&mut self.pending));
         }
+        self.release()
+    }
+
+    /// Adds `text` without looking for stop strings in it (a stop string may still begin
+    /// in it and end in text pushed later); releases what no stop string can begin.
+    pub fn push_unchecked(&mut self, text: &str) -> String {
+        self.pending.push_str(text);
+        match self.release() {
+            Matched::Released(text) => {
+                self.unchecked = self.pending.len();
+                text
+            }
+            Matched::Stopped(_) => unreachable!("release never stops"),
+        }
+    }
+
+    /// Releases the pending text up to the suffix that could begin a stop string.
+    fn release(&mut self) -> Matched {
         let keep_from = self.undecided_from();
         Matched::Released(self.pending.drain(..keep_from).collect())
     }
@@ -79,6 +108,22 @@ mod tests {
         let mut matcher = StopMatcher::new(vec![String::new()]);
         assert_eq!(matcher.push("abc"), released("abc"));
         assert_eq!(matcher.flush(), "");
+    }
+
+    #[test]
+    fn unchecked_text_never_stops_but_a_stop_may_begin_in_it() {
+        let mut matcher = StopMatcher::new(vec!["ab".into(), "xyz".into()]);
+        // A whole stop string in unchecked text passes; its held tail is only a prefix.
+        assert_eq!(matcher.push_unchecked("1ab2a"), "1ab2");
+        // "ab" completed by checked text stops there.
+        assert_eq!(matcher.push("b3"), Matched::Stopped(String::new()));
+
+        let mut matcher = StopMatcher::new(vec!["ab".into()]);
+        // The unchecked "ab" is held whole (it begins a stop string) but ends before the
+        // checked text, so it does not stop the output.
+        assert_eq!(matcher.push_unchecked("xab"), "x");
+        assert_eq!(matcher.push("c"), released("abc"));
+        assert_eq!(matcher.push("ab"), Matched::Stopped(String::new()));
     }
 
     #[test]

@@ -108,12 +108,6 @@ const REFUSED: &[Refused] = &[
         "output constrained by structural tags",
     ),
     // Token-level constraints and biases.
-    refused("logit_bias", Neutral::Empty, "token biases"),
-    refused(
-        "min_tokens",
-        Neutral::Number(0.0),
-        "a minimum output length",
-    ),
     refused("bad_words", Neutral::Empty, "banned words"),
     refused(
         "allowed_token_ids",
@@ -241,8 +235,6 @@ mod tests {
             ("functions", json!([{"name": "f"}]), json!([])),
             ("function_call", json!({"name": "f"}), json!("none")),
             ("structural_tag", json!("{}"), Value::Null),
-            ("logit_bias", json!({"1": 5}), json!({})),
-            ("min_tokens", json!(4), json!(0)),
             ("bad_words", json!(["x"]), json!([])),
             ("allowed_token_ids", json!([1, 2]), Value::Null),
             ("echo", json!(true), json!(false)),

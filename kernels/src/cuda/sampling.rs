@@ -236,6 +236,45 @@ pub fn sample_mask(
     Ok(())
 }
 
+/// Adds each entry of `adds` to one logit of `logits` (`[rows, vocab]`) in place: entries
+/// are three u32s, `(row, token, f32::to_bits(value))`, at most one per row and token
+/// (`peregrine_ops::sampling::logit_adjustments`' order); a value of −∞ bans the token.
+/// Entries past the logits' rows or the vocabulary are skipped by the kernel.
+pub fn sample_bias(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    logits: &mut CudaViewMut<f32>,
+    vocab: usize,
+    adds: &CudaView<u32>,
+) -> Result<(), DriverError> {
+    let total_rows = logits.len() / vocab.max(1);
+    let vocab_i = vocab_arg("sample_bias", vocab, total_rows, logits.len());
+    assert!(
+        adds.len() % 3 == 0,
+        "sample_bias: {} words are not whole entries of three",
+        adds.len()
+    );
+    let entries = adds.len() / 3;
+    if entries == 0 {
+        return Ok(());
+    }
+    let entries_i = i32::try_from(entries).expect("sample_bias: too many entries");
+    let total_rows_i = total_rows as i32;
+    let blocks = u32::try_from(entries.div_ceil(256)).expect("sample_bias: grid too large");
+    let mut launch = k.launch(stream, "sample_bias");
+    launch
+        .arg(logits)
+        .arg(&vocab_i)
+        .arg(&total_rows_i)
+        .arg(&entries_i)
+        .arg(adds);
+    // SAFETY: thread e < entries reads words 3e..3e+3 of `adds` (which holds 3 * entries)
+    // and writes one logit of a row below `total_rows` at a token below `vocab`, which
+    // `logits` holds (`vocab_arg`).
+    unsafe { launch.launch(grid(blocks, 256, 0)) }?;
+    Ok(())
+}
+
 /// Applies each row's penalties (`params[r]`'s repetition, presence and frequency
 /// penalties) to `logits` in place, as `peregrine_ops::sampling::apply_penalties` does,
 /// for `params.len()` rows.

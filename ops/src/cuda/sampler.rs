@@ -19,8 +19,12 @@
 //! [`mask_layout`]) and one launch sets each forbidden logit to −∞, as
 //! [`TokenMask::apply`] does on the CPU before the penalties; a batch without masks
 //! uploads and launches nothing for them.
+//!
+//! Biases (`logit_bias`, and `min_tokens`' bans): after the masks, before the penalties,
+//! the entries of every row ([`bias_layout`]) go up in one upload and one launch adds them,
+//! as `apply_biases` does on the CPU.
 
-use crate::sampling::{Sampler, SamplingParams, TokenMask};
+use crate::sampling::{bans_apply, logit_adjustments, Sampler, SamplingParams, TokenMask};
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
 use peregrine_kernels::cuda::sampling::{self, SampleRow};
 use peregrine_kernels::cuda::CudaKernels;
@@ -110,6 +114,25 @@ pub fn mask_layout<'m>(
     (masked, rows)
 }
 
+/// The biases of a batch in the layout `sample_bias` reads: `(row, token, bits of the
+/// addition)` for each row's [`logit_adjustments`] after the tokens it has generated, its
+/// stop ids banned where [`bans_apply`] to its mask. Empty for a batch without biases.
+pub fn bias_layout(vocab: usize, rows: &[SampleRequest<'_>]) -> Vec<u32> {
+    let mut adds = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        let params = row.sampler.params();
+        if !params.has_biases() {
+            continue;
+        }
+        let r = u32::try_from(r).expect("GPU sampler: row index past u32");
+        let ban = bans_apply(params, row.mask, vocab);
+        for (token, add) in logit_adjustments(params, row.output_tokens.len(), vocab, ban) {
+            adds.extend([r, token, add.to_bits()]);
+        }
+    }
+    adds
+}
+
 /// The argmax of each of the first `rows` rows of `logits` (`[rows, vocab]`): greedy
 /// decoding without penalties, one launch and one download. Ties go to the lowest id; NaN
 /// never wins unless a row holds nothing else (then id 0), as on the CPU.
@@ -154,6 +177,7 @@ struct Prepared {
     all_greedy: bool,
     any_penalty: bool,
     any_mask: bool,
+    any_bias: bool,
 }
 
 impl<'a> GpuSampler<'a> {
@@ -199,7 +223,7 @@ impl<'a> GpuSampler<'a> {
             return Ok(Vec::new());
         }
         let prepared = self.prepare(rows)?;
-        if !prepared.any_mask && !prepared.any_penalty {
+        if !prepared.any_mask && !prepared.any_penalty && !prepared.any_bias {
             return self.finish(logits, vocab, &prepared);
         }
         let n = rows.len() * vocab;
@@ -272,6 +296,7 @@ impl<'a> GpuSampler<'a> {
         let all_greedy = params.iter().all(|p| p.greedy != 0);
         let any_penalty = rows.iter().any(|row| row.sampler.params().has_penalties());
         let any_mask = rows.iter().any(|row| row.mask.is_some());
+        let any_bias = rows.iter().any(|row| row.sampler.params().has_biases());
         let params_dev = if any_penalty || !all_greedy {
             Some(self.gpu.upload(&params)?)
         } else {
@@ -283,11 +308,12 @@ impl<'a> GpuSampler<'a> {
             all_greedy,
             any_penalty,
             any_mask,
+            any_bias,
         })
     }
 
-    /// Masks, then penalises, the batch's `logits` in place, as the CPU does before its
-    /// distribution; nothing for a batch without masks or penalties.
+    /// Masks, biases, then penalises, the batch's `logits` in place, as the CPU does before
+    /// its distribution; nothing for a batch without masks, biases or penalties.
     fn constrain(
         &self,
         logits: &mut CudaViewMut<'_, f32>,
@@ -305,6 +331,20 @@ impl<'a> GpuSampler<'a> {
                 vocab,
                 &staged.slice(..masked),
                 &staged.slice(masked..),
+            )?;
+        }
+        let adds = match prepared.any_bias {
+            true => bias_layout(vocab, rows),
+            false => Vec::new(),
+        };
+        if !adds.is_empty() {
+            let adds = self.gpu.upload(&adds)?;
+            sampling::sample_bias(
+                self.kernels,
+                self.gpu.stream(),
+                logits,
+                vocab,
+                &adds.as_view(),
             )?;
         }
         if let Some(params_dev) = prepared
@@ -527,6 +567,56 @@ mod tests {
     }
 
     #[test]
+    fn bias_layout_lists_each_biased_row_s_entries() {
+        let biased = SamplingParams {
+            logit_bias: vec![(9, 1.5), (2, -3.0), (70, 4.0)],
+            min_tokens: 2,
+            min_tokens_stop_ids: vec![4],
+            ..SamplingParams::greedy()
+        };
+        let mut samplers: Vec<Sampler> = [SamplingParams::greedy(), biased.clone(), biased]
+            .iter()
+            .map(|p| Sampler::new(p).unwrap())
+            .collect();
+        // Row 2's mask allows only its stop id: its ban gives way.
+        let only_stop = TokenMask::allowing([4], 64);
+        let outputs: [&[u32]; 3] = [&[], &[1], &[]];
+        let masks = [None, None, Some(&only_stop)];
+        let rows: Vec<SampleRequest> = samplers
+            .iter_mut()
+            .zip(outputs)
+            .zip(masks)
+            .map(|((sampler, output), mask)| SampleRequest {
+                sampler,
+                prompt_tokens: &[],
+                output_tokens: output,
+                mask,
+            })
+            .collect();
+        let bits = |x: f32| x.to_bits();
+        assert_eq!(
+            bias_layout(64, &rows),
+            vec![
+                1,
+                2,
+                bits(-3.0),
+                1,
+                4,
+                bits(f32::NEG_INFINITY),
+                1,
+                9,
+                bits(1.5),
+                2,
+                2,
+                bits(-3.0),
+                2,
+                9,
+                bits(1.5),
+            ]
+        );
+    }
+
+    #[test]
     fn rows_carry_the_params_and_the_uniform() {
         let params = SamplingParams {
             temperature: 0.7,
@@ -537,6 +627,7 @@ mod tests {
             presence_penalty: 0.5,
             frequency_penalty: -0.5,
             seed: Some(3),
+            ..SamplingParams::default()
         };
         let row = sample_row(&params, Some(0.25));
         assert_eq!(

@@ -26,6 +26,15 @@ pub struct SamplingParams {
     pub frequency_penalty: f32,
     /// Seeds the request's RNG; `None` seeds it from OS entropy.
     pub seed: Option<u64>,
+    /// Added to the logits of these tokens before the penalties (OpenAI's `logit_bias`):
+    /// `(token, bias)` with each bias in [-100, 100]; ids past the vocabulary are ignored.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// The ids in `min_tokens_stop_ids` are not sampled before this many tokens have been
+    /// generated (vLLM's `min_tokens`); 0 is off.
+    pub min_tokens: usize,
+    /// The ids `min_tokens` holds back: the end-of-sequence ids (unless `ignore_eos`) and
+    /// the request's `stop_token_ids`.
+    pub min_tokens_stop_ids: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -40,6 +49,9 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: None,
+            logit_bias: Vec::new(),
+            min_tokens: 0,
+            min_tokens_stop_ids: Vec::new(),
         }
     }
 }
@@ -82,6 +94,12 @@ impl SamplingParams {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
+    }
+
+    /// Whether `logit_bias` or `min_tokens` changes the logits before sampling
+    /// (`apply_biases` is a no-op otherwise).
+    pub fn has_biases(&self) -> bool {
+        !self.logit_bias.is_empty() || (self.min_tokens > 0 && !self.min_tokens_stop_ids.is_empty())
     }
 
     /// Checks every field against vLLM's ranges; the error names the first bad field.
@@ -128,7 +146,16 @@ impl SamplingParams {
             self.frequency_penalty,
             (-2.0..=2.0).contains(&self.frequency_penalty),
             "must be in [-2, 2]",
-        )
+        )?;
+        for &(_, bias) in &self.logit_bias {
+            check(
+                "logit_bias",
+                bias,
+                (-100.0..=100.0).contains(&bias),
+                "each bias must be in [-100, 100]",
+            )?;
+        }
+        Ok(())
     }
 }
 
@@ -173,8 +200,22 @@ mod tests {
             presence_penalty: -2.0,
             frequency_penalty: 2.0,
             seed: Some(7),
+            logit_bias: vec![(0, -100.0), (5, 100.0)],
+            min_tokens: 3,
+            min_tokens_stop_ids: vec![2],
         };
         assert_eq!(params.validate(), Ok(()));
+        let bad = SamplingParams {
+            logit_bias: vec![(0, 100.5)],
+            ..params
+        };
+        assert!(matches!(
+            bad.validate(),
+            Err(SamplingError::Invalid {
+                field: "logit_bias",
+                ..
+            })
+        ));
     }
 
     #[test]

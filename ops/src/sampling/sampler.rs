@@ -4,7 +4,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha20Rng;
 
 use super::distribution::distribution;
-use super::{apply_penalties, SamplingError, SamplingParams};
+use super::{apply_biases, apply_penalties, SamplingError, SamplingParams};
 
 /// Chooses the next token of one request. Seeded requests draw the same tokens from the
 /// same logits, always: the RNG is ChaCha20 seeded from `seed`, and unseeded requests seed
@@ -35,7 +35,9 @@ impl Sampler {
         &self.params
     }
 
-    /// The distribution [`Sampler::sample`] draws from: penalties applied to `logits`, then
+    /// The distribution [`Sampler::sample`] draws from: biases (`logit_bias`, and
+    /// `min_tokens` while fewer than that many `output_tokens`), then penalties applied to
+    /// `logits`, then
     /// greedy or temperature / top-k / top-p / min-p, as `(token, probability)` pairs,
     /// most likely first (ties: lower id), zero-probability tokens left out, summing to 1.
     pub fn probabilities(
@@ -45,6 +47,7 @@ impl Sampler {
         output_tokens: &[u32],
     ) -> Vec<(u32, f64)> {
         let mut penalised = logits.to_vec();
+        apply_biases(&self.params, &mut penalised, output_tokens.len());
         apply_penalties(&self.params, &mut penalised, prompt_tokens, output_tokens);
         distribution(&self.params, &penalised)
     }

@@ -55,7 +55,7 @@ pub fn gateway_config(config: &ServeConfig, served_model_name: &str) -> GatewayC
             repetition_penalty: d.repetition_penalty.unwrap_or(base.repetition_penalty),
             presence_penalty: d.presence_penalty.unwrap_or(base.presence_penalty),
             frequency_penalty: d.frequency_penalty.unwrap_or(base.frequency_penalty),
-            seed: None,
+            ..base
         },
         default_max_tokens: d.max_tokens.map(|n| n as usize),
         max_request_body: usize::try_from(config.max_request_body).unwrap_or(usize::MAX),

@@ -48,6 +48,10 @@ pub struct GenerationFields {
     pub return_spec_decode_stats: Option<bool>,
     /// vLLM's: add the prompt's and the generated token ids to the response.
     pub return_token_ids: Option<bool>,
+    /// OpenAI's: token id (as a string) to a bias in [-100, 100] added to its logit.
+    pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
+    /// vLLM's: no end-of-sequence or stop token before this many tokens.
+    pub min_tokens: Option<i64>,
 }
 
 /// `stop`: one string or several (deserialized in `shapes.rs`).

@@ -56,7 +56,7 @@ async fn completion_passes_request_fields_to_the_scheduler() {
     let request = json!({"prompt": "x", "max_tokens": 5, "temperature": 0.5, "top_p": 0.75,
         "min_p": 0.125, "seed": 42, "presence_penalty": 0.5, "frequency_penalty": 0.25,
         "repetition_penalty": 1.5, "stop_token_ids": [7], "ignore_eos": true, "priority": -3,
-        "n": 1, "user": "someone"});
+        "n": 1, "user": "someone", "logit_bias": {"12": -100, "3": 2.5}, "min_tokens": 2});
     let (status, body) = call(&app, post("/v1/completions", request)).await;
     assert_eq!(status, 200, "{body:?}");
     let submitted = fixture.last_submitted();
@@ -69,6 +69,10 @@ async fn completion_passes_request_fields_to_the_scheduler() {
         presence_penalty: 0.5,
         frequency_penalty: 0.25,
         seed: Some(42),
+        logit_bias: vec![(3, 2.5), (12, -100.0)],
+        min_tokens: 2,
+        // `ignore_eos`: the stop token only.
+        min_tokens_stop_ids: vec![7],
     };
     assert_eq!(
         submitted.spec.params, expected,

@@ -19,7 +19,7 @@ async fn fields_that_would_change_the_output_are_refused_by_name() {
         ("functions", json!([{"name": "f"}])),
         ("function_call", json!({"name": "f"})),
         ("structural_tag", json!({"structures": []})),
-        ("min_tokens", json!(5)),
+        ("bad_words", json!(["x"])),
         ("prompt_logprobs", json!(1)),
     ];
     for uri in ["/v1/completions", "/v1/chat/completions"] {
