@@ -102,6 +102,13 @@
 #                                 EAGLE3_FIXED=1 at 1 and 64 always drafting too), then
 #                                 served with and without the head, in turns: bench serve at
 #                                 concurrency 1, 8 and 64
+#   scripts/gpu_run.sh structured structured output on the GPU, the SmolLM2-135M and Llama-3.2-1B
+#                                 shapes with random weights and SmolLM2's tokenizer (carried
+#                                 in target/tokenizer/): scripts/structured/device_check.py's
+#                                 constrained requests checked, served plainly and with n-gram
+#                                 speculation; then scripts/structured/bench_constrained.sh,
+#                                 constrained against free output tokens/s at concurrency 1
+#                                 and 8 and the mask time per row
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -415,6 +422,30 @@ limits)
 opcosts)
     # What the small operations between two decode graphs cost the stream (PyTorch).
     python3 scripts/stream_op_costs.py 2>&1 | tee "$OUT/opcosts.log"
+    ;;
+structured)
+    for shape in smollm2-135m llama-3.2-1b; do
+        python3 scripts/random_checkpoint.py scripts/configs/$shape.json target/tokenizer \
+            /tmp/random-$shape 2>&1 | tee -a "$OUT/structured.log"
+    done
+    for shape in smollm2-135m llama-3.2-1b; do
+        for flags in "" "--speculative-method ngram --num-speculative-tokens 3"; do
+            echo "== check $shape $flags" | tee -a "$OUT/structured.log"
+            # shellcheck disable=SC2086
+            "$bin/peregrine" serve --model /tmp/random-$shape --device cuda --port 8123 \
+                --served-model-name random $flags >"$OUT/serve-check-$shape${flags:+-ngram}.log" 2>&1 &
+            server=$!
+            wait_for_port 8123
+            python3 scripts/structured/device_check.py --url http://127.0.0.1:8123 --model random \
+                2>&1 | tee -a "$OUT/structured.log"
+            kill $server
+            wait $server
+        done
+        echo "== bench $shape" | tee -a "$OUT/structured.log"
+        PEREGRINE="$bin/peregrine" STRUCTURED_BENCH_OUT="$OUT/bench-$shape" \
+            scripts/structured/bench_constrained.sh --model /tmp/random-$shape --device cuda \
+            2>&1 | tee -a "$OUT/structured.log"
+    done
     ;;
 stash)
     mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts
