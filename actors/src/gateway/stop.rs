@@ -17,6 +17,8 @@ pub struct StopMatcher {
     stops: Vec<String>,
     /// Text not released yet: a suffix that could still grow into a stop string.
     pending: String,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -26,7 +28,13 @@ impl StopMatcher {
         Self {
             stops,
             pending: String::new(),
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds `text`. A stop string cannot start in text released earlier (that text was
@@ -37,9 +45,10 @@ impl StopMatcher {
         let found = self
             .stops
             .iter()
-            .filter_map(|stop| self.pending.find(stop.as_str()))
-            .min();
-        if let Some(at) = found {
+            .filter_map(|stop| Some((self.pending.find(stop.as_str())?, stop)))
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = found {
+            self.matched = Some(stop.clone());
             self.pending.truncate(at);
             return Matched::Stopped(std::mem::take(&mut self.pending));
         }
@@ -86,7 +95,9 @@ mod tests {
         let mut matcher = StopMatcher::new(vec!["END".into(), "xyz".into()]);
         assert_eq!(matcher.push("hello E"), released("hello "));
         assert_eq!(matcher.push("N"), released(""));
+        assert_eq!(matcher.matched(), None);
         assert_eq!(matcher.push("Dless"), Matched::Stopped(String::new()));
+        assert_eq!(matcher.matched(), Some("END"));
     }
 
     #[test]
@@ -103,6 +114,11 @@ mod tests {
         let mut matcher = StopMatcher::new(vec!["wörx".into(), "rld".into(), "d".into()]);
         assert_eq!(matcher.push("hé wö"), released("hé "));
         assert_eq!(matcher.push("rld"), Matched::Stopped("wö".into()));
+        assert_eq!(
+            matcher.matched(),
+            Some("rld"),
+            "the earliest, not the first listed"
+        );
         let mut matcher = StopMatcher::new(vec!["🦀!".into()]);
         assert_eq!(matcher.push("a🦀"), released("a"));
         assert_eq!(matcher.push("?"), released("🦀?"));
