@@ -626,6 +626,18 @@ fn langchain_tools_and_structured_output() {
     server.check("check_langchain.py", &[]);
 }
 
+/// 19. Anthropic's Messages API through the `anthropic` client: `messages.create` (a
+///     system prompt, a stop sequence), `messages.stream`, `tool_choice` `any` and `tool`
+///     with inputs that validate, a second turn sending the `tool_result` back, a streamed
+///     call's `input_json_delta` fragments, and refusals in Anthropic's error shape.
+#[test]
+fn messages_api_through_the_anthropic_client() {
+    let _serial = serial();
+    let model = TinyDir::new(20);
+    let server = Server::start(model.path(), &TOOL_FLAGS);
+    server.check("check_messages.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]
