@@ -6,7 +6,7 @@ The model is a tiny random Llama, so the checks rely only on what the API guaran
 a system prompt adds to the input tokens; a stop sequence taken from a greedy answer ends
 the same greedy answer just before it, with `stop_reason` `stop_sequence`; `messages.stream`
 gives text deltas that put together are the final message and the whole greedy answer.
-With tools, `tool_choice` `any` and `tool` answer with `tool_use` blocks whose input
+With check_tools.py's tools, `tool_choice` `any` and `tool` answer with `tool_use` blocks whose input
 validates against the tool's `input_schema` (jsonschema), ending with `tool_use`; a second
 turn sending the `tool_result` back is served; a streamed call's `input_json_delta`
 fragments put together are valid JSON that validates. A missing `max_tokens`, an unknown
@@ -20,40 +20,19 @@ try:
 except ImportError as err:  # pragma: no cover - exercised on bare machines only
     raise SystemExit("FAIL: the `anthropic` Python client is not importable (%s)" % err)
 
+import check_tools
+from check_tools import MAX_TOKENS, PARAMETERS as SCHEMAS, MESSAGES as QUESTION
 from e2e_common import expect, expect_eq, log, parser, run, validate_json
 
-QUESTION = [{"role": "user", "content": "What is the weather in Paris, and what time is it there?"}]
-MAX_TOKENS = 400
-
-WEATHER = {
-    "name": "get_weather",
-    "description": "The current weather in a city.",
-    "input_schema": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "minLength": 1, "maxLength": 12},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-}
-TIME = {
-    "name": "get_time",
-    "description": "The time in a time zone.",
-    "input_schema": {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-}
-TOOLS = [WEATHER, TIME]
+# check_tools.py's function tools, in Anthropic's shape.
+TOOLS = [
+    {"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+    for f in (tool["function"] for tool in check_tools.TOOLS)
+]
 # The client has no `temperature` parameter any more (newer Claude models take none); the
 # server honours it, so it goes in the body.
 GREEDY = {"temperature": 0}
 SAMPLED = {"temperature": 1.0}
-SCHEMAS = {t["name"]: t["input_schema"] for t in TOOLS}
 
 
 def text_of(message):

@@ -296,11 +296,12 @@ fn choice(value: Option<&Value>, tools: &[Tool]) -> Result<Option<Choice>, ApiEr
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use serde_json::json;
 
-    const SETTINGS: ToolSettings = ToolSettings {
+    /// Hermes calls in one list, the tools written into the system turn, `auto` served.
+    pub const SETTINGS: ToolSettings = ToolSettings {
         format: ToolCallFormat::Hermes,
         style: HermesStyle::List,
         template_renders_tools: false,

@@ -1,7 +1,7 @@
 //! The translation of Messages requests into the chat, and the shaping of answers and
 //! stream events, without a server.
 
-use peregrine_structured::tools::{HermesStyle, ToolCallFormat};
+use peregrine_structured::tools::ToolCallFormat;
 use serde_json::{json, Value};
 
 use super::request::{MessagesRequest, REFUSED};
@@ -16,15 +16,9 @@ use crate::gateway::protocol::request::{Content, Stop};
 use crate::gateway::protocol::response::UsageOut;
 use crate::gateway::sse::ChunkFormat;
 use crate::gateway::tool_output::{CallDeltas, CallIds};
-use crate::gateway::tools::{Choice, ToolSettings};
+use crate::gateway::tools::tests::SETTINGS;
+use crate::gateway::tools::Choice;
 use crate::gateway::unsupported::refuse_any;
-
-const SETTINGS: ToolSettings = ToolSettings {
-    format: ToolCallFormat::Hermes,
-    style: HermesStyle::List,
-    template_renders_tools: false,
-    auto: true,
-};
 
 fn weather() -> Value {
     json!({"name": "get_weather", "description": "Weather in a city",
