@@ -638,6 +638,18 @@ fn logit_bias_and_min_tokens_are_honoured() {
     server.check("check_biases.py", &[]);
 }
 
+/// 20. Anthropic's Messages API through the `anthropic` client: `messages.create` (a
+///     system prompt, a stop sequence), `messages.stream`, `tool_choice` `any` and `tool`
+///     with inputs that validate, a second turn sending the `tool_result` back, a streamed
+///     call's `input_json_delta` fragments, and refusals in Anthropic's error shape.
+#[test]
+fn messages_api_through_the_anthropic_client() {
+    let _serial = serial();
+    let model = TinyDir::new(21);
+    let server = Server::start(model.path(), &TOOL_FLAGS);
+    server.check("check_messages.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

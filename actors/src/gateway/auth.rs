@@ -1,4 +1,4 @@
-//! Bearer-token checks as extractors: put [`ApiKeyAuth`] or [`AdminAuth`] first among a
+//! Key and token checks as extractors: put [`ApiKeyAuth`] or [`AdminAuth`] first among a
 //! handler's arguments and the request is refused before its body is read.
 
 use std::future::{ready, Ready};
@@ -12,7 +12,11 @@ use subtle::{Choice, ConstantTimeEq};
 use super::errors::ApiError;
 use super::state::GatewayState;
 
-/// Proof that the request carries one of the configured API keys (or that none is set).
+/// The header Anthropic's clients send their key in.
+const API_KEY: &str = "x-api-key";
+
+/// Proof that the request carries one of the configured API keys, as a bearer token or
+/// in `x-api-key` (or that none is set).
 #[derive(Debug)]
 pub struct ApiKeyAuth;
 
@@ -30,9 +34,10 @@ impl FromRequest for ApiKeyAuth {
             if config.api_keys.is_empty() {
                 return Ok(Self);
             }
-            match bearer(req) {
+            match bearer(req).or_else(|| api_key_header(req)) {
                 None => Err(ApiError::unauthorized(
-                    "missing API key: send it as `Authorization: Bearer <key>`",
+                    "missing API key: send it as `Authorization: Bearer <key>` or \
+                     `x-api-key: <key>`",
                 )),
                 Some(key) if matches_any(&config.api_keys, key) => Ok(Self),
                 Some(_) => Err(ApiError::unauthorized("invalid API key")),
@@ -75,6 +80,12 @@ fn bearer(req: &HttpRequest) -> Option<&str> {
     let (scheme, token) = value.split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The key of an `x-api-key: <key>` header, as Anthropic's clients send it.
+fn api_key_header(req: &HttpRequest) -> Option<&str> {
+    let key = req.headers().get(API_KEY)?.to_str().ok()?.trim();
+    (!key.is_empty()).then_some(key)
 }
 
 /// Whether `given` is one of `secrets`, in time that depends neither on where a secret

@@ -11,13 +11,12 @@ use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
 use super::constraints;
 use super::context::RequestContext;
+use super::conversation::{self, Conversation, Submitted};
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Output};
-use super::grammar;
+use super::generation::{Delta, Output};
 use super::logprobs;
-use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::params::logprobs_count;
 use super::peer::PeerProbe;
-use super::prompt::ChatTools;
 use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
@@ -36,7 +35,7 @@ pub async fn create(
     body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let peer = request.conn_data::<PeerProbe>().cloned();
-    let context = RequestContext::new(&state.engine, "chatcmpl");
+    let context = RequestContext::new(&state.engine, "chatcmpl-");
     context.run(handle(&state, body.0, &context, peer)).await
 }
 
@@ -50,33 +49,9 @@ async fn handle(
     unsupported::check(&body)?;
     let settings = state.model.tools;
     let tools = tools::read(&body, &settings)?;
-    let forced = match &tools {
-        Some(tools) => tools.forced(&settings, &state.model.tokenizer)?,
-        None => None,
-    };
-    let constraint = match (constraints::requested(&body)?, forced) {
-        (Some(asked), Some(_)) => {
-            return Err(ApiError::invalid(
-                asked
-                    .param
-                    .split('.')
-                    .next()
-                    .unwrap_or(&asked.param)
-                    .to_owned(),
-                "a request whose `tool_choice` forces a call takes no other output constraint",
-            ))
-        }
-        (asked, forced) => asked.or(forced),
-    };
-    let reads_calls = tools.as_ref().is_some_and(|t| t.reads_calls());
-    let chat_tools = tools.map_or_else(ChatTools::default, |t| ChatTools {
-        declared: t.declared,
-        tools: t.tools,
-    });
+    let constraint = constraints::requested(&body)?;
     let fields: GenerationFields = parse(&body)?;
     let own: ChatFields = parse(&body)?;
-    let config = state.config.get();
-    check_model(fields.model.as_deref(), &config)?;
     let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
         (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
         (false, Some(top)) if top > 0 => {
@@ -87,43 +62,36 @@ async fn handle(
         }
         (false, _) => None,
     };
-    let (messages, add_generation_prompt) =
-        (own.messages, own.add_generation_prompt.unwrap_or(true));
-    let prompter = state.prompter(&config);
-    let prompt = state
-        .blocking
-        .run(move || prompter.chat(messages, chat_tools, add_generation_prompt, false))
-        .await?;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered chat is empty"));
-    }
     let max_tokens = match own.max_completion_tokens {
         Some(value) => Some(("max_completion_tokens", value)),
         None => fields.max_tokens.map(|value| ("max_tokens", value)),
     };
-    let input = EndpointInput {
-        prompt,
+    let conversation = Conversation {
+        fields,
+        messages: own.messages,
+        tools,
+        constraint,
         max_tokens,
         logprobs,
-        vocabulary: state.model.vocabulary(),
+        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
     };
-    let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
-    if let Some(requested) = constraint {
-        plan.submission.grammar = Some(grammar::compile(state, requested).await?);
-    }
-    plan.keep_special_tokens = reads_calls;
-    let (stream, include_usage) = (plan.stream, plan.include_usage);
-    let token_ids = plan.return_token_ids;
-    let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
-    let generation = Generation::start(state, context, plan).await?;
-    let ids = CallIds::of(&context.public_id);
+    let Submitted {
+        generation,
+        stream,
+        include_usage,
+        return_token_ids: token_ids,
+        prompt,
+        reads_calls,
+        model,
+    } = conversation::submit(state, context, conversation).await?;
+    let ids = CallIds::of("call", &context.public_id);
     let mut format = ChatFormat {
         id: context.public_id.clone(),
         created: context.created,
-        model: config.served_model_name.clone(),
+        model,
         logprobs: logprobs.is_some(),
         token_ids,
-        prompt_token_ids,
+        prompt_token_ids: token_ids.then(|| prompt.to_vec()),
         calls: reads_calls.then(|| CallDeltas::new(settings.format, ids.clone())),
     };
     if stream {
@@ -141,6 +109,7 @@ async fn handle(
         token_ids,
         reason,
         usage,
+        ..
     } = generation.collect_while_connected(peer).await?;
     let (content, tool_calls) = match reads_calls {
         true => tool_output::whole(settings.format, &text, &ids),

@@ -28,7 +28,7 @@ pub async fn create(
     body: JsonBody,
 ) -> Result<HttpResponse, ApiError> {
     let peer = request.conn_data::<PeerProbe>().cloned();
-    let context = RequestContext::new(&state.engine, "cmpl");
+    let context = RequestContext::new(&state.engine, "cmpl-");
     context.run(handle(&state, body.0, &context, peer)).await
 }
 
@@ -94,6 +94,7 @@ async fn handle(
         token_ids,
         reason,
         usage,
+        ..
     } = generation.collect_while_connected(peer).await?;
     let delta = Delta {
         text,

@@ -1,5 +1,5 @@
 //! A generation request's identity: its engine id, the id clients see (`cmpl-…`,
-//! `chatcmpl-…`) and the `tracing` span that puts that id on every log line about it.
+//! `chatcmpl-…`, `msg_…`) and the `tracing` span that puts that id on every log line about it.
 
 use std::future::Future;
 use std::hash::{BuildHasher, Hasher};
@@ -26,10 +26,10 @@ pub struct RequestContext {
 }
 
 impl RequestContext {
-    /// A fresh context; `prefix` is `cmpl` or `chatcmpl`.
+    /// A fresh context; `prefix` is `cmpl-`, `chatcmpl-` or `msg_`.
     pub fn new(engine: &EngineClient, prefix: &str) -> Self {
         let id = engine.next_id();
-        let public_id = format!("{prefix}-{:016x}{:016x}", process_tag(), id.0);
+        let public_id = format!("{prefix}{:016x}{:016x}", process_tag(), id.0);
         let span = tracing::info_span!("request", id = %public_id, request_id = %id);
         Self {
             id,

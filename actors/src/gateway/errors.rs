@@ -65,6 +65,13 @@ impl ApiError {
         }
     }
 
+    /// This error with its `param` renamed by `rename` (from another API's name of the
+    /// field).
+    pub fn map_param(self, rename: impl FnOnce(&str) -> String) -> Self {
+        let param = self.param.as_deref().map(rename);
+        Self { param, ..self }
+    }
+
     /// 400 about the request as a whole.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)

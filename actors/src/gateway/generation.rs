@@ -62,6 +62,8 @@ pub struct Finish {
     pub delta: Delta,
     /// `stop` or `length`.
     pub reason: &'static str,
+    /// The stop string that ended the output, if one did.
+    pub stop_string: Option<String>,
     /// Token counts.
     pub usage: UsageOut,
 }
@@ -86,6 +88,8 @@ pub struct Output {
     pub token_ids: Vec<u32>,
     /// `stop` or `length`.
     pub reason: &'static str,
+    /// The stop string that ended the output, if one did.
+    pub stop_string: Option<String>,
     /// Token counts.
     pub usage: UsageOut,
 }
@@ -212,18 +216,20 @@ impl Generation {
                 Step::Finished(Finish {
                     delta,
                     reason,
+                    stop_string,
                     usage,
-                }) => (delta, Some((reason, usage))),
+                }) => (delta, Some((reason, stop_string, usage))),
             };
             text.push_str(&delta.text);
             tokens.extend(delta.tokens);
             token_ids.extend(delta.token_ids);
-            if let Some((reason, usage)) = finish {
+            if let Some((reason, stop_string, usage)) = finish {
                 return Ok(Output {
                     text,
                     tokens,
                     token_ids,
                     reason,
+                    stop_string,
                     usage,
                 });
             }
@@ -260,6 +266,7 @@ impl Generation {
                     return Ok(Step::Finished(Finish {
                         delta,
                         reason: "stop",
+                        stop_string: self.stops.matched().map(str::to_owned),
                         usage,
                     }));
                 }
@@ -319,6 +326,7 @@ impl Generation {
                 ..Delta::default()
             },
             reason,
+            stop_string: self.stops.matched().map(str::to_owned),
             usage: UsageOut::reported(usage, self.spec_details),
         }))
     }

@@ -2,11 +2,13 @@
 //! chat template, tokenizes, submits to the scheduler through [`EngineClient`], and turns
 //! the token events back into text, whole or streamed as server-sent events. It also serves
 //! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics` and the admin endpoints.
-//! It never touches a device.
+//! `POST /v1/messages` answers Anthropic's Messages API over the same chat. It never touches
+//! a device.
 //!
 //! The server builds a [`GatewayState`], wraps it in `web::Data`, and registers [`routes`].
 
 mod admin;
+mod anthropic;
 mod auth;
 mod biases;
 mod blocking;
@@ -15,6 +17,7 @@ mod chat;
 mod completions;
 mod constraints;
 mod context;
+mod conversation;
 mod engine_client;
 mod errors;
 mod generation;

@@ -1,5 +1,5 @@
 //! Server-sent events: a generation streamed as `data: {json}\n\n` chunks ending with
-//! `data: [DONE]\n\n`. The response body owns the generation, so when actix drops the body
+//! `data: [DONE]\n\n` (OpenAI's wording; an endpoint may word its events otherwise). The response body owns the generation, so when actix drops the body
 //! (the client went away) the events receiver goes with it and the request is cancelled.
 //! Until its first tokens a stream also watches its connection, so a client that leaves
 //! while its request is queued or in prefill is noticed at once, not when the first token
@@ -15,7 +15,7 @@ use serde::Serialize;
 use tracing::Instrument;
 
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Step};
+use super::generation::{Delta, Finish, Generation, Step};
 use super::peer::PeerProbe;
 use super::protocol::response::UsageOut;
 
@@ -32,6 +32,26 @@ pub trait ChunkFormat: 'static {
 
     /// The event with the usage and no choices, sent last when the client asked for it.
     fn usage(&mut self, usage: UsageOut) -> Bytes;
+
+    /// The events that end a generation: its last chunk, then the usage if
+    /// `include_usage`.
+    fn last(&mut self, finish: Finish, include_usage: bool) -> Vec<Bytes> {
+        let mut events = vec![self.chunk(&finish.delta, Some(finish.reason))];
+        if include_usage {
+            events.push(self.usage(finish.usage));
+        }
+        events
+    }
+
+    /// The event of an error that ends the stream part-way.
+    fn error(&mut self, err: &ApiError) -> Bytes {
+        event(&err.body())
+    }
+
+    /// The event after all others, if the endpoint has one (`data: [DONE]`).
+    fn done(&mut self) -> Option<Bytes> {
+        Some(Bytes::from_static(DONE))
+    }
 }
 
 /// One `data:` event holding `value` as JSON.
@@ -125,16 +145,13 @@ impl<F: ChunkFormat> SseStream<F> {
                 }
             }
             Some(Ok(Step::Finished(finish))) => {
-                let last = self.format.chunk(&finish.delta, Some(finish.reason));
-                self.queue.push_back(last);
-                if self.include_usage {
-                    self.queue.push_back(self.format.usage(finish.usage));
-                }
+                let last = self.format.last(finish, self.include_usage);
+                self.queue.extend(last);
                 self.end();
             }
             Some(Err(err)) => {
                 tracing::warn!(%err, "the stream failed");
-                self.queue.push_back(event(&err.body()));
+                self.queue.push_back(self.format.error(&err));
                 self.end();
             }
             None => self.end(),
@@ -142,7 +159,7 @@ impl<F: ChunkFormat> SseStream<F> {
     }
 
     fn end(&mut self) {
-        self.queue.push_back(Bytes::from_static(DONE));
+        self.queue.extend(self.format.done());
         self.ended = true;
     }
 }

@@ -21,6 +21,8 @@ pub struct StopMatcher {
     pending: String,
     /// Where the pending text pushed unchecked ends: a stop string must end past it.
     unchecked: usize,
+    /// The stop string that ended the text, once one has.
+    matched: Option<String>,
 }
 
 impl StopMatcher {
@@ -31,7 +33,13 @@ impl StopMatcher {
             stops,
             pending: String::new(),
             unchecked: 0,
+            matched: None,
         }
+    }
+
+    /// The stop string that ended the text, once one has.
+    pub fn matched(&self) -> Option<&str> {
+        self.matched.as_deref()
     }
 
     /// Adds `text`. A stop string cannot start in text released earlier (that text was
@@ -44,13 +52,16 @@ impl StopMatcher {
             .stops
             .iter()
             .filter_map(|stop| {
-                self.pending
+                let at = self
+                    .pending
                     .match_indices(stop.as_str())
                     .map(|(at, _)| at)
-                    .find(|&at| at + stop.len() > unchecked)
+                    .find(|&at| at + stop.len() > unchecked)?;
+                Some((at, stop))
             })
-            .min();
-        if let Some(at) = found {
+            .min_by_key(|&(at, _)| at);
+        if let Some((at, stop)) = found {
+            self.matched = Some(stop.clone());
             self.pending.truncate(at);
             return Matched::Stopped(std::mem::take(&mut self.pending));
         }
@@ -131,7 +142,9 @@ mod tests {
         let mut matcher = StopMatcher::new(vec!["END".into(), "xyz".into()]);
         assert_eq!(matcher.push("hello E"), released("hello "));
         assert_eq!(matcher.push("N"), released(""));
+        assert_eq!(matcher.matched(), None);
         assert_eq!(matcher.push("Dless"), Matched::Stopped(String::new()));
+        assert_eq!(matcher.matched(), Some("END"));
     }
 
     #[test]
@@ -148,6 +161,11 @@ mod tests {
         let mut matcher = StopMatcher::new(vec!["wörx".into(), "rld".into(), "d".into()]);
         assert_eq!(matcher.push("hé wö"), released("hé "));
         assert_eq!(matcher.push("rld"), Matched::Stopped("wö".into()));
+        assert_eq!(
+            matcher.matched(),
+            Some("rld"),
+            "the earliest, not the first listed"
+        );
         let mut matcher = StopMatcher::new(vec!["🦀!".into()]);
         assert_eq!(matcher.push("a🦀"), released("a"));
         assert_eq!(matcher.push("?"), released("🦀?"));

@@ -9,15 +9,16 @@ use super::protocol::response::{
     ChatDelta, FunctionDelta, FunctionOut, ToolCallDelta, ToolCallOut,
 };
 
-/// The ids of a request's calls: `call_<request>_<index>`.
+/// The ids of a request's calls: `<prefix>_<request>_<index>`.
 #[derive(Clone, Debug)]
 pub struct CallIds(String);
 
 impl CallIds {
-    /// The ids of the calls of the request `public_id` (`chatcmpl-…`).
-    pub fn of(public_id: &str) -> CallIds {
-        let request = public_id.rsplit('-').next().unwrap_or(public_id);
-        CallIds(format!("call_{request}"))
+    /// The ids of the calls of the request `public_id` (`chatcmpl-…`, `msg_…`), each
+    /// beginning with `prefix` (OpenAI's `call`, Anthropic's `toolu`).
+    pub fn of(prefix: &str, public_id: &str) -> CallIds {
+        let request = public_id.rsplit(['-', '_']).next().unwrap_or(public_id);
+        CallIds(format!("{prefix}_{request}"))
     }
 
     fn id(&self, index: usize) -> String {
@@ -155,7 +156,7 @@ mod tests {
 
     #[test]
     fn a_whole_reply_splits_into_text_and_calls_with_ids() {
-        let ids = CallIds::of("chatcmpl-abc123");
+        let ids = CallIds::of("call", "chatcmpl-abc123");
         let (content, calls) = whole(ToolCallFormat::Hermes, OUTPUT, &ids);
         assert_eq!(content.as_deref(), Some("Let me check.\n"));
         let calls = calls.unwrap();
@@ -171,7 +172,7 @@ mod tests {
 
     #[test]
     fn streamed_deltas_rebuild_the_whole_reply() {
-        let ids = CallIds::of("chatcmpl-abc123");
+        let ids = CallIds::of("call", "chatcmpl-abc123");
         let (content, calls) = whole(ToolCallFormat::Hermes, OUTPUT, &ids);
         let calls = calls.unwrap();
         for split in 1..OUTPUT.len() {

@@ -136,6 +136,14 @@ pub fn read(body: &Value, settings: &ToolSettings) -> Result<Option<ToolRequest>
             ))
         }
     };
+    let tools = functions(&declared)?;
+    let choice = choice(fields.get("tool_choice"), &tools)?;
+    offered(tools, declared, choice, parallel, settings)
+}
+
+/// The functions of `declared` (`tools` entries in OpenAI's shape), read; two tools of
+/// one name are refused.
+pub fn functions(declared: &[Value]) -> Result<Vec<Tool>, ApiError> {
     let tools = declared
         .iter()
         .enumerate()
@@ -149,7 +157,18 @@ pub fn read(body: &Value, settings: &ToolSettings) -> Result<Option<ToolRequest>
             ));
         }
     }
-    let choice = choice(fields.get("tool_choice"), &tools)?;
+    Ok(tools)
+}
+
+/// `tools` (read from `declared`) with what `choice` asks of them (`None`: not sent);
+/// `None` when there are no tools and no call is asked for.
+pub fn offered(
+    tools: Vec<Tool>,
+    declared: Vec<Value>,
+    choice: Option<Choice>,
+    parallel: bool,
+    settings: &ToolSettings,
+) -> Result<Option<ToolRequest>, ApiError> {
     if tools.is_empty() {
         return match choice {
             None | Some(Choice::None) => Ok(None),
@@ -277,11 +296,12 @@ fn choice(value: Option<&Value>, tools: &[Tool]) -> Result<Option<Choice>, ApiEr
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use serde_json::json;
 
-    const SETTINGS: ToolSettings = ToolSettings {
+    /// Hermes calls in one list, the tools written into the system turn, `auto` served.
+    pub const SETTINGS: ToolSettings = ToolSettings {
         format: ToolCallFormat::Hermes,
         style: HermesStyle::List,
         template_renders_tools: false,

@@ -10,7 +10,7 @@ use super::errors::ApiError;
 
 /// The values of a refused field that ask for nothing it would change.
 #[derive(Clone, Copy, Debug)]
-enum Neutral {
+pub enum Neutral {
     /// Only absent or null.
     Null,
     /// Also `false`.
@@ -25,6 +25,8 @@ enum Neutral {
     Strings(&'static [&'static str]),
     /// Also `["text"]`.
     TextOnly,
+    /// Also an object whose `type` is this, like Anthropic's `{"type": "disabled"}`.
+    Kind(&'static str),
 }
 
 impl Neutral {
@@ -48,6 +50,7 @@ impl Neutral {
             Neutral::TextOnly => value
                 .as_array()
                 .is_some_and(|kinds| kinds.iter().all(|kind| kind == "text")),
+            Neutral::Kind(kind) => value.get("type").and_then(Value::as_str) == Some(kind),
         }
     }
 
@@ -61,6 +64,7 @@ impl Neutral {
             Neutral::Number(neutral) => format!("leave it out or send {neutral}"),
             Neutral::Strings(names) => format!("leave it out or send {}", quoted(names)),
             Neutral::TextOnly => "leave it out or send [\"text\"]".into(),
+            Neutral::Kind(kind) => format!("leave it out or send {{\"type\": \"{kind}\"}}"),
         }
     }
 }
@@ -72,13 +76,14 @@ fn quoted(names: &[&str]) -> String {
 }
 
 /// One refused field: its name, its neutral values, and what setting it asks for.
-struct Refused {
+pub struct Refused {
     field: &'static str,
     neutral: Neutral,
     asks_for: &'static str,
 }
 
-const fn refused(field: &'static str, neutral: Neutral, asks_for: &'static str) -> Refused {
+/// The rule refusing `field` unless it is `neutral`; setting it `asks_for` this.
+pub const fn refused(field: &'static str, neutral: Neutral, asks_for: &'static str) -> Refused {
     Refused {
         field,
         neutral,
@@ -198,10 +203,15 @@ const REFUSED: &[Refused] = &[
 
 /// Refuses the first field of `body` that asks for something Peregrine does not do.
 pub fn check(body: &Value) -> Result<(), ApiError> {
+    refuse_any(body, REFUSED)
+}
+
+/// Refuses the first field of `body` that one of `rules` refuses.
+pub fn refuse_any(body: &Value, rules: &[Refused]) -> Result<(), ApiError> {
     let Some(fields) = body.as_object() else {
         return Ok(());
     };
-    for rule in REFUSED {
+    for rule in rules {
         let Some(value) = fields.get(rule.field) else {
             continue;
         };

@@ -7,6 +7,7 @@ mod chat;
 mod completions;
 mod info;
 mod limits;
+mod messages;
 mod refused;
 mod streaming;
 mod structured;
