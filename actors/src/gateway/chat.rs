@@ -1,32 +1,25 @@
-//! `POST /v1/chat/completions`, whole and streamed: the messages are rendered with the
-//! model's chat template and tokenized without extra special tokens (the template writes
-//! them), as vLLM does. A request with tools has its reply read for calls in the model's
-//! format (`tool_output.rs`); `required` and a named function are enforced by a grammar.
+//! `POST /v1/chat/completions`, whole and streamed: the request is read and submitted by
+//! `chat_request.rs`; a request with tools has its reply read for calls in the model's
+//! format (`tool_output.rs`).
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
-use super::body::{parse, JsonBody};
-use super::constraints;
+use super::body::JsonBody;
+use super::chat_request;
 use super::context::RequestContext;
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Output};
-use super::grammar;
+use super::generation::{Delta, Output};
 use super::logprobs;
-use super::params::{check_model, logprobs_count, plan, EndpointInput};
 use super::peer::PeerProbe;
-use super::prompt::ChatTools;
-use super::protocol::request::{ChatFields, GenerationFields};
 use super::protocol::response::{
     AssistantMessage, ChatChoice, ChatChunkChoice, ChatDelta, Envelope, UsageOut,
 };
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
 use super::tool_output::{self, CallDeltas, CallIds};
-use super::tools;
-use super::unsupported;
 
 /// The handler.
 pub async fn create(
@@ -46,90 +39,25 @@ async fn handle(
     context: &RequestContext,
     peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
-    state.ensure_accepting()?;
-    unsupported::check(&body)?;
-    let settings = state.model.tools;
-    let tools = tools::read(&body, &settings)?;
-    let forced = match &tools {
-        Some(tools) => tools.forced(&settings, &state.model.tokenizer)?,
-        None => None,
-    };
-    let constraint = match (constraints::requested(&body)?, forced) {
-        (Some(asked), Some(_)) => {
-            return Err(ApiError::invalid(
-                asked
-                    .param
-                    .split('.')
-                    .next()
-                    .unwrap_or(&asked.param)
-                    .to_owned(),
-                "a request whose `tool_choice` forces a call takes no other output constraint",
-            ))
-        }
-        (asked, forced) => asked.or(forced),
-    };
-    let reads_calls = tools.as_ref().is_some_and(|t| t.reads_calls());
-    let chat_tools = tools.map_or_else(ChatTools::default, |t| ChatTools {
-        declared: t.declared,
-        tools: t.tools,
-    });
-    let fields: GenerationFields = parse(&body)?;
-    let own: ChatFields = parse(&body)?;
-    let config = state.config.get();
-    check_model(fields.model.as_deref(), &config)?;
-    let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
-        (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
-        (false, Some(top)) if top > 0 => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "`top_logprobs` needs `logprobs: true`",
-            ))
-        }
-        (false, _) => None,
-    };
-    let (messages, add_generation_prompt) =
-        (own.messages, own.add_generation_prompt.unwrap_or(true));
-    let prompter = state.prompter(&config);
-    let prompt = state
-        .blocking
-        .run(move || prompter.chat(messages, chat_tools, add_generation_prompt, false))
-        .await?;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered chat is empty"));
-    }
-    let max_tokens = match own.max_completion_tokens {
-        Some(value) => Some(("max_completion_tokens", value)),
-        None => fields.max_tokens.map(|value| ("max_tokens", value)),
-    };
-    let input = EndpointInput {
-        prompt,
-        max_tokens,
-        logprobs,
-    };
-    let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
-    if let Some(requested) = constraint {
-        plan.submission.grammar = Some(grammar::compile(state, requested).await?);
-    }
-    plan.keep_special_tokens = reads_calls;
-    let (stream, include_usage) = (plan.stream, plan.include_usage);
-    let token_ids = plan.return_token_ids;
-    let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
-    let generation = Generation::start(state, context, plan).await?;
+    let run = chat_request::submit(state, &body, context).await?;
+    let format_of_calls = state.model.tools.format;
     let ids = CallIds::of(&context.public_id);
     let mut format = ChatFormat {
         id: context.public_id.clone(),
         created: context.created,
-        model: config.served_model_name.clone(),
-        logprobs: logprobs.is_some(),
-        token_ids,
-        prompt_token_ids,
-        calls: reads_calls.then(|| CallDeltas::new(settings.format, ids.clone())),
+        model: run.model,
+        logprobs: run.logprobs,
+        token_ids: run.token_ids,
+        prompt_token_ids: run.prompt_token_ids,
+        calls: run
+            .reads_calls
+            .then(|| CallDeltas::new(format_of_calls, ids.clone())),
     };
-    if stream {
+    if run.stream {
         return Ok(sse::respond(
-            generation,
+            run.generation,
             format,
-            include_usage,
+            run.include_usage,
             context.span.clone(),
             peer,
         ));
@@ -140,9 +68,9 @@ async fn handle(
         token_ids,
         reason,
         usage,
-    } = generation.collect_while_connected(peer).await?;
-    let (content, tool_calls) = match reads_calls {
-        true => tool_output::whole(settings.format, &text, &ids),
+    } = run.generation.collect_while_connected(peer).await?;
+    let (content, tool_calls) = match run.reads_calls {
+        true => tool_output::whole(format_of_calls, &text, &ids),
         false => (Some(text), None),
     };
     let reason = tool_output::finish_reason(reason, tool_calls.is_some());

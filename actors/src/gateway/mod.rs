@@ -1,6 +1,7 @@
 //! The HTTP gateway (actix-web): parses and validates OpenAI-style requests, applies the
 //! chat template, tokenizes, submits to the scheduler through [`EngineClient`], and turns
-//! the token events back into text, whole or streamed as server-sent events. It also serves
+//! the token events back into text, whole or streamed as server-sent events; OpenAI's
+//! Responses API (`/v1/responses`) is served through the chat path. It also serves
 //! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics` and the admin endpoints.
 //! It never touches a device.
 //!
@@ -11,6 +12,7 @@ mod auth;
 mod blocking;
 mod body;
 mod chat;
+mod chat_request;
 mod completions;
 mod constraints;
 mod context;
@@ -27,6 +29,7 @@ mod peer;
 mod prompt;
 mod prompt_size;
 mod protocol;
+mod responses;
 mod routes;
 mod server;
 mod sse;

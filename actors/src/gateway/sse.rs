@@ -1,5 +1,6 @@
 //! Server-sent events: a generation streamed as `data: {json}\n\n` chunks ending with
-//! `data: [DONE]\n\n`. The response body owns the generation, so when actix drops the body
+//! `data: [DONE]\n\n`, or in the events an endpoint's [`ChunkFormat`] writes instead. The
+//! response body owns the generation, so when actix drops the body
 //! (the client went away) the events receiver goes with it and the request is cancelled.
 //! Until its first tokens a stream also watches its connection, so a client that leaves
 //! while its request is queued or in prefill is noticed at once, not when the first token
@@ -32,6 +33,16 @@ pub trait ChunkFormat: 'static {
 
     /// The event with the usage and no choices, sent last when the client asked for it.
     fn usage(&mut self, usage: UsageOut) -> Bytes;
+
+    /// The events of an error part-way: OpenAI's error body by default.
+    fn error(&mut self, err: &ApiError) -> Bytes {
+        event(&err.body())
+    }
+
+    /// The event that ends the stream, if the endpoint has one: `data: [DONE]` by default.
+    fn done(&mut self) -> Option<Bytes> {
+        Some(Bytes::from_static(DONE))
+    }
 }
 
 /// One `data:` event holding `value` as JSON.
@@ -134,7 +145,8 @@ impl<F: ChunkFormat> SseStream<F> {
             }
             Some(Err(err)) => {
                 tracing::warn!(%err, "the stream failed");
-                self.queue.push_back(event(&err.body()));
+                let events = self.format.error(&err);
+                self.queue.push_back(events);
                 self.end();
             }
             None => self.end(),
@@ -142,7 +154,7 @@ impl<F: ChunkFormat> SseStream<F> {
     }
 
     fn end(&mut self) {
-        self.queue.push_back(Bytes::from_static(DONE));
+        self.queue.extend(self.format.done());
         self.ended = true;
     }
 }

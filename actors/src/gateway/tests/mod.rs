@@ -8,6 +8,7 @@ mod completions;
 mod info;
 mod limits;
 mod refused;
+mod responses;
 mod streaming;
 mod structured;
 mod token_ids;
