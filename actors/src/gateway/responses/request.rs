@@ -1,7 +1,8 @@
 //! A Responses request read into the chat request it is served as: `instructions` and the
 //! `input` items become chat messages (an assistant's `function_call` items its
 //! `tool_calls`, a `function_call_output` a `tool` message), the flat function tools the
-//! chat shape, `text.format` a `response_format`, `max_output_tokens` the chat limit. The
+//! chat shape, `text.format` a `response_format` (unless `tool_choice` forces a call, which
+//! leaves no text to shape), `max_output_tokens` the chat limit. The
 //! server keeps no state, so `store: true`, `previous_response_id` and the other fields
 //! that need stored responses, and the built-in tools, are refused by name; an error the
 //! chat path finds names the Responses field it came from ([`renamed`]).
@@ -74,7 +75,12 @@ pub fn translate(body: &Value) -> Result<Translated, ApiError> {
         chat.insert("tool_choice".into(), chat_tool_choice(choice)?);
     }
     let text = fields.get("text").filter(|v| !v.is_null());
-    if let Some(format) = text.map(text_format).transpose()?.flatten() {
+    let format = text.map(text_format).transpose()?.flatten();
+    // `text.format` shapes the message's text; a call that `tool_choice` forces is all the
+    // output there is, so the format has nothing to shape (as the Agents SDK sends both).
+    let forces_call =
+        !tools.is_empty() && tool_choice.is_some_and(|choice| choice != "none" && choice != "auto");
+    if let Some(format) = format.filter(|_| !forces_call) {
         chat.insert("response_format".into(), format);
     }
     for (from, to) in [
@@ -287,7 +293,7 @@ fn message(param: &str, fields: &Map<String, Value>) -> Result<Value, ApiError> 
         return Err(ApiError::invalid(
             format!("{param}.role"),
             format!(
-                "a message's `role` must be one of {}, got {:?}",
+                "a message's `role` must be one of {}, got {}",
                 ROLES.join(", "),
                 fields.get("role").unwrap_or(&Value::Null)
             ),
@@ -323,7 +329,7 @@ fn part_texts(param: &str, parts: &[Value]) -> Result<Vec<String>, ApiError> {
                 return Err(ApiError::invalid(
                     format!("{param}[{at}].type"),
                     format!(
-                        "only text parts (\"input_text\", \"output_text\") are supported, got {:?}",
+                        "only text parts (\"input_text\", \"output_text\") are supported, got {}",
                         part.get("type").unwrap_or(&Value::Null)
                     ),
                 ));
@@ -377,7 +383,7 @@ fn chat_tool(at: usize, tool: &Value) -> Result<Value, ApiError> {
         return Err(ApiError::invalid(
             format!("tools[{at}].type"),
             format!(
-                "only function tools are served (no built-in tools), got {:?}",
+                "only function tools are served (no built-in tools), got {}",
                 tool.get("type").unwrap_or(&Value::Null)
             ),
         ));
@@ -563,6 +569,17 @@ mod tests {
         assert_eq!(chat["response_format"], json!({"type": "json_object"}));
         let chat = chat_of(json!({"input": "x", "text": {"format": {"type": "text"}}}));
         assert_eq!(chat["response_format"], json!({"type": "text"}));
+        let format = json!({"format": {"type": "json_object"}});
+        for (choice, kept) in [
+            (json!("auto"), true),
+            (json!("none"), true),
+            (json!("required"), false),
+            (json!({"type": "function", "name": "get_weather"}), false),
+        ] {
+            let chat = chat_of(json!({"input": "x", "text": format, "tools": [weather()],
+                "tool_choice": choice}));
+            assert_eq!(chat.get("response_format").is_some(), kept, "{choice}");
+        }
     }
 
     #[test]
