@@ -650,6 +650,19 @@ fn messages_api_through_the_anthropic_client() {
     server.check("check_messages.py", &[]);
 }
 
+/// 21. The Responses API (`/v1/responses`) through the `openai` SDK and the OpenAI Agents
+///     SDK: string and item input, a required and a named function tool, a second turn
+///     sending `function_call_output` back, `text.format` json_schema, typed streamed
+///     events (text and argument deltas rebuilding the completed response), 400s naming
+///     `store` and `previous_response_id`, and an agent turn calling its function tool.
+#[test]
+fn responses_api_serves_the_sdks() {
+    let _serial = serial();
+    let model = TinyDir::new(22);
+    let server = Server::start(model.path(), &TOOL_FLAGS);
+    server.check("check_responses.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

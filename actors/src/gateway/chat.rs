@@ -46,35 +46,9 @@ async fn handle(
     peer: Option<PeerProbe>,
 ) -> Result<HttpResponse, ApiError> {
     state.ensure_accepting()?;
-    unsupported::check(&body)?;
+    let conversation = read(state, &body)?;
+    let logprobs = conversation.logprobs;
     let settings = state.model.tools;
-    let tools = tools::read(&body, &settings)?;
-    let constraint = constraints::requested(&body)?;
-    let fields: GenerationFields = parse(&body)?;
-    let own: ChatFields = parse(&body)?;
-    let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
-        (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
-        (false, Some(top)) if top > 0 => {
-            return Err(ApiError::invalid(
-                "top_logprobs",
-                "`top_logprobs` needs `logprobs: true`",
-            ))
-        }
-        (false, _) => None,
-    };
-    let max_tokens = match own.max_completion_tokens {
-        Some(value) => Some(("max_completion_tokens", value)),
-        None => fields.max_tokens.map(|value| ("max_tokens", value)),
-    };
-    let conversation = Conversation {
-        fields,
-        messages: own.messages,
-        tools,
-        constraint,
-        max_tokens,
-        logprobs,
-        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
-    };
     let Submitted {
         generation,
         stream,
@@ -128,6 +102,40 @@ async fn handle(
         token_ids: format.token_ids.then_some(token_ids),
     };
     Ok(HttpResponse::Ok().json(format.wrap("chat.completion", vec![choice], Some(usage))))
+}
+
+/// A chat completions request `body` read and checked into the [`Conversation`] it asks
+/// for (also what `/v1/responses` serves, translated into this shape).
+pub fn read(state: &GatewayState, body: &Value) -> Result<Conversation, ApiError> {
+    unsupported::check(body)?;
+    let settings = state.model.tools;
+    let tools = tools::read(body, &settings)?;
+    let constraint = constraints::requested(body)?;
+    let fields: GenerationFields = parse(body)?;
+    let own: ChatFields = parse(body)?;
+    let logprobs = match (own.logprobs.unwrap_or(false), own.top_logprobs) {
+        (true, top) => Some(logprobs_count("top_logprobs", top.unwrap_or(0))?),
+        (false, Some(top)) if top > 0 => {
+            return Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` needs `logprobs: true`",
+            ))
+        }
+        (false, _) => None,
+    };
+    let max_tokens = match own.max_completion_tokens {
+        Some(value) => Some(("max_completion_tokens", value)),
+        None => fields.max_tokens.map(|value| ("max_tokens", value)),
+    };
+    Ok(Conversation {
+        fields,
+        messages: own.messages,
+        tools,
+        constraint,
+        max_tokens,
+        logprobs,
+        add_generation_prompt: own.add_generation_prompt.unwrap_or(true),
+    })
 }
 
 /// The chat wording of responses and chunks.

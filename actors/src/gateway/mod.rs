@@ -1,6 +1,7 @@
 //! The HTTP gateway (actix-web): parses and validates OpenAI-style requests, applies the
 //! chat template, tokenizes, submits to the scheduler through [`EngineClient`], and turns
-//! the token events back into text, whole or streamed as server-sent events. It also serves
+//! the token events back into text, whole or streamed as server-sent events; OpenAI's
+//! Responses API (`/v1/responses`) is served through the chat path. It also serves
 //! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics` and the admin endpoints.
 //! `POST /v1/messages` answers Anthropic's Messages API over the same chat. It never touches
 //! a device.
@@ -31,6 +32,7 @@ mod peer;
 mod prompt;
 mod prompt_size;
 mod protocol;
+mod responses;
 mod routes;
 mod server;
 mod sse;

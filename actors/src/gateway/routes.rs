@@ -4,7 +4,7 @@
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 
 use super::errors::ApiError;
-use super::{admin, anthropic, chat, completions, info, tokenize};
+use super::{admin, anthropic, chat, completions, info, responses, tokenize};
 
 /// Registers the gateway's routes. The app must also hold the state as
 /// `web::Data<GatewayState>`:
@@ -23,6 +23,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::post().to(chat::create),
     ))
     .service(resource("/v1/messages", web::post().to(anthropic::create)))
+    .service(resource("/v1/responses", web::post().to(responses::create)))
     .service(resource("/v1/models", web::get().to(info::models)))
     .service(resource(
         "/v1/models/{model:.+}",

@@ -9,6 +9,7 @@ mod info;
 mod limits;
 mod messages;
 mod refused;
+mod responses;
 mod streaming;
 mod structured;
 mod token_ids;
