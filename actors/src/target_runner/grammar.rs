@@ -3,49 +3,70 @@
 //! the step chose (consumes them, takes back rejected drafts, appends the tokens it
 //! forces next).
 
+use std::sync::OnceLock;
 use std::time::Instant;
 
 use peregrine_ops::sampling::{Sampler, TokenMask};
 use peregrine_structured::{DraftMasks, GrammarMatcher};
+use rayon::prelude::*;
 
 use crate::messages::{GeneratedToken, GrammarStatus};
 use crate::metrics;
 
-/// One mask per sampled row: each constrained row's, `None` for the others. A row whose
-/// grammar cannot give a mask is left unmasked; its matcher keeps the failure, which
-/// [`after_tokens`] reports.
+/// The threads that compute a step's masks, one row each at a time: at most 8 (a batch's
+/// masks take the longest row's time, not their sum), apart from the pool the CPU
+/// forward runs on.
+fn mask_pool() -> &'static rayon::ThreadPool {
+    static POOL: OnceLock<rayon::ThreadPool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("grammar-mask-{i}"))
+            .build()
+            .expect("the grammar mask threads could not start")
+    })
+}
+
+/// One mask per sampled row: each constrained row's, `None` for the others, computed on
+/// the mask threads. A row whose grammar cannot give a mask is left unmasked; its matcher
+/// keeps the failure, which [`after_tokens`] reports.
 pub fn row_masks(grammars: Vec<Option<&mut GrammarMatcher>>) -> Vec<Option<TokenMask>> {
-    grammars
-        .into_iter()
-        .map(|grammar| {
-            let grammar = grammar?;
-            let started = Instant::now();
-            let mask = grammar.mask().ok();
-            metrics::record_grammar_mask(started.elapsed());
-            mask
-        })
-        .collect()
+    mask_pool().install(|| {
+        grammars
+            .into_par_iter()
+            .map(|grammar| {
+                let grammar = grammar?;
+                let started = Instant::now();
+                let mask = grammar.mask().ok();
+                metrics::record_grammar_mask(started.elapsed());
+                mask
+            })
+            .collect()
+    })
 }
 
 /// The masks of each verifying sequence's rows over its drafts (`None`: unconstrained, or
-/// its grammar failed, which its matcher keeps).
+/// its grammar failed, which its matcher keeps), one sequence per mask thread at a time.
 pub fn verification_masks(
     seqs: Vec<(Option<&mut GrammarMatcher>, &[u32])>,
 ) -> Vec<Option<DraftMasks>> {
-    seqs.into_iter()
-        .map(|(grammar, drafts)| {
-            let grammar = grammar?;
-            let started = Instant::now();
-            let masks = grammar.draft_masks(drafts).ok();
-            if let Some(masks) = &masks {
-                let each = started.elapsed() / masks.masks.len().max(1) as u32;
-                for _ in &masks.masks {
-                    metrics::record_grammar_mask(each);
+    mask_pool().install(|| {
+        seqs.into_par_iter()
+            .map(|(grammar, drafts)| {
+                let grammar = grammar?;
+                let started = Instant::now();
+                let masks = grammar.draft_masks(drafts).ok();
+                if let Some(masks) = &masks {
+                    let each = started.elapsed() / masks.masks.len().max(1) as u32;
+                    for _ in &masks.masks {
+                        metrics::record_grammar_mask(each);
+                    }
                 }
-            }
-            masks
-        })
-        .collect()
+                masks
+            })
+            .collect()
+    })
 }
 
 /// What a request's grammar does after a step chose `tokens` for it (after `admitted`
