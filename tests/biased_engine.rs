@@ -7,14 +7,14 @@
 
 mod common;
 
-use common::engine::Solo;
-use common::served::{compile, compiler, model_dir, runtime, served, Drafts, Request, EOS};
+use common::served::{
+    compile, compiler, model_dir, runtime, served, step_by_step, Drafts, Request, EOS,
+};
 use peregrine_actors::messages::FinishReason;
-use peregrine_ops::sampling::{Sampler, SamplingParams};
+use peregrine_ops::sampling::SamplingParams;
 use peregrine_structured::Constraint;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::path::Path;
 
 /// The tiny Llama's vocabulary.
 const VOCAB: u32 = 300;
@@ -57,57 +57,6 @@ fn biased_requests(n: usize, seed: u64) -> Vec<Request> {
                 ..base
             };
             (prompt, params, None)
-        })
-        .collect()
-}
-
-/// Step-by-step decoding, one request at a time, with this file's own biases: the model's
-/// eager forward, one token a step; the row masked by the request's grammar, its biases
-/// added and, before `min_tokens`, its stop ids set to −∞; then its sampler (without the
-/// biases) draws. It ends at EOS, where the grammar is complete, or at `max_tokens`.
-fn step_by_step(dir: &Path, reqs: &[Request], max_tokens: usize) -> Vec<Vec<u32>> {
-    let mut solo = Solo::load(dir);
-    reqs.iter()
-        .map(|(prompt, params, grammar)| {
-            solo.restart();
-            let mut matcher = grammar.as_ref().map(|g| g.matcher());
-            let mut sampler = Sampler::new(&SamplingParams {
-                logit_bias: Vec::new(),
-                min_tokens: 0,
-                min_tokens_stop_ids: Vec::new(),
-                ..params.clone()
-            })
-            .unwrap();
-            let mut output = Vec::new();
-            let mut fed = prompt.clone();
-            while output.len() < max_tokens {
-                let mut logits = solo.next_logits(&fed);
-                if let Some(matcher) = matcher.as_mut() {
-                    matcher.mask().unwrap().apply(&mut logits);
-                }
-                for &(id, bias) in &params.logit_bias {
-                    logits[id as usize] += bias;
-                }
-                if output.len() < params.min_tokens {
-                    for &id in &params.min_tokens_stop_ids {
-                        logits[id as usize] = f32::NEG_INFINITY;
-                    }
-                }
-                let token = sampler.sample(&logits, prompt, &output);
-                output.push(token);
-                fed = vec![token];
-                let complete = match matcher.as_mut() {
-                    Some(matcher) => {
-                        matcher.consume(&[token]).unwrap();
-                        matcher.is_stopped()
-                    }
-                    None => false,
-                };
-                if token == EOS || complete {
-                    break;
-                }
-            }
-            output
         })
         .collect()
 }

@@ -12,15 +12,16 @@
 mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
-use common::engine::{solo, Solo};
+use common::engine::solo;
 use common::served::{
-    compile, compiler, model_dir, runtime, served, text, write_model, Drafts, Request, Served, EOS,
+    compile, compiler, model_dir, runtime, served, step_by_step, text, write_model, Drafts,
+    Request, Served, EOS,
 };
 use common::tiny_model::{TinyModel, TinySpec};
 use common::tiny_tokenizer::write_tokenizer;
 use peregrine_actors::messages::FinishReason;
 use peregrine_models::tokenizer::Tokenizer;
-use peregrine_ops::sampling::{Sampler, SamplingParams};
+use peregrine_ops::sampling::SamplingParams;
 use peregrine_structured::{CompiledGrammar, Constraint, GrammarCompiler};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -75,42 +76,6 @@ fn requests(n: usize, seed: u64, grammars: &[Arc<CompiledGrammar>]) -> Vec<Reque
                 },
             };
             (prompt, params, Some(grammars[i % grammars.len()].clone()))
-        })
-        .collect()
-}
-
-/// Step-by-step constrained decoding, one request at a time: the model's eager forward,
-/// one token a step, the row masked by the grammar before the sampler draws; it ends at
-/// EOS, where the grammar is complete, or at `max_tokens`.
-fn step_by_step(dir: &Path, reqs: &[Request], max_tokens: usize) -> Vec<Vec<u32>> {
-    let mut solo = Solo::load(dir);
-    reqs.iter()
-        .map(|(prompt, params, grammar)| {
-            solo.restart();
-            let mut matcher = grammar.as_ref().map(|g| g.matcher());
-            let mut sampler = Sampler::new(params).unwrap();
-            let mut output = Vec::new();
-            let mut fed = prompt.clone();
-            while output.len() < max_tokens {
-                let mut logits = solo.next_logits(&fed);
-                if let Some(matcher) = matcher.as_mut() {
-                    matcher.mask().unwrap().apply(&mut logits);
-                }
-                let token = sampler.sample(&logits, prompt, &output);
-                output.push(token);
-                fed = vec![token];
-                let complete = match matcher.as_mut() {
-                    Some(matcher) => {
-                        matcher.consume(&[token]).unwrap();
-                        matcher.is_stopped()
-                    }
-                    None => false,
-                };
-                if token == EOS || complete {
-                    break;
-                }
-            }
-            output
         })
         .collect()
 }

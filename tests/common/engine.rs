@@ -3,9 +3,7 @@
 
 use super::tiny_model::TinySpec;
 use peregrine_actors::backend::{cpu_backend, ModelBackend};
-use peregrine_actors::messages::{
-    FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg, Usage,
-};
+use peregrine_actors::messages::{FinishReason, RequestEvent, RequestSpec, SchedulerMsg, Usage};
 use peregrine_models::LlamaModel;
 use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_ops::{AttentionPlan, SeqSpec};
@@ -13,8 +11,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 /// Submits one request (`max_tokens`, past EOS) and returns its event stream.
 pub async fn submit(
@@ -37,29 +34,17 @@ pub async fn submit_stopping(
     max_tokens: usize,
     stop_token_ids: Vec<u32>,
 ) -> mpsc::UnboundedReceiver<RequestEvent> {
-    let (events, rx) = mpsc::unbounded_channel();
-    let request = GenerateRequest {
-        id: RequestId(id),
-        spec: RequestSpec {
-            prompt: Arc::from(prompt),
-            params: params.clone(),
-            max_tokens,
-            stop_token_ids,
-            ignore_eos: true,
-            logprobs: None,
-            priority: 0,
-            grammar: None,
-        },
-        arrival: Instant::now(),
-        events,
+    let spec = RequestSpec {
+        prompt: Arc::from(prompt),
+        params: params.clone(),
+        max_tokens,
+        stop_token_ids,
+        ignore_eos: true,
+        logprobs: None,
+        priority: 0,
+        grammar: None,
     };
-    let (reply, accepted) = oneshot::channel();
-    scheduler
-        .send(SchedulerMsg::Submit(request, reply))
-        .await
-        .unwrap();
-    accepted.await.unwrap().unwrap();
-    rx
+    super::served::submit(scheduler, id, spec).await
 }
 
 /// Submits every request of `reqs` at once (ids 0, 1, ...; `max_tokens` each, past EOS)

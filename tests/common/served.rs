@@ -1,7 +1,7 @@
 //! Serving requests (constrained, biased or free) through the whole engine on the CPU, with
 //! any speculative method, for the engine-level tests; and the tiny models they run.
 
-use super::engine::collect;
+use super::engine::{collect, Solo};
 use super::tiny_model::{TinyModel, TinySpec};
 use super::tiny_tokenizer::write_tokenizer;
 use peregrine_actors::backend::cpu_backend;
@@ -15,7 +15,7 @@ use peregrine_models::eagle3::{Eagle3Config, Eagle3Head};
 use peregrine_models::mtp::MtpHead;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::{LlamaModel, Weights};
-use peregrine_ops::sampling::SamplingParams;
+use peregrine_ops::sampling::{Sampler, SamplingParams};
 use peregrine_structured::{CompiledGrammar, Constraint, GrammarCompiler, GrammarLimits};
 use serde_json::Value;
 use std::path::Path;
@@ -194,4 +194,56 @@ pub fn text(dir: &Path, tokens: &[u32]) -> String {
         .unwrap()
         .decode(tokens, true)
         .unwrap()
+}
+
+/// Step-by-step decoding, one request at a time, the independent reference of the engine
+/// tests: the model's eager forward, one token a step; the row masked by the request's
+/// grammar, its `logit_bias` added and, before `min_tokens`, its stop ids set to −∞ (by this
+/// code, not the sampler's); then its sampler (without the biases) draws, no token forced.
+/// It ends at EOS, where the grammar is complete, or at `max_tokens`.
+pub fn step_by_step(dir: &Path, reqs: &[Request], max_tokens: usize) -> Vec<Vec<u32>> {
+    let mut solo = Solo::load(dir);
+    reqs.iter()
+        .map(|(prompt, params, grammar)| {
+            solo.restart();
+            let mut matcher = grammar.as_ref().map(|g| g.matcher());
+            let mut sampler = Sampler::new(&SamplingParams {
+                logit_bias: Vec::new(),
+                min_tokens: 0,
+                min_tokens_stop_ids: Vec::new(),
+                ..params.clone()
+            })
+            .unwrap();
+            let mut output = Vec::new();
+            let mut fed = prompt.clone();
+            while output.len() < max_tokens {
+                let mut logits = solo.next_logits(&fed);
+                if let Some(matcher) = matcher.as_mut() {
+                    matcher.mask().unwrap().apply(&mut logits);
+                }
+                for &(id, bias) in &params.logit_bias {
+                    logits[id as usize] += bias;
+                }
+                if output.len() < params.min_tokens {
+                    for &id in &params.min_tokens_stop_ids {
+                        logits[id as usize] = f32::NEG_INFINITY;
+                    }
+                }
+                let token = sampler.sample(&logits, prompt, &output);
+                output.push(token);
+                fed = vec![token];
+                let complete = match matcher.as_mut() {
+                    Some(matcher) => {
+                        matcher.consume(&[token]).unwrap();
+                        matcher.is_stopped()
+                    }
+                    None => false,
+                };
+                if token == EOS || complete {
+                    break;
+                }
+            }
+            output
+        })
+        .collect()
 }
