@@ -473,6 +473,24 @@ fn the_front_door_holds() {
     );
 }
 
+/// 22. Under a low open-file limit (1,024) and the default `--max-connections`, 100 idle
+///     connections past the cap never take the server to its limit (each connection holds two files):
+///     its open files stay below it, and a fresh `/health` answers once the idle ones are
+///     dropped after the header timeout.
+#[test]
+fn the_connection_cap_holds_under_a_low_file_limit() {
+    let _serial = serial();
+    let model = TinyDir::new(23);
+    let server =
+        Server::start_with_file_limit(model.path(), &["--request-header-timeout", "2"], FILE_LIMIT);
+    let (pid, files) = (server.pid().to_string(), FILE_LIMIT.to_string());
+    server.check("check_file_limit.py", &["--pid", &pid, "--files", &files]);
+}
+
+/// The open-file limit of [`the_connection_cap_holds_under_a_low_file_limit`]: the old
+/// accounting (one file a connection) allowed 768 connections, which exhaust it.
+const FILE_LIMIT: u64 = 1024;
+
 /// 13. Start-up refuses, with the setting named and no panic, a KV cache larger than the
 ///     host's memory, a step too large for it, and a negative size (a value, not a flag).
 #[test]
@@ -754,7 +772,23 @@ impl Server {
     /// Starts `peregrine serve` on a free port for the model in `model`, with the common
     /// flags and then `extra`, and waits until `/health` answers.
     fn start(model: &Path, extra: &[&str]) -> Server {
-        let mut child = Command::new(PEREGRINE)
+        Self::spawn(Command::new(PEREGRINE), model, extra)
+    }
+
+    /// As [`Server::start`], under an open-file limit (soft and hard) of `files`.
+    fn start_with_file_limit(model: &Path, extra: &[&str], files: u64) -> Server {
+        let mut shell = Command::new("sh");
+        shell.args([
+            "-c",
+            &format!("ulimit -n {files} && exec \"$0\" \"$@\""),
+            PEREGRINE,
+        ]);
+        Self::spawn(shell, model, extra)
+    }
+
+    /// Starts `command` (`peregrine` or what execs it) as [`Server::start`] says.
+    fn spawn(mut command: Command, model: &Path, extra: &[&str]) -> Server {
+        let mut child = command
             .arg("serve")
             .arg("--model")
             .arg(model)

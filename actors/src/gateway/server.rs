@@ -28,6 +28,10 @@ use super::state::GatewayState;
 /// connection limit is derived from the open-file limit.
 pub const RESERVED_FILES: u64 = 256;
 
+/// Open files one client connection holds: its socket, and the duplicate its
+/// `PeerProbe` watches for a client that leaves (`peer.rs`).
+pub const FILES_PER_CONNECTION: u64 = 2;
+
 /// How the listener is set up.
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
@@ -131,21 +135,22 @@ pub fn bind(state: web::Data<GatewayState>, settings: &HttpSettings) -> anyhow::
     })
 }
 
-/// The connection limit: `asked`, or what the open-file limit (raised to its hard limit
-/// first, as vLLM does) leaves after [`RESERVED_FILES`]; refused when `asked` is more.
+/// The connection limit: `asked`, or as many connections as the open-file limit (raised to
+/// its hard limit first, as vLLM does) holds after [`RESERVED_FILES`], at
+/// [`FILES_PER_CONNECTION`] each; refused when `asked` is more.
 fn connection_limit(asked: Option<usize>) -> anyhow::Result<usize> {
     let Some(files) = raise_open_file_limit() else {
         return Ok(asked.unwrap_or(25_000));
     };
-    let left = files.saturating_sub(RESERVED_FILES).max(1);
+    let left = (files.saturating_sub(RESERVED_FILES) / FILES_PER_CONNECTION).max(1);
     let left = usize::try_from(left).unwrap_or(usize::MAX);
     match asked {
         None => Ok(left),
         Some(asked) if asked <= left => Ok(asked),
         Some(asked) => anyhow::bail!(
-            "max_connections {asked} exceeds what the open-file limit ({files}) leaves after \
-             {RESERVED_FILES} files for the server itself ({left}): raise `ulimit -n` or \
-             lower max_connections"
+            "max_connections {asked} exceeds what the open-file limit ({files}) holds after \
+             {RESERVED_FILES} files for the server itself, at {FILES_PER_CONNECTION} files a \
+             connection ({left}): raise `ulimit -n` or lower max_connections"
         ),
     }
 }
@@ -182,7 +187,7 @@ mod tests {
     #[test]
     fn the_connection_limit_stays_below_the_open_file_limit() {
         let files = raise_open_file_limit().expect("Linux has an open-file limit");
-        let left = (files - RESERVED_FILES) as usize;
+        let left = ((files - RESERVED_FILES) / FILES_PER_CONNECTION) as usize;
         assert_eq!(connection_limit(None).unwrap(), left);
         assert_eq!(connection_limit(Some(16)).unwrap(), 16);
         let err = connection_limit(Some(left + 1)).unwrap_err().to_string();

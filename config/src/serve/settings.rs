@@ -153,12 +153,12 @@ settings! {
         flag "--request-body-timeout", arg(long, value_name = "SECONDS",
             help = "Seconds a client has to send a request's body [default: 30]");
     /// The most client connections open at once; `None`: what the process's open-file
-    /// limit leaves after a reserve for the server's own files.
+    /// limit holds after a reserve for the server's own files, at two files a connection.
     max_connections: Option<usize> = None;
         given usize, fill optional, reload Restart, Public, check at_least_one,
         flag "--max-connections", arg(long, value_name = "N",
             help = "The most client connections open at once; more wait to be accepted \
-                    [default: the open-file limit less 256]");
+                    [default: half of the open-file limit less 256]");
     /// The largest request body accepted (else 413).
     max_request_body: u64 = 16 << 20;
         given u64, fill value, reload Live, Public, check positive_bytes,
