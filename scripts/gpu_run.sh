@@ -105,8 +105,9 @@
 #   scripts/gpu_run.sh structured structured output on the GPU, the SmolLM2-135M and Llama-3.2-1B
 #                                 shapes with random weights and SmolLM2's tokenizer (carried
 #                                 in target/tokenizer/): scripts/structured/device_check.py's
-#                                 constrained requests checked, served plainly and with n-gram
-#                                 speculation; then scripts/structured/bench_constrained.sh,
+#                                 constrained requests checked, served under --deterministic
+#                                 plainly and with n-gram speculation, whose greedy answers
+#                                 must be the plain ones; then scripts/structured/bench_constrained.sh,
 #                                 constrained against free output tokens/s at concurrency 1
 #                                 and 8 and the mask time per row
 # Results go to $OUT (one log per mode) as they are produced.
@@ -430,14 +431,17 @@ structured)
     done
     for shape in smollm2-135m llama-3.2-1b; do
         for flags in "" "--speculative-method ngram --num-speculative-tokens 3"; do
-            echo "== check $shape $flags" | tee -a "$OUT/structured.log"
+            echo "== check $shape --deterministic $flags" | tee -a "$OUT/structured.log"
+            greedy=(--record "$OUT/greedy-$shape.json")
+            [ -n "$flags" ] && greedy=(--compare "$OUT/greedy-$shape.json")
             # shellcheck disable=SC2086
             "$bin/peregrine" serve --model /tmp/random-$shape --device cuda --port 8123 \
-                --served-model-name random $flags >"$OUT/serve-check-$shape${flags:+-ngram}.log" 2>&1 &
+                --served-model-name random --deterministic $flags \
+                >"$OUT/serve-check-$shape${flags:+-ngram}.log" 2>&1 &
             server=$!
             wait_for_port 8123
             python3 scripts/structured/device_check.py --url http://127.0.0.1:8123 --model random \
-                2>&1 | tee -a "$OUT/structured.log"
+                "${greedy[@]}" 2>&1 | tee -a "$OUT/structured.log"
             kill $server
             wait $server
         done

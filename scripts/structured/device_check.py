@@ -8,8 +8,12 @@ but not judged (a random-weight model may fill a bounded field slowly). Exits 1 
 violation, 5xx or wrong status.
 
     scripts/structured/device_check.py --url http://127.0.0.1:8123 --model M [--rounds 4]
+        [--record FILE | --compare FILE]
 
-`scripts/gpu_run.sh structured` runs it against a model with random weights on the GPU.
+`--record` writes every greedy answer to FILE; `--compare` fails unless every greedy answer
+equals the one FILE holds (the same server flags but speculation, under `--deterministic`:
+speculation must not change a greedy constrained output). `scripts/gpu_run.sh structured`
+runs it against a model with random weights on the GPU.
 """
 import argparse
 import concurrent.futures as cf
@@ -91,6 +95,9 @@ def one_of(choices):
     return check
 
 
+# Every greedy answer by request, for --record and --compare.
+GREEDY = {}
+
 CASES = [
     ("response_format json_schema", {"response_format": {"type": "json_schema",
         "json_schema": {"name": "person", "schema": PERSON, "strict": True}}}, person_ok),
@@ -161,6 +168,8 @@ def one(args, name, fields, check, chat, stream, temperature, seed):
             calls = choice["message"].get("tool_calls") or []
         else:
             text, calls = choice["text"], []
+    if temperature == 0.0:
+        GREEDY[what] = [text, [c["function"] for c in calls], finish]
     if check is None or finish == "length":
         return name, what, finish
     try:
@@ -177,6 +186,8 @@ def main():
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--record", help="write every greedy answer to this file")
+    p.add_argument("--compare", help="fail unless every greedy answer equals this file's")
     args = p.parse_args()
     jobs = []
     for name, fields, check in CASES:
@@ -196,6 +207,17 @@ def main():
                 failures.append("%s: %s" % (what, outcome))
     for name, counts in tally.items():
         print("%-30s %s" % (name, ", ".join("%s %d" % kv for kv in sorted(counts.items()))))
+    if args.record:
+        with open(args.record, "w") as f:
+            json.dump(GREEDY, f, indent=1, sort_keys=True)
+    if args.compare:
+        with open(args.compare) as f:
+            recorded = json.load(f)
+        for what in sorted(recorded):
+            if GREEDY.get(what) != recorded[what]:
+                failures.append("%s: greedy answer %r differs from the recorded %r"
+                                % (what, GREEDY.get(what), recorded[what]))
+        print("greedy answers compared: %d" % len(recorded))
     for failure in failures:
         print("FAIL", failure)
     print("%d requests, %d failures" % (len(jobs), len(failures)))
