@@ -108,6 +108,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             header_timeout: config.request_header_timeout,
             max_connections: config.max_connections,
             allowed_origins: config.allowed_origins.clone(),
+            allowed_hosts: config.allowed_hosts.clone(),
         };
         let bound = gateway::bind(state.clone(), &settings)?;
         for addr in &bound.addrs {

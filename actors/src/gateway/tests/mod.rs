@@ -5,6 +5,7 @@ mod admin;
 mod auth;
 mod chat;
 mod completions;
+mod hosts;
 mod info;
 mod limits;
 mod messages;
@@ -35,8 +36,8 @@ use tokenizers::AddedToken;
 use tokio::sync::mpsc;
 
 use super::{
-    app, AdminHooks, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig, GatewayState,
-    ModelInfo, SharedConfig, ToolSettings,
+    app, AdminHooks, AllowedHosts, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig,
+    GatewayState, ModelInfo, SharedConfig, ToolSettings,
 };
 use crate::health::EngineHealth;
 use crate::messages::{
@@ -224,7 +225,24 @@ impl Fixture {
     > {
         let origins: Vec<String> = origins.iter().map(|o| o.to_string()).collect();
         let origins = web::Data::new(AllowedOrigins::new(&origins));
-        test::init_service(app(self.state.clone(), origins)).await
+        let hosts = web::Data::new(AllowedHosts::default());
+        test::init_service(app(self.state.clone(), origins, hosts)).await
+    }
+
+    /// The gateway's service as a listener bound to a loopback address builds it, serving
+    /// the `Host` names `hosts` besides the loopback ones.
+    pub async fn app_on_loopback(
+        &self,
+        hosts: &[&str],
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+        let hosts = web::Data::new(AllowedHosts::new(true, &hosts));
+        let origins = web::Data::new(AllowedOrigins::default());
+        test::init_service(app(self.state.clone(), origins, hosts)).await
     }
 
     /// The last submission.
