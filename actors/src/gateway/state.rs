@@ -96,6 +96,8 @@ pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 /// The served model, as far as the gateway needs it.
 #[derive(Clone)]
 pub struct ModelInfo {
+    /// Where it was loaded from: the `--model` path as given, or the default model's name.
+    pub root: String,
     /// Its tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// Its chat template; `None`: chat completions are refused.

@@ -298,6 +298,11 @@ pub struct ModelCard {
     pub created: u64,
     /// Always `peregrine`.
     pub owned_by: &'static str,
+    /// Where the model was loaded from: the `--model` path as given, or the default
+    /// model's name (vLLM's `root`, its `--model` argument).
+    pub root: String,
+    /// The model this one derives from; always `null` (vLLM gives a LoRA adapter's base).
+    pub parent: Option<String>,
     /// The most tokens (prompt plus output) a request may hold.
     pub max_model_len: usize,
 }

@@ -2,6 +2,7 @@
 //! scripted tokens, and a byte-level BPE tokenizer built in the test.
 
 mod admin;
+mod aliases;
 mod auth;
 mod chat;
 mod completions;
@@ -52,6 +53,8 @@ pub const MAX_MODEL_LEN: usize = 128;
 pub const KV_CACHE_TOKENS: usize = 4 * MAX_MODEL_LEN;
 /// The served model's name.
 pub const MODEL: &str = "tiny";
+/// Where the test model was loaded from, as `/v1/models` reports it (`root`).
+pub const ROOT: &str = "/models/tiny";
 /// The largest request body the test gateway reads.
 pub const BODY_LIMIT: usize = 1 << 20;
 /// How long the test gateway waits for a request body.
@@ -167,6 +170,7 @@ impl Fixture {
         });
         let tools = ToolSettings::for_model(chat_template.as_deref(), None, true);
         let model = ModelInfo {
+            root: ROOT.to_owned(),
             tokenizer: Arc::clone(&tokenizer),
             chat_template,
             max_model_len: MAX_MODEL_LEN,
