@@ -21,6 +21,7 @@ mod context;
 mod conversation;
 mod engine_client;
 mod errors;
+mod fingerprint;
 mod generation;
 mod grammar;
 mod hosts;

@@ -6,6 +6,7 @@ mod aliases;
 mod auth;
 mod chat;
 mod completions;
+mod fingerprint;
 mod hosts;
 mod info;
 mod limits;
