@@ -19,9 +19,10 @@ use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{ServiceRequest, ServiceResponse};
 use actix_web::http::header::HOST;
 use actix_web::middleware::Next;
-use actix_web::{web, ResponseError};
+use actix_web::web;
 
 use super::errors::ApiError;
+use super::origins::refuse_or_next;
 
 /// The `Host` names a listener serves (vLLM has none; the flag is `--allowed-hosts`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,21 +116,16 @@ pub async fn refuse_foreign_hosts(
             .find(|host| !hosts.allows(host))
             .map(str::to_owned)
     });
-    match refused {
-        Some(host) => {
-            let err = ApiError::forbidden(format!(
-                "the Host header {host:?} names a host this server does not serve (a \
-                 server bound to a loopback address serves only localhost, 127.x.x.x and \
-                 [::1], against DNS rebinding): start it with --allowed-hosts NAME to serve \
-                 requests addressed to another name"
-            ))
-            .with_param("Host");
-            Ok(req
-                .into_response(err.error_response())
-                .map_into_right_body())
-        }
-        None => Ok(next.call(req).await?.map_into_left_body()),
-    }
+    let refusal = refused.map(|host| {
+        ApiError::forbidden(format!(
+            "the Host header {host:?} names a host this server does not serve (a server \
+             bound to a loopback address serves only localhost, 127.x.x.x and [::1], \
+             against DNS rebinding): start it with --allowed-hosts NAME to serve requests \
+             addressed to another name"
+        ))
+        .with_param("Host")
+    });
+    refuse_or_next(req, next, refusal).await
 }
 
 #[cfg(test)]

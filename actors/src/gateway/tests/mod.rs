@@ -229,9 +229,8 @@ impl Fixture {
         Error = actix_web::Error,
     > {
         let origins: Vec<String> = origins.iter().map(|o| o.to_string()).collect();
-        let origins = web::Data::new(AllowedOrigins::new(&origins));
-        let hosts = web::Data::new(AllowedHosts::default());
-        test::init_service(app(self.state.clone(), origins, hosts)).await
+        self.app_with(AllowedOrigins::new(&origins), AllowedHosts::default())
+            .await
     }
 
     /// The gateway's service as a listener bound to a loopback address builds it, serving
@@ -245,8 +244,21 @@ impl Fixture {
         Error = actix_web::Error,
     > {
         let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
-        let hosts = web::Data::new(AllowedHosts::new(true, &hosts));
-        let origins = web::Data::new(AllowedOrigins::default());
+        self.app_with(AllowedOrigins::default(), AllowedHosts::new(true, &hosts))
+            .await
+    }
+
+    /// The gateway's service with these guards.
+    async fn app_with(
+        &self,
+        origins: AllowedOrigins,
+        hosts: AllowedHosts,
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        let (origins, hosts) = (web::Data::new(origins), web::Data::new(hosts));
         test::init_service(app(self.state.clone(), origins, hosts)).await
     }
 
