@@ -428,7 +428,8 @@ fn mtp_greedy_requests_match_generate() {
 /// 12. The front door holds: stalled bodies and headers get 408 and lose their
 ///     connection, idle connections cannot exhaust the file limit, huge bodies and
 ///     prompts get 413 without slowing `/health` or keeping memory, a queued stream that
-///     disconnects is cancelled at once, only allowed web origins are served, forged roles
+///     disconnects is cancelled at once, only allowed web origins are served, a foreign
+///     `Host` (DNS rebinding) is refused on every route, forged roles
 ///     and bad fields get named errors, the HTTP parser's errors have JSON bodies, and a
 ///     reload past the host's memory is refused with the old configuration kept.
 #[test]
@@ -457,6 +458,8 @@ fn the_front_door_holds() {
             "20000",
             "--allowed-origins",
             "http://good.example",
+            "--allowed-hosts",
+            "good.example",
         ],
     );
     let pid = server.pid().to_string();

@@ -130,6 +130,12 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// The vocabulary's text of token `id` as stored, byte-level marks such as `Ġ` included
+    /// (Hugging Face's `convert_ids_to_tokens`); `None` outside the vocabulary.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
     /// A streaming decoder that starts with no tokens.
     pub fn decode_stream(&self, skip_special_tokens: bool) -> DecodeStream {
         DecodeStream {

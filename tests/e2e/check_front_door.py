@@ -3,7 +3,7 @@ in OpenAI's error shape ({"error": {"message", "type", "param", "code"}}).
 
 The server runs with --max-num-seqs 1, --request-header-timeout 2, --request-body-timeout
 2, --max-connections 48, --max-request-body 2MiB, --max-prompt-chars 20000,
---allowed-origins http://good.example, --config FILE (holding max_num_seqs = 1) and
+--allowed-origins http://good.example, --allowed-hosts good.example, --config FILE (holding max_num_seqs = 1) and
 --admin-token. The probes, the gentle ones first and the one that rewrites the
 configuration file last (each connection-heavy one waits for /health before the next):
 
@@ -12,6 +12,9 @@ configuration file last (each connection-heavy one waits for /health before the 
   roles     a chat role carrying template markup: 400, param messages[0].role;
   origins   CORS preflight and requests from an allowed origin pass; another origin, or a
             text/plain body from it with a foreign Host, is refused;
+  hosts     bound to 127.0.0.1: a foreign Host (a DNS-rebinding page's) gets 403 naming
+            the header on /metrics, /v1/models, /health and a completion; localhost,
+            127.0.0.1, [::1] and the --allowed-hosts name are served;
   queued    a request queued behind max_num_seqs 1 whose client hangs up leaves the queue
             within 1 s;
   huge      a 3 MB body: 413; a 1 MB prompt (completion or chat): 413 naming
@@ -42,6 +45,7 @@ from e2e_common import (
     get,
     hang_up,
     header,
+    host_header,
     idle,
     log,
     metric,
@@ -91,6 +95,7 @@ def main():
     probe_errors(base, model)
     probe_roles(base, model)
     probe_origins(base, model)
+    probe_hosts(base, model)
     probe_queued_disconnect(base, model, args.max_tokens)
     probe_huge(base, model, args.pid)
     log("  /health 200 again after %.2fs" % wait_healthy(base, "after the huge bodies"))
@@ -226,6 +231,28 @@ def probe_origins(base, model):
             bare.status,
         )
     )
+
+
+def probe_hosts(base, model):
+    """DNS rebinding: the server listens on 127.0.0.1, so only loopback Host names and
+    --allowed-hosts good.example are served."""
+    port = host_header(base).rsplit(":", 1)[1]
+    refused = 0
+    for host in ("evil.example:%s" % port, "localhost.evil.example", "127.0.0.1.nip.io:%s" % port):
+        for path in ("/metrics", "/v1/models", "/health"):
+            resp = get(base, path, headers={"Host": host}, timeout=10)
+            expect_error(resp, 403, ["Host", "--allowed-hosts"], param="Host", what="GET %s with Host %s" % (path, host))
+            refused += 1
+        resp = completion(base, model, headers={"Host": host})
+        expect_error(resp, 403, ["Host"], param="Host", what="a completion with Host %s" % host)
+        refused += 1
+    served = 0
+    for host in ("localhost:%s" % port, "LOCALHOST", "127.0.0.1:%s" % port, "[::1]:%s" % port, "good.example", "GOOD.example:%s" % port):
+        for path in ("/metrics", "/v1/models", "/health"):
+            resp = get(base, path, headers={"Host": host}, timeout=10)
+            expect_eq(resp.status, 200, "GET %s with Host %s (%r)" % (path, host, resp))
+            served += 1
+    log("hosts: %d requests with a foreign Host -> 403; %d with loopback or allowed hosts -> 200" % (refused, served))
 
 
 def probe_queued_disconnect(base, model, max_tokens):

@@ -52,7 +52,7 @@ async fn handle(
     let Submitted {
         generation,
         stream,
-        include_usage,
+        usage: stream_usage,
         return_token_ids: token_ids,
         prompt,
         reads_calls,
@@ -63,6 +63,8 @@ async fn handle(
         id: context.public_id.clone(),
         created: context.created,
         model,
+        system_fingerprint: state.system_fingerprint.clone(),
+        running: None,
         logprobs: logprobs.is_some(),
         token_ids,
         prompt_token_ids: token_ids.then(|| prompt.to_vec()),
@@ -72,7 +74,7 @@ async fn handle(
         return Ok(sse::respond(
             generation,
             format,
-            include_usage,
+            stream_usage,
             context.span.clone(),
             peer,
         ));
@@ -143,6 +145,9 @@ struct ChatFormat {
     id: String,
     created: u64,
     model: String,
+    system_fingerprint: String,
+    /// The usage so far, put on every chunk (`continuous_usage_stats`).
+    running: Option<UsageOut>,
     logprobs: bool,
     /// Put each choice's token ids on it.
     token_ids: bool,
@@ -164,6 +169,7 @@ impl ChatFormat {
             object,
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             choices,
             usage,
             prompt_token_ids: self.prompt_token_ids.take(),
@@ -171,7 +177,8 @@ impl ChatFormat {
     }
 
     fn event(&mut self, choice: ChatChunkChoice) -> Bytes {
-        sse::event(&self.wrap("chat.completion.chunk", vec![choice], None))
+        let usage = self.running.clone();
+        sse::event(&self.wrap("chat.completion.chunk", vec![choice], usage))
     }
 
     /// The events of a reply read for calls: one per delta the text adds (the first
@@ -248,5 +255,9 @@ impl ChunkFormat for ChatFormat {
     fn usage(&mut self, usage: UsageOut) -> Bytes {
         let no_choices: Vec<ChatChunkChoice> = Vec::new();
         sse::event(&self.wrap("chat.completion.chunk", no_choices, Some(usage)))
+    }
+
+    fn running_usage(&mut self, usage: UsageOut) {
+        self.running = Some(usage);
     }
 }

@@ -66,7 +66,7 @@ async fn handle(
     if let Some(requested) = constraint {
         plan.submission.grammar = Some(grammar::compile(state, requested).await?);
     }
-    let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let (stream, stream_usage) = (plan.stream, plan.usage);
     let token_ids = plan.return_token_ids;
     let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
     let generation = Generation::start(state, context, plan).await?;
@@ -74,6 +74,8 @@ async fn handle(
         id: context.public_id.clone(),
         created: context.created,
         model: config.served_model_name.clone(),
+        system_fingerprint: state.system_fingerprint.clone(),
+        running: None,
         logprobs: logprobs.is_some(),
         offset: 0,
         token_ids,
@@ -83,7 +85,7 @@ async fn handle(
         return Ok(sse::respond(
             generation,
             format,
-            include_usage,
+            stream_usage,
             context.span.clone(),
             peer,
         ));
@@ -129,6 +131,9 @@ struct CompletionFormat {
     id: String,
     created: u64,
     model: String,
+    system_fingerprint: String,
+    /// The usage so far, put on every chunk (`continuous_usage_stats`).
+    running: Option<UsageOut>,
     logprobs: bool,
     /// Characters of text before the next token, for `text_offset`.
     offset: usize,
@@ -169,6 +174,7 @@ impl CompletionFormat {
             object: "text_completion",
             created: self.created,
             model: self.model.clone(),
+            system_fingerprint: self.system_fingerprint.clone(),
             choices,
             usage,
             prompt_token_ids: None,
@@ -182,7 +188,12 @@ impl ChunkFormat for CompletionFormat {
     }
 
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
-        sse::event(&self.envelope(delta, finish_reason, None))
+        let usage = self.running.clone();
+        sse::event(&self.envelope(delta, finish_reason, usage))
+    }
+
+    fn running_usage(&mut self, usage: UsageOut) {
+        self.running = Some(usage);
     }
 
     fn usage(&mut self, usage: UsageOut) -> Bytes {

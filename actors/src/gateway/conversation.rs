@@ -14,6 +14,7 @@ use super::grammar;
 use super::params::{check_model, plan, EndpointInput};
 use super::prompt::ChatTools;
 use super::protocol::request::{GenerationFields, MessageIn};
+use super::sse::StreamUsage;
 use super::state::GatewayState;
 use super::tools::ToolRequest;
 
@@ -41,8 +42,8 @@ pub struct Submitted {
     pub generation: Generation,
     /// Answer as server-sent events.
     pub stream: bool,
-    /// End an OpenAI stream with a usage chunk.
-    pub include_usage: bool,
+    /// Which usage an OpenAI stream reports.
+    pub usage: StreamUsage,
     /// Put the prompt's and the output's token ids in the response.
     pub return_token_ids: bool,
     /// The prompt's token ids.
@@ -112,14 +113,14 @@ pub async fn submit(
         plan.submission.grammar = Some(grammar::compile(state, requested).await?);
     }
     plan.keep_special_tokens = reads_calls;
-    let (stream, include_usage) = (plan.stream, plan.include_usage);
+    let (stream, usage) = (plan.stream, plan.usage);
     let return_token_ids = plan.return_token_ids;
     let prompt = Arc::clone(&plan.submission.prompt);
     let generation = Generation::start(state, context, plan).await?;
     Ok(Submitted {
         generation,
         stream,
-        include_usage,
+        usage,
         return_token_ids,
         prompt,
         reads_calls,

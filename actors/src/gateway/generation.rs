@@ -165,6 +165,11 @@ impl Generation {
         })
     }
 
+    /// The token counts so far: the prompt's, and the output's tokens read until now.
+    pub fn usage_so_far(&self) -> UsageOut {
+        UsageOut::counted(self.prompt_tokens, self.completion_tokens)
+    }
+
     /// The next step; `None` after the last.
     pub async fn next(&mut self) -> Option<Result<Step, ApiError>> {
         if self.done {

@@ -49,6 +49,8 @@ fn card(state: &GatewayState) -> ModelCard {
         object: "model",
         created: state.created,
         owned_by: "peregrine",
+        root: state.model.root.clone(),
+        parent: None,
         max_model_len: state.model.max_model_len,
     }
 }

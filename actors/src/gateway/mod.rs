@@ -21,8 +21,10 @@ mod context;
 mod conversation;
 mod engine_client;
 mod errors;
+mod fingerprint;
 mod generation;
 mod grammar;
+mod hosts;
 mod info;
 mod logprobs;
 mod origins;
@@ -49,6 +51,7 @@ mod tests;
 
 pub use engine_client::{EngineClient, EngineError};
 pub use errors::ApiError;
+pub use hosts::AllowedHosts;
 pub use origins::AllowedOrigins;
 pub use peer::{on_connect, PeerProbe};
 pub use routes::routes;

@@ -71,16 +71,25 @@ pub async fn refuse_foreign_origins(
             (!allowed).then(|| origin.to_owned())
         }
     };
-    match refused {
-        Some(origin) => {
-            let err = ApiError::forbidden(format!(
-                "requests from the web origin {origin:?} are not allowed: start the server \
-                 with --allowed-origins {origin} to serve pages from it"
-            ));
-            Ok(req
-                .into_response(err.error_response())
-                .map_into_right_body())
-        }
+    let refusal = refused.map(|origin| {
+        ApiError::forbidden(format!(
+            "requests from the web origin {origin:?} are not allowed: start the server \
+             with --allowed-origins {origin} to serve pages from it"
+        ))
+    });
+    refuse_or_next(req, next, refusal).await
+}
+
+/// A guard's answer: `refusal` where there is one, else what `next` answers.
+pub(super) async fn refuse_or_next<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+    refusal: Option<ApiError>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    match refusal {
+        Some(err) => Ok(req
+            .into_response(err.error_response())
+            .map_into_right_body()),
         None => Ok(next.call(req).await?.map_into_left_body()),
     }
 }

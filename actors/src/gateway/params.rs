@@ -7,7 +7,8 @@ use peregrine_ops::sampling::{SamplingError, SamplingParams};
 
 use super::biases::{self, Vocabulary};
 use super::errors::ApiError;
-use super::protocol::request::GenerationFields;
+use super::protocol::request::{GenerationFields, StreamOptions};
+use super::sse::StreamUsage;
 use super::state::{GatewayConfig, SequenceLimits};
 use crate::messages::RequestSpec;
 use crate::messages::SubmitError;
@@ -24,8 +25,8 @@ pub struct Plan {
     pub stop: Vec<String>,
     /// Answer as server-sent events.
     pub stream: bool,
-    /// End the stream with a usage chunk.
-    pub include_usage: bool,
+    /// Which usage the stream reports.
+    pub usage: StreamUsage,
     /// Add the speculation counts to `usage`.
     pub spec_decode_details: bool,
     /// Add the prompt's and the generated token ids to the response.
@@ -121,14 +122,22 @@ pub fn plan(
         },
         stop,
         stream,
-        include_usage: fields
-            .stream_options
-            .and_then(|options| options.include_usage)
-            .unwrap_or(false),
+        usage: stream_usage(fields.stream_options.as_ref()),
         spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
         return_token_ids: fields.return_token_ids.unwrap_or(false),
         keep_special_tokens: false,
     })
+}
+
+/// The usage `options` ask for: at the end with `include_usage`, and in every chunk with
+/// `continuous_usage_stats` too (vLLM's, which needs `include_usage`).
+fn stream_usage(options: Option<&StreamOptions>) -> StreamUsage {
+    let at_end = options.and_then(|o| o.include_usage).unwrap_or(false);
+    let continuous = options.and_then(|o| o.continuous_usage_stats);
+    StreamUsage {
+        at_end,
+        every_chunk: at_end && continuous.unwrap_or(false),
+    }
 }
 
 /// The request's sampling parameters over `defaults`, validated.

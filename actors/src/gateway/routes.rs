@@ -1,5 +1,5 @@
-//! Every route of the gateway, the JSON body configuration, and OpenAI-shaped answers for
-//! unknown paths and wrong methods.
+//! Every route of the gateway (the OpenAI ones also without `/v1`), and OpenAI-shaped
+//! answers for unknown paths and wrong methods.
 
 use actix_web::{web, HttpRequest, HttpResponse, Resource, Route};
 
@@ -14,31 +14,43 @@ use super::{admin, anthropic, chat, completions, info, responses, tokenize};
 /// HttpServer::new(move || App::new().app_data(state.clone()).configure(gateway::routes))
 /// ```
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.service(resource(
-        "/v1/completions",
-        web::post().to(completions::create),
-    ))
-    .service(resource(
-        "/v1/chat/completions",
-        web::post().to(chat::create),
-    ))
-    .service(resource("/v1/messages", web::post().to(anthropic::create)))
-    .service(resource("/v1/responses", web::post().to(responses::create)))
-    .service(resource("/v1/models", web::get().to(info::models)))
-    .service(resource(
-        "/v1/models/{model:.+}",
-        web::get().to(info::model),
-    ))
-    .service(resource("/tokenize", web::post().to(tokenize::tokenize)))
-    .service(resource(
-        "/detokenize",
-        web::post().to(tokenize::detokenize),
-    ))
-    .service(resource("/health", web::get().to(info::health)))
-    .service(resource("/metrics", web::get().to(info::metrics)))
-    .service(resource("/admin/reload", web::post().to(admin::reload)))
-    .service(resource("/admin/config", web::get().to(admin::config)))
-    .default_service(web::to(unknown_path));
+    // The OpenAI routes, each also without its `/v1` prefix, as llama.cpp serves them.
+    for prefix in ["/v1", ""] {
+        cfg.service(resource(
+            &format!("{prefix}/completions"),
+            web::post().to(completions::create),
+        ))
+        .service(resource(
+            &format!("{prefix}/chat/completions"),
+            web::post().to(chat::create),
+        ))
+        .service(resource(
+            &format!("{prefix}/messages"),
+            web::post().to(anthropic::create),
+        ))
+        .service(resource(
+            &format!("{prefix}/responses"),
+            web::post().to(responses::create),
+        ))
+        .service(resource(
+            &format!("{prefix}/models"),
+            web::get().to(info::models),
+        ))
+        .service(resource(
+            &format!("{prefix}/models/{{model:.+}}"),
+            web::get().to(info::model),
+        ));
+    }
+    cfg.service(resource("/tokenize", web::post().to(tokenize::tokenize)))
+        .service(resource(
+            "/detokenize",
+            web::post().to(tokenize::detokenize),
+        ))
+        .service(resource("/health", web::get().to(info::health)))
+        .service(resource("/metrics", web::get().to(info::metrics)))
+        .service(resource("/admin/reload", web::post().to(admin::reload)))
+        .service(resource("/admin/config", web::get().to(admin::config)))
+        .default_service(web::to(unknown_path));
 }
 
 /// `path` served by `route`; other methods get 405.

@@ -1,9 +1,10 @@
-//! The HTTP listener: the app (the routes behind the origin guard and CORS) served over
-//! HTTP/1.1 with bounded connections. A client has `request_header_timeout` to send its
-//! headers (and an idle connection stays open as long), and `request_body_timeout` to send
-//! its body; no more connections are held at once than the process's open-file limit
-//! leaves, so slow or stalled clients cannot exhaust it (further ones wait in the accept
-//! backlog). Each connection goes through [`on_connect`] and [`ShapedErrors`].
+//! The HTTP listener: the app (the routes behind the host and origin guards and CORS)
+//! served over HTTP/1.1 with bounded connections. A client has `request_header_timeout` to
+//! send its headers (and an idle connection stays open as long), and
+//! `request_body_timeout` to send its body; no more connections are held at once than the
+//! process's open-file limit leaves, so slow or stalled clients cannot exhaust it (further
+//! ones wait in the accept backlog). Each connection goes through [`on_connect`] and
+//! [`ShapedErrors`].
 
 use std::net::{SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::Duration;
@@ -18,6 +19,7 @@ use actix_web::rt::net::TcpStream;
 use actix_web::{web, App};
 use anyhow::Context;
 
+use super::hosts::{refuse_foreign_hosts, AllowedHosts};
 use super::origins::{refuse_foreign_origins, AllowedOrigins};
 use super::parser_errors::ShapedErrors;
 use super::peer::on_connect;
@@ -47,13 +49,16 @@ pub struct HttpSettings {
     pub max_connections: Option<usize>,
     /// Browser origins allowed to call the API.
     pub allowed_origins: Vec<String>,
+    /// `Host` names served besides the loopback ones (see [`AllowedHosts`]).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The gateway's app over `state`: the routes behind CORS for `origins` and the guard that
-/// refuses every other origin.
+/// refuses every other origin, all behind the guard that refuses `Host`s not in `hosts`.
 pub fn app(
     state: web::Data<GatewayState>,
     origins: web::Data<AllowedOrigins>,
+    hosts: web::Data<AllowedHosts>,
 ) -> App<
     impl ServiceFactory<
         ServiceRequest,
@@ -67,8 +72,10 @@ pub fn app(
     App::new()
         .app_data(state)
         .app_data(origins)
+        .app_data(hosts)
         .wrap(cors)
         .wrap(from_fn(refuse_foreign_origins))
+        .wrap(from_fn(refuse_foreign_hosts))
         .configure(routes)
 }
 
@@ -99,9 +106,13 @@ pub fn bind(state: web::Data<GatewayState>, settings: &HttpSettings) -> anyhow::
         let listener = TcpListener::bind(target).with_context(|| format!("binding {target}"))?;
         let addr = listener.local_addr()?;
         addrs.push(addr);
+        let hosts = web::Data::new(AllowedHosts::new(
+            addr.ip().is_loopback(),
+            &settings.allowed_hosts,
+        ));
         let (state, origins, timeout) = (state.clone(), origins.clone(), settings.header_timeout);
         builder = builder.listen(format!("peregrine-{addr}"), listener, move || {
-            let app = app(state.clone(), origins.clone())
+            let app = app(state.clone(), origins.clone(), hosts.clone())
                 .into_factory()
                 .map_err(|err: actix_web::Error| err.error_response());
             let http = HttpService::build()

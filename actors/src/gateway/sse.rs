@@ -33,6 +33,10 @@ pub trait ChunkFormat: 'static {
     /// The event with the usage and no choices, sent last when the client asked for it.
     fn usage(&mut self, usage: UsageOut) -> Bytes;
 
+    /// The usage so far, for the events that follow to carry (vLLM's
+    /// `continuous_usage_stats`); formats without per-chunk usage ignore it.
+    fn running_usage(&mut self, _usage: UsageOut) {}
+
     /// The events that end a generation: its last chunk, then the usage if
     /// `include_usage`.
     fn last(&mut self, finish: Finish, include_usage: bool) -> Vec<Bytes> {
@@ -60,21 +64,44 @@ pub fn event(value: &impl Serialize) -> Bytes {
     Bytes::from(format!("data: {json}\n\n"))
 }
 
+/// Which usage a stream reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StreamUsage {
+    /// A last event with the usage and no choices (`stream_options.include_usage`).
+    pub at_end: bool,
+    /// Every event carries the usage so far (vLLM's `continuous_usage_stats`).
+    pub every_chunk: bool,
+}
+
+impl From<bool> for StreamUsage {
+    /// Usage at the end or not at all.
+    fn from(at_end: bool) -> Self {
+        StreamUsage {
+            at_end,
+            every_chunk: false,
+        }
+    }
+}
+
 /// The streaming response for `generation`, logging inside `span`, cancelled as soon as
 /// `peer` (the client's connection, where known) closes.
 pub fn respond<F: ChunkFormat>(
     generation: Generation,
     mut format: F,
-    include_usage: bool,
+    usage: impl Into<StreamUsage>,
     span: tracing::Span,
     peer: Option<PeerProbe>,
 ) -> HttpResponse {
+    let usage = usage.into();
+    if usage.every_chunk {
+        format.running_usage(generation.usage_so_far());
+    }
     let stream = SseStream {
         queue: format.opening().into_iter().collect(),
         generation: Some(generation),
         peer,
         format,
-        include_usage,
+        usage,
         ended: false,
     };
     let body = futures_util::stream::unfold(stream, move |mut stream| {
@@ -105,7 +132,7 @@ struct SseStream<F> {
     /// The client's connection, watched until the first tokens arrive.
     peer: Option<PeerProbe>,
     format: F,
-    include_usage: bool,
+    usage: StreamUsage,
     ended: bool,
 }
 
@@ -141,11 +168,19 @@ impl<F: ChunkFormat> SseStream<F> {
         match step {
             Some(Ok(Step::Delta(delta))) => {
                 if !delta.is_empty() {
+                    if let Some(generation) = self.generation.as_ref() {
+                        if self.usage.every_chunk {
+                            self.format.running_usage(generation.usage_so_far());
+                        }
+                    }
                     self.queue.push_back(self.format.chunk(&delta, None));
                 }
             }
             Some(Ok(Step::Finished(finish))) => {
-                let last = self.format.last(finish, self.include_usage);
+                if self.usage.every_chunk {
+                    self.format.running_usage(finish.usage.clone());
+                }
+                let last = self.format.last(finish, self.usage.at_end);
                 self.queue.extend(last);
                 self.end();
             }

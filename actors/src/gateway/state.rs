@@ -12,6 +12,7 @@ use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
 use peregrine_structured::GrammarCompiler;
 
+use super::fingerprint::system_fingerprint;
 use super::tools::ToolSettings;
 
 use super::biases::Vocabulary;
@@ -96,6 +97,8 @@ pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 /// The served model, as far as the gateway needs it.
 #[derive(Clone)]
 pub struct ModelInfo {
+    /// Where it was loaded from: the `--model` path as given, or the default model's name.
+    pub root: String,
     /// Its tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// Its chat template; `None`: chat completions are refused.
@@ -152,6 +155,8 @@ pub struct GatewayState {
     pub metrics: MetricsRenderer,
     /// Unix time the gateway started (the model's `created`).
     pub created: u64,
+    /// The `system_fingerprint` of completion and chat responses.
+    pub system_fingerprint: String,
     /// Where prompts are rendered and tokenized, off the HTTP worker threads.
     pub blocking: BlockingPool,
     accepting: AtomicBool,
@@ -168,6 +173,7 @@ impl GatewayState {
     ) -> Self {
         Self {
             engine,
+            system_fingerprint: system_fingerprint(&model),
             model,
             config,
             admin,

@@ -23,6 +23,7 @@ pub async fn tokenize(
     let config = state.config.get();
     check_model(request.model.as_deref(), &config)?;
     let prompter = state.prompter(&config);
+    let return_token_strs = request.return_token_strs.unwrap_or(false);
     let tokens = state
         .blocking
         .run(move || match (request.prompt, request.messages) {
@@ -40,10 +41,16 @@ pub async fn tokenize(
             )),
         })
         .await?;
+    let tokenizer = &state.model.tokenizer;
+    let token_strs = return_token_strs.then(|| {
+        let text = |&id: &u32| tokenizer.id_to_token(id).unwrap_or_default();
+        tokens.iter().map(text).collect()
+    });
     Ok(HttpResponse::Ok().json(TokenizeResponse {
         count: tokens.len(),
         max_model_len: state.model.max_model_len,
         tokens,
+        token_strs,
     }))
 }
 

@@ -113,6 +113,27 @@ pub(super) fn origins(origins: &[String]) -> Check {
     Ok(())
 }
 
+/// `Host` names: `*`, or a host name or IP address without a scheme, port or path (an
+/// IPv6 address bare or in brackets).
+pub(super) fn hosts(hosts: &[String]) -> Check {
+    for host in hosts {
+        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']'));
+        let fine = host == "*"
+            || bare.unwrap_or(host).parse::<std::net::Ipv6Addr>().is_ok()
+            || (bare.is_none()
+                && !host.is_empty()
+                && !host.contains([':', '/', '?', '#', '@', ' ', '*']));
+        if !fine {
+            return Err(format!(
+                "must hold host names such as api.example.com (no scheme, port or path), IP \
+                 addresses or *, not {host:?}"
+            )
+            .into());
+        }
+    }
+    Ok(())
+}
+
 /// A fraction in (0, 1].
 pub(super) fn fraction(value: &f32) -> Check {
     if *value > 0.0 && *value <= 1.0 {

@@ -6,8 +6,9 @@
 //! needs them. `table.rs` turns the rows into `Layer` and `ServeConfig`.
 
 use super::checks::{
-    any, at_least_one, batch_sizes, block_size, fraction, keys_not_empty, log_filter, origins,
-    path_not_empty, positive_bytes, positive_seconds, sampling, speculative_tokens, text_not_empty,
+    any, at_least_one, batch_sizes, block_size, fraction, hosts, keys_not_empty, log_filter,
+    origins, path_not_empty, positive_bytes, positive_seconds, sampling, speculative_tokens,
+    text_not_empty,
 };
 use super::fields::{Field, Reload};
 use super::json::ToJson;
@@ -139,6 +140,18 @@ settings! {
             help = "Browser origins allowed to call the API (CORS), such as \
                     https://app.example.com, comma-separated or repeated; * allows any \
                     [default: none: requests with an Origin header get 403]");
+    /// `Host` names served besides the loopback ones (`*`: any). A listener bound to a
+    /// loopback address serves only `localhost`, `127.x.x.x` and `[::1]` without them (a
+    /// defence against DNS rebinding); one bound to another address checks `Host` only
+    /// when some are given.
+    allowed_hosts: Vec<String> = Vec::new();
+        given Vec<String>, fill value, reload Restart, Public, check hosts,
+        flag "--allowed-hosts", arg(long = "allowed-hosts", value_name = "HOST",
+            value_delimiter = ',',
+            help = "Host header names served besides localhost, 127.x.x.x and [::1], such \
+                    as api.example.com, comma-separated or repeated; * allows any \
+                    [default: none: bound to loopback, another Host gets 403; bound \
+                    elsewhere, Host is not checked]");
     /// How long a client has to send a request's headers (else 408 and the connection
     /// closes); also how long an idle keep-alive connection stays open.
     request_header_timeout: Duration = Duration::from_secs(5);

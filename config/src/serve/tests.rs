@@ -352,7 +352,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 41);
+    assert_eq!(ServeConfig::default().fields().len(), 42);
 }
 
 #[test]
@@ -635,6 +635,8 @@ fn front_door_settings_load_and_bad_ones_name_their_field() {
             "3",
             "--allowed-origins",
             "http://localhost:3000,*",
+            "--allowed-hosts",
+            "api.example.com,[fd00::1],*",
             "--max-prompt-chars",
             "1000",
         ],
@@ -646,6 +648,7 @@ fn front_door_settings_load_and_bad_ones_name_their_field() {
         std::time::Duration::from_secs(3)
     );
     assert_eq!(config.allowed_origins, ["http://localhost:3000", "*"]);
+    assert_eq!(config.allowed_hosts, ["api.example.com", "[fd00::1]", "*"]);
     assert_eq!(config.max_prompt_chars, Some(1000));
     for (flags, needle) in [
         (
@@ -655,6 +658,14 @@ fn front_door_settings_load_and_bad_ones_name_their_field() {
         (
             &["--allowed-origins", "https://a.com/path"][..],
             "--allowed-origins must hold origins",
+        ),
+        (
+            &["--allowed-hosts", "http://api.example.com"][..],
+            "--allowed-hosts must hold host names",
+        ),
+        (
+            &["--allowed-hosts", "api.example.com:8000"][..],
+            "--allowed-hosts must hold host names",
         ),
         (
             &["--request-header-timeout", "0"][..],

@@ -43,7 +43,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         )
         .init();
     let (dir, default_name) = model_dir(&config)?;
-    let served_model_name = config.served_model_name.clone().unwrap_or(default_name);
+    let served_model_name = config
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| default_name.clone());
+    let model_root = default_name;
     let tokenizer = Arc::new(Tokenizer::from_dir(&dir)?);
     let chat_template = ChatTemplate::from_dir(&dir)?.map(Arc::new);
     let backend = load_backend(&config, &dir)?;
@@ -90,6 +94,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone(), engine.health.clone()),
             ModelInfo {
+                root: model_root,
                 tokenizer,
                 chat_template,
                 max_model_len: engine.max_model_len,
@@ -108,6 +113,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             header_timeout: config.request_header_timeout,
             max_connections: config.max_connections,
             allowed_origins: config.allowed_origins.clone(),
+            allowed_hosts: config.allowed_hosts.clone(),
         };
         let bound = gateway::bind(state.clone(), &settings)?;
         for addr in &bound.addrs {

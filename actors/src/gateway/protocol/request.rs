@@ -78,6 +78,8 @@ impl Stop {
 pub struct StreamOptions {
     /// End the stream with a chunk holding the usage and no choices.
     pub include_usage: Option<bool>,
+    /// vLLM's: with `include_usage`, every chunk also carries the usage so far.
+    pub continuous_usage_stats: Option<bool>,
 }
 
 /// The fields only `/v1/completions` has.

@@ -16,10 +16,12 @@ pub struct Envelope<C> {
     pub created: u64,
     /// The served model's name.
     pub model: String,
+    /// The backend configuration's name (see `gateway/fingerprint.rs`).
+    pub system_fingerprint: String,
     /// One choice (or none, in the final usage chunk of a stream).
     pub choices: Vec<C>,
-    /// Token counts: in every whole response, and in the last chunk of a stream that
-    /// asked for it.
+    /// Token counts: in every whole response, in the last chunk of a stream that asked
+    /// for it, and so far in every chunk with `continuous_usage_stats`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub usage: Option<UsageOut>,
     /// vLLM's: the prompt's token ids, with `return_token_ids`, in a whole chat response
@@ -298,6 +300,11 @@ pub struct ModelCard {
     pub created: u64,
     /// Always `peregrine`.
     pub owned_by: &'static str,
+    /// Where the model was loaded from: the `--model` path as given, or the default
+    /// model's name (vLLM's `root`, its `--model` argument).
+    pub root: String,
+    /// The model this one derives from; always `null` (vLLM gives a LoRA adapter's base).
+    pub parent: Option<String>,
     /// The most tokens (prompt plus output) a request may hold.
     pub max_model_len: usize,
 }

@@ -18,6 +18,8 @@ pub struct TokenizeRequest {
     /// Add the tokenizer's special tokens; default true for a prompt, false for a chat
     /// (its template writes them), as vLLM.
     pub add_special_tokens: Option<bool>,
+    /// Also answer each token's text in the vocabulary (vLLM's `return_token_strs`).
+    pub return_token_strs: Option<bool>,
 }
 
 /// The answer of `/tokenize`.
@@ -29,6 +31,10 @@ pub struct TokenizeResponse {
     pub max_model_len: usize,
     /// The token ids.
     pub tokens: Vec<u32>,
+    /// Each token's text in the vocabulary, as Hugging Face's `convert_ids_to_tokens`
+    /// gives it; only when `return_token_strs` asks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_strs: Option<Vec<String>>,
 }
 
 /// `POST /detokenize`.

@@ -2,9 +2,12 @@
 //! scripted tokens, and a byte-level BPE tokenizer built in the test.
 
 mod admin;
+mod aliases;
 mod auth;
 mod chat;
 mod completions;
+mod fingerprint;
+mod hosts;
 mod info;
 mod limits;
 mod messages;
@@ -35,8 +38,8 @@ use tokenizers::AddedToken;
 use tokio::sync::mpsc;
 
 use super::{
-    app, AdminHooks, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig, GatewayState,
-    ModelInfo, SharedConfig, ToolSettings,
+    app, AdminHooks, AllowedHosts, AllowedOrigins, BoxFuture, EngineClient, GatewayConfig,
+    GatewayState, ModelInfo, SharedConfig, ToolSettings,
 };
 use crate::health::EngineHealth;
 use crate::messages::{
@@ -51,6 +54,8 @@ pub const MAX_MODEL_LEN: usize = 128;
 pub const KV_CACHE_TOKENS: usize = 4 * MAX_MODEL_LEN;
 /// The served model's name.
 pub const MODEL: &str = "tiny";
+/// Where the test model was loaded from, as `/v1/models` reports it (`root`).
+pub const ROOT: &str = "/models/tiny";
 /// The largest request body the test gateway reads.
 pub const BODY_LIMIT: usize = 1 << 20;
 /// How long the test gateway waits for a request body.
@@ -166,6 +171,7 @@ impl Fixture {
         });
         let tools = ToolSettings::for_model(chat_template.as_deref(), None, true);
         let model = ModelInfo {
+            root: ROOT.to_owned(),
             tokenizer: Arc::clone(&tokenizer),
             chat_template,
             max_model_len: MAX_MODEL_LEN,
@@ -223,8 +229,37 @@ impl Fixture {
         Error = actix_web::Error,
     > {
         let origins: Vec<String> = origins.iter().map(|o| o.to_string()).collect();
-        let origins = web::Data::new(AllowedOrigins::new(&origins));
-        test::init_service(app(self.state.clone(), origins)).await
+        self.app_with(AllowedOrigins::new(&origins), AllowedHosts::default())
+            .await
+    }
+
+    /// The gateway's service as a listener bound to a loopback address builds it, serving
+    /// the `Host` names `hosts` besides the loopback ones.
+    pub async fn app_on_loopback(
+        &self,
+        hosts: &[&str],
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+        self.app_with(AllowedOrigins::default(), AllowedHosts::new(true, &hosts))
+            .await
+    }
+
+    /// The gateway's service with these guards.
+    async fn app_with(
+        &self,
+        origins: AllowedOrigins,
+        hosts: AllowedHosts,
+    ) -> impl Service<
+        actix_http::Request,
+        Response = ServiceResponse<impl MessageBody>,
+        Error = actix_web::Error,
+    > {
+        let (origins, hosts) = (web::Data::new(origins), web::Data::new(hosts));
+        test::init_service(app(self.state.clone(), origins, hosts)).await
     }
 
     /// The last submission.
