@@ -146,9 +146,10 @@ def check_tools(api, model):
 
 def check_two_turns(api, model):
     log("a second turn: the assistant's tool_use, then the tool_result answering it")
+    # One call a turn, so that each ends within max_tokens (parallel calls may run out of it).
     first = api.messages.create(
         model=model, max_tokens=MAX_TOKENS, messages=QUESTION, extra_body=SAMPLED, tools=TOOLS,
-        tool_choice={"type": "any"},
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
     )
     uses = tool_uses(first, "first turn")
     results = [
@@ -161,7 +162,7 @@ def check_two_turns(api, model):
         what = "second turn, tool_choice %s" % kind
         message = api.messages.create(
             model=model, max_tokens=MAX_TOKENS if kind == "any" else 24, messages=turns, extra_body=SAMPLED,
-            tools=TOOLS, tool_choice={"type": kind},
+            tools=TOOLS, tool_choice=dict({"type": kind}, **({"disable_parallel_tool_use": True} if kind == "any" else {})),
         )
         check_message(message, model, what)
         if kind == "any":
@@ -176,9 +177,10 @@ def check_streamed_tool(api, model):
     log("a streamed call: a tool_use block whose input_json_delta fragments make valid JSON")
     for attempt in range(3):
         what = "streamed any (%d)" % attempt
+        # One call, so that it ends within max_tokens (parallel calls may run out of it).
         stream = api.messages.create(
             model=model, max_tokens=MAX_TOKENS, messages=QUESTION, extra_body=SAMPLED, tools=TOOLS,
-            tool_choice={"type": "any"}, stream=True,
+            tool_choice={"type": "any", "disable_parallel_tool_use": True}, stream=True,
         )
         blocks, stop_reason = {}, None
         for event in stream:

@@ -156,7 +156,9 @@ def check_required(api, model):
 
 def check_two_turns(api, model):
     log("a second turn: the calls and their function_call_output items sent back")
-    first = create(api, model, input=QUESTION, tools=TOOLS, tool_choice="required")
+    # One call a turn, so that each ends within max_output_tokens (a random model making
+    # parallel calls may run out of it, leaving its last call incomplete).
+    first = create(api, model, input=QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False)
     calls = check_calls(first, "first turn")
     history = [{"role": "user", "content": QUESTION}] + [item.model_dump(exclude_none=True) for item in first.output]
     history += [
@@ -165,7 +167,8 @@ def check_two_turns(api, model):
     ]
     for choice in ("none", "required"):
         what = "second turn, tool_choice %s" % choice
-        resp = create(api, model, input=history, tools=TOOLS, tool_choice=choice, max_output_tokens=24 if choice == "none" else MAX_OUTPUT_TOKENS)
+        resp = create(api, model, input=history, tools=TOOLS, tool_choice=choice, parallel_tool_calls=False,
+                      max_output_tokens=24 if choice == "none" else MAX_OUTPUT_TOKENS)
         strict(resp, what)
         if choice == "none":
             expect(not calls_of(resp), "%s: calls %r" % (what, calls_of(resp)))
@@ -225,21 +228,46 @@ def check_streamed(api, model):
         log("  %s: %d events, %s, %r" % (what, len(events), final.status, deltas[:50]))
 
     log("a streamed required call: argument deltas put together are valid JSON")
+    # One call a response, so that each ends within max_output_tokens (the random model may
+    # otherwise make calls until it runs out: that case is the last one, below).
     for seed in range(3):
         what = "streamed required (run %d)" % seed
-        stream = create(api, model, input=QUESTION, tools=TOOLS, tool_choice="required", stream=True)
+        stream = create(api, model, input=QUESTION, tools=TOOLS, tool_choice="required", stream=True,
+                        parallel_tool_calls=False)
         events, final = read_stream(stream, what)
         strict(final, what)
         expect_eq(final.status, "completed", "%s: status" % what)
         calls = check_calls(final, what)
-        for call in calls:
-            pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta" and e.item_id == call.id]
-            expect(pieces, "%s: no argument deltas for %s" % (what, call.id))
-            validate_json("".join(pieces), PARAMETERS[call.name], "%s: %s arguments put together" % (what, call.name))
-            expect_eq("".join(pieces), call.arguments, "%s: deltas vs completed arguments" % what)
-            added = [e.item for e in events if e.type == "response.output_item.added" and e.item.id == call.id]
-            expect_eq([a.name for a in added], [call.name], "%s: the call added once, with its name" % what)
-            log("  %s: %s in %d deltas" % (what, "".join(pieces), len(pieces)))
+        expect_eq(len(calls), 1, "%s: calls without parallel calls" % what)
+        check_call_deltas(events, calls, what)
+    # Parallel calls: every completed call's deltas are valid; a response that ran out of
+    # tokens says so.
+    what = "streamed parallel required"
+    stream = create(api, model, input=QUESTION, tools=TOOLS, tool_choice="required", stream=True)
+    events, final = read_stream(stream, what)
+    strict(final, what)
+    if final.status == "incomplete":
+        expect_eq(final.incomplete_details.reason, "max_output_tokens", "%s: why incomplete" % what)
+    else:
+        expect_eq(final.status, "completed", "%s: status" % what)
+    done = [c for c in calls_of(final) if c.status == "completed"]
+    expect(done or final.status == "incomplete", "%s: no completed call" % what)
+    for call in done:
+        validate_json(call.arguments, PARAMETERS[call.name], "%s: %s arguments" % (what, call.name))
+    check_call_deltas(events, done, what)
+
+
+def check_call_deltas(events, calls, what):
+    """Each of `calls` was streamed once, with its name, and its argument deltas put
+    together are its arguments, valid for its function."""
+    for call in calls:
+        pieces = [e.delta for e in events if e.type == "response.function_call_arguments.delta" and e.item_id == call.id]
+        expect(pieces, "%s: no argument deltas for %s" % (what, call.id))
+        validate_json("".join(pieces), PARAMETERS[call.name], "%s: %s arguments put together" % (what, call.name))
+        expect_eq("".join(pieces), call.arguments, "%s: deltas vs completed arguments" % what)
+        added = [e.item for e in events if e.type == "response.output_item.added" and e.item.id == call.id]
+        expect_eq([a.name for a in added], [call.name], "%s: the call added once, with its name" % what)
+        log("  %s: %s in %d deltas" % (what, "".join(pieces), len(pieces)))
 
 
 def check_refusals(base, api, model):
