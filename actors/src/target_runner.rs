@@ -543,13 +543,14 @@ fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
 }
 
 /// Whether every sampled sequence's token is its row's argmax: greedy, without penalties,
-/// biases, logprobs or a grammar (its sampler then draws nothing, so it need not see the logits).
+/// logprobs, a grammar, or biases from its next token on (`min_tokens` passed, no
+/// `logit_bias`); its sampler then draws nothing, so it need not see the logits.
 fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
     states.iter().all(|(_, state)| {
         let params = state.sampler.params();
         params.is_greedy()
             && !params.has_penalties()
-            && !params.has_biases()
+            && !params.biases_after(state.output.len())
             && state.logprobs.is_none()
             && state.grammar.is_none()
     })

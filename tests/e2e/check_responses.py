@@ -24,6 +24,8 @@ import openai
 import pydantic
 from openai.types.responses import Response, ResponseStreamEvent
 
+import check_tools
+from check_tools import PARAMETERS
 from e2e_common import (
     CheckFailed,
     client,
@@ -37,36 +39,9 @@ from e2e_common import (
     validate_json,
 )
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "minLength": 1, "maxLength": 12},
-            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        },
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "The time in a time zone.",
-    "parameters": {
-        "type": "object",
-        "properties": {"zone": {"type": "string", "enum": ["UTC", "CET", "PST"]}},
-        "required": ["zone"],
-        "additionalProperties": False,
-    },
-    "strict": True,
-}
-TOOLS = [WEATHER, TIME]
-PARAMETERS = {t["name"]: t["parameters"] for t in TOOLS}
-QUESTION = "What is the weather in Paris, and what time is it there?"
+# The chat tool checks' function tools, in the Responses API's flat shape.
+TOOLS = [dict(tool["function"], type="function", strict=True) for tool in check_tools.TOOLS]
+QUESTION = check_tools.MESSAGES[0]["content"]
 MAX_OUTPUT_TOKENS = 300
 EVENTS = pydantic.TypeAdapter(ResponseStreamEvent)
 

@@ -120,13 +120,13 @@ pub fn mask_layout<'m>(
 pub fn bias_layout(vocab: usize, rows: &[SampleRequest<'_>]) -> Vec<u32> {
     let mut adds = Vec::new();
     for (r, row) in rows.iter().enumerate() {
-        let params = row.sampler.params();
-        if !params.has_biases() {
+        let (params, generated) = (row.sampler.params(), row.output_tokens.len());
+        if !params.biases_after(generated) {
             continue;
         }
         let r = u32::try_from(r).expect("GPU sampler: row index past u32");
-        let ban = bans_apply(params, row.mask, vocab);
-        for (token, add) in logit_adjustments(params, row.output_tokens.len(), vocab, ban) {
+        let ban = params.holds_back_stops(generated) && bans_apply(params, row.mask, vocab);
+        for (token, add) in logit_adjustments(params, generated, vocab, ban) {
             adds.extend([r, token, add.to_bits()]);
         }
     }
@@ -296,7 +296,10 @@ impl<'a> GpuSampler<'a> {
         let all_greedy = params.iter().all(|p| p.greedy != 0);
         let any_penalty = rows.iter().any(|row| row.sampler.params().has_penalties());
         let any_mask = rows.iter().any(|row| row.mask.is_some());
-        let any_bias = rows.iter().any(|row| row.sampler.params().has_biases());
+        let any_bias = rows.iter().any(|row| {
+            let generated = row.output_tokens.len();
+            row.sampler.params().biases_after(generated)
+        });
         let params_dev = if any_penalty || !all_greedy {
             Some(self.gpu.upload(&params)?)
         } else {

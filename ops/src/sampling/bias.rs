@@ -8,11 +8,6 @@
 
 use super::{SamplingParams, TokenMask};
 
-/// Whether `min_tokens` holds its stop ids back after `generated` tokens.
-fn holds_back(params: &SamplingParams, generated: usize) -> bool {
-    generated < params.min_tokens && !params.min_tokens_stop_ids.is_empty()
-}
-
 /// Whether banning the stop ids still leaves a token that `mask` allows (every token when
 /// `None`) in a vocabulary of `vocab`: the condition under which `min_tokens` applies.
 pub fn bans_apply(params: &SamplingParams, mask: Option<&TokenMask>, vocab: usize) -> bool {
@@ -38,7 +33,7 @@ pub fn logit_adjustments(
             adds.insert(id, bias);
         }
     }
-    if ban && holds_back(params, generated) {
+    if ban && params.holds_back_stops(generated) {
         for &id in &params.min_tokens_stop_ids {
             if (id as usize) < vocab {
                 adds.insert(id, f32::NEG_INFINITY);
@@ -52,10 +47,10 @@ pub fn logit_adjustments(
 /// ids are banned only where a finite logit outside them remains (the CPU's reading of
 /// [`bans_apply`]: a masked logit is −∞).
 pub fn apply_biases(params: &SamplingParams, logits: &mut [f32], generated: usize) {
-    if !params.has_biases() {
+    if !params.biases_after(generated) {
         return;
     }
-    let ban = holds_back(params, generated)
+    let ban = params.holds_back_stops(generated)
         && logits
             .iter()
             .enumerate()
@@ -96,6 +91,15 @@ mod tests {
             }
             assert_eq!(got, want, "after {generated} tokens");
         }
+    }
+
+    #[test]
+    fn biases_end_with_min_tokens_unless_logit_bias_is_set() {
+        let min_only = params(&[], 3, &[2]);
+        assert!(min_only.biases_after(2));
+        assert!(!min_only.biases_after(3));
+        assert!(!params(&[], 3, &[]).biases_after(0));
+        assert!(params(&[(1, 0.5)], 0, &[]).biases_after(100));
     }
 
     #[test]

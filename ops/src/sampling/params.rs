@@ -96,10 +96,16 @@ impl SamplingParams {
             || self.frequency_penalty != 0.0
     }
 
-    /// Whether `logit_bias` or `min_tokens` changes the logits before sampling
-    /// (`apply_biases` is a no-op otherwise).
-    pub fn has_biases(&self) -> bool {
-        !self.logit_bias.is_empty() || (self.min_tokens > 0 && !self.min_tokens_stop_ids.is_empty())
+    /// Whether `min_tokens` holds its stop ids back after `generated` tokens.
+    pub fn holds_back_stops(&self, generated: usize) -> bool {
+        generated < self.min_tokens && !self.min_tokens_stop_ids.is_empty()
+    }
+
+    /// Whether `logit_bias` or `min_tokens` changes the logits of the token after
+    /// `generated` ones, or of any later one (`apply_biases` is a no-op otherwise): a
+    /// request past its `min_tokens` without biases samples as if it had neither.
+    pub fn biases_after(&self, generated: usize) -> bool {
+        !self.logit_bias.is_empty() || self.holds_back_stops(generated)
     }
 
     /// Checks every field against vLLM's ranges; the error names the first bad field.
