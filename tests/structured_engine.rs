@@ -7,18 +7,20 @@
 //! accepts) leaves greedy constrained outputs as they are, and sampled ones with drafts
 //! still complete their grammars; on a tiny DeepSeek-V3 with an MTP layer, MTP drafting
 //! leaves greedy constrained outputs as the same engine gives them without drafts, every
-//! output completing its grammar; and outputs of JSON schemas validate.
+//! output completing its grammar; greedy constrained rows keep async scheduling; and
+//! outputs of JSON schemas validate.
 
 mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
-use common::engine::solo;
+use common::engine::{counter, solo};
 use common::served::{
     compile, compiler, model_dir, runtime, served, step_by_step, text, write_model, Drafts,
     Request, Served, EOS,
 };
 use common::tiny_model::{TinyModel, TinySpec};
 use common::tiny_tokenizer::write_tokenizer;
+use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::messages::FinishReason;
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
@@ -414,5 +416,50 @@ fn eos_waits_for_the_grammar() {
                 && out.as_bytes().chunks(2).all(|p| p == b"ab" || p == b"cd"),
             "request {i}: {out:?}"
         );
+    }
+}
+
+/// Greedy requests, constrained and free, decoding together keep async scheduling: the
+/// runner queues each step's successor before it reads the step's tokens, a constrained
+/// row's argmax taken under its grammar's mask before the queued step is fed from it, so
+/// that tokens come from queued steps; where a grammar forces tokens, its queued row is
+/// dropped. Every output equals step-by-step constrained decoding's.
+#[test]
+fn greedy_constrained_rows_keep_decode_ahead() {
+    let dir = model_dir(19);
+    let compiler = compiler(dir.path());
+    let mut grammars = forced_grammars(&compiler);
+    grammars.push(compile(
+        &compiler,
+        Constraint::Regex("[a-z ]{12,40}".into()),
+    ));
+    let greedy = |reqs: Vec<Request>| -> Vec<Request> {
+        reqs.into_iter()
+            .map(|(prompt, _, grammar)| (prompt, SamplingParams::greedy(), grammar))
+            .collect()
+    };
+    let constrained = greedy(requests(8, 21, &grammars));
+    let mut mixed = constrained.clone();
+    mixed.extend(
+        greedy(requests(4, 22, &grammars))
+            .into_iter()
+            .map(|(prompt, params, _)| (prompt, params, None)),
+    );
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    for (what, reqs) in [("constrained", constrained), ("mixed", mixed)] {
+        let want = step_by_step(dir.path(), &reqs, 48);
+        let got = rt.block_on(served(dir.path(), &reqs, 48, Drafts::Off));
+        for (i, ((tokens, ..), want)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(tokens, want, "{what}, request {i}");
+        }
+        let snapshot = snapshotter.snapshot().into_vec();
+        let ahead = counter(&snapshot, "peregrine:decode_ahead_tokens_total");
+        assert!(ahead > 0, "{what}: no token came from a step queued ahead");
     }
 }

@@ -17,7 +17,7 @@ use crate::messages::{
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
-use grammar::{after_tokens, row_masks, verification_masks, Chosen};
+use grammar::{after_tokens, masks_of, verification_masks, Chosen};
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::GrammarMatcher;
@@ -41,12 +41,14 @@ struct SeqSampling {
 impl SeqSampling {
     /// After the step chose `tokens` (the last `admitted` drafts its grammar consumed for a
     /// verification, `accepted` of them accepted): records them as output and moves its
-    /// grammar past them, appending the tokens the grammar forces next.
+    /// grammar past them, appending the tokens the grammar forces next where `take_forced`
+    /// (else the next steps' masks allow one token each).
     fn chose(
         &mut self,
         tokens: &mut Vec<GeneratedToken>,
         admitted: usize,
         accepted: usize,
+        take_forced: bool,
     ) -> GrammarStatus {
         self.output.extend(tokens.iter().map(|t| t.id));
         let room = self.max_tokens.saturating_sub(self.output.len());
@@ -61,7 +63,7 @@ impl SeqSampling {
             admitted,
             accepted,
             room,
-            fast_forward: self.logprobs.is_none(),
+            fast_forward: take_forced && self.logprobs.is_none(),
         })
     }
 }
@@ -227,7 +229,7 @@ impl TargetRunner {
             }
         }
         let speculative = seqs.iter().any(|s| s.num_drafts > 0);
-        let outputs = if self.decode_ahead && !speculative && argmax_only(&states) {
+        let outputs = if self.decode_ahead && !speculative && greedy_under_masks(&states) {
             self.greedy_ahead_step(seqs, &mut states, ahead)
         } else {
             self.step_alone(seqs, &mut states)
@@ -314,7 +316,15 @@ impl TargetRunner {
         let generated = if argmax_only(states) {
             // Each token is its row's argmax, which a decode graph computes in itself.
             let ids = self
-                .forward(fresh(tokens, plan, rows, Wanted::Argmax { next: None }))?
+                .forward(fresh(
+                    tokens,
+                    plan,
+                    rows,
+                    Wanted::Argmax {
+                        next: None,
+                        masks: RowMasks::None,
+                    },
+                ))?
                 .argmax()?;
             ids.into_iter()
                 .map(|id| GeneratedToken { id, logprobs: None })
@@ -334,7 +344,7 @@ impl TargetRunner {
             .zip(generated)
             .map(|((s, state), token)| {
                 let mut tokens = vec![token];
-                let grammar = state.chose(&mut tokens, 0, 0);
+                let grammar = state.chose(&mut tokens, 0, 0, true);
                 SeqOutput {
                     id: s.id,
                     tokens,
@@ -375,11 +385,7 @@ impl TargetRunner {
             grammars.push(grammar.as_mut());
         }
         std::thread::scope(|scope| {
-            let masks = match grammars.iter().any(Option::is_some) {
-                true => RowMasks::Pending(scope.spawn(move || Ok(row_masks(grammars)))),
-                false => RowMasks::None,
-            };
-            let wanted = Wanted::Sampled(&mut sampling, masks);
+            let wanted = Wanted::Sampled(&mut sampling, masks_of(scope, grammars));
             self.forward(fresh(tokens, plan, rows, wanted))?.sampled()
         })
     }
@@ -470,7 +476,7 @@ impl TargetRunner {
                 })
                 .collect();
             let admitted = masks.as_ref().map_or(0, |m| m.admitted);
-            let grammar = state.chose(&mut generated, admitted, verdict.accepted);
+            let grammar = state.chose(&mut generated, admitted, verdict.accepted, true);
             outputs.push(SeqOutput {
                 id: s.id,
                 tokens: generated,
@@ -491,7 +497,15 @@ impl TargetRunner {
         states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let targets = self
-            .forward(fresh(tokens, plan, rows, Wanted::Argmax { next: None }))?
+            .forward(fresh(
+                tokens,
+                plan,
+                rows,
+                Wanted::Argmax {
+                    next: None,
+                    masks: RowMasks::None,
+                },
+            ))?
             .argmax()?;
         if targets.len() != rows.len() {
             return Err(anyhow!("{} tokens for {} rows", targets.len(), rows.len()));
@@ -546,13 +560,18 @@ fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
 /// logprobs, a grammar, or biases from its next token on (`min_tokens` passed, no
 /// `logit_bias`); its sampler then draws nothing, so it need not see the logits.
 fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
+    greedy_under_masks(states) && states.iter().all(|(_, state)| state.grammar.is_none())
+}
+
+/// Whether every sampled sequence's token is the argmax of its row under its grammar's
+/// mask, if it has one: [`argmax_only`] but for the grammars.
+fn greedy_under_masks(states: &[(&RunSeq, SeqSampling)]) -> bool {
     states.iter().all(|(_, state)| {
         let params = state.sampler.params();
         params.is_greedy()
             && !params.has_penalties()
             && !params.biases_after(state.output.len())
             && state.logprobs.is_none()
-            && state.grammar.is_none()
     })
 }
 

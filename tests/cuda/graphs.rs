@@ -12,10 +12,11 @@ use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::gpu_graph::GraphLimits;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GreedyInput};
+use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, GraphKind, GreedyInput, StepMasks};
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
+use peregrine_ops::sampling::{argmax, TokenMask};
 use peregrine_ops::{AttentionPlan, KvRows, SeqSpec};
 use rand::Rng;
 use std::path::Path;
@@ -635,7 +636,7 @@ fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
             let mut following = st.clone();
             advance(&mut following, &vec![0; n]);
             let next = (step + 1 < STEPS).then(|| f.plan(&following, n).1);
-            let (ids, q) = graph.greedy_step(input, next.as_ref()).unwrap();
+            let (ids, q) = graph.greedy_step(input, next.as_ref(), None).unwrap();
             assert_eq!(q.is_some(), next.is_some(), "size {}", graph.size());
             queued = q;
             advance(&mut st, &ids);
@@ -651,9 +652,9 @@ fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
         plan: &plan,
     };
     let next = f.plan(&state, 3).1;
-    let (_, q) = graphs[1].greedy_step(input, Some(&next)).unwrap();
+    let (_, q) = graphs[1].greedy_step(input, Some(&next), None).unwrap();
     drop(graphs[1].replay(&tokens, &plan).unwrap());
-    let stale = graphs[1].greedy_step(GreedyInput::Queued(q.unwrap()), None);
+    let stale = graphs[1].greedy_step(GreedyInput::Queued(q.unwrap()), None, None);
     assert!(
         stale.is_err(),
         "a step read after another step overwrote it"
@@ -662,13 +663,101 @@ fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
         tokens: &tokens,
         plan: &plan,
     };
-    let (_, q) = graphs[1].greedy_step(input, Some(&next)).unwrap();
-    let elsewhere = graphs[0].greedy_step(GreedyInput::Queued(q.unwrap()), None);
+    let (_, q) = graphs[1].greedy_step(input, Some(&next), None).unwrap();
+    let elsewhere = graphs[0].greedy_step(GreedyInput::Queued(q.unwrap()), None, None);
     assert!(elsewhere.is_err(), "a step read through another graph");
     let input = GreedyInput::Host {
         tokens: &tokens,
         plan: &plan,
     };
     let fewer = f.plan(&state, 2).1;
-    assert!(graphs[1].greedy_step(input, Some(&fewer)).is_err());
+    assert!(graphs[1].greedy_step(input, Some(&fewer), None).is_err());
+}
+
+/// Greedy decode steps queued ahead under grammar masks (two rows of three masked, one
+/// free, one step with no mask at all; a third of the vocabulary allowed): each row's
+/// token is the argmax of its logits among what its mask allows, as the host finds it
+/// over the same steps replayed one by one, and the step queued after it is fed that
+/// token, padded graph rows included.
+#[test]
+fn masked_decode_steps_queued_ahead_take_the_masked_argmax() {
+    if setup().is_none() {
+        return;
+    }
+    const STEPS: usize = 6;
+    const ROWS: usize = 3;
+    let (mut f, state) = fixture(Shape::Llama, false, 8, "ahead-masked");
+    let limits = f.limits(8);
+    let graph = f.model.capture_decode(4, limits, &f.graph_cache).unwrap();
+    let vocab = f.model.config().vocab_size;
+    let mut r = rng("masked_decode_steps_queued_ahead_take_the_masked_argmax");
+    let masks: Vec<Vec<Option<TokenMask>>> = (0..STEPS)
+        .map(|step| {
+            (0..ROWS)
+                .map(|row| {
+                    let allowed: Vec<u32> =
+                        (0..vocab as u32).filter(|_| r.random_bool(0.3)).collect();
+                    (row != 1 && step != 2).then(|| TokenMask::allowing(allowed, vocab))
+                })
+                .collect()
+        })
+        .collect();
+    let advance = |state: &mut Vec<(usize, u32)>, ids: &[u32]| {
+        for (s, &id) in state.iter_mut().zip(ids) {
+            *s = (s.0 + 1, id);
+        }
+    };
+    let mut replayed = Vec::new();
+    let mut st = state.clone();
+    for step_masks in &masks {
+        let (tokens, plan) = f.plan(&st, ROWS);
+        let logits = {
+            let r = graph.replay(&tokens, &plan).unwrap();
+            f.model.gpu().download(&r.logits()).unwrap()
+        };
+        let ids: Vec<u32> = logits
+            .chunks(vocab)
+            .zip(step_masks)
+            .map(|(row, mask)| match mask {
+                Some(mask) => argmax(&mask.applied(row)).unwrap(),
+                None => argmax(row).unwrap(),
+            })
+            .collect();
+        for (id, mask) in ids.iter().zip(step_masks) {
+            assert!(mask.as_ref().is_none_or(|m| m.allows(*id)));
+        }
+        advance(&mut st, &ids);
+        replayed.push(ids);
+    }
+    let mut ahead = Vec::new();
+    let mut st = state.clone();
+    let mut queued = None;
+    for (step, step_masks) in masks.iter().enumerate() {
+        let (tokens, plan) = f.plan(&st, ROWS);
+        let input = match queued.take() {
+            Some(q) => GreedyInput::Queued(q),
+            None => GreedyInput::Host {
+                tokens: &tokens,
+                plan: &plan,
+            },
+        };
+        let mut following = st.clone();
+        advance(&mut following, &[0; ROWS]);
+        let next = (step + 1 < STEPS).then(|| f.plan(&following, ROWS).1);
+        let wait: StepMasks = Box::new(move || Ok(step_masks.clone()));
+        let (ids, q) = graph.greedy_step(input, next.as_ref(), Some(wait)).unwrap();
+        assert_eq!(q.is_some(), next.is_some());
+        queued = q;
+        advance(&mut st, &ids);
+        ahead.push(ids);
+    }
+    assert_eq!(ahead, replayed);
+    // Masks for other rows than the step's are refused.
+    let (tokens, plan) = f.plan(&state, ROWS);
+    let input = GreedyInput::Host {
+        tokens: &tokens,
+        plan: &plan,
+    };
+    let wrong: StepMasks = Box::new(|| Ok(vec![None; ROWS + 1]));
+    assert!(graph.greedy_step(input, None, Some(wrong)).is_err());
 }

@@ -2,8 +2,8 @@
 //! padded rows of replayed decode graphs.
 
 use super::{
-    blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks, RowSampling,
-    StepInput, StepOutput, StepSource,
+    argmax_rows, blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks,
+    RowSampling, StepInput, StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{GeneratedToken, HiddenData};
@@ -22,8 +22,9 @@ struct CpuBackend {
     hidden: Option<HiddenData>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
-    /// The ids of the step [`Forwards::greedy`] ran ahead (on the CPU, at once).
-    queued: Option<Vec<u32>>,
+    /// The logits of the step [`Forwards::greedy`] ran ahead (on the CPU, at once), whose
+    /// argmax is taken under the masks of the call that reads it.
+    queued: Option<Vec<f32>>,
 }
 
 impl CpuBackend {
@@ -138,21 +139,25 @@ impl Forwards for CpuBackend {
         &mut self,
         source: StepSource,
         next: Option<&AttentionPlan>,
+        masks: RowMasks,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let (ids, decode) = match source {
+        let (logits, decode) = match source {
             StepSource::Fresh {
                 tokens,
                 plan,
                 logit_rows,
             } => (
-                self.argmax(tokens, plan, logit_rows)?,
+                self.forward(tokens, plan, logit_rows)?,
                 is_decode_step(tokens, plan, logit_rows),
             ),
             StepSource::Queued => match self.queued.take() {
-                Some(ids) => (ids, true),
+                Some(logits) => (logits, true),
                 None => anyhow::bail!("no step was queued ahead"),
             },
         };
+        let vocab = self.model.config().vocab_size;
+        let rows = logits.len() / vocab.max(1);
+        let ids = argmax_rows(&logits, vocab, &masks.wait(rows)?)?;
         let Some(next) = next.filter(|_| decode) else {
             return Ok((ids, false));
         };
@@ -165,7 +170,7 @@ impl Forwards for CpuBackend {
             );
         }
         let rows: Vec<usize> = (0..ids.len()).collect();
-        self.queued = Some(self.argmax(&ids, next, &rows)?);
+        self.queued = Some(self.forward(&ids, next, &rows)?);
         Ok((ids, true))
     }
 

@@ -22,7 +22,7 @@ use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep, ReplayedStep,
+    CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
 };
 use peregrine_models::mtp::gpu::GpuMtpHead;
 use peregrine_models::ModelConfig;
@@ -617,21 +617,28 @@ impl Forwards for GpuBackend {
     }
 
     /// Through the decode graph that serves the step (else eagerly, queuing nothing): the
-    /// ids come back through page-locked memory after `next` is queued.
+    /// ids come back through page-locked memory after `next` is queued; the masks are
+    /// waited for once the step is queued, and applied on the device.
     fn greedy(
         &mut self,
         source: StepSource,
         next: Option<&AttentionPlan>,
+        masks: RowMasks,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let queued = self.ahead.take();
-        let (graph, input) = match source {
+        let (graph, input, rows) = match source {
             StepSource::Fresh {
                 tokens,
                 plan,
                 logit_rows,
             } => match self.decode_graph(tokens, plan, logit_rows) {
-                Some(graph) if !self.records_hidden => (graph, GreedyInput::Host { tokens, plan }),
-                _ => return Ok((self.argmax(tokens, plan, logit_rows)?, false)),
+                Some(graph) if !self.records_hidden => {
+                    (graph, GreedyInput::Host { tokens, plan }, logit_rows.len())
+                }
+                _ => {
+                    let ids = self.masked_argmax(tokens, plan, logit_rows, masks)?;
+                    return Ok((ids, false));
+                }
             },
             StepSource::Queued => {
                 let queued = queued.context("no step was queued ahead")?;
@@ -641,11 +648,16 @@ impl Forwards for GpuBackend {
                     .and_then(|g| g.graph_for(queued.graph_size()))
                     .map(|(_, graph)| graph)
                     .context("the graph a step was queued on is gone")?;
-                (graph, GreedyInput::Queued(queued))
+                let rows = queued.rows();
+                (graph, GreedyInput::Queued(queued), rows)
             }
         };
         let next = next.filter(|n| longest_context(n) <= graph.max_context());
-        let (ids, queued) = graph.greedy_step(input, next)?;
+        let masks: Option<StepMasks> = match masks {
+            RowMasks::None => None,
+            masks => Some(Box::new(move || masks.wait(rows))),
+        };
+        let (ids, queued) = graph.greedy_step(input, next, masks)?;
         self.hidden = None;
         let ahead = queued.is_some();
         self.ahead = queued;

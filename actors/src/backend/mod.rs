@@ -243,7 +243,14 @@ pub enum Wanted<'a, 's> {
     /// wrote lie one position past each sequence's tokens, where that sequence's next step
     /// writes or its freed blocks' next owner does, later on the same device queue). Only
     /// a pure decode step (one token and one logit row per sequence) queues anything.
-    Argmax { next: Option<&'a AttentionPlan> },
+    /// A row with a grammar mask in `masks` (those of this step's rows: for a queued step,
+    /// the queued rows) takes the argmax of the tokens its mask allows, before `next` is
+    /// fed from it; the backend waits for the masks only once the step's forward is
+    /// queued.
+    Argmax {
+        next: Option<&'a AttentionPlan>,
+        masks: RowMasks<'a>,
+    },
 }
 
 /// One step for [`ModelBackend::run`]: its tokens, and what to give back of them.
@@ -393,12 +400,14 @@ pub trait Forwards {
             .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
             .collect()
     }
-    /// A greedy step ([`Wanted::Argmax`]) from `source`, queuing `next` where it can;
-    /// says whether it did. A backend that cannot queue ahead runs the step alone.
+    /// A greedy step ([`Wanted::Argmax`]) from `source`, each row's argmax among what its
+    /// mask of `masks` allows, queuing `next` where it can; says whether it did. A backend
+    /// that cannot queue ahead runs the step alone.
     fn greedy(
         &mut self,
         source: StepSource,
         next: Option<&AttentionPlan>,
+        masks: RowMasks,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let _ = next;
         match source {
@@ -406,9 +415,25 @@ pub trait Forwards {
                 tokens,
                 plan,
                 logit_rows,
-            } => Ok((self.argmax(tokens, plan, logit_rows)?, false)),
+            } => Ok((self.masked_argmax(tokens, plan, logit_rows, masks)?, false)),
             StepSource::Queued => bail!("no step was queued ahead"),
         }
+    }
+    /// [`Forwards::argmax`] among what each row's mask of `masks` allows (over the host
+    /// logits where a row has one).
+    fn masked_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        masks: RowMasks,
+    ) -> anyhow::Result<Vec<u32>> {
+        if let RowMasks::None = masks {
+            return self.argmax(tokens, plan, logit_rows);
+        }
+        let logits = self.logits(tokens, plan, logit_rows)?;
+        let masks = masks.wait(logit_rows.len())?;
+        argmax_rows(&logits, self.vocab(), &masks)
     }
     /// The hidden states the last forward recorded, if it recorded any; taken.
     fn take_hidden(&mut self) -> Option<HiddenData> {
@@ -427,8 +452,8 @@ pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result
         StepSource::Queued => None,
     };
     let (rows, queued_next) = match (input.wanted, fresh) {
-        (Wanted::Argmax { next }, _) => {
-            let (ids, queued) = backend.greedy(input.source, next)?;
+        (Wanted::Argmax { next, masks }, _) => {
+            let (ids, queued) = backend.greedy(input.source, next, masks)?;
             (RowOutputs::Argmax(ids), queued)
         }
         (Wanted::Sampled(sampling, masks), Some((tokens, plan, rows))) => {
@@ -446,6 +471,26 @@ pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result
         queued_next,
         hidden: backend.take_hidden(),
     })
+}
+
+/// The argmax of every row of host `logits` (`[rows, vocab]`) among the tokens its mask
+/// of `masks` allows (the lowest id among ties, as [`argmax`]).
+pub fn argmax_rows(
+    logits: &[f32],
+    vocab: usize,
+    masks: &[Option<TokenMask>],
+) -> anyhow::Result<Vec<u32>> {
+    logits
+        .chunks(vocab)
+        .zip(masks.iter().chain(std::iter::repeat(&None)))
+        .map(|(row, mask)| {
+            let id = match mask {
+                Some(mask) => argmax(&mask.applied(row)),
+                None => argmax(row),
+            };
+            id.ok_or_else(|| anyhow::anyhow!("an empty logit row"))
+        })
+        .collect()
 }
 
 /// Samples every row of host `logits` (`[sampling.len(), vocab]`) among the tokens its

@@ -6,7 +6,7 @@
 
 use super::progress::DraftProgress;
 use super::DraftMethod;
-use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput, StepSource, Wanted};
+use crate::backend::{ModelBackend, PoolInfo, RowMasks, StepInput, StepOutput, StepSource, Wanted};
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafted, ProposeSeq, RequestId};
 use anyhow::{bail, Context};
@@ -108,7 +108,10 @@ fn greedy(
                 plan: &plan,
                 logit_rows: &rows,
             },
-            wanted: Wanted::Argmax { next: None },
+            wanted: Wanted::Argmax {
+                next: None,
+                masks: RowMasks::None,
+            },
         };
         let chosen = backend
             .run(input)

@@ -5,18 +5,22 @@
 //! before it reads this step's tokens, so the device runs it while the host streams the
 //! tokens and plans. When the scheduler's next batch asks for a sequence exactly as it was
 //! queued, its token comes from the queued step; every other sequence of the batch runs in
-//! a step of its own after it.
+//! a step of its own after it. A constrained sequence's token is the argmax under its
+//! grammar's mask, applied before the queued step is fed from it; the mask of a queued
+//! step is computed from the token the step before gave, while the device runs it.
 //!
 //! A queued row whose sequence did not go on (it stopped, was preempted or aborted) wrote
 //! its keys and values one position past its tokens, in a block it owned when the step was
 //! queued and that holds no complete prefix: the block's next owner writes there only
 //! later on the same device queue.
 
+use super::grammar::masks_of;
 use super::{RunSeq, SeqSampling, TargetRunner};
 use crate::backend::{StepInput, StepSource, Wanted};
-use crate::messages::{AheadUse, GeneratedToken, GrammarStatus, RequestId, SeqOutput};
+use crate::messages::{AheadUse, GeneratedToken, RequestId, SeqOutput};
 use anyhow::anyhow;
 use peregrine_ops::AttentionPlan;
+use peregrine_structured::GrammarMatcher;
 use std::collections::HashMap;
 
 /// The decode step the runner queued ahead: these sequences, in this order, each fed the
@@ -50,10 +54,13 @@ impl AheadSeq {
 }
 
 impl TargetRunner {
-    /// Runs a greedy step (every sampled sequence [`super::argmax_only`]): the sequences
-    /// `ahead` queued as the batch asks from it, the rest in a step of their own; then
-    /// queues the step after this one where the whole batch is pure decode and every
-    /// sequence wants another token with room for it.
+    /// Runs a greedy step (every sampled sequence [`super::greedy_under_masks`]): the
+    /// sequences `ahead` queued as the batch asks from it, the rest in a step of their own;
+    /// then queues the step after this one where the whole batch is pure decode and every
+    /// sequence wants another token with room for it. A constrained sequence takes the
+    /// argmax of what its grammar allows: its mask, computed on the mask threads from the
+    /// token the last step gave it while the device runs the step queued for it, is applied
+    /// on the device before the step queued next is fed from that argmax.
     pub(super) fn greedy_ahead_step(
         &mut self,
         seqs: &[RunSeq],
@@ -67,6 +74,12 @@ impl TargetRunner {
             last.insert(s.id, state.output.last().copied());
             wants_more.insert(s.id, state.output.len() + 1 < state.max_tokens);
         }
+        // The grammars of the constrained sequences, each lent to the part of the step
+        // that samples its row.
+        let mut grammars: HashMap<RequestId, &mut GrammarMatcher> = states
+            .iter_mut()
+            .filter_map(|(s, state)| Some((s.id, state.grammar.as_mut()?)))
+            .collect();
         let all: Vec<&RunSeq> = seqs.iter().collect();
         let mut tokens: HashMap<RequestId, u32> = HashMap::new();
         let mut used = AheadUse::None;
@@ -93,15 +106,25 @@ impl TargetRunner {
                 } else {
                     None
                 };
-                let input = StepInput {
-                    source: StepSource::Queued,
-                    wanted: Wanted::Argmax {
-                        next: next.as_ref(),
-                    },
-                };
-                let output = self.forward(input)?;
-                let queued = output.queued_next;
-                let ids = output.argmax()?;
+                // A row queued for a sequence the batch does not ask for keeps its argmax.
+                let row_grammars: Vec<Option<&mut GrammarMatcher>> = (0..ahead.seqs.len())
+                    .map(|j| match served.contains(&j) {
+                        true => grammars.remove(&ahead.seqs[j].id),
+                        false => None,
+                    })
+                    .collect();
+                let ids = std::thread::scope(|scope| {
+                    let input = StepInput {
+                        source: StepSource::Queued,
+                        wanted: Wanted::Argmax {
+                            next: next.as_ref(),
+                            masks: masks_of(scope, row_grammars),
+                        },
+                    };
+                    let output = self.forward(input)?;
+                    queued_next = output.queued_next;
+                    output.argmax()
+                })?;
                 if ids.len() != ahead.seqs.len() {
                     return Err(anyhow!(
                         "{} tokens from a queued step of {} sequences",
@@ -111,7 +134,6 @@ impl TargetRunner {
                 }
                 tokens.extend(served.iter().map(|&j| (ahead.seqs[j].id, ids[j])));
                 used = AheadUse::Served(served.len());
-                queued_next = queued;
             }
         }
         let rest: Vec<&RunSeq> = seqs
@@ -124,8 +146,9 @@ impl TargetRunner {
             } else {
                 None
             };
-            let (ids, queued) = self.fresh_greedy(&rest, next.as_ref())?;
             let sampled: Vec<RequestId> = rest.iter().filter(|s| s.sample).map(|s| s.id).collect();
+            let row_grammars = sampled.iter().map(|id| grammars.remove(id)).collect();
+            let (ids, queued) = self.fresh_greedy(&rest, next.as_ref(), row_grammars)?;
             if ids.len() != sampled.len() {
                 return Err(anyhow!(
                     "{} tokens for {} sampled sequences",
@@ -137,19 +160,26 @@ impl TargetRunner {
             queued_next = queued;
         }
         self.ahead = queued_next.then(|| ahead_of(seqs));
+        // Where steps queued ahead run on a device, a constrained row takes the tokens its
+        // grammar forces one decode step each (its mask allows only the forced one), riding
+        // the batch's decode graph: taken at once, they would make the row's next step one
+        // of several tokens, which runs eagerly and drops the step queued ahead for every
+        // row of the batch. Where the host runs them (the CPU), it takes them at once.
+        let take_forced = !self.model.host_waits_on_device();
         let outputs = states
             .iter_mut()
             .map(|(s, state)| {
                 let id = *tokens
                     .get(&s.id)
                     .ok_or_else(|| anyhow!("no token for {}", s.id))?;
-                state.output.push(id);
+                let mut tokens = vec![GeneratedToken { id, logprobs: None }];
+                let grammar = state.chose(&mut tokens, 0, 0, take_forced);
                 Ok(SeqOutput {
                     id: s.id,
-                    tokens: vec![GeneratedToken { id, logprobs: None }],
+                    tokens,
                     num_drafts: 0,
                     num_accepted: 0,
-                    grammar: GrammarStatus::Open,
+                    grammar,
                 })
             })
             .collect::<anyhow::Result<_>>()?;
@@ -157,24 +187,31 @@ impl TargetRunner {
     }
 
     /// Runs `seqs` (their tokens from the host) and returns the argmax of each sampled
-    /// sequence's last row, queuing `next` after it where the backend can.
+    /// sequence's last row, among what its grammar of `grammars` allows (one entry per
+    /// sampled sequence), queuing `next` after it where the backend can.
     fn fresh_greedy(
         &mut self,
         seqs: &[&RunSeq],
         next: Option<&AttentionPlan>,
+        grammars: Vec<Option<&mut GrammarMatcher>>,
     ) -> anyhow::Result<(Vec<u32>, bool)> {
         let (plan, tokens, rows) = self.step_inputs(seqs)?;
-        let input = StepInput {
-            source: StepSource::Fresh {
-                tokens: &tokens,
-                plan: &plan,
-                logit_rows: &rows,
-            },
-            wanted: Wanted::Argmax { next },
-        };
-        let output = self.forward(input)?;
-        let queued = output.queued_next;
-        Ok((output.argmax()?, queued))
+        std::thread::scope(|scope| {
+            let input = StepInput {
+                source: StepSource::Fresh {
+                    tokens: &tokens,
+                    plan: &plan,
+                    logit_rows: &rows,
+                },
+                wanted: Wanted::Argmax {
+                    next,
+                    masks: masks_of(scope, grammars),
+                },
+            };
+            let output = self.forward(input)?;
+            let queued = output.queued_next;
+            Ok((output.argmax()?, queued))
+        })
     }
 
     /// The plan of the step after `seqs` if each went on by one token, when each is a

@@ -10,6 +10,7 @@ use peregrine_ops::sampling::{Sampler, TokenMask};
 use peregrine_structured::{DraftMasks, GrammarMatcher};
 use rayon::prelude::*;
 
+use crate::backend::RowMasks;
 use crate::messages::{GeneratedToken, GrammarStatus};
 use crate::metrics;
 
@@ -44,6 +45,19 @@ pub fn row_masks(grammars: Vec<Option<&mut GrammarMatcher>>) -> Vec<Option<Token
             })
             .collect()
     })
+}
+
+/// The masks of a step's sampled rows (one entry of `grammars` each) as the backend takes
+/// them: computed by [`row_masks`] on a thread of `scope` while the forward runs, or none
+/// when no row is constrained.
+pub fn masks_of<'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    grammars: Vec<Option<&'scope mut GrammarMatcher>>,
+) -> RowMasks<'scope> {
+    match grammars.iter().any(Option::is_some) {
+        true => RowMasks::Pending(scope.spawn(move || Ok(row_masks(grammars)))),
+        false => RowMasks::None,
+    }
 }
 
 /// The masks of each verifying sequence's rows over its drafts (`None`: unconstrained, or

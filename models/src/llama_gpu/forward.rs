@@ -46,6 +46,8 @@ pub enum GpuForwardError {
     Ring(#[from] crate::eagle3::feature_ring::RingError),
     #[error("features in a feature ring were given to a head that reads none")]
     NoFeatureRing,
+    #[error("the step's grammar masks: {0}")]
+    Masks(String),
 }
 
 impl GpuLlama {

@@ -34,7 +34,7 @@ use peregrine_runtime::cuda::MappedHost;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod ahead;
-pub use ahead::{GreedyInput, QueuedStep};
+pub use ahead::{GreedyInput, QueuedStep, StepMasks};
 
 /// What a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

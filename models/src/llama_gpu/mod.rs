@@ -12,7 +12,7 @@ mod workspace;
 pub use experts::{ExpertBuffers, GpuExperts};
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, norm_into, project_logits, LayerKv, LogitRows};
-pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep};
+pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep, StepMasks};
 pub use latent::{GpuLatent, LatentBuffers};
 pub(crate) use layer::{LayerInput, LayerStep};
 pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights, RandomWeights};

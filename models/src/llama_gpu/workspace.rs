@@ -7,8 +7,12 @@ use super::GpuForwardError;
 use crate::config::ModelConfig;
 use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut};
 use half::bf16;
-use peregrine_kernels::cuda::sampling::{argmax_partials, sample_argmax_into, ArgmaxCopies};
+use peregrine_kernels::cuda::sampling::{
+    argmax_partials, sample_argmax_into, sample_mask, ArgmaxCopies,
+};
 use peregrine_kernels::cuda::CudaKernels;
+use peregrine_ops::cuda::sampler::mask_layout;
+use peregrine_ops::sampling::TokenMask;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::sync::Arc;
 
@@ -239,6 +243,33 @@ impl Workspace {
             latent: self.latent.as_mut(),
             experts: self.experts.as_mut(),
         }
+    }
+
+    /// Queues, over the first logit rows of `vocab` (one per entry of `masks`), setting to
+    /// −∞ each logit its row's mask forbids (rows without one are left as they are): one
+    /// upload of the masks, one launch. Nothing is queued when no row has a mask.
+    pub fn mask_logits(
+        &mut self,
+        kernels: &CudaKernels,
+        gpu: &Gpu,
+        vocab: usize,
+        masks: &[Option<TokenMask>],
+    ) -> Result<(), GpuForwardError> {
+        if masks.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let (masked, staged) = mask_layout(vocab, masks.iter().map(Option::as_ref));
+        let staged = gpu.upload(&staged)?;
+        let mut logits = self.logits.slice_mut(0..masks.len() * vocab);
+        sample_mask(
+            kernels,
+            gpu.stream(),
+            &mut logits,
+            vocab,
+            &staged.slice(..masked),
+            &staged.slice(masked..),
+        )?;
+        Ok(())
     }
 
     /// Queues the argmax (the lowest id among ties) of the first `rows` logit rows of

@@ -310,7 +310,7 @@ impl LatencyModel for GpuModel {
             Some((tokens, plan)) => GreedyInput::Host { tokens, plan },
             None => GreedyInput::Queued(queued.context("no step was queued ahead")?),
         };
-        let (tokens, queued) = graph.greedy_step(input, next)?;
+        let (tokens, queued) = graph.greedy_step(input, next, None)?;
         self.queued = queued;
         Ok(tokens)
     }

@@ -11,9 +11,16 @@
 
 use super::{CapturedDecode, GraphBuffers, GraphKind};
 use crate::llama::check_inputs;
-use crate::llama_gpu::GpuForwardError;
+use crate::llama_gpu::{GpuForwardError, LlamaCore};
+use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::AttentionError;
+use peregrine_ops::sampling::TokenMask;
 use peregrine_ops::AttentionPlan;
+
+/// The grammar masks of a greedy step's real rows (`None`: a row that takes the plain
+/// argmax), waited for once the step's forward is queued, so that the host computes them
+/// while the device runs it.
+pub type StepMasks<'a> = Box<dyn FnOnce() -> anyhow::Result<Vec<Option<TokenMask>>> + 'a>;
 
 /// A decode step that [`CapturedDecode::greedy_step`] queued ahead: its ids are read by
 /// passing it back as [`GreedyInput::Queued`].
@@ -55,7 +62,9 @@ pub enum GreedyInput<'a> {
 
 impl CapturedDecode {
     /// Runs a greedy decode step through the graph and returns the argmax of each of its
-    /// real rows. With `next` (the same sequences, in the same order, each one position
+    /// real rows, among what its mask of `masks` allows where it has one (the masked rows'
+    /// logits are forbidden in place and the argmax taken again, before `next` reads it).
+    /// With `next` (the same sequences, in the same order, each one position
     /// further), it first queues `next` through this graph, fed with this step's tokens on
     /// the device, and returns it for the next call to read as [`GreedyInput::Queued`];
     /// any other step over the graphs' buffers in between makes that call fail, as the
@@ -68,6 +77,7 @@ impl CapturedDecode {
         &self,
         input: GreedyInput,
         next: Option<&AttentionPlan>,
+        masks: Option<StepMasks>,
     ) -> Result<(Vec<u32>, Option<QueuedStep>), GpuForwardError> {
         if self.kind != GraphKind::Decode {
             return Err(AttentionError::Shape(
@@ -108,6 +118,10 @@ impl CapturedDecode {
             b.launch_graph(graph)?;
             b.done[variant].record(stream)?;
         }
+        if let Some(masks) = masks {
+            let masks = masks().map_err(|e| GpuForwardError::Masks(format!("{e:#}")))?;
+            b.mask_argmax(&self.core, rows, variant, &masks)?;
+        }
         let queued = match next {
             Some((plan, (context, graph))) => {
                 let rows: Vec<usize> = (0..rows).collect();
@@ -144,6 +158,42 @@ impl CapturedDecode {
             ))
             .into());
         }
+        Ok(())
+    }
+}
+
+impl GraphBuffers {
+    /// Forbids in the last decode step's logits (its `rows` real rows, launched as
+    /// `variant`) what each row's mask of `masks` forbids, and takes its argmax again into
+    /// the next step's token ids and the variant's published buffer; nothing when no row
+    /// has a mask.
+    fn mask_argmax(
+        &mut self,
+        core: &LlamaCore,
+        rows: usize,
+        variant: usize,
+        masks: &[Option<TokenMask>],
+    ) -> Result<(), GpuForwardError> {
+        if masks.len() != rows {
+            return Err(GpuForwardError::Masks(format!(
+                "{} masks for a step of {rows} rows",
+                masks.len()
+            )));
+        }
+        if masks.iter().all(Option::is_none) {
+            return Ok(());
+        }
+        let vocab = core.config.vocab_size;
+        let stream = core.gpu.stream();
+        self.work
+            .mask_logits(&core.kernels, &core.gpu, vocab, masks)?;
+        let copies = ArgmaxCopies {
+            fed: Some(self.plan.token_ids_mut()),
+            published: Some(&self.published[variant]),
+        };
+        self.work
+            .argmax_copying(&core.kernels, stream, rows, vocab, copies)?;
+        self.done[variant].record(stream)?;
         Ok(())
     }
 }
