@@ -248,6 +248,10 @@ pub struct BenchServeArgs {
     /// Seed for the random prompts.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Choices per request (OpenAI's `n`): each request asks for this many completions of
+    /// its prompt, and its output tokens are all of theirs.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub result_file: Option<PathBuf>,

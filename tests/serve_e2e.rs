@@ -684,6 +684,18 @@ fn responses_api_serves_the_sdks() {
     server.check("check_responses.py", &[]);
 }
 
+/// 22. `n` > 1 through the openai client on both endpoints, whole and streamed: choices
+///     in index order, usage with the prompt counted once, a seeded request repeating
+///     choice for choice (choice i is the request with seed + i), the later choices
+///     hitting the first one's prompt blocks in the prefix cache, and 400s naming `n`.
+#[test]
+fn n_choices_share_the_prompt_and_repeat_with_a_seed() {
+    let _serial = serial();
+    let model = TinyDir::new(23);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_choices.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
+use super::choices::summed;
 use super::constraints;
 use super::context::RequestContext;
 use super::conversation::{self, Conversation, Submitted};
@@ -50,7 +51,7 @@ async fn handle(
     let logprobs = conversation.logprobs;
     let settings = state.model.tools;
     let Submitted {
-        generation,
+        choices,
         stream,
         usage: stream_usage,
         return_token_ids: token_ids,
@@ -59,6 +60,7 @@ async fn handle(
         model,
     } = conversation::submit(state, context, conversation).await?;
     let ids = CallIds::of("call", &context.public_id);
+    let count = choices.generations.len();
     let mut format = ChatFormat {
         id: context.public_id.clone(),
         created: context.created,
@@ -68,42 +70,57 @@ async fn handle(
         logprobs: logprobs.is_some(),
         token_ids,
         prompt_token_ids: token_ids.then(|| prompt.to_vec()),
-        calls: reads_calls.then(|| CallDeltas::new(settings.format, ids.clone())),
+        index: 0,
+        calls: match reads_calls {
+            true => (0..count)
+                .map(|index| CallDeltas::new(settings.format, ids.for_choice(index)))
+                .collect(),
+            false => Vec::new(),
+        },
     };
     if stream {
-        return Ok(sse::respond(
-            generation,
+        return Ok(sse::respond_choices(
+            choices,
             format,
             stream_usage,
             context.span.clone(),
             peer,
         ));
     }
-    let Output {
-        text,
-        tokens,
-        token_ids,
-        reason,
-        usage,
-        ..
-    } = generation.collect_while_connected(peer).await?;
-    let (content, tool_calls) = match reads_calls {
-        true => tool_output::whole(settings.format, &text, &ids),
-        false => (Some(text), None),
-    };
-    let reason = tool_output::finish_reason(reason, tool_calls.is_some());
-    let choice = ChatChoice {
-        index: 0,
-        logprobs: format.logprobs.then(|| logprobs::chat(&tokens)),
-        message: AssistantMessage {
-            role: "assistant",
-            content,
-            tool_calls,
-        },
-        finish_reason: Some(reason),
-        token_ids: format.token_ids.then_some(token_ids),
-    };
-    Ok(HttpResponse::Ok().json(format.wrap("chat.completion", vec![choice], Some(usage))))
+    let per_prompt = choices.per_prompt;
+    let outputs = choices.collect_while_connected(peer).await?;
+    let usages: Vec<UsageOut> = outputs.iter().map(|o| o.usage.clone()).collect();
+    let choices = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let Output {
+                text,
+                tokens,
+                token_ids,
+                reason,
+                ..
+            } = output;
+            let (content, tool_calls) = match reads_calls {
+                true => tool_output::whole(settings.format, &text, &ids.for_choice(index)),
+                false => (Some(text), None),
+            };
+            let reason = tool_output::finish_reason(reason, tool_calls.is_some());
+            ChatChoice {
+                index,
+                logprobs: format.logprobs.then(|| logprobs::chat(&tokens)),
+                message: AssistantMessage {
+                    role: "assistant",
+                    content,
+                    tool_calls,
+                },
+                finish_reason: Some(reason),
+                token_ids: format.token_ids.then_some(token_ids),
+            }
+        })
+        .collect();
+    let usage = summed(&usages, per_prompt);
+    Ok(HttpResponse::Ok().json(format.wrap("chat.completion", choices, Some(usage))))
 }
 
 /// A chat completions request `body` read and checked into the [`Conversation`] it asks
@@ -153,8 +170,10 @@ struct ChatFormat {
     token_ids: bool,
     /// The prompt's ids, until the first response or chunk takes them.
     prompt_token_ids: Option<Vec<u32>>,
-    /// The reply's calls, where it is read for them.
-    calls: Option<CallDeltas>,
+    /// The choice the next chunk is about.
+    index: usize,
+    /// Each choice's calls, where the replies are read for them (else none).
+    calls: Vec<CallDeltas>,
 }
 
 impl ChatFormat {
@@ -184,7 +203,8 @@ impl ChatFormat {
     /// The events of a reply read for calls: one per delta the text adds (the first
     /// carrying the chunk's logprobs and token ids), and at the end one with the reason.
     fn call_events(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
-        let Some(calls) = self.calls.as_mut() else {
+        let index = self.index;
+        let Some(calls) = self.calls.get_mut(index) else {
             return Bytes::new();
         };
         let mut deltas = calls.push(&delta.text);
@@ -197,7 +217,7 @@ impl ChatFormat {
         let mut token_ids = self.token_ids.then(|| delta.token_ids.clone());
         for chat_delta in deltas {
             let choice = ChatChunkChoice {
-                index: 0,
+                index,
                 delta: chat_delta,
                 logprobs: logprobs.take(),
                 finish_reason: None,
@@ -207,7 +227,7 @@ impl ChatFormat {
         }
         if let Some(reason) = finish_reason {
             let choice = ChatChunkChoice {
-                index: 0,
+                index,
                 delta: ChatDelta::default(),
                 logprobs: logprobs.take(),
                 finish_reason: Some(tool_output::finish_reason(reason, made_calls)),
@@ -222,7 +242,7 @@ impl ChatFormat {
 impl ChunkFormat for ChatFormat {
     fn opening(&mut self) -> Option<Bytes> {
         let choice = ChatChunkChoice {
-            index: 0,
+            index: self.index,
             delta: ChatDelta {
                 role: Some("assistant"),
                 content: Some(String::new()),
@@ -236,11 +256,11 @@ impl ChunkFormat for ChatFormat {
     }
 
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
-        if self.calls.is_some() {
+        if !self.calls.is_empty() {
             return self.call_events(delta, finish_reason);
         }
         let choice = ChatChunkChoice {
-            index: 0,
+            index: self.index,
             delta: ChatDelta {
                 content: (!delta.text.is_empty()).then(|| delta.text.clone()),
                 ..ChatDelta::default()
@@ -250,6 +270,10 @@ impl ChunkFormat for ChatFormat {
             token_ids: self.token_ids.then(|| delta.token_ids.clone()),
         };
         self.event(choice)
+    }
+
+    fn choice(&mut self, index: usize) {
+        self.index = index;
     }
 
     fn usage(&mut self, usage: UsageOut) -> Bytes {

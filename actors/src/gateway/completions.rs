@@ -6,10 +6,11 @@ use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
+use super::choices::{summed, Choices};
 use super::constraints;
 use super::context::RequestContext;
 use super::errors::ApiError;
-use super::generation::{Delta, Generation, Output};
+use super::generation::{Delta, Output};
 use super::grammar;
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput};
@@ -69,7 +70,8 @@ async fn handle(
     let (stream, stream_usage) = (plan.stream, plan.usage);
     let token_ids = plan.return_token_ids;
     let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
-    let generation = Generation::start(state, context, plan).await?;
+    let choices = Choices::start(state, context, plan).await?;
+    let count = choices.generations.len();
     let mut format = CompletionFormat {
         id: context.public_id.clone(),
         created: context.created,
@@ -77,33 +79,45 @@ async fn handle(
         system_fingerprint: state.system_fingerprint.clone(),
         running: None,
         logprobs: logprobs.is_some(),
-        offset: 0,
+        index: 0,
+        offsets: vec![0; count],
         token_ids,
         prompt_token_ids,
+        prompt_sent: vec![false; count],
     };
     if stream {
-        return Ok(sse::respond(
-            generation,
+        return Ok(sse::respond_choices(
+            choices,
             format,
             stream_usage,
             context.span.clone(),
             peer,
         ));
     }
-    let Output {
-        text,
-        tokens,
-        token_ids,
-        reason,
-        usage,
-        ..
-    } = generation.collect_while_connected(peer).await?;
-    let delta = Delta {
-        text,
-        tokens,
-        token_ids,
-    };
-    let whole = format.envelope(&delta, Some(reason), Some(usage));
+    let per_prompt = choices.per_prompt;
+    let outputs = choices.collect_while_connected(peer).await?;
+    let usages: Vec<UsageOut> = outputs.iter().map(|o| o.usage.clone()).collect();
+    let choices = outputs
+        .into_iter()
+        .enumerate()
+        .map(|(index, output)| {
+            let Output {
+                text,
+                tokens,
+                token_ids,
+                reason,
+                ..
+            } = output;
+            let delta = Delta {
+                text,
+                tokens,
+                token_ids,
+            };
+            format.choice(index);
+            format.choice_of(&delta, Some(reason))
+        })
+        .collect();
+    let whole = format.wrap(choices, Some(summed(&usages, per_prompt)));
     Ok(HttpResponse::Ok().json(whole))
 }
 
@@ -135,33 +149,38 @@ struct CompletionFormat {
     /// The usage so far, put on every chunk (`continuous_usage_stats`).
     running: Option<UsageOut>,
     logprobs: bool,
-    /// Characters of text before the next token, for `text_offset`.
-    offset: usize,
+    /// The choice the next chunk is about.
+    index: usize,
+    /// Each choice's characters of text before its next token, for `text_offset`.
+    offsets: Vec<usize>,
     /// Put each choice's token ids on it.
     token_ids: bool,
-    /// The prompt's ids, until the first choice takes them.
+    /// The prompt's ids, put on each choice's first chunk where asked for.
     prompt_token_ids: Option<Vec<u32>>,
+    /// Whether each choice has had its prompt's ids.
+    prompt_sent: Vec<bool>,
 }
 
 impl CompletionFormat {
-    fn envelope(
+    /// The current choice with `delta`.
+    fn choice_of(
         &mut self,
         delta: &Delta,
         finish_reason: Option<&'static str>,
-        usage: Option<UsageOut>,
-    ) -> Envelope<CompletionChoice> {
+    ) -> CompletionChoice {
+        let index = self.index;
         let logprobs = self
             .logprobs
-            .then(|| logprobs::completion(&delta.tokens, &mut self.offset));
-        let choice = CompletionChoice {
-            index: 0,
+            .then(|| logprobs::completion(&delta.tokens, &mut self.offsets[index]));
+        let first = !std::mem::replace(&mut self.prompt_sent[index], true);
+        CompletionChoice {
+            index,
             text: delta.text.clone(),
             logprobs,
             finish_reason,
-            prompt_token_ids: self.prompt_token_ids.take(),
+            prompt_token_ids: self.prompt_token_ids.clone().filter(|_| first),
             token_ids: self.token_ids.then(|| delta.token_ids.clone()),
-        };
-        self.wrap(vec![choice], usage)
+        }
     }
 
     fn wrap(
@@ -187,9 +206,13 @@ impl ChunkFormat for CompletionFormat {
         None
     }
 
+    fn choice(&mut self, index: usize) {
+        self.index = index;
+    }
+
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
-        let usage = self.running.clone();
-        sse::event(&self.envelope(delta, finish_reason, usage))
+        let choice = self.choice_of(delta, finish_reason);
+        sse::event(&self.wrap(vec![choice], self.running.clone()))
     }
 
     fn running_usage(&mut self, usage: UsageOut) {

@@ -6,10 +6,10 @@
 
 use std::sync::Arc;
 
+use super::choices::Choices;
 use super::constraints::Requested;
 use super::context::RequestContext;
 use super::errors::ApiError;
-use super::generation::Generation;
 use super::grammar;
 use super::params::{check_model, plan, EndpointInput};
 use super::prompt::ChatTools;
@@ -38,8 +38,8 @@ pub struct Conversation {
 
 /// A conversation submitted to the engine.
 pub struct Submitted {
-    /// Its output, to be read.
-    pub generation: Generation,
+    /// Its output, one generation per choice, to be read.
+    pub choices: Choices,
     /// Answer as server-sent events.
     pub stream: bool,
     /// Which usage an OpenAI stream reports.
@@ -116,9 +116,9 @@ pub async fn submit(
     let (stream, usage) = (plan.stream, plan.usage);
     let return_token_ids = plan.return_token_ids;
     let prompt = Arc::clone(&plan.submission.prompt);
-    let generation = Generation::start(state, context, plan).await?;
+    let choices = Choices::start(state, context, plan).await?;
     Ok(Submitted {
-        generation,
+        choices,
         stream,
         usage,
         return_token_ids,

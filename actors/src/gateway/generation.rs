@@ -100,6 +100,8 @@ pub struct Generation {
     public_id: String,
     engine: EngineClient,
     events: mpsc::UnboundedReceiver<RequestEvent>,
+    /// The first event, when [`Generation::started`] read it ahead.
+    first: Option<RequestEvent>,
     tokenizer: Arc<Tokenizer>,
     decoder: Option<DecodeStream>,
     /// Token ids whose text is left out of the output: none when special tokens are
@@ -126,6 +128,16 @@ impl Generation {
         context: &RequestContext,
         plan: Plan,
     ) -> Result<Self, ApiError> {
+        Self::start_as(state, context.id, &context.public_id, plan).await
+    }
+
+    /// Submits `plan` as engine request `id`, logged as `public_id`.
+    pub async fn start_as(
+        state: &GatewayState,
+        id: RequestId,
+        public_id: &str,
+        plan: Plan,
+    ) -> Result<Self, ApiError> {
         let submission = plan.submission;
         let prompt_tokens = submission.prompt.len();
         let logprobs = submission.logprobs.is_some();
@@ -144,13 +156,14 @@ impl Generation {
             false => Vec::new(),
         };
         let min_tokens = submission.params.min_tokens;
-        let events = state.engine.submit(context.id, submission).await?;
+        let events = state.engine.submit(id, submission).await?;
         let tokenizer = &state.model.tokenizer;
         Ok(Self {
-            id: context.id,
-            public_id: context.public_id.clone(),
+            id,
+            public_id: public_id.to_owned(),
             engine: state.engine.clone(),
             events,
+            first: None,
             tokenizer: Arc::clone(tokenizer),
             decoder: Some(tokenizer.decode_stream(!keep_special)),
             unwritten,
@@ -170,12 +183,24 @@ impl Generation {
         UsageOut::counted(self.prompt_tokens, self.completion_tokens)
     }
 
+    /// Waits until the engine has sent the request's first event (its first tokens: its
+    /// prompt is computed), which the next [`Generation::next`] then reads.
+    pub async fn started(&mut self) {
+        if self.first.is_none() && !self.done {
+            self.first = self.events.recv().await;
+        }
+    }
+
     /// The next step; `None` after the last.
     pub async fn next(&mut self) -> Option<Result<Step, ApiError>> {
         if self.done {
             return None;
         }
-        let step = match self.events.recv().await {
+        let event = match self.first.take() {
+            Some(event) => Some(event),
+            None => self.events.recv().await,
+        };
+        let step = match event {
             Some(RequestEvent::Tokens(tokens)) => self.on_tokens(tokens).await,
             Some(RequestEvent::Finished { reason, usage }) => self.on_finished(reason, usage),
             None => Err(ApiError::internal(

@@ -15,6 +15,7 @@ mod biases;
 mod blocking;
 mod body;
 mod chat;
+mod choices;
 mod completions;
 mod constraints;
 mod context;

@@ -17,7 +17,7 @@ use crate::messages::SubmitError;
 pub const MAX_LOGPROBS: i64 = 20;
 
 /// A validated generation request.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Plan {
     /// What goes to the scheduler.
     pub submission: RequestSpec,
@@ -34,7 +34,12 @@ pub struct Plan {
     /// Detokenize with special tokens kept (a reply read for tool calls, whose markers may
     /// be special tokens), the tokens that end the output left out.
     pub keep_special_tokens: bool,
+    /// Choices to generate (`n`), each a request of its own (`gateway/choices.rs`).
+    pub n: usize,
 }
+
+/// The most choices one request may ask for (`n`), as OpenAI's API allows.
+pub const MAX_CHOICES: usize = 128;
 
 /// What an endpoint adds to the shared fields.
 #[derive(Debug)]
@@ -102,6 +107,7 @@ pub fn plan(
     if stop.iter().any(String::is_empty) {
         return Err(ApiError::invalid("stop", "stop strings must not be empty"));
     }
+    let n = choices(fields.n)?;
     let stream = fields.stream.unwrap_or(false);
     if fields.stream_options.is_some() && !stream {
         return Err(ApiError::invalid(
@@ -126,7 +132,20 @@ pub fn plan(
         spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
         return_token_ids: fields.return_token_ids.unwrap_or(false),
         keep_special_tokens: false,
+        n,
     })
+}
+
+/// The number of choices `n` asks for: 1 when it is left out.
+fn choices(n: Option<i64>) -> Result<usize, ApiError> {
+    match n {
+        None => Ok(1),
+        Some(n) if (1..=MAX_CHOICES as i64).contains(&n) => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(
+            "n",
+            format!("`n` must be between 1 and {MAX_CHOICES}, not {n}"),
+        )),
+    }
 }
 
 /// The usage `options` ask for: at the end with `include_usage`, and in every chunk with

@@ -21,6 +21,15 @@ impl CallIds {
         CallIds(format!("{prefix}_{request}"))
     }
 
+    /// The ids of choice `choice`'s calls (`n` > 1): the first choice's are the
+    /// request's, the others' carry the choice's index too.
+    pub fn for_choice(&self, choice: usize) -> CallIds {
+        match choice {
+            0 => self.clone(),
+            _ => CallIds(format!("{}_{choice}", self.0)),
+        }
+    }
+
     fn id(&self, index: usize) -> String {
         format!("{}_{index}", self.0)
     }

@@ -95,7 +95,6 @@ pub const fn refused(field: &'static str, neutral: Neutral, asks_for: &'static s
 /// SGLang and llama.cpp that their users send.
 const REFUSED: &[Refused] = &[
     // Choices and candidates.
-    refused("n", Neutral::Number(1.0), "more than one choice"),
     refused("best_of", Neutral::Number(1.0), "a best-of search"),
     refused("use_beam_search", Neutral::False, "beam search"),
     // Function calls in their deprecated spelling (chat serves `tools`; completions
@@ -239,7 +238,6 @@ mod tests {
     #[test]
     fn every_refused_field_is_named_and_its_neutral_value_passes() {
         let asked = [
-            ("n", json!(2), json!(1)),
             ("best_of", json!(3), json!(1)),
             ("use_beam_search", json!(true), json!(false)),
             ("functions", json!([{"name": "f"}]), json!([])),
@@ -305,10 +303,10 @@ mod tests {
 
     #[test]
     fn the_message_shows_the_value_and_the_way_out() {
-        let err = check(&json!({"n": 2})).unwrap_err();
+        let err = check(&json!({"best_of": 2})).unwrap_err();
         assert_eq!(
             err.message(),
-            "`n` = 2 is not supported: Peregrine does not implement more than one choice; \
+            "`best_of` = 2 is not supported: Peregrine does not implement a best-of search; \
              leave it out or send 1"
         );
         let err = check(&json!({"function_call": {"name": "f"}})).unwrap_err();

@@ -60,8 +60,8 @@ pub fn run(args: BenchServeArgs) -> anyhow::Result<()> {
 /// The requests `args` asks for, after checking the numbers: the dataset's lines, going
 /// round the file again when it has fewer, or random prompts.
 fn load_jobs(args: &BenchServeArgs) -> anyhow::Result<Vec<Job>> {
-    if args.num_prompts == 0 || args.concurrency == 0 || args.output_len == 0 {
-        bail!("--num-prompts, --concurrency and --output-len must be at least 1");
+    if args.num_prompts == 0 || args.concurrency == 0 || args.output_len == 0 || args.n == 0 {
+        bail!("--num-prompts, --concurrency, --output-len and --n must be at least 1");
     }
     let jobs: Vec<Job> = match &args.dataset {
         Some(path) => dataset::load(path, args.output_len)?
@@ -75,12 +75,18 @@ fn load_jobs(args: &BenchServeArgs) -> anyhow::Result<Vec<Job>> {
             prompts.iter().map(Job::from_prompt).collect()
         }
     };
-    Ok(jobs
+    let mut jobs: Vec<Job> = jobs
         .iter()
         .cycle()
         .take(args.num_prompts)
         .cloned()
-        .collect())
+        .collect();
+    if args.n > 1 {
+        for job in &mut jobs {
+            job.body.insert("n".into(), serde_json::json!(args.n));
+        }
+    }
+    Ok(jobs)
 }
 
 /// A bar over the requests, drawn on stderr when it is a terminal.
@@ -106,6 +112,7 @@ async fn benchmark(
         Some(model) => model.clone(),
         None => server.first_model().await?,
     };
+    let before = server.prefill_counts().await;
     let start = Instant::now();
     let mut results: Vec<_> = futures_util::stream::iter(jobs.iter().enumerate())
         .map(|(index, job)| {
@@ -122,6 +129,9 @@ async fn benchmark(
     let duration = start.elapsed().as_secs_f64();
     results.sort_by_key(|(index, _)| *index);
     let results = results.into_iter().map(|(_, result)| result).collect();
+    let after = server.prefill_counts().await;
     let constraints = jobs.iter().map(|job| job.constraint).collect();
-    Ok(Report::new(args, model, constraints, results, duration))
+    let mut report = Report::new(args, model, constraints, results, duration);
+    report.prompt_tokens_computed = before.zip(after).map(|(b, a)| a.computed_since(&b));
+    Ok(report)
 }

@@ -23,6 +23,9 @@ pub struct Report {
     pub summary: Summary,
     /// The requests by constraint kind and finish reason.
     pub tally: Tally,
+    /// Prompt tokens the server computed during the run (not found in its prefix cache),
+    /// from its `/metrics` where it counts them (Peregrine's).
+    pub prompt_tokens_computed: Option<u64>,
 }
 
 impl Report {
@@ -47,6 +50,7 @@ impl Report {
             results,
             summary,
             tally,
+            prompt_tokens_computed: None,
         }
     }
 
@@ -70,6 +74,9 @@ impl Report {
         row("Benchmark duration (s):", format!("{:.2}", s.duration));
         row("Total input tokens:", s.total_input_tokens.to_string());
         row("Total generated tokens:", s.total_output_tokens.to_string());
+        if let Some(computed) = self.prompt_tokens_computed {
+            row("Prompt tokens computed (server):", computed.to_string());
+        }
         row(
             "Request throughput (req/s):",
             format!("{:.2}", s.request_throughput),
@@ -121,6 +128,10 @@ impl Report {
         put("failed".into(), json!(s.failed));
         put("total_input_tokens".into(), json!(s.total_input_tokens));
         put("total_output_tokens".into(), json!(s.total_output_tokens));
+        put(
+            "server_prompt_tokens_computed".into(),
+            json!(self.prompt_tokens_computed),
+        );
         put("request_throughput".into(), json!(s.request_throughput));
         put("output_throughput".into(), json!(s.output_throughput));
         put(
@@ -193,6 +204,9 @@ fn command_line(args: &BenchServeArgs, model: &str) -> String {
         }
     }
     words.extend(["--output-len".into(), args.output_len.to_string()]);
+    if args.n > 1 {
+        words.extend(["--n".into(), args.n.to_string()]);
+    }
     let mut line: Vec<String> = words.iter().map(|w| shell_quote(w)).collect();
     if args.api_key.is_some() {
         line.push("--api-key <KEY>".into());
@@ -216,6 +230,25 @@ fn shell_quote(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::commands::bench_serve::request::PrefillCounts;
+
+    #[test]
+    fn prefill_counts_come_from_peregrine_metrics() {
+        let text = "# TYPE peregrine:prompt_tokens_total counter\n\
+                    peregrine:prompt_tokens_total 500\n\
+                    peregrine:prefix_cache_hits_total 96\n\
+                    peregrine:prompt_tokens_totalx 7\n";
+        let after = PrefillCounts::parse(text).unwrap();
+        assert_eq!(after.prompt_tokens, 500.0);
+        let before = PrefillCounts {
+            prompt_tokens: 100.0,
+            cached_tokens: 32.0,
+        };
+        assert_eq!(after.computed_since(&before), 336);
+        assert_eq!(PrefillCounts::parse("vllm:prompt_tokens_total 5\n"), None);
+        let fresh = PrefillCounts::parse("peregrine:prefix_cache_hits_total 0\n").unwrap();
+        assert_eq!(fresh.prompt_tokens, 0.0);
+    }
 
     #[test]
     fn quotes_only_what_needs_it() {

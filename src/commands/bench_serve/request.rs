@@ -138,6 +138,12 @@ impl Server {
         }
     }
 
+    /// The server's prompt-token counters, where its `/metrics` has Peregrine's
+    /// (`None` from another server, or when they cannot be read).
+    pub async fn prefill_counts(&self) -> Option<PrefillCounts> {
+        PrefillCounts::parse(&self.metrics().await.ok()?)
+    }
+
     /// The text of `GET /metrics` (Prometheus exposition format).
     pub async fn metrics(&self) -> anyhow::Result<String> {
         let (url, response) = self.get("/metrics").await?;
@@ -164,4 +170,38 @@ async fn ensure_success(response: reqwest::Response) -> anyhow::Result<reqwest::
         _ => body.chars().take(200).collect(),
     };
     bail!("HTTP {status}: {message}")
+}
+
+/// What a server's `/metrics` counts of prompt tokens so far.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PrefillCounts {
+    /// Prompt tokens of the requests that finished.
+    pub prompt_tokens: f64,
+    /// Prompt tokens found in the prefix cache rather than computed.
+    pub cached_tokens: f64,
+}
+
+impl PrefillCounts {
+    /// The counters in `metrics` (Prometheus text); `None` without the prefix cache's
+    /// (exported from the start), the prompt tokens 0 until a request has finished.
+    pub fn parse(metrics: &str) -> Option<PrefillCounts> {
+        let value = |name: &str| {
+            metrics.lines().find_map(|line| {
+                let rest = line.strip_prefix(name)?.strip_prefix(' ')?;
+                rest.trim().parse::<f64>().ok()
+            })
+        };
+        Some(PrefillCounts {
+            cached_tokens: value("peregrine:prefix_cache_hits_total")?,
+            prompt_tokens: value("peregrine:prompt_tokens_total").unwrap_or(0.0),
+        })
+    }
+
+    /// The prompt tokens computed (not found in the prefix cache) between `before` and
+    /// these counts.
+    pub fn computed_since(&self, before: &PrefillCounts) -> u64 {
+        let prompt = self.prompt_tokens - before.prompt_tokens;
+        let cached = self.cached_tokens - before.cached_tokens;
+        (prompt - cached).max(0.0) as u64
+    }
 }

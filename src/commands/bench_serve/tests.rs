@@ -68,6 +68,11 @@ async fn serve_one(mut socket: TcpStream, seen: Seen) {
         socket.write_all(reply.as_bytes()).await.unwrap();
         return;
     }
+    if head.starts_with("get /metrics") {
+        let reply = "HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        socket.write_all(reply.as_bytes()).await.unwrap();
+        return;
+    }
     let prompt = body["prompt"].as_str().unwrap_or_default();
     if prompt.contains("fail") {
         let error = json!({"error": {"message": "prompt refused", "type": "invalid_request_error", "param": "prompt", "code": null}}).to_string();
@@ -164,9 +169,40 @@ fn args(url: &str, result_file: &Path) -> BenchServeArgs {
         output_len: 4,
         dataset: None,
         seed: 1,
+        n: 1,
         result_file: Some(result_file.to_owned()),
         api_key: Some("secret".into()),
     }
+}
+
+/// What the fake server saw, less the `/metrics` reads around each run.
+fn without_metrics(seen: &Seen) -> Vec<(String, Value)> {
+    seen.lock()
+        .unwrap()
+        .iter()
+        .filter(|(head, _)| !head.starts_with("get /metrics"))
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn n_asks_every_request_for_that_many_choices() {
+    let (url, seen) = start_fake_server();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("result.json");
+    let mut a = args(&url, &out);
+    a.n = 3;
+    run(a).unwrap();
+    let seen = without_metrics(&seen);
+    assert_eq!(seen.len(), 7);
+    for (_, body) in seen.iter().skip(1) {
+        assert_eq!(body["n"], 3, "{body}");
+    }
+    let command = read_json(&out)["command"].as_str().unwrap().to_owned();
+    assert!(command.contains("--output-len 4 --n 3"), "{command}");
+    let mut a = args(&url, &out);
+    a.n = 0;
+    assert!(run(a).is_err());
 }
 
 fn read_json(path: &Path) -> Value {
@@ -207,8 +243,9 @@ fn random_prompts_against_fake_server() {
         "{command}"
     );
 
-    let seen = seen.lock().unwrap();
+    let seen = without_metrics(&seen);
     assert_eq!(seen.len(), 7, "one model list and six completions");
+    assert_eq!(result["server_prompt_tokens_computed"], Value::Null);
     for (head, body) in seen.iter().skip(1) {
         assert!(
             head.starts_with("post /v1/completions")
@@ -357,7 +394,7 @@ fn constrained_dataset_against_fake_server() {
         assert!(ttft.as_f64().unwrap() > 0.0);
     }
 
-    let seen = seen.lock().unwrap();
+    let seen = without_metrics(&seen);
     let paths: Vec<&str> = seen
         .iter()
         .map(|(head, _)| head.split(" http/").next().unwrap())

@@ -69,13 +69,17 @@ async fn handle(
         let events = MessageEvents::new(start, calls.map(|format| CallDeltas::new(format, ids)));
         let span = context.span.clone();
         return Ok(sse::respond(
-            submitted.generation,
+            submitted.choices.single(),
             events,
             false,
             span,
             peer,
         ));
     }
-    let output = submitted.generation.collect_while_connected(peer).await?;
+    let output = submitted
+        .choices
+        .single()
+        .collect_while_connected(peer)
+        .await?;
     Ok(HttpResponse::Ok().json(start.whole(output, calls, &ids)))
 }

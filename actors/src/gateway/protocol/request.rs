@@ -52,6 +52,10 @@ pub struct GenerationFields {
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// vLLM's: no end-of-sequence or stop token before this many tokens.
     pub min_tokens: Option<i64>,
+    /// Choices to generate for the prompt (OpenAI's `n`, 1 to [`MAX_CHOICES`]).
+    ///
+    /// [`MAX_CHOICES`]: crate::gateway::params::MAX_CHOICES
+    pub n: Option<i64>,
 }
 
 /// `stop`: one string or several (deserialized in `shapes.rs`).

@@ -57,6 +57,24 @@ pub struct SpecDecodeDetails {
     pub num_accepted_tokens: usize,
 }
 
+impl std::iter::Sum for SpecDecodeDetails {
+    /// The counts of several requests added.
+    fn sum<I: Iterator<Item = Self>>(iter: I) -> Self {
+        iter.fold(
+            SpecDecodeDetails {
+                num_drafts: 0,
+                num_draft_tokens: 0,
+                num_accepted_tokens: 0,
+            },
+            |a, b| SpecDecodeDetails {
+                num_drafts: a.num_drafts + b.num_drafts,
+                num_draft_tokens: a.num_draft_tokens + b.num_draft_tokens,
+                num_accepted_tokens: a.num_accepted_tokens + b.num_accepted_tokens,
+            },
+        )
+    }
+}
+
 /// OpenAI's `usage.prompt_tokens_details`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct PromptTokensDetails {
@@ -99,7 +117,7 @@ impl UsageOut {
 #[derive(Debug, serde::Serialize)]
 pub struct CompletionChoice {
     /// Always 0 (n = 1).
-    pub index: u32,
+    pub index: usize,
     /// The text (of this chunk, when streaming).
     pub text: String,
     /// The tokens' logprobs, if asked for.
@@ -147,7 +165,7 @@ impl Serialize for TopLogprobs {
 #[derive(Debug, serde::Serialize)]
 pub struct ChatChoice {
     /// Always 0 (n = 1).
-    pub index: u32,
+    pub index: usize,
     /// The assistant's reply.
     pub message: AssistantMessage,
     /// The tokens' logprobs, if asked for.
@@ -222,7 +240,7 @@ pub struct FunctionDelta {
 #[derive(Debug, serde::Serialize)]
 pub struct ChatChunkChoice {
     /// Always 0 (n = 1).
-    pub index: u32,
+    pub index: usize,
     /// What this chunk adds.
     pub delta: ChatDelta,
     /// This chunk's tokens' logprobs, if asked for.

@@ -56,9 +56,9 @@ async fn handle(
     if run.stream {
         let format = ResponseStream::new(response, output);
         let span = context.span.clone();
-        return Ok(sse::respond(run.generation, format, true, span, peer));
+        return Ok(sse::respond(run.choices.single(), format, true, span, peer));
     }
-    let whole = run.generation.collect_while_connected(peer).await?;
+    let whole = run.choices.single().collect_while_connected(peer).await?;
     output.push(&whole.text);
     output.finish(whole.reason != "length");
     let items = output.items().to_vec();

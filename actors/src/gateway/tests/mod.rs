@@ -5,6 +5,7 @@ mod admin;
 mod aliases;
 mod auth;
 mod chat;
+mod choices;
 mod completions;
 mod fingerprint;
 mod hosts;

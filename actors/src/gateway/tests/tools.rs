@@ -176,3 +176,51 @@ async fn an_assistant_turn_with_calls_and_a_tool_answer_are_taken() {
         Some("messages[0].tool_calls[0].function.arguments"),
     );
 }
+
+#[actix_web::test]
+async fn each_choice_reads_its_own_calls_under_ids_of_its_own() {
+    let fixture = replying();
+    let app = fixture.app().await;
+    let request = post("/v1/chat/completions", chat(json!({"n": 2})));
+    let (status, body) = call(&app, request).await;
+    assert_eq!(status, 200, "{body:?}");
+    let body: Value = serde_json::from_slice(&body).unwrap();
+    let mut ids = Vec::new();
+    for (index, choice) in body["choices"].as_array().unwrap().iter().enumerate() {
+        assert_eq!(choice["index"], index);
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let calls = choice["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 2, "{body}");
+        ids.extend(calls.iter().map(|c| c["id"].as_str().unwrap().to_owned()));
+    }
+    let distinct: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(distinct.len(), 4, "{ids:?}");
+    // Streamed: each choice's deltas under its index, each ending in `tool_calls`.
+    let request = post(
+        "/v1/chat/completions",
+        chat(json!({"n": 2, "stream": true})),
+    );
+    let (_, body) = call(&app, request).await;
+    let (events, done) = sse_events(&body);
+    assert!(done);
+    let mut names = vec![Vec::new(); 2];
+    let mut reasons = vec![Value::Null; 2];
+    for event in &events {
+        let choice = &event["choices"][0];
+        let index = choice["index"].as_u64().unwrap() as usize;
+        for delta in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(name) = delta["function"]["name"].as_str() {
+                names[index].push(name.to_owned());
+            }
+        }
+        if !choice["finish_reason"].is_null() {
+            reasons[index] = choice["finish_reason"].clone();
+        }
+    }
+    assert_eq!(names, [["get_weather", "get_time"]; 2]);
+    assert_eq!(reasons, [json!("tool_calls"), json!("tool_calls")]);
+}
