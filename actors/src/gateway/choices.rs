@@ -1,5 +1,6 @@
-//! Several choices in one response (OpenAI's `n`, vLLM's parallel sampling), each a
-//! request of its own to the engine, with the request's `seed` plus its index (so that a
+//! Several choices in one response (OpenAI's `n`, vLLM's parallel sampling, and one per
+//! prompt of a completions request's list of prompts), each a request of its own to the
+//! engine, with the request's `seed` plus its index (so that a
 //! seeded request repeats, and its choices differ). The first choice is submitted at once
 //! and the others once it has its first tokens: its prompt's full blocks are then in the
 //! prefix cache, so the others share those blocks rather than computing them again, and
@@ -26,23 +27,41 @@ pub struct Choices {
 }
 
 impl Choices {
-    /// Submits `plan.n` choices of `plan` as the request of `context`.
+    /// Submits `plan.n` choices of each of `plans` (one per prompt, in order; at least
+    /// one) as the request of `context`: every prompt's first choice at once, the others
+    /// once their prompt's first choice has its first tokens.
     pub async fn start(
         state: &GatewayState,
         context: &RequestContext,
-        plan: Plan,
+        plans: Vec<Plan>,
     ) -> Result<Choices, ApiError> {
-        let n = plan.n;
-        let mut first = Generation::start(state, context, choice(&plan, 0)).await?;
-        if n > 1 {
-            first.started().await;
+        let n = plans.first().map_or(1, |plan| plan.n);
+        let mut firsts = Vec::with_capacity(plans.len());
+        for (prompt, plan) in plans.iter().enumerate() {
+            let first = match prompt {
+                0 => Generation::start(state, context, choice(plan, 0)).await?,
+                _ => {
+                    let public_id = format!("{}-p{prompt}", context.public_id);
+                    let id = state.engine.next_id();
+                    Generation::start_as(state, id, &public_id, choice(plan, 0)).await?
+                }
+            };
+            firsts.push(first);
         }
-        let mut generations = vec![first];
-        for index in 1..n {
-            let id = state.engine.next_id();
-            let public_id = format!("{}-{index}", context.public_id);
-            let plan = choice(&plan, index);
-            generations.push(Generation::start_as(state, id, &public_id, plan).await?);
+        if n > 1 {
+            for first in &mut firsts {
+                first.started().await;
+            }
+        }
+        let mut generations = Vec::with_capacity(plans.len() * n);
+        for (prompt, (plan, first)) in plans.iter().zip(firsts).enumerate() {
+            generations.push(first);
+            for index in 1..n {
+                let id = state.engine.next_id();
+                let public_id = format!("{}-p{prompt}-{index}", context.public_id);
+                let plan = choice(plan, index);
+                generations.push(Generation::start_as(state, id, &public_id, plan).await?);
+            }
         }
         Ok(Choices {
             generations,

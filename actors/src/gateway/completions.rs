@@ -1,5 +1,7 @@
 //! `POST /v1/completions`, whole and streamed.
 
+use std::sync::Arc;
+
 use actix_web::{web, HttpRequest, HttpResponse};
 use bytes::Bytes;
 use serde_json::Value;
@@ -13,7 +15,7 @@ use super::errors::ApiError;
 use super::generation::{Delta, Output};
 use super::grammar;
 use super::logprobs;
-use super::params::{check_model, logprobs_count, plan, EndpointInput};
+use super::params::{check_model, logprobs_count, plan, EndpointInput, Plan, MAX_CHOICES};
 use super::peer::PeerProbe;
 use super::protocol::request::{CompletionFields, GenerationFields};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
@@ -53,24 +55,42 @@ async fn handle(
         .transpose()?;
     let add_special_tokens = own.add_special_tokens.unwrap_or(true);
     let (prompt, prompter) = (own.prompt, state.prompter(&config));
-    let prompt = state
+    let prompts = state
         .blocking
-        .run(move || prompter.completion(prompt, add_special_tokens))
+        .run(move || prompter.completions(prompt, add_special_tokens))
         .await?;
-    let input = EndpointInput {
-        prompt,
-        max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
-        logprobs,
-        vocabulary: state.model.vocabulary(),
-    };
-    let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
+    let mut plans = prompts
+        .into_iter()
+        .map(|prompt| {
+            let input = EndpointInput {
+                prompt,
+                max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
+                logprobs,
+                vocabulary: state.model.vocabulary(),
+            };
+            plan(
+                fields.clone(),
+                input,
+                &config,
+                state.model.sequence_limits(),
+            )
+        })
+        .collect::<Result<Vec<Plan>, ApiError>>()?;
+    check_choices(plans.len(), plans[0].n)?;
     if let Some(requested) = constraint {
-        plan.submission.grammar = Some(grammar::compile(state, requested).await?);
+        let grammar = grammar::compile(state, requested).await?;
+        for plan in &mut plans {
+            plan.submission.grammar = Some(Arc::clone(&grammar));
+        }
     }
+    let plan = &plans[0];
     let (stream, stream_usage) = (plan.stream, plan.usage);
     let token_ids = plan.return_token_ids;
-    let prompt_token_ids = token_ids.then(|| plan.submission.prompt.to_vec());
-    let choices = Choices::start(state, context, plan).await?;
+    let prompt_token_ids = match token_ids {
+        true => plans.iter().map(|p| p.submission.prompt.to_vec()).collect(),
+        false => Vec::new(),
+    };
+    let choices = Choices::start(state, context, plans).await?;
     let count = choices.generations.len();
     let mut format = CompletionFormat {
         id: context.public_id.clone(),
@@ -83,6 +103,7 @@ async fn handle(
         offsets: vec![0; count],
         token_ids,
         prompt_token_ids,
+        per_prompt: choices.per_prompt,
         prompt_sent: vec![false; count],
     };
     if stream {
@@ -121,6 +142,23 @@ async fn handle(
     Ok(HttpResponse::Ok().json(whole))
 }
 
+/// Refuses more than [`MAX_CHOICES`] choices in all (`prompts` times `n`), naming `n`
+/// where it asked for several, else `prompt`.
+fn check_choices(prompts: usize, n: usize) -> Result<(), ApiError> {
+    if prompts * n <= MAX_CHOICES {
+        return Ok(());
+    }
+    let param = if n > 1 { "n" } else { "prompt" };
+    Err(ApiError::invalid(
+        param,
+        format!(
+            "{prompts} prompts of {n} choices each make {} choices, over the limit of \
+             {MAX_CHOICES}",
+            prompts * n
+        ),
+    ))
+}
+
 /// Tools are a chat feature: a completion request that offers them is refused, naming the
 /// field, rather than served without them.
 fn refuse_tools(body: &Value) -> Result<(), ApiError> {
@@ -155,8 +193,11 @@ struct CompletionFormat {
     offsets: Vec<usize>,
     /// Put each choice's token ids on it.
     token_ids: bool,
-    /// The prompt's ids, put on each choice's first chunk where asked for.
-    prompt_token_ids: Option<Vec<u32>>,
+    /// Each prompt's ids, put on the first chunk of each of its choices where asked for
+    /// (else none).
+    prompt_token_ids: Vec<Vec<u32>>,
+    /// Choices per prompt.
+    per_prompt: usize,
     /// Whether each choice has had its prompt's ids.
     prompt_sent: Vec<bool>,
 }
@@ -178,7 +219,11 @@ impl CompletionFormat {
             text: delta.text.clone(),
             logprobs,
             finish_reason,
-            prompt_token_ids: self.prompt_token_ids.clone().filter(|_| first),
+            prompt_token_ids: self
+                .prompt_token_ids
+                .get(index / self.per_prompt.max(1))
+                .filter(|_| first)
+                .cloned(),
             token_ids: self.token_ids.then(|| delta.token_ids.clone()),
         }
     }

@@ -116,7 +116,7 @@ pub async fn submit(
     let (stream, usage) = (plan.stream, plan.usage);
     let return_token_ids = plan.return_token_ids;
     let prompt = Arc::clone(&plan.submission.prompt);
-    let choices = Choices::start(state, context, plan).await?;
+    let choices = Choices::start(state, context, vec![plan]).await?;
     Ok(Submitted {
         choices,
         stream,

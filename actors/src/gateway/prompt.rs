@@ -37,25 +37,37 @@ pub struct ChatTools {
 }
 
 impl Prompter {
-    /// The ids of a completion prompt: one text (encoded, with the tokenizer's special
-    /// tokens if `add_special_tokens`) or one list of ids in the vocabulary; never empty.
-    pub fn completion(
+    /// The ids of each completion prompt, in order: one text (encoded, with the
+    /// tokenizer's special tokens if `add_special_tokens`) or one list of ids in the
+    /// vocabulary, or a list of either (OpenAI's batch of prompts); none empty, and at
+    /// most [`MAX_PROMPTS`].
+    pub fn completions(
         &self,
         prompt: Prompt,
         add_special_tokens: bool,
-    ) -> Result<Vec<u32>, ApiError> {
+    ) -> Result<Vec<Vec<u32>>, ApiError> {
         check_prompt(&prompt, self.max_chars)?;
         let tokenizer = &self.tokenizer;
-        let ids = match prompt {
-            Prompt::Text(text) => encode(tokenizer, &text, add_special_tokens)?,
-            Prompt::Texts(texts) => encode(tokenizer, &only_one(texts)?, add_special_tokens)?,
-            Prompt::Tokens(ids) => in_vocabulary(ids, tokenizer, "prompt")?,
-            Prompt::TokenLists(lists) => in_vocabulary(only_one(lists)?, tokenizer, "prompt")?,
+        let prompts = match prompt {
+            Prompt::Text(text) => vec![encode(tokenizer, &text, add_special_tokens)?],
+            Prompt::Texts(texts) => counted(texts)?
+                .iter()
+                .map(|text| encode(tokenizer, text, add_special_tokens))
+                .collect::<Result<_, _>>()?,
+            Prompt::Tokens(ids) => vec![in_vocabulary(ids, tokenizer, "prompt")?],
+            Prompt::TokenLists(lists) => counted(lists)?
+                .into_iter()
+                .map(|ids| in_vocabulary(ids, tokenizer, "prompt"))
+                .collect::<Result<_, _>>()?,
         };
-        if ids.is_empty() {
-            return Err(ApiError::invalid("prompt", "the prompt is empty"));
+        if let Some(at) = prompts.iter().position(Vec::is_empty) {
+            let which = match prompts.len() {
+                1 => "the prompt is empty".to_owned(),
+                _ => format!("prompt {at} of the list is empty"),
+            };
+            return Err(ApiError::invalid("prompt", which));
         }
-        Ok(ids)
+        Ok(prompts)
     }
 
     /// The ids of `text` (`/tokenize`'s `prompt`).
@@ -98,14 +110,18 @@ impl Prompter {
 }
 
 /// The single prompt of a list (batched prompts are not supported).
-fn only_one<T>(prompts: Vec<T>) -> Result<T, ApiError> {
-    let count = prompts.len();
-    match prompts.into_iter().next() {
-        Some(prompt) if count == 1 => Ok(prompt),
-        _ => Err(ApiError::invalid(
+/// The most prompts one completions request may list.
+pub const MAX_PROMPTS: usize = 128;
+
+/// `prompts`, unless there are none or more than [`MAX_PROMPTS`].
+fn counted<T>(prompts: Vec<T>) -> Result<Vec<T>, ApiError> {
+    match prompts.len() {
+        0 => Err(ApiError::invalid("prompt", "the list of prompts is empty")),
+        count if count > MAX_PROMPTS => Err(ApiError::invalid(
             "prompt",
-            format!("exactly one prompt per request is supported, got {count}"),
+            format!("{count} prompts in one request, over the limit of {MAX_PROMPTS}"),
         )),
+        _ => Ok(prompts),
     }
 }
 

@@ -9,7 +9,7 @@
 use serde::Deserialize;
 
 /// The fields both generation endpoints share.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct GenerationFields {
     /// The model asked for; `None`: the served one.
     pub model: Option<String>,
@@ -59,7 +59,7 @@ pub struct GenerationFields {
 }
 
 /// `stop`: one string or several (deserialized in `shapes.rs`).
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub enum Stop {
     /// A single stop string.
     One(String),
@@ -78,7 +78,7 @@ impl Stop {
 }
 
 /// `stream_options`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Default, Deserialize)]
 pub struct StreamOptions {
     /// End the stream with a chunk holding the usage and no choices.
     pub include_usage: Option<bool>,

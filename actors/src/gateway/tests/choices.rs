@@ -1,11 +1,11 @@
-//! `n` > 1 on both endpoints, whole and streamed: one choice per request the engine runs,
-//! each with the seed plus its index, the later ones submitted once the first has its
-//! first tokens; choices in order with their index, usage summed with the prompt counted
-//! once.
+//! `n` > 1 on both endpoints and lists of prompts on completions, whole and streamed: one
+//! choice per request the engine runs, each with the seed plus its index, the later ones
+//! submitted once the first has its first tokens; choices in order with their index (each
+//! prompt's `n` in a row), usage summed with each prompt counted once.
 
 use serde_json::{json, Value};
 
-use super::{call, json, post, sse_events, Fixture, Script, CACHED_TOKENS};
+use super::{call, expect_error, json, post, sse_events, Fixture, Script, CACHED_TOKENS};
 
 /// The completion tokens of `text` in the test tokenizer.
 fn tokens(fixture: &Fixture, text: &str) -> usize {
@@ -157,4 +157,70 @@ async fn continuous_usage_sums_the_choices_so_far() {
     );
     let total = 2 * tokens(&fixture, "a b c d") as u64;
     assert_eq!(*completions.last().unwrap(), total);
+}
+
+#[actix_web::test]
+async fn a_list_of_prompts_gets_n_choices_each_in_prompt_order() {
+    let fixture = Fixture::new(Script::text("done"));
+    let app = fixture.app().await;
+    let first = fixture.tokenizer.encode("first one", false).unwrap();
+    let request = json!({"prompt": [first, [7, 8, 9]], "n": 2, "seed": 5,
+        "return_token_ids": true});
+    let (status, response) = call(&app, post("/v1/completions", request)).await;
+    let response = json(&response);
+    assert_eq!(status, 200, "{response}");
+    let choices = response["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        let prompt = if i < 2 {
+            json!(first)
+        } else {
+            json!([7, 8, 9])
+        };
+        assert_eq!(choice["prompt_token_ids"], prompt, "choice {i}");
+    }
+    let submitted = fixture.submitted.lock().unwrap().clone();
+    assert_eq!(submitted.len(), 4);
+    let mut prompts: Vec<(Vec<u32>, Option<u64>)> = submitted
+        .iter()
+        .map(|s| (s.prompt.clone(), s.spec.params.seed))
+        .collect();
+    prompts.sort();
+    let mut want = vec![
+        (first.clone(), Some(5)),
+        (first.clone(), Some(6)),
+        (vec![7, 8, 9], Some(5)),
+        (vec![7, 8, 9], Some(6)),
+    ];
+    want.sort();
+    assert_eq!(prompts, want);
+    let completion = 4 * tokens(&fixture, "done");
+    assert_eq!(response["usage"]["prompt_tokens"], first.len() + 3);
+    assert_eq!(response["usage"]["completion_tokens"], completion);
+}
+
+#[actix_web::test]
+async fn lists_and_counts_past_the_limits_are_named() {
+    let fixture = Fixture::new(Script::text("ok"));
+    let app = fixture.app().await;
+    for (request, param, needle) in [
+        (json!({"prompt": []}), "prompt", "empty"),
+        (
+            json!({"prompt": ["a", ""], "add_special_tokens": false}),
+            "prompt",
+            "prompt 1",
+        ),
+        (json!({"prompt": vec!["a"; 129]}), "prompt", "129 prompts"),
+        (json!({"prompt": ["a", "b"], "n": 65}), "n", "130 choices"),
+    ] {
+        let message = expect_error(
+            call(&app, post("/v1/completions", request.clone())).await,
+            400,
+            "invalid_request_error",
+            Some(param),
+        );
+        assert!(message.contains(needle), "{request}: {message}");
+    }
+    assert!(fixture.submitted.lock().unwrap().is_empty());
 }
