@@ -127,6 +127,7 @@ async fn handle(
 /// for (also what `/v1/responses` serves, translated into this shape).
 pub fn read(state: &GatewayState, body: &Value) -> Result<Conversation, ApiError> {
     unsupported::check(body)?;
+    unsupported::refuse_any(body, unsupported::REFUSED_IN_CHAT)?;
     let settings = state.model.tools;
     let tools = tools::read(body, &settings)?;
     let constraint = constraints::requested(body)?;

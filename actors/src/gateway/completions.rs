@@ -1,4 +1,5 @@
-//! `POST /v1/completions`, whole and streamed.
+//! `POST /v1/completions`, whole and streamed: one prompt or a list of them, `n` choices
+//! each, the prompt's text before each output with `echo`.
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use super::grammar;
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput, Plan, MAX_CHOICES};
 use super::peer::PeerProbe;
-use super::protocol::request::{CompletionFields, GenerationFields};
+use super::protocol::request::{CompletionFields, GenerationFields, Prompt};
 use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
@@ -54,11 +55,28 @@ async fn handle(
         .map(|count| logprobs_count("logprobs", count))
         .transpose()?;
     let add_special_tokens = own.add_special_tokens.unwrap_or(true);
+    let echo = own.echo.unwrap_or(false);
+    if echo && logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "echo",
+            "`echo` with `logprobs` would need the prompt's logprobs, which Peregrine does not \
+             compute yet: leave one of them out",
+        ));
+    }
+    let given = echo.then(|| given_texts(&own.prompt)).flatten();
     let (prompt, prompter) = (own.prompt, state.prompter(&config));
     let prompts = state
         .blocking
         .run(move || prompter.completions(prompt, add_special_tokens))
         .await?;
+    let echoed = match (echo, given) {
+        (false, _) => Vec::new(),
+        (true, Some(texts)) => texts,
+        (true, None) => prompts
+            .iter()
+            .map(|ids| state.model.tokenizer.decode(ids, false).unwrap_or_default())
+            .collect(),
+    };
     let mut plans = prompts
         .into_iter()
         .map(|prompt| {
@@ -105,6 +123,7 @@ async fn handle(
         prompt_token_ids,
         per_prompt: choices.per_prompt,
         prompt_sent: vec![false; count],
+        echoed,
     };
     if stream {
         return Ok(sse::respond_choices(
@@ -140,6 +159,15 @@ async fn handle(
         .collect();
     let whole = format.wrap(choices, Some(summed(&usages, per_prompt)));
     Ok(HttpResponse::Ok().json(whole))
+}
+
+/// The texts of a prompt given as text (`None` for token ids), which `echo` repeats.
+fn given_texts(prompt: &Prompt) -> Option<Vec<String>> {
+    match prompt {
+        Prompt::Text(text) => Some(vec![text.clone()]),
+        Prompt::Texts(texts) => Some(texts.clone()),
+        Prompt::Tokens(_) | Prompt::TokenLists(_) => None,
+    }
 }
 
 /// Refuses more than [`MAX_CHOICES`] choices in all (`prompts` times `n`), naming `n`
@@ -198,8 +226,11 @@ struct CompletionFormat {
     prompt_token_ids: Vec<Vec<u32>>,
     /// Choices per prompt.
     per_prompt: usize,
-    /// Whether each choice has had its prompt's ids.
+    /// Whether each choice has had its first chunk (its prompt's ids, its echo).
     prompt_sent: Vec<bool>,
+    /// Each prompt's text, put before the output of each of its choices (`echo`; else
+    /// none).
+    echoed: Vec<String>,
 }
 
 impl CompletionFormat {
@@ -214,16 +245,14 @@ impl CompletionFormat {
             .logprobs
             .then(|| logprobs::completion(&delta.tokens, &mut self.offsets[index]));
         let first = !std::mem::replace(&mut self.prompt_sent[index], true);
+        let prompt = index / self.per_prompt.max(1);
+        let echo = self.echoed.get(prompt).filter(|_| first);
         CompletionChoice {
             index,
-            text: delta.text.clone(),
+            text: echo.map_or_else(String::new, String::clone) + &delta.text,
             logprobs,
             finish_reason,
-            prompt_token_ids: self
-                .prompt_token_ids
-                .get(index / self.per_prompt.max(1))
-                .filter(|_| first)
-                .cloned(),
+            prompt_token_ids: self.prompt_token_ids.get(prompt).filter(|_| first).cloned(),
             token_ids: self.token_ids.then(|| delta.token_ids.clone()),
         }
     }

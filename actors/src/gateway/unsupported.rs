@@ -119,11 +119,6 @@ const REFUSED: &[Refused] = &[
         "output restricted to some tokens",
     ),
     // What the response holds.
-    refused(
-        "echo",
-        Neutral::False,
-        "the prompt echoed before the output",
-    ),
     refused("suffix", Neutral::Empty, "text after the completion"),
     refused("prompt_logprobs", Neutral::Null, "the prompt's logprobs"),
     refused(
@@ -205,6 +200,13 @@ pub fn check(body: &Value) -> Result<(), ApiError> {
     refuse_any(body, REFUSED)
 }
 
+/// The fields `/v1/completions` serves that `/v1/chat/completions` refuses.
+pub const REFUSED_IN_CHAT: &[Refused] = &[refused(
+    "echo",
+    Neutral::False,
+    "the last message echoed before the reply",
+)];
+
 /// Refuses the first field of `body` that one of `rules` refuses.
 pub fn refuse_any(body: &Value, rules: &[Refused]) -> Result<(), ApiError> {
     let Some(fields) = body.as_object() else {
@@ -245,7 +247,6 @@ mod tests {
             ("structural_tag", json!("{}"), Value::Null),
             ("bad_words", json!(["x"]), json!([])),
             ("allowed_token_ids", json!([1, 2]), Value::Null),
-            ("echo", json!(true), json!(false)),
             ("suffix", json!("!"), json!("")),
             ("prompt_logprobs", json!(0), Value::Null),
             ("include_stop_str_in_output", json!(true), json!(false)),

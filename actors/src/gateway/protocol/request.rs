@@ -95,6 +95,8 @@ pub struct CompletionFields {
     pub logprobs: Option<i64>,
     /// Add the tokenizer's special tokens (BOS) to a text prompt; default true.
     pub add_special_tokens: Option<bool>,
+    /// Put the prompt's text before each choice's output.
+    pub echo: Option<bool>,
 }
 
 /// A completion prompt as OpenAI accepts it (deserialized in `shapes.rs`).
@@ -102,11 +104,11 @@ pub struct CompletionFields {
 pub enum Prompt {
     /// Text.
     Text(String),
-    /// A list of texts (only one is supported).
+    /// A list of texts, one choice (or `n`) each.
     Texts(Vec<String>),
     /// Token ids.
     Tokens(Vec<u32>),
-    /// Lists of token ids (only one is supported).
+    /// Lists of token ids, one choice (or `n`) each.
     TokenLists(Vec<Vec<u32>>),
 }
 

@@ -5,7 +5,10 @@ use std::time::Duration;
 use peregrine_ops::sampling::SamplingParams;
 use serde_json::{json, Value};
 
-use super::{call, expect_error, json, post, Fixture, Script, CACHED_TOKENS, MAX_MODEL_LEN, MODEL};
+use super::{
+    call, expect_error, json, post, sse_events, Fixture, Script, CACHED_TOKENS, MAX_MODEL_LEN,
+    MODEL,
+};
 use crate::messages::{FinishReason, SubmitError};
 
 #[actix_web::test]
@@ -253,4 +256,50 @@ async fn speculation_counts_are_in_usage_only_when_asked_for() {
     let plain = json!({"prompt": "Say hi"});
     let (_, body) = call(&app, post("/v1/completions", plain)).await;
     assert!(json(&body)["usage"].get("spec_decode_details").is_none());
+}
+
+#[actix_web::test]
+async fn echo_puts_each_prompt_before_its_choices() {
+    let fixture = Fixture::new(Script::text(" and more"));
+    let app = fixture.app().await;
+    let request = json!({"prompt": ["Once upon", "A time"], "echo": true, "n": 2});
+    let (status, body) = call(&app, post("/v1/completions", request)).await;
+    assert_eq!(status, 200);
+    let texts: Vec<String> = json(&body)["choices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        texts,
+        [
+            "Once upon and more",
+            "Once upon and more",
+            "A time and more",
+            "A time and more"
+        ]
+    );
+    // Streamed: the echo opens each choice's first chunk; token ids are decoded.
+    let ids = fixture.tokenizer.encode("Hi there", false).unwrap();
+    let request = json!({"prompt": ids, "echo": true, "stream": true});
+    let (_, body) = call(&app, post("/v1/completions", request)).await;
+    let (events, done) = sse_events(&body);
+    assert!(done);
+    let first = events[0]["choices"][0]["text"].as_str().unwrap();
+    assert!(first.starts_with("Hi there"), "{first:?}");
+    let text: String = events
+        .iter()
+        .filter_map(|e| e["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, "Hi there and more");
+    // Not on chat.
+    let request = json!({"messages": [{"role": "user", "content": "x"}], "echo": true});
+    let message = expect_error(
+        call(&app, post("/v1/chat/completions", request)).await,
+        400,
+        "invalid_request_error",
+        Some("echo"),
+    );
+    assert!(message.contains("echo"), "{message}");
 }

@@ -254,7 +254,7 @@ async fn out_of_range_fields_are_named() {
         (json!({"n": 0}), "n", "0"),
         (json!({"n": 129}), "n", "129"),
         (json!({"best_of": 3}), "best_of", "3"),
-        (json!({"echo": true}), "echo", "echo"),
+        (json!({"echo": true, "logprobs": 1}), "echo", "logprobs"),
         (json!({"suffix": "!"}), "suffix", "suffix"),
         (json!({"stop": ""}), "stop", "empty"),
     ];
