@@ -2,7 +2,8 @@
 against a server started with `--enable-auto-tool-choice --tool-call-parser hermes`.
 
 The model is a tiny random Llama, so the checks rely only on what the API guarantees:
-`messages.create` answers a message of text blocks with Anthropic's stop reason and usage;
+`messages.create` answers a message of text blocks with Anthropic's stop reason and usage
+(cache reads counted apart); `messages.count_tokens` counts the prompt it would send;
 a system prompt adds to the input tokens; a stop sequence taken from a greedy answer ends
 the same greedy answer just before it, with `stop_reason` `stop_sequence`; `messages.stream`
 gives text deltas that put together are the final message and the whole greedy answer.
@@ -39,11 +40,18 @@ def text_of(message):
     return "".join(block.text for block in message.content if block.type == "text")
 
 
+def prompt_tokens(usage):
+    """The prompt's tokens: those computed plus those read from the prefix cache, which
+    Anthropic's usage counts apart."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+
+
 def check_message(message, model, what):
     """The fields every answer has."""
     expect(message.id.startswith("msg_"), "%s: id %r" % (what, message.id))
     expect_eq((message.type, message.role, message.model), ("message", "assistant", model), "%s: type, role, model" % what)
-    expect(message.usage.input_tokens > 0, "%s: input_tokens %r" % (what, message.usage.input_tokens))
+    expect(prompt_tokens(message.usage) > 0, "%s: usage %r" % (what, message.usage))
+    expect(message.usage.cache_read_input_tokens is not None, "%s: no cache_read_input_tokens" % what)
     if message.stop_reason == "max_tokens":
         expect(message.usage.output_tokens > 0, "%s: output_tokens %r" % (what, message.usage.output_tokens))
 
@@ -64,15 +72,20 @@ def check_plain(api, model):
     )
     check_message(system, model, "with a system prompt")
     expect(
-        system.usage.input_tokens > short.usage.input_tokens,
-        "a longer system prompt adds no input tokens (%d vs %d)" % (system.usage.input_tokens, short.usage.input_tokens),
+        prompt_tokens(system.usage) > prompt_tokens(short.usage),
+        "a longer system prompt adds no input tokens (%r vs %r)" % (system.usage, short.usage),
     )
     blocks = api.messages.create(
         model=model, max_tokens=16, messages=QUESTION, extra_body=GREEDY,
         system=[{"type": "text", "text": "Be terse. Answer in one word, always."}],
     )
     expect_eq(text_of(blocks), text_of(system), "a system prompt as text blocks vs as a string")
-    expect_eq(blocks.usage.input_tokens, system.usage.input_tokens, "input tokens, text blocks vs a string")
+    expect_eq(prompt_tokens(blocks.usage), prompt_tokens(system.usage), "input tokens, text blocks vs a string")
+    expect(blocks.usage.cache_read_input_tokens > 0, "the same prompt again read nothing from the cache")
+    counted = api.messages.count_tokens(
+        model=model, messages=QUESTION, system=[{"type": "text", "text": "Be terse. Answer in one word, always."}],
+    )
+    expect_eq(counted.input_tokens, prompt_tokens(blocks.usage), "count_tokens vs the prompt sent")
 
     greedy = api.messages.create(model=model, max_tokens=32, messages=QUESTION, extra_body=GREEDY)
     text = text_of(greedy)
@@ -102,7 +115,7 @@ def check_stream(api, model):
     expect_eq(text_of(final), text_of(whole), "the streamed vs the whole answer")
     expect_eq(final.stop_reason, whole.stop_reason, "stop_reason, streamed vs whole")
     expect_eq(final.usage.output_tokens, whole.usage.output_tokens, "output_tokens, streamed vs whole")
-    expect_eq(final.usage.input_tokens, whole.usage.input_tokens, "input_tokens, streamed vs whole")
+    expect_eq(prompt_tokens(final.usage), prompt_tokens(whole.usage), "prompt tokens, streamed vs whole")
     log("  %d pieces, %s" % (len(pieces), final.stop_reason))
 
 

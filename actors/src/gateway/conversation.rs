@@ -15,7 +15,7 @@ use super::params::{check_model, plan, EndpointInput};
 use super::prompt::ChatTools;
 use super::protocol::request::{GenerationFields, MessageIn};
 use super::sse::StreamUsage;
-use super::state::GatewayState;
+use super::state::{GatewayConfig, GatewayState};
 use super::tools::ToolRequest;
 
 /// A chat request in the gateway's own terms.
@@ -54,6 +54,46 @@ pub struct Submitted {
     pub model: String,
 }
 
+/// The prompt `conversation` renders to: its tokens, as [`submit`] would send them.
+pub async fn prompt_tokens(
+    state: &GatewayState,
+    conversation: Conversation,
+) -> Result<Vec<u32>, ApiError> {
+    let config = state.config.get();
+    check_model(conversation.fields.model.as_deref(), &config)?;
+    let Conversation {
+        messages,
+        tools,
+        add_generation_prompt,
+        ..
+    } = conversation;
+    render(state, &config, messages, tools, add_generation_prompt).await
+}
+
+/// `messages` rendered with the model's template, offering `tools`, and tokenized (off the
+/// HTTP threads); refused when that leaves nothing.
+async fn render(
+    state: &GatewayState,
+    config: &GatewayConfig,
+    messages: Vec<MessageIn>,
+    tools: Option<ToolRequest>,
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    let chat_tools = tools.map_or_else(ChatTools::default, |t| ChatTools {
+        declared: t.declared,
+        tools: t.tools,
+    });
+    let prompter = state.prompter(config);
+    let prompt = state
+        .blocking
+        .run(move || prompter.chat(messages, chat_tools, add_generation_prompt, false))
+        .await?;
+    if prompt.is_empty() {
+        return Err(ApiError::invalid("messages", "the rendered chat is empty"));
+    }
+    Ok(prompt)
+}
+
 /// Renders, checks and submits `conversation` as the request of `context`.
 pub async fn submit(
     state: &GatewayState,
@@ -88,20 +128,9 @@ pub async fn submit(
         (asked, forced) => asked.or(forced),
     };
     let reads_calls = tools.as_ref().is_some_and(ToolRequest::reads_calls);
-    let chat_tools = tools.map_or_else(ChatTools::default, |t| ChatTools {
-        declared: t.declared,
-        tools: t.tools,
-    });
     let config = state.config.get();
     check_model(fields.model.as_deref(), &config)?;
-    let prompter = state.prompter(&config);
-    let prompt = state
-        .blocking
-        .run(move || prompter.chat(messages, chat_tools, add_generation_prompt, false))
-        .await?;
-    if prompt.is_empty() {
-        return Err(ApiError::invalid("messages", "the rendered chat is empty"));
-    }
+    let prompt = render(state, &config, messages, tools, add_generation_prompt).await?;
     let input = EndpointInput {
         prompt,
         max_tokens,

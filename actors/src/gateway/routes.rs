@@ -29,6 +29,10 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::post().to(anthropic::create),
         ))
         .service(resource(
+            &format!("{prefix}/messages/count_tokens"),
+            web::post().to(anthropic::count_tokens),
+        ))
+        .service(resource(
             &format!("{prefix}/responses"),
             web::post().to(responses::create),
         ))

@@ -1,7 +1,8 @@
-//! `POST /v1/messages`, Anthropic's Messages API, whole and streamed: the request is
-//! translated into the chat the chat completions endpoint renders (`translate.rs`), so it
-//! shares its template, tool calls and forced-call grammars (`conversation.rs`); only the
-//! request, answer, event and error shapes are Anthropic's own.
+//! `POST /v1/messages`, Anthropic's Messages API, whole and streamed, and
+//! `POST /v1/messages/count_tokens`: the request is translated into the chat the chat
+//! completions endpoint renders (`translate.rs`), so it shares its template, tool calls and
+//! forced-call grammars (`conversation.rs`); only the request, answer, event and error
+//! shapes are Anthropic's own.
 
 mod errors;
 mod request;
@@ -44,6 +45,28 @@ pub async fn create(
         .run(handle(&state, body, &context, peer))
         .await
         .map_err(MessagesError)
+}
+
+/// `count_tokens`: the tokens the request's prompt (system, messages and tools, rendered
+/// as `/v1/messages` renders them) would take, as `{"input_tokens": N}`.
+pub async fn count_tokens(
+    _auth: Worded<ApiKeyAuth>,
+    state: web::Data<GatewayState>,
+    body: Worded<JsonBody>,
+) -> Result<HttpResponse, MessagesError> {
+    let Worded(JsonBody(mut body)) = body;
+    let counted = async {
+        unsupported::refuse_any(&body, REFUSED)?;
+        // The count takes no output length; the translation needs one.
+        if let Some(fields) = body.as_object_mut() {
+            fields.entry("max_tokens").or_insert(serde_json::json!(1));
+        }
+        let request: MessagesRequest = parse(&body)?;
+        let conversation = translate::conversation(request, &state.model.tools)?;
+        conversation::prompt_tokens(&state, conversation).await
+    };
+    let prompt = counted.await.map_err(MessagesError)?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({"input_tokens": prompt.len()})))
 }
 
 async fn handle(

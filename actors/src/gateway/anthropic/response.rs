@@ -51,13 +51,36 @@ pub enum BlockOut {
     },
 }
 
-/// Anthropic's `usage`.
-#[derive(Clone, Copy, Debug, Serialize)]
+/// Anthropic's `usage`: the prompt's tokens split into those computed (`input_tokens`)
+/// and those read from the prefix cache, as Anthropic counts cache reads apart.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct UsageOut {
-    /// Tokens in the prompt.
+    /// Prompt tokens computed (not read from the cache).
     pub input_tokens: usize,
+    /// Prompt tokens written to a cache on request: none (Peregrine caches every prompt's
+    /// blocks without being asked).
+    pub cache_creation_input_tokens: usize,
+    /// Prompt tokens found in the prefix cache.
+    pub cache_read_input_tokens: usize,
     /// Tokens generated.
     pub output_tokens: usize,
+}
+
+impl UsageOut {
+    /// The usage a chat's `usage` reports in Anthropic's terms.
+    pub fn of(usage: &super::super::protocol::response::UsageOut) -> UsageOut {
+        let cached = usage
+            .prompt_tokens_details
+            .as_ref()
+            .map_or(0, |d| d.cached_tokens)
+            .min(usage.prompt_tokens);
+        UsageOut {
+            input_tokens: usage.prompt_tokens - cached,
+            cache_creation_input_tokens: 0,
+            cache_read_input_tokens: cached,
+            output_tokens: usage.completion_tokens,
+        }
+    }
 }
 
 impl MessageOut {
@@ -73,6 +96,8 @@ impl MessageOut {
             stop_sequence: None,
             usage: UsageOut {
                 input_tokens,
+                cache_creation_input_tokens: 0,
+                cache_read_input_tokens: 0,
                 output_tokens: 0,
             },
         }
@@ -105,10 +130,7 @@ impl MessageOut {
             content,
             stop_reason: Some(stop_reason),
             stop_sequence: output.stop_string,
-            usage: UsageOut {
-                input_tokens: output.usage.prompt_tokens,
-                output_tokens: output.usage.completion_tokens,
-            },
+            usage: UsageOut::of(&output.usage),
             ..self
         }
     }

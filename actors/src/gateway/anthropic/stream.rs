@@ -1,8 +1,9 @@
 //! A message streamed as Anthropic's server-sent events, each an `event:` line naming its
-//! type and a `data:` line: `message_start`; per content block `content_block_start`,
-//! `content_block_delta` (`text_delta`, or `input_json_delta` pieces of a call's input)
-//! and `content_block_stop`; then `message_delta` (the stop reason and output tokens) and
-//! `message_stop`. A failure part-way is an `error` event. A text block opens with the
+//! type and a `data:` line: `message_start` and a `ping`; per content block
+//! `content_block_start`, `content_block_delta` (`text_delta`, or `input_json_delta` pieces
+//! of a call's input) and `content_block_stop`; then `message_delta` (the stop reason and
+//! the final usage: output tokens, and the prompt's split into computed and cache-read
+//! tokens, which `message_start` could not know yet) and `message_stop`. A failure part-way is an `error` event. A text block opens with the
 //! first text, a `tool_use` block when its call's name is known.
 
 use bytes::Bytes;
@@ -10,7 +11,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::errors;
-use super::response::{stop_reason, MessageOut};
+use super::response::{stop_reason, MessageOut, UsageOut as MessageUsage};
 use crate::gateway::errors::ApiError;
 use crate::gateway::generation::{Delta, Finish};
 use crate::gateway::protocol::response::{ToolCallDelta, UsageOut};
@@ -114,7 +115,9 @@ impl ChunkFormat for MessageEvents {
     fn opening(&mut self) -> Option<Bytes> {
         let message = self.start.take()?;
         let data = json!({"type": "message_start", "message": message});
-        Some(event("message_start", &data))
+        let mut out = event("message_start", &data).to_vec();
+        out.extend_from_slice(&event("ping", &json!({"type": "ping"})));
+        Some(Bytes::from(out))
     }
 
     fn chunk(&mut self, delta: &Delta, finish_reason: Option<&'static str>) -> Bytes {
@@ -150,7 +153,7 @@ impl ChunkFormat for MessageEvents {
     fn usage(&mut self, usage: UsageOut) -> Bytes {
         let delta = json!({"type": "message_delta",
             "delta": {"stop_reason": self.stop_reason, "stop_sequence": self.stop_sequence},
-            "usage": {"output_tokens": usage.completion_tokens}});
+            "usage": MessageUsage::of(&usage)});
         let mut out = event("message_delta", &delta).to_vec();
         out.extend_from_slice(&event("message_stop", &json!({"type": "message_stop"})));
         Bytes::from(out)

@@ -264,7 +264,8 @@ fn a_whole_answer_has_text_and_tool_use_blocks() {
                 {"type": "tool_use", "id": "toolu_abc_0", "name": "get_weather",
                     "input": {"city": "Oslo"}}],
             "stop_reason": "tool_use", "stop_sequence": null,
-            "usage": {"input_tokens": 5, "output_tokens": 9}})
+            "usage": {"input_tokens": 5, "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0, "output_tokens": 9}})
     );
     let stopped = start().whole(output("Hi", "stop", Some("END")), None, &ids);
     let stopped = serde_json::to_value(stopped).unwrap();
@@ -392,7 +393,7 @@ fn a_streamed_call_is_a_tool_use_block_whose_pieces_make_its_input() {
 fn a_streamed_text_ends_with_its_stop_reason_and_sequence() {
     let events = streamed("Hello there", 2, false, finish("stop", Some("END")));
     let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
-    let mut expected = vec!["message_start", "content_block_start"];
+    let mut expected = vec!["message_start", "ping", "content_block_start"];
     expected.extend(["content_block_delta"; 6]);
     expected.extend(["content_block_stop", "message_delta", "message_stop"]);
     assert_eq!(names, expected);
@@ -403,8 +404,8 @@ fn a_streamed_text_ends_with_its_stop_reason_and_sequence() {
     );
     let empty = streamed("", 1, false, finish("length", None));
     let names: Vec<&str> = empty.iter().map(|(name, _)| name.as_str()).collect();
-    assert_eq!(names, ["message_start", "message_delta", "message_stop"]);
-    assert_eq!(empty[1].1["delta"]["stop_reason"], "max_tokens");
+    assert_eq!(names, ["message_start", "ping", "message_delta", "message_stop"]);
+    assert_eq!(empty[2].1["delta"]["stop_reason"], "max_tokens");
 }
 
 #[test]

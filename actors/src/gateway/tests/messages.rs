@@ -5,7 +5,7 @@
 use actix_web::test::TestRequest;
 use serde_json::{json, Value};
 
-use super::{call, json, post, Fixture, Script, MODEL};
+use super::{call, json, post, Fixture, Script, CACHED_TOKENS, MODEL};
 use crate::messages::FinishReason;
 
 /// A reply in Hermes: text, then one call.
@@ -73,7 +73,13 @@ async fn a_plain_reply_is_a_message_with_a_text_block() {
     assert_eq!(body["stop_reason"], "end_turn");
     assert_eq!(body["stop_sequence"], Value::Null);
     let submitted = fixture.last_submitted();
-    assert_eq!(body["usage"]["input_tokens"], submitted.prompt.len());
+    // Anthropic counts cache reads apart from the prompt tokens computed.
+    assert_eq!(
+        body["usage"]["input_tokens"],
+        submitted.prompt.len() - CACHED_TOKENS
+    );
+    assert_eq!(body["usage"]["cache_read_input_tokens"], CACHED_TOKENS);
+    assert_eq!(body["usage"]["cache_creation_input_tokens"], 0);
     let output = fixture
         .tokenizer
         .encode("Hello there", false)
@@ -231,4 +237,29 @@ async fn a_full_queue_is_overloaded() {
     let app = fixture.app().await;
     let response = call(&app, post("/v1/messages", messages(json!({})))).await;
     expect_anthropic_error(response, 429, "overloaded_error");
+}
+
+#[actix_web::test]
+async fn count_tokens_is_the_prompt_messages_would_send() {
+    let fixture = Fixture::new(Script::text("Hello there"));
+    let app = fixture.app().await;
+    let body = messages(json!({"system": "Be brief."}));
+    let (status, _) = call(&app, post("/v1/messages", body.clone())).await;
+    assert_eq!(status, 200);
+    let prompt = fixture.last_submitted().prompt.len();
+    let mut count = body;
+    count.as_object_mut().unwrap().remove("max_tokens");
+    let (status, counted) = call(&app, post("/v1/messages/count_tokens", count)).await;
+    assert_eq!(status, 200, "{counted:?}");
+    assert_eq!(json(&counted), json!({"input_tokens": prompt}));
+    assert_eq!(
+        fixture.submitted.lock().unwrap().len(),
+        1,
+        "nothing submitted"
+    );
+    // Refusals keep Anthropic's shape.
+    let bad = json!({"model": MODEL, "messages": "not a list"});
+    let (status, refused) = call(&app, post("/v1/messages/count_tokens", bad)).await;
+    assert_eq!(status, 400);
+    assert_eq!(json(&refused)["type"], "error", "{refused:?}");
 }
