@@ -8,7 +8,7 @@ use common::engine::{collect, counter, requests, run_all, solo, submit, tiny_bac
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::engine::{start_engine, EngineSettings};
-use peregrine_actors::messages::{FinishReason, SchedulerLimits, Usage};
+use peregrine_actors::messages::{FinishReason, RequestEvent, SchedulerLimits, Usage};
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
 
@@ -117,4 +117,115 @@ async fn a_failed_step_ends_its_requests_with_error_and_is_reported() {
     let (tokens, reason, _) = collect(rx).await;
     assert_eq!((tokens.len(), reason), (4, FinishReason::Length));
     assert_eq!(engine.health.check(), Ok(()), "a step succeeded since");
+}
+
+/// Choice groups as the gateway forms them for `n` (a group's first request, then its
+/// siblings once it has its first tokens, choice `i` seeded with the group's seed plus
+/// `i`), three groups at once: the siblings find the first one's full prompt blocks in the
+/// prefix cache; in a pool too small for the groups, members are preempted and recomputed
+/// with shared blocks; every choice gets the tokens it gets alone, and once all have
+/// ended no block is held.
+#[tokio::test]
+async fn choice_groups_share_prompt_blocks_and_survive_preemption() {
+    const GROUPS: usize = 3;
+    const CHOICES: usize = 4;
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 80).write_hf(dir.path());
+    let prompts: Vec<Vec<u32>> = (0..GROUPS)
+        .map(|g| {
+            (0..40)
+                .map(|i| ((i * 11 + g * 37 + 5) % 300) as u32)
+                .collect()
+        })
+        .collect();
+    let choice = |g: usize, i: usize| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        seed: Some(100 * g as u64 + i as u64),
+        ..SamplingParams::default()
+    };
+    let flat: Vec<(Vec<u32>, SamplingParams)> = (0..GROUPS)
+        .flat_map(|g| (0..CHOICES).map(move |i| (g, i)))
+        .map(|(g, i)| (prompts[g].clone(), choice(g, i)))
+        .collect();
+    let alone = solo(dir.path(), &flat, MAX_TOKENS);
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let mut preemptions = 0;
+    // Roomy: every group fits. Tight: ten blocks, where each group needs its two shared
+    // prompt blocks and two of each choice's own.
+    for (kv_blocks, label) in [(64, "roomy pool"), (10, "tight pool")] {
+        let (engine_settings, _) = settings(kv_blocks, 16, 48);
+        let backend = tiny_backend(dir.path(), kv_blocks);
+        let engine = start_engine(backend, &engine_settings, None).unwrap();
+        let mut firsts = Vec::new();
+        for (g, prompt) in prompts.iter().enumerate() {
+            let id = (g * CHOICES) as u64;
+            firsts.push(submit(&engine.scheduler, id, prompt, &choice(g, 0), MAX_TOKENS).await);
+        }
+        // Each group's first tokens, then its siblings.
+        let mut early = Vec::new();
+        let mut streams = Vec::new();
+        for (g, mut first) in firsts.into_iter().enumerate() {
+            match first.recv().await.unwrap() {
+                RequestEvent::Tokens(t) => early.push(t.iter().map(|t| t.id).collect()),
+                other => panic!("{label}: group {g} began with {other:?}"),
+            }
+            streams.push(first);
+            for i in 1..CHOICES {
+                let id = (g * CHOICES + i) as u64;
+                let params = choice(g, i);
+                streams.push(submit(&engine.scheduler, id, &prompts[g], &params, MAX_TOKENS).await);
+                early.push(Vec::new());
+            }
+        }
+        for (k, rx) in streams.into_iter().enumerate() {
+            let (tokens, reason, usage) = collect(rx).await;
+            let tokens: Vec<u32> = early[k].iter().copied().chain(tokens).collect();
+            assert_eq!(reason, FinishReason::Length, "{label}, choice {k}");
+            assert_eq!(tokens, alone[k], "{label}, choice {k}");
+            if kv_blocks == 64 && k % CHOICES > 0 {
+                assert_eq!(
+                    usage.cached_tokens, 32,
+                    "{label}, choice {k}: the shared blocks"
+                );
+            }
+        }
+        // Every block is back once the requests have ended (the scheduler gives them
+        // back on its own when no step carries them).
+        let mut held = f64::NAN;
+        for _ in 0..200 {
+            let snapshot = snapshotter.snapshot().into_vec();
+            preemptions += counter(&snapshot, "peregrine:num_preemptions_total");
+            held = gauge(&snapshot, "peregrine:kv_cache_usage_perc");
+            if held == 0.0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(held, 0.0, "{label}: blocks still held");
+    }
+    assert!(preemptions > 0, "no preemption happened");
+}
+
+/// The last value of gauge `name` in `snapshot`.
+fn gauge(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        metrics_util::debugging::DebugValue,
+    )],
+    name: &str,
+) -> f64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .find_map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Gauge(g) => Some(g.into_inner()),
+            _ => None,
+        })
+        .unwrap_or(f64::NAN)
 }

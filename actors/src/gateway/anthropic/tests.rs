@@ -404,7 +404,10 @@ fn a_streamed_text_ends_with_its_stop_reason_and_sequence() {
     );
     let empty = streamed("", 1, false, finish("length", None));
     let names: Vec<&str> = empty.iter().map(|(name, _)| name.as_str()).collect();
-    assert_eq!(names, ["message_start", "ping", "message_delta", "message_stop"]);
+    assert_eq!(
+        names,
+        ["message_start", "ping", "message_delta", "message_stop"]
+    );
     assert_eq!(empty[2].1["delta"]["stop_reason"], "max_tokens");
 }
 
