@@ -696,6 +696,17 @@ fn n_choices_share_the_prompt_and_repeat_with_a_seed() {
     server.check("check_choices.py", &[]);
 }
 
+/// 23. What clients of other engines rely on: the routes without `/v1`, `root` and
+///     `parent` on models, `return_token_strs` on `/tokenize`, one `system_fingerprint` on
+///     every response and chunk, and `continuous_usage_stats` through the openai client.
+#[test]
+fn compatibility_aliases_fingerprint_and_continuous_usage() {
+    let _serial = serial();
+    let model = TinyDir::new(24);
+    let server = Server::start(model.path(), &[]);
+    server.check("check_compat.py", &[]);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]
