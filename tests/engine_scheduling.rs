@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::engine::{collect, counter, requests, run_all, solo, submit, tiny_backend};
+use common::engine::{collect, counter, gauge, requests, run_all, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::engine::{start_engine, EngineSettings};
@@ -208,24 +208,4 @@ async fn choice_groups_share_prompt_blocks_and_survive_preemption() {
         assert_eq!(held, 0.0, "{label}: blocks still held");
     }
     assert!(preemptions > 0, "no preemption happened");
-}
-
-/// The last value of gauge `name` in `snapshot`.
-fn gauge(
-    snapshot: &[(
-        metrics_util::CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        metrics_util::debugging::DebugValue,
-    )],
-    name: &str,
-) -> f64 {
-    snapshot
-        .iter()
-        .filter(|(key, ..)| key.key().name() == name)
-        .find_map(|(.., value)| match value {
-            metrics_util::debugging::DebugValue::Gauge(g) => Some(g.into_inner()),
-            _ => None,
-        })
-        .unwrap_or(f64::NAN)
 }

@@ -285,6 +285,20 @@ impl TargetRunner {
         Ok(output)
     }
 
+    /// The forward of `tokens` and the argmax of each of `rows`, unmasked, queuing nothing.
+    fn plain_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let wanted = Wanted::Argmax {
+            next: None,
+            masks: RowMasks::None,
+        };
+        self.forward(fresh(tokens, plan, rows, wanted))?.argmax()
+    }
+
     /// The plan of `seqs`' tokens, with `cached` tokens of each before them.
     fn plan_of(
         &self,
@@ -315,17 +329,7 @@ impl TargetRunner {
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let generated = if argmax_only(states) {
             // Each token is its row's argmax, which a decode graph computes in itself.
-            let ids = self
-                .forward(fresh(
-                    tokens,
-                    plan,
-                    rows,
-                    Wanted::Argmax {
-                        next: None,
-                        masks: RowMasks::None,
-                    },
-                ))?
-                .argmax()?;
+            let ids = self.plain_argmax(tokens, plan, rows)?;
             ids.into_iter()
                 .map(|id| GeneratedToken { id, logprobs: None })
                 .collect()
@@ -496,17 +500,7 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let targets = self
-            .forward(fresh(
-                tokens,
-                plan,
-                rows,
-                Wanted::Argmax {
-                    next: None,
-                    masks: RowMasks::None,
-                },
-            ))?
-            .argmax()?;
+        let targets = self.plain_argmax(tokens, plan, rows)?;
         if targets.len() != rows.len() {
             return Err(anyhow!("{} tokens for {} rows", targets.len(), rows.len()));
         }

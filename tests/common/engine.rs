@@ -184,17 +184,17 @@ pub fn tiny_backend(dir: &Path, kv_blocks: u64) -> Box<dyn ModelBackend> {
     .unwrap()
 }
 
+/// One sample of a metrics snapshot (`DebuggingRecorder`'s).
+pub type Sample = (
+    metrics_util::CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    metrics_util::debugging::DebugValue,
+);
+
 /// The count of counter `name` in a metrics snapshot (a snapshot takes the counts it
 /// reports).
-pub fn counter(
-    snapshot: &[(
-        metrics_util::CompositeKey,
-        Option<metrics::Unit>,
-        Option<metrics::SharedString>,
-        metrics_util::debugging::DebugValue,
-    )],
-    name: &str,
-) -> u64 {
+pub fn counter(snapshot: &[Sample], name: &str) -> u64 {
     snapshot
         .iter()
         .filter(|(key, ..)| key.key().name() == name)
@@ -203,4 +203,16 @@ pub fn counter(
             _ => 0,
         })
         .sum()
+}
+
+/// The value of gauge `name` in `snapshot` (NaN when it was never set).
+pub fn gauge(snapshot: &[Sample], name: &str) -> f64 {
+    snapshot
+        .iter()
+        .filter(|(key, ..)| key.key().name() == name)
+        .find_map(|(.., value)| match value {
+            metrics_util::debugging::DebugValue::Gauge(g) => Some(g.into_inner()),
+            _ => None,
+        })
+        .unwrap_or(f64::NAN)
 }

@@ -586,6 +586,14 @@ fn a_padded_graph_plan_leaves_the_sentinels_and_writes_padding_to_the_scratch_sl
     }
 }
 
+/// Each sequence of `state` (its cached tokens and its last token) one position further,
+/// fed its token of `ids`.
+fn advance(state: &mut [(usize, u32)], ids: &[u32]) {
+    for (s, &id) in state.iter_mut().zip(ids) {
+        *s = (s.0 + 1, id);
+    }
+}
+
 /// Greedy decode steps queued ahead (each step queues the next through the same graph,
 /// its tokens copied on the device from this step's argmax) give the tokens of the same
 /// steps replayed one by one with their tokens through the host, padded sizes included;
@@ -607,11 +615,6 @@ fn decode_steps_queued_ahead_give_the_tokens_of_steps_replayed_one_by_one() {
                 .unwrap()
         })
         .collect();
-    let advance = |state: &mut Vec<(usize, u32)>, ids: &[u32]| {
-        for (s, &id) in state.iter_mut().zip(ids) {
-            *s = (s.0 + 1, id);
-        }
-    };
     for (graph, n) in graphs.iter().zip([7, 3, 1]) {
         let mut replayed = Vec::new();
         let mut st = state.clone();
@@ -702,11 +705,6 @@ fn masked_decode_steps_queued_ahead_take_the_masked_argmax() {
                 .collect()
         })
         .collect();
-    let advance = |state: &mut Vec<(usize, u32)>, ids: &[u32]| {
-        for (s, &id) in state.iter_mut().zip(ids) {
-            *s = (s.0 + 1, id);
-        }
-    };
     let mut replayed = Vec::new();
     let mut st = state.clone();
     for step_masks in &masks {

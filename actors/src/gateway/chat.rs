@@ -9,7 +9,6 @@ use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
-use super::choices::summed;
 use super::constraints;
 use super::context::RequestContext;
 use super::conversation::{self, Conversation, Submitted};
@@ -87,9 +86,7 @@ async fn handle(
             peer,
         ));
     }
-    let per_prompt = choices.per_prompt;
-    let outputs = choices.collect_while_connected(peer).await?;
-    let usages: Vec<UsageOut> = outputs.iter().map(|o| o.usage.clone()).collect();
+    let (outputs, usage) = choices.collect_while_connected(peer).await?;
     let choices = outputs
         .into_iter()
         .enumerate()
@@ -119,7 +116,6 @@ async fn handle(
             }
         })
         .collect();
-    let usage = summed(&usages, per_prompt);
     Ok(HttpResponse::Ok().json(format.wrap("chat.completion", choices, Some(usage))))
 }
 

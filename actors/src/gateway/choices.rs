@@ -80,11 +80,20 @@ impl Choices {
     }
 
     /// Reads every choice to its end, together, or gives up (dropping them all, which
-    /// cancels them) as soon as `peer` says the client has gone.
+    /// cancels them) as soon as `peer` says the client has gone; with the usage of them all
+    /// ([`summed`]).
     pub async fn collect_while_connected(
         self,
         peer: Option<PeerProbe>,
-    ) -> Result<Vec<Output>, ApiError> {
+    ) -> Result<(Vec<Output>, UsageOut), ApiError> {
+        let per_prompt = self.per_prompt;
+        let outputs = self.collect_all(peer).await?;
+        let usages: Vec<UsageOut> = outputs.iter().map(|o| o.usage.clone()).collect();
+        Ok((outputs, summed(&usages, per_prompt)))
+    }
+
+    /// Every choice's output, read together, unless the client goes.
+    async fn collect_all(self, peer: Option<PeerProbe>) -> Result<Vec<Output>, ApiError> {
         let all = try_join_all(self.generations.into_iter().map(Generation::collect));
         let Some(peer) = peer else {
             return all.await;

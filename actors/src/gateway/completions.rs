@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::auth::ApiKeyAuth;
 use super::body::{parse, JsonBody};
-use super::choices::{summed, Choices};
+use super::choices::Choices;
 use super::constraints;
 use super::context::RequestContext;
 use super::errors::ApiError;
@@ -134,9 +134,7 @@ async fn handle(
             peer,
         ));
     }
-    let per_prompt = choices.per_prompt;
-    let outputs = choices.collect_while_connected(peer).await?;
-    let usages: Vec<UsageOut> = outputs.iter().map(|o| o.usage.clone()).collect();
+    let (outputs, usage) = choices.collect_while_connected(peer).await?;
     let choices = outputs
         .into_iter()
         .enumerate()
@@ -157,7 +155,7 @@ async fn handle(
             format.choice_of(&delta, Some(reason))
         })
         .collect();
-    let whole = format.wrap(choices, Some(summed(&usages, per_prompt)));
+    let whole = format.wrap(choices, Some(usage));
     Ok(HttpResponse::Ok().json(whole))
 }
 
