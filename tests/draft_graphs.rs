@@ -259,6 +259,7 @@ fn engine(
         limits: limits(max_num_seqs),
         max_model_len: None,
         async_scheduling: false,
+        async_scheduling_constrained: false,
     };
     start_engine(target, &settings, drafter).unwrap()
 }

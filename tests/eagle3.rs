@@ -760,6 +760,7 @@ async fn served_sampling(
         },
         max_model_len: None,
         async_scheduling: false,
+        async_scheduling_constrained: false,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();

@@ -41,6 +41,7 @@ fn settings(
         },
         max_model_len: None,
         async_scheduling: false,
+        async_scheduling_constrained: false,
     };
     (settings, kv_blocks)
 }

@@ -291,6 +291,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
         limits: limits(16),
         max_model_len: None,
         async_scheduling: false,
+        async_scheduling_constrained: false,
     };
     let engine = start_engine(tiny_backend(dir.path(), 64), &settings, None).unwrap();
     assert_eq!(engine.num_blocks, 64, "the scratch block is nobody's");

@@ -48,6 +48,7 @@ async fn served(
         },
         max_model_len: None,
         async_scheduling: false,
+        async_scheduling_constrained: false,
     };
     let engine = start_engine(target, &settings, Some(drafter)).unwrap();
     // The target's decode steps and the head's draft steps replay graphs.

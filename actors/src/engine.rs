@@ -9,7 +9,7 @@ use crate::health::EngineHealth;
 use crate::kv_allocator::{BlockManager, KvAllocator};
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
-use crate::target_runner::TargetRunner;
+use crate::target_runner::{DecodeAhead, TargetRunner};
 use anyhow::bail;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
@@ -26,6 +26,10 @@ pub struct EngineSettings {
     /// (async scheduling, see `target_runner::decode_ahead`); ignored with a drafter. It
     /// pays where the host waits on a device: on the CPU the queued step runs at once.
     pub async_scheduling: bool,
+    /// With `async_scheduling`, a greedy batch holding constrained requests also queues
+    /// its next step, their rows' argmax masked on the device (off by default: it measured
+    /// slower than running such batches a step at a time, `docs/structured-output.md`).
+    pub async_scheduling_constrained: bool,
 }
 
 /// A running engine.
@@ -164,7 +168,11 @@ pub fn start_engine(
     let kv = KvAllocator::spawn_over(blocks);
     let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();
-    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, decode_ahead);
+    let ahead = DecodeAhead {
+        free: decode_ahead,
+        constrained: decode_ahead && settings.async_scheduling_constrained,
+    };
+    let (runner, runner_stopped) = TargetRunner::spawn(backend, block_size, spin, ahead);
     let health = EngineHealth::default();
     health.watch("target runner", runner_stopped.alive());
     let mut stopped = vec![runner_stopped];

@@ -92,12 +92,29 @@ pub struct TargetRunner {
     /// Each running sequence's block table, kept from step to step: a step's
     /// [`ScheduledSeq`] says how much of it stays and which blocks come after.
     tables: HashMap<RequestId, Vec<u32>>,
-    /// Whether greedy decode steps queue their successor ahead ([`decode_ahead`]).
-    decode_ahead: bool,
+    /// Which greedy decode steps queue their successor ahead ([`decode_ahead`]).
+    decode_ahead: DecodeAhead,
     /// The step queued ahead after the last one, if any.
     ahead: Option<AheadStep>,
     /// The hidden states the step being run recorded, for its `StepDone`.
     hidden: Option<HiddenData>,
+}
+
+/// Which greedy decode steps queue the step after them ahead ([`decode_ahead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecodeAhead {
+    /// Steps whose sequences are all free (no grammar).
+    pub free: bool,
+    /// Steps holding constrained sequences too, their argmax masked.
+    pub constrained: bool,
+}
+
+impl DecodeAhead {
+    /// No step queues anything ahead.
+    pub const OFF: DecodeAhead = DecodeAhead {
+        free: false,
+        constrained: false,
+    };
 }
 
 /// Sends steps to the runner's thread.
@@ -112,13 +129,13 @@ impl TargetRunner {
     /// Starts the runner on its own thread, driving `model` and its pool; the thread stops
     /// (and drops the model) once every handle is dropped. The runner polls for its next
     /// step, and a handle for a step's result, as `spin` says ([`Spin::for_device`]).
-    /// With `decode_ahead`, each greedy decode step queues the one after it before its
+    /// Greedy decode steps that `decode_ahead` names queue the one after them before their
     /// tokens are read, where the backend can ([`Wanted::Argmax`]).
     pub fn spawn(
         model: Box<dyn ModelBackend>,
         block_size: usize,
         spin: Spin,
-        decode_ahead: bool,
+        decode_ahead: DecodeAhead,
     ) -> (TargetRunnerHandle, Stopped) {
         let mut runner = TargetRunner {
             model,
@@ -229,7 +246,16 @@ impl TargetRunner {
             }
         }
         let speculative = seqs.iter().any(|s| s.num_drafts > 0);
-        let outputs = if self.decode_ahead && !speculative && greedy_under_masks(&states) {
+        let queues_ahead = match self.decode_ahead {
+            DecodeAhead { free: false, .. } => false,
+            DecodeAhead {
+                constrained: true, ..
+            } => greedy_under_masks(&states),
+            DecodeAhead {
+                constrained: false, ..
+            } => argmax_only(&states),
+        };
+        let outputs = if queues_ahead && !speculative {
             self.greedy_ahead_step(seqs, &mut states, ahead)
         } else {
             self.step_alone(seqs, &mut states)

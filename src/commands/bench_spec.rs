@@ -180,6 +180,7 @@ async fn run_engine(
         },
         max_model_len: None,
         async_scheduling: backend.host_waits_on_device(),
+        async_scheduling_constrained: false,
     };
     let engine = start_engine(backend, &settings, drafter)?;
     let sizes = (!args.enforce_eager).then(|| CaptureSizes::for_max_num_seqs(args.concurrency));

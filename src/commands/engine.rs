@@ -82,6 +82,7 @@ pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engin
         limits: limits(config),
         max_model_len: config.max_model_len,
         async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
+        async_scheduling_constrained: config.async_scheduling_constrained,
     };
     let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;

@@ -132,6 +132,7 @@ pub async fn served(
         },
         max_model_len: None,
         async_scheduling: true,
+        async_scheduling_constrained: true,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();

@@ -63,6 +63,7 @@ mod tests {
     use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput};
     use crate::draft::{spawn_proposer, DraftMethod};
     use crate::messages::{Drafted, ProposeSeq, RequestId};
+    use crate::target_runner::DecodeAhead;
     use crate::target_runner::TargetRunner;
     use peregrine_kernels::cpu::KvLayout;
     use peregrine_models::ModelConfig;
@@ -161,7 +162,7 @@ mod tests {
             log: draft_log.clone(),
             refuse: 7,
         };
-        let (runner, _) = TargetRunner::spawn(Box::new(target), 16, Spin::NONE, false);
+        let (runner, _) = TargetRunner::spawn(Box::new(target), 16, Spin::NONE, DecodeAhead::OFF);
         let (proposer, _) = spawn_proposer(Box::new(draft), Spin::NONE);
         (
             GraphCapture::new(runner, Some(proposer)),

@@ -118,6 +118,15 @@ settings! {
             help = "Turn async scheduling off: on a GPU, a greedy decode step otherwise \
                     queues the step after it before its tokens reach the host (vLLM's async \
                     scheduling)");
+    /// With async scheduling, a greedy batch holding constrained requests also queues its
+    /// next step, their rows' argmax masked on the device.
+    async_scheduling_constrained: bool = false;
+        given bool, fill value, reload Restart, Public, check any,
+        flag "--async-scheduling-constrained", arg(long = "async-scheduling-constrained",
+            num_args = 0, default_missing_value = "true",
+            help = "With async scheduling, also queue ahead the next step of a greedy batch \
+                    holding structured-output requests, their masks applied on the device \
+                    (off: it measured slower; such a batch runs a step at a time)");
     /// The batch sizes graphs are captured for; `None`: 1, 2, 4, 8 and every multiple of 8
     /// up to `max_num_seqs` and 512 (captured again when a reload changes it). Each size is at most
     /// `max_num_seqs`: a configuration with a larger one is refused.

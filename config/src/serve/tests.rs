@@ -352,7 +352,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 42);
+    assert_eq!(ServeConfig::default().fields().len(), 43);
 }
 
 #[test]
@@ -577,6 +577,14 @@ fn async_scheduling_is_on_unless_the_file_or_the_flag_turns_it_off() {
             .unwrap()
             .async_scheduling
     );
+}
+
+#[test]
+fn constrained_batches_queue_ahead_only_when_asked() {
+    assert!(!from_file("", &[]).unwrap().async_scheduling_constrained);
+    assert!(file("async_scheduling_constrained = true").async_scheduling_constrained);
+    let flagged = from_file("", &["--async-scheduling-constrained"]).unwrap();
+    assert!(flagged.async_scheduling_constrained);
 }
 
 #[test]
