@@ -1,11 +1,11 @@
 //! Several choices in one response (OpenAI's `n`, vLLM's parallel sampling, and one per
 //! prompt of a completions request's list of prompts), each a request of its own to the
-//! engine, with the request's `seed` plus its index (so that a
-//! seeded request repeats, and its choices differ). The first choice is submitted at once
-//! and the others once it has its first tokens: its prompt's full blocks are then in the
-//! prefix cache, so the others share those blocks rather than computing them again, and
-//! compute only the prompt's last partial block (as vLLM's children do). Usage is summed
-//! as OpenAI sums it: each prompt counted once, every choice's completion added.
+//! engine, with the request's `seed` plus its index (so that a seeded request repeats, and
+//! its choices differ). A prompt's first choice is submitted at once and the others once it
+//! has its first tokens: its prompt's full blocks are then in the prefix cache, so the
+//! others share those blocks rather than computing them again, and compute only the
+//! prompt's last partial block (as vLLM's children do). Usage is summed as OpenAI sums it:
+//! each prompt counted once, every choice's completion added.
 
 use futures_util::future::try_join_all;
 
