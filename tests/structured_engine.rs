@@ -419,8 +419,9 @@ fn eos_waits_for_the_grammar() {
     }
 }
 
-/// Greedy requests, constrained and free, decoding together keep async scheduling: the
-/// runner queues each step's successor before it reads the step's tokens, a constrained
+/// Greedy requests, constrained and free, decoding together keep async scheduling where
+/// it is asked for them (`served` sets `async_scheduling_constrained`): the runner queues
+/// each step's successor before it reads the step's tokens, a constrained
 /// row's argmax taken under its grammar's mask before the queued step is fed from it, so
 /// that tokens come from queued steps; where a grammar forces tokens, its queued row is
 /// dropped. Every output equals step-by-step constrained decoding's.

@@ -132,6 +132,7 @@ pub async fn served(
         },
         max_model_len: None,
         async_scheduling: true,
+        // Constrained batches queue ahead too, so that the masked path is tested.
         async_scheduling_constrained: true,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
