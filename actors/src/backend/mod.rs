@@ -394,11 +394,8 @@ pub trait Forwards {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<Vec<u32>> {
-        let vocab = self.vocab();
-        self.logits(tokens, plan, logit_rows)?
-            .chunks(vocab)
-            .map(|row| argmax(row).ok_or_else(|| anyhow::anyhow!("an empty logit row")))
-            .collect()
+        let logits = self.logits(tokens, plan, logit_rows)?;
+        argmax_rows(&logits, self.vocab(), &[])
     }
     /// A greedy step ([`Wanted::Argmax`]) from `source`, each row's argmax among what its
     /// mask of `masks` allows, queuing `next` where it can; says whether it did. A backend

@@ -13,7 +13,7 @@ use super::choices::Choices;
 use super::constraints;
 use super::context::RequestContext;
 use super::errors::ApiError;
-use super::generation::{Delta, Output};
+use super::generation::Delta;
 use super::grammar;
 use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput, Plan, MAX_CHOICES};
@@ -139,20 +139,13 @@ async fn handle(
         .into_iter()
         .enumerate()
         .map(|(index, output)| {
-            let Output {
-                text,
-                tokens,
-                token_ids,
-                reason,
-                ..
-            } = output;
             let delta = Delta {
-                text,
-                tokens,
-                token_ids,
+                text: output.text,
+                tokens: output.tokens,
+                token_ids: output.token_ids,
             };
             format.choice(index);
-            format.choice_of(&delta, Some(reason))
+            format.choice_of(&delta, Some(output.reason))
         })
         .collect();
     let whole = format.wrap(choices, Some(usage));
