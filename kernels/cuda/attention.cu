@@ -14,12 +14,14 @@
 //   is finished by the split kernel itself, with the combine's arithmetic for one record
 //   (so the same bits), and has no combine work. So a row's result depends on its own
 //   context only, never on what else is in the batch.
-// - q_len > 1 (prefill, chunked prefill): paged_attention_prefill_* is a flash-attention
-//   loop, tiles of PA_BQ queries against tiles of PA_BK keys read through the block table,
-//   online softmax in f32. Key tiles always start at key 0 and are walked in order, so the
-//   reduction order over keys is fixed by PA_BK alone. (The host cuts a sequence of a few
-//   rows, a verification step's, into one-row sequences for the split kernel where it is
-//   the decode kernel: SPLIT_MAX_ROWS in kernels/src/cuda/attention.rs.)
+// - q_len > 1 (prefill, chunked prefill): a flash-attention loop over tiles of PA_TILE
+//   queries against tiles of keys read through the block table, online softmax in f32:
+//   paged_attention_prefill_mma_* on tensor cores (attention_mma.cu, sm_80 and up), else
+//   paged_attention_prefill_* on CUDA cores (below). Key tiles always start at key 0 and are
+//   walked in order, so a row's reduction order over keys is fixed by the kernel alone.
+//   (The host cuts a sequence of a few rows, a verification step's, into one-row sequences
+//   for the split kernel where it is the decode kernel: SPLIT_MAX_ROWS in
+//   kernels/src/cuda/attention.rs.)
 //
 // Cache layout: [num_blocks, block_size, num_kv_heads, head_dim] bf16, one token's K (or V) of
 // all KV heads in a slot of num_kv_heads * head_dim elements. Block ids are int in the table
@@ -49,7 +51,8 @@
 #define PA_UNROLL 8             // 16-byte loads in flight per lane in the split kernel
 #define PA_COMBINE_THREADS 512  // threads of the combine kernel
 #define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
-#define PA_BQ 32                // queries per prefill tile
+#define PA_TILE 64              // query rows of a prefill work item
+#define PA_BQ 32                // queries per pass of the CUDA-core prefill kernel
 #define PA_BK 32                // keys per prefill tile
 #define PA_TPR 4                // prefill threads per query row
 #define PA_PREFILL_THREADS 128  // PA_BQ * PA_TPR
@@ -444,7 +447,10 @@ extern "C" __global__ void __launch_bounds__(PA_COMBINE_THREADS) paged_attention
 }
 
 // ---------------------------------------------------------------------------------------
-// Prefill: one block per (query tile, head), PA_TPR threads per query row. Thread (r, c)
+// Prefill: one block per (query tile of PA_TILE rows, head), on CUDA cores (the portable
+// path; attention_mma.cu is the tensor-core one). The block takes the tile in passes of
+// PA_BQ rows, PA_TPR threads per query row, rows row0 .. row0 + PA_BQ - 1 of sequence seq
+// a pass. Thread (r, c)
 // scores keys c, c + PA_TPR, ... of each key tile for row r, and accumulates output dims
 // (2 (c + PA_TPR j), 2 (c + PA_TPR j) + 1). Tiles sit in shared memory as packed bf16 pairs,
 // rows padded by 4 words so that rows are 16-byte aligned and the reads below are free of
@@ -457,9 +463,7 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
                                            const int* __restrict__ q_len,
                                            const int* __restrict__ context_len,
                                            const i64* __restrict__ table_start,
-                                           const int* __restrict__ block_table,
-                                           const int* __restrict__ prefill_work,
-                                           const int* __restrict__ live,
+                                           const int* __restrict__ block_table, int seq, int row0,
                                            bf16* __restrict__ o, int num_heads, int num_kv_heads,
                                            int block_size, float scale) {
     constexpr int WORDS = D / 2;             // bf16 pairs in a row
@@ -477,12 +481,8 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
     unsigned int* v_tile = reinterpret_cast<unsigned int*>(v_tile4);
 
     const int h = blockIdx.x % num_heads;
-    const int w = blockIdx.x / num_heads;
-    if (w >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles (a graph's fixed grid)
-    const int seq = prefill_work[2 * w];
-    const int row0 = prefill_work[2 * w + 1] * PA_BQ;  // first query of the tile, in the sequence
     const int qlen = q_len[seq];
-    const int rows_here = min(PA_BQ, qlen - row0);     // >= 1: the host lists tiles < q_len
+    const int rows_here = min(PA_BQ, qlen - row0);     // >= 1: the caller passes row0 < q_len
     const int past = context_len[seq] - qlen;          // query i sits at position past + i
     const int kv_head = h / (num_heads / num_kv_heads);
     const i64 slot_elems = (i64)num_kv_heads * D;
@@ -596,26 +596,38 @@ __device__ __forceinline__ void pa_prefill(const bf16* __restrict__ q, i64 q_str
     }
 }
 
-extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d64(
-    const bf16* __restrict__ q, i64 q_stride, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
-    const int* __restrict__ q_len, const int* __restrict__ context_len,
-    const i64* __restrict__ table_start, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
-    int num_heads, int num_kv_heads, int block_size, float scale) {
-    pdl_begin();
-    pa_prefill<64>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
-                   block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
+// The parameters of every prefill kernel (this file's and attention_mma.cu's).
+#define PA_PREFILL_PARAMS                                                                        \
+    const bf16 *__restrict__ q, i64 q_stride, const bf16 *__restrict__ k_cache,                  \
+        const bf16 *__restrict__ v_cache, const int *__restrict__ q_start,                       \
+        const int *__restrict__ q_len, const int *__restrict__ context_len,                      \
+        const i64 *__restrict__ table_start, const int *__restrict__ block_table,                \
+        const int *__restrict__ prefill_work, const int *__restrict__ live, bf16 *__restrict__ o, \
+        int num_heads, int num_kv_heads, int block_size, float scale
+#define PA_PREFILL_ARGS                                                                          \
+    q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start, block_table,        \
+        prefill_work, live, o, num_heads, num_kv_heads, block_size, scale
+
+// A work item's tile in passes of PA_BQ rows.
+template <int D>
+__device__ __forceinline__ void pa_prefill_tile(PA_PREFILL_PARAMS) {
+    const int w = blockIdx.x / num_heads;
+    if (w >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles (a graph's fixed grid)
+    const int seq = prefill_work[2 * w];
+    const int tile0 = prefill_work[2 * w + 1] * PA_TILE;  // < q_len: the host lists no other
+    for (int row0 = tile0; row0 < min(tile0 + PA_TILE, q_len[seq]); row0 += PA_BQ) {
+        if (row0 > tile0) __syncthreads();  // the last pass no longer reads the shared tiles
+        pa_prefill<D>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
+                      block_table, seq, row0, o, num_heads, num_kv_heads, block_size, scale);
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d128(
-    const bf16* __restrict__ q, i64 q_stride, const bf16* __restrict__ k_cache,
-    const bf16* __restrict__ v_cache, const int* __restrict__ q_start,
-    const int* __restrict__ q_len, const int* __restrict__ context_len,
-    const i64* __restrict__ table_start, const int* __restrict__ block_table,
-    const int* __restrict__ prefill_work, const int* __restrict__ live, bf16* __restrict__ o,
-    int num_heads, int num_kv_heads, int block_size, float scale) {
+extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d64(PA_PREFILL_PARAMS) {
     pdl_begin();
-    pa_prefill<128>(q, q_stride, k_cache, v_cache, q_start, q_len, context_len, table_start,
-                    block_table, prefill_work, live, o, num_heads, num_kv_heads, block_size, scale);
+    pa_prefill_tile<64>(PA_PREFILL_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_PREFILL_THREADS) paged_attention_prefill_d128(PA_PREFILL_PARAMS) {
+    pdl_begin();
+    pa_prefill_tile<128>(PA_PREFILL_ARGS);
 }

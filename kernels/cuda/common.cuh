@@ -146,6 +146,28 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     return warp_max(v);
 }
 
+// Tensor-core products (mma.sync, bf16 in, f32 sums): sm_80 and up. Kernels that use them
+// are chosen by their launchers only there (CudaKernels::tensor_cores); elsewhere (before
+// sm_80, HIP) their bodies compile to a trap.
+#if !defined(__HIPCC__) && !defined(__HIPCC_RTC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#define TENSOR_CORES 1
+#endif
+
+// d += a (16 x 16, row-major fragment) * b (16 x 8, column-major fragment), f32 sums.
+__device__ __forceinline__ void mma_bf16_16816(float d[4], unsigned a0, unsigned a1, unsigned a2,
+                                               unsigned a3, unsigned b0, unsigned b1) {
+#ifdef TENSOR_CORES
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
+    __trap();
+#endif
+}
+
 // silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 

@@ -32,25 +32,6 @@
 #define MOE_MMA_SPLIT 4 // warps that share a 16-row tile, a stretch of the depth each
 #define MOE_MMA_UNROLL 4 // 32-deep chunks a thread has in flight (of two weight rows)
 
-#if !defined(__HIPCC__) && !defined(__HIPCC_RTC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#define MOE_MMA 1
-#endif
-
-// d += a (16 x 16, row-major fragment) * b (16 x 8, column-major fragment), f32 sums.
-__device__ __forceinline__ void moe_mma_16816(float d[4], unsigned a0, unsigned a1, unsigned a2,
-                                              unsigned a3, unsigned b0, unsigned b1) {
-#ifdef MOE_MMA
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#else
-    (void)d, (void)a0, (void)a1, (void)a2, (void)a3, (void)b0, (void)b1;
-    __trap();
-#endif
-}
-
 // gate_up's store: the activation of the gate sum g and the up sum u, each rounded to bf16
 // first (the arithmetic of gemv_gated and silu_and_mul_bf16).
 __device__ __forceinline__ bf16 moe_mma_activation(float g, float u) {
@@ -127,8 +108,8 @@ __device__ __forceinline__ void moe_mma_body(const bf16* __restrict__ x, const i
 #pragma unroll
                 for (int t = 0; t < NT; t++) {
                     const uint4 xv = load_bf16x8(xr[t] + k);
-                    moe_mma_16816(acc[t], va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
-                    moe_mma_16816(acc[t], va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
+                    mma_bf16_16816(acc[t], va[u].x, vb[u].x, va[u].y, vb[u].y, xv.x, xv.y);
+                    mma_bf16_16816(acc[t], va[u].z, vb[u].z, va[u].w, vb[u].w, xv.z, xv.w);
                 }
             }
         }

@@ -5,7 +5,7 @@
 //! poisoned (NaN) before the kernels run and followed by a sentinel tail that must come back
 //! untouched; caches are compared bit for bit after the writes.
 
-use super::{assert_close, random_f32, rng, setup, to_bf16, to_f32, Setup};
+use super::{assert_close, random_f32, rng, setup, setup_cuda_cores, to_bf16, to_f32, Setup};
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
@@ -565,14 +565,53 @@ fn decode_batches_of_different_lengths_match_the_cpu() {
     }
 }
 
+/// Query tiles of 64 rows (on tensor cores, a warp's 16 rows at a time; on CUDA cores two
+/// passes of 32): one short tile, rows either side of a warp's and a pass's end, exact
+/// tiles, one row past a tile, and 300 rows; prompts after cached keys whose count is not
+/// a multiple of the key tile (64).
+const PREFILL_SHAPES: [(usize, usize); 12] = [
+    (0, 300),
+    (0, 2),
+    (0, 16),
+    (0, 17),
+    (0, 32),
+    (0, 33),
+    (0, 64),
+    (0, 65),
+    (0, 128),
+    (63, 70),
+    (64, 64),
+    (130, 129),
+];
+
 #[test]
 fn prefill_up_to_300_tokens_matches_the_cpu() {
     let Some(s) = setup() else { return };
     let mut rng = rng("prefill_up_to_300_tokens_matches_the_cpu");
-    // Query tiles of 32: one short tile, exact tiles, one row past a tile, and 300 rows.
-    let shape = [(0, 300), (0, 2), (0, 32), (0, 33), (0, 64), (0, 17)];
-    random_case(s, &mut rng, "prefill gqa d128", &GQA_128, &shape);
-    random_case(s, &mut rng, "prefill mha d64", &MHA_64, &shape);
+    random_case(s, &mut rng, "prefill gqa d128", &GQA_128, &PREFILL_SHAPES);
+    random_case(s, &mut rng, "prefill mha d64", &MHA_64, &PREFILL_SHAPES);
+}
+
+/// The portable prefill kernel (CUDA cores), which devices without tensor cores and HIP
+/// run, on the same shapes.
+#[test]
+fn prefill_on_cuda_cores_matches_the_cpu() {
+    let Some(s) = setup_cuda_cores() else { return };
+    let mut rng = rng("prefill_on_cuda_cores_matches_the_cpu");
+    random_case(
+        s,
+        &mut rng,
+        "cuda-core prefill gqa d128",
+        &GQA_128,
+        &PREFILL_SHAPES,
+    );
+    random_case(
+        s,
+        &mut rng,
+        "cuda-core prefill mha d64",
+        &MHA_64,
+        &PREFILL_SHAPES,
+    );
 }
 
 /// Verification steps: the last token and 1 to 16 drafts of sequences whose contexts

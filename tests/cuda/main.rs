@@ -56,6 +56,23 @@ pub fn setup() -> Option<&'static Setup> {
     setup.as_ref()
 }
 
+/// The shared setup's device with its kernels loaded again for CUDA cores alone
+/// ([`CudaKernels::without_tensor_cores`]), or `None` without a CUDA device.
+pub fn setup_cuda_cores() -> Option<&'static Setup> {
+    static SETUP: OnceLock<Option<Setup>> = OnceLock::new();
+    SETUP
+        .get_or_init(|| {
+            let s = setup()?;
+            let cache = std::env::temp_dir().join("peregrine-test-kernels");
+            let kernels = CudaKernels::load(&s.gpu, &cache).expect("loading the kernels");
+            Some(Setup {
+                gpu: s.gpu.clone(),
+                kernels: Arc::new(kernels.without_tensor_cores()),
+            })
+        })
+        .as_ref()
+}
+
 /// A fresh RNG for one test; the seed is printed so a failure can be replayed.
 pub fn rng(test: &str) -> ChaCha8Rng {
     let seed: u64 = rand::rng().random();

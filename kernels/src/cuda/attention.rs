@@ -36,8 +36,9 @@ pub const PARTITION_TOKENS: usize = 512;
 /// Compute). Cut rows read their context once each, so past a few dozen rows the prefill
 /// kernel's single pass over the keys wins.
 pub const SPLIT_MAX_ROWS: usize = 32;
-/// Query rows per prefill tile (`PA_BQ`).
-pub const PREFILL_QUERY_TILE: usize = 32;
+/// Query rows per prefill work item (`PA_TILE`): the tensor-core kernel's tile, which the
+/// CUDA-core kernel takes in two passes.
+pub const PREFILL_QUERY_TILE: usize = 64;
 /// Head dimensions the kernels are built for.
 pub const HEAD_DIMS: [usize; 2] = [64, 128];
 
@@ -54,6 +55,8 @@ const SPLIT_BUSY_BLOCKS: usize = 256;
 const SPLIT_THREADS: u32 = 256;
 pub(crate) const COMBINE_THREADS: u32 = 512;
 const PREFILL_THREADS: u32 = 128;
+/// Threads of the tensor-core prefill kernel (`PA_MMA_THREADS`): a warp per 16 query rows.
+const PREFILL_MMA_THREADS: u32 = 128;
 
 /// One sequence's query rows and context, as the work lists need them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -422,7 +425,20 @@ pub fn paged_attention(
         combine(k, stream, scratch, nh, d, meta, o)?;
     }
     if counts.prefill > 0 {
-        let name = format!("paged_attention_prefill_d{d}");
+        // The tensor-core kernel copies q rows in 16-byte pieces.
+        let tensor_cores = k.tensor_cores();
+        assert!(
+            !tensor_cores || (q.device_ptr(stream).0 % 16 == 0 && q_stride.is_multiple_of(8)),
+            "paged_attention: q rows not 16-byte aligned"
+        );
+        let (name, threads) = if tensor_cores {
+            (
+                format!("paged_attention_prefill_mma_d{d}"),
+                PREFILL_MMA_THREADS,
+            )
+        } else {
+            (format!("paged_attention_prefill_d{d}"), PREFILL_THREADS)
+        };
         let mut launch = k.launch(stream, &name);
         launch
             .arg(q)
@@ -443,7 +459,7 @@ pub fn paged_attention(
             .arg(&scale);
         // SAFETY: one block per query tile and head; as for the split kernel, every row and
         // block id is inside its buffer, and each block writes only its tile's rows of o.
-        unsafe { launch.launch(grid(blocks(counts.prefill), PREFILL_THREADS, 0)) }?;
+        unsafe { launch.launch(grid(blocks(counts.prefill), threads, 0)) }?;
     }
     Ok(())
 }
@@ -512,13 +528,17 @@ pub fn audit(layout: &KvLayout, elem_bytes: u64) -> Result<AddressAudit, String>
 mod tests {
     use super::*;
 
-    const SOURCE: &str = include_str!("../../cuda/attention.cu");
+    const SOURCE: &str = concat!(
+        include_str!("../../cuda/attention.cu"),
+        include_str!("../../cuda/attention_mma.cu")
+    );
 
     #[test]
     fn the_source_agrees_with_the_launcher_constants() {
         for (name, value) in [
             ("PA_PARTITION", PARTITION_TOKENS),
-            ("PA_BQ", PREFILL_QUERY_TILE),
+            ("PA_TILE", PREFILL_QUERY_TILE),
+            ("PA_MMA_THREADS", PREFILL_MMA_THREADS as usize),
             ("PA_SPLIT_THREADS", SPLIT_THREADS as usize),
             ("PA_COMBINE_THREADS", COMBINE_THREADS as usize),
             ("PA_PREFILL_THREADS", PREFILL_THREADS as usize),
@@ -531,6 +551,7 @@ mod tests {
                 assert!(SOURCE.contains(&format!("paged_attention_split_d{d}_g{g}(")));
             }
             assert!(SOURCE.contains(&format!("paged_attention_prefill_d{d}(")));
+            assert!(SOURCE.contains(&format!("paged_attention_prefill_mma_d{d}(")));
         }
     }
 
@@ -542,8 +563,8 @@ mod tests {
                 context_len: 1500,
             },
             SeqRows {
-                q_len: 70,
-                context_len: 100,
+                q_len: 130,
+                context_len: 160,
             },
             SeqRows {
                 q_len: 1,

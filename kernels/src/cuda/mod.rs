@@ -32,7 +32,10 @@ pub const MODULES: &[KernelSource] = &[
     },
     KernelSource {
         name: "attention",
-        code: include_str!("../../cuda/attention.cu"),
+        code: concat!(
+            include_str!("../../cuda/attention.cu"),
+            include_str!("../../cuda/attention_mma.cu")
+        ),
     },
     KernelSource {
         name: "mla",
@@ -111,6 +114,14 @@ impl CudaKernels {
     /// (`bench latency --no-programmatic-launch` measures the two side by side).
     pub fn without_programmatic_launch(mut self) -> CudaKernels {
         self.programmatic = false;
+        self
+    }
+
+    /// The same kernels with the tensor-core paths left unchosen: every launcher that has a
+    /// CUDA-core kernel too takes it, as on a device without tensor cores (the GPU tests run
+    /// the portable kernels this way).
+    pub fn without_tensor_cores(mut self) -> CudaKernels {
+        self.tensor_cores = false;
         self
     }
 

@@ -1,0 +1,301 @@
+// Prefill attention on tensor cores (sm_80 and up): the contract of paged_attention_prefill_*
+// (attention.cu, which this file follows in the same module: same parameters, work list,
+// tiles of PA_TILE query rows, stores), with the products of mma.sync.m16n8k16 (bf16 in,
+// f32 sums), as flash attention 2 computes them.
+//
+// One block per (query tile, head), PA_MMA_WARPS warps, warp w taking rows 16w .. 16w + 15
+// of the tile. The block walks key tiles of PA_MMA_BK keys from key 0 in order: K and V tiles
+// are copied into shared memory through the block table (cp.async, zeros past the tile's
+// last key), the next K tile while this one's values are summed. A warp keeps its query
+// rows as mma fragments in registers, computes its 16 x PA_MMA_BK scores with ldmatrix'd K,
+// masks and scales them, updates each row's running max and sum (the four lanes holding a
+// row combine by a two-step butterfly), rounds the probabilities to bf16 as the A fragments
+// of the value product (the score fragments' layout is theirs) and adds P V into its
+// 16 x D output in registers. Each row's reduction order is fixed by PA_MMA_BK alone: a
+// product's sums for one row do not depend on the other rows, a key tile wholly past a
+// row's position adds exactly nothing (it is skipped where the whole warp is past it), so
+// a row's result depends on its own query and keys only, never on the batch or on how the
+// prompt was cut.
+//
+// Requires 16-byte aligned q rows (q and q_stride * 2 bytes multiples of 16; the launcher
+// checks). Shared rows are padded by PA_MMA_PAD bf16 so that ldmatrix reads them without
+// bank conflicts. Where tensor-core products are missing (before sm_80, HIP) the kernels
+// trap; the launcher does not choose them there.
+
+#define PA_MMA_BK 64        // keys per tile
+#define PA_MMA_WARPS 4      // warps of a block: PA_TILE / 16
+#define PA_MMA_PAD 8        // bf16 after each shared row
+#define PA_MMA_THREADS 128  // PA_MMA_WARPS * WARP_SIZE
+
+#ifdef TENSOR_CORES
+// The shared-memory address of p, as cp.async and ldmatrix take it.
+__device__ __forceinline__ unsigned pa_shared(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// Copies 16 bytes from global src to shared dst without waiting; zeros where !valid (src is
+// then not read).
+__device__ __forceinline__ void pa_copy16(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void pa_copy_commit() { asm volatile("cp.async.commit_group;"); }
+
+// Waits until at most N committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void pa_copy_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+
+// Four 8 x 8 bf16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
+__device__ __forceinline__ void pa_ldmatrix(unsigned addr, unsigned r[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void pa_ldmatrix_t(unsigned addr, unsigned r[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// lo and hi rounded to bf16 and packed, lo at the lower address.
+__device__ __forceinline__ unsigned pa_pack(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) |
+           ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
+}
+
+// Copies a tile of PA_MMA_BK keys (or values) into shared `dst`, rows of D + PA_MMA_PAD bf16:
+// row r from `cache` at token first + r through the block table, zeros past token `last`.
+template <int D>
+__device__ __forceinline__ void pa_load_keys(bf16* dst, const bf16* __restrict__ cache,
+                                             const int* table, int first, int last,
+                                             int block_size, i64 slot_elems, i64 head_col) {
+    constexpr int CHUNKS = D / 8;
+    constexpr int ROW = D + PA_MMA_PAD;
+    for (int idx = threadIdx.x; idx < PA_MMA_BK * CHUNKS; idx += PA_MMA_THREADS) {
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const int t = first + r;
+        const bool valid = t <= last;
+        const bf16* src = valid ? cache + pa_slot_offset(table, t, block_size, slot_elems) + head_col + c * 8 : cache;
+        pa_copy16(pa_shared(dst + r * ROW + c * 8), src, valid);
+    }
+}
+#endif
+
+template <int D>
+__device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q_stride,
+                                               const bf16* __restrict__ k_cache,
+                                               const bf16* __restrict__ v_cache,
+                                               const int* __restrict__ q_start,
+                                               const int* __restrict__ q_len,
+                                               const int* __restrict__ context_len,
+                                               const i64* __restrict__ table_start,
+                                               const int* __restrict__ block_table,
+                                               const int* __restrict__ prefill_work,
+                                               const int* __restrict__ live,
+                                               bf16* __restrict__ o, int num_heads,
+                                               int num_kv_heads, int block_size, float scale) {
+#ifdef TENSOR_CORES
+    constexpr int ROW = D + PA_MMA_PAD;     // a shared row, in bf16
+    constexpr int CHUNKS = D / 8;           // 16-byte chunks of a row
+    constexpr int DEPTH = D / 16;           // depth steps of the score product
+    constexpr int KEY_TILES = PA_MMA_BK / 8;  // score fragments of 8 keys
+    constexpr int DIM_TILES = D / 8;          // output fragments of 8 dims
+    // The K tile, then the V tile; the query tile passes through the V tile's place first.
+    __shared__ __align__(16) bf16 tiles[2 * PA_MMA_BK * ROW];
+    bf16* const k_tile = tiles;
+    bf16* const v_tile = tiles + PA_MMA_BK * ROW;
+
+    const int h = blockIdx.x % num_heads;
+    const int w = blockIdx.x / num_heads;
+    if (w >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles (a graph's fixed grid)
+    const int seq = prefill_work[2 * w];
+    const int row0 = prefill_work[2 * w + 1] * PA_TILE;  // first query of the tile
+    const int qlen = q_len[seq];
+    const int rows_here = min(PA_TILE, qlen - row0);     // >= 1: the host lists tiles < q_len
+    const int past = context_len[seq] - qlen;            // query i sits at position past + i
+    const int kv_head = h / (num_heads / num_kv_heads);
+    const i64 slot_elems = (i64)num_kv_heads * D;
+    const i64 head_col = (i64)kv_head * D;
+    const int* table = block_table + table_start[seq];
+    const i64 first_row = (i64)q_start[seq] + row0;
+    const int last_key = past + row0 + rows_here - 1;  // the last key any row sees
+
+    const int lane = threadIdx.x % WARP_SIZE, warp = threadIdx.x / WARP_SIZE;
+    const int g = lane / 4, quad = lane % 4;  // the thread's fragment row and column pair
+    const int warp_row = warp * 16;
+    const bool busy = warp_row < rows_here;  // the warp has rows of the tile
+    // The last key each of the thread's two rows sees (g and g + 8 of the warp); a row past
+    // the tile's end (a zero query) takes the last row's mask and writes nothing.
+    const int pos_lo = past + row0 + min(warp_row + g, rows_here - 1);
+    const int pos_hi = past + row0 + min(warp_row + g + 8, rows_here - 1);
+    const int warp_last = past + row0 + min(warp_row + 15, rows_here - 1);
+
+    // The query tile (zeros past its end) into the V tile's place, K tile 0 beside it.
+    for (int idx = threadIdx.x; idx < PA_TILE * CHUNKS; idx += PA_MMA_THREADS) {
+        const int r = idx / CHUNKS, c = idx % CHUNKS;
+        const bool valid = r < rows_here;
+        const bf16* src = valid ? q + (first_row + r) * q_stride + (i64)h * D + c * 8 : q;
+        pa_copy16(pa_shared(v_tile + r * ROW + c * 8), src, valid);
+    }
+    pa_load_keys<D>(k_tile, k_cache, table, 0, last_key, block_size, slot_elems, head_col);
+    pa_copy_commit();
+    pa_copy_wait<0>();
+    __syncthreads();
+    unsigned qf[DEPTH][4];  // the warp's query rows as A fragments, by depth step
+#pragma unroll
+    for (int kk = 0; kk < DEPTH; ++kk) {
+        pa_ldmatrix(pa_shared(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
+    }
+    __syncthreads();  // the query tile is in registers: its place takes V tile 0
+    pa_load_keys<D>(v_tile, v_cache, table, 0, last_key, block_size, slot_elems, head_col);
+    pa_copy_commit();
+
+    const float scale_log2 = scale * 1.4426950408889634f;  // scores in log2 units
+    float m_lo = NEG_INF, m_hi = NEG_INF;  // running max of rows g and g + 8
+    float l_lo = 0.0f, l_hi = 0.0f;        // this thread's share of the running sums
+    float acc[DIM_TILES][4];
+#pragma unroll
+    for (int n = 0; n < DIM_TILES; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    for (int k0 = 0; k0 <= last_key; k0 += PA_MMA_BK) {
+        // Here K tile k0 is in shared memory and V tile k0 on its way.
+        const bool active = busy && k0 <= warp_last;  // warp-uniform
+        float s[KEY_TILES][4];
+#pragma unroll
+        for (int n = 0; n < KEY_TILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < DEPTH; ++kk) {
+#pragma unroll
+                for (int n = 0; n < KEY_TILES; n += 2) {
+                    // Matrices: keys n*8.. at dims kk*16, +8; keys n*8+8.. at the same dims.
+                    const int m = lane / 8;
+                    const int key = n * 8 + lane % 8 + (m / 2) * 8;
+                    unsigned b[4];
+                    pa_ldmatrix(pa_shared(k_tile + key * ROW + kk * 16 + (m % 2) * 8), b);
+                    mma_bf16_16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
+                    mma_bf16_16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // every warp has read the K tile: the next one may come in
+        if (k0 + PA_MMA_BK <= last_key) {
+            pa_load_keys<D>(k_tile, k_cache, table, k0 + PA_MMA_BK, last_key, block_size, slot_elems, head_col);
+        }
+        pa_copy_commit();
+        if (active) {
+            // Causal mask and scale, then the online softmax of rows g (elements 0, 1) and
+            // g + 8 (elements 2, 3).
+            float max_lo = NEG_INF, max_hi = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < KEY_TILES; ++n) {
+                const int key = k0 + n * 8 + 2 * quad;
+                s[n][0] = key <= pos_lo ? s[n][0] * scale_log2 : NEG_INF;
+                s[n][1] = key + 1 <= pos_lo ? s[n][1] * scale_log2 : NEG_INF;
+                s[n][2] = key <= pos_hi ? s[n][2] * scale_log2 : NEG_INF;
+                s[n][3] = key + 1 <= pos_hi ? s[n][3] * scale_log2 : NEG_INF;
+                max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
+                max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
+            }
+            max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 1));
+            max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 2));
+            max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 1));
+            max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 2));
+            const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+            // Key 0 is in the first tile and every row sees it, so the maxima are finite
+            // from then on; the guard keeps -inf - -inf out of the arithmetic.
+            const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo;
+            const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi;
+            const float alpha_lo = exp2f(m_lo - use_lo), alpha_hi = exp2f(m_hi - use_hi);
+            float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+            for (int n = 0; n < KEY_TILES; ++n) {
+                s[n][0] = exp2f(s[n][0] - use_lo);
+                s[n][1] = exp2f(s[n][1] - use_lo);
+                s[n][2] = exp2f(s[n][2] - use_hi);
+                s[n][3] = exp2f(s[n][3] - use_hi);
+                sum_lo += s[n][0] + s[n][1];
+                sum_hi += s[n][2] + s[n][3];
+            }
+            l_lo = l_lo * alpha_lo + sum_lo;
+            l_hi = l_hi * alpha_hi + sum_hi;
+            m_lo = new_lo;
+            m_hi = new_hi;
+#pragma unroll
+            for (int n = 0; n < DIM_TILES; ++n) {
+                acc[n][0] *= alpha_lo;
+                acc[n][1] *= alpha_lo;
+                acc[n][2] *= alpha_hi;
+                acc[n][3] *= alpha_hi;
+            }
+        }
+        pa_copy_wait<1>();  // V tile k0 is in (the next K tile may still be on its way)
+        __syncthreads();
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < PA_MMA_BK / 16; ++kk) {
+                // The probabilities of keys kk*16 .. kk*16 + 15 as an A fragment.
+                const unsigned a0 = pa_pack(s[2 * kk][0], s[2 * kk][1]);
+                const unsigned a1 = pa_pack(s[2 * kk][2], s[2 * kk][3]);
+                const unsigned a2 = pa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                const unsigned a3 = pa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                for (int n = 0; n < DIM_TILES; n += 2) {
+                    // Matrices (transposed): keys kk*16.., +8 at dims n*8; the same at n*8+8.
+                    const int m = lane / 8;
+                    const int key = kk * 16 + lane % 8 + (m % 2) * 8;
+                    unsigned b[4];
+                    pa_ldmatrix_t(pa_shared(v_tile + key * ROW + n * 8 + (m / 2) * 8), b);
+                    mma_bf16_16816(acc[n], a0, a1, a2, a3, b[0], b[1]);
+                    mma_bf16_16816(acc[n + 1], a0, a1, a2, a3, b[2], b[3]);
+                }
+            }
+        }
+        __syncthreads();  // every warp has read the V tile
+        if (k0 + PA_MMA_BK <= last_key) {
+            pa_load_keys<D>(v_tile, v_cache, table, k0 + PA_MMA_BK, last_key, block_size, slot_elems, head_col);
+        }
+        pa_copy_commit();
+        pa_copy_wait<1>();  // the next K tile is in
+        __syncthreads();
+    }
+
+    if (busy) {
+        l_lo += SHFL_XOR(l_lo, 1);
+        l_lo += SHFL_XOR(l_lo, 2);
+        l_hi += SHFL_XOR(l_hi, 1);
+        l_hi += SHFL_XOR(l_hi, 2);
+        const float inv_lo = 1.0f / l_lo, inv_hi = 1.0f / l_hi;
+        const int r_lo = warp_row + g, r_hi = warp_row + g + 8;
+        const i64 width = (i64)num_heads * D;
+        unsigned* out_lo = reinterpret_cast<unsigned*>(o + (first_row + r_lo) * width + (i64)h * D);
+        unsigned* out_hi = reinterpret_cast<unsigned*>(o + (first_row + r_hi) * width + (i64)h * D);
+#pragma unroll
+        for (int n = 0; n < DIM_TILES; ++n) {
+            const int word = n * 4 + quad;  // dims 8n + 2 quad, + 1
+            if (r_lo < rows_here) out_lo[word] = pa_pack(acc[n][0] * inv_lo, acc[n][1] * inv_lo);
+            if (r_hi < rows_here) out_hi[word] = pa_pack(acc[n][2] * inv_hi, acc[n][3] * inv_hi);
+        }
+    }
+#else
+    (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)q_start, (void)q_len;
+    (void)context_len, (void)table_start, (void)block_table, (void)prefill_work, (void)live;
+    (void)o, (void)num_heads, (void)num_kv_heads, (void)block_size, (void)scale;
+    __trap();
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PA_MMA_THREADS) paged_attention_prefill_mma_d64(PA_PREFILL_PARAMS) {
+    pdl_begin();
+    pa_prefill_mma<64>(PA_PREFILL_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_MMA_THREADS) paged_attention_prefill_mma_d128(PA_PREFILL_PARAMS) {
+    pdl_begin();
+    pa_prefill_mma<128>(PA_PREFILL_ARGS);
+}
