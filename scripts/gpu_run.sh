@@ -110,6 +110,24 @@
 #                                 must be the plain ones; then scripts/structured/bench_constrained.sh,
 #                                 constrained against free output tokens/s at concurrency 1
 #                                 and 8 and the mask time per row
+#   scripts/gpu_run.sh llamacpp   llama.cpp (CUDA, flash attention on) against Peregrine on one
+#                                 random-weight bf16 checkpoint of the Llama-3.2-1B shape
+#                                 (scripts/random_checkpoint.py with SmolLM2's tokenizer in
+#                                 target/tokenizer/, converted to GGUF by the tree's
+#                                 convert_hf_to_gguf.py): carry target/gpu-carry,
+#                                 target/tokenizer and target/llamacpp (the stripped source,
+#                                 scripts/llamacpp_source.sh). Builds llama-bench and
+#                                 llama-batched-bench in /tmp/llama.cpp (kept while the machine
+#                                 stays warm), then llama-bench: prefill of 512 and 4,000
+#                                 tokens at ubatch 512 and 4,096, and batch-1 decode of 128
+#                                 tokens at depths 0, 128 and 4,000; llama-batched-bench: 128
+#                                 steps of 1 and 16 sequences after 4,000-token prompts, and of
+#                                 1, 8 and 64 after 128; then bench latency of the same shapes.
+#                                 Each command under `timeout`; tables in llamacpp.log, the
+#                                 tools' full output in llamacpp-detail.log and the build's in
+#                                 llamacpp-build.log. The build's binaries come back in
+#                                 llamacpp-bin.tar.gz where under 16 MiB: copied to
+#                                 target/llamacpp/, a later call runs them, unbuilt
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -549,6 +567,102 @@ eagle3serve)
         wait $server
         grep -E "WARN|ERROR|spec:" "/tmp/serve-eagle3${flags:+-on}.log" | tail -20 >>"$OUT/eagle3_serve.log"
     done
+    ;;
+llamacpp)
+    # llama.cpp against Peregrine on one checkpoint (see the header). llama.cpp's decode
+    # rows are llama-bench's tg128 at a depth (batch 1) and llama-batched-bench's S_TG (128
+    # steps of B sequences after B prompts of PP tokens); Peregrine's are bench latency's
+    # decode_tok/s after --input-len tokens. Build first and Peregrine last, so that no
+    # build shares the host with a timed run.
+    lcpp=/tmp/llama.cpp gguf=/tmp/llama1b.gguf binpack=target/llamacpp/llamacpp-bin.tar.gz
+    log="$OUT/llamacpp.log" detail="$OUT/llamacpp-detail.log"
+    command -v nvcc >/dev/null || export PATH=$CUDA_HOME/bin:$PATH
+    # Prints a command, runs it for at most $1 seconds (its output appended to file $3
+    # after -o as $2), and prints and returns its exit status.
+    timed() {
+        local limit=$1 start=$SECONDS rc out=
+        shift
+        [ "$1" = -o ] && out=$2 && shift 2
+        echo "== $*"
+        if [ -n "$out" ]; then
+            timeout "$limit" "$@" >>"$out" 2>&1
+        else
+            timeout "$limit" "$@"
+        fi
+        rc=$?
+        local what="$*"
+        echo "== exit $rc after $((SECONDS - start)) s: ${what:0:72}"
+        return $rc
+    }
+    # The tables of a llama.cpp tool's output; all of it goes to $detail.
+    tables() {
+        tee -a "$detail" |
+            grep -E '^(==|\||llama_batched_bench:|build:|ggml_cuda_init|  Device)|error|failed|Error'
+    }
+    {
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+        [ -f /tmp/llama1b/config.json ] ||
+            timed 240 python3 scripts/random_checkpoint.py scripts/configs/llama-3.2-1b.json \
+                target/tokenizer /tmp/llama1b
+        if [ ! -x $lcpp/build/bin/llama-bench ]; then
+            rm -rf $lcpp
+            tar -xzf target/llamacpp/llama.cpp.tar.gz -C /tmp && cat $lcpp/SOURCE.txt
+            # The binaries an earlier call built and sent back, where carried.
+            [ -f $binpack ] && tar -xzf $binpack -C /tmp && echo "llama.cpp binaries from $binpack"
+        fi
+        if [ ! -x $lcpp/build/bin/llama-bench ]; then
+            nvcc --version | tail -2
+            # Hopper only; flash attention's vector kernels for the f16 KV cache alone (the
+            # default cache type); no tests, examples, server or app (their folders are
+            # stripped); no NCCL, curl or OpenSSL.
+            timed 120 -o "$OUT/llamacpp-build.log" cmake -S $lcpp -B $lcpp/build -DGGML_CUDA=ON \
+                -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=ON \
+                -DCMAKE_BUILD_TYPE=Release -DGGML_CCACHE=OFF -DGGML_CUDA_NCCL=OFF \
+                -DGGML_CUDA_FA_QUANTS=f16-f16 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+                -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF
+        fi
+        # The conversion (CPU) beside the build: nothing is timed yet.
+        if [ ! -s $gguf ]; then
+            (timed 300 -o /tmp/llamacpp-convert.log env PYTHONPATH=$lcpp/gguf-py python3 \
+                $lcpp/convert_hf_to_gguf.py /tmp/llama1b --outtype bf16 --outfile $gguf.part &&
+                mv $gguf.part $gguf) &
+            convert=$!
+        fi
+        if [ ! -x $lcpp/build/bin/llama-bench ]; then
+            if timed 400 -o "$OUT/llamacpp-build.log" cmake --build $lcpp/build -j16 \
+                --target llama-bench llama-batched-bench; then
+                # Sent back for a later call to carry, if small enough to come back.
+                (cd /tmp && tar -czf "$OUT/llamacpp-bin.tar.gz" llama.cpp/build/bin/llama-bench \
+                    llama.cpp/build/bin/llama-batched-bench llama.cpp/build/bin/lib*.so*)
+                ls -la "$OUT/llamacpp-bin.tar.gz"
+                [ "$(stat -c %s "$OUT/llamacpp-bin.tar.gz")" -lt $((16 << 20)) ] ||
+                    rm "$OUT/llamacpp-bin.tar.gz"
+            else
+                grep -E "error|Error" "$OUT/llamacpp-build.log" | head -20
+                tail -3 "$OUT/llamacpp-build.log"
+            fi
+        fi
+        if [ -n "${convert:-}" ]; then
+            wait "$convert"
+            tail -5 /tmp/llamacpp-convert.log
+            cat /tmp/llamacpp-convert.log >>"$detail"
+        fi
+        ls -la $gguf
+        bench=$lcpp/build/bin/llama-bench batched=$lcpp/build/bin/llama-batched-bench
+        # Prefill at batch 1 (ubatch 512, the default, and the whole 4,000-token prompt).
+        timed 150 $bench -m $gguf -ngl 99 -fa 1 -p 512,4000 -n 0 -b 4096 -ub 512,4096 -r 3 2>&1 | tables
+        # Batch-1 decode of 128 tokens after 0, 128 and 4,000 tokens of context.
+        timed 150 $bench -m $gguf -ngl 99 -fa 1 -p 0 -n 128 -d 0,128,4000 -r 3 2>&1 | tables
+        # 128 decode steps of B sequences, each after its own prompt of PP tokens.
+        timed 180 $batched -m $gguf -ngl 99 -fa on -c 69632 -npp 4000 -ntg 128 -npl 1,16 2>&1 | tables
+        timed 120 $batched -m $gguf -ngl 99 -fa on -c 20480 -npp 128 -ntg 128 -npl 1,8,64 2>&1 | tables
+        # The longest contexts first, should the call run short of time.
+        for run in "1,16 4000" "1,8,64 128" "1 4000" "1 512"; do
+            read -r sizes len <<<"$run"
+            timed 180 "$bin/peregrine" bench latency --device cuda --model /tmp/llama1b \
+                --batch-sizes "$sizes" --input-len "$len" --output-len 128 2>&1 | grep -v "^20"
+        done
+    } 2>&1 | tee -a "$log"
     ;;
 *)
     echo "unknown mode $mode" >&2
