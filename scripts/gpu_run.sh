@@ -657,10 +657,13 @@ llamacpp)
         timed 180 $batched -m $gguf -ngl 99 -fa on -c 69632 -npp 4000 -ntg 128 -npl 1,16 2>&1 | tables
         timed 120 $batched -m $gguf -ngl 99 -fa on -c 20480 -npp 128 -ntg 128 -npl 1,8,64 2>&1 | tables
         # The longest contexts first, should the call run short of time.
-        for run in "1,16 4000" "1,8,64 128" "1 4000" "1 512"; do
-            read -r sizes len <<<"$run"
+        # The last run is the baseline of the tensor-core prefill attention: its CUDA-core
+        # kernel.
+        for run in "1,16 4000" "1,8,64 128" "1 4000" "1 512" "1 4000 --no-tensor-cores"; do
+            read -r sizes len flags <<<"$run"
             timed 180 "$bin/peregrine" bench latency --device cuda --model /tmp/llama1b \
-                --batch-sizes "$sizes" --input-len "$len" --output-len 128 2>&1 | grep -v "^20"
+                --batch-sizes "$sizes" --input-len "$len" --output-len 128 $flags 2>&1 |
+                grep -v "^20"
         done
     } 2>&1 | tee -a "$log"
     ;;

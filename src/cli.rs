@@ -214,6 +214,11 @@ pub struct BenchLatencyArgs {
     /// --deterministic never uses it).
     #[arg(long)]
     pub no_programmatic_launch: bool,
+    /// GPU kernels that have a tensor-core path (prefill attention) run their CUDA-core
+    /// path instead, as on a device without tensor cores (the baseline the tensor-core
+    /// kernels are measured against).
+    #[arg(long)]
+    pub no_tensor_cores: bool,
 }
 
 /// `peregrine bench serve`.

@@ -50,6 +50,9 @@ impl GpuModel {
         if args.no_programmatic_launch {
             kernels = kernels.without_programmatic_launch();
         }
+        if args.no_tensor_cores {
+            kernels = kernels.without_tensor_cores();
+        }
         let programmatic = kernels.programmatic_launch();
         let kernels = Arc::new(kernels);
         let (config, dir, source) = match &args.random_weights {
@@ -94,6 +97,9 @@ impl GpuModel {
         };
         if !programmatic {
             products.push_str(", no programmatic dependent launch");
+        }
+        if args.no_tensor_cores {
+            products.push_str(", prefill attention on CUDA cores (--no-tensor-cores)");
         }
         let (graphs, verify_graphs) = if args.enforce_eager {
             products.push_str(", eager decode (--enforce-eager)");
