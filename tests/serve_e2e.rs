@@ -46,7 +46,8 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
 // ---------------------------------------------------------------------------------------
 
 /// 1. The openai client gets a completion, a chat completion and streamed versions of
-///    both, with the right usage counts; `/v1/models` lists the served name.
+///    both, with the right usage counts; `/v1/models` lists the served name; a prompt is
+///    scored (`echo` with `logprobs`, `max_tokens: 0`; vLLM's `prompt_logprobs`).
 #[test]
 fn openai_client_completions_chat_and_streams() {
     let _serial = serial();

@@ -694,6 +694,7 @@ async fn with_logprobs(
             stop_token_ids: vec![],
             ignore_eos: true,
             logprobs: Some(3),
+            prompt_logprobs: None,
             priority: 0,
             grammar: None,
         },

@@ -154,6 +154,7 @@ pub fn start_engine(
         num_blocks: num_blocks as usize,
         eos_token_ids: config.eos_token_ids.clone(),
         draft_kv_bytes_per_block: drafter.as_ref().and_then(|d| d.kv_bytes_per_block()),
+        max_logit_rows: capacity.map(|c| c.max_logit_rows),
     };
     let block_size = settings.block_size;
     let mut blocks = BlockManager::new(num_blocks, settings.block_size, settings.prefix_caching);

@@ -41,6 +41,10 @@ pub struct RequestSpec {
     pub ignore_eos: bool,
     /// Return the chosen token's logprob and this many top alternatives (None: no logprobs).
     pub logprobs: Option<usize>,
+    /// Score the prompt: every prompt token's logprob given the tokens before it, with
+    /// this many top alternatives (vLLM's `prompt_logprobs`; None: not scored). Such a
+    /// request reads nothing from the prefix cache, so that every position is computed.
+    pub prompt_logprobs: Option<usize>,
     /// Lower runs first (as vLLM); ties go to the earlier arrival.
     pub priority: i32,
     /// The grammar the output must match (structured output, an enforced tool call);
@@ -108,9 +112,23 @@ impl FinishReason {
     }
 }
 
+/// Logprobs of consecutive prompt tokens, each given the tokens before it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptLogprobs {
+    pub id: RequestId,
+    /// The position in the prompt of the token the first score is of (at least 1: the
+    /// first token follows nothing).
+    pub first: usize,
+    /// One per token, in order: its logprob and rank, and the most likely tokens there.
+    pub scores: Vec<TokenLogprobs>,
+}
+
 /// What the scheduler sends back about a request.
 #[derive(Clone, Debug, PartialEq)]
 pub enum RequestEvent {
+    /// Scores of the prompt's tokens (a request with `prompt_logprobs`), in order, each
+    /// once, all before the first `Tokens`.
+    PromptLogprobs(PromptLogprobs),
     /// Tokens generated this step, in order.
     Tokens(Vec<GeneratedToken>),
     /// The request ended; no event follows.
@@ -185,7 +203,8 @@ pub struct ScheduledSeq {
     pub kept_blocks: usize,
     /// The blocks after those: the table then covers `num_cached + tokens.len()`.
     pub new_blocks: Vec<u32>,
-    /// Sample a token after this chunk (false for a prompt chunk that is not the last).
+    /// Sample a token after this chunk (false for a prompt chunk that is not the last,
+    /// and for a request of `max_tokens` 0).
     pub sample: bool,
     /// How many of the last `tokens` are draft tokens to verify (0: a plain chunk). The
     /// runner then takes logits at the last `num_drafts + 1` rows.
@@ -204,6 +223,8 @@ pub struct SamplingSetup {
     pub params: SamplingParams,
     pub prompt: Arc<[u32]>,
     pub logprobs: Option<usize>,
+    /// Score the prompt's tokens, with this many alternatives each (`prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// The most tokens the request generates: the runner queues no step past its last.
     pub max_tokens: usize,
     /// The grammar its tokens must follow; the runner owns the request's matcher.
@@ -257,6 +278,8 @@ pub struct StepDone {
     pub hidden: Vec<HiddenRows>,
     /// How the step the runner had queued ahead of this one served it.
     pub ahead: AheadUse,
+    /// The prompt tokens this step scored, per sequence that asked (`prompt_logprobs`).
+    pub prompt_logprobs: Vec<PromptLogprobs>,
 }
 
 /// How the decode step a runner queued ahead (before the scheduler asked for it) served
@@ -441,6 +464,9 @@ pub struct AdmitSeq {
     /// Every token the sequence holds so far: the prompt, plus its generated tokens when it
     /// restarts after a preemption.
     pub tokens: Arc<[u32]>,
+    /// It scores its prompt: it takes nothing from the prefix cache (every position is
+    /// computed), and its chunk is also bounded by `AllocateStep::scoring_rows`.
+    pub scores_prompt: bool,
 }
 
 /// A running sequence's need this step.
@@ -479,6 +505,10 @@ pub struct AllocateStep {
     pub admit: Vec<AdmitSeq>,
     /// Tokens this step may still compute for admitted sequences.
     pub token_budget: usize,
+    /// The most tokens the admitted sequences that score their prompt may compute
+    /// together: each such token is a logit row, of which a device step holds a bounded
+    /// number (`None`: unbounded).
+    pub scoring_rows: Option<usize>,
 }
 
 /// The KV allocator's reply to `AllocateStep`.

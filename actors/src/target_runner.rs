@@ -1,10 +1,12 @@
 //! The TargetRunner: owns the target model, its KV cache and (on a GPU) its stream, on a
 //! dedicated OS thread, because device work blocks. Each step it turns the scheduler's
 //! `ScheduledBatch` into one forward over the real tokens and samples the sequences that
-//! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers.
+//! asked for a token, or verifies their drafts (K+1 rows each) with their own samplers,
+//! and scores the prompt tokens of the requests that asked (`prompt_scores.rs`).
 
 mod decode_ahead;
 mod grammar;
+mod prompt_scores;
 
 use crate::actor_thread::{recv_spinning, reply_spinning, spawn_actor_thread, Spin, Stopped};
 use crate::backend::{
@@ -12,8 +14,8 @@ use crate::backend::{
 };
 use crate::graphs::CaptureSizes;
 use crate::messages::{
-    AheadUse, GeneratedToken, GrammarStatus, HiddenData, HiddenRows, RequestId, RunnerMsg,
-    SamplingSetup, ScheduledBatch, ScheduledSeq, SeqOutput, StepDone,
+    AheadUse, GeneratedToken, GrammarStatus, HiddenData, HiddenRows, PromptLogprobs, RequestId,
+    RunnerMsg, SamplingSetup, ScheduledBatch, ScheduledSeq, SeqOutput, StepDone,
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
@@ -21,6 +23,7 @@ use grammar::{after_tokens, masks_of, verification_masks, Chosen};
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::GrammarMatcher;
+use prompt_scores::Scoring;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +36,11 @@ struct SeqSampling {
     prompt: Arc<[u32]>,
     output: Vec<u32>,
     logprobs: Option<usize>,
+    /// Alternatives per prompt token scored, where the request scores its prompt.
+    prompt_logprobs: Option<usize>,
+    /// The position of the next prompt token to score (from 1: the first follows
+    /// nothing); a prompt computed again after a preemption is not scored twice.
+    scored: usize,
     max_tokens: usize,
     /// Where a constrained request is in its grammar.
     grammar: Option<GrammarMatcher>,
@@ -98,6 +106,8 @@ pub struct TargetRunner {
     ahead: Option<AheadStep>,
     /// The hidden states the step being run recorded, for its `StepDone`.
     hidden: Option<HiddenData>,
+    /// The prompt tokens the step being run scored, for its `StepDone`.
+    scores: Vec<PromptLogprobs>,
 }
 
 /// Which greedy decode steps queue the step after them ahead ([`decode_ahead`]).
@@ -145,6 +155,7 @@ impl TargetRunner {
             decode_ahead,
             ahead: None,
             hidden: None,
+            scores: Vec::new(),
         };
         let (tx, rx) = crossbeam_channel::unbounded::<RunnerMsg>();
         let stopped = spawn_actor_thread("target-runner", move || {
@@ -191,6 +202,7 @@ impl TargetRunner {
         // Each table leaves the map for the step and returns to it whatever the outcome.
         let seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
         self.hidden = None;
+        self.scores.clear();
         let result = self.run(&seqs, ahead);
         let hidden = self
             .hidden
@@ -205,6 +217,7 @@ impl TargetRunner {
             sampled,
             hidden,
             ahead,
+            prompt_logprobs: std::mem::take(&mut self.scores),
         })
     }
 
@@ -225,13 +238,14 @@ impl TargetRunner {
         }
     }
 
-    /// Runs the forward of `seqs` and samples or verifies each sampled one; says how the
-    /// step queued `ahead` of this one served it.
+    /// Runs the forward of `seqs` and samples or verifies each sampled one, scoring the
+    /// prompt tokens asked for; says how the step queued `ahead` of this one served it.
     fn run(
         &mut self,
         seqs: &[RunSeq],
         ahead: Option<AheadStep>,
     ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
+        let scoring = prompt_scores::scoring(seqs, &self.seqs)?;
         // The sampled sequences' states leave the map for the step (the backend borrows
         // them all at once) and return to it whatever the step's outcome.
         let mut states = Vec::new();
@@ -255,27 +269,32 @@ impl TargetRunner {
                 constrained: false, ..
             } => argmax_only(&states),
         };
-        let outputs = if queues_ahead && !speculative {
+        let outputs = if queues_ahead && !speculative && scoring.is_empty() {
             self.greedy_ahead_step(seqs, &mut states, ahead)
         } else {
-            self.step_alone(seqs, &mut states)
+            self.step_alone(seqs, &mut states, &scoring)
                 .map(|outputs| (outputs, ahead.map_or(AheadUse::None, |_| AheadUse::Dropped)))
         };
         self.seqs
             .extend(states.into_iter().map(|(s, state)| (s.id, state)));
+        if outputs.is_ok() {
+            prompt_scores::record(&scoring, &mut self.seqs);
+        }
         outputs
     }
 
-    /// Runs `seqs` as one forward, sampling or verifying each sampled sequence.
+    /// Runs `seqs` as one forward, sampling or verifying each sampled sequence and scoring
+    /// the prompt tokens of `scoring`.
     fn step_alone(
         &mut self,
         seqs: &[RunSeq],
         states: &mut [(&RunSeq, SeqSampling)],
+        scoring: &[Scoring],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let all: Vec<&RunSeq> = seqs.iter().collect();
         let (plan, tokens, rows) = self.step_inputs(&all)?;
-        if seqs.iter().any(|s| s.num_drafts > 0) {
-            self.verify_step(&tokens, &plan, &rows, states)
+        if seqs.iter().any(|s| s.num_drafts > 0) || !scoring.is_empty() {
+            self.verify_step(&tokens, &plan, &rows, states, scoring)
         } else {
             self.sample_step(&tokens, &plan, &rows, states)
         }
@@ -420,18 +439,23 @@ impl TargetRunner {
         })
     }
 
-    /// Verifies every sampled sequence's drafts with its own sampler over host logits, or,
-    /// when every sequence is greedy without penalties or logprobs, from each row's argmax.
+    /// Verifies every sampled sequence's drafts with its own sampler over host logits
+    /// (a sequence without drafts has its token sampled there), or, when every sequence is
+    /// greedy without penalties or logprobs and no prompt is scored, from each row's
+    /// argmax. The rows of `scoring` come back with the others and score their prompt
+    /// tokens.
     fn verify_step(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         rows: &[usize],
         states: &mut [(&RunSeq, SeqSampling)],
+        scoring: &[Scoring],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        if argmax_only(states) {
+        if scoring.is_empty() && argmax_only(states) {
             return self.verify_greedy(tokens, plan, rows, states);
         }
+        let all_rows = prompt_scores::logit_rows(rows, scoring);
         let vocab = self.model.config().vocab_size;
         // Each constrained sequence's masks over its drafts, computed while the forward runs.
         let checked: Vec<_> = states
@@ -442,7 +466,7 @@ impl TargetRunner {
         let count = checked.len();
         let (logits, mut draft_masks) = std::thread::scope(|scope| {
             let masks = constrained.then(|| scope.spawn(move || verification_masks(checked)));
-            let logits = self.forward(fresh(tokens, plan, rows, Wanted::Logits));
+            let logits = self.forward(fresh(tokens, plan, &all_rows, Wanted::Logits));
             let masks = match masks {
                 Some(thread) => thread
                     .join()
@@ -451,14 +475,22 @@ impl TargetRunner {
             };
             anyhow::Ok((logits?.logits()?, masks))
         })?;
-        if logits.len() != rows.len() * vocab {
+        if logits.len() != all_rows.len() * vocab {
             return Err(anyhow!(
                 "{} logits for {} rows of {vocab}",
                 logits.len(),
-                rows.len()
+                all_rows.len()
             ));
         }
-        let mut rows = logits.chunks(vocab);
+        let row = |at: usize| {
+            let index = all_rows
+                .binary_search(&at)
+                .map_err(|_| anyhow!("row {at} is not among the step's logit rows"))?;
+            anyhow::Ok(&logits[index * vocab..(index + 1) * vocab])
+        };
+        self.scores = prompt_scores::scores(scoring, row)?;
+        let sampled_rows: Vec<&[f32]> = rows.iter().map(|&at| row(at)).collect::<Result<_, _>>()?;
+        let mut rows = sampled_rows.into_iter();
         let mut outputs = Vec::with_capacity(states.len());
         for ((s, state), masks) in states.iter_mut().zip(draft_masks.iter_mut()) {
             let drafts = drafts_of(s);
@@ -624,6 +656,8 @@ fn new_state(setup: &SamplingSetup) -> anyhow::Result<SeqSampling> {
         prompt: setup.prompt.clone(),
         output: Vec::new(),
         logprobs: setup.logprobs,
+        prompt_logprobs: setup.prompt_logprobs,
+        scored: 1,
         max_tokens: setup.max_tokens,
         grammar: setup.grammar.as_ref().map(|grammar| grammar.matcher()),
     })

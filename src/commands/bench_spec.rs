@@ -208,6 +208,8 @@ async fn run_engine(
         loop {
             match rx.recv().await {
                 Some(RequestEvent::Tokens(t)) => tokens.extend(t.iter().map(|t| t.id)),
+                // Not asked for.
+                Some(RequestEvent::PromptLogprobs(_)) => {}
                 Some(RequestEvent::Finished { usage, .. }) => {
                     outputs.push((tokens, usage));
                     break;
@@ -255,6 +257,7 @@ async fn submit(
             stop_token_ids: if ignore_eos { Vec::new() } else { eos.to_vec() },
             ignore_eos,
             logprobs: None,
+            prompt_logprobs: None,
             priority: 0,
             grammar: None,
         },

@@ -123,6 +123,7 @@ fn request(
         stop_token_ids,
         ignore_eos,
         logprobs: None,
+        prompt_logprobs: None,
         priority: 0,
         grammar: None,
     }
@@ -176,6 +177,8 @@ async fn stream(
                     }
                 }
             }
+            // Not asked for.
+            RequestEvent::PromptLogprobs(_) => {}
             RequestEvent::Finished { reason, .. } => {
                 let _ = writeln!(stdout, "{}", decoder.finish()?).and_then(|_| stdout.flush());
                 if matches!(reason, FinishReason::Abort | FinishReason::Error) {

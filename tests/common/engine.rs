@@ -41,6 +41,7 @@ pub async fn submit_stopping(
         stop_token_ids,
         ignore_eos: true,
         logprobs: None,
+        prompt_logprobs: None,
         priority: 0,
         grammar: None,
     };
@@ -69,7 +70,7 @@ pub async fn run_all(
     out
 }
 
-/// A request's tokens, finish reason and usage.
+/// A request's tokens, finish reason and usage (its prompt's scores, if any, left out).
 pub async fn collect(
     mut rx: mpsc::UnboundedReceiver<RequestEvent>,
 ) -> (Vec<u32>, FinishReason, Usage) {
@@ -77,6 +78,7 @@ pub async fn collect(
     loop {
         match rx.recv().await.expect("the request ended without Finished") {
             RequestEvent::Tokens(t) => tokens.extend(t.iter().map(|t| t.id)),
+            RequestEvent::PromptLogprobs(_) => {}
             RequestEvent::Finished { reason, usage } => return (tokens, reason, usage),
         }
     }

@@ -145,6 +145,7 @@ pub async fn served(
             stop_token_ids: Vec::new(),
             ignore_eos: false,
             logprobs: None,
+            prompt_logprobs: None,
             priority: 0,
             grammar: grammar.clone(),
         };

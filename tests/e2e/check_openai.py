@@ -1,5 +1,6 @@
 """Scenario 1: the official openai client gets a completion, a chat completion, and streamed
-versions of both, with the right usage counts."""
+versions of both, with the right usage counts; and the prompt's logprobs (`echo` with
+`logprobs`, vLLM's `prompt_logprobs`)."""
 
 from e2e_common import (
     RawStream,
@@ -154,7 +155,72 @@ def main():
     expect_eq(events.count("[DONE]"), 1, "[DONE] events")
     expect_eq(events[-2]["usage"]["completion_tokens"], 4, "raw usage chunk")
 
+    check_prompt_scores(api, model, prompt_tokens, chat_tokens)
+
     expect_eq(get(base, "/health").status, 200, "GET /health after the checks")
+
+
+def check_prompt_scores(api, model, prompt_tokens, chat_tokens):
+    """The prompt's logprobs: OpenAI's `echo` with `logprobs` (with `max_tokens: 0`, a
+    prompt scored alone, as lm-evaluation-harness asks), and vLLM's `prompt_logprobs`."""
+    scored = api.completions.create(
+        model=model, prompt=PROMPT, max_tokens=0, echo=True, logprobs=1, temperature=0
+    )
+    choice = scored.choices[0]
+    expect_eq(choice.text, PROMPT, "a scored prompt's text")
+    expect_eq(choice.finish_reason, "length", "a scored prompt's finish_reason")
+    check_usage(scored.usage, prompt_tokens, 0, "a scored prompt")
+    echoed = choice.logprobs
+    for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+        expect_eq(len(getattr(echoed, field)), prompt_tokens, "one %s entry a prompt token" % field)
+    expect_eq(echoed.token_logprobs[0], None, "the first prompt token's logprob")
+    expect_eq(echoed.top_logprobs[0], None, "the first prompt token's alternatives")
+    for at in range(1, prompt_tokens):
+        logprob, top = echoed.token_logprobs[at], echoed.top_logprobs[at]
+        expect(isinstance(logprob, float) and logprob <= 0, "token %d's logprob %r" % (at, logprob))
+        expect(1 <= len(top) <= 2, "token %d's alternatives %r" % (at, top))
+        expect(echoed.tokens[at] in top, "token %d among its alternatives" % at)
+        expect(max(top.values()) >= logprob, "token %d: the most likely first" % at)
+
+    # With output: the prompt's entries, the same as alone, then the output's.
+    both = api.completions.create(
+        model=model,
+        prompt=PROMPT,
+        max_tokens=4,
+        echo=True,
+        logprobs=1,
+        temperature=0,
+        extra_body=IGNORE_EOS,
+    )
+    logprobs = both.choices[0].logprobs
+    expect(both.choices[0].text.startswith(PROMPT), "the echo opens the text")
+    expect_eq(len(logprobs.tokens), prompt_tokens + 4, "prompt and output entries")
+    expect_eq(logprobs.token_logprobs[:prompt_tokens], echoed.token_logprobs, "the prompt's scores")
+    expect(all(lp is not None for lp in logprobs.token_logprobs[prompt_tokens:]), "output logprobs")
+    offsets = logprobs.text_offset
+    expect(all(a <= b for a, b in zip(offsets, offsets[1:])), "offsets grow: %r" % offsets)
+
+    # vLLM's prompt_logprobs: on the completion choice, at the top of a chat response.
+    extra = api.completions.create(
+        model=model, prompt=PROMPT, max_tokens=1, extra_body={"prompt_logprobs": 2}
+    )
+    positions = extra.choices[0].model_extra["prompt_logprobs"]
+    expect_eq(len(positions), prompt_tokens, "prompt_logprobs entries")
+    expect_eq(positions[0], None, "the first prompt token's entry")
+    for at in range(1, prompt_tokens):
+        entry = positions[at]
+        expect(2 <= len(entry) <= 3, "position %d: the token and 2 alternatives: %r" % (at, entry))
+        for token_id, value in entry.items():
+            expect(token_id.isdigit(), "position %d: key %r is a token id" % (at, token_id))
+            expect_eq(sorted(value), ["decoded_token", "logprob", "rank"], "an entry's fields")
+        own = entry[next(iter(entry))]
+        expect_eq(own["logprob"], echoed.token_logprobs[at], "position %d: the echo's score" % at)
+    chat = api.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=1, extra_body={"prompt_logprobs": 0}
+    )
+    positions = chat.model_extra["prompt_logprobs"]
+    expect_eq(len(positions), chat_tokens, "chat prompt_logprobs entries")
+    expect(all(len(entry) == 1 for entry in positions[1:]), "0 alternatives: the token alone")
 
 
 if __name__ == "__main__":

@@ -54,6 +54,7 @@ async fn handle(
         stream,
         usage: stream_usage,
         return_token_ids: token_ids,
+        prompt_logprobs,
         prompt,
         reads_calls,
         model,
@@ -87,6 +88,9 @@ async fn handle(
         ));
     }
     let (outputs, usage) = choices.collect_while_connected(peer).await?;
+    // One prompt: vLLM reports its tokens' logprobs once, beside the choices.
+    let scored = prompt_logprobs.zip(outputs.first());
+    let prompt_logprobs = scored.map(|(top, first)| logprobs::prompt_logprobs(&first.prompt, top));
     let choices = outputs
         .into_iter()
         .enumerate()
@@ -116,7 +120,9 @@ async fn handle(
             }
         })
         .collect();
-    Ok(HttpResponse::Ok().json(format.wrap("chat.completion", choices, Some(usage))))
+    let mut whole = format.wrap("chat.completion", choices, Some(usage));
+    whole.prompt_logprobs = prompt_logprobs;
+    Ok(HttpResponse::Ok().json(whole))
 }
 
 /// A chat completions request `body` read and checked into the [`Conversation`] it asks
@@ -189,6 +195,7 @@ impl ChatFormat {
             choices,
             usage,
             prompt_token_ids: self.prompt_token_ids.take(),
+            prompt_logprobs: None,
         }
     }
 

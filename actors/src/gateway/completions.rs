@@ -1,5 +1,6 @@
 //! `POST /v1/completions`, whole and streamed: one prompt or a list of them, `n` choices
-//! each, the prompt's text before each output with `echo`.
+//! each, the prompt's text before each output with `echo` (and with `logprobs`, the
+//! prompt's tokens' logprobs before the output's: `max_tokens: 0` then scores a prompt).
 
 use std::sync::Arc;
 
@@ -19,7 +20,7 @@ use super::logprobs;
 use super::params::{check_model, logprobs_count, plan, EndpointInput, Plan, MAX_CHOICES};
 use super::peer::PeerProbe;
 use super::protocol::request::{CompletionFields, GenerationFields, Prompt};
-use super::protocol::response::{CompletionChoice, Envelope, UsageOut};
+use super::protocol::response::{CompletionChoice, CompletionLogprobs, Envelope, UsageOut};
 use super::sse::{self, ChunkFormat};
 use super::state::GatewayState;
 use super::unsupported;
@@ -56,13 +57,8 @@ async fn handle(
         .transpose()?;
     let add_special_tokens = own.add_special_tokens.unwrap_or(true);
     let echo = own.echo.unwrap_or(false);
-    if echo && logprobs.is_some() {
-        return Err(ApiError::invalid(
-            "echo",
-            "`echo` with `logprobs` would need the prompt's logprobs, which Peregrine does not \
-             compute yet: leave one of them out",
-        ));
-    }
+    // The prompt's logprobs come before the output's (OpenAI's `echo` with `logprobs`).
+    let echo_logprobs = logprobs.filter(|_| echo);
     let given = echo.then(|| given_texts(&own.prompt)).flatten();
     let (prompt, prompter) = (own.prompt, state.prompter(&config));
     let prompts = state
@@ -84,14 +80,18 @@ async fn handle(
                 prompt,
                 max_tokens: fields.max_tokens.map(|value| ("max_tokens", value)),
                 logprobs,
+                zero_max_tokens: echo,
                 vocabulary: state.model.vocabulary(),
             };
-            plan(
+            let mut plan = plan(
                 fields.clone(),
                 input,
                 &config,
                 state.model.sequence_limits(),
-            )
+            )?;
+            let scored = &mut plan.submission.prompt_logprobs;
+            *scored = (*scored).max(echo_logprobs);
+            Ok(plan)
         })
         .collect::<Result<Vec<Plan>, ApiError>>()?;
     check_choices(plans.len(), plans[0].n)?;
@@ -103,7 +103,7 @@ async fn handle(
     }
     let plan = &plans[0];
     let (stream, stream_usage) = (plan.stream, plan.usage);
-    let token_ids = plan.return_token_ids;
+    let (token_ids, prompt_logprobs) = (plan.return_token_ids, plan.prompt_logprobs);
     let prompt_token_ids = match token_ids {
         true => plans.iter().map(|p| p.submission.prompt.to_vec()).collect(),
         false => Vec::new(),
@@ -117,6 +117,8 @@ async fn handle(
         system_fingerprint: state.system_fingerprint.clone(),
         running: None,
         logprobs: logprobs.is_some(),
+        echo_logprobs,
+        prompt_logprobs,
         index: 0,
         offsets: vec![0; count],
         token_ids,
@@ -140,6 +142,7 @@ async fn handle(
         .enumerate()
         .map(|(index, output)| {
             let delta = Delta {
+                prompt: output.prompt,
                 text: output.text,
                 tokens: output.tokens,
                 token_ids: output.token_ids,
@@ -206,6 +209,11 @@ struct CompletionFormat {
     /// The usage so far, put on every chunk (`continuous_usage_stats`).
     running: Option<UsageOut>,
     logprobs: bool,
+    /// Put the prompt's tokens' logprobs, with this many alternatives each, before the
+    /// output's in each choice's first chunk (`echo` with `logprobs`).
+    echo_logprobs: Option<usize>,
+    /// Put vLLM's `prompt_logprobs`, with this many alternatives each, on each choice.
+    prompt_logprobs: Option<usize>,
     /// The choice the next chunk is about.
     index: usize,
     /// Each choice's characters of text before its next token, for `text_offset`.
@@ -232,10 +240,16 @@ impl CompletionFormat {
         finish_reason: Option<&'static str>,
     ) -> CompletionChoice {
         let index = self.index;
-        let logprobs = self
-            .logprobs
-            .then(|| logprobs::completion(&delta.tokens, &mut self.offsets[index]));
         let first = !std::mem::replace(&mut self.prompt_sent[index], true);
+        let offset = &mut self.offsets[index];
+        let logprobs = self.logprobs.then(|| {
+            let mut logprobs = match self.echo_logprobs.filter(|_| first) {
+                Some(top) => logprobs::echoed(&delta.prompt, top, offset),
+                None => CompletionLogprobs::default(),
+            };
+            logprobs.append(logprobs::completion(&delta.tokens, offset));
+            logprobs
+        });
         let prompt = index / self.per_prompt.max(1);
         let echo = self.echoed.get(prompt).filter(|_| first);
         CompletionChoice {
@@ -245,6 +259,9 @@ impl CompletionFormat {
             finish_reason,
             prompt_token_ids: self.prompt_token_ids.get(prompt).filter(|_| first).cloned(),
             token_ids: self.token_ids.then(|| delta.token_ids.clone()),
+            prompt_logprobs: self
+                .prompt_logprobs
+                .map(|top| logprobs::prompt_logprobs(&delta.prompt, top)),
         }
     }
 
@@ -262,6 +279,7 @@ impl CompletionFormat {
             choices,
             usage,
             prompt_token_ids: None,
+            prompt_logprobs: None,
         }
     }
 }

@@ -46,6 +46,9 @@ pub struct Submitted {
     pub usage: StreamUsage,
     /// Put the prompt's and the output's token ids in the response.
     pub return_token_ids: bool,
+    /// Put the prompt's tokens' logprobs in the response, with this many alternatives
+    /// each (vLLM's `prompt_logprobs`).
+    pub prompt_logprobs: Option<usize>,
     /// The prompt's token ids.
     pub prompt: Arc<[u32]>,
     /// Whether the output is read for tool calls.
@@ -135,6 +138,7 @@ pub async fn submit(
         prompt,
         max_tokens,
         logprobs,
+        zero_max_tokens: false,
         vocabulary: state.model.vocabulary(),
     };
     let mut plan = plan(fields, input, &config, state.model.sequence_limits())?;
@@ -143,7 +147,7 @@ pub async fn submit(
     }
     plan.keep_special_tokens = reads_calls;
     let (stream, usage) = (plan.stream, plan.usage);
-    let return_token_ids = plan.return_token_ids;
+    let (return_token_ids, prompt_logprobs) = (plan.return_token_ids, plan.prompt_logprobs);
     let prompt = Arc::clone(&plan.submission.prompt);
     let choices = Choices::start(state, context, vec![plan]).await?;
     Ok(Submitted {
@@ -151,6 +155,7 @@ pub async fn submit(
         stream,
         usage,
         return_token_ids,
+        prompt_logprobs,
         prompt,
         reads_calls,
         model: config.served_model_name.clone(),

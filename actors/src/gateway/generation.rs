@@ -1,7 +1,9 @@
 //! One running request as the gateway sees it: the scheduler's token events turned into
 //! text (detokenized incrementally, special tokens skipped), cut at the first stop string,
-//! with each token's logprobs and ids where asked for. Both the whole-response handlers and
-//! the SSE streams read it; dropping it drops the events receiver, which cancels the request.
+//! with each token's logprobs and ids where asked for, and the prompt's tokens' logprobs
+//! where the request scores its prompt (they come before the first tokens, with the first
+//! delta). Both the whole-response handlers and the SSE streams read it; dropping it drops
+//! the events receiver, which cancels the request.
 //!
 //! The token ids (`return_token_ids`) are exactly the ids the engine generated for the
 //! request, in order, that the output counts: the token that ended it included, be it an
@@ -24,7 +26,9 @@ use super::peer::PeerProbe;
 use super::protocol::response::UsageOut;
 use super::state::GatewayState;
 use super::stop::{Matched, StopMatcher};
-use crate::messages::{FinishReason, GeneratedToken, RequestEvent, RequestId, Usage};
+use crate::messages::{
+    FinishReason, GeneratedToken, PromptLogprobs, RequestEvent, RequestId, Usage,
+};
 
 /// A generated token with the texts its logprobs are reported under.
 #[derive(Clone, Debug, PartialEq)]
@@ -37,9 +41,34 @@ pub struct TokenOut {
     pub top: Vec<(String, f32)>,
 }
 
+/// A prompt token with its score, where the request scores its prompt.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PromptTokenOut {
+    /// The token.
+    pub id: u32,
+    /// Its text.
+    pub text: String,
+    /// Its logprob given the tokens before it; `None` for the first, which follows nothing.
+    pub scored: Option<Scored>,
+}
+
+/// A prompt token's logprob given the tokens before it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its 1-based rank: how many tokens are at least as likely there.
+    pub rank: usize,
+    /// The most likely tokens there: id, text and logprob, most likely first.
+    pub top: Vec<(u32, String, f32)>,
+}
+
 /// What one batch of events added.
 #[derive(Debug, Default, PartialEq)]
 pub struct Delta {
+    /// The prompt's tokens, scored, in the first delta of a request that scores its
+    /// prompt.
+    pub prompt: Vec<PromptTokenOut>,
     /// Text that is now final.
     pub text: String,
     /// The new tokens, when logprobs were asked for.
@@ -51,7 +80,10 @@ pub struct Delta {
 impl Delta {
     /// Whether there is nothing to send.
     pub fn is_empty(&self) -> bool {
-        self.text.is_empty() && self.tokens.is_empty() && self.token_ids.is_empty()
+        self.prompt.is_empty()
+            && self.text.is_empty()
+            && self.tokens.is_empty()
+            && self.token_ids.is_empty()
     }
 }
 
@@ -80,6 +112,8 @@ pub enum Step {
 /// A whole generation's output.
 #[derive(Debug, PartialEq)]
 pub struct Output {
+    /// The prompt's tokens, scored, where the request scores its prompt.
+    pub prompt: Vec<PromptTokenOut>,
     /// All the text.
     pub text: String,
     /// All the tokens, when logprobs were asked for.
@@ -108,6 +142,13 @@ pub struct Generation {
     /// skipped (the decoder drops them), else the tokens that end it.
     unwritten: Vec<u32>,
     stops: StopMatcher,
+    /// The prompt, where the request scores it (`prompt_logprobs`): its scores name no
+    /// token, the positions do.
+    scored_prompt: Option<Arc<[u32]>>,
+    /// Prompt tokens scored and not yet in a delta.
+    prompt_out: Vec<PromptTokenOut>,
+    /// Prompt tokens already in a delta.
+    prompt_sent: usize,
     /// Stop strings end the output only from the token after this many (vLLM's
     /// `min_tokens`).
     min_tokens: usize,
@@ -156,9 +197,12 @@ impl Generation {
             false => Vec::new(),
         };
         let min_tokens = submission.params.min_tokens;
+        let scored_prompt = submission
+            .prompt_logprobs
+            .map(|_| Arc::clone(&submission.prompt));
         let events = state.engine.submit(id, submission).await?;
         let tokenizer = &state.model.tokenizer;
-        Ok(Self {
+        let mut generation = Self {
             id,
             public_id: public_id.to_owned(),
             engine: state.engine.clone(),
@@ -168,6 +212,9 @@ impl Generation {
             decoder: Some(tokenizer.decode_stream(!keep_special)),
             unwritten,
             stops: StopMatcher::new(plan.stop),
+            scored_prompt,
+            prompt_out: Vec::new(),
+            prompt_sent: 0,
             min_tokens,
             logprobs,
             token_ids: plan.return_token_ids,
@@ -175,7 +222,17 @@ impl Generation {
             prompt_tokens,
             completion_tokens: 0,
             done: false,
-        })
+        };
+        // The first prompt token follows nothing: it has no score, but its place.
+        if let Some(&id) = generation.scored_prompt.as_ref().and_then(|p| p.first()) {
+            let text = generation.token_text(id);
+            generation.prompt_out.push(PromptTokenOut {
+                id,
+                text,
+                scored: None,
+            });
+        }
+        Ok(generation)
     }
 
     /// The token counts so far: the prompt's, and the output's tokens read until now.
@@ -196,16 +253,23 @@ impl Generation {
         if self.done {
             return None;
         }
-        let event = match self.first.take() {
-            Some(event) => Some(event),
-            None => self.events.recv().await,
-        };
-        let step = match event {
-            Some(RequestEvent::Tokens(tokens)) => self.on_tokens(tokens).await,
-            Some(RequestEvent::Finished { reason, usage }) => self.on_finished(reason, usage),
-            None => Err(ApiError::internal(
-                "the engine dropped the request before it finished",
-            )),
+        let step = loop {
+            let event = match self.first.take() {
+                Some(event) => Some(event),
+                None => self.events.recv().await,
+            };
+            let step = match event {
+                Some(RequestEvent::PromptLogprobs(scores)) => match self.on_scores(scores) {
+                    Ok(()) => continue,
+                    Err(err) => Err(err),
+                },
+                Some(RequestEvent::Tokens(tokens)) => self.on_tokens(tokens).await,
+                Some(RequestEvent::Finished { reason, usage }) => self.on_finished(reason, usage),
+                None => Err(ApiError::internal(
+                    "the engine dropped the request before it finished",
+                )),
+            };
+            break step.map(|step| self.with_prompt(step));
         };
         self.done = !matches!(step, Ok(Step::Delta(_)));
         if let Ok(Step::Finished(finish)) = &step {
@@ -239,7 +303,7 @@ impl Generation {
     /// Reads to the end.
     pub async fn collect(mut self) -> Result<Output, ApiError> {
         let mut text = String::new();
-        let (mut tokens, mut token_ids) = (Vec::new(), Vec::new());
+        let (mut prompt, mut tokens, mut token_ids) = (Vec::new(), Vec::new(), Vec::new());
         while let Some(step) = self.next().await {
             let (delta, finish) = match step? {
                 Step::Delta(delta) => (delta, None),
@@ -250,11 +314,13 @@ impl Generation {
                     usage,
                 }) => (delta, Some((reason, stop_string, usage))),
             };
+            prompt.extend(delta.prompt);
             text.push_str(&delta.text);
             tokens.extend(delta.tokens);
             token_ids.extend(delta.token_ids);
             if let Some((reason, stop_string, usage)) = finish {
                 return Ok(Output {
+                    prompt,
                     text,
                     tokens,
                     token_ids,
@@ -265,6 +331,51 @@ impl Generation {
             }
         }
         Err(ApiError::internal("the request ended without finishing"))
+    }
+
+    /// Takes in the scores of the prompt's tokens from `scores.first` on; an error if
+    /// they do not follow those already taken in.
+    fn on_scores(&mut self, scores: PromptLogprobs) -> Result<(), ApiError> {
+        let Some(prompt) = self.scored_prompt.clone() else {
+            return Ok(());
+        };
+        let taken = self.prompt_out.len() + self.prompt_sent;
+        if scores.first != taken || taken + scores.scores.len() > prompt.len() {
+            return Err(ApiError::internal(format!(
+                "the engine scored prompt tokens {}..{} after {taken} of {}",
+                scores.first,
+                scores.first + scores.scores.len(),
+                prompt.len()
+            )));
+        }
+        for (score, &id) in scores.scores.into_iter().zip(&prompt[scores.first..]) {
+            let top = score
+                .top
+                .iter()
+                .map(|&(id, logprob)| (id, self.token_text(id), logprob))
+                .collect();
+            self.prompt_out.push(PromptTokenOut {
+                id,
+                text: self.token_text(id),
+                scored: Some(Scored {
+                    logprob: score.logprob,
+                    rank: score.rank,
+                    top,
+                }),
+            });
+        }
+        Ok(())
+    }
+
+    /// `step` with the prompt tokens scored since the last one, in its delta.
+    fn with_prompt(&mut self, mut step: Step) -> Step {
+        let delta = match &mut step {
+            Step::Delta(delta) => delta,
+            Step::Finished(finish) => &mut finish.delta,
+        };
+        self.prompt_sent += self.prompt_out.len();
+        delta.prompt = std::mem::take(&mut self.prompt_out);
+        step
     }
 
     async fn on_tokens(&mut self, tokens: Vec<GeneratedToken>) -> Result<Step, ApiError> {
@@ -315,7 +426,7 @@ impl Generation {
         let completion_tokens = self.completion_tokens;
         loop {
             match self.events.recv().await {
-                Some(RequestEvent::Tokens(_)) => {}
+                Some(RequestEvent::PromptLogprobs(_) | RequestEvent::Tokens(_)) => {}
                 Some(RequestEvent::Finished { usage, .. }) => {
                     let usage = Usage {
                         completion_tokens,

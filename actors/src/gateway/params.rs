@@ -31,6 +31,9 @@ pub struct Plan {
     pub spec_decode_details: bool,
     /// Add the prompt's and the generated token ids to the response.
     pub return_token_ids: bool,
+    /// Report the prompt's tokens' logprobs (vLLM's `prompt_logprobs`) with this many
+    /// alternatives each; the engine scores the prompt with at least as many.
+    pub prompt_logprobs: Option<usize>,
     /// Detokenize with special tokens kept (a reply read for tool calls, whose markers may
     /// be special tokens), the tokens that end the output left out.
     pub keep_special_tokens: bool,
@@ -50,6 +53,9 @@ pub struct EndpointInput {
     pub max_tokens: Option<(&'static str, i64)>,
     /// Alternatives per token, when logprobs are asked for (already range-checked).
     pub logprobs: Option<usize>,
+    /// `max_tokens: 0` is allowed: a completion that echoes its prompt gives the prompt
+    /// alone (scoring it, with `logprobs`), as OpenAI's legacy completions do.
+    pub zero_max_tokens: bool,
     /// The served vocabulary (`logit_bias` and `min_tokens` are checked against it).
     pub vocabulary: Vocabulary,
 }
@@ -87,7 +93,8 @@ pub fn plan(
     config: &GatewayConfig,
     limits: SequenceLimits,
 ) -> Result<Plan, ApiError> {
-    let max_tokens = max_tokens(input.max_tokens, input.prompt.len(), config, limits)?;
+    let least = usize::from(!input.zero_max_tokens);
+    let max_tokens = max_tokens(input.max_tokens, least, input.prompt.len(), config, limits)?;
     let stop_token_ids = fields.stop_token_ids.clone().unwrap_or_default();
     let ignore_eos = fields.ignore_eos.unwrap_or(false);
     let (min_tokens, min_tokens_stop_ids) = biases::min_tokens(
@@ -115,6 +122,16 @@ pub fn plan(
             "`stream_options` is only allowed with `stream: true`",
         ));
     }
+    let prompt_logprobs = fields
+        .prompt_logprobs
+        .map(|count| logprobs_count("prompt_logprobs", count))
+        .transpose()?;
+    if prompt_logprobs.is_some() && stream {
+        return Err(ApiError::invalid(
+            "prompt_logprobs",
+            "`prompt_logprobs` are not available with `stream: true` (as in vLLM)",
+        ));
+    }
     Ok(Plan {
         submission: RequestSpec {
             prompt: Arc::from(input.prompt),
@@ -123,6 +140,7 @@ pub fn plan(
             stop_token_ids,
             ignore_eos,
             logprobs: input.logprobs,
+            prompt_logprobs,
             priority: fields.priority.unwrap_or(0),
             grammar: None,
         },
@@ -131,6 +149,7 @@ pub fn plan(
         usage: stream_usage(fields.stream_options.as_ref()),
         spec_decode_details: fields.return_spec_decode_stats.unwrap_or(false),
         return_token_ids: fields.return_token_ids.unwrap_or(false),
+        prompt_logprobs,
         keep_special_tokens: false,
         n,
     })
@@ -187,11 +206,12 @@ fn sampling(
     Ok(params)
 }
 
-/// The output limit: the request's (at least 1, and fitting with the prompt both in the
-/// context and in the KV cache), else the configured default capped at what both leave,
-/// else all of that.
+/// The output limit: the request's (at least `least`, and fitting with the prompt both in
+/// the context and in the KV cache), else the configured default capped at what both
+/// leave, else all of that.
 fn max_tokens(
     requested: Option<(&'static str, i64)>,
+    least: usize,
     prompt: usize,
     config: &GatewayConfig,
     limits: SequenceLimits,
@@ -224,9 +244,10 @@ fn max_tokens(
         Some((param, value)) => {
             let wanted = usize::try_from(value)
                 .ok()
-                .filter(|&wanted| wanted >= 1)
+                .filter(|&wanted| wanted >= least)
                 .ok_or_else(|| {
-                    ApiError::invalid(param, format!("`{param}` must be at least 1, got {value}"))
+                    let why = format!("`{param}` must be at least {least}, got {value}");
+                    ApiError::invalid(param, why)
                 })?;
             if wanted > room {
                 return Err(refuse(param, wanted));
@@ -276,6 +297,7 @@ mod tests {
             prompt: vec![1; prompt],
             max_tokens: requested,
             logprobs: None,
+            zero_max_tokens: false,
             vocabulary: vocabulary(),
         };
         plan(fields, input, &config(), LIMITS)
@@ -349,6 +371,7 @@ mod tests {
                 prompt: vec![1; prompt],
                 max_tokens: fields.max_tokens.map(|n| ("max_tokens", n)),
                 logprobs: None,
+                zero_max_tokens: false,
                 vocabulary: vocabulary(),
             };
             let mut config = config();

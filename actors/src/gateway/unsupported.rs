@@ -120,7 +120,6 @@ const REFUSED: &[Refused] = &[
     ),
     // What the response holds.
     refused("suffix", Neutral::Empty, "text after the completion"),
-    refused("prompt_logprobs", Neutral::Null, "the prompt's logprobs"),
     refused(
         "include_stop_str_in_output",
         Neutral::False,
@@ -248,7 +247,6 @@ mod tests {
             ("bad_words", json!(["x"]), json!([])),
             ("allowed_token_ids", json!([1, 2]), Value::Null),
             ("suffix", json!("!"), json!("")),
-            ("prompt_logprobs", json!(0), Value::Null),
             ("include_stop_str_in_output", json!(true), json!(false)),
             ("no_stop_trim", json!(true), json!(false)),
             ("skip_special_tokens", json!(false), json!(true)),

@@ -10,30 +10,45 @@ impl BlockManager {
     /// spent. Each takes its longest cached prefix of whole blocks, never the last token
     /// (it must be computed to give logits), less its last block when the manager is
     /// [recomputing the last hit](BlockManager::recomputing_last_hit), and
-    /// `min(rest, budget)` tokens to compute.
+    /// `min(rest, budget)` tokens to compute. A sequence that scores its prompt takes
+    /// nothing from the cache and computes at most what is left of `scoring_rows` (all
+    /// such sequences together; `None`: unbounded); where none is left it does not fit.
     /// Never preempts. Cached tokens do not use the budget.
     ///
     /// Prefix-cache stats count admitted sequences only (a sequence that waits is counted
     /// once, when it gets in): `prefix_queries` the tokens looked up (the capped length),
     /// `prefix_hits` the tokens found. An id that already holds blocks is restarted: its
     /// old blocks are released first.
-    pub(super) fn admit(&mut self, admit: &[AdmitSeq], token_budget: usize) -> Vec<AdmittedSeq> {
+    pub(super) fn admit(
+        &mut self,
+        admit: &[AdmitSeq],
+        token_budget: usize,
+        scoring_rows: Option<usize>,
+    ) -> Vec<AdmittedSeq> {
         let mut budget = token_budget;
+        let mut rows = scoring_rows.unwrap_or(usize::MAX);
         let mut admitted = Vec::new();
         for seq in admit {
-            if budget == 0 {
+            let room = match seq.scores_prompt {
+                true => budget.min(rows),
+                false => budget,
+            };
+            if room == 0 {
                 break;
             }
             self.release(seq.id);
             let len = seq.tokens.len();
-            let lookup_len = (len.saturating_sub(1) / self.block_size) * self.block_size;
+            let lookup_len = match seq.scores_prompt {
+                true => 0,
+                false => (len.saturating_sub(1) / self.block_size) * self.block_size,
+            };
             let (mut hits, mut chain) = self.cached_prefix(&seq.tokens[..lookup_len]);
             if self.recompute_last_hit && !hits.is_empty() {
                 (hits, chain) =
                     self.cached_prefix(&seq.tokens[..(hits.len() - 1) * self.block_size]);
             }
             let num_cached = hits.len() * self.block_size;
-            let num_scheduled = (len - num_cached).min(budget);
+            let num_scheduled = (len - num_cached).min(room);
             let fresh = self
                 .blocks_for(num_cached + num_scheduled)
                 .saturating_sub(hits.len());
@@ -52,6 +67,9 @@ impl BlockManager {
                 self.prefix_hits += num_cached as u64;
             }
             budget -= num_scheduled;
+            if seq.scores_prompt {
+                rows -= num_scheduled;
+            }
             admitted.push(AdmittedSeq {
                 id: seq.id,
                 num_cached,

@@ -22,7 +22,7 @@ impl BlockManager {
         // As vLLM: a step that had to preempt admits nothing, or the preempted request (first
         // in line) would come straight back and the pool would churn.
         let admitted = if preempted.is_empty() {
-            self.admit(&step.admit, step.token_budget)
+            self.admit(&step.admit, step.token_budget, step.scoring_rows)
         } else {
             Vec::new()
         };

@@ -58,6 +58,9 @@ pub struct SchedulerSetup {
     /// Bytes one block takes in each K or V tensor of the draft's layer, when a draft
     /// method with KV says (the band alarm's byte-offset bands).
     pub draft_kv_bytes_per_block: Option<u64>,
+    /// The most logit rows the backend gives back of one step, where it is bounded (a
+    /// GPU's buffers): the prompt chunks of requests that score their prompt stay within.
+    pub max_logit_rows: Option<usize>,
 }
 
 /// What the next messages carry of the steps since they were last sent: the requests that
@@ -270,7 +273,7 @@ impl Scheduler {
             None => 0,
         };
         let limits = &self.setup.limits;
-        let schedule = schedule(&self.queues, limits, planned);
+        let schedule = schedule(&self.queues, limits, planned, self.setup.max_logit_rows);
         let (grow, admit) = self.queues.allocation(&schedule);
         let request = AllocateStep {
             free: std::mem::take(&mut self.pending.free),
@@ -278,6 +281,7 @@ impl Scheduler {
             grow,
             admit,
             token_budget: schedule.token_budget,
+            scoring_rows: schedule.scoring_rows,
         };
         let mut times = metrics::StepTimes::default();
         let allocating = Instant::now();

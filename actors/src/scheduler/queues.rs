@@ -162,6 +162,7 @@ impl Queues {
             .map(|id| AdmitSeq {
                 id: *id,
                 tokens: Arc::from(self.seqs[id].tokens.as_slice()),
+                scores_prompt: self.seqs[id].scores_prompt(),
             })
             .collect();
         (grow, admit)
@@ -304,6 +305,7 @@ impl Queues {
                     params: seq.req.spec.params.clone(),
                     prompt: seq.req.spec.prompt.clone(),
                     logprobs: seq.req.spec.logprobs,
+                    prompt_logprobs: seq.req.spec.prompt_logprobs,
                     max_tokens: seq.req.spec.max_tokens,
                     grammar: seq.req.spec.grammar.clone(),
                 });
@@ -317,7 +319,7 @@ impl Queues {
                     num_cached: start,
                     kept_blocks,
                     new_blocks,
-                    sample: start + fed == seq.tokens.len(),
+                    sample: start + fed == seq.tokens.len() && seq.req.spec.max_tokens > 0,
                     num_drafts: planned.drafts.len(),
                     draft_dists: planned.draft_dists.clone(),
                     setup,
@@ -331,13 +333,21 @@ impl Queues {
         }
     }
 
-    /// Applies the runner's results for `plan`: appends each request's new tokens (up to
-    /// its first stop: a stop token, an end-of-sequence id unless `ignore_eos`, or
-    /// `max_tokens`) and streams them; advances what is in the cache by the tokens fed less
-    /// the rejected drafts. A request that ended while the step ran is passed over.
+    /// Applies the runner's results for `plan`: streams each request's prompt scores, then
+    /// appends its new tokens (up to its first stop: a stop token, an end-of-sequence id
+    /// unless `ignore_eos`, or `max_tokens`) and streams them; advances what is in the
+    /// cache by the tokens fed less the rejected drafts, and ends a request of
+    /// `max_tokens` 0 once its prompt is computed. A request that ended while the step ran
+    /// is passed over.
     pub fn apply_done(&mut self, plan: &StepPlan, done: StepDone, eos: &[u32]) -> Applied {
         let mut applied = Applied::default();
         let mut rejected: HashMap<RequestId, usize> = HashMap::new();
+        for scored in done.prompt_logprobs {
+            if let Some(seq) = self.seqs.get(&scored.id) {
+                // A client that went away is noticed before the next step.
+                seq.send(RequestEvent::PromptLogprobs(scored));
+            }
+        }
         for out in done.sampled {
             if out.num_drafts > 0 {
                 let seq = self.seqs.get(&out.id);
@@ -406,6 +416,9 @@ impl Queues {
             };
             let fed = planned.chunk - rejected.get(&planned.id).unwrap_or(&0);
             seq.num_computed = (seq.num_computed + fed).min(seq.tokens.len());
+            if seq.req.spec.max_tokens == 0 && seq.remaining() == 0 {
+                applied.ended.push((planned.id, FinishReason::Length));
+            }
             let full = seq.num_computed / self.block_size;
             if full > seq.blocks_registered {
                 let bs = self.block_size;

@@ -84,6 +84,14 @@ impl Seq {
         self.remaining() == 1
     }
 
+    /// Whether the sequence scores its prompt (`prompt_logprobs`) and has prompt tokens
+    /// left to compute whose next token is a prompt token: every row of its chunks is then
+    /// a logit row, and it takes nothing from the prefix cache.
+    pub fn scores_prompt(&self) -> bool {
+        let prompt = self.req.spec.prompt.len();
+        self.req.spec.prompt_logprobs.is_some() && self.num_computed + 1 < prompt
+    }
+
     /// Token counts for the response.
     pub fn usage(&self) -> Usage {
         Usage {

@@ -7,12 +7,12 @@ use super::queues::{Queues, SubmitLimits};
 use crate::kv_allocator::BlockManager;
 use crate::messages::{
     AheadUse, AllocateStep, ComputedSeq, DraftSampling, Drafted, FinishReason, GenerateRequest,
-    GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerLimits, SeqOutput, StepDone,
-    SubmitError,
+    GeneratedToken, PromptLogprobs, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
+    SeqOutput, StepDone, SubmitError,
 };
 use crate::spec_stats::Place;
 use peregrine_ops::sampling::DraftDist;
-use peregrine_ops::sampling::SamplingParams;
+use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -29,6 +29,8 @@ struct Harness {
     computed: Vec<ComputedSeq>,
     events: Vec<(RequestId, mpsc::UnboundedReceiver<RequestEvent>)>,
     limits: SchedulerLimits,
+    /// The backend's bound on a step's logit rows, if any.
+    max_logit_rows: Option<usize>,
     speculating: bool,
     /// Every verification the steps applied.
     verified: Vec<(usize, usize, Place)>,
@@ -49,6 +51,7 @@ impl Harness {
                 num_speculative_tokens: 0,
                 speculative_adaptive: false,
             },
+            max_logit_rows: None,
             speculating: false,
             verified: Vec::new(),
         }
@@ -82,6 +85,26 @@ impl Harness {
         priority: i32,
         params: SamplingParams,
     ) -> Result<(), SubmitError> {
+        self.submit_spec(id, prompt, max_tokens, priority, params, None)
+    }
+
+    /// Submits greedy request `id` that scores its prompt with `top` alternatives.
+    fn submit_scoring(&mut self, id: u64, prompt: &[u32], max_tokens: usize, top: usize) {
+        let params = SamplingParams::greedy();
+        self.submit_spec(id, prompt, max_tokens, 0, params, Some(top))
+            .unwrap();
+    }
+
+    /// [`Harness::submit_sampled`] that scores its prompt where `prompt_logprobs` says.
+    fn submit_spec(
+        &mut self,
+        id: u64,
+        prompt: &[u32],
+        max_tokens: usize,
+        priority: i32,
+        params: SamplingParams,
+        prompt_logprobs: Option<usize>,
+    ) -> Result<(), SubmitError> {
         let (events, rx) = mpsc::unbounded_channel();
         let req = GenerateRequest {
             id: RequestId(id),
@@ -92,6 +115,7 @@ impl Harness {
                 stop_token_ids: vec![],
                 ignore_eos: false,
                 logprobs: None,
+                prompt_logprobs,
                 priority,
                 grammar: None,
             },
@@ -112,7 +136,7 @@ impl Harness {
         } else {
             0
         };
-        let schedule = schedule(&self.queues, &self.limits, drafts);
+        let schedule = schedule(&self.queues, &self.limits, drafts, self.max_logit_rows);
         let (grow, admit) = self.queues.allocation(&schedule);
         let grant = self.kv.allocate_step(AllocateStep {
             free: std::mem::take(&mut self.free),
@@ -120,6 +144,7 @@ impl Harness {
             grow,
             admit,
             token_budget: schedule.token_budget,
+            scoring_rows: schedule.scoring_rows,
         });
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         (plan, preempted.iter().map(|id| id.0).collect())
@@ -135,6 +160,7 @@ impl Harness {
             .filter(|planned| {
                 self.queues.get(planned.id).is_none_or(|seq| {
                     seq.num_computed + planned.chunk - planned.drafts.len() == seq.tokens.len()
+                        && seq.req.spec.max_tokens > 0
                 })
             })
             .map(|planned| {
@@ -159,6 +185,7 @@ impl Harness {
             sampled,
             hidden: Vec::new(),
             ahead: AheadUse::None,
+            prompt_logprobs: Vec::new(),
         };
         let applied = self.queues.apply_done(plan, done, &[EOS]);
         self.computed.extend(applied.computed);
@@ -557,7 +584,7 @@ fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
     let (plan, _) = h.plan();
     let _ = h.queues.batch(&plan, 1, Vec::new());
     h.done(&plan, |_| vec![1]);
-    let schedule = schedule(&h.queues, &h.limits, 0);
+    let schedule = schedule(&h.queues, &h.limits, 0, None);
     let mut grant = crate::messages::StepGrant::default();
     grant.grown.push((RequestId(1), vec![40, 41]));
     let (plan, _) = h.queues.apply_grant(schedule, &grant);
@@ -689,4 +716,103 @@ fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
     let mut verified = h.verified.clone();
     verified.sort_by_key(|v| v.2.request);
     assert_eq!(verified, [(3, 1, place(1)), (2, 2, place(2))]);
+}
+
+#[test]
+fn a_scored_prompt_skips_the_prefix_cache_and_its_chunks_fit_the_logit_rows() {
+    let mut h = Harness::new(64, 8, 100);
+    h.max_logit_rows = Some(6);
+    let shared = prompt(0, 9);
+    h.submit(1, &shared, 16, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 9)],
+        "no scoring: the token budget alone"
+    );
+    h.done(&plan, |_| vec![1]);
+    // Request 1 decodes (one row): five of the six rows are left for request 2's prompt,
+    // which takes nothing from the cache although its first two blocks are there.
+    h.submit_scoring(2, &shared, 4, 2);
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1), (2, 5)]);
+    assert_eq!(h.queues.get(RequestId(2)).unwrap().cached_tokens, Some(0));
+    h.done(&plan, |_| vec![2]);
+    // A request that does not score is served from the cache, and its chunk's one row
+    // comes out of the scored chunk's.
+    h.submit(3, &shared, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1), (2, 4), (3, 1)]);
+    assert_eq!(h.queues.get(RequestId(3)).unwrap().cached_tokens, Some(8));
+    let batch = h.queues.batch(&plan, 3, Vec::new());
+    let setup = batch.seqs[1].setup.as_ref().unwrap();
+    assert_eq!(setup.prompt_logprobs, Some(2));
+    assert!(
+        batch.seqs[1].sample,
+        "the scored prompt's last chunk samples"
+    );
+    // Without a bound on the rows, the scored prompt takes the token budget.
+    let mut h = Harness::new(64, 8, 100);
+    h.submit_scoring(4, &shared, 4, 0);
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(4, 9)]);
+}
+
+#[test]
+fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
+    let mut h = Harness::new(64, 8, 4);
+    h.submit_scoring(1, &prompt(0, 6), 0, 1);
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 4)]);
+    assert!(!h.queues.batch(&plan, 1, Vec::new()).seqs[0].sample);
+    let scored = |first, len| PromptLogprobs {
+        id: RequestId(1),
+        first,
+        scores: vec![
+            TokenLogprobs {
+                logprob: -1.0,
+                rank: 2,
+                top: vec![(5, -0.5)]
+            };
+            len
+        ],
+    };
+    let done = StepDone {
+        step: 1,
+        sampled: Vec::new(),
+        hidden: Vec::new(),
+        ahead: AheadUse::None,
+        prompt_logprobs: vec![scored(1, 4)],
+    };
+    assert!(h.queues.apply_done(&plan, done, &[EOS]).ended.is_empty());
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 2)]);
+    let batch = h.queues.batch(&plan, 2, Vec::new());
+    assert!(!batch.seqs[0].sample, "nothing to sample at max_tokens 0");
+    let done = StepDone {
+        step: 2,
+        sampled: Vec::new(),
+        hidden: Vec::new(),
+        ahead: AheadUse::None,
+        prompt_logprobs: vec![scored(5, 1)],
+    };
+    let applied = h.queues.apply_done(&plan, done, &[EOS]);
+    assert_eq!(applied.ended, [(RequestId(1), FinishReason::Length)]);
+    let (_, rx) = &mut h.events[0];
+    let mut firsts = Vec::new();
+    while let Ok(event) = rx.try_recv() {
+        match event {
+            RequestEvent::PromptLogprobs(p) => firsts.push((p.first, p.scores.len())),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(firsts, [(1, 4), (5, 1)], "each step's scores, in order");
+    assert_eq!(
+        h.queues
+            .get(RequestId(1))
+            .unwrap()
+            .usage()
+            .completion_tokens,
+        0
+    );
 }

@@ -235,6 +235,7 @@ const REPLY: &str = "Checking.<tool_call>[{\"name\": \"get_weather\", \"argument
 
 fn output(text: &str, reason: &'static str, stop_string: Option<&str>) -> Output {
     Output {
+        prompt: Vec::new(),
         text: text.to_owned(),
         tokens: Vec::new(),
         token_ids: Vec::new(),

@@ -52,6 +52,9 @@ pub struct GenerationFields {
     pub logit_bias: Option<std::collections::BTreeMap<String, f64>>,
     /// vLLM's: no end-of-sequence or stop token before this many tokens.
     pub min_tokens: Option<i64>,
+    /// vLLM's: score the prompt, each of its tokens' logprob given the tokens before it,
+    /// with this many alternatives (0 to 20); not with `stream`.
+    pub prompt_logprobs: Option<i64>,
     /// Choices to generate for the prompt (OpenAI's `n`, 1 to [`MAX_CHOICES`]).
     ///
     /// [`MAX_CHOICES`]: crate::gateway::params::MAX_CHOICES

@@ -28,6 +28,10 @@ pub struct Envelope<C> {
     /// and the first chunk of a chat stream (completions put them on the choice).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids: Option<Vec<u32>>,
+    /// vLLM's: the prompt's tokens' logprobs, with `prompt_logprobs`, in a whole chat
+    /// response (completions put them on the choice).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobsOut>,
 }
 
 /// OpenAI's `usage`.
@@ -132,19 +136,65 @@ pub struct CompletionChoice {
     /// `return_token_ids`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_ids: Option<Vec<u32>>,
+    /// vLLM's: the prompt's tokens' logprobs, with `prompt_logprobs` (whole responses
+    /// only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<PromptLogprobsOut>,
 }
 
-/// Logprobs in the completions shape.
+/// Logprobs in the completions shape. With `echo` they cover the prompt's tokens first,
+/// the first of which has neither a logprob nor alternatives (null, as OpenAI's).
 #[derive(Debug, Default, PartialEq, serde::Serialize)]
 pub struct CompletionLogprobs {
     /// Each token's text.
     pub tokens: Vec<String>,
     /// Each token's logprob.
-    pub token_logprobs: Vec<f32>,
+    pub token_logprobs: Vec<Option<f32>>,
     /// Each token's most likely alternatives, text to logprob.
-    pub top_logprobs: Vec<TopLogprobs>,
+    pub top_logprobs: Vec<Option<TopLogprobs>>,
     /// Where each token's text starts in the output, in characters.
     pub text_offset: Vec<usize>,
+}
+
+impl CompletionLogprobs {
+    /// These, then `more`.
+    pub fn append(&mut self, more: CompletionLogprobs) {
+        self.tokens.extend(more.tokens);
+        self.token_logprobs.extend(more.token_logprobs);
+        self.top_logprobs.extend(more.top_logprobs);
+        self.text_offset.extend(more.text_offset);
+    }
+}
+
+/// vLLM's `prompt_logprobs`: one entry per prompt token, null for the first (it follows
+/// nothing), then the token's and the most likely tokens' logprobs there, by token id.
+#[derive(Debug, Default, PartialEq, serde::Serialize)]
+pub struct PromptLogprobsOut(pub Vec<Option<PromptPosition>>);
+
+/// The logprobs at one prompt position, serialized as a JSON object from token id (as a
+/// string) to its [`PromptLogprob`]: the prompt's token first, then the most likely ones.
+#[derive(Debug, Default, PartialEq)]
+pub struct PromptPosition(pub Vec<(u32, PromptLogprob)>);
+
+impl Serialize for PromptPosition {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut map = serializer.serialize_map(Some(self.0.len()))?;
+        for (id, logprob) in &self.0 {
+            map.serialize_entry(&id.to_string(), logprob)?;
+        }
+        map.end()
+    }
+}
+
+/// One token's logprob at a prompt position (vLLM's `Logprob`).
+#[derive(Debug, PartialEq, serde::Serialize)]
+pub struct PromptLogprob {
+    /// Its logprob.
+    pub logprob: f32,
+    /// Its 1-based rank among the vocabulary there.
+    pub rank: usize,
+    /// Its text.
+    pub decoded_token: String,
 }
 
 /// A token's alternatives, serialized as a JSON object of text to logprob in rank order.

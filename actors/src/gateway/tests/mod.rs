@@ -12,6 +12,7 @@ mod hosts;
 mod info;
 mod limits;
 mod messages;
+mod prompt_logprobs;
 mod refused;
 mod responses;
 mod streaming;
@@ -44,8 +45,8 @@ use super::{
 };
 use crate::health::EngineHealth;
 use crate::messages::{
-    FinishReason, GeneratedToken, RequestEvent, RequestId, RequestSpec, SchedulerMsg, SubmitError,
-    Usage,
+    FinishReason, GeneratedToken, PromptLogprobs, RequestEvent, RequestId, RequestSpec,
+    SchedulerMsg, SubmitError, Usage,
 };
 
 /// The context length of the test model.
@@ -358,11 +359,7 @@ impl FakeScheduler {
                         continue;
                     }
                     let _ = reply.send(Ok(()));
-                    self.answer(
-                        request.spec.prompt.len(),
-                        request.spec.logprobs,
-                        request.events,
-                    );
+                    self.answer(&request.spec, request.events);
                 }
                 SchedulerMsg::Stop(id) => {
                     let _ = self.stops.send(id);
@@ -377,12 +374,24 @@ impl FakeScheduler {
         }
     }
 
-    fn answer(
-        &self,
-        prompt_tokens: usize,
-        logprobs: Option<usize>,
-        events: mpsc::UnboundedSender<RequestEvent>,
-    ) {
+    /// Answers `spec`: its prompt's scores first where it asks for them (in two events),
+    /// then the script's tokens (none for `max_tokens` 0).
+    fn answer(&self, spec: &RequestSpec, events: mpsc::UnboundedSender<RequestEvent>) {
+        let (prompt_tokens, logprobs) = (spec.prompt.len(), spec.logprobs);
+        if let Some(top) = spec.prompt_logprobs {
+            let scores: Vec<TokenLogprobs> = (1..prompt_tokens)
+                .map(|position| prompt_score(spec.prompt[position], position, top))
+                .collect();
+            let half = scores.len() / 2;
+            let pieces = [(1, &scores[..half]), (1 + half, &scores[half..])];
+            for (first, scores) in pieces.into_iter().filter(|(_, s)| !s.is_empty()) {
+                let _ = events.send(RequestEvent::PromptLogprobs(PromptLogprobs {
+                    id: RequestId(0),
+                    first,
+                    scores: scores.to_vec(),
+                }));
+            }
+        }
         let token = |id: u32| GeneratedToken {
             id,
             logprobs: logprobs.map(|top| TokenLogprobs {
@@ -400,7 +409,10 @@ impl FakeScheduler {
                 per_event,
                 finish,
             } => {
-                let ids = self.tokenizer.encode(text, false).unwrap();
+                let mut ids = self.tokenizer.encode(text, false).unwrap();
+                if spec.max_tokens == 0 {
+                    ids.clear();
+                }
                 for chunk in ids.chunks(*per_event) {
                     let _ = events.send(RequestEvent::Tokens(
                         chunk.iter().map(|&id| token(id)).collect(),
@@ -426,6 +438,18 @@ impl FakeScheduler {
                 self.held.lock().unwrap().push(events);
             }
         }
+    }
+}
+
+/// The fake score of prompt token `id` at `position`: logprob `-position / 10`, ranked
+/// `position`, after `top` alternatives `id + 1`, `id + 2`, ... of logprob `-0.01 * k`.
+pub fn prompt_score(id: u32, position: usize, top: usize) -> TokenLogprobs {
+    TokenLogprobs {
+        logprob: -(position as f32) / 10.0,
+        rank: position,
+        top: (1..=top as u32)
+            .map(|k| (id + k, -0.01 * k as f32))
+            .collect(),
     }
 }
 

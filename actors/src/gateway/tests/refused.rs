@@ -20,7 +20,6 @@ async fn fields_that_would_change_the_output_are_refused_by_name() {
         ("function_call", json!({"name": "f"})),
         ("structural_tag", json!({"structures": []})),
         ("bad_words", json!(["x"])),
-        ("prompt_logprobs", json!(1)),
     ];
     for uri in ["/v1/completions", "/v1/chat/completions"] {
         for (field, value) in &cases {

@@ -254,7 +254,15 @@ async fn out_of_range_fields_are_named() {
         (json!({"n": 0}), "n", "0"),
         (json!({"n": 129}), "n", "129"),
         (json!({"best_of": 3}), "best_of", "3"),
-        (json!({"echo": true, "logprobs": 1}), "echo", "logprobs"),
+        (json!({"prompt_logprobs": 21}), "prompt_logprobs", "21"),
+        (json!({"prompt_logprobs": -1}), "prompt_logprobs", "-1"),
+        (
+            json!({"prompt_logprobs": 1, "stream": true}),
+            "prompt_logprobs",
+            "stream",
+        ),
+        (json!({"max_tokens": 0}), "max_tokens", "at least 1"),
+        (json!({"max_tokens": -1, "echo": true}), "max_tokens", "-1"),
         (json!({"suffix": "!"}), "suffix", "suffix"),
         (json!({"stop": ""}), "stop", "empty"),
     ];

@@ -1,8 +1,9 @@
 //! Admission: in order, until one does not fit or the token budget is spent; never
-//! preempting.
+//! preempting. A sequence that scores its prompt reads nothing from the cache and shares
+//! the scoring rows with the others that do.
 
 use super::{admit, admit_all, computed, step, tokens, BlockManager};
-use crate::messages::{AllocateStep, RequestId};
+use crate::messages::{AdmitSeq, AllocateStep, RequestId};
 
 #[test]
 fn admission_stops_at_the_first_that_does_not_fit() {
@@ -72,6 +73,36 @@ fn cached_tokens_do_not_use_the_budget() {
         (b.num_cached, b.num_scheduled, b.block_table.len()),
         (8, 2, 3)
     );
+}
+
+#[test]
+fn a_scoring_sequence_reads_no_cache_and_shares_the_scoring_rows() {
+    let mut m = BlockManager::new(16, 4, true);
+    let prompt = tokens(0, 10);
+    admit_all(&mut m, &[(1, &prompt)]);
+    computed(&mut m, 1, &prompt);
+    let scoring = |id| AdmitSeq {
+        scores_prompt: true,
+        ..admit(id, &prompt)
+    };
+    let grant = step(
+        &mut m,
+        AllocateStep {
+            admit: vec![scoring(2), admit(3, &prompt), scoring(4), admit(5, &prompt)],
+            token_budget: 100,
+            scoring_rows: Some(7),
+            ..AllocateStep::default()
+        },
+    );
+    let got: Vec<(u64, usize, usize)> = grant
+        .admitted
+        .iter()
+        .map(|a| (a.id.0, a.num_cached, a.num_scheduled))
+        .collect();
+    // 2 takes 7 rows and no cached block; 3 is served from the cache as before; 4 finds
+    // no row left, and admission stops there.
+    assert_eq!(got, vec![(2, 0, 7), (3, 8, 2)]);
+    assert_eq!(m.block_table(RequestId(4)), None);
 }
 
 #[test]

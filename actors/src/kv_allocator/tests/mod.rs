@@ -65,6 +65,7 @@ fn admit(id: u64, tokens: &[u32]) -> AdmitSeq {
     AdmitSeq {
         id: RequestId(id),
         tokens: Arc::from(tokens),
+        scores_prompt: false,
     }
 }
 

@@ -169,6 +169,7 @@ fn run(seed: u64, prefix_caching: bool) -> (u64, usize) {
             .map(|s| AdmitSeq {
                 id: s.id,
                 tokens: Arc::from(&s.tokens[..]),
+                scores_prompt: false,
             })
             .collect();
 
