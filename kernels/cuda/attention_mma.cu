@@ -4,14 +4,17 @@
 // f32 sums), as flash attention 2 computes them.
 //
 // One block per (query tile, head), PA_MMA_WARPS warps, warp w taking rows 16w .. 16w + 15
-// of the tile. The block walks key tiles of PA_MMA_BK keys from key 0 in order: K and V tiles
-// are copied into shared memory through the block table (cp.async, zeros past the tile's
-// last key), the next K tile while this one's values are summed. A warp keeps its query
-// rows as mma fragments in registers, computes its 16 x PA_MMA_BK scores with ldmatrix'd K,
-// masks and scales them, updates each row's running max and sum (the four lanes holding a
-// row combine by a two-step butterfly), rounds the probabilities to bf16 as the A fragments
-// of the value product (the score fragments' layout is theirs) and adds P V into its
-// 16 x D output in registers. Each row's reduction order is fixed by PA_MMA_BK alone: a
+// of the tile; blocks take the work list from its end, so a prompt's longest tiles start
+// first. The block walks key tiles of PA_MMA_BK keys from key 0 in order: each tile's slot
+// offsets are looked up once (one thread a key, into shared memory), then its K and V rows
+// are copied into shared memory (cp.async, zeros past the tile's last key), the next K
+// tile while this one's values are summed. A warp keeps its query rows as mma fragments in
+// registers, computes its 16 x PA_MMA_BK scores with ldmatrix'd K, masks them where the
+// tile reaches past its first row, updates each row's running max (of raw scores) and sum
+// (exponents in log2 units, the scale folded into one fma; the four lanes holding a row
+// combine by a two-step butterfly), rounds the probabilities to bf16 as the A fragments of
+// the value product (the score fragments' layout is theirs) and adds P V into its 16 x D
+// output in registers. Each row's reduction order is fixed by PA_MMA_BK alone: a
 // product's sums for one row do not depend on the other rows, a key tile wholly past a
 // row's position adds exactly nothing (it is skipped where the whole warp is past it), so
 // a row's result depends on its own query and keys only, never on the batch or on how the
@@ -68,20 +71,29 @@ __device__ __forceinline__ unsigned pa_pack(float lo, float hi) {
            ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
 }
 
+// The element offsets (slot and KV head) of keys first .. first + PA_MMA_BK - 1 into
+// shared `slots`, -1 past token `last`: one thread a key.
+__device__ __forceinline__ void pa_key_slots(i64* slots, const int* table, int first, int last,
+                                             int block_size, i64 slot_elems, i64 head_col) {
+    const int r = threadIdx.x;
+    if (r < PA_MMA_BK) {
+        const int t = first + r;
+        slots[r] = t <= last ? pa_slot_offset(table, t, block_size, slot_elems) + head_col : -1;
+    }
+}
+
 // Copies a tile of PA_MMA_BK keys (or values) into shared `dst`, rows of D + PA_MMA_PAD bf16:
-// row r from `cache` at token first + r through the block table, zeros past token `last`.
+// row r from `cache` at offset slots[r], zeros where that is -1.
 template <int D>
 __device__ __forceinline__ void pa_load_keys(bf16* dst, const bf16* __restrict__ cache,
-                                             const int* table, int first, int last,
-                                             int block_size, i64 slot_elems, i64 head_col) {
+                                             const i64* slots) {
     constexpr int CHUNKS = D / 8;
     constexpr int ROW = D + PA_MMA_PAD;
+#pragma unroll
     for (int idx = threadIdx.x; idx < PA_MMA_BK * CHUNKS; idx += PA_MMA_THREADS) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
-        const int t = first + r;
-        const bool valid = t <= last;
-        const bf16* src = valid ? cache + pa_slot_offset(table, t, block_size, slot_elems) + head_col + c * 8 : cache;
-        pa_copy16(pa_shared(dst + r * ROW + c * 8), src, valid);
+        const i64 at = slots[r];
+        pa_copy16(pa_shared(dst + r * ROW + c * 8), at < 0 ? cache : cache + at + c * 8, at >= 0);
     }
 }
 #endif
@@ -107,12 +119,15 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
     constexpr int DIM_TILES = D / 8;          // output fragments of 8 dims
     // The K tile, then the V tile; the query tile passes through the V tile's place first.
     __shared__ __align__(16) bf16 tiles[2 * PA_MMA_BK * ROW];
+    __shared__ i64 slots[PA_MMA_BK];  // the offsets of the next tile's keys
     bf16* const k_tile = tiles;
     bf16* const v_tile = tiles + PA_MMA_BK * ROW;
 
     const int h = blockIdx.x % num_heads;
-    const int w = blockIdx.x / num_heads;
-    if (w >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles (a graph's fixed grid)
+    if (blockIdx.x / num_heads >= live[PA_LIVE_PREFILL]) return;  // past this step's tiles
+    // The last tiles of the list first: a prompt's later tiles see more keys, and run
+    // before its shorter ones rather than alone at the end of the grid.
+    const int w = live[PA_LIVE_PREFILL] - 1 - blockIdx.x / num_heads;
     const int seq = prefill_work[2 * w];
     const int row0 = prefill_work[2 * w + 1] * PA_TILE;  // first query of the tile
     const int qlen = q_len[seq];
@@ -134,6 +149,7 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
     const int pos_lo = past + row0 + min(warp_row + g, rows_here - 1);
     const int pos_hi = past + row0 + min(warp_row + g + 8, rows_here - 1);
     const int warp_last = past + row0 + min(warp_row + 15, rows_here - 1);
+    const int warp_first = past + row0 + min(warp_row, rows_here - 1);  // its first row's last key
 
     // The query tile (zeros past its end) into the V tile's place, K tile 0 beside it.
     for (int idx = threadIdx.x; idx < PA_TILE * CHUNKS; idx += PA_MMA_THREADS) {
@@ -142,7 +158,9 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
         const bf16* src = valid ? q + (first_row + r) * q_stride + (i64)h * D + c * 8 : q;
         pa_copy16(pa_shared(v_tile + r * ROW + c * 8), src, valid);
     }
-    pa_load_keys<D>(k_tile, k_cache, table, 0, last_key, block_size, slot_elems, head_col);
+    pa_key_slots(slots, table, 0, last_key, block_size, slot_elems, head_col);
+    __syncthreads();
+    pa_load_keys<D>(k_tile, k_cache, slots);
     pa_copy_commit();
     pa_copy_wait<0>();
     __syncthreads();
@@ -152,19 +170,23 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
         pa_ldmatrix(pa_shared(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
     }
     __syncthreads();  // the query tile is in registers: its place takes V tile 0
-    pa_load_keys<D>(v_tile, v_cache, table, 0, last_key, block_size, slot_elems, head_col);
+    pa_load_keys<D>(v_tile, v_cache, slots);
     pa_copy_commit();
+    __syncthreads();  // every thread has read the offsets of tile 0
 
-    const float scale_log2 = scale * 1.4426950408889634f;  // scores in log2 units
-    float m_lo = NEG_INF, m_hi = NEG_INF;  // running max of rows g and g + 8
+    const float scale_log2 = scale * 1.4426950408889634f;  // scores to log2 units
+    float m_lo = NEG_INF, m_hi = NEG_INF;  // running max of rows g and g + 8 (raw scores)
     float l_lo = 0.0f, l_hi = 0.0f;        // this thread's share of the running sums
     float acc[DIM_TILES][4];
 #pragma unroll
     for (int n = 0; n < DIM_TILES; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
     for (int k0 = 0; k0 <= last_key; k0 += PA_MMA_BK) {
-        // Here K tile k0 is in shared memory and V tile k0 on its way.
+        // Here K tile k0 is in shared memory and V tile k0 on its way; every thread has
+        // issued V tile k0's copies, so the next tile's offsets may take their place.
         const bool active = busy && k0 <= warp_last;  // warp-uniform
+        const bool more = k0 + PA_MMA_BK <= last_key;
+        if (more) pa_key_slots(slots, table, k0 + PA_MMA_BK, last_key, block_size, slot_elems, head_col);
         float s[KEY_TILES][4];
 #pragma unroll
         for (int n = 0; n < KEY_TILES; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -184,21 +206,25 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
             }
         }
         __syncthreads();  // every warp has read the K tile: the next one may come in
-        if (k0 + PA_MMA_BK <= last_key) {
-            pa_load_keys<D>(k_tile, k_cache, table, k0 + PA_MMA_BK, last_key, block_size, slot_elems, head_col);
-        }
+        if (more) pa_load_keys<D>(k_tile, k_cache, slots);
         pa_copy_commit();
         if (active) {
-            // Causal mask and scale, then the online softmax of rows g (elements 0, 1) and
-            // g + 8 (elements 2, 3).
+            // The causal mask (only where the tile reaches past the warp's first row), then
+            // the online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3): the
+            // maxima over raw scores, the exponents in log2 units with the scale folded in.
+            if (k0 + PA_MMA_BK - 1 > warp_first) {
+#pragma unroll
+                for (int n = 0; n < KEY_TILES; ++n) {
+                    const int key = k0 + n * 8 + 2 * quad;
+                    if (key > pos_lo) s[n][0] = NEG_INF;
+                    if (key + 1 > pos_lo) s[n][1] = NEG_INF;
+                    if (key > pos_hi) s[n][2] = NEG_INF;
+                    if (key + 1 > pos_hi) s[n][3] = NEG_INF;
+                }
+            }
             float max_lo = NEG_INF, max_hi = NEG_INF;
 #pragma unroll
             for (int n = 0; n < KEY_TILES; ++n) {
-                const int key = k0 + n * 8 + 2 * quad;
-                s[n][0] = key <= pos_lo ? s[n][0] * scale_log2 : NEG_INF;
-                s[n][1] = key + 1 <= pos_lo ? s[n][1] * scale_log2 : NEG_INF;
-                s[n][2] = key <= pos_hi ? s[n][2] * scale_log2 : NEG_INF;
-                s[n][3] = key + 1 <= pos_hi ? s[n][3] * scale_log2 : NEG_INF;
                 max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
                 max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
             }
@@ -209,16 +235,17 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
             const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
             // Key 0 is in the first tile and every row sees it, so the maxima are finite
             // from then on; the guard keeps -inf - -inf out of the arithmetic.
-            const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo;
-            const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi;
-            const float alpha_lo = exp2f(m_lo - use_lo), alpha_hi = exp2f(m_hi - use_hi);
+            const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo * scale_log2;
+            const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi * scale_log2;
+            const float alpha_lo = exp2f(m_lo * scale_log2 - use_lo);
+            const float alpha_hi = exp2f(m_hi * scale_log2 - use_hi);
             float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
             for (int n = 0; n < KEY_TILES; ++n) {
-                s[n][0] = exp2f(s[n][0] - use_lo);
-                s[n][1] = exp2f(s[n][1] - use_lo);
-                s[n][2] = exp2f(s[n][2] - use_hi);
-                s[n][3] = exp2f(s[n][3] - use_hi);
+                s[n][0] = exp2f(fmaf(s[n][0], scale_log2, -use_lo));
+                s[n][1] = exp2f(fmaf(s[n][1], scale_log2, -use_lo));
+                s[n][2] = exp2f(fmaf(s[n][2], scale_log2, -use_hi));
+                s[n][3] = exp2f(fmaf(s[n][3], scale_log2, -use_hi));
                 sum_lo += s[n][0] + s[n][1];
                 sum_hi += s[n][2] + s[n][3];
             }
@@ -257,9 +284,7 @@ __device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q
             }
         }
         __syncthreads();  // every warp has read the V tile
-        if (k0 + PA_MMA_BK <= last_key) {
-            pa_load_keys<D>(v_tile, v_cache, table, k0 + PA_MMA_BK, last_key, block_size, slot_elems, head_col);
-        }
+        if (more) pa_load_keys<D>(v_tile, v_cache, slots);
         pa_copy_commit();
         pa_copy_wait<1>();  // the next K tile is in
         __syncthreads();
