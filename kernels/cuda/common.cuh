@@ -1,6 +1,7 @@
 // Shared by every GPU kernel module (prepended by the compiler, so no #include of it).
-// Written so that it compiles as CUDA (NVRTC) and as HIP (hipRTC): no inline PTX outside
-// guarded fast paths, warp width from WARP_SIZE, shuffles through the wrappers below.
+// Written so that it compiles as CUDA (NVRTC) and as HIP (hipRTC, and hipcc: CI compiles
+// every module for gfx90a with scripts/hip_compile.sh): no inline PTX outside guarded fast
+// paths, warp width from WARP_SIZE, shuffles through the wrappers below.
 //
 // Conventions of every kernel:
 // - activations and weights are bf16 (`bf16`); reductions accumulate in f32;
@@ -9,11 +10,43 @@
 // - a kernel only touches the rows its launcher names; there is no padded tail.
 
 #if defined(__HIPCC__) || defined(__HIPCC_RTC__)
+// hipRTC has the runtime's declarations built in; hipcc (scripts/hip_compile.sh) needs them
+// included.
+#ifndef __HIPCC_RTC__
+#include <hip/hip_runtime.h>
+#endif
+#if __has_include(<hip/hip_bf16.h>)
 #include <hip/hip_bf16.h>
 typedef __hip_bfloat16 bf16;
+#else
+// ROCm without <hip/hip_bf16.h> (Debian's 5.2, say): a bf16 of our own, with the CUDA
+// names of the conversions the kernels use (round to nearest even; NaN to the canonical
+// quiet NaN, as CUDA's __float2bfloat16 does).
+struct bf16 {
+    unsigned short x;
+};
+__device__ __forceinline__ float __bfloat162float(bf16 h) { return __uint_as_float((unsigned int)h.x << 16); }
+__device__ __forceinline__ bf16 __float2bfloat16(float f) {
+    const unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{0x7fff};
+    return bf16{(unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
+}
+__device__ __forceinline__ unsigned short __bfloat16_as_ushort(bf16 h) { return h.x; }
+__device__ __forceinline__ bf16 __ushort_as_bfloat16(unsigned short x) { return bf16{x}; }
+#endif
 #define WARP_SIZE warpSize
 #define FULL_MASK 0xffffffffffffffffull
 #define SHFL_XOR(v, m) __shfl_xor((v), (m))
+// CUDA spellings that not every ROCm has, as macros so that they take precedence over any
+// declaration of a newer ROCm: __syncwarp orders the wavefront's memory accesses (its
+// lanes run in lockstep), __trap ends the kernel with an error.
+#define __syncwarp()                                           \
+    do {                                                       \
+        __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront"); \
+        __builtin_amdgcn_wave_barrier();                       \
+        __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront"); \
+    } while (0)
+#define __trap() __builtin_trap()
 #else
 #include <cuda_bf16.h>
 typedef __nv_bfloat16 bf16;

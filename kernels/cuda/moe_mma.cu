@@ -43,6 +43,7 @@ __device__ __forceinline__ void moe_mma_body(const bf16* __restrict__ x, const i
                                              int x_rows, const bf16* __restrict__ w,
                                              const int* __restrict__ offsets, int pairs,
                                              OUT* __restrict__ out, int depth, int ncols) {
+#ifdef TENSOR_CORES  // the fragment layout below is mma.sync's, over 32 lanes
     constexpr bool GATED = sizeof(OUT) == 2;
     constexpr int COLS = GATED ? 8 : 16;  // output columns per tile
     constexpr int BLOCK_COLS = MOE_MMA_WARPS / MOE_MMA_SPLIT * COLS;
@@ -147,6 +148,11 @@ __device__ __forceinline__ void moe_mma_body(const bf16* __restrict__ x, const i
         }
         __syncthreads();  // the next pass writes the partial sums again
     }
+#else
+    (void)x, (void)gather, (void)x_rows, (void)w, (void)offsets, (void)pairs, (void)out;
+    (void)depth, (void)ncols;
+    __trap();
+#endif
 }
 
 #define MOE_MMA_GATE_UP_PARAMS                                                                  \
