@@ -99,18 +99,7 @@ __device__ __forceinline__ void pa_load_keys(bf16* dst, const bf16* __restrict__
 #endif
 
 template <int D>
-__device__ __forceinline__ void pa_prefill_mma(const bf16* __restrict__ q, i64 q_stride,
-                                               const bf16* __restrict__ k_cache,
-                                               const bf16* __restrict__ v_cache,
-                                               const int* __restrict__ q_start,
-                                               const int* __restrict__ q_len,
-                                               const int* __restrict__ context_len,
-                                               const i64* __restrict__ table_start,
-                                               const int* __restrict__ block_table,
-                                               const int* __restrict__ prefill_work,
-                                               const int* __restrict__ live,
-                                               bf16* __restrict__ o, int num_heads,
-                                               int num_kv_heads, int block_size, float scale) {
+__device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
 #ifdef TENSOR_CORES
     constexpr int ROW = D + PA_MMA_PAD;     // a shared row, in bf16
     constexpr int CHUNKS = D / 8;           // 16-byte chunks of a row
