@@ -512,7 +512,7 @@ fn layers0_head_sharing_the_target_embedding_matches_the_float64_reference() {
 
 /// A sequence's aux hidden states, head `pre` and draft logits are the same bits whether
 /// its prompt runs in two chunks batched with another sequence or alone in one chunk on
-/// other blocks (DESIGN.md rule 5).
+/// other blocks (docs/architecture.md, rule 6).
 #[test]
 fn step0_is_bit_exact_across_batching_chunking_and_blocks() {
     let dir = tempfile::tempdir().unwrap();

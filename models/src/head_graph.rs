@@ -2,15 +2,15 @@
 //! for any head on the GPU ([`GraphedHead`]: an EAGLE-3 head, a multi-token prediction
 //! layer): its draft steps after the first (one row per sequence, fed its `pre`), and its
 //! step 0 of a decode-shaped batch (up to the rows a sequence verifies, fed target
-//! features gathered from the feature ring, every row a logit row: the verification
-//! graphs' shape). One graph per size and context class, each kind over one set of
-//! buffers allocated at its largest size, which every graph of the kind holds with the
-//! head's weights and its KV cache (DESIGN.md rule 4). Each graph has a plan of its own,
-//! fixed at its size and staged over the head's real rows: the target's padded plan never
-//! reaches the head. A step is padded up to its graph's size: token ids, positions and
-//! the staged `pre` repeat the last real row, and slot mappings point padded rows at a
-//! scratch slot no sequence owns; a step 0's features are gathered into the real rows
-//! only, before the graph runs.
+//! features gathered from the feature ring, every row a logit row: the verification graphs'
+//! shape). One graph per size and context class, each kind over one set of buffers
+//! allocated at its largest size, which every graph of the kind holds with the head's
+//! weights and its KV cache (docs/architecture.md, rule 5). Each graph has a plan of its
+//! own, fixed at its size and staged over the head's real rows: the target's padded plan
+//! never reaches the head. A step is padded up to its graph's size: token ids, positions
+//! and the staged `pre` repeat the last real row, and slot mappings point padded rows at a
+//! scratch slot no sequence owns; a step 0's features are gathered into the real rows only,
+//! before the graph runs.
 
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::gpu::GpuHeadDrafts;
@@ -285,7 +285,7 @@ impl<C: GraphedHead> CapturedHead<C> {
             }
             .into());
         }
-        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        // docs/architecture.md, rule 3: the real rows fit q and o, which hold the graph's size.
         plan.check_fits(self.size, self.size)
             .map_err(AttentionError::from)?;
         core.check_positions(plan)?;
@@ -323,7 +323,7 @@ impl<C: GraphedHead> CapturedHead<C> {
             .into());
         }
         let ring = self.ring.as_deref().ok_or(GpuForwardError::NoFeatureRing)?;
-        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        // docs/architecture.md, rule 3: the real rows fit q and o, which hold the graph's size.
         plan.check_fits(self.size, self.size)
             .map_err(AttentionError::from)?;
         core.check_positions(plan)?;

@@ -1,5 +1,6 @@
 //! A float64 forward of a DeepSeek-V3 multi-token prediction layer, written from the
-//! reference (§3, §4) apart from Peregrine's: latent attention decompressed (each head's
+//! DeepSeek-V3 technical report (arXiv 2412.19437: multi-token prediction, section 2.2; latent
+//! attention, section 2.1.1) apart from Peregrine's: latent attention decompressed (each head's
 //! keys and values expanded by `kv_b_proj`, plain attention over them), YaRN's frequencies
 //! computed here, the sigmoid `noaux_tc` routing, the shared expert.
 

@@ -20,7 +20,7 @@ use peregrine_ops::sampling::{argmax, log_softmax, Sampler, TokenMask};
 use peregrine_ops::{AttentionPlan, Linear};
 use std::sync::Arc;
 
-/// What the pool is and what the address audit (DESIGN.md rule 2) found for it.
+/// What the pool is and what the address audit (docs/architecture.md, rule 2) found for it.
 #[derive(Clone, Debug)]
 pub struct PoolInfo {
     /// One layer's layout.

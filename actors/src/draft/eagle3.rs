@@ -1,6 +1,6 @@
-//! Drafting with an EAGLE-3 head (reference §1.6), on the CPU or (run by the CUDA backend)
-//! the GPU, its one-layer KV cache over the target's block ids in a pool of the head's
-//! shape.
+//! Drafting with an EAGLE-3 head (the chain of k drafts of vLLM's `EagleProposer.propose`),
+//! on the CPU or (run by the CUDA backend) the GPU, its one-layer KV cache over the
+//! target's block ids in a pool of the head's shape.
 //!
 //! The target records the inputs of the head's aux layers for every row it runs; they
 //! arrive here with each `Propose` (as values from the CPU backend, or as the numbers of

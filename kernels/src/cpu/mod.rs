@@ -77,7 +77,7 @@ impl KvLayout {
     }
 }
 
-/// What the address audit (DESIGN.md rule 2) found for one layer of the pool.
+/// What the address audit (docs/architecture.md, rule 2) found for one layer of the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AddressAudit {
     /// The largest byte offset the cache-write and attention kernels compute.

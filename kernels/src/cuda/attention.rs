@@ -1,5 +1,5 @@
 //! Launchers of paged attention (`cuda/attention.cu`), the host-side work lists they walk,
-//! and the address audit of the GPU cache kernels (DESIGN.md rule 2).
+//! and the address audit of the GPU cache kernels (docs/architecture.md, rule 2).
 //!
 //! A sequence with one query row (decode) goes through the split kernel: its context is cut
 //! into partitions of [`PARTITION_TOKENS`] tokens, each writing a partial result to scratch,

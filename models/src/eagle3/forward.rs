@@ -1,4 +1,5 @@
-//! One forward of an EAGLE-3 head on the CPU (reference §1.2):
+//! One forward of an EAGLE-3 head on the CPU (the single decoder layer of the EAGLE-3
+//! paper, arXiv 2503.01840, as vLLM loads it):
 //!
 //! ```text
 //! u  = cat(input_layernorm(embed(x)), hidden_norm(g))        [T, 2H]

@@ -1,7 +1,8 @@
 //! Multi-head latent attention (DeepSeek-V2/V3) on the CPU, absorbed for every step: the
 //! cache keeps one row a token, the normed latent and the rotated key, `[c | k_pe]`; each
 //! head's query is taken into the latent's space by `W_UK` before attention, and the
-//! attention's latent output out of it by `W_UV` after (reference §4.4).
+//! attention's latent output out of it by `W_UV` after (as vLLM absorbs them in
+//! `process_weights_after_loading`).
 
 use crate::config::{MlaConfig, ModelConfig};
 use crate::cpu_graph::ops::{linear, refuse, staged_attention, Activations, Graph};

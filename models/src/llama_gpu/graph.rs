@@ -1,6 +1,6 @@
 //! Decode steps captured as CUDA graphs: one graph per batch size, all reading and writing
-//! one set of buffers allocated at the largest size, which every graph holds (DESIGN.md
-//! rule 4), with the model's weights and the KV cache. Verification steps (each sequence's
+//! one set of buffers allocated at the largest size, which every graph holds (docs/architecture.md,
+//! rule 5), with the model's weights and the KV cache. Verification steps (each sequence's
 //! last token and its drafts, any number a sequence, every row a logit row) are captured
 //! the same way per number of rows, over a set of buffers of their own, their attention
 //! through the model's decode kernel: the split kernel takes each row as the decode row it
@@ -342,7 +342,7 @@ impl CapturedDecode {
                 AttentionError::Shape("a decode graph runs one row per sequence".into()).into(),
             );
         }
-        // DESIGN.md rule 3: the real rows fit q and o, which hold the graph's size.
+        // docs/architecture.md, rule 3: the real rows fit q and o, which hold the graph's size.
         plan.check_fits(self.size, self.size)
             .map_err(AttentionError::from)?;
         if let Some(&position) = plan.positions().iter().max() {

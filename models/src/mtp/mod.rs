@@ -1,4 +1,5 @@
-//! DeepSeek-V3's multi-token prediction layer as a draft head (reference §3), on the CPU:
+//! DeepSeek-V3's multi-token prediction layer as a draft head (the DeepSeek-V3 technical
+//! report, arXiv 2412.19437, section 2.2), on the CPU:
 //!
 //! ```text
 //! e  = embed(x), 0 at position 0

@@ -1,4 +1,4 @@
-//! Attention metadata, planned over the real tokens of a step (DESIGN.md rule 3).
+//! Attention metadata, planned over the real tokens of a step (docs/architecture.md, rule 3).
 
 /// A plan that cannot be built or does not fit the buffers it is run on.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! They read one step's metadata from a [`DeviceAttentionPlan`] (planned over the real
 //! tokens); [`GpuPagedAttention::forward`] and [`write_kv`] check on the host, with
 //! plain integers and no device sync, that the plan fits the buffers and the pool before
-//! they launch anything (DESIGN.md rule 3).
+//! they launch anything (docs/architecture.md, rule 3).
 
 pub use super::plan::DeviceAttentionPlan;
 use crate::attention::PlanError;

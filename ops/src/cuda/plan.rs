@@ -105,7 +105,7 @@ struct Offsets {
     table_start: (usize, usize),
 }
 
-/// The host numbers of the staged step that the checks need (DESIGN.md rule 3).
+/// The host numbers of the staged step that the checks need (docs/architecture.md, rule 3).
 #[derive(Clone, Copy, Debug, Default)]
 struct StepNumbers {
     /// Query rows planned: the real tokens.
@@ -690,7 +690,7 @@ impl DeviceAttentionPlan {
     /// Refuses the plan if it covers more rows than `q_rows` / `o_rows`
     /// (`AttentionPlan::check_fits`, on the host numbers kept at staging): its padded rows,
     /// which its grid covers, so that a plan padded for a graph is refused over the q and o
-    /// of a step's real rows (DESIGN.md rule 3).
+    /// of a step's real rows (docs/architecture.md, rule 3).
     pub(super) fn check_fits(&self, q_rows: usize, o_rows: usize) -> Result<(), PlanError> {
         let planned = self.step.padded_rows.max(self.step.rows);
         for (buffer, rows) in [("q", q_rows), ("o", o_rows)] {

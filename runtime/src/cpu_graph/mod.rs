@@ -1,5 +1,6 @@
 //! The CPU stand-in for device memory and captured graphs, so that the padding, staging and
-//! lifetime rules of graph replay (DESIGN.md rule 4) are exercised on any machine.
+//! lifetime rules of graph replay (docs/architecture.md, rules 3 to 5) are exercised on any
+//! machine.
 //!
 //! [`BufferPool`] hands out [`CpuBuffer`]s and recycles freed storage by size, as a caching
 //! device allocator does: a freed buffer's memory is soon another buffer's. In poisoning
