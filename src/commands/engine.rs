@@ -35,9 +35,11 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
         DeviceKind::Cpu => {
             let model =
                 LlamaModel::load(dir).with_context(|| format!("loading {}", dir.display()))?;
-            memory::check_start_up(config, &memory::footprint(config, model.config()))?;
+            let footprint = memory::footprint(config, model.config());
+            let kv_cache_memory = memory::kv_cache_memory(config, &footprint);
+            memory::check_start_up(config, &footprint, kv_cache_memory)?;
             Ok(Loaded {
-                target: cpu_backend(model, config.kv_cache_memory, config.block_size)?,
+                target: cpu_backend(model, kv_cache_memory, config.block_size)?,
                 beside: None,
             })
         }

@@ -51,6 +51,22 @@ impl CpuFootprint {
         }
     }
 
+    /// The KV cache's size when `kv_cache_memory` is not set: room for one sequence of
+    /// `max_model_len` tokens or for four steps of `max_num_batched_tokens` if that is
+    /// more, but no more than `max_num_seqs` sequences of `max_model_len` can hold (a token
+    /// budget, as llama.cpp's context is one), in whole blocks; at most a quarter of
+    /// `available` bytes (what the host can give, where known), and at least one block.
+    pub fn default_kv_cache_memory(&self, bounds: StepBounds, available: Option<u64>) -> u64 {
+        let block_bytes = self.kv_bytes_per_token * self.block_size as u64;
+        let tokens = self
+            .max_model_len
+            .max(bounds.max_num_batched_tokens.saturating_mul(4))
+            .min(bounds.max_num_seqs.saturating_mul(self.max_model_len));
+        let wanted = (tokens.div_ceil(self.block_size) as u64).saturating_mul(block_bytes);
+        let cap = available.map_or(u64::MAX, |bytes| bytes / 4 / block_bytes * block_bytes);
+        wanted.min(cap).max(block_bytes)
+    }
+
     /// The KV cache of `kv_cache_memory` bytes: its blocks and the scratch block.
     pub fn kv_cache(&self, kv_cache_memory: u64) -> anyhow::Result<MemoryNeed> {
         let block_bytes = self.kv_bytes_per_token * self.block_size as u64;
@@ -120,6 +136,30 @@ mod tests {
         )
         .unwrap();
         CpuFootprint::new(&config, 16, 256, 0)
+    }
+
+    #[test]
+    fn the_default_kv_cache_holds_one_long_sequence_or_four_steps_within_a_quarter_of_memory() {
+        let f = footprint(); // blocks of 16 tokens, max_model_len 256
+        let block = f.kv_bytes_per_token * 16;
+        let bounds = |max_num_batched_tokens, max_num_seqs| StepBounds {
+            max_num_batched_tokens,
+            max_num_seqs,
+            drafts: 0,
+        };
+        // One sequence of max_model_len: 256 tokens, 16 blocks.
+        assert_eq!(f.default_kv_cache_memory(bounds(32, 8), None), 16 * block);
+        // Four steps of 100 tokens: 400 tokens, 25 blocks.
+        assert_eq!(f.default_kv_cache_memory(bounds(100, 8), None), 25 * block);
+        // No more than the sequences can hold: 2 of 256 tokens.
+        assert_eq!(f.default_kv_cache_memory(bounds(1000, 2), None), 32 * block);
+        // A quarter of what the host has, in whole blocks, but never less than a block.
+        let available = 40 * block + 7;
+        assert_eq!(
+            f.default_kv_cache_memory(bounds(32, 8), Some(available)),
+            10 * block
+        );
+        assert_eq!(f.default_kv_cache_memory(bounds(32, 8), Some(block)), block);
     }
 
     #[test]

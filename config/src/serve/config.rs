@@ -61,7 +61,7 @@ impl ServeConfig {
     pub fn cache_config(&self) -> CacheConfig {
         CacheConfig {
             block_size: self.block_size,
-            kv_cache_memory: Some(self.kv_cache_memory),
+            kv_cache_memory: self.kv_cache_memory,
         }
     }
 }

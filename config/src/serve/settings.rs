@@ -80,11 +80,15 @@ settings! {
         given usize, fill value, reload Restart, Public, check block_size,
         flag "--block-size", arg(long, value_name = "N",
             help = "Tokens per KV cache block, a power of two up to 256 [default: 16]");
-    /// Bytes the KV cache may take.
-    kv_cache_memory: u64 = 1 << 30;
-        given u64, fill value, reload Restart, Public, check positive_bytes,
+    /// Bytes the CPU's KV cache takes; `None` sizes it from the model (see
+    /// `CpuFootprint::default_kv_cache_memory` in the actors crate).
+    kv_cache_memory: Option<u64> = None;
+        given u64, fill optional, reload Restart, Public, check positive_bytes,
         flag "--kv-cache-memory", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
-            help = "Memory for the KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... [default: 1GiB]"),
+            help = "Memory for the CPU's KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... \
+                    [default: room for one sequence of max_model_len tokens, or for four \
+                    steps of max_num_batched_tokens if that is more, at most a quarter of the \
+                    memory available]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
     /// The fraction of GPU memory the server may use.
     gpu_memory_utilization: f32 = 0.9;

@@ -7,7 +7,7 @@ use crate::commands::serve::reload::graph_sizes;
 use peregrine_actors::backend::{CpuFootprint, StepBounds};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::ModelConfig;
-use peregrine_runtime::host_memory::{check_host, MemoryNeed};
+use peregrine_runtime::host_memory::{available_bytes, check_host, MemoryNeed};
 
 /// Layers whose inputs an EAGLE-3 head reads (a low, a middle and a high one).
 const EAGLE3_AUX_LAYERS: usize = 3;
@@ -25,11 +25,23 @@ pub fn footprint(config: &ServeConfig, model: &ModelConfig) -> CpuFootprint {
     CpuFootprint::new(model, config.block_size, max_model_len, aux)
 }
 
-/// Refuses a start-up whose KV cache, largest step and graphs do not fit in the host's
-/// memory together.
-pub fn check_start_up(config: &ServeConfig, footprint: &CpuFootprint) -> anyhow::Result<()> {
+/// The bytes of the CPU's KV cache: `kv_cache_memory` where it is set, else the model's
+/// default for `config`'s limits and the memory available now.
+pub fn kv_cache_memory(config: &ServeConfig, footprint: &CpuFootprint) -> u64 {
+    config
+        .kv_cache_memory
+        .unwrap_or_else(|| footprint.default_kv_cache_memory(bounds(config), available_bytes()))
+}
+
+/// Refuses a start-up whose KV cache (of `kv_cache_memory` bytes), largest step and graphs
+/// do not fit in the host's memory together.
+pub fn check_start_up(
+    config: &ServeConfig,
+    footprint: &CpuFootprint,
+    kv_cache_memory: u64,
+) -> anyhow::Result<()> {
     let mut needs = vec![
-        footprint.kv_cache(config.kv_cache_memory)?,
+        footprint.kv_cache(kv_cache_memory)?,
         footprint.eager_step(bounds(config)),
     ];
     needs.extend(graphs(config, footprint)?);
