@@ -349,7 +349,7 @@ print("<|im_start|>user\nHere is the keeper log of the lighthouse. " + " ".join(
         "${fault[@]}" "$serve_bin" serve --model /tmp/smollm2 --device cuda --port $port \
             --max-num-seqs 64 "${layout[@]}" --no-speculative-adaptive \
             --speculative-method eagle3 --draft-model heads/smollm2-135m-eagle3 \
-            --log-level info,peregrine_actors::spec_stats=trace \
+            --log-level info,peregrine_actors::scheduler::spec::stats=trace \
             >"/tmp/serve-soak-$run.log" 2>&1 &
         server=$!
         wait_for_port $port

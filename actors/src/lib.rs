@@ -1,9 +1,9 @@
 //! The serving runtime: the actors (the HTTP gateway, the scheduler, the KV allocator, the
 //! target runner and its model backends, the draft proposer), the typed messages between
 //! them (`messages`), how they are assembled (`engine`), their metrics, liveness
-//! (`health`) and speculation statistics; and the graphs (`graphs`): the captured sizes,
-//! the GraphCaptureManager, the CPU backend's graphs, and the capture of the target's and
-//! the draft's graphs together.
+//! (`health`), speculation statistics (under the scheduler, which keeps them); and the
+//! graphs (`graphs`): the captured sizes, the GraphCaptureManager, the CPU backend's
+//! graphs, and the capture of the target's and the draft's graphs together.
 
 pub mod actor_thread;
 pub mod backend;
@@ -16,10 +16,6 @@ pub mod kv_allocator;
 pub mod messages;
 pub mod metrics;
 pub mod scheduler;
-pub mod spec_alarm;
-pub mod spec_band_alarm;
-pub mod spec_bands;
-pub mod spec_stats;
 pub mod target_runner;
 
 pub use messages::FinishReason;

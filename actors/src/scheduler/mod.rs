@@ -26,6 +26,7 @@ mod draft_control;
 mod policy;
 mod queues;
 mod seq;
+pub mod spec;
 #[cfg(test)]
 mod tests;
 
@@ -37,7 +38,7 @@ use crate::messages::{
     RequestEvent, RequestId, SchedulerLimits, SchedulerMsg, SubmitError,
 };
 use crate::metrics;
-use crate::spec_stats::SpecStats;
+use crate::scheduler::spec::stats::SpecStats;
 use crate::target_runner::TargetRunnerHandle;
 use draft_control::{size_class, size_class_label, DecodeStep, DraftControl};
 use policy::{schedule, StepPlan};

@@ -11,7 +11,7 @@ use crate::messages::{
     StepGrant, SubmitError,
 };
 use crate::metrics;
-use crate::spec_stats::Place;
+use crate::scheduler::spec::stats::Place;
 use peregrine_ops::sampling::SamplingParams;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;

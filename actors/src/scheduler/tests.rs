@@ -10,7 +10,7 @@ use crate::messages::{
     GeneratedToken, PromptLogprobs, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
     SeqOutput, StepDone, SubmitError,
 };
-use crate::spec_stats::Place;
+use crate::scheduler::spec::stats::Place;
 use peregrine_ops::sampling::DraftDist;
 use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
 use std::sync::Arc;

@@ -19,7 +19,7 @@
 //! change (0.35 of the long run) quiet, and a window of 300 drafts keeps the noise of a
 //! window at 17% (2.2 points) from reaching the 9.8% it would take; a collapse to nearly
 //! nothing still fires. Acceptance that depends on where a sequence's KV lives, the shape
-//! of the block-addressing incident, is the band alarm's (`spec_band_alarm`).
+//! of the block-addressing incident, is the band alarm's (`band_alarm`).
 
 use std::collections::VecDeque;
 

@@ -37,7 +37,7 @@
 //! shape of an address that goes wrong past a limit; the lowest band never is.
 
 use crate::messages::RequestId;
-use crate::spec_bands::Bands;
+use crate::scheduler::spec::bands::Bands;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt::Write;
 

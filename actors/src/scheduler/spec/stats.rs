@@ -1,21 +1,24 @@
 //! Speculative decoding's numbers: the Prometheus series (see `metrics`), a log line every
 //! ten seconds over the interval, such as
 //! `spec: accept 72.4% tokens/fwd 3.17 per-position 0.83 0.72 0.61 buckets 0:15% 1:20% 2:15% 3:50%`,
-//! and the two acceptance alarms: the whole pool's collapse (`spec_alarm`) and acceptance
-//! that depends on the band of block ids a sequence's KV lives in (`spec_band_alarm`).
+//! and the two acceptance alarms: the whole pool's collapse (`alarm`) and acceptance
+//! that depends on the band of block ids a sequence's KV lives in (`band_alarm`).
 //! Per-position rates are accepted over proposed at that position; buckets are the share
 //! of verifications that accepted 0, 1, ... drafts.
 //!
-//! At trace level for this module (`--log-level info,peregrine_actors::spec_stats=trace`)
-//! each verification the band alarm counts is logged as one line, `verification band=B
-//! request=R tokens=T drafts=D accepted=A block=K`, in the order the alarm saw them, so a
-//! served run's stream can be replayed through [`BandAlarm`] offline.
+//! At trace level for this module
+//! (`--log-level info,peregrine_actors::scheduler::spec::stats=trace`) each verification
+//! the band alarm counts is logged as one line, `verification band=B request=R tokens=T
+//! drafts=D accepted=A block=K`, in the order the alarm saw them, so a served run's stream
+//! can be replayed through [`BandAlarm`] offline.
 
 use crate::messages::{KvUsage, RequestId};
 use crate::metrics;
-use crate::spec_alarm::{AcceptanceAlarm, AlarmChange, AlarmSettings, LowPosition};
-use crate::spec_band_alarm::{band_alarm_message, BandAlarm, BandAlarmChange, BandAlarmSettings};
-use crate::spec_bands::Bands;
+use crate::scheduler::spec::alarm::{AcceptanceAlarm, AlarmChange, AlarmSettings, LowPosition};
+use crate::scheduler::spec::band_alarm::{
+    band_alarm_message, BandAlarm, BandAlarmChange, BandAlarmSettings,
+};
+use crate::scheduler::spec::bands::Bands;
 use std::fmt::Write;
 use std::time::{Duration, Instant};
 use tracing::{info, trace, warn};

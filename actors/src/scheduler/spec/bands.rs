@@ -1,5 +1,5 @@
 //! Bands of KV block ids: where a verified sequence's draft KV lives, for the band alarm
-//! (`spec_band_alarm`) and the per-band acceptance series. A sequence's place is the
+//! (`band_alarm`) and the per-band acceptance series. A sequence's place is the
 //! largest block id in its block table (the draft's KV shares the target pool's block
 //! ids). The bands break at every power of two from block 65,536 on and, when the draft
 //! layer's bytes per block are known, at the block holding each power of two from 2^31

@@ -1,0 +1,9 @@
+//! What the scheduler keeps of speculative decoding: its statistics and log lines
+//! (`stats`), the whole pool's acceptance alarm (`alarm`), and the alarm on acceptance
+//! that depends on where a sequence's KV lives (`band_alarm`, over the `bands` of block ids
+//! and bytes).
+
+pub mod alarm;
+pub mod band_alarm;
+pub mod bands;
+pub mod stats;
