@@ -23,6 +23,7 @@
 //! step.
 
 mod draft_control;
+mod plan;
 mod policy;
 mod queues;
 mod seq;
@@ -41,7 +42,8 @@ use crate::metrics;
 use crate::scheduler::spec::stats::SpecStats;
 use crate::target_runner::TargetRunnerHandle;
 use draft_control::{size_class, size_class_label, DecodeStep, DraftControl};
-use policy::{schedule, StepPlan};
+use plan::StepPlan;
+use policy::schedule;
 use queues::{Queues, SubmitLimits};
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};

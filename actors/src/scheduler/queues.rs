@@ -3,7 +3,7 @@
 //! grant applied to a [`Schedule`], the batch and the proposal a [`StepPlan`] makes, and a
 //! `StepDone` applied.
 
-use super::policy::{PlannedSeq, Schedule, StepPlan};
+use super::plan::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
 use crate::messages::{
     AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrammarStatus, GrowSeq,

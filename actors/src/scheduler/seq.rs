@@ -1,6 +1,6 @@
 //! A request's state inside the scheduler: its tokens, how many are in the KV cache, its
 //! blocks and its timings. What a step does with it is the step's plan
-//! ([`super::policy::StepPlan`]), not a field of the sequence.
+//! ([`super::plan::StepPlan`]), not a field of the sequence.
 
 use crate::messages::{GenerateRequest, RequestEvent, Usage};
 use peregrine_config::MAX_SPECULATIVE_TOKENS;

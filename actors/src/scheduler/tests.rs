@@ -2,7 +2,8 @@
 //! requests, the real block manager answering the allocation (no actor, no runner), and
 //! each step's results written out as the runner would send them.
 
-use super::policy::{schedule, StepPlan};
+use super::plan::StepPlan;
+use super::policy::schedule;
 use super::queues::{Queues, SubmitLimits};
 use crate::kv_allocator::BlockManager;
 use crate::messages::{
