@@ -50,11 +50,12 @@ pub fn paged_attention(
     // One task per (tile of a sequence's query rows, KV head): the tile's rows and the
     // group's query heads read each key and value once.
     let kv_heads = layout.num_kv_heads as usize;
+    let tile = tile_rows(seqs, kv_heads);
     let mut tasks = Vec::new();
     for (s, seq) in seqs.iter().enumerate() {
-        for first in (0..seq.q_len).step_by(Q_TILE) {
+        for first in (0..seq.q_len).step_by(tile) {
             for kv_head in 0..kv_heads {
-                tasks.push((s, first, Q_TILE.min(seq.q_len - first), kv_head));
+                tasks.push((s, first, tile.min(seq.q_len - first), kv_head));
             }
         }
     }
@@ -109,6 +110,18 @@ pub(super) fn check_rows(seqs: &[AttentionSeq], rows: usize) {
 
 /// Query rows of one sequence a task takes at a time.
 const Q_TILE: usize = 8;
+
+/// The rows a task takes: [`Q_TILE`], or one where tiles of [`Q_TILE`] would make fewer
+/// than two tasks a thread (a decode or verification step of a few sequences, whose few
+/// tasks would leave threads idle while the last ones run).
+fn tile_rows(seqs: &[AttentionSeq], kv_heads: usize) -> usize {
+    let tiles: usize = seqs.iter().map(|s| s.q_len.div_ceil(Q_TILE)).sum();
+    if tiles * kv_heads >= 2 * rayon::current_num_threads() {
+        Q_TILE
+    } else {
+        1
+    }
+}
 
 /// Consecutive query rows of one sequence, each row's heads of one KV group, against that
 /// group's cached keys and values.
