@@ -110,6 +110,12 @@
 #                                 must be the plain ones; then scripts/structured/bench_constrained.sh,
 #                                 constrained against free output tokens/s at concurrency 1
 #                                 and 8 and the mask time per row
+#   scripts/gpu_run.sh deterministic
+#                                 the cost of --deterministic on the Llama-3.2-1B shape
+#                                 (random weights, through graphs): bench latency with and
+#                                 without it, in turns, of decode at batch 1, 8 and 64 after
+#                                 128 tokens and at batch 1 and 16 after 4,000, and of the
+#                                 prefill of 4,000 tokens at batch 1
 #   scripts/gpu_run.sh llamacpp   llama.cpp (CUDA, flash attention on) against Peregrine on one
 #                                 random-weight bf16 checkpoint of the Llama-3.2-1B shape
 #                                 (scripts/random_checkpoint.py with SmolLM2's tokenizer in
@@ -229,6 +235,18 @@ pdl)
         "--no-programmatic-launch" ""; do
         "$bin/peregrine" $one_b --batch-sizes 1,8,64 --input-len 128 --output-len 128 $flags 2>&1 |
             tee -a "$OUT/pdl.log"
+    done
+    ;;
+deterministic)
+    one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
+    for run in "--batch-sizes 1,8,64 --input-len 128 --output-len 128" \
+        "--batch-sizes 1,16 --input-len 4000 --output-len 64" \
+        "--batch-sizes 1 --input-len 4000 --output-len 2"; do
+        for flags in "" "--deterministic"; do
+            echo "== $run $flags" | tee -a "$OUT/deterministic.log"
+            # shellcheck disable=SC2086
+            "$bin/peregrine" $one_b $run $flags 2>&1 | grep -v "^20" | tee -a "$OUT/deterministic.log"
+        done
     done
     ;;
 hf)

@@ -31,26 +31,6 @@
 #define PA_MMA_THREADS 128  // PA_MMA_WARPS * WARP_SIZE
 
 #ifdef TENSOR_CORES
-// The shared-memory address of p, as cp.async and ldmatrix take it.
-__device__ __forceinline__ unsigned pa_shared(const void* p) {
-    return (unsigned)__cvta_generic_to_shared(p);
-}
-
-// Copies 16 bytes from global src to shared dst without waiting; zeros where !valid (src is
-// then not read).
-__device__ __forceinline__ void pa_copy16(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void pa_copy_commit() { asm volatile("cp.async.commit_group;"); }
-
-// Waits until at most N committed copy groups are still in flight.
-template <int N>
-__device__ __forceinline__ void pa_copy_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N));
-}
-
 // Four 8 x 8 bf16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
 __device__ __forceinline__ void pa_ldmatrix(unsigned addr, unsigned r[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
@@ -93,7 +73,7 @@ __device__ __forceinline__ void pa_load_keys(bf16* dst, const bf16* __restrict__
     for (int idx = threadIdx.x; idx < PA_MMA_BK * CHUNKS; idx += PA_MMA_THREADS) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const i64 at = slots[r];
-        pa_copy16(pa_shared(dst + r * ROW + c * 8), at < 0 ? cache : cache + at + c * 8, at >= 0);
+        copy16_async(shared_addr(dst + r * ROW + c * 8), at < 0 ? cache : cache + at + c * 8, at >= 0);
     }
 }
 #endif
@@ -145,22 +125,22 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
         const int r = idx / CHUNKS, c = idx % CHUNKS;
         const bool valid = r < rows_here;
         const bf16* src = valid ? q + (first_row + r) * q_stride + (i64)h * D + c * 8 : q;
-        pa_copy16(pa_shared(v_tile + r * ROW + c * 8), src, valid);
+        copy16_async(shared_addr(v_tile + r * ROW + c * 8), src, valid);
     }
     pa_key_slots(slots, table, 0, last_key, block_size, slot_elems, head_col);
     __syncthreads();
     pa_load_keys<D>(k_tile, k_cache, slots);
-    pa_copy_commit();
-    pa_copy_wait<0>();
+    copy_async_commit();
+    copy_async_wait<0>();
     __syncthreads();
     unsigned qf[DEPTH][4];  // the warp's query rows as A fragments, by depth step
 #pragma unroll
     for (int kk = 0; kk < DEPTH; ++kk) {
-        pa_ldmatrix(pa_shared(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
+        pa_ldmatrix(shared_addr(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
     }
     __syncthreads();  // the query tile is in registers: its place takes V tile 0
     pa_load_keys<D>(v_tile, v_cache, slots);
-    pa_copy_commit();
+    copy_async_commit();
     __syncthreads();  // every thread has read the offsets of tile 0
 
     const float scale_log2 = scale * 1.4426950408889634f;  // scores to log2 units
@@ -188,7 +168,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
                     const int m = lane / 8;
                     const int key = n * 8 + lane % 8 + (m / 2) * 8;
                     unsigned b[4];
-                    pa_ldmatrix(pa_shared(k_tile + key * ROW + kk * 16 + (m % 2) * 8), b);
+                    pa_ldmatrix(shared_addr(k_tile + key * ROW + kk * 16 + (m % 2) * 8), b);
                     mma_bf16_16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
                     mma_bf16_16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
                 }
@@ -196,7 +176,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
         }
         __syncthreads();  // every warp has read the K tile: the next one may come in
         if (more) pa_load_keys<D>(k_tile, k_cache, slots);
-        pa_copy_commit();
+        copy_async_commit();
         if (active) {
             // The causal mask (only where the tile reaches past the warp's first row), then
             // the online softmax of rows g (elements 0, 1) and g + 8 (elements 2, 3): the
@@ -250,7 +230,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
                 acc[n][3] *= alpha_hi;
             }
         }
-        pa_copy_wait<1>();  // V tile k0 is in (the next K tile may still be on its way)
+        copy_async_wait<1>();  // V tile k0 is in (the next K tile may still be on its way)
         __syncthreads();
         if (active) {
 #pragma unroll
@@ -266,7 +246,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
                     const int m = lane / 8;
                     const int key = kk * 16 + lane % 8 + (m % 2) * 8;
                     unsigned b[4];
-                    pa_ldmatrix_t(pa_shared(v_tile + key * ROW + n * 8 + (m / 2) * 8), b);
+                    pa_ldmatrix_t(shared_addr(v_tile + key * ROW + n * 8 + (m / 2) * 8), b);
                     mma_bf16_16816(acc[n], a0, a1, a2, a3, b[0], b[1]);
                     mma_bf16_16816(acc[n + 1], a0, a1, a2, a3, b[2], b[3]);
                 }
@@ -274,8 +254,8 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
         }
         __syncthreads();  // every warp has read the V tile
         if (more) pa_load_keys<D>(v_tile, v_cache, slots);
-        pa_copy_commit();
-        pa_copy_wait<1>();  // the next K tile is in
+        copy_async_commit();
+        copy_async_wait<1>();  // the next K tile is in
         __syncthreads();
     }
 

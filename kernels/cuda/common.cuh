@@ -201,6 +201,31 @@ __device__ __forceinline__ void mma_bf16_16816(float d[4], unsigned a0, unsigned
 #endif
 }
 
+#ifdef TENSOR_CORES
+// Asynchronous copies into shared memory (cp.async, sm_80 and up), for the tensor-core
+// kernels' tiles.
+
+// The shared-memory address of p, as cp.async and ldmatrix take it.
+__device__ __forceinline__ unsigned shared_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// Copies 16 bytes from global src to shared dst without waiting; zeros where !valid (src is
+// then not read).
+__device__ __forceinline__ void copy16_async(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void copy_async_commit() { asm volatile("cp.async.commit_group;"); }
+
+// Waits until at most N committed copy groups are still in flight.
+template <int N>
+__device__ __forceinline__ void copy_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+#endif
+
 // silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 

@@ -1,6 +1,7 @@
 // Matrix-vector style products out[m, n] = sum_k x[m, k] * w[n, k] (x and w bf16, f32
-// accumulation) for few rows: the decode steps of small batches, and every product of
-// --deterministic mode.
+// accumulation) for few rows: the decode steps of small batches, and the products of
+// --deterministic mode that do not take the tensor-core kernels of gemm_mma.cu (a device
+// without them, or a depth k that is not a multiple of 32).
 //
 // Each column (a row of w) is streamed by `slices` warps (1, 2, 4 or 8, chosen from k alone
 // by the launcher: long rows are split so that a warp streams at most 2048 elements),

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, DeviceRepr};
 use half::bf16;
 use peregrine_kernels::cpu;
 use peregrine_kernels::cuda::elementwise;
-use peregrine_kernels::cuda::gemm::{Gemm, NormedInput};
+use peregrine_kernels::cuda::gemm::{Gemm, NormedInput, FIXED_MMA_CHUNK};
 use peregrine_kernels::cuda::norm;
 use peregrine_runtime::cuda::Gpu;
 use rand::Rng;
@@ -241,6 +241,11 @@ fn check_linear(s: &crate::Setup, deterministic: bool) {
         // One row of 24,576 bf16 is past what a block stages: the two-row kernel reads it
         // in place.
         (1, 300, 24_576, 8),
+        // Deterministic mode's tensor-core tiles of 128 x 128 with a tail of rows and
+        // columns (both paths take 1,100 x 2,100 in tiles), and a depth that is not a
+        // multiple of FIXED_MMA_CHUNK (the GEMV kernel).
+        (1100, 2100, 256, 8),
+        (3, 700, FIXED_MMA_CHUNK * 16 + 8, 0),
     ] {
         let x = bf16_round(&random_f32(&mut rng, m * k, 1.0));
         let w = bf16_round(&random_f32(&mut rng, n * k, 0.05));
@@ -397,21 +402,25 @@ fn fixed_order_linear_matches_the_cpu_and_is_batch_invariant() {
     let Some(s) = setup() else { return };
     check_linear(s, true);
     let mut rng = rng("fixed_order_batch_invariance");
-    for (n, k) in [(3000, 2048), (700, 8192)] {
+    // The tensor-core path (in tiles of 128 and of 64 rows), and the GEMV's (a depth that is
+    // not a multiple of FIXED_MMA_CHUNK).
+    for (n, k) in [(3000, 2048), (700, 8192), (500, FIXED_MMA_CHUNK * 64 + 8)] {
         check_batch_invariance(s, &mut rng, n, k);
     }
 }
 
-/// Rows 0, 31, 32 and 63 of a 64-row product with the fixed-order kernel (passes of 8 rows
-/// read in place) give the same bits alone (the one-row kernel), and the first 2 and 4 rows
-/// the same bits as a product of their own (one pass, staged where the rows fit a block).
+/// Rows of a 700-row product in deterministic mode (tiles of 128 rows on the tensor-core
+/// path, passes of 8 rows of the GEMV kernel otherwise) give the same bits alone (a tile of
+/// 16 rows, the one-row GEMV kernel), and the first 2, 4, 17 and 64 rows the same bits as a
+/// product of their own (the tile shapes of few rows; one staged GEMV pass).
 fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n: usize, k: usize) {
+    const ROWS: usize = 700;
     let gemm = Gemm::new(s.gpu.stream().clone(), true).unwrap();
     let w_d = s
         .gpu
         .upload(&to_bf16(&random_f32(rng, n * k, 0.05)))
         .unwrap();
-    let rows = to_bf16(&random_f32(rng, 64 * k, 1.0));
+    let rows = to_bf16(&random_f32(rng, ROWS * k, 1.0));
     let run = |x: &[bf16], m: usize| -> Vec<bf16> {
         let x_d = s.gpu.upload(x).unwrap();
         let mut out_d = s.gpu.zeros::<bf16>(m * n).unwrap();
@@ -427,24 +436,24 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
         .unwrap();
         s.gpu.download(&out_d).unwrap()
     };
-    let batch = run(&rows, 64);
-    for row in [0, 31, 32, 63] {
+    let batch = run(&rows, ROWS);
+    for row in [0, 31, 32, 63, 127, 128, 650, ROWS - 1] {
         let alone = run(&rows[row * k..(row + 1) * k], 1);
         assert!(
             alone
                 .iter()
                 .zip(&batch[row * n..(row + 1) * n])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{n}x{k}: row {row} differs alone and in a batch of 64"
+            "{n}x{k}: row {row} differs alone and in a batch of {ROWS}"
         );
     }
-    for m in [2, 4] {
+    for m in [2, 4, 17, 64] {
         let few = run(&rows[..m * k], m);
         assert!(
             few.iter()
                 .zip(&batch[..m * n])
                 .all(|(a, b)| a.to_bits() == b.to_bits()),
-            "{n}x{k}: the first {m} rows differ alone and in a batch of 64"
+            "{n}x{k}: the first {m} rows differ alone and in a batch of {ROWS}"
         );
     }
 }
@@ -452,9 +461,17 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
 #[test]
 fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
     let Some(s) = setup() else { return };
-    let mut rng = rng("gate_up_act");
+    // Deterministic mode takes the tensor-core kernels for a depth of 512 (where the device
+    // has them) and the GEMV kernel for 520 (not a multiple of FIXED_MMA_CHUNK).
+    for k in [512, 520] {
+        check_gated_activation(s, k);
+    }
+}
+
+fn check_gated_activation(s: &crate::Setup, k: usize) {
+    let mut rng = rng(&format!("gate_up_act {k}"));
     // 512 blocks of the gated GEMV kernel, more than one wave.
-    let (inter, k) = (4096, 512);
+    let inter = 4096;
     let w = bf16_round(&random_f32(&mut rng, 2 * inter * k, 0.05));
     let w_d = s.gpu.upload(&to_bf16(&w)).unwrap();
     let x = bf16_round(&random_f32(&mut rng, 40 * k, 1.0));
@@ -477,18 +494,18 @@ fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
         download_checked(&s.gpu, &act, m * inter, POISON)
     };
     // m = 1 takes the fused GEMV kernel, m = 5 cuBLAS and silu_and_mul; deterministic mode
-    // the fused kernel for 8 rows and the GEMV and silu_and_mul for 40.
+    // on the GEMV path the fused kernel for 8 rows and the GEMV and silu_and_mul for 40,
+    // on the tensor-core path the product and silu_and_mul for both.
     for (m, deterministic) in [(1, false), (5, false), (8, true), (40, true)] {
         let got = to_f32(&run(m, deterministic, &x_d));
         let mut gate_up = vec![0.0; m * 2 * inter];
         cpu::linear(&x[..m * k], k, &w, 2 * inter, &mut gate_up);
         let mut want = vec![0.0; m * inter];
         cpu::silu_and_mul(&bf16_round(&gate_up), inter, &mut want);
-        let what = format!("gate_up_act m={m} deterministic={deterministic}");
+        let what = format!("gate_up_act m={m} k={k} deterministic={deterministic}");
         assert_close(&what, &got, &bf16_round(&want), 2e-3, 1e-2);
     }
-    // Deterministic mode: row 7 alone (the fused kernel) gives the bits it gives in the
-    // batch of 40 (the GEMV, then silu_and_mul).
+    // Deterministic mode: row 7 alone gives the bits it gives in the batch of 40.
     let batch = run(40, true, &x_d);
     let row = s.gpu.upload(&to_bf16(&x[7 * k..8 * k])).unwrap();
     let alone = run(1, true, &row);
@@ -497,7 +514,7 @@ fn the_gated_activation_matches_the_cpu_on_both_paths_and_is_batch_invariant() {
             .iter()
             .zip(&batch[7 * inter..8 * inter])
             .all(|(a, b)| a.to_bits() == b.to_bits()),
-        "row 7 differs alone and in a batch of 40"
+        "k = {k}: row 7 differs alone and in a batch of 40"
     );
 }
 

@@ -1,11 +1,16 @@
 //! Matrix products `out[m, n] = x[m, k] · w[n, k]ᵀ` (a linear layer over row-major
-//! activations and PyTorch-layout weights) in bf16 with f32 accumulation: cuBLAS, or the
-//! batch-invariant fixed-order GEMV kernel (`cuda/gemm.cu`) for every product of
-//! --deterministic mode and, on request, for products of few rows.
+//! activations and PyTorch-layout weights) in bf16 with f32 accumulation: cuBLAS, or a
+//! batch-invariant kernel for every product of --deterministic mode (the tensor-core
+//! kernels of `cuda/gemm_mma.cu` where the device and the depth allow, else the fixed-order
+//! GEMV kernel of `cuda/gemm.cu`), and the GEMV kernel, on request, for products of few
+//! rows.
 
 mod batched;
+mod fixed_mma;
 
 pub use batched::{BatchedShape, Strided, WeightLayout};
+pub use fixed_mma::FIXED_MMA_CHUNK;
+use fixed_mma::{fixed_mma_linear, takes_fixed_mma};
 
 use super::elementwise::silu_and_mul;
 use super::gemm_lt::{alignment, LtError, LtMatmul, LtShape};
@@ -38,6 +43,8 @@ pub trait GemmOutput: DeviceRepr {
     const LT_TYPE: cudarc::cublaslt::sys::cudaDataType;
     /// The GEMV kernels writing this type, less their `_r{rows}` suffix.
     const GEMV_KERNEL: &'static str;
+    /// The suffix of the tensor-core kernels writing this type.
+    const KERNEL_SUFFIX: &'static str;
 }
 
 impl GemmOutput for bf16 {
@@ -45,6 +52,7 @@ impl GemmOutput for bf16 {
     const LT_TYPE: cudarc::cublaslt::sys::cudaDataType =
         cudarc::cublaslt::sys::cudaDataType::CUDA_R_16BF;
     const GEMV_KERNEL: &'static str = "gemv_fixed_order_bf16";
+    const KERNEL_SUFFIX: &'static str = "bf16";
 }
 
 impl GemmOutput for f32 {
@@ -52,6 +60,7 @@ impl GemmOutput for f32 {
     const LT_TYPE: cudarc::cublaslt::sys::cudaDataType =
         cudarc::cublaslt::sys::cudaDataType::CUDA_R_32F;
     const GEMV_KERNEL: &'static str = "gemv_fixed_order_f32";
+    const KERNEL_SUFFIX: &'static str = "f32";
 }
 
 use crate::GEMV_MAX_ROWS;
@@ -114,6 +123,17 @@ const GEMV_PASS_ROWS: [usize; 4] = [1, 2, 4, 8];
 // GEMV_GATED_MAX_ROWS rows (Gemm::fuses_norms).
 const _: () = assert!(GEMV_GATED_MAX_ROWS <= GEMV_PASS_ROWS[GEMV_PASS_ROWS.len() - 1]);
 
+/// The kernel a product goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    /// The fixed-order GEMV kernel (`cuda/gemm.cu`).
+    Gemv,
+    /// The batch-invariant tensor-core kernels (`cuda/gemm_mma.cu`).
+    FixedMma,
+    /// cuBLASLt, or cuBLAS where it has no algorithm.
+    Cublas,
+}
+
 /// How products are computed.
 pub struct Gemm {
     blas: CudaBlas,
@@ -134,15 +154,26 @@ impl Gemm {
     }
 
     /// Products of up to `rows` rows go through the GEMV kernel, larger ones through cuBLAS
-    /// (deterministic mode uses the GEMV kernel for all).
+    /// (deterministic mode takes its batch-invariant kernels for all).
     pub fn with_gemv_max_rows(mut self, rows: usize) -> Gemm {
         self.gemv_max_rows = rows;
         self
     }
 
-    /// Whether `m` rows go through the GEMV kernel.
-    fn uses_gemv(&self, m: usize) -> bool {
-        self.deterministic || m <= self.gemv_max_rows
+    /// The kernel of a product of `m` rows of depth `k`. In deterministic mode it depends
+    /// on the device and `k` alone, never on `m`, so a row's bits do not depend on its batch.
+    fn path(&self, kernels: &CudaKernels, m: usize, k: usize) -> Path {
+        if self.deterministic {
+            if takes_fixed_mma(kernels, k) {
+                Path::FixedMma
+            } else {
+                Path::Gemv
+            }
+        } else if m <= self.gemv_max_rows {
+            Path::Gemv
+        } else {
+            Path::Cublas
+        }
     }
 
     /// `out[m, n] = x[m, k] · w[n, k]ᵀ` for the first `m` rows of `x`.
@@ -159,11 +190,12 @@ impl Gemm {
     ) -> Result<(), GemmError> {
         let k = check_shapes(x.len(), w.len(), out.len(), m, n);
         if m == 0 {
-            Ok(())
-        } else if self.uses_gemv(m) {
-            Ok(gemv(kernels, stream, T::GEMV_KERNEL, x, w, out, m, n, k)?)
-        } else {
-            self.cublas(stream, x, w, out, m, n, k)
+            return Ok(());
+        }
+        match self.path(kernels, m, k) {
+            Path::Gemv => Ok(gemv(kernels, stream, T::GEMV_KERNEL, x, w, out, m, n, k)?),
+            Path::FixedMma => Ok(fixed_mma_linear(kernels, stream, x, w, out, m, n, k)?),
+            Path::Cublas => self.cublas(stream, x, w, out, m, n, k),
         }
     }
 
@@ -173,7 +205,8 @@ impl Gemm {
     /// gate row beside its up row and never writes the products; otherwise the product goes
     /// to `gate_up` (`[m, 2 · inter]`) and then through silu_and_mul. Both round the
     /// products to bf16 first and the GEMV's sums are the same, so on the GEMV path the two
-    /// give the same bits (deterministic mode stays batch-invariant across the switch).
+    /// give the same bits (deterministic mode stays batch-invariant across the switch; on
+    /// its tensor-core path every batch takes the product and silu_and_mul).
     #[allow(clippy::too_many_arguments)]
     pub fn gate_up_act(
         &self,
@@ -190,7 +223,7 @@ impl Gemm {
         assert!(act.len() >= m * inter, "gate_up_act: short activation");
         if m == 0 {
             Ok(())
-        } else if self.uses_gemv(m) && m <= GEMV_GATED_MAX_ROWS {
+        } else if self.path(kernels, m, k) == Path::Gemv && m <= GEMV_GATED_MAX_ROWS {
             let kernel = GEMV_GATED_KERNEL;
             Ok(gemv(kernels, stream, kernel, x, w, act, m, inter, k)?)
         } else {

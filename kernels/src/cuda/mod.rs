@@ -13,7 +13,7 @@ pub mod moe;
 pub mod norm;
 pub mod sampling;
 
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{CudaFunction, CudaStream, DriverError, LaunchConfig};
 use launch::KernelLaunch;
 use peregrine_runtime::cuda::{Gpu, GpuError, KernelCompiler, KernelSource};
@@ -62,6 +62,10 @@ pub const MODULES: &[KernelSource] = &[
         code: include_str!("../../cuda/gemm.cu"),
     },
     KernelSource {
+        name: "gemm_mma",
+        code: include_str!("../../cuda/gemm_mma.cu"),
+    },
+    KernelSource {
         name: "sampling",
         code: include_str!("../../cuda/sampling.cu"),
     },
@@ -80,6 +84,9 @@ pub struct CudaKernels {
     /// [`CudaKernels::resident_blocks`] of each kernel asked about so far, by the dynamic
     /// shared memory asked with.
     resident: Mutex<HashMap<String, HashMap<u32, u32>>>,
+    /// The dynamic shared memory each kernel asked about has been granted
+    /// ([`CudaKernels::grant_shared`]).
+    granted: Mutex<HashMap<String, u32>>,
 }
 
 impl CudaKernels {
@@ -107,6 +114,7 @@ impl CudaKernels {
             tensor_cores: has_bf16_tensor_cores(gpu.arch()),
             multiprocessors: multiprocessors.max(1) as u32,
             resident: Mutex::new(HashMap::new()),
+            granted: Mutex::new(HashMap::new()),
         })
     }
 
@@ -162,6 +170,21 @@ impl CudaKernels {
             .or_default()
             .insert(shared_bytes, blocks);
         Ok(blocks)
+    }
+
+    /// Lets blocks of the kernel `name` take `bytes` of dynamic shared memory, past the
+    /// 48 KiB a block gets without asking (up to what the device allows a block, else the
+    /// driver's error). Asked of the driver once per kernel and larger size.
+    pub(crate) fn grant_shared(&self, name: &str, bytes: u32) -> Result<(), DriverError> {
+        let mut granted = self.granted.lock().unwrap_or_else(|e| e.into_inner());
+        if granted.get(name).is_some_and(|&have| have >= bytes) {
+            return Ok(());
+        }
+        let attribute = CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+        let value = i32::try_from(bytes).expect("shared bytes past i32");
+        self.function(name).set_attribute(attribute, value)?;
+        granted.insert(name.to_string(), bytes);
+        Ok(())
     }
 
     /// The device's multiprocessors.

@@ -91,7 +91,7 @@ impl GpuModel {
         let cache = model.new_cache(blocks, args.block_size as u64)?;
         let cache = Arc::new(Mutex::new(cache));
         let mut products = if args.deterministic {
-            "products by the batch-invariant GEMV kernel".to_string()
+            "products by the batch-invariant kernels (tensor cores, else the GEMV)".to_string()
         } else {
             format!("products by the GEMV kernel up to {gemv_max_rows} rows, cuBLAS above")
         };
