@@ -16,20 +16,19 @@
 // and columns (kernels/src/cuda/gemm/fixed_mma.rs); every shape gives the same bits.
 //
 // A block computes a BM x BN tile of out with (BM / WM) x (BN / WN) warps of WM x WN each.
-// Its rows of w, and of x where BM > 16, are copied into dynamic shared memory SC chunks (a
+// Its rows of w, and of x where X_SHARED, are copied into dynamic shared memory SC chunks (a
 // stage) at a time (cp.async, zeros past row m and column n), STAGES - 1 stages ahead of the
 // one being summed. A stage is laid out chunk by chunk, each chunk's rows of 64 bytes
 // unpadded: the 16-byte pieces a quarter warp reads (two rows, four pieces each) fall in
-// distinct banks. Tiles of 16 rows (decode, verification: few rows, so every byte of w in
-// flight counts) keep only w in shared memory and read x's fragments from global memory,
-// where they stay in L1.
+// distinct banks. Without X_SHARED (a tile of 16 rows) a warp reads its fragments of x from
+// global memory, a stage's worth before its products.
 //
 // Requires k % 32 == 0 and 16-byte aligned x and w (the launcher checks), and the shared
-// bytes STAGES * SC * (BM + BN) * 64 (BN * 64 where BM == 16) granted by the launcher. Where
-// tensor-core products are missing (before sm_80, HIP) the kernels trap; the launcher does
-// not choose them there.
+// bytes STAGES * SC * (BM + BN) * 64 (BN for BM + BN without X_SHARED) granted by the
+// launcher. Where tensor-core products are missing (before sm_80, HIP) the kernels trap;
+// the launcher does not choose them there.
 
-#define GBI_CHUNK 32  // elements of k a stage holds
+#define GBI_CHUNK 32  // elements of k a chunk holds (two mma products)
 
 __device__ __forceinline__ void gbi_store(bf16* out, i64 at, float v) { out[at] = to_bf16(v); }
 __device__ __forceinline__ void gbi_store(float* out, i64 at, float v) { out[at] = v; }
@@ -102,9 +101,8 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
                 if (chunk < chunks && r + 8 < m) x_hi[c] = load_bf16x8(a + 8 * (i64)k);
             }
         }
-#pragma unroll
-        for (int c = 0; c < SC; c++) {
-            if (t * SC + c >= chunks) break;
+        // Chunk c of the stage into the sums.
+        auto sum_chunk = [&](int c) {
             const bf16* tile = stage + c * ROWS * GBI_CHUNK;
             uint4 b[NT];
 #pragma unroll
@@ -127,6 +125,17 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
                     mma_bf16_16816(acc[i][j], lo.z, hi.z, lo.w, hi.w, b[j].z, b[j].w);
                 }
             }
+        };
+        // A whole stage without a branch, so that its shared loads can all be issued ahead
+        // of the products; the last stage of a depth that is not a multiple of SC chunks
+        // stops at k.
+        if ((t + 1) * SC <= chunks) {
+#pragma unroll
+            for (int c = 0; c < SC; c++) sum_chunk(c);
+        } else {
+#pragma unroll
+            for (int c = 0; c < SC; c++)
+                if (t * SC + c < chunks) sum_chunk(c);
         }
     }
 
@@ -153,18 +162,19 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
 // it agrees with these lines): <BM, BN, WM, WN, STAGES, SC, x in shared memory>.
 #define GBI_PARAMS(OUT) const bf16 *__restrict__ x, const bf16 *__restrict__ w, OUT *__restrict__ out, int m, int n, int k
 
-// Few rows (decode, verification): one 16-row tile, narrow column tiles for a grid that
-// fills the device, 64 KiB of w in flight a block, x read from global memory.
+// Few rows (decode, verification): one 16-row tile, column tiles narrow enough for a grid
+// that fills the device, 8 KiB of w a stage (the narrowest tile reads x in place: measured
+// faster there than with x in shared memory, slower for the wider tile).
 extern "C" __global__ void __launch_bounds__(64) gemm_fixed_mma_m16n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<16, 16, 16, 8, 8, 8, false>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(64) gemm_fixed_mma_m16n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<16, 16, 16, 8, 8, 8, false>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, false>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, false>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, true>(x, w, out, m, n, k); }
 
 // Up to 64 rows (batched decode).
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 16, 16, 16, 8, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 16, 16, 16, 8, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 32, 32, 16, 6, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 32, 32, 16, 6, 1, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4, true>(x, w, out, m, n, k); }
 
 // Prefill.
 extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1, true>(x, w, out, m, n, k); }

@@ -9,7 +9,7 @@ use crate::cuda::CudaKernels;
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DriverError, LaunchConfig};
 use half::bf16;
 
-/// Elements of k a stage of the kernels holds (`GBI_CHUNK`): the depth must be a multiple.
+/// Elements of k in a chunk of the kernels (`GBI_CHUNK`): the depth must be a multiple.
 pub const FIXED_MMA_CHUNK: usize = 32;
 
 /// A tile shape of the kernels (`gemm_fixed_mma_m{rows}n{cols}_*` in the source): the rows
@@ -46,9 +46,9 @@ impl TileShape {
 /// not fill the device, then a wide one.
 const SHAPES: [TileShape; 6] = [
     shape(16, 16, 16, 8, 8, 8, false),
-    shape(16, 32, 16, 8, 4, 8, false),
-    shape(64, 16, 16, 16, 8, 1, true),
-    shape(64, 32, 32, 16, 6, 1, true),
+    shape(16, 32, 16, 8, 4, 8, true),
+    shape(64, 16, 16, 16, 4, 4, true),
+    shape(64, 32, 32, 16, 3, 4, true),
     shape(64, 64, 32, 32, 4, 1, true),
     shape(128, 128, 64, 32, 3, 1, true),
 ];
