@@ -3,44 +3,57 @@
 // product of --deterministic mode whose depth k is a multiple of 32 (the others take the
 // fixed-order GEMV, gemm.cu).
 //
-// The sum of one output element is a single chain of mma.sync.m16n8k16 products over k, in
-// chunks of GBI_CHUNK = 32 from k = 0 up, two products a chunk, starting from zero: k is
-// never split. A lane takes its fragments of a chunk as 16-byte pieces: elements 8q .. 8q + 7
-// of a row of x and of a row of w (q = lane % 4, the row from lane / 4). The first product of
-// a chunk sums elements 8q .. 8q + 3 of every q, the second 8q + 4 .. 8q + 7: an mma's 16
-// positions of k are paired the same way in its x and w fragments, so each product sums
-// matching elements, in an order chosen so that a fragment is one load. The tensor core
-// computes each element of its 16 x 8 result from that element's row and column alone, so
-// an element's bits depend on its row of x, its row of w and k only: not on m, on where its
-// row or column falls in a tile, or on the tile shape. Launchers pick a shape for the rows
-// and columns (kernels/src/cuda/gemm/fixed_mma.rs); every shape gives the same bits.
+// The sum of one output element is fixed by k alone. k is cut into stretches of
+// GBI_STRETCH chunks of GBI_CHUNK = 32 (the last stretch may be shorter); each stretch is
+// one chain of mma.sync.m16n8k16 products over its chunks in order, two products a chunk,
+// starting from zero; the element is the first stretch's chain, plus the second's, and so
+// on in order. A lane takes its fragments of a chunk as 16-byte pieces: elements
+// 8q .. 8q + 7 of a row of x and of a row of w (q = lane % 4, the row from lane / 4). The
+// first product of a chunk sums elements 8q .. 8q + 3 of every q, the second 8q + 4 ..
+// 8q + 7: an mma's 16 positions of k are paired the same way in its x and w fragments, so
+// each product sums matching elements, in an order chosen so that a fragment is one load.
+// The tensor core computes each element of its 16 x 8 result from that element's row and
+// column alone, so an element's bits depend on its row of x, its row of w and k only: not
+// on m, on where its row or column falls in a tile, or on the kernel. Launchers pick a
+// kernel and a tile shape for the rows and columns (kernels/src/cuda/gemm/fixed_mma.rs);
+// every choice gives the same bits.
 //
-// A block computes a BM x BN tile of out with (BM / WM) x (BN / WN) warps of WM x WN each.
-// Its rows of w, and of x where X_SHARED, are copied into dynamic shared memory SC chunks (a
-// stage) at a time (cp.async, zeros past row m and column n), STAGES - 1 stages ahead of the
-// one being summed. A stage is laid out chunk by chunk, each chunk's rows of 64 bytes
-// unpadded: the 16-byte pieces a quarter warp reads (two rows, four pieces each) fall in
-// distinct banks. Without X_SHARED (a tile of 16 rows) a warp reads its fragments of x from
-// global memory, a stage's worth before its products.
+// Up to 16 rows (decode, verification), gemm_fixed_mma_split: a block of WARPS warps owns
+// BN columns and all the rows, warp w takes stretches w, w + WARPS, ... and streams their
+// rows of w and x into registers, PREFETCH chunks ahead; the stretches' sums meet in shared
+// memory, where the block adds them in order. So the chains of one product run side by
+// side, several to a multiprocessor, and the weights stream at the pace of memory rather
+// than of one chain (a tile whose one warp summed all of k ran at a third of it).
 //
-// Requires k % 32 == 0 and 16-byte aligned x and w (the launcher checks), and the shared
-// bytes STAGES * SC * (BM + BN) * 64 (BN for BM + BN without X_SHARED) granted by the
-// launcher. Where tensor-core products are missing (before sm_80, HIP) the kernels trap;
-// the launcher does not choose them there.
+// More rows, gemm_fixed_mma: a block computes a BM x BN tile of out with (BM / WM) x
+// (BN / WN) warps of WM x WN each, the stretches one after another (each warp keeps the sum
+// of the stretches before beside the running chain). Its rows of x and w are copied into
+// dynamic shared memory SC chunks (a stage) at a time (cp.async, zeros past row m and
+// column n), STAGES - 1 stages ahead of the one being summed. A stage is laid out chunk by
+// chunk, each chunk's rows of 64 bytes unpadded: the 16-byte pieces a quarter warp reads
+// (two rows, four pieces each) fall in distinct banks.
+//
+// Requires k % 32 == 0, at most GBI_MAX_STRETCHES stretches and 16-byte aligned x and w
+// (the launcher checks), and the dynamic shared memory the launcher grants: STAGES * SC *
+// (BM + BN) * 64 bytes for gemm_fixed_mma, stretches * 16 * BN * 4 for the split kernel.
+// Where tensor-core products are missing (before sm_80, HIP) the kernels trap; the launcher
+// does not choose them there.
 
-#define GBI_CHUNK 32  // elements of k a chunk holds (two mma products)
+#define GBI_CHUNK 32         // elements of k a chunk holds (two mma products)
+#define GBI_STRETCH 16       // chunks of a stretch: one chain of products
+#define GBI_MAX_STRETCHES 64  // k up to 32,768
 
 __device__ __forceinline__ void gbi_store(bf16* out, i64 at, float v) { out[at] = to_bf16(v); }
 __device__ __forceinline__ void gbi_store(float* out, i64 at, float v) { out[at] = v; }
 
-template <int BM, int BN, int WM, int WN, int STAGES, int SC, bool X_SHARED, typename OUT>
+template <int BM, int BN, int WM, int WN, int STAGES, int SC, typename OUT>
 __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                OUT* __restrict__ out, int m, int n, int k) {
 #ifdef TENSOR_CORES
     constexpr int WARPS_N = BN / WN;
     constexpr int THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int MT = WM / 16, NT = WN / 8;
-    constexpr int XROWS = X_SHARED ? BM : 0;     // shared rows of a chunk: x's, then w's
+    constexpr int XROWS = BM;                     // shared rows of a chunk: x's, then w's
     constexpr int ROWS = XROWS + BN;
     constexpr int STAGE = SC * ROWS * GBI_CHUNK;  // bf16 of a stage
     extern __shared__ __align__(128) unsigned char gbi_shared[];
@@ -68,13 +81,14 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
         }
     };
 
-    float acc[MT][NT][4];
+    float acc[MT][NT][4];    // the running stretch's chain
+    float total[MT][NT][4];  // the stretches before it, added in order
 #pragma unroll
     for (int i = 0; i < MT; i++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[i][j][e] = 0.0f;
+            for (int e = 0; e < 4; e++) acc[i][j][e] = total[i][j][e] = 0.0f;
 
 #pragma unroll
     for (int t = 0; t < STAGES - 1; t++) {
@@ -88,21 +102,10 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
         if (ahead < stages) load(ahead, ahead % STAGES);
         copy_async_commit();
         const bf16* const stage = ring + (t % STAGES) * STAGE;
-        // Without x in shared memory, the fragments of x (one tile of 16 rows) for the whole
-        // stage are loaded first, so that their latencies overlap.
-        uint4 x_lo[X_SHARED ? 1 : SC], x_hi[X_SHARED ? 1 : SC];
-        if (!X_SHARED) {
-#pragma unroll
-            for (int c = 0; c < SC; c++) {
-                const int chunk = t * SC + c, r = row0 + g;
-                const bf16* a = x + (i64)r * k + (i64)chunk * GBI_CHUNK + 8 * q;
-                x_lo[c] = x_hi[c] = make_uint4(0, 0, 0, 0);
-                if (chunk < chunks && r < m) x_lo[c] = load_bf16x8(a);
-                if (chunk < chunks && r + 8 < m) x_hi[c] = load_bf16x8(a + 8 * (i64)k);
-            }
-        }
-        // Chunk c of the stage into the sums.
+        // Chunk c of the stage into the chain; at the end of a stretch (or of k) the chain
+        // joins the total and starts again from zero.
         auto sum_chunk = [&](int c) {
+            const int chunk = t * SC + c;
             const bf16* tile = stage + c * ROWS * GBI_CHUNK;
             uint4 b[NT];
 #pragma unroll
@@ -110,20 +113,26 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
                 b[j] = *reinterpret_cast<const uint4*>(tile + (XROWS + wcol + 8 * j + g) * GBI_CHUNK + 8 * q);
 #pragma unroll
             for (int i = 0; i < MT; i++) {
-                uint4 lo, hi;
-                if (X_SHARED) {
-                    const bf16* a = tile + (wrow + 16 * i + g) * GBI_CHUNK + 8 * q;
-                    lo = *reinterpret_cast<const uint4*>(a);
-                    hi = *reinterpret_cast<const uint4*>(a + 8 * GBI_CHUNK);
-                } else {
-                    lo = x_lo[X_SHARED ? 0 : c];
-                    hi = x_hi[X_SHARED ? 0 : c];
-                }
+                const bf16* a = tile + (wrow + 16 * i + g) * GBI_CHUNK + 8 * q;
+                const uint4 lo = *reinterpret_cast<const uint4*>(a);
+                const uint4 hi = *reinterpret_cast<const uint4*>(a + 8 * GBI_CHUNK);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     mma_bf16_16816(acc[i][j], lo.x, hi.x, lo.y, hi.y, b[j].x, b[j].y);
                     mma_bf16_16816(acc[i][j], lo.z, hi.z, lo.w, hi.w, b[j].z, b[j].w);
                 }
+            }
+            if ((chunk + 1) % GBI_STRETCH == 0 || chunk + 1 == chunks) {
+                const bool first = chunk < GBI_STRETCH;
+#pragma unroll
+                for (int i = 0; i < MT; i++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            total[i][j][e] = first ? acc[i][j][e] : total[i][j][e] + acc[i][j][e];
+                            acc[i][j][e] = 0.0f;
+                        }
             }
         };
         // A whole stage without a branch, so that its shared loads can all be issued ahead
@@ -148,7 +157,7 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
             for (int e = 0; e < 4; e++) {
                 const int row = row0 + wrow + 16 * i + g + 8 * (e / 2);
                 const int col = col0 + wcol + 8 * j + 2 * q + e % 2;
-                if (row < m && col < n) gbi_store(out, (i64)row * n + col, acc[i][j][e]);
+                if (row < m && col < n) gbi_store(out, (i64)row * n + col, total[i][j][e]);
             }
 #else
     (void)x, (void)w, (void)out, (void)m, (void)n, (void)k;
@@ -156,28 +165,96 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
 #endif
 }
 
-// One kernel per tile shape and output type: gemm_fixed_mma_m{BM}n{BN}_{bf16,f32}, launched
-// with (BM / WM) * (BN / WN) * 32 threads, a grid of (ceil(n / BN), ceil(m / BM)) and the
-// shared bytes of its STAGES and SC (kernels/src/cuda/gemm/fixed_mma.rs, which checks that
-// it agrees with these lines): <BM, BN, WM, WN, STAGES, SC, x in shared memory>.
+template <int BN, int WARPS, int PREFETCH, typename OUT>
+__device__ __forceinline__ void gemm_fixed_mma_split(const bf16* __restrict__ x, const bf16* __restrict__ w,
+                                                     OUT* __restrict__ out, int m, int n, int k) {
+#ifdef TENSOR_CORES
+    constexpr int NT = BN / 8;
+    extern __shared__ __align__(16) unsigned char gbi_parts[];
+    float* const parts = reinterpret_cast<float*>(gbi_parts);  // [stretch][16 rows][BN]
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int g = lane / 4, q = lane % 4;
+    const int col0 = blockIdx.x * BN;
+    const int chunks = k / GBI_CHUNK;
+    const int stretches = (chunks + GBI_STRETCH - 1) / GBI_STRETCH;
+    const unsigned long long policy = l2_stream_policy();
+    pdl_begin();
+    for (int s = warp; s < stretches; s += WARPS) {
+        float acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        const int end = min(chunks, (s + 1) * GBI_STRETCH);
+        for (int c0 = s * GBI_STRETCH; c0 < end; c0 += PREFETCH) {
+            uint4 b[PREFETCH][NT], lo[PREFETCH], hi[PREFETCH];
+#pragma unroll
+            for (int u = 0; u < PREFETCH; u++) {
+                const int chunk = c0 + u;
+                const i64 at = (i64)chunk * GBI_CHUNK + 8 * q;
+#pragma unroll
+                for (int j = 0; j < NT; j++) {
+                    const int col = col0 + 8 * j + g;
+                    b[u][j] = make_uint4(0, 0, 0, 0);
+                    if (chunk < end && col < n) b[u][j] = load_streamed_bf16x8(w + (i64)col * k + at, policy);
+                }
+                lo[u] = hi[u] = make_uint4(0, 0, 0, 0);
+                if (chunk < end && g < m) lo[u] = load_bf16x8(x + (i64)g * k + at);
+                if (chunk < end && g + 8 < m) hi[u] = load_bf16x8(x + (i64)(g + 8) * k + at);
+            }
+#pragma unroll
+            for (int u = 0; u < PREFETCH; u++) {
+                if (c0 + u < end) {
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        mma_bf16_16816(acc[j], lo[u].x, hi[u].x, lo[u].y, hi[u].y, b[u][j].x, b[u][j].y);
+                        mma_bf16_16816(acc[j], lo[u].z, hi[u].z, lo[u].w, hi[u].w, b[u][j].z, b[u][j].w);
+                    }
+                }
+            }
+        }
+        // Element e of a lane's result fragment is row g + 8 (e / 2), column 2q + e % 2.
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                parts[(s * 16 + g + 8 * (e / 2)) * BN + 8 * j + 2 * q + e % 2] = acc[j][e];
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < 16 * BN; idx += WARPS * 32) {
+        const int row = idx / BN, col = col0 + idx % BN;
+        if (row >= m || col >= n) continue;
+        float sum = parts[idx];
+        for (int s = 1; s < stretches; s++) sum += parts[s * 16 * BN + idx];
+        gbi_store(out, (i64)row * n + col, sum);
+    }
+#else
+    (void)x, (void)w, (void)out, (void)m, (void)n, (void)k;
+    __trap();
+#endif
+}
+
+// The kernels: gemm_fixed_mma_split_n{BN}w{WARPS}_{bf16,f32} <BN, WARPS, PREFETCH>, launched
+// with WARPS * 32 threads and a grid of ceil(n / BN); gemm_fixed_mma_m{BM}n{BN}_{bf16,f32}
+// <BM, BN, WM, WN, STAGES, SC>, launched with (BM / WM) * (BN / WN) * 32 threads and a grid
+// of (ceil(n / BN), ceil(m / BM)); both with the shared bytes the header gives
+// (kernels/src/cuda/gemm/fixed_mma.rs, whose test checks that it agrees with these lines).
 #define GBI_PARAMS(OUT) const bf16 *__restrict__ x, const bf16 *__restrict__ w, OUT *__restrict__ out, int m, int n, int k
 
-// Few rows (decode, verification): one 16-row tile, column tiles narrow enough for a grid
-// that fills the device, 8 KiB of w a stage (the narrowest tile reads x in place: measured
-// faster there than with x in shared memory, slower for the wider tile).
-extern "C" __global__ void __launch_bounds__(64) gemm_fixed_mma_m16n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<16, 16, 16, 8, 8, 8, false>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(64) gemm_fixed_mma_m16n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<16, 16, 16, 8, 8, 8, false>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m16n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<16, 32, 16, 8, 4, 8, true>(x, w, out, m, n, k); }
+// Up to 16 rows: column tiles of 16 or 32, 4 warps (up to 4 stretches, k <= 2,048) or 8.
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n16w4_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<16, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n16w4_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<16, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n16w8_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<16, 8, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n16w8_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<16, 8, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n32w4_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<32, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n32w4_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<32, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n32w8_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<32, 8, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n32w8_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<32, 8, 4>(x, w, out, m, n, k); }
 
 // Up to 64 rows (batched decode).
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4>(x, w, out, m, n, k); }
 
 // Prefill.
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_m128n128_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<128, 128, 64, 32, 3, 1, true>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_m128n128_f32(GBI_PARAMS(float)) { gemm_fixed_mma<128, 128, 64, 32, 3, 1, true>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1>(x, w, out, m, n, k); }

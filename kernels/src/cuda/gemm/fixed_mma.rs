@@ -1,8 +1,9 @@
 //! The launcher of the batch-invariant tensor-core products (`cuda/gemm_mma.cu`), which
-//! --deterministic mode takes for every product whose depth is a multiple of
-//! [`FIXED_MMA_CHUNK`] on a device with bf16 tensor cores: each output element is one chain
-//! of `mma.sync` products over k in a fixed order, so its bits do not depend on the number
-//! of rows or on the tile shape chosen for them, and the shape can follow the batch.
+//! --deterministic mode takes for every product whose depth allows them
+//! ([`takes_fixed_mma`]) on a device with bf16 tensor cores: each output element is summed in
+//! an order fixed by k alone (stretches of [`FIXED_MMA_STRETCH`] chunks, each one chain of
+//! `mma.sync` products, added in order), so its bits do not depend on the number of rows or
+//! on the kernel and tile chosen for them, and those can follow the batch.
 
 use super::GemmOutput;
 use crate::cuda::CudaKernels;
@@ -12,94 +13,147 @@ use half::bf16;
 /// Elements of k in a chunk of the kernels (`GBI_CHUNK`): the depth must be a multiple.
 pub const FIXED_MMA_CHUNK: usize = 32;
 
-/// A tile shape of the kernels (`gemm_fixed_mma_m{rows}n{cols}_*` in the source): the rows
-/// and columns of out a block computes, the rows and columns of each warp's part, the
+/// Chunks of a stretch (`GBI_STRETCH`), the k each chain of products sums.
+pub const FIXED_MMA_STRETCH: usize = 16;
+
+/// The most stretches a depth may have (`GBI_MAX_STRETCHES`: the split kernel's shared
+/// memory holds one sum of each).
+const MAX_STRETCHES: usize = 64;
+
+/// The stretches of a depth `k` (a multiple of [`FIXED_MMA_CHUNK`]).
+fn stretches(k: usize) -> usize {
+    (k / FIXED_MMA_CHUNK).div_ceil(FIXED_MMA_STRETCH)
+}
+
+/// A kernel of the split family (`gemm_fixed_mma_split_n{cols}w{warps}_*`): up to 16 rows,
+/// `cols` columns a block, its `warps` warps taking the stretches in turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Split {
+    cols: usize,
+    warps: usize,
+}
+
+/// A tile shape of the tiled family (`gemm_fixed_mma_m{rows}n{cols}_*` in the source): the
+/// rows and columns of out a block computes, the rows and columns of each warp's part, the
 /// stages of its ring in shared memory and the chunks of k a stage holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct TileShape {
+struct Tile {
     rows: usize,
     cols: usize,
     warp_rows: usize,
     warp_cols: usize,
     stages: usize,
     chunks_per_stage: usize,
-    x_shared: bool,
 }
 
-impl TileShape {
-    /// Threads of a block: a warp per part.
-    fn threads(&self) -> u32 {
-        (32 * (self.rows / self.warp_rows) * (self.cols / self.warp_cols)) as u32
+/// The kernel of one product.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Split(Split),
+    Tile(Tile),
+}
+
+impl Kernel {
+    /// The kernel's name, less its output type.
+    fn name(&self) -> String {
+        match self {
+            Kernel::Split(s) => format!("gemm_fixed_mma_split_n{}w{}", s.cols, s.warps),
+            Kernel::Tile(t) => format!("gemm_fixed_mma_m{}n{}", t.rows, t.cols),
+        }
     }
 
-    /// Dynamic shared memory of a block: each stage's chunks of 64 bytes a row, rows of w
-    /// and, past tiles of 16 rows, of x.
-    fn shared_bytes(&self) -> u32 {
-        let x_rows = if self.x_shared { self.rows } else { 0 };
-        let bytes =
-            self.stages * self.chunks_per_stage * (x_rows + self.cols) * 2 * FIXED_MMA_CHUNK;
+    /// Threads of a block.
+    fn threads(&self) -> u32 {
+        let warps = match self {
+            Kernel::Split(s) => s.warps,
+            Kernel::Tile(t) => (t.rows / t.warp_rows) * (t.cols / t.warp_cols),
+        };
+        32 * warps as u32
+    }
+
+    /// Dynamic shared memory of a block for a depth of `k`: the split kernel's sum of each
+    /// stretch (16 rows of f32), the tiled kernel's stages of chunks of 64 bytes a row.
+    fn shared_bytes(&self, k: usize) -> u32 {
+        let bytes = match self {
+            Kernel::Split(s) => stretches(k) * 16 * s.cols * 4,
+            Kernel::Tile(t) => {
+                t.stages * t.chunks_per_stage * (t.rows + t.cols) * 2 * FIXED_MMA_CHUNK
+            }
+        };
         bytes as u32
     }
+
+    /// The blocks of the grid: (column tiles, row tiles).
+    fn grid(&self, m: usize, n: usize) -> (usize, usize) {
+        match self {
+            Kernel::Split(s) => (n.div_ceil(s.cols), 1),
+            Kernel::Tile(t) => (n.div_ceil(t.cols), m.div_ceil(t.rows)),
+        }
+    }
 }
 
-/// The shapes compiled, in pairs for a bucket of rows: a narrow tile for grids that would
-/// not fill the device, then a wide one.
-const SHAPES: [TileShape; 6] = [
-    shape(16, 16, 16, 8, 8, 8, false),
-    shape(16, 32, 16, 8, 4, 8, true),
-    shape(64, 16, 16, 16, 4, 4, true),
-    shape(64, 32, 32, 16, 3, 4, true),
-    shape(64, 64, 32, 32, 4, 1, true),
-    shape(128, 128, 64, 32, 3, 1, true),
+/// The split kernels compiled: columns 16 or 32, warps 4 or 8.
+const SPLITS: [Split; 4] = [split(16, 4), split(16, 8), split(32, 4), split(32, 8)];
+
+/// The tile shapes compiled: for up to 64 rows a narrow tile for grids that would not fill
+/// the device, then a wide one; then the tile of more rows (prefill). A tile of 128 x 64
+/// rows and columns measured slower there (91 against 77 ms for the prefill of 4,000
+/// tokens of the Llama-3.2-1B shape on an H100): its warps keep the sum of the stretches
+/// before beside the running chain, and 152 registers a thread leave one block of 8 warps
+/// a multiprocessor.
+const TILES: [Tile; 3] = [
+    tile(64, 16, 16, 16, 4, 4),
+    tile(64, 32, 32, 16, 3, 4),
+    tile(64, 64, 32, 32, 4, 1),
 ];
 
-#[allow(clippy::too_many_arguments)]
-const fn shape(
+const fn split(cols: usize, warps: usize) -> Split {
+    Split { cols, warps }
+}
+
+const fn tile(
     rows: usize,
     cols: usize,
     warp_rows: usize,
     warp_cols: usize,
     stages: usize,
     chunks_per_stage: usize,
-    x_shared: bool,
-) -> TileShape {
-    TileShape {
+) -> Tile {
+    Tile {
         rows,
         cols,
         warp_rows,
         warp_cols,
         stages,
         chunks_per_stage,
-        x_shared,
     }
 }
 
-/// Whether products of depth `k` take these kernels on the device of `kernels`.
+/// Whether products of depth `k` take these kernels on the device of `kernels`: a multiple
+/// of [`FIXED_MMA_CHUNK`] of at most 64 stretches (32,768). A choice by k alone.
 pub fn takes_fixed_mma(kernels: &CudaKernels, k: usize) -> bool {
-    kernels.tensor_cores() && k.is_multiple_of(FIXED_MMA_CHUNK)
+    kernels.tensor_cores() && k.is_multiple_of(FIXED_MMA_CHUNK) && stretches(k) <= MAX_STRETCHES
 }
 
-/// The tile shape for `m` rows and `n` columns on a device of `multiprocessors`: the bucket
-/// of the rows (up to 16, up to 64, more), and in it the wide tile where its grid still
-/// has blocks for every multiprocessor (two each for the streaming shapes of few rows).
-fn shape_for(m: usize, n: usize, multiprocessors: usize) -> TileShape {
-    let bucket = match m {
-        0..=16 => 0,
-        17..=64 => 2,
-        _ => 4,
-    };
-    let (narrow, wide) = (SHAPES[bucket], SHAPES[bucket + 1]);
-    let blocks = m.div_ceil(wide.rows) * n.div_ceil(wide.cols);
-    let wanted = if m <= 64 { 2 } else { 1 } * multiprocessors;
-    if blocks >= wanted {
-        wide
+/// The kernel for `m` rows, `n` columns and depth `k` on a device of `multiprocessors`. Up
+/// to 16 rows the split kernel, with 4 warps where k has at most 4 stretches (8 otherwise)
+/// and columns of 32 where they still give each multiprocessor two blocks; up to 64 rows
+/// the tiles of 64 rows, 32 columns where they still give each multiprocessor two blocks;
+/// more rows the 64 x 64 tile.
+fn kernel_for(m: usize, n: usize, k: usize, multiprocessors: usize) -> Kernel {
+    let wide = n.div_ceil(32) >= 2 * multiprocessors;
+    if m <= 16 {
+        let warps_8 = stretches(k) > 4;
+        Kernel::Split(SPLITS[2 * usize::from(wide) + usize::from(warps_8)])
+    } else if m <= 64 {
+        Kernel::Tile(TILES[usize::from(wide)])
     } else {
-        narrow
+        Kernel::Tile(TILES[2])
     }
 }
 
-/// `out[m, n] = x[m, k] · w[n, k]ᵀ` through the kernel of the shape [`shape_for`] picks.
-/// The caller checks the buffers' lengths; `k` must be a multiple of [`FIXED_MMA_CHUNK`].
+/// `out[m, n] = x[m, k] · w[n, k]ᵀ` through the kernel [`kernel_for`] picks. The caller
+/// checks the buffers' lengths and that [`takes_fixed_mma`] holds for `k`.
 #[allow(clippy::too_many_arguments)]
 pub fn fixed_mma_linear<T: GemmOutput>(
     kernels: &CudaKernels,
@@ -112,8 +166,9 @@ pub fn fixed_mma_linear<T: GemmOutput>(
     k: usize,
 ) -> Result<(), DriverError> {
     assert!(
-        k.is_multiple_of(FIXED_MMA_CHUNK),
-        "linear: the tensor-core kernel needs k % {FIXED_MMA_CHUNK} == 0, not {k}"
+        k.is_multiple_of(FIXED_MMA_CHUNK) && stretches(k) <= MAX_STRETCHES,
+        "linear: the tensor-core kernels take depths that are multiples of \
+         {FIXED_MMA_CHUNK} up to {MAX_STRETCHES} stretches, not {k}"
     );
     for (what, ptr) in [("x", x.device_ptr(stream).0), ("w", w.device_ptr(stream).0)] {
         assert!(
@@ -121,31 +176,28 @@ pub fn fixed_mma_linear<T: GemmOutput>(
             "linear: {what} is not 16-byte aligned"
         );
     }
-    let shape = shape_for(m, n, kernels.multiprocessors() as usize);
-    let row_tiles = u32::try_from(m.div_ceil(shape.rows))
+    let kernel = kernel_for(m, n, k, kernels.multiprocessors() as usize);
+    let (col_tiles, row_tiles) = kernel.grid(m, n);
+    let row_tiles = u32::try_from(row_tiles)
         .ok()
         .filter(|&tiles| tiles <= 65_535)
         .expect("linear: rows past the grid");
-    let col_tiles = u32::try_from(n.div_ceil(shape.cols)).expect("linear: n past the grid");
-    let name = format!(
-        "gemm_fixed_mma_m{}n{}_{}",
-        shape.rows,
-        shape.cols,
-        T::KERNEL_SUFFIX
-    );
-    let shared_bytes = shape.shared_bytes();
+    let col_tiles = u32::try_from(col_tiles).expect("linear: n past the grid");
+    let name = format!("{}_{}", kernel.name(), T::KERNEL_SUFFIX);
+    let shared_bytes = kernel.shared_bytes(k);
     kernels.grant_shared(&name, shared_bytes)?;
     let (m, n, k) = (m as i32, n as i32, k as i32);
     let mut launch = kernels.launch(stream, &name);
     launch.arg(x).arg(w).arg(out).arg(&m).arg(&n).arg(&k);
     let config = LaunchConfig {
         grid_dim: (col_tiles, row_tiles, 1),
-        block_dim: (shape.threads(), 1, 1),
+        block_dim: (kernel.threads(), 1, 1),
         shared_mem_bytes: shared_bytes,
     };
     // SAFETY: x holds m rows of k, w n rows of k and out m * n elements (checked by the
-    // callers), x and w 16-byte aligned with k % 32 == 0 (checked above); every block
-    // guards the rows and columns past m and n.
+    // callers), x and w 16-byte aligned with k % 32 == 0 and at most 64 stretches (checked
+    // above), the shared memory the kernel's family needs for k; every block guards the
+    // rows and columns past m and n.
     unsafe { launch.launch(config) }
 }
 
@@ -154,55 +206,89 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tiles_follow_the_rows_and_fill_the_device() {
+    fn kernels_follow_the_rows_and_fill_the_device() {
         let h100 = 132;
-        // Decode of one sequence: the Llama-3.2-1B shape's q (2048 columns) in tiles of 16
-        // columns (128 blocks), its gate and up (16,384) and the LM head in tiles of 32.
-        assert_eq!(shape_for(1, 2048, h100), SHAPES[0]);
-        assert_eq!(shape_for(16, 16_384, h100), SHAPES[1]);
-        assert_eq!(shape_for(1, 128_256, h100), SHAPES[1]);
+        let split = |cols, warps| Kernel::Split(super::split(cols, warps));
+        // Decode of one sequence, the Llama-3.2-1B shape: q (2,048 columns of depth 2,048,
+        // four stretches) in blocks of 16 columns and 4 warps; the down projection (depth
+        // 8,192) with 8 warps; gate and up (16,384 columns) and the LM head in blocks of 32.
+        assert_eq!(kernel_for(1, 2048, 2048, h100), split(16, 4));
+        assert_eq!(kernel_for(1, 2048, 8192, h100), split(16, 8));
+        assert_eq!(kernel_for(16, 16_384, 2048, h100), split(32, 4));
+        assert_eq!(kernel_for(1, 128_256, 2048, h100), split(32, 4));
         // Batch 64.
-        assert_eq!(shape_for(17, 2048, h100), SHAPES[2]);
-        assert_eq!(shape_for(64, 16_384, h100), SHAPES[3]);
-        // Prefill: 128 x 128 tiles where they still give every multiprocessor a block.
-        assert_eq!(shape_for(65, 2048, h100), SHAPES[4]);
-        assert_eq!(shape_for(4096, 2048, h100), SHAPES[5]);
-        assert_eq!(shape_for(1024, 2048, h100), SHAPES[4]);
+        assert_eq!(kernel_for(17, 2048, 2048, h100), Kernel::Tile(TILES[0]));
+        assert_eq!(kernel_for(64, 16_384, 2048, h100), Kernel::Tile(TILES[1]));
+        // Prefill.
+        assert_eq!(kernel_for(65, 2048, 2048, h100), Kernel::Tile(TILES[2]));
+        assert_eq!(
+            kernel_for(4096, 128_256, 2048, h100),
+            Kernel::Tile(TILES[2])
+        );
+    }
+
+    #[test]
+    fn depths_are_cut_into_stretches_of_512() {
+        assert_eq!(stretches(576), 2);
+        assert_eq!(stretches(2048), 4);
+        assert_eq!(stretches(8192), 16);
+        assert_eq!(stretches(32_768), MAX_STRETCHES);
+        assert_eq!(stretches(32_800), MAX_STRETCHES + 1);
     }
 
     #[test]
     fn shared_memory_stays_within_what_a_block_may_take() {
-        for shape in SHAPES {
-            assert!(shape.shared_bytes() <= 227 * 1024, "{shape:?}");
+        let deepest = MAX_STRETCHES * FIXED_MMA_STRETCH * FIXED_MMA_CHUNK;
+        for kernel in SPLITS
+            .map(Kernel::Split)
+            .into_iter()
+            .chain(TILES.map(Kernel::Tile))
+        {
+            assert!(kernel.shared_bytes(deepest) <= 227 * 1024, "{kernel:?}");
         }
-        // The few-row tiles hold only w: 8 stages of 8 chunks of 16 rows, 64 KiB.
-        assert_eq!(SHAPES[0].shared_bytes(), 64 * 1024);
-        assert_eq!(SHAPES[5].shared_bytes(), 48 * 1024);
+        // The split kernel holds each stretch's sum of 16 rows: 64 stretches of 32 columns
+        // take 128 KiB.
+        assert_eq!(Kernel::Split(SPLITS[3]).shared_bytes(deepest), 128 * 1024);
+        assert_eq!(Kernel::Tile(TILES[2]).shared_bytes(deepest), 32 * 1024);
+    }
+
+    /// The template arguments of `kernel`'s line in the source (every split kernel
+    /// prefetches 4 chunks).
+    fn template(kernel: &Kernel) -> String {
+        match kernel {
+            Kernel::Split(s) => format!("gemm_fixed_mma_split<{}, {}, 4>(", s.cols, s.warps),
+            Kernel::Tile(t) => format!(
+                "gemm_fixed_mma<{}, {}, {}, {}, {}, {}>(",
+                t.rows, t.cols, t.warp_rows, t.warp_cols, t.stages, t.chunks_per_stage
+            ),
+        }
     }
 
     #[test]
-    fn the_source_has_every_shape_and_the_chunk() {
+    fn the_source_has_every_kernel_and_constant() {
         let source = include_str!("../../../cuda/gemm_mma.cu");
-        let line = format!("#define GBI_CHUNK {FIXED_MMA_CHUNK} ");
-        assert!(source.contains(&line), "gemm_mma.cu lacks `{line}`");
+        for line in [
+            format!("#define GBI_CHUNK {FIXED_MMA_CHUNK} "),
+            format!("#define GBI_STRETCH {FIXED_MMA_STRETCH} "),
+            format!("#define GBI_MAX_STRETCHES {MAX_STRETCHES} "),
+        ] {
+            assert!(source.contains(&line), "gemm_mma.cu lacks `{line}`");
+        }
         let names: Vec<&str> = crate::cuda::kernel_names(source).collect();
-        for shape in SHAPES {
+        for kernel in SPLITS
+            .map(Kernel::Split)
+            .into_iter()
+            .chain(TILES.map(Kernel::Tile))
+        {
             for suffix in [bf16::KERNEL_SUFFIX, f32::KERNEL_SUFFIX] {
-                let name = format!("gemm_fixed_mma_m{}n{}_{suffix}", shape.rows, shape.cols);
+                let name = format!("{}_{suffix}", kernel.name());
                 assert!(names.contains(&name.as_str()), "gemm_mma.cu lacks {name}");
-                let bounds = format!("__launch_bounds__({}) {name}(", shape.threads());
-                assert!(source.contains(&bounds), "gemm_mma.cu lacks `{bounds}`");
-                let template = format!(
-                    "{{ gemm_fixed_mma<{}, {}, {}, {}, {}, {}, {}>(",
-                    shape.rows,
-                    shape.cols,
-                    shape.warp_rows,
-                    shape.warp_cols,
-                    shape.stages,
-                    shape.chunks_per_stage,
-                    shape.x_shared
-                );
-                let line = source.lines().find(|line| line.contains(&bounds)).unwrap();
+                let bounds = format!("__launch_bounds__({}) {name}(", kernel.threads());
+                let line = source
+                    .lines()
+                    .find(|line| line.contains(&bounds))
+                    .unwrap_or_else(|| panic!("gemm_mma.cu lacks `{bounds}`"));
+                let template = template(&kernel);
                 assert!(line.contains(&template), "{name} is not {template}");
             }
         }
