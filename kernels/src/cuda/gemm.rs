@@ -418,6 +418,17 @@ fn check_shapes(x: usize, w: usize, out: usize, m: usize, n: usize) -> usize {
     k
 }
 
+/// Checks that a product's x and w (their device addresses) are 16-byte aligned, as the
+/// kernels' 16-byte loads need.
+fn check_aligned([x_ptr, w_ptr]: [u64; 2]) {
+    for (what, ptr) in [("x", x_ptr), ("w", w_ptr)] {
+        assert!(
+            ptr.is_multiple_of(16),
+            "linear: {what} is not 16-byte aligned"
+        );
+    }
+}
+
 /// The most dynamic shared memory a one-row GEMV block stages its row in: the 48 KiB that
 /// every device grants a block without opting in, less room for the kernel's static
 /// partial sums.
@@ -463,12 +474,7 @@ impl GemvPlan {
             k.is_multiple_of(8),
             "linear: the GEMV kernel needs k % 8 == 0, not {k}"
         );
-        for (what, ptr) in [("x", x_ptr), ("w", w_ptr)] {
-            assert!(
-                ptr.is_multiple_of(16),
-                "linear: {what} is not 16-byte aligned"
-            );
-        }
+        check_aligned([x_ptr, w_ptr]);
         let slices = gemv_slices(k);
         let groups = n.div_ceil(GEMV_BLOCK_COLS / slices);
         let mut rows = GEMV_PASS_ROWS

@@ -5,7 +5,7 @@
 //! `mma.sync` products, added in order), so its bits do not depend on the number of rows or
 //! on the kernel and tile chosen for them, and those can follow the batch.
 
-use super::GemmOutput;
+use super::{check_aligned, GemmOutput};
 use crate::cuda::CudaKernels;
 use cudarc::driver::{CudaStream, CudaView, CudaViewMut, DevicePtr, DriverError, LaunchConfig};
 use half::bf16;
@@ -170,12 +170,7 @@ pub fn fixed_mma_linear<T: GemmOutput>(
         "linear: the tensor-core kernels take depths that are multiples of \
          {FIXED_MMA_CHUNK} up to {MAX_STRETCHES} stretches, not {k}"
     );
-    for (what, ptr) in [("x", x.device_ptr(stream).0), ("w", w.device_ptr(stream).0)] {
-        assert!(
-            ptr.is_multiple_of(16),
-            "linear: {what} is not 16-byte aligned"
-        );
-    }
+    check_aligned([x.device_ptr(stream).0, w.device_ptr(stream).0]);
     let kernel = kernel_for(m, n, k, kernels.multiprocessors() as usize);
     let (col_tiles, row_tiles) = kernel.grid(m, n);
     let row_tiles = u32::try_from(row_tiles)
