@@ -1,6 +1,8 @@
 //! The engine's Prometheus metrics, named as vLLM's with the `peregrine:` prefix, recorded
 //! through the `metrics` facade (the serve command installs the Prometheus exporter).
 
+pub mod vllm;
+
 use crate::messages::{AheadUse, FinishReason, KvUsage};
 use metrics::{counter, gauge, histogram};
 use std::time::Duration;

@@ -14,6 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 use peregrine_actors::gateway::{
     self, EngineClient, GatewayState, HttpSettings, ModelInfo, SharedConfig, ToolSettings,
 };
+use peregrine_actors::metrics::vllm::{with_vllm_names, CacheConfigInfo};
 use peregrine_actors::metrics::{
     ACCEPTED_LENGTH_BUCKETS, GRAMMAR_BUCKETS, GRAMMAR_COMPILE_SECONDS, GRAMMAR_MASK_SECONDS,
     HISTOGRAMS, LATENCY_BUCKETS, SPEC_ACCEPTED_LENGTH,
@@ -91,6 +92,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             log_level,
             footprint,
         );
+        // The vLLM copies of the series carry the served name given at start (a reload may
+        // change the name the API answers to; dashboards keep the series they had).
+        let metrics_model = served_model_name.clone();
+        let cache_info = CacheConfigInfo {
+            block_size: config.block_size,
+            num_blocks: u64::from(engine.num_blocks),
+        };
         let state = web::Data::new(GatewayState::new(
             EngineClient::new(engine.scheduler.clone(), engine.health.clone()),
             ModelInfo {
@@ -104,7 +112,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             },
             shared,
             Arc::new(reloader.clone()),
-            Arc::new(move || prometheus.render()),
+            Arc::new(move || with_vllm_names(&prometheus.render(), &metrics_model, cache_info)),
         ));
         let settings = HttpSettings {
             host: config.host.clone(),
