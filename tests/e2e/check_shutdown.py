@@ -2,7 +2,8 @@
 
 --mode drain: the streams are short enough to finish within the shutdown timeout; each
   finishes normally (finish_reason "length", full usage, [DONE]), and a request sent while
-  the server drains gets 503 or a refused connection.
+  the server drains gets 503 or a refused connection; so does the readiness probe
+  (`/ready`), where it gets an answer.
 --mode deadline: the streams cannot finish within the (short) shutdown timeout; each is
   cancelled cleanly: an error event (503), then [DONE], soon after the deadline.
 
@@ -15,7 +16,7 @@ import signal
 import threading
 import time
 
-from e2e_common import RawStream, expect, expect_eq, log, parser, post, run
+from e2e_common import RawStream, expect, expect_eq, get, log, parser, post, run
 
 
 def main():
@@ -92,6 +93,12 @@ def main():
         except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as err:
             outcome = type(err).__name__
             log("a request while draining: %s" % outcome)
+        try:
+            ready = get(base, "/ready", timeout=10)
+            expect_eq(ready.status, 503, "the readiness probe while draining (%r)" % ready)
+            log("/ready while draining: 503 %s" % ready.json().get("error", {}).get("message"))
+        except (ConnectionRefusedError, ConnectionResetError, http.client.RemoteDisconnected) as err:
+            log("/ready while draining: %s" % type(err).__name__)
         still = sum(1 for r in results if r is None)
         expect(still > 0, "every stream had finished before the late request (%s): the test needs longer streams" % outcome)
 

@@ -1,4 +1,4 @@
-//! The open endpoints: `GET /health`, `GET /metrics`, and `GET /v1/models` and
+//! The open endpoints: `GET /health`, `GET /ready`, `GET /metrics`, and `GET /v1/models` and
 //! `GET /v1/models/{model}` (which need the API key like every `/v1` path).
 
 use actix_web::{web, HttpResponse};
@@ -13,6 +13,17 @@ use super::state::GatewayState;
 /// stopped or its last step failed.
 pub async fn health(state: web::Data<GatewayState>) -> Result<HttpResponse, ApiError> {
     state.engine.health().map_err(ApiError::unavailable)?;
+    Ok(HttpResponse::Ok().finish())
+}
+
+/// 200 while the engine is live and takes new requests; 503 naming why otherwise (the
+/// engine's failure, or a drain begun by SIGTERM): what a Kubernetes readiness probe or a
+/// router's health check reads, so that no new request is sent to a replica going away,
+/// while `/health` (liveness) stays 200 through the drain. The server listens only once
+/// the model is loaded, so a loading replica is not ready either.
+pub async fn ready(state: web::Data<GatewayState>) -> Result<HttpResponse, ApiError> {
+    state.engine.health().map_err(ApiError::unavailable)?;
+    state.ensure_accepting()?;
     Ok(HttpResponse::Ok().finish())
 }
 

@@ -2,7 +2,7 @@
 //! chat template, tokenizes, submits to the scheduler through [`EngineClient`], and turns
 //! the token events back into text, whole or streamed as server-sent events; OpenAI's
 //! Responses API (`/v1/responses`) is served through the chat path. It also serves
-//! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics` and the admin endpoints.
+//! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/ready`, `/metrics` and the admin endpoints.
 //! `POST /v1/messages` answers Anthropic's Messages API over the same chat. It never touches
 //! a device.
 //!

@@ -51,6 +51,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             web::post().to(tokenize::detokenize),
         ))
         .service(resource("/health", web::get().to(info::health)))
+        .service(resource("/ready", web::get().to(info::ready)))
         .service(resource("/metrics", web::get().to(info::metrics)))
         .service(resource("/admin/reload", web::post().to(admin::reload)))
         .service(resource("/admin/config", web::get().to(admin::config)))

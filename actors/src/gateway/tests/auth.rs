@@ -1,4 +1,5 @@
-//! API keys on `/v1/*`, `/tokenize` and `/detokenize`; `/health` and `/metrics` stay open.
+//! API keys on `/v1/*`, `/tokenize` and `/detokenize`; `/health`, `/ready` and `/metrics`
+//! stay open.
 
 use actix_web::http::header::{AUTHORIZATION, CONTENT_TYPE};
 use actix_web::test::TestRequest;
@@ -55,8 +56,10 @@ async fn health_and_metrics_stay_open() {
     let fixture = Fixture::new(Script::text("ok"));
     fixture.configure(|config| config.api_keys = vec!["k1".into()]);
     let app = fixture.app().await;
-    let health = TestRequest::get().uri("/health").to_request();
-    assert_eq!(call(&app, health).await.0, 200);
+    for uri in ["/health", "/ready"] {
+        let probe = TestRequest::get().uri(uri).to_request();
+        assert_eq!(call(&app, probe).await.0, 200, "{uri}");
+    }
     let metrics = TestRequest::get().uri("/metrics").to_request();
     let response = actix_web::test::call_service(&app, metrics).await;
     assert_eq!(response.status(), 200);

@@ -20,10 +20,11 @@ fn to(method: Method, uri: &str, host: Option<&str>) -> actix_http::Request {
     request.to_request()
 }
 
-const ROUTES: [(Method, &str); 6] = [
+const ROUTES: [(Method, &str); 7] = [
     (Method::GET, "/metrics"),
     (Method::GET, "/v1/models"),
     (Method::GET, "/health"),
+    (Method::GET, "/ready"),
     (Method::POST, "/v1/completions"),
     (Method::GET, "/no/such/path"),
     (Method::OPTIONS, "/v1/chat/completions"),

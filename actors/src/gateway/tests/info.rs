@@ -54,6 +54,23 @@ async fn health_is_503_after_a_failed_step_until_one_succeeds() {
 }
 
 #[actix_web::test]
+async fn ready_is_503_while_draining_or_failed_and_health_stays_200_through_a_drain() {
+    let fixture = Fixture::new(Script::text("ok"));
+    let app = fixture.app().await;
+    let get = |uri: &str| TestRequest::get().uri(uri).to_request();
+    assert_eq!(call(&app, get("/ready")).await.0, 200);
+    fixture.health.step_failed("device fault".into());
+    let message = expect_error(call(&app, get("/ready")).await, 503, "server_error", None);
+    assert!(message.contains("device fault"), "{message}");
+    fixture.health.step_succeeded();
+    assert_eq!(call(&app, get("/ready")).await.0, 200);
+    fixture.state.stop_accepting();
+    let message = expect_error(call(&app, get("/ready")).await, 503, "server_error", None);
+    assert!(message.contains("shutting down"), "{message}");
+    assert_eq!(call(&app, get("/health")).await.0, 200);
+}
+
+#[actix_web::test]
 async fn health_is_503_once_a_runner_thread_has_died() {
     let fixture = Fixture::new(Script::text("ok"));
     let app = fixture.app().await;
