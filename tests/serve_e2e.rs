@@ -708,6 +708,22 @@ fn compatibility_aliases_fingerprint_and_continuous_usage() {
     server.check("check_compat.py", &[]);
 }
 
+/// 24. Three replicas behind vLLM's router (`vllm-router` from PyPI, in the tests' venv): round
+/// robin spreads the requests evenly, cache-aware routing raises the replicas' prefix-cache
+/// hits, and a replica killed mid-run costs no request sent after it (check_router.py).
+#[test]
+fn replicas_behind_vllms_router() {
+    let _serial = serial();
+    let model = TinyDir::new(31);
+    let replicas: Vec<Server> = (0..3).map(|_| Server::start(model.path(), &[])).collect();
+    let bases: Vec<&str> = replicas.iter().map(|r| r.base.as_str()).collect();
+    let pid = replicas[2].child.id().to_string();
+    let mut args = vec!["--replicas"];
+    args.extend(&bases);
+    args.extend(["--kill-pid", &pid]);
+    replicas[0].check("check_router.py", &args);
+}
+
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.
 #[cfg(feature = "cuda")]
 #[test]

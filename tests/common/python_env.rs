@@ -27,7 +27,8 @@ const INSTALL_PYTHON: &str = "install Python 3 with pip and venv \
      (e.g. `apt-get install python3 python3-pip python3-venv`)";
 
 /// The modules a built venv must import (the requirements' import names).
-const IMPORTS: &str = "import openai, jsonschema, pydantic, langchain_openai, anthropic, agents";
+const IMPORTS: &str =
+    "import openai, jsonschema, pydantic, langchain_openai, anthropic, agents, vllm_router";
 
 /// The venv's Python interpreter, building the venv first if it is missing or stale. Panics
 /// with a message saying what is missing when it cannot be built.

@@ -1,0 +1,204 @@
+"""Three Peregrine replicas behind vLLM's router (`vllm-router`, installed from PyPI), as
+deploy/router/README.md runs them:
+
+- round robin: every request answered, each replica within 2 of an even share;
+- cache-aware routing: requests sharing a long prefix land where it is cached, so the
+  replicas' prefix-cache hits (their own /metrics) make a larger share of the prompt tokens
+  than under round robin, with new prefixes for each run;
+- a replica killed (SIGKILL) mid-run: every request sent after the kill is answered (the
+  router retries on the others and stops sending to the dead one), and a request in flight
+  on it ends with an error rather than hanging.
+"""
+
+import http.client
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from e2e_common import expect, get, log, metrics, parser, post, run
+
+GROUPS = 4
+PER_GROUP = 6
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# The router's console script, run through this interpreter: the tests' venv is built in a
+# temporary folder and moved into place, so the scripts' own #! lines name a path that is
+# gone.
+ROUTER = [sys.executable, "-c", "import sys; from vllm_router.launch_router import main; "
+          "sys.argv[0] = 'vllm-router'; sys.exit(main())"]
+
+
+class Router:
+    """`vllm-router` over `replicas` with `policy`, probing each replica's /ready."""
+
+    def __init__(self, replicas, policy):
+        self.port = free_port()
+        self.base = "http://127.0.0.1:%d" % self.port
+        command = ROUTER + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+                   "--worker-urls", *replicas, "--health-check-endpoint", "/ready",
+                   "--health-check-interval-secs", "1", "--log-level", "warning",
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        # Its log to a file: a pipe nobody reads would fill and stall it.
+        self.log = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            expect(self.process.poll() is None, "vllm-router exited: %s" % self.tail())
+            try:
+                if get(self.base, "/v1/models", timeout=5).status == 200:
+                    log("vllm-router (%s) on %s" % (policy, self.base))
+                    return
+            except (OSError, http.client.HTTPException):
+                pass
+            time.sleep(0.3)
+        expect(False, "vllm-router did not answer within 60 s")
+
+    def tail(self):
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")[-3000:]
+
+    def close(self):
+        self.process.terminate()
+        self.process.wait(timeout=30)
+        self.log.close()
+
+
+def replica_counts(replicas):
+    """Per replica: (finished requests, prefix-cache hit tokens, prompt tokens)."""
+    out = []
+    for base in replicas:
+        samples = metrics(base)
+        done = sum(v for k, v in samples.items() if k.startswith("peregrine:request_success_total"))
+        out.append((done, samples.get("peregrine:prefix_cache_hits_total", 0.0),
+                    samples.get("peregrine:prompt_tokens_total", 0.0)))
+    return out
+
+
+def send_all(base, model, prompts, concurrency, max_tokens, on_done=None):
+    """Sends each prompt as a completion, `concurrency` at a time: [(start, end, status)].
+    `on_done(n)` is called as the n-th request ends."""
+    results = [None] * len(prompts)
+    lock = threading.Lock()
+    queue = list(enumerate(prompts))
+    done = [0]
+
+    def worker():
+        while True:
+            with lock:
+                if not queue:
+                    return
+                i, prompt = queue.pop(0)
+            start = time.monotonic()
+            try:
+                resp = post(base, "/v1/completions", {"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                                                      "temperature": 0}, timeout=60)
+                status = resp.status
+            except (OSError, http.client.HTTPException) as err:
+                status = type(err).__name__
+            results[i] = (start, time.monotonic(), status)
+            with lock:
+                done[0] += 1
+                n = done[0]
+            if on_done:
+                on_done(n)
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    expect(all(r is not None for r in results), "some requests never ended")
+    return results
+
+
+def prompts(tag):
+    """PER_GROUP prompts in each of GROUPS groups, each group sharing a prefix of about 400
+    tokens (the tiny model's tokenizer is byte-level), interleaved."""
+    out = []
+    for i in range(PER_GROUP):
+        for g in range(GROUPS):
+            prefix = " ".join("%s-%d-%d" % (tag, g, w) for w in range(50))
+            out.append("%s question %d:" % (prefix, i))
+    return out
+
+
+def routed_run(replicas, model, policy, tag):
+    router = Router(replicas, policy)
+    try:
+        before = replica_counts(replicas)
+        results = send_all(router.base, model, prompts(tag), 4, 4)
+        after = replica_counts(replicas)
+    finally:
+        router.close()
+    failed = [r for r in results if r[2] != 200]
+    expect(not failed, "%s: %d of %d requests failed: %r" % (policy, len(failed), len(results), failed[:3]))
+    share = [a[0] - b[0] for a, b in zip(after, before)]
+    hits = sum(a[1] - b[1] for a, b in zip(after, before))
+    tokens = sum(a[2] - b[2] for a, b in zip(after, before))
+    rate = hits / max(tokens, 1)
+    log("%s: %d requests answered, per replica %r, prefix-cache hits %d of %d prompt tokens (%.2f)"
+        % (policy, len(results), share, hits, tokens, rate))
+    return share, rate
+
+
+def main():
+    p = parser(__doc__)
+    p.add_argument("--replicas", nargs=3, required=True)
+    p.add_argument("--kill-pid", type=int, required=True, help="the third replica's process")
+    args = p.parse_args()
+    replicas, model = args.replicas, args.model
+    n = GROUPS * PER_GROUP
+
+    share, round_robin = routed_run(replicas, model, "round_robin", "rr")
+    expect(sum(share) == n, "round robin: the replicas finished %d requests, not %d" % (sum(share), n))
+    expect(all(abs(s - n / 3) <= 2 for s in share), "round robin: shares %r, not within 2 of %d" % (share, n // 3))
+    share, cache_aware = routed_run(replicas, model, "cache_aware", "ca")
+    expect(sum(share) == n, "cache-aware: the replicas finished %d requests, not %d" % (sum(share), n))
+    expect(cache_aware > round_robin,
+           "cache-aware routing's prefix-cache hit rate %.2f is not above round robin's %.2f"
+           % (cache_aware, round_robin))
+    log("prefix-cache hit rate: cache-aware %.2f against round robin %.2f (%.2fx)"
+        % (cache_aware, round_robin, cache_aware / max(round_robin, 1e-9)))
+
+    # A replica killed mid-run: once a fifth of the requests have ended, so that some are
+    # in flight on it and most are still to be sent.
+    router = Router(replicas, "round_robin")
+    try:
+        killed = {}
+        total = 60
+
+        def kill_at(n):
+            if n == total // 5 and "at" not in killed:
+                killed["at"] = time.monotonic()
+                os.kill(args.kill_pid, signal.SIGKILL)
+                log("replica %s killed after %d requests" % (replicas[2], n))
+
+        prompts_ = ["kill run %d: tell me a story" % i for i in range(total)]
+        results = send_all(router.base, model, prompts_, 6, 48, kill_at)
+    finally:
+        router.close()
+    expect("at" in killed, "the replica was never killed")
+    after = [r for r in results if r[0] > killed["at"]]
+    before = [r for r in results if r[0] <= killed["at"]]
+    failed_after = [r for r in after if r[2] != 200]
+    failed_before = [r for r in before if r[2] != 200]
+    log("kill run: %d requests started before the kill (%d failed: %r), %d after (%d failed)"
+        % (len(before), len(failed_before), sorted({r[2] for r in failed_before}), len(after), len(failed_after)))
+    expect(after, "no request started after the kill: the run is too short")
+    expect(not failed_after, "requests sent after the kill failed: %r" % failed_after[:3])
+    expect(len(failed_before) <= 6, "%d requests failed, more than were in flight" % len(failed_before))
+
+
+if __name__ == "__main__":
+    run(main)
