@@ -708,9 +708,10 @@ fn compatibility_aliases_fingerprint_and_continuous_usage() {
     server.check("check_compat.py", &[]);
 }
 
-/// 24. Three replicas behind vLLM's router (`vllm-router` from PyPI, in the tests' venv): round
-/// robin spreads the requests evenly, cache-aware routing raises the replicas' prefix-cache
-/// hits, and a replica killed mid-run costs no request sent after it (check_router.py).
+/// 24. Three replicas behind vLLM's router (`vllm-router` from PyPI, in the tests' venv):
+///     round robin spreads the requests evenly, cache-aware routing raises the replicas'
+///     prefix-cache hits, and a replica killed mid-run costs no request sent after it
+///     (check_router.py).
 #[test]
 fn replicas_behind_vllms_router() {
     let _serial = serial();
