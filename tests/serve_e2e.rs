@@ -708,12 +708,12 @@ fn compatibility_aliases_fingerprint_and_continuous_usage() {
     server.check("check_compat.py", &[]);
 }
 
-/// 24. Three replicas behind vLLM's router (`vllm-router` from PyPI, in the tests' venv):
-///     round robin spreads the requests evenly, cache-aware routing raises the replicas'
-///     prefix-cache hits, and a replica killed mid-run costs no request sent after it
-///     (check_router.py).
+/// 24. Three replicas behind vLLM's router and the Shepherd model gateway (`vllm-router` and
+///     `smg` from PyPI, in the tests' venv): round robin spreads the requests evenly,
+///     cache-aware routing raises the replicas' prefix-cache hits, and a replica killed
+///     mid-run costs no request sent after it (check_router.py).
 #[test]
-fn replicas_behind_vllms_router() {
+fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
     let _serial = serial();
     let model = TinyDir::new(31);
     let replicas: Vec<Server> = (0..3).map(|_| Server::start(model.path(), &[])).collect();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Starts N Peregrine replicas on one machine and vLLM's router in front of them (the
 # `vllm-router` package from PyPI: `pip install vllm-router`), as tests/e2e/check_router.py
-# drives them. The router takes the OpenAI requests on ROUTER_PORT and probes each
-# replica's /ready, which turns 503 as soon as a replica begins to drain.
+# drives them (smg, the Shepherd model gateway, takes the same flags after `smg launch`).
+# The router takes the OpenAI requests on ROUTER_PORT and probes each replica's /ready,
+# which turns 503 as soon as a replica begins to drain.
 #
 #   deploy/router/run.sh [N] [POLICY] [-- SERVE ARGS...]
 #

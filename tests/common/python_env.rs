@@ -28,7 +28,7 @@ const INSTALL_PYTHON: &str = "install Python 3 with pip and venv \
 
 /// The modules a built venv must import (the requirements' import names).
 const IMPORTS: &str =
-    "import openai, jsonschema, pydantic, langchain_openai, anthropic, agents, vllm_router";
+    "import openai, jsonschema, pydantic, langchain_openai, anthropic, agents, vllm_router, smg";
 
 /// The venv's Python interpreter, building the venv first if it is missing or stale. Panics
 /// with a message saying what is missing when it cannot be built.

@@ -1,13 +1,15 @@
-"""Three Peregrine replicas behind vLLM's router (`vllm-router`, installed from PyPI), as
-deploy/router/README.md runs them:
+"""Three Peregrine replicas behind the routers built for vLLM and SGLang, installed from
+PyPI: vLLM's router (`vllm-router`, as deploy/router/run.sh runs it) and the Shepherd model
+gateway (`smg launch`, the SGLang router's successor). For each router:
 
 - round robin: every request answered, each replica within 2 of an even share;
 - cache-aware routing: requests sharing a long prefix land where it is cached, so the
   replicas' prefix-cache hits (their own /metrics) make a larger share of the prompt tokens
-  than under round robin, with new prefixes for each run;
-- a replica killed (SIGKILL) mid-run: every request sent after the kill is answered (the
-  router retries on the others and stops sending to the dead one), and a request in flight
-  on it ends with an error rather than hanging.
+  than under round robin, with new prefixes for each run.
+
+Then, behind vllm-router, a replica killed (SIGKILL) mid-run: every request sent after the
+kill is answered (the router retries on the others and stops sending to the dead one), and
+a request in flight on it ends with an error rather than hanging.
 """
 
 import http.client
@@ -32,37 +34,42 @@ def free_port():
         return s.getsockname()[1]
 
 
-# The router's console script, run through this interpreter: the tests' venv is built in a
+# Each router's console script, run through this interpreter (the tests' venv is built in a
 # temporary folder and moved into place, so the scripts' own #! lines name a path that is
-# gone.
-ROUTER = [sys.executable, "-c", "import sys; from vllm_router.launch_router import main; "
-          "sys.argv[0] = 'vllm-router'; sys.exit(main())"]
+# gone), and its name for the warning log level.
+ROUTERS = {
+    "vllm-router": ([sys.executable, "-c", "import sys; from vllm_router.launch_router import main; "
+                     "sys.argv[0] = 'vllm-router'; sys.exit(main())"], "warning"),
+    "smg": ([sys.executable, "-c", "import sys; from smg.cli import main; sys.argv[0] = 'smg'; "
+             "sys.exit(main())", "launch"], "warn"),
+}
 
 
 class Router:
-    """`vllm-router` over `replicas` with `policy`, probing each replica's /ready."""
+    """The router `name` over `replicas` with `policy`, probing each replica's /ready."""
 
-    def __init__(self, replicas, policy):
+    def __init__(self, name, replicas, policy):
         self.port = free_port()
         self.base = "http://127.0.0.1:%d" % self.port
-        command = ROUTER + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
+        prefix, warning = ROUTERS[name]
+        command = prefix + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
                    "--worker-urls", *replicas, "--health-check-endpoint", "/ready",
-                   "--health-check-interval-secs", "1", "--log-level", "warning",
+                   "--health-check-interval-secs", "1", "--log-level", warning,
                    "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
         # Its log to a file: a pipe nobody reads would fill and stall it.
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            expect(self.process.poll() is None, "vllm-router exited: %s" % self.tail())
+            expect(self.process.poll() is None, "%s exited: %s" % (name, self.tail()))
             try:
                 if get(self.base, "/v1/models", timeout=5).status == 200:
-                    log("vllm-router (%s) on %s" % (policy, self.base))
+                    log("%s (%s) on %s" % (name, policy, self.base))
                     return
             except (OSError, http.client.HTTPException):
                 pass
             time.sleep(0.3)
-        expect(False, "vllm-router did not answer within 60 s")
+        expect(False, "%s did not answer within 30 s: %s" % (name, self.tail()))
 
     def tail(self):
         self.log.seek(0)
@@ -133,8 +140,8 @@ def prompts(tag):
     return out
 
 
-def routed_run(replicas, model, policy, tag):
-    router = Router(replicas, policy)
+def routed_run(name, replicas, model, policy, tag):
+    router = Router(name, replicas, policy)
     try:
         before = replica_counts(replicas)
         results = send_all(router.base, model, prompts(tag), 4, 4)
@@ -147,8 +154,8 @@ def routed_run(replicas, model, policy, tag):
     hits = sum(a[1] - b[1] for a, b in zip(after, before))
     tokens = sum(a[2] - b[2] for a, b in zip(after, before))
     rate = hits / max(tokens, 1)
-    log("%s: %d requests answered, per replica %r, prefix-cache hits %d of %d prompt tokens (%.2f)"
-        % (policy, len(results), share, hits, tokens, rate))
+    log("%s %s: %d requests answered, per replica %r, prefix-cache hits %d of %d prompt tokens (%.2f)"
+        % (name, policy, len(results), share, hits, tokens, rate))
     return share, rate
 
 
@@ -160,20 +167,22 @@ def main():
     replicas, model = args.replicas, args.model
     n = GROUPS * PER_GROUP
 
-    share, round_robin = routed_run(replicas, model, "round_robin", "rr")
-    expect(sum(share) == n, "round robin: the replicas finished %d requests, not %d" % (sum(share), n))
-    expect(all(abs(s - n / 3) <= 2 for s in share), "round robin: shares %r, not within 2 of %d" % (share, n // 3))
-    share, cache_aware = routed_run(replicas, model, "cache_aware", "ca")
-    expect(sum(share) == n, "cache-aware: the replicas finished %d requests, not %d" % (sum(share), n))
-    expect(cache_aware > round_robin,
-           "cache-aware routing's prefix-cache hit rate %.2f is not above round robin's %.2f"
-           % (cache_aware, round_robin))
-    log("prefix-cache hit rate: cache-aware %.2f against round robin %.2f (%.2fx)"
-        % (cache_aware, round_robin, cache_aware / max(round_robin, 1e-9)))
+    for name in ROUTERS:
+        share, round_robin = routed_run(name, replicas, model, "round_robin", name + "-rr")
+        expect(sum(share) == n, "%s round robin: the replicas finished %d requests, not %d" % (name, sum(share), n))
+        expect(all(abs(s - n / 3) <= 2 for s in share),
+               "%s round robin: shares %r, not within 2 of %d" % (name, share, n // 3))
+        share, cache_aware = routed_run(name, replicas, model, "cache_aware", name + "-ca")
+        expect(sum(share) == n, "%s cache-aware: the replicas finished %d requests, not %d" % (name, sum(share), n))
+        expect(cache_aware > round_robin,
+               "%s: cache-aware routing's prefix-cache hit rate %.2f is not above round robin's %.2f"
+               % (name, cache_aware, round_robin))
+        log("%s: prefix-cache hit rate, cache-aware %.2f against round robin %.2f (%.2fx)"
+            % (name, cache_aware, round_robin, cache_aware / max(round_robin, 1e-9)))
 
     # A replica killed mid-run: once a fifth of the requests have ended, so that some are
     # in flight on it and most are still to be sent.
-    router = Router(replicas, "round_robin")
+    router = Router("vllm-router", replicas, "round_robin")
     try:
         killed = {}
         total = 60
