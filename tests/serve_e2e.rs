@@ -711,17 +711,28 @@ fn compatibility_aliases_fingerprint_and_continuous_usage() {
 /// 24. Three replicas behind vLLM's router and the Shepherd model gateway (`vllm-router` and
 ///     `smg` from PyPI, in the tests' venv): round robin spreads the requests evenly,
 ///     cache-aware routing raises the replicas' prefix-cache hits, and a replica killed
-///     mid-run costs no request sent after it (check_router.py).
+///     mid-run behind each costs no request sent after it (check_router.py).
 #[test]
 fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
     let _serial = serial();
     let model = TinyDir::new(31);
-    let replicas: Vec<Server> = (0..3).map(|_| Server::start(model.path(), &[])).collect();
+    // Three replicas and a spare that takes the place of the one killed behind the first
+    // router, to be killed behind the second.
+    let replicas: Vec<Server> = (0..4).map(|_| Server::start(model.path(), &[])).collect();
     let bases: Vec<&str> = replicas.iter().map(|r| r.base.as_str()).collect();
-    let pid = replicas[2].child.id().to_string();
-    let mut args = vec!["--replicas"];
-    args.extend(&bases);
-    args.extend(["--kill-pid", &pid]);
+    let pids: Vec<String> = replicas[2..]
+        .iter()
+        .map(|r| r.child.id().to_string())
+        .collect();
+    let mut args = vec![
+        "--replicas",
+        bases[0],
+        bases[1],
+        bases[2],
+        "--spare",
+        bases[3],
+    ];
+    args.extend(["--kill-pids", &pids[0], &pids[1]]);
     replicas[0].check("check_router.py", &args);
 }
 

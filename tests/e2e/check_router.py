@@ -7,7 +7,7 @@ gateway (`smg launch`, the SGLang router's successor). For each router:
   replicas' prefix-cache hits (their own /metrics) make a larger share of the prompt tokens
   than under round robin, with new prefixes for each run.
 
-Then, behind vllm-router, a replica killed (SIGKILL) mid-run: every request sent after the
+Then, behind each router, a replica killed (SIGKILL) mid-run: every request sent after the
 kill is answered (the router retries on the others and stops sending to the dead one), and
 a request in flight on it ends with an error rather than hanging.
 """
@@ -162,7 +162,9 @@ def routed_run(name, replicas, model, policy, tag):
 def main():
     p = parser(__doc__)
     p.add_argument("--replicas", nargs=3, required=True)
-    p.add_argument("--kill-pid", type=int, required=True, help="the third replica's process")
+    p.add_argument("--spare", required=True, help="a fourth replica, for the second kill run")
+    p.add_argument("--kill-pids", type=int, nargs=2, required=True,
+                   help="the processes of the third replica and of the spare")
     args = p.parse_args()
     replicas, model = args.replicas, args.model
     n = GROUPS * PER_GROUP
@@ -180,9 +182,18 @@ def main():
         log("%s: prefix-cache hit rate, cache-aware %.2f against round robin %.2f (%.2fx)"
             % (name, cache_aware, round_robin, cache_aware / max(round_robin, 1e-9)))
 
-    # A replica killed mid-run: once a fifth of the requests have ended, so that some are
-    # in flight on it and most are still to be sent.
-    router = Router("vllm-router", replicas, "round_robin")
+    # Behind each router in turn, its pool's last replica killed: the third behind
+    # vllm-router, then a spare fourth (put in its place) behind smg.
+    for name, pool, pid in [("vllm-router", replicas, args.kill_pids[0]),
+                            ("smg", replicas[:2] + [args.spare], args.kill_pids[1])]:
+        kill_run(name, pool, model, pid)
+
+
+def kill_run(name, pool, model, pid):
+    """60 requests of 48 tokens at concurrency 6 through `name` over `pool`; once a fifth have
+    ended, so that some are in flight on it and most are still to be sent, the pool's last
+    replica (process `pid`) is killed."""
+    router = Router(name, pool, "round_robin")
     try:
         killed = {}
         total = 60
@@ -190,23 +201,24 @@ def main():
         def kill_at(n):
             if n == total // 5 and "at" not in killed:
                 killed["at"] = time.monotonic()
-                os.kill(args.kill_pid, signal.SIGKILL)
-                log("replica %s killed after %d requests" % (replicas[2], n))
+                os.kill(pid, signal.SIGKILL)
+                log("%s: replica %s killed after %d requests" % (name, pool[-1], n))
 
-        prompts_ = ["kill run %d: tell me a story" % i for i in range(total)]
+        prompts_ = ["%s kill run %d: tell me a story" % (name, i) for i in range(total)]
         results = send_all(router.base, model, prompts_, 6, 48, kill_at)
     finally:
         router.close()
-    expect("at" in killed, "the replica was never killed")
+    expect("at" in killed, "%s: the replica was never killed" % name)
     after = [r for r in results if r[0] > killed["at"]]
     before = [r for r in results if r[0] <= killed["at"]]
     failed_after = [r for r in after if r[2] != 200]
     failed_before = [r for r in before if r[2] != 200]
-    log("kill run: %d requests started before the kill (%d failed: %r), %d after (%d failed)"
-        % (len(before), len(failed_before), sorted({r[2] for r in failed_before}), len(after), len(failed_after)))
-    expect(after, "no request started after the kill: the run is too short")
-    expect(not failed_after, "requests sent after the kill failed: %r" % failed_after[:3])
-    expect(len(failed_before) <= 6, "%d requests failed, more than were in flight" % len(failed_before))
+    log("%s kill run: %d requests started before the kill (%d failed: %r), %d after (%d failed)"
+        % (name, len(before), len(failed_before), sorted({r[2] for r in failed_before}), len(after),
+           len(failed_after)))
+    expect(after, "%s: no request started after the kill: the run is too short" % name)
+    expect(not failed_after, "%s: requests sent after the kill failed: %r" % (name, failed_after[:3]))
+    expect(len(failed_before) <= 6, "%s: %d requests failed, more than were in flight" % (name, len(failed_before)))
 
 
 if __name__ == "__main__":
