@@ -93,6 +93,10 @@ __device__ __forceinline__ float to_f32(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16(x); }
 
+// A product's result stored as its output type: bf16 activations (rounded) or f32 logits.
+__device__ __forceinline__ void store_out(bf16* out, i64 at, float v) { out[at] = to_bf16(v); }
+__device__ __forceinline__ void store_out(float* out, i64 at, float v) { out[at] = v; }
+
 // Eight consecutive bf16 in one 16-byte load (the address must be 16-byte aligned).
 __device__ __forceinline__ uint4 load_bf16x8(const bf16* p) { return *reinterpret_cast<const uint4*>(p); }
 

@@ -51,14 +51,6 @@
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 8
 
-template <typename OUT>
-__device__ __forceinline__ void store_out(OUT* out, i64 at, float v);
-
-template <>
-__device__ __forceinline__ void store_out<bf16>(bf16* out, i64 at, float v) { out[at] = to_bf16(v); }
-
-template <>
-__device__ __forceinline__ void store_out<float>(float* out, i64 at, float v) { out[at] = v; }
 
 // Eight consecutive elements of x, widened to f32: a bf16 activation or the f32 residual.
 __device__ __forceinline__ void load_x8(const bf16* p, float out[8]) { unpack_bf16x8(load_bf16x8(p), out); }

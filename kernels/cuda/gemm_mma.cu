@@ -43,9 +43,6 @@
 #define GBI_STRETCH 16       // chunks of a stretch: one chain of products
 #define GBI_MAX_STRETCHES 64  // k up to 32,768
 
-__device__ __forceinline__ void gbi_store(bf16* out, i64 at, float v) { out[at] = to_bf16(v); }
-__device__ __forceinline__ void gbi_store(float* out, i64 at, float v) { out[at] = v; }
-
 template <int BM, int BN, int WM, int WN, int STAGES, int SC, typename OUT>
 __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const bf16* __restrict__ w,
                                                OUT* __restrict__ out, int m, int n, int k) {
@@ -53,8 +50,7 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
     constexpr int WARPS_N = BN / WN;
     constexpr int THREADS = (BM / WM) * WARPS_N * 32;
     constexpr int MT = WM / 16, NT = WN / 8;
-    constexpr int XROWS = BM;                     // shared rows of a chunk: x's, then w's
-    constexpr int ROWS = XROWS + BN;
+    constexpr int ROWS = BM + BN;                 // shared rows of a chunk: x's, then w's
     constexpr int STAGE = SC * ROWS * GBI_CHUNK;  // bf16 of a stage
     extern __shared__ __align__(128) unsigned char gbi_shared[];
     bf16* const ring = reinterpret_cast<bf16*>(gbi_shared);
@@ -72,8 +68,8 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
         for (int p = threadIdx.x; p < ROWS * SC * 4; p += THREADS) {
             const int r = p / (SC * 4), j = p % (SC * 4);
             const int chunk = t * SC + j / 4;
-            const bool of_x = r < XROWS;
-            const int row = of_x ? row0 + r : col0 + (r - XROWS);
+            const bool of_x = r < BM;
+            const int row = of_x ? row0 + r : col0 + (r - BM);
             const bool valid = row < (of_x ? m : n) && chunk < chunks;
             const bf16* src = (of_x ? x : w) + (valid ? (i64)row * k + (i64)chunk * GBI_CHUNK + (j % 4) * 8 : 0);
             bf16* dst = ring + slot * STAGE + ((j / 4) * ROWS + r) * GBI_CHUNK + (j % 4) * 8;
@@ -110,7 +106,7 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
             uint4 b[NT];
 #pragma unroll
             for (int j = 0; j < NT; j++)
-                b[j] = *reinterpret_cast<const uint4*>(tile + (XROWS + wcol + 8 * j + g) * GBI_CHUNK + 8 * q);
+                b[j] = *reinterpret_cast<const uint4*>(tile + (BM + wcol + 8 * j + g) * GBI_CHUNK + 8 * q);
 #pragma unroll
             for (int i = 0; i < MT; i++) {
                 const bf16* a = tile + (wrow + 16 * i + g) * GBI_CHUNK + 8 * q;
@@ -157,7 +153,7 @@ __device__ __forceinline__ void gemm_fixed_mma(const bf16* __restrict__ x, const
             for (int e = 0; e < 4; e++) {
                 const int row = row0 + wrow + 16 * i + g + 8 * (e / 2);
                 const int col = col0 + wcol + 8 * j + 2 * q + e % 2;
-                if (row < m && col < n) gbi_store(out, (i64)row * n + col, total[i][j][e]);
+                if (row < m && col < n) store_out(out, (i64)row * n + col, total[i][j][e]);
             }
 #else
     (void)x, (void)w, (void)out, (void)m, (void)n, (void)k;
@@ -224,7 +220,7 @@ __device__ __forceinline__ void gemm_fixed_mma_split(const bf16* __restrict__ x,
         if (row >= m || col >= n) continue;
         float sum = parts[idx];
         for (int s = 1; s < stretches; s++) sum += parts[s * 16 * BN + idx];
-        gbi_store(out, (i64)row * n + col, sum);
+        store_out(out, (i64)row * n + col, sum);
     }
 #else
     (void)x, (void)w, (void)out, (void)m, (void)n, (void)k;
