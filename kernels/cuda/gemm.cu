@@ -51,7 +51,6 @@
 #define GEMV_WARPS 8
 #define GEMV_UNROLL 8
 
-
 // Eight consecutive elements of x, widened to f32: a bf16 activation or the f32 residual.
 __device__ __forceinline__ void load_x8(const bf16* p, float out[8]) { unpack_bf16x8(load_bf16x8(p), out); }
 
