@@ -32,6 +32,7 @@ fn engine(dir: &Path, kv_blocks: u64, async_scheduling: bool) -> Engine {
         max_model_len: None,
         async_scheduling,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     start_engine(tiny_backend(dir, kv_blocks), &settings, None).unwrap()
 }

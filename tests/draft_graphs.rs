@@ -260,6 +260,7 @@ fn engine(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     start_engine(target, &settings, drafter).unwrap()
 }

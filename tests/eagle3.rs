@@ -761,6 +761,7 @@ async fn served_sampling(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();

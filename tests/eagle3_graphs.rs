@@ -273,6 +273,7 @@ async fn served(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 12).unwrap();

@@ -42,6 +42,7 @@ fn settings(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     (settings, kv_blocks)
 }

@@ -292,6 +292,7 @@ async fn recapturing_on_a_max_num_seqs_reload_loses_no_request_in_flight() {
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(tiny_backend(dir.path(), 64), &settings, None).unwrap();
     assert_eq!(engine.num_blocks, 64, "the scratch block is nobody's");

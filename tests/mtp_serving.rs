@@ -49,6 +49,7 @@ async fn served(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, Some(drafter)).unwrap();
     // The target's decode steps and the head's draft steps replay graphs.

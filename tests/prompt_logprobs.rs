@@ -61,6 +61,7 @@ fn drafting_engine(
         max_model_len: None,
         async_scheduling: true,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     start_engine(tiny_backend(dir, kv_blocks), &settings, drafter).unwrap()
 }

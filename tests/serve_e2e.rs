@@ -710,7 +710,8 @@ fn compatibility_aliases_fingerprint_and_continuous_usage() {
 
 /// 24. Three replicas behind vLLM's router and the Shepherd model gateway (`vllm-router` and
 ///     `smg` from PyPI, in the tests' venv): round robin spreads the requests evenly,
-///     cache-aware routing raises the replicas' prefix-cache hits, and a replica killed
+///     cache-aware routing (and vllm-router's kv_aware policy, over the replicas' KV-cache
+///     events) raises the replicas' prefix-cache hits, and a replica killed
 ///     mid-run behind each costs no request sent after it (check_router.py).
 #[test]
 fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
@@ -718,8 +719,22 @@ fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
     let model = TinyDir::new(31);
     // Three replicas and a spare that takes the place of the one killed behind the first
     // router, to be killed behind the second.
-    let replicas: Vec<Server> = (0..4).map(|_| Server::start(model.path(), &[])).collect();
+    // Each publishes its KV-cache events, for vllm-router's kv_aware policy.
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let replicas: Vec<Server> = ports
+        .iter()
+        .map(|port| {
+            let events =
+                format!(r#"{{"enable_kv_cache_events": true, "endpoint": "tcp://*:{port}"}}"#);
+            Server::start(model.path(), &["--kv-events-config", &events])
+        })
+        .collect();
     let bases: Vec<&str> = replicas.iter().map(|r| r.base.as_str()).collect();
+    let events: Vec<String> = ports[..3]
+        .iter()
+        .map(|port| format!("tcp://127.0.0.1:{port}"))
+        .collect();
+    let model_dir = model.path().display().to_string();
     let pids: Vec<String> = replicas[2..]
         .iter()
         .map(|r| r.child.id().to_string())
@@ -733,7 +748,47 @@ fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
         bases[3],
     ];
     args.extend(["--kill-pids", &pids[0], &pids[1]]);
+    args.extend(["--kv-events", &events[0], &events[1], &events[2]]);
+    args.extend(["--model-dir", &model_dir]);
     replicas[0].check("check_router.py", &args);
+}
+
+/// 25. KV-cache events reach a subscriber written with pyzmq and vLLM's msgspec types: the
+///     start-up batch by replay, then every batch of requests through a pool of 64 blocks
+///     that evicts, decoded, in sequence, each prompt held block by block, and the blocks
+///     stored and not removed equal the pool's cached blocks (check_kv_events.py).
+#[test]
+fn kv_events_reach_a_subscriber_with_vllm_s_types() {
+    let _serial = serial();
+    let model = TinyDir::new(32);
+    let memory = (64 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    let port = free_port();
+    let replay = model.path().join("replay.sock");
+    let config = serde_json::json!({
+        "enable_kv_cache_events": true,
+        "endpoint": format!("tcp://*:{port}"),
+        "replay_endpoint": format!("ipc://{}", replay.display()),
+    })
+    .to_string();
+    let server = Server::start(
+        model.path(),
+        &["--kv-cache-memory", &memory, "--kv-events-config", &config],
+    );
+    server.check(
+        "check_kv_events.py",
+        &[
+            "--events",
+            &format!("tcp://127.0.0.1:{port}"),
+            "--replay",
+            &format!("ipc://{}", replay.display()),
+        ],
+    );
+}
+
+/// A TCP port free on the loopback address now.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    listener.local_addr().expect("its address").port()
 }
 
 /// 14. `--device cuda` on a machine without an NVIDIA driver says so, with no panic.

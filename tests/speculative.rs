@@ -116,6 +116,7 @@ async fn served(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut out = Vec::new();
@@ -433,6 +434,7 @@ async fn alarm_run(fault: Option<u32>) -> AlarmRun {
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let recorder = DebuggingRecorder::new();
     let meter = Meter(recorder.snapshotter());
@@ -618,6 +620,7 @@ async fn a_reloaded_num_speculative_tokens_bounds_the_drafts() {
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, Some(Box::new(draft))).unwrap();
     let recorder = DebuggingRecorder::new();
@@ -682,6 +685,7 @@ async fn with_logprobs(
         max_model_len: None,
         async_scheduling: false,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(backend(dir, 64), &settings, drafter).unwrap();
     let (events, mut rx) = tokio::sync::mpsc::unbounded_channel();

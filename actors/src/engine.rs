@@ -7,6 +7,7 @@ use crate::draft::{spawn_proposer, DraftMethod};
 use crate::graphs::GraphCapture;
 use crate::health::EngineHealth;
 use crate::kv_allocator::{BlockManager, KvAllocator};
+use crate::kv_events::KvEventSink;
 use crate::messages::{SchedulerLimits, SchedulerMsg};
 use crate::scheduler::{Scheduler, SchedulerSetup};
 use crate::target_runner::{DecodeAhead, TargetRunner};
@@ -30,6 +31,8 @@ pub struct EngineSettings {
     /// its next step, their rows' argmax masked on the device (off by default: it measured
     /// slower than running such batches a step at a time, `docs/structured-output.md`).
     pub async_scheduling_constrained: bool,
+    /// Where the prefix cache's changes are published for routers (`None`: nowhere).
+    pub kv_events: Option<KvEventSink>,
 }
 
 /// A running engine.
@@ -166,7 +169,7 @@ pub fn start_engine(
     {
         blocks = blocks.recomputing_last_hit();
     }
-    let kv = KvAllocator::spawn_over(blocks);
+    let kv = KvAllocator::spawn_over(blocks, settings.kv_events.clone());
     let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();
     let ahead = DecodeAhead {

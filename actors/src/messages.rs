@@ -546,6 +546,8 @@ pub struct KvUsage {
     /// Prefix-cache lookups (in tokens) and hits (tokens served from the cache), cumulative.
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// Blocks holding a prefix-cache entry, owned or free.
+    pub cached_blocks: usize,
 }
 
 /// Messages to the KV allocator.

@@ -19,6 +19,13 @@ pub const KV_BLOCK_ID_MAX: &str = "peregrine:kv_block_id_max";
 pub const PREFIX_CACHE_QUERIES: &str = "peregrine:prefix_cache_queries_total";
 /// Prompt tokens found in the prefix cache.
 pub const PREFIX_CACHE_HITS: &str = "peregrine:prefix_cache_hits_total";
+/// Gauge: blocks holding a prefix-cache entry (owned by a request or free, kept until
+/// reused); what a subscriber to the KV-cache events holds as stored and not removed.
+pub const PREFIX_CACHE_BLOCKS: &str = "peregrine:prefix_cache_blocks";
+/// Batches of KV-cache events published.
+pub const KV_EVENTS_PUBLISHED: &str = "peregrine:kv_events_published_total";
+/// KV-cache events dropped because the publisher's queue was full (or it had stopped).
+pub const KV_EVENTS_DROPPED: &str = "peregrine:kv_events_dropped_total";
 /// Prompt tokens of finished requests.
 pub const PROMPT_TOKENS: &str = "peregrine:prompt_tokens_total";
 /// Generated tokens.
@@ -71,10 +78,21 @@ pub fn record_kv(usage: &KvUsage, previous: &mut KvUsage) {
     };
     gauge!(KV_CACHE_USAGE_PERC).set(frac);
     gauge!(KV_BLOCK_ID_MAX).set(usage.max_block_id_in_use.map_or(-1.0, f64::from));
+    gauge!(PREFIX_CACHE_BLOCKS).set(usage.cached_blocks as f64);
     counter!(PREFIX_CACHE_QUERIES)
         .increment(usage.prefix_queries.saturating_sub(previous.prefix_queries));
     counter!(PREFIX_CACHE_HITS).increment(usage.prefix_hits.saturating_sub(previous.prefix_hits));
     *previous = *usage;
+}
+
+/// `events` KV-cache events that were not published.
+pub fn record_kv_events_dropped(events: usize) {
+    counter!(KV_EVENTS_DROPPED).increment(events as u64);
+}
+
+/// A batch of KV-cache events published.
+pub fn record_kv_events_published() {
+    counter!(KV_EVENTS_PUBLISHED).increment(1);
 }
 
 /// A finished request.

@@ -8,6 +8,7 @@ mod serve;
 pub use byte_size::{parse_byte_size, ByteSizeError};
 pub use cache::{CacheConfig, CacheConfigError};
 pub use serve::{
-    ConfigError, DeviceKind, DtypeChoice, ReloadError, SamplingDefaults, ServeArgs, ServeConfig,
-    SpeculativeMethod, ToolCallParser, MAX_SPECULATIVE_TOKENS,
+    ConfigError, DeviceKind, DtypeChoice, KvEventsConfig, KvEventsEncoding, KvEventsPublisher,
+    ReloadError, SamplingDefaults, ServeArgs, ServeConfig, SpeculativeMethod, ToolCallParser,
+    KV_EVENTS_HWM, MAX_SPECULATIVE_TOKENS,
 };

@@ -181,6 +181,7 @@ async fn run_engine(
         max_model_len: None,
         async_scheduling: backend.host_waits_on_device(),
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let engine = start_engine(backend, &settings, drafter)?;
     let sizes = (!args.enforce_eager).then(|| CaptureSizes::for_max_num_seqs(args.concurrency));

@@ -9,6 +9,7 @@ use crate::commands::DEFAULT_MODEL;
 use anyhow::Context;
 use peregrine_actors::backend::{cpu_backend, Loaded};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
+use peregrine_actors::kv_events::{start_publisher, KvEventSink, WireFormat};
 use peregrine_config::{DeviceKind, ServeConfig};
 use peregrine_models::fetch::{default_cache_dir, fetch_model, model_folder};
 use peregrine_models::LlamaModel;
@@ -85,6 +86,7 @@ pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engin
         max_model_len: config.max_model_len,
         async_scheduling: config.async_scheduling && backend.host_waits_on_device(),
         async_scheduling_constrained: config.async_scheduling_constrained,
+        kv_events: kv_events(config).await?,
     };
     let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;
@@ -94,4 +96,26 @@ pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engin
         .await
         .context("capturing graphs")?;
     Ok(engine)
+}
+
+/// Starts the KV-cache event publisher `--kv-events-config` asks for, if any.
+async fn kv_events(config: &ServeConfig) -> anyhow::Result<Option<KvEventSink>> {
+    let Some(events) = config.kv_events_config.as_ref().filter(|e| e.publishes()) else {
+        return Ok(None);
+    };
+    if !config.enable_prefix_caching {
+        anyhow::bail!(
+            "--kv-events-config publishes the prefix cache's blocks, and --no-prefix-caching \
+             turns the prefix cache off: drop one of them"
+        );
+    }
+    let format = WireFormat::new(events.encoding, config.block_size);
+    let sink = start_publisher(events, format).await?;
+    tracing::info!(
+        endpoint = %events.endpoint,
+        replay_endpoint = events.replay_endpoint.as_deref().unwrap_or("none"),
+        topic = %events.topic,
+        "publishing KV-cache events"
+    );
+    Ok(Some(sink))
 }

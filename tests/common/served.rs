@@ -134,6 +134,7 @@ pub async fn served(
         async_scheduling: true,
         // Constrained batches queue ahead too, so that the masked path is tested.
         async_scheduling_constrained: true,
+        kv_events: None,
     };
     let engine = start_engine(target, &settings, drafter).unwrap();
     let mut streams = Vec::new();

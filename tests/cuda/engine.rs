@@ -81,6 +81,7 @@ fn gpu_engine_drafting(
         max_model_len: None,
         async_scheduling,
         async_scheduling_constrained: false,
+        kv_events: None,
     };
     let drafter = drafter(backend.as_mut(), beside);
     start_engine(backend, &engine, drafter).unwrap()

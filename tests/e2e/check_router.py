@@ -5,7 +5,10 @@ gateway (`smg launch`, the SGLang router's successor). For each router:
 - round robin: every request answered, each replica within 2 of an even share;
 - cache-aware routing: requests sharing a long prefix land where it is cached, so the
   replicas' prefix-cache hits (their own /metrics) make a larger share of the prompt tokens
-  than under round robin, with new prefixes for each run.
+  than under round robin, with new prefixes for each run;
+- behind vllm-router, also its `kv_aware` policy, which reads where each prefix is cached
+  from the replicas' KV-cache events (`--kv-events-config`, ZeroMQ) rather than guessing
+  from the requests it routed: its hit rate too is above round robin's.
 
 Then, behind each router, a replica killed (SIGKILL) mid-run: every request sent after the
 kill is answered (the router retries on the others and stops sending to the dead one), and
@@ -46,16 +49,17 @@ ROUTERS = {
 
 
 class Router:
-    """The router `name` over `replicas` with `policy`, probing each replica's /ready."""
+    """The router `name` over `replicas` with `policy` (and `extra` arguments), probing each
+    replica's /ready."""
 
-    def __init__(self, name, replicas, policy):
+    def __init__(self, name, replicas, policy, extra=()):
         self.port = free_port()
         self.base = "http://127.0.0.1:%d" % self.port
         prefix, warning = ROUTERS[name]
         command = prefix + ["--host", "127.0.0.1", "--port", str(self.port), "--policy", policy,
                    "--worker-urls", *replicas, "--health-check-endpoint", "/ready",
                    "--health-check-interval-secs", "1", "--log-level", warning,
-                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+                   "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *extra]
         # Its log to a file: a pipe nobody reads would fill and stall it.
         self.log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
@@ -140,8 +144,8 @@ def prompts(tag):
     return out
 
 
-def routed_run(name, replicas, model, policy, tag):
-    router = Router(name, replicas, policy)
+def routed_run(name, replicas, model, policy, tag, extra=()):
+    router = Router(name, replicas, policy, extra)
     try:
         before = replica_counts(replicas)
         results = send_all(router.base, model, prompts(tag), 4, 4)
@@ -165,6 +169,9 @@ def main():
     p.add_argument("--spare", required=True, help="a fourth replica, for the second kill run")
     p.add_argument("--kill-pids", type=int, nargs=2, required=True,
                    help="the processes of the third replica and of the spare")
+    p.add_argument("--kv-events", nargs=3, required=True,
+                   help="each replica's KV-cache event endpoint, as tcp://HOST:PORT")
+    p.add_argument("--model-dir", required=True, help="the served model's folder (its tokenizer)")
     args = p.parse_args()
     replicas, model = args.replicas, args.model
     n = GROUPS * PER_GROUP
@@ -181,6 +188,19 @@ def main():
                % (name, cache_aware, round_robin))
         log("%s: prefix-cache hit rate, cache-aware %.2f against round robin %.2f (%.2fx)"
             % (name, cache_aware, round_robin, cache_aware / max(round_robin, 1e-9)))
+
+    # vLLM's router's KV-aware policy over the replicas' events (the default topic, "").
+    sources = []
+    for url, endpoint in zip(replicas, args.kv_events):
+        sources += ["--kv-event-source", "%s=%s" % (url, endpoint)]
+    sources += ["--kv-event-block-size", "16", "--kv-event-model", args.model_dir]
+    share, kv_aware = routed_run("vllm-router", replicas, model, "kv_aware", "vllm-router-kv", sources)
+    expect(sum(share) == n, "kv-aware: the replicas finished %d requests, not %d" % (sum(share), n))
+    expect(kv_aware > round_robin,
+           "vllm-router: kv-aware routing's prefix-cache hit rate %.2f is not above round robin's %.2f"
+           % (kv_aware, round_robin))
+    log("vllm-router: prefix-cache hit rate, kv-aware (KV events) %.2f against round robin %.2f (%.2fx)"
+        % (kv_aware, round_robin, kv_aware / max(round_robin, 1e-9)))
 
     # Behind each router in turn, its pool's last replica killed: the third behind
     # vllm-router, then a spare fourth (put in its place) behind smg.

@@ -2,6 +2,7 @@
 //! `AllocateStep` per scheduler step.
 
 use super::BlockManager;
+use crate::kv_events::KvEventSink;
 use crate::messages::{AllocateStep, KvMsg, StepGrant};
 use anyhow::anyhow;
 use tokio::sync::{mpsc, oneshot};
@@ -13,6 +14,8 @@ const MAILBOX: usize = 16;
 pub struct KvAllocator {
     manager: BlockManager,
     inbox: mpsc::Receiver<KvMsg>,
+    /// Where each step's prefix-cache changes go, when they are published.
+    events: Option<KvEventSink>,
 }
 
 /// How the other actors reach the KV allocator; cheap to clone.
@@ -30,17 +33,27 @@ impl KvAllocator {
     /// # Panics
     /// Outside a tokio runtime, or if `block_size` is 0.
     pub fn spawn(num_blocks: u32, block_size: usize, prefix_caching: bool) -> KvAllocatorHandle {
-        KvAllocator::spawn_over(BlockManager::new(num_blocks, block_size, prefix_caching))
+        let manager = BlockManager::new(num_blocks, block_size, prefix_caching);
+        KvAllocator::spawn_over(manager, None)
     }
 
-    /// Starts the actor on the current tokio runtime over `manager`.
+    /// Starts the actor on the current tokio runtime over `manager`; with `events`, the
+    /// prefix cache's changes of each step go there as one batch.
     ///
     /// # Panics
     /// Outside a tokio runtime.
-    pub fn spawn_over(manager: BlockManager) -> KvAllocatorHandle {
+    pub fn spawn_over(manager: BlockManager, events: Option<KvEventSink>) -> KvAllocatorHandle {
         let (outbox, inbox) = mpsc::channel(MAILBOX);
         let (num_blocks, block_size) = (manager.num_blocks(), manager.block_size);
-        let actor = KvAllocator { manager, inbox };
+        let manager = match events {
+            Some(_) => manager.recording_events(),
+            None => manager,
+        };
+        let actor = KvAllocator {
+            manager,
+            inbox,
+            events,
+        };
         tokio::spawn(actor.run());
         KvAllocatorHandle {
             outbox,
@@ -60,6 +73,9 @@ impl KvAllocator {
                         for seq in &grant.admitted {
                             self.manager.release(seq.id);
                         }
+                    }
+                    if let Some(events) = &self.events {
+                        events.send(self.manager.take_events());
                     }
                 }
             }

@@ -3,7 +3,7 @@
 //! What one `AllocateStep` does with them is in `step.rs`, `grow.rs` and `admit.rs`.
 
 use super::free_queue::FreeQueue;
-use super::prefix_cache::{ChainId, PrefixCache};
+use super::prefix_cache::{CacheEvent, ChainId, PrefixCache};
 use crate::messages::{KvUsage, RequestId};
 use std::collections::HashMap;
 
@@ -100,6 +100,7 @@ impl BlockManager {
                 .copied(),
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
+            cached_blocks: self.cache.as_ref().map_or(0, PrefixCache::len),
         }
     }
 
@@ -115,6 +116,23 @@ impl BlockManager {
     pub fn recomputing_last_hit(mut self) -> BlockManager {
         self.recompute_last_hit = true;
         self
+    }
+
+    /// The same manager, whose prefix cache records every entry it makes and drops, for
+    /// [`BlockManager::take_events`] (nothing is recorded with prefix caching off).
+    pub fn recording_events(mut self) -> BlockManager {
+        if let Some(cache) = &mut self.cache {
+            cache.record_events();
+        }
+        self
+    }
+
+    /// The prefix cache's changes since the last call, oldest first.
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.cache
+            .as_mut()
+            .map(PrefixCache::take_events)
+            .unwrap_or_default()
     }
 
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the

@@ -5,6 +5,9 @@
 //! entry, whatever their hashes. A chain id stands for one exact content chain (all the
 //! tokens from the start of the sequence to the end of the block): ids are handed out once
 //! and never reused, so a key whose parent block was evicted can never be looked up again.
+//!
+//! With a journal on, every entry made and dropped is also recorded as a [`CacheEvent`],
+//! for the KV-cache events routers read (`crate::kv_events`).
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -18,6 +21,25 @@ pub struct ChainId(u64);
 impl ChainId {
     /// The chain before a sequence's first block.
     pub const ROOT: ChainId = ChainId(0);
+
+    /// The id as a number: unique among the chains of one cache, never reused, 0 for
+    /// [`ChainId::ROOT`].
+    pub fn get(self) -> u64 {
+        self.0
+    }
+}
+
+/// A change to the cache's entries, in the order it happened.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CacheEvent {
+    /// A block now holds `tokens` after the chain `parent`; the block ends `chain`.
+    Stored {
+        chain: ChainId,
+        parent: ChainId,
+        tokens: Box<[u32]>,
+    },
+    /// The entry of the block ending `chain` is gone (the block is being reused).
+    Removed { chain: ChainId },
 }
 
 /// A cached block's content: its predecessor chain and its own tokens.
@@ -40,6 +62,8 @@ pub struct PrefixCache<S = RandomState> {
     /// Per block: its key while it is cached.
     keys: Vec<Option<Arc<BlockKey>>>,
     next_chain: u64,
+    /// The changes not yet taken, when recording.
+    journal: Option<Vec<CacheEvent>>,
 }
 
 impl PrefixCache {
@@ -56,7 +80,26 @@ impl<S: BuildHasher> PrefixCache<S> {
             map: HashMap::with_hasher(hasher),
             keys: vec![None; num_blocks as usize],
             next_chain: 1,
+            journal: None,
         }
+    }
+
+    /// Starts recording every entry made and dropped (see [`PrefixCache::take_events`]).
+    pub fn record_events(&mut self) {
+        self.journal.get_or_insert_with(Vec::new);
+    }
+
+    /// The changes recorded since the last call, oldest first (none when not recording).
+    pub fn take_events(&mut self) -> Vec<CacheEvent> {
+        self.journal
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Blocks holding an entry.
+    pub fn len(&self) -> usize {
+        self.map.len()
     }
 
     /// The block holding `tokens` after the chain `parent`, and the chain it ends.
@@ -87,6 +130,13 @@ impl<S: BuildHasher> PrefixCache<S> {
         if let Some(slot) = self.keys.get_mut(block as usize) {
             let key = Arc::new(key);
             *slot = Some(key.clone());
+            if let Some(journal) = &mut self.journal {
+                journal.push(CacheEvent::Stored {
+                    chain,
+                    parent,
+                    tokens: key.tokens.clone(),
+                });
+            }
             self.map.insert(key, Entry { block, chain });
         }
         chain
@@ -95,7 +145,10 @@ impl<S: BuildHasher> PrefixCache<S> {
     /// Forgets what `block` holds (it is about to be overwritten).
     pub fn evict(&mut self, block: u32) {
         if let Some(key) = self.keys.get_mut(block as usize).and_then(Option::take) {
-            self.map.remove(&key);
+            let entry = self.map.remove(&key);
+            if let (Some(journal), Some(entry)) = (&mut self.journal, entry) {
+                journal.push(CacheEvent::Removed { chain: entry.chain });
+            }
         }
     }
 
@@ -143,7 +196,7 @@ impl<S: BuildHasher> PrefixCache<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{ChainId, PrefixCache};
+    use super::{CacheEvent, ChainId, PrefixCache};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::hash::{BuildHasherDefault, Hasher};
@@ -214,5 +267,38 @@ mod tests {
         assert_ne!(a2, a);
         assert_eq!(cache.lookup(a2, &[3, 4]), None);
         cache.check().unwrap();
+    }
+
+    #[test]
+    fn the_journal_records_each_entry_made_and_dropped_once() {
+        let mut cache = PrefixCache::new(4);
+        cache.insert(ChainId::ROOT, &[9], 0);
+        assert!(cache.take_events().is_empty(), "not recording yet");
+        cache.record_events();
+        let a = cache.insert(ChainId::ROOT, &[1, 2], 1);
+        let b = cache.insert(a, &[3, 4], 2);
+        // The same content again, in another block: no entry, no event.
+        assert_eq!(cache.insert(ChainId::ROOT, &[1, 2], 3), a);
+        cache.evict(1);
+        cache.evict(1);
+        cache.evict(3);
+        assert_eq!(
+            cache.take_events(),
+            vec![
+                CacheEvent::Stored {
+                    chain: a,
+                    parent: ChainId::ROOT,
+                    tokens: [1, 2].into(),
+                },
+                CacheEvent::Stored {
+                    chain: b,
+                    parent: a,
+                    tokens: [3, 4].into(),
+                },
+                CacheEvent::Removed { chain: a },
+            ]
+        );
+        assert!(cache.take_events().is_empty());
+        assert_eq!(cache.len(), 2);
     }
 }

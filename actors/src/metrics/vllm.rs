@@ -187,6 +187,7 @@ mod tests {
                 max_block_id_in_use: Some(30),
                 prefix_queries: 64,
                 prefix_hits: 48,
+                cached_blocks: 40,
             };
             record_kv(&usage, &mut KvUsage::default());
             record_finish(FinishReason::Length, 17, Duration::from_millis(900));

@@ -1,7 +1,7 @@
 //! The range check of each setting's given value, named by the rows of `settings.rs`.
 //! A check's error says what the value must be; [`Bad::at`] names the file key or the flag.
 
-use super::{ConfigError, Origin, SamplingDefaults};
+use super::{ConfigError, KvEventsConfig, Origin, SamplingDefaults};
 use crate::CacheConfig;
 use std::path::Path;
 
@@ -189,6 +189,14 @@ pub(super) fn keys_not_empty(keys: &[String]) -> Check {
 /// Sampling defaults within vLLM's ranges.
 pub(super) fn sampling(defaults: &SamplingDefaults) -> Check {
     defaults.validate().map_err(|(below, reason)| Bad {
+        below: Some(below),
+        reason,
+    })
+}
+
+/// A KV events configuration whose endpoints and sizes Peregrine serves.
+pub(super) fn kv_events(config: &KvEventsConfig) -> Check {
+    config.validate().map_err(|(below, reason)| Bad {
         below: Some(below),
         reason,
     })

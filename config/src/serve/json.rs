@@ -1,7 +1,10 @@
 //! Field values as JSON, for comparing configurations and showing them. Floats go through
 //! their shortest decimal form so that 0.9f32 shows as 0.9, not 0.8999999761581421.
 
-use super::{DeviceKind, DtypeChoice, SamplingDefaults, SpeculativeMethod, ToolCallParser};
+use super::{
+    DeviceKind, DtypeChoice, KvEventsConfig, KvEventsEncoding, KvEventsPublisher, SamplingDefaults,
+    SpeculativeMethod, ToolCallParser,
+};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -129,6 +132,39 @@ impl ToJson for SamplingDefaults {
             "presence_penalty": presence_penalty.to_json(),
             "frequency_penalty": frequency_penalty.to_json(),
             "max_tokens": max_tokens.to_json(),
+        })
+    }
+}
+
+impl ToJson for KvEventsConfig {
+    fn to_json(&self) -> Value {
+        let KvEventsConfig {
+            enable_kv_cache_events,
+            publisher,
+            endpoint,
+            replay_endpoint,
+            buffer_steps,
+            hwm,
+            max_queue_size,
+            topic,
+            encoding,
+        } = self;
+        json!({
+            "enable_kv_cache_events": enable_kv_cache_events,
+            "publisher": publisher.map(|p| match p {
+                KvEventsPublisher::Null => "null",
+                KvEventsPublisher::Zmq => "zmq",
+            }),
+            "endpoint": endpoint,
+            "replay_endpoint": replay_endpoint,
+            "buffer_steps": buffer_steps,
+            "hwm": hwm,
+            "max_queue_size": max_queue_size,
+            "topic": topic,
+            "encoding": match encoding {
+                KvEventsEncoding::Map => "map",
+                KvEventsEncoding::Array => "array",
+            },
         })
     }
 }

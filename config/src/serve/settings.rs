@@ -6,16 +6,16 @@
 //! needs them. `table.rs` turns the rows into `Layer` and `ServeConfig`.
 
 use super::checks::{
-    any, at_least_one, batch_sizes, block_size, fraction, hosts, keys_not_empty, log_filter,
-    origins, path_not_empty, positive_bytes, positive_seconds, sampling, speculative_tokens,
-    text_not_empty,
+    any, at_least_one, batch_sizes, block_size, fraction, hosts, keys_not_empty, kv_events,
+    log_filter, origins, path_not_empty, positive_bytes, positive_seconds, sampling,
+    speculative_tokens, text_not_empty,
 };
 use super::fields::{Field, Reload};
 use super::json::ToJson;
 use super::table::{settings, Secrecy};
 use super::{
-    ConfigError, DeviceKind, DtypeChoice, Origin, SamplingDefaults, SpeculativeMethod,
-    ToolCallParser,
+    ConfigError, DeviceKind, DtypeChoice, KvEventsConfig, Origin, SamplingDefaults,
+    SpeculativeMethod, ToolCallParser,
 };
 use crate::parse_byte_size;
 use std::path::PathBuf;
@@ -102,6 +102,16 @@ settings! {
             alias = "no-enable-prefix-caching", default_missing_value = "false",
             help = "Turn prefix caching off (it is on by default; vLLM's \
                     --no-enable-prefix-caching also does)");
+    /// Publishing KV-cache events for prefix-aware routers (vLLM's `--kv-events-config`);
+    /// `None`: no events.
+    kv_events_config: Option<KvEventsConfig> = None;
+        given KvEventsConfig, fill optional, reload Restart, Public, check kv_events,
+        flag "--kv-events-config", arg(long, value_name = "JSON",
+            value_parser = KvEventsConfig::from_json,
+            help = "Publish KV-cache events over ZeroMQ in vLLM's format, as vLLM's flag: \
+                    '{\"enable_kv_cache_events\": true, \"endpoint\": \"tcp://*:5557\", \
+                    \"replay_endpoint\": \"tcp://*:5558\", \"topic\": \"kv-events\"}' \
+                    (docs/routers.md) [default: no events]");
     /// Batch-invariant GPU kernels.
     deterministic: bool = false;
         given bool, fill value, reload Restart, Public, check any,

@@ -355,7 +355,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 43);
+    assert_eq!(ServeConfig::default().fields().len(), 44);
 }
 
 #[test]
@@ -694,4 +694,31 @@ fn front_door_settings_load_and_bad_ones_name_their_field() {
         let message = from_file("", flags).expect_err("refused").to_string();
         assert!(message.contains(needle), "{flags:?}: {message}");
     }
+}
+
+#[test]
+fn kv_events_come_from_vllm_s_flag_or_a_table_and_are_checked_by_field() {
+    let flag = from_file(
+        "",
+        &[
+            "--kv-events-config",
+            r#"{"enable_kv_cache_events": true, "endpoint": "tcp://*:6000", "topic": "kv"}"#,
+        ],
+    )
+    .expect("loads");
+    let events = flag.kv_events_config.expect("set");
+    assert!(events.publishes());
+    assert_eq!(
+        (events.endpoint.as_str(), events.topic.as_str()),
+        ("tcp://*:6000", "kv")
+    );
+    let table = file(
+        "[kv_events_config]\nenable_kv_cache_events = true\nreplay_endpoint = \"tcp://*:6001\"",
+    );
+    let events = table.kv_events_config.expect("set");
+    assert_eq!(events.replay_endpoint.as_deref(), Some("tcp://*:6001"));
+    assert_eq!(events.endpoint, "tcp://*:5557");
+    let refused = error("[kv_events_config]\nhwm = 5");
+    assert!(refused.contains("kv_events_config.hwm"), "{refused}");
+    assert!(Serve::try_parse_from(["serve", "--kv-events-config", "{\"hwm\": \"x\"}"]).is_err());
 }

@@ -1,8 +1,9 @@
 //! The actor answers through its handle, and the handle reports a stopped actor.
 
 use super::{admit, grow, tokens};
-use crate::kv_allocator::KvAllocator;
-use crate::messages::AllocateStep;
+use crate::kv_allocator::{BlockManager, CacheEvent, KvAllocator};
+use crate::kv_events::KvEventSink;
+use crate::messages::{AllocateStep, ComputedSeq, RequestId};
 
 #[tokio::test]
 async fn the_actor_answers_through_its_handle() {
@@ -64,4 +65,36 @@ async fn admissions_nobody_received_are_undone() {
         .await
         .unwrap();
     assert_eq!(next.usage.used_blocks, 1);
+}
+
+#[tokio::test]
+async fn each_step_s_cache_changes_leave_the_actor_as_one_batch() {
+    let (sink, mut batches) = KvEventSink::channel(8);
+    let handle = KvAllocator::spawn_over(BlockManager::new(8, 4, true), Some(sink));
+    let prompt = tokens(0, 9);
+    handle
+        .allocate_step(AllocateStep {
+            admit: vec![admit(1, &prompt)],
+            token_budget: 100,
+            ..AllocateStep::default()
+        })
+        .await
+        .unwrap();
+    handle
+        .allocate_step(AllocateStep {
+            computed: vec![ComputedSeq {
+                id: RequestId(1),
+                first_block: 0,
+                tokens: prompt[..8].to_vec(),
+            }],
+            ..AllocateStep::default()
+        })
+        .await
+        .unwrap();
+    // The admission changed no entry: the first batch is the registration's two stores.
+    let batch = batches.recv().await.unwrap();
+    assert_eq!(batch.events.len(), 2);
+    assert!(matches!(batch.events[0], CacheEvent::Stored { .. }));
+    assert!(batch.ts > 1.7e9, "seconds since the epoch, {}", batch.ts);
+    assert!(batches.try_recv().is_err());
 }

@@ -4,6 +4,7 @@ mod actor;
 mod admission;
 mod caching_off;
 mod collision;
+mod events;
 mod eviction;
 mod large_pool;
 mod preemption;

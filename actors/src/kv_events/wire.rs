@@ -1,0 +1,388 @@
+//! The msgpack form of a batch, as vLLM's `KVEventBatch`: `[ts, events, data_parallel_rank]`,
+//! each event a `BlockStored`, `BlockRemoved` or `AllBlocksCleared`, as a map of named fields
+//! tagged under `type` (vLLM 0.24 and later) or as a positional array led by its tag (older
+//! vLLM). A block's hash names its prefix-cache entry: a bijection of its chain id (unique
+//! in the process, never reused) mixed with a salt drawn at start, so a replica's hashes do
+//! not repeat after a restart. Runs of stores that continue one chain become one
+//! `BlockStored` (its hashes in order, its parent the first one's), as vLLM sends them.
+
+use super::sink::EventBatch;
+use crate::kv_allocator::{CacheEvent, ChainId};
+use peregrine_config::KvEventsEncoding;
+use serde::Serialize;
+use std::hash::{BuildHasher, Hasher};
+
+/// The `medium` of the blocks in the pool: vLLM's name for its primary pool, which routers
+/// credit in full (they discount `CPU` and `DISK`, vLLM's offloaded tiers). The CPU
+/// backend's pool is its primary pool too.
+const PRIMARY_MEDIUM: &str = "GPU";
+
+/// How this replica's events are written.
+#[derive(Clone, Debug)]
+pub struct WireFormat {
+    /// Map or array events.
+    pub encoding: KvEventsEncoding,
+    /// Tokens per block (each `BlockStored` says it).
+    pub block_size: usize,
+    /// Mixed into every hash; drawn per process by [`WireFormat::new`].
+    salt: u64,
+}
+
+/// One event as sent: runs of stores along a chain and runs of removals merged.
+#[derive(Debug, PartialEq)]
+enum Merged {
+    Stored {
+        hashes: Vec<u64>,
+        parent: Option<u64>,
+        tokens: Vec<u32>,
+        /// The chain the run ends (the next store continues the run if it follows it).
+        last: ChainId,
+    },
+    Removed {
+        hashes: Vec<u64>,
+    },
+    Cleared,
+}
+
+/// vLLM 0.24's events: maps, tagged under `type`.
+#[derive(Serialize)]
+#[serde(tag = "type")]
+enum MapEvent<'a> {
+    BlockStored {
+        block_hashes: &'a [u64],
+        parent_block_hash: Option<u64>,
+        token_ids: &'a [u32],
+        block_size: usize,
+        lora_id: Option<u32>,
+        medium: &'a str,
+        lora_name: Option<&'a str>,
+    },
+    BlockRemoved {
+        block_hashes: &'a [u64],
+        medium: &'a str,
+    },
+    AllBlocksCleared,
+}
+
+/// Older vLLM's `BlockStored` as an array: tag, block_hashes, parent_block_hash,
+/// token_ids, block_size, lora_id, medium, lora_name.
+type ArrayStored<'a> = (
+    &'static str,
+    &'a [u64],
+    Option<u64>,
+    &'a [u32],
+    usize,
+    Option<u32>,
+    &'a str,
+    Option<&'a str>,
+);
+
+/// Older vLLM's events: arrays, the tag first, fields in declaration order.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum ArrayEvent<'a> {
+    BlockStored(ArrayStored<'a>),
+    BlockRemoved((&'static str, &'a [u64], &'a str)),
+    AllBlocksCleared((&'static str,)),
+}
+
+/// The data-parallel rank every batch names (one engine per process).
+const DATA_PARALLEL_RANK: u32 = 0;
+
+impl WireFormat {
+    /// A format for `block_size`-token blocks, with a fresh salt.
+    pub fn new(encoding: KvEventsEncoding, block_size: usize) -> Self {
+        let salt = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        WireFormat::salted(encoding, block_size, salt)
+    }
+
+    /// A format with the given salt (tests fix it).
+    pub fn salted(encoding: KvEventsEncoding, block_size: usize, salt: u64) -> Self {
+        WireFormat {
+            encoding,
+            block_size,
+            salt,
+        }
+    }
+
+    /// The hash subscribers know the block ending `chain` by; `None` for the root.
+    pub fn hash(&self, chain: ChainId) -> Option<u64> {
+        (chain != ChainId::ROOT).then(|| mix(chain.get() ^ self.salt))
+    }
+
+    /// The msgpack bytes of `batch`.
+    pub fn encode(&self, batch: &EventBatch) -> Vec<u8> {
+        self.encode_merged(batch.ts, &self.merge(&batch.events))
+    }
+
+    /// The msgpack bytes of a batch holding one `AllBlocksCleared` (the pool is empty).
+    pub fn encode_cleared(&self, ts: f64) -> Vec<u8> {
+        self.encode_merged(ts, &[Merged::Cleared])
+    }
+
+    fn merge(&self, events: &[CacheEvent]) -> Vec<Merged> {
+        let mut merged: Vec<Merged> = Vec::new();
+        for event in events {
+            match (event, merged.last_mut()) {
+                (
+                    CacheEvent::Stored {
+                        chain,
+                        parent,
+                        tokens,
+                    },
+                    Some(Merged::Stored {
+                        hashes,
+                        tokens: run,
+                        last,
+                        ..
+                    }),
+                ) if parent == last => {
+                    hashes.extend(self.hash(*chain));
+                    run.extend_from_slice(tokens);
+                    *last = *chain;
+                }
+                (
+                    CacheEvent::Stored {
+                        chain,
+                        parent,
+                        tokens,
+                    },
+                    _,
+                ) => merged.push(Merged::Stored {
+                    hashes: self.hash(*chain).into_iter().collect(),
+                    parent: self.hash(*parent),
+                    tokens: tokens.to_vec(),
+                    last: *chain,
+                }),
+                (CacheEvent::Removed { chain }, Some(Merged::Removed { hashes })) => {
+                    hashes.extend(self.hash(*chain));
+                }
+                (CacheEvent::Removed { chain }, _) => merged.push(Merged::Removed {
+                    hashes: self.hash(*chain).into_iter().collect(),
+                }),
+            }
+        }
+        merged
+    }
+
+    fn encode_merged(&self, ts: f64, events: &[Merged]) -> Vec<u8> {
+        let encoded = match self.encoding {
+            KvEventsEncoding::Map => {
+                let events: Vec<MapEvent> = events.iter().map(|e| self.map_event(e)).collect();
+                rmp_serde::to_vec_named(&(ts, events, DATA_PARALLEL_RANK))
+            }
+            KvEventsEncoding::Array => {
+                let events: Vec<ArrayEvent> = events.iter().map(|e| self.array_event(e)).collect();
+                rmp_serde::to_vec(&(ts, events, DATA_PARALLEL_RANK))
+            }
+        };
+        // Numbers, strings, options and sequences only: msgpack can write every one.
+        encoded.unwrap_or_default()
+    }
+
+    fn map_event<'a>(&'a self, event: &'a Merged) -> MapEvent<'a> {
+        match event {
+            Merged::Stored {
+                hashes,
+                parent,
+                tokens,
+                ..
+            } => MapEvent::BlockStored {
+                block_hashes: hashes,
+                parent_block_hash: *parent,
+                token_ids: tokens,
+                block_size: self.block_size,
+                lora_id: None,
+                medium: PRIMARY_MEDIUM,
+                lora_name: None,
+            },
+            Merged::Removed { hashes } => MapEvent::BlockRemoved {
+                block_hashes: hashes,
+                medium: PRIMARY_MEDIUM,
+            },
+            Merged::Cleared => MapEvent::AllBlocksCleared,
+        }
+    }
+
+    fn array_event<'a>(&'a self, event: &'a Merged) -> ArrayEvent<'a> {
+        match event {
+            Merged::Stored {
+                hashes,
+                parent,
+                tokens,
+                ..
+            } => ArrayEvent::BlockStored((
+                "BlockStored",
+                hashes,
+                *parent,
+                tokens,
+                self.block_size,
+                None,
+                PRIMARY_MEDIUM,
+                None,
+            )),
+            Merged::Removed { hashes } => {
+                ArrayEvent::BlockRemoved(("BlockRemoved", hashes, PRIMARY_MEDIUM))
+            }
+            Merged::Cleared => ArrayEvent::AllBlocksCleared(("AllBlocksCleared",)),
+        }
+    }
+}
+
+/// SplitMix64's finalizer: a bijection of u64, so distinct chain ids keep distinct hashes.
+fn mix(mut x: u64) -> u64 {
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mix, WireFormat};
+    use crate::kv_allocator::{BlockManager, CacheEvent};
+    use crate::kv_events::EventBatch;
+    use crate::messages::{AdmitSeq, AllocateStep, ComputedSeq, RequestId};
+    use peregrine_config::KvEventsEncoding;
+    use serde_json::{json, Value};
+    use std::sync::Arc;
+
+    /// A pool of 2-token blocks that caches [1 2][3 4][5 6], then [7 8] after [1 2]; with a
+    /// copy of the first store and the removal of its block appended.
+    fn journal() -> Vec<CacheEvent> {
+        let mut blocks = BlockManager::new(8, 2, true).recording_events();
+        for (id, tokens) in [(1, &[1, 2, 3, 4, 5, 6, 9][..]), (2, &[1, 2, 7, 8, 9])] {
+            blocks.allocate_step(AllocateStep {
+                admit: vec![AdmitSeq {
+                    id: RequestId(id),
+                    tokens: Arc::from(tokens),
+                    scores_prompt: false,
+                }],
+                token_budget: usize::MAX,
+                ..AllocateStep::default()
+            });
+            blocks.allocate_step(AllocateStep {
+                computed: vec![ComputedSeq {
+                    id: RequestId(id),
+                    first_block: 0,
+                    tokens: tokens[..tokens.len() - 1].to_vec(),
+                }],
+                ..AllocateStep::default()
+            });
+        }
+        let mut events = blocks.take_events();
+        assert_eq!(events.len(), 4, "{events:?}");
+        events.push(events[0].clone());
+        if let CacheEvent::Stored { chain, .. } = events[0] {
+            events.push(CacheEvent::Removed { chain });
+        }
+        events
+    }
+
+    /// The batch as JSON (msgpack maps become objects, arrays arrays).
+    fn decode(bytes: &[u8]) -> Value {
+        rmp_serde::from_slice(bytes).expect("msgpack")
+    }
+
+    #[test]
+    fn mixing_is_a_bijection_on_what_it_sees() {
+        let mut seen = std::collections::HashSet::new();
+        for x in (0..100_000u64).chain(u64::MAX - 1000..=u64::MAX) {
+            assert!(seen.insert(mix(x)));
+        }
+    }
+
+    #[test]
+    fn a_map_batch_is_vllm_s_positional_batch_of_tagged_maps() {
+        let format = WireFormat::salted(KvEventsEncoding::Map, 2, 7);
+        let events = journal();
+        let hashes: Vec<Value> = events
+            .iter()
+            .filter_map(|e| match e {
+                CacheEvent::Stored { chain, .. } => Some(json!(format.hash(*chain).unwrap())),
+                CacheEvent::Removed { .. } => None,
+            })
+            .collect();
+        let batch = decode(&format.encode(&EventBatch { ts: 12.5, events }));
+        assert_eq!(batch[0], json!(12.5));
+        assert_eq!(batch[2], json!(0));
+        let expected = json!([
+            {
+                "type": "BlockStored",
+                "block_hashes": [hashes[0], hashes[1], hashes[2]],
+                "parent_block_hash": null,
+                "token_ids": [1, 2, 3, 4, 5, 6],
+                "block_size": 2,
+                "lora_id": null,
+                "medium": "GPU",
+                "lora_name": null,
+            },
+            {
+                "type": "BlockStored",
+                "block_hashes": [hashes[3]],
+                "parent_block_hash": hashes[0],
+                "token_ids": [7, 8],
+                "block_size": 2,
+                "lora_id": null,
+                "medium": "GPU",
+                "lora_name": null,
+            },
+            {
+                // A store that does not continue the chain before it starts an event.
+                "type": "BlockStored",
+                "block_hashes": [hashes[0]],
+                "parent_block_hash": null,
+                "token_ids": [1, 2],
+                "block_size": 2,
+                "lora_id": null,
+                "medium": "GPU",
+                "lora_name": null,
+            },
+            {"type": "BlockRemoved", "block_hashes": [hashes[0]], "medium": "GPU"},
+        ]);
+        assert_eq!(batch[1], expected);
+    }
+
+    #[test]
+    fn an_array_batch_is_older_vllm_s_positional_events() {
+        let format = WireFormat::salted(KvEventsEncoding::Array, 2, 7);
+        let events = journal();
+        let hash = |i: usize| match &events[i] {
+            CacheEvent::Stored { chain, .. } => json!(format.hash(*chain).unwrap()),
+            CacheEvent::Removed { .. } => panic!("a store"),
+        };
+        let (first, fourth) = (hash(0), hash(3));
+        let batch = decode(&format.encode(&EventBatch {
+            ts: 1.0,
+            events: events.clone(),
+        }));
+        let events = &batch[1];
+        assert_eq!(
+            events[1],
+            json!(["BlockStored", [fourth], first, [7, 8], 2, null, "GPU", null])
+        );
+        assert_eq!(events[3], json!(["BlockRemoved", [first], "GPU"]));
+        let cleared = decode(&format.encode_cleared(3.0));
+        assert_eq!(cleared, json!([3.0, [["AllBlocksCleared"]], 0]));
+    }
+
+    #[test]
+    fn a_cleared_map_batch_is_its_tag_alone() {
+        let format = WireFormat::new(KvEventsEncoding::Map, 16);
+        let cleared = decode(&format.encode_cleared(3.0));
+        assert_eq!(cleared, json!([3.0, [{"type": "AllBlocksCleared"}], 0]));
+    }
+
+    #[test]
+    fn hashes_differ_between_processes_and_the_root_has_none() {
+        let a = WireFormat::new(KvEventsEncoding::Map, 16);
+        let b = WireFormat::new(KvEventsEncoding::Map, 16);
+        let events = journal();
+        let CacheEvent::Stored { chain, parent, .. } = &events[0] else {
+            panic!("a store first");
+        };
+        assert_eq!(a.hash(*parent), None);
+        assert_ne!(a.hash(*chain), b.hash(*chain));
+    }
+}
