@@ -183,6 +183,10 @@ pub struct BenchLatencyArgs {
     /// Tokens per KV block.
     #[arg(long, default_value_t = 16)]
     pub block_size: usize,
+    /// The CPU KV cache's element: float32, or bfloat16 (half the bytes) [default: as
+    /// `serve` chooses it]. The GPU's cache is bfloat16.
+    #[arg(long, value_name = "DTYPE")]
+    pub kv_cache_dtype: Option<peregrine_config::DtypeChoice>,
     /// Batch-invariant GPU kernels.
     #[arg(long)]
     pub deterministic: bool,
@@ -340,6 +344,9 @@ pub struct PerplexityArgs {
     /// Rows per forward; a longer chunk is prefilled in pieces (llama.cpp's `-b`).
     #[arg(long, short = 'b', default_value_t = 2048)]
     pub batch_size: usize,
+    /// The KV cache's element: float32 or bfloat16 [default: as `serve` chooses it].
+    #[arg(long, value_name = "DTYPE")]
+    pub kv_cache_dtype: Option<peregrine_config::DtypeChoice>,
 }
 
 /// `peregrine fetch`.

@@ -7,7 +7,7 @@ mod common;
 use common::reference::logits_f64;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_models::LlamaModel;
-use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_ops::{AttentionPlan, KvCache, KvDtype, SeqSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;
@@ -19,10 +19,24 @@ const DECODE_STEPS: usize = 20;
 
 /// Engine logits for `tokens`: the first `PROMPT` in one prefill, then one token a step.
 fn engine_logits(model: &LlamaModel, tokens: &[u32], blocks: &[u32], pool: u64) -> Vec<Vec<f32>> {
-    let mut cache = KvCache::new(
+    engine_logits_in(model, tokens, blocks, pool, KvDtype::Float32)
+}
+
+/// [`engine_logits`] with a KV cache of `dtype` elements.
+fn engine_logits_in(
+    model: &LlamaModel,
+    tokens: &[u32],
+    blocks: &[u32],
+    pool: u64,
+    dtype: KvDtype,
+) -> Vec<Vec<f32>> {
+    let mut cache = KvCache::try_with_dtype(
         model.config().num_layers,
         model.kv_layout(pool, BLOCK_SIZE as u64),
-    );
+        model.kv_rows(),
+        dtype,
+    )
+    .unwrap();
     let vocab = model.config().vocab_size;
     let mut rows = Vec::new();
     let mut cached = 0;
@@ -57,20 +71,50 @@ fn relative_error(engine: &[Vec<f32>], reference: &[Vec<f64>]) -> f64 {
     diff / scale
 }
 
+/// A random model of `spec` written with `dtype` weights, random tokens for it, their
+/// float64 reference logits and the engine's model.
+struct Run {
+    dir: tempfile::TempDir,
+    model: TinyModel,
+    tokens: Vec<u32>,
+    reference: Vec<Vec<f64>>,
+    engine: LlamaModel,
+}
+
+impl Run {
+    fn new(spec: TinySpec, dtype: Dtype, seed: u64) -> Run {
+        let dir = tempfile::tempdir().unwrap();
+        let model = TinyModel::random(spec, seed);
+        model.write_hf_as(dir.path(), dtype);
+        let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
+        let vocab = model.spec.vocab_size as u32;
+        let tokens: Vec<u32> = (0..PROMPT + DECODE_STEPS)
+            .map(|_| rng.random_range(0..vocab))
+            .collect();
+        let reference = logits_f64(dir.path(), &tokens);
+        let engine = LlamaModel::load(dir.path()).unwrap();
+        Run {
+            dir,
+            model,
+            tokens,
+            reference,
+            engine,
+        }
+    }
+}
+
+/// 43 tokens take 3 blocks of 16; placed out of order, far apart, in a pool of 64.
+const BLOCKS: [u32; 3] = [41, 7, 63];
+
 fn check(spec: TinySpec, dtype: Dtype, seed: u64) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = TinyModel::random(spec, seed);
-    model.write_hf_as(dir.path(), dtype);
-    let mut rng = ChaCha8Rng::seed_from_u64(seed + 1);
-    let vocab = model.spec.vocab_size as u32;
-    let tokens: Vec<u32> = (0..PROMPT + DECODE_STEPS)
-        .map(|_| rng.random_range(0..vocab))
-        .collect();
-    let reference = logits_f64(dir.path(), &tokens);
-    let engine = LlamaModel::load(dir.path()).unwrap();
-    // 43 tokens take 3 blocks of 16; place them out of order, far apart, in a pool of 64.
-    let blocks = [41u32, 7, 63];
-    let logits = engine_logits(&engine, &tokens, &blocks, 64);
+    let Run {
+        dir,
+        model,
+        tokens,
+        reference,
+        engine,
+    } = Run::new(spec, dtype, seed);
+    let logits = engine_logits(&engine, &tokens, &BLOCKS, 64);
     assert_eq!(logits.len(), PROMPT + DECODE_STEPS);
     let err = relative_error(&logits, &reference);
     // float32 rounding: within 8 ulps (2^-23 each) of the logit scale; seen: 1.3e-7 to 1.6e-7.
@@ -116,6 +160,24 @@ fn f16_checkpoint_with_linear_rope_scaling_matches_the_reference() {
         ..TinySpec::qwen3_tiny()
     };
     check(spec, Dtype::F16, 50);
+}
+
+/// A bfloat16 KV cache: each key and value rounded to 8 significant bits, so the logits
+/// leave float32's agreement with the reference (the cache really holds 16 bits) but stay
+/// within what that rounding explains, prefill and decode alike.
+#[test]
+fn a_bfloat16_kv_cache_stays_within_its_rounding_of_the_reference() {
+    for (spec, seed) in [(TinySpec::llama_tiny(), 70), (TinySpec::qwen3_tiny(), 71)] {
+        let run = Run::new(spec, Dtype::F32, seed);
+        let logits = engine_logits_in(&run.engine, &run.tokens, &BLOCKS, 64, KvDtype::Bfloat16);
+        let (err, model) = (relative_error(&logits, &run.reference), &run.model);
+        // bf16 keeps 8 significant bits (relative rounding up to 2^-9 = 2e-3 a value).
+        assert!(
+            (1e-6..1e-2).contains(&err),
+            "{:?}: relative error {err:e}",
+            model.spec.arch
+        );
+    }
 }
 
 #[test]

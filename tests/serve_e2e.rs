@@ -29,8 +29,9 @@ const PEREGRINE: &str = env!("CARGO_BIN_EXE_peregrine");
 /// The name every test server serves its model under.
 const MODEL_NAME: &str = "tiny";
 
-/// KV bytes per token of the tiny Llama: K and V, 2 layers, 2 KV heads, head_dim 16, f32.
-const KV_BYTES_PER_TOKEN: usize = 2 * 2 * 2 * 16 * 4;
+/// KV bytes per token of the tiny Llama: K and V, 2 layers, 2 KV heads, head_dim 16, bf16
+/// (the CPU cache's default element).
+const KV_BYTES_PER_TOKEN: usize = 2 * 2 * 2 * 16 * 2;
 
 /// Tokens per KV block (the server's default).
 const BLOCK_SIZE: usize = 16;
@@ -783,6 +784,17 @@ fn kv_events_reach_a_subscriber_with_vllm_s_types() {
             &format!("ipc://{}", replay.display()),
         ],
     );
+}
+
+/// 26. A server whose CPU KV cache is float32 (`--kv-cache-dtype float32`, the default
+///     being bfloat16): a repeated prompt hits the prefix cache and repeats its output,
+///     greedy and seeded (check_prefix_cache.py).
+#[test]
+fn a_float32_kv_cache_serves_and_hits_the_prefix_cache() {
+    let _serial = serial();
+    let model = TinyDir::new(33);
+    let server = Server::start(model.path(), &["--kv-cache-dtype", "float32"]);
+    server.check("check_prefix_cache.py", &[]);
 }
 
 /// A TCP port free on the loopback address now.

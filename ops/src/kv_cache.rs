@@ -1,5 +1,6 @@
 //! The paged KV cache of every layer.
 
+use half::bf16;
 use peregrine_kernels::cpu::{self, KvLayout};
 
 /// What one token leaves in a layer's cache.
@@ -12,12 +13,66 @@ pub enum KvRows {
     Latent,
 }
 
+/// The element a CPU KV cache stores.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvDtype {
+    /// 4 bytes an element.
+    Float32,
+    /// 2 bytes an element: half the memory and the attention's reads (rounded to nearest
+    /// even when written; f32's range, so nothing overflows).
+    Bfloat16,
+}
+
+impl KvDtype {
+    /// Bytes one element takes.
+    pub fn bytes(self) -> u64 {
+        match self {
+            KvDtype::Float32 => 4,
+            KvDtype::Bfloat16 => 2,
+        }
+    }
+}
+
+/// Each layer's (K, V) caches in elements of `T`.
+type LayerCaches<T> = Vec<(Vec<T>, Vec<T>)>;
+
+/// Every layer's caches in one element type.
+enum Layers {
+    Float32(LayerCaches<f32>),
+    Bfloat16(LayerCaches<bf16>),
+}
+
 /// K and V caches for every layer, each laid out `[num_blocks, block_size, kv_heads, head_dim]`
-/// (under latent attention one cache of `[num_blocks, block_size, 1, latent + rope]`).
+/// (under latent attention one cache of `[num_blocks, block_size, 1, latent + rope]`), in
+/// float32 or bfloat16.
 pub struct KvCache {
     layout: KvLayout,
     rows: KvRows,
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    layers: Layers,
+}
+
+/// One layer's caches as the paged attention kernel reads them.
+pub enum KvLayer<'a> {
+    Float32(&'a [f32], &'a [f32]),
+    Bfloat16(&'a [bf16], &'a [bf16]),
+}
+
+/// Allocates `num_layers` layers of (`n`, `values`) elements, every page written.
+fn allocate<T: Copy>(
+    num_layers: usize,
+    n: usize,
+    values: usize,
+    zero: T,
+) -> Result<LayerCaches<T>, std::collections::TryReserveError> {
+    let zeros = |n: usize| -> Result<Vec<T>, std::collections::TryReserveError> {
+        let mut layer = Vec::new();
+        layer.try_reserve_exact(n)?;
+        layer.resize(n, zero);
+        Ok(layer)
+    };
+    (0..num_layers)
+        .map(|_| Ok((zeros(n)?, zeros(values)?)))
+        .collect()
 }
 
 impl KvCache {
@@ -44,21 +99,46 @@ impl KvCache {
         rows: KvRows,
     ) -> Result<KvCache, std::collections::TryReserveError> {
         let n = layout.layer_elems() as usize;
-        let zeros = |n: usize| -> Result<Vec<f32>, std::collections::TryReserveError> {
-            let mut layer = Vec::new();
-            layer.try_reserve_exact(n)?;
-            layer.resize(n, 0.0);
-            Ok(layer)
-        };
         let values = if rows == KvRows::Latent { 0 } else { n };
-        let layers = (0..num_layers)
-            .map(|_| Ok((zeros(n)?, zeros(values)?)))
-            .collect::<Result<_, std::collections::TryReserveError>>()?;
+        Ok(KvCache {
+            layout,
+            rows,
+            layers: Layers::Float32(allocate(num_layers, n, values, 0.0)?),
+        })
+    }
+
+    /// [`KvCache::try_with`] storing keys and values as `dtype`; latent attention reads a
+    /// float32 cache only, so a bfloat16 latent cache is refused.
+    pub fn try_with_dtype(
+        num_layers: usize,
+        layout: KvLayout,
+        rows: KvRows,
+        dtype: KvDtype,
+    ) -> anyhow::Result<KvCache> {
+        let n = layout.layer_elems() as usize;
+        let layers = match (dtype, rows) {
+            (KvDtype::Float32, _) => return Ok(KvCache::try_with(num_layers, layout, rows)?),
+            (KvDtype::Bfloat16, KvRows::Latent) => anyhow::bail!(
+                "a latent-attention (MLA) model keeps its CPU cache in float32: \
+                 --kv-cache-dtype bfloat16 is for models with key and value caches"
+            ),
+            (KvDtype::Bfloat16, KvRows::KeysAndValues) => {
+                Layers::Bfloat16(allocate(num_layers, n, n, bf16::ZERO)?)
+            }
+        };
         Ok(KvCache {
             layout,
             rows,
             layers,
         })
+    }
+
+    /// The element the cache stores.
+    pub fn dtype(&self) -> KvDtype {
+        match self.layers {
+            Layers::Float32(_) => KvDtype::Float32,
+            Layers::Bfloat16(_) => KvDtype::Bfloat16,
+        }
     }
 
     /// The per-layer layout.
@@ -74,14 +154,31 @@ impl KvCache {
     /// Bytes of K plus V (or of the latent) for one layer.
     pub fn bytes_per_layer(&self) -> u64 {
         let caches = if self.rows == KvRows::Latent { 1 } else { 2 };
-        caches * self.layout.layer_elems() * 4
+        caches * self.layout.layer_elems() * self.dtype().bytes()
     }
 
-    /// Layer `layer`'s K and V caches (under latent attention the latent cache and an
-    /// empty one).
+    /// Layer `layer`'s K and V caches of a float32 cache (under latent attention the latent
+    /// cache and an empty one).
+    ///
+    /// # Panics
+    /// On a bfloat16 cache (latent attention and the draft heads build float32 ones; the
+    /// paged attention reads [`KvCache::layer_of`]).
     pub fn layer(&self, layer: usize) -> (&[f32], &[f32]) {
-        let (k, v) = &self.layers[layer];
-        (k, v)
+        match &self.layers {
+            Layers::Float32(layers) => {
+                let (k, v) = &layers[layer];
+                (k, v)
+            }
+            Layers::Bfloat16(_) => panic!("float32 slices of a bfloat16 KV cache"),
+        }
+    }
+
+    /// Layer `layer`'s K and V caches in the cache's element type.
+    pub fn layer_of(&self, layer: usize) -> KvLayer<'_> {
+        match &self.layers {
+            Layers::Float32(layers) => KvLayer::Float32(&layers[layer].0, &layers[layer].1),
+            Layers::Bfloat16(layers) => KvLayer::Bfloat16(&layers[layer].0, &layers[layer].1),
+        }
     }
 
     /// Writes rows of `k` and `v` into the slots `slot_mapping` names (negative = skip).
@@ -91,8 +188,16 @@ impl KvCache {
             KvRows::KeysAndValues,
             "keys and values into a latent cache"
         );
-        let (kc, vc) = &mut self.layers[layer];
-        cpu::write_kv(kc, vc, &self.layout, slot_mapping, k, v);
+        match &mut self.layers {
+            Layers::Float32(layers) => {
+                let (kc, vc) = &mut layers[layer];
+                cpu::write_kv(kc, vc, &self.layout, slot_mapping, k, v);
+            }
+            Layers::Bfloat16(layers) => {
+                let (kc, vc) = &mut layers[layer];
+                cpu::write_kv(kc, vc, &self.layout, slot_mapping, k, v);
+            }
+        }
     }
 
     /// Writes latent rows (`[rows, latent + rope]`) into the slots `slot_mapping` names
@@ -103,6 +208,57 @@ impl KvCache {
             KvRows::Latent,
             "latent rows into a key/value cache"
         );
-        cpu::write_rows(&mut self.layers[layer].0, &self.layout, slot_mapping, rows);
+        match &mut self.layers {
+            Layers::Float32(layers) => {
+                cpu::write_rows(&mut layers[layer].0, &self.layout, slot_mapping, rows)
+            }
+            Layers::Bfloat16(layers) => {
+                cpu::write_rows(&mut layers[layer].0, &self.layout, slot_mapping, rows)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{KvCache, KvDtype, KvLayer, KvRows};
+    use peregrine_kernels::cpu::KvLayout;
+
+    fn layout() -> KvLayout {
+        KvLayout {
+            num_blocks: 3,
+            block_size: 4,
+            num_kv_heads: 2,
+            head_dim: 8,
+        }
+    }
+
+    #[test]
+    fn a_bfloat16_cache_takes_half_the_bytes_and_rounds_what_it_is_given() {
+        let f32s =
+            KvCache::try_with_dtype(2, layout(), KvRows::KeysAndValues, KvDtype::Float32).unwrap();
+        let mut half =
+            KvCache::try_with_dtype(2, layout(), KvRows::KeysAndValues, KvDtype::Bfloat16).unwrap();
+        assert_eq!(f32s.bytes_per_layer(), 2 * half.bytes_per_layer());
+        assert_eq!(half.dtype(), KvDtype::Bfloat16);
+        // Two rows: the first padded (slot -1, skipped), the second into slot 5.
+        let rows: Vec<f32> = (0..32).map(|i| 1.0 + i as f32 / 1000.0).collect();
+        half.write(1, &[-1, 5], &rows, &rows);
+        let row = &rows[16..];
+        let KvLayer::Bfloat16(k, _) = half.layer_of(1) else {
+            panic!("a bfloat16 layer");
+        };
+        let at = 5 * 16;
+        for (got, want) in k[at..at + 16].iter().zip(row) {
+            assert_eq!(got.to_f32(), half::bf16::from_f32(*want).to_f32());
+        }
+    }
+
+    #[test]
+    fn a_bfloat16_latent_cache_is_refused() {
+        let err = KvCache::try_with_dtype(1, layout(), KvRows::Latent, KvDtype::Bfloat16)
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("float32"), "{err}");
     }
 }

@@ -11,7 +11,7 @@ pub mod rotary;
 pub mod sampling;
 
 pub use attention::{AttentionPlan, MlaAttention, PagedAttention, PlanError, SeqSpec, StagedMeta};
-pub use kv_cache::{KvCache, KvRows};
+pub use kv_cache::{KvCache, KvDtype, KvRows};
 pub use linear::Linear;
 pub use norm::RmsNorm;
 pub use rotary::{RopeScaling, Rotary, RotaryLayout, RotaryTables};

@@ -9,7 +9,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::messages::{GeneratedToken, HiddenData};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
-use peregrine_ops::{AttentionPlan, KvCache, KvRows, Linear};
+use peregrine_ops::{AttentionPlan, KvCache, KvDtype, KvRows, Linear};
 use std::sync::Arc;
 
 struct CpuBackend {
@@ -61,14 +61,24 @@ impl CpuBackend {
     }
 }
 
-/// The CPU model with a pool of `kv_cache_memory` bytes in blocks of `block_size` tokens,
-/// plus one scratch block, audited before it is allocated.
+/// The CPU model with a pool of `kv_cache_memory` bytes in blocks of `block_size` tokens
+/// (float32 elements), plus one scratch block, audited before it is allocated.
 pub fn cpu_backend(
     model: LlamaModel,
     kv_cache_memory: u64,
     block_size: usize,
 ) -> anyhow::Result<Box<dyn ModelBackend>> {
-    let block_bytes = model.kv_bytes_per_token() * block_size as u64;
+    cpu_backend_with(model, kv_cache_memory, block_size, KvDtype::Float32)
+}
+
+/// [`cpu_backend`] whose cache stores `dtype` elements.
+pub fn cpu_backend_with(
+    model: LlamaModel,
+    kv_cache_memory: u64,
+    block_size: usize,
+    dtype: KvDtype,
+) -> anyhow::Result<Box<dyn ModelBackend>> {
+    let block_bytes = model.config().kv_bytes_per_token(dtype.bytes()) * block_size as u64;
     let num_blocks = blocks_in(kv_cache_memory, block_bytes, block_size, "kv_cache_memory")?;
     let scratch_block = num_blocks;
     let with_scratch = num_blocks
@@ -76,12 +86,15 @@ pub fn cpu_backend(
         .ok_or_else(|| anyhow::anyhow!("kv_cache_memory makes more blocks than u32 names"))?;
     let layout = model.kv_layout(with_scratch as u64, block_size as u64);
     let audit = layout
-        .audit(4)
+        .audit(dtype.bytes())
         .map_err(|e| anyhow::anyhow!("address audit: {e}"))?;
     let rows = model.kv_rows();
-    let cache = KvCache::try_with(model.config().num_layers, layout, rows).map_err(|e| {
-        anyhow::anyhow!("allocating the KV cache (kv_cache_memory {kv_cache_memory} bytes): {e}")
-    })?;
+    let cache =
+        KvCache::try_with_dtype(model.config().num_layers, layout, rows, dtype).map_err(|e| {
+            anyhow::anyhow!(
+                "allocating the KV cache (kv_cache_memory {kv_cache_memory} bytes): {e:#}"
+            )
+        })?;
     let pool = PoolInfo {
         layout,
         bytes_per_layer: cache.bytes_per_layer(),

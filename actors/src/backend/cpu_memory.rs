@@ -8,6 +8,7 @@
 use super::blocks_in;
 use crate::graphs::CaptureSizes;
 use peregrine_models::{LlamaBuffers, ModelConfig, StepShape};
+use peregrine_ops::KvDtype;
 use peregrine_runtime::host_memory::{human_bytes, MemoryNeed};
 
 /// The limits of a step that size its buffers.
@@ -33,18 +34,19 @@ pub struct CpuFootprint {
 }
 
 impl CpuFootprint {
-    /// The footprint of a model of `config` (its KV cache in f32, as the CPU backend keeps
-    /// it), served with blocks of `block_size` tokens, sequences of up to `max_model_len`
-    /// and `aux_layers` recorded layers.
+    /// The footprint of a model of `config` (its KV cache of `kv_dtype` elements), served
+    /// with blocks of `block_size` tokens, sequences of up to `max_model_len` and
+    /// `aux_layers` recorded layers.
     pub fn new(
         config: &ModelConfig,
+        kv_dtype: KvDtype,
         block_size: usize,
         max_model_len: usize,
         aux_layers: usize,
     ) -> CpuFootprint {
         CpuFootprint {
             config: config.clone(),
-            kv_bytes_per_token: config.kv_bytes_per_token(4),
+            kv_bytes_per_token: config.kv_bytes_per_token(kv_dtype.bytes()),
             block_size: block_size.max(1),
             max_model_len: max_model_len.max(1),
             aux_layers,
@@ -135,7 +137,7 @@ mod tests {
             "max_position_embeddings":256}"#,
         )
         .unwrap();
-        CpuFootprint::new(&config, 16, 256, 0)
+        CpuFootprint::new(&config, KvDtype::Float32, 16, 256, 0)
     }
 
     #[test]

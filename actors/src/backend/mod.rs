@@ -6,7 +6,7 @@ mod cpu_memory;
 #[cfg(feature = "cuda")]
 mod gpu;
 
-pub use cpu::cpu_backend;
+pub use cpu::{cpu_backend, cpu_backend_with};
 pub use cpu_memory::{CpuFootprint, StepBounds};
 #[cfg(feature = "cuda")]
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};

@@ -90,6 +90,13 @@ settings! {
                     steps of max_num_batched_tokens if that is more, at most a quarter of the \
                     memory available]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
+    /// The KV cache's element: `auto` (bfloat16), `bfloat16`, or `float32` (the CPU only:
+    /// twice the memory, slower decode steps).
+    kv_cache_dtype: DtypeChoice = DtypeChoice::Auto;
+        given DtypeChoice, fill value, reload Restart, Public, check any,
+        flag "--kv-cache-dtype", arg(long, value_name = "DTYPE",
+            help = "The KV cache's element: auto (bfloat16), bfloat16, or float32 (the CPU \
+                    only: twice the memory) [default: auto]");
     /// The fraction of GPU memory the server may use.
     gpu_memory_utilization: f32 = 0.9;
         given f32, fill value, reload Restart, Public, check fraction,

@@ -355,7 +355,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 44);
+    assert_eq!(ServeConfig::default().fields().len(), 45);
 }
 
 #[test]
@@ -404,7 +404,7 @@ fn help_defaults_are_the_real_defaults() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 20);
+    assert_eq!(checked, 21);
 }
 
 #[test]

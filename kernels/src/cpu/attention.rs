@@ -7,7 +7,7 @@ use super::quant::Simd;
 use super::softmax::exp_row;
 #[cfg(target_arch = "x86_64")]
 use super::softmax::exp_row_avx2;
-use super::KvLayout;
+use super::{KvElem, KvLayout};
 use rayon::prelude::*;
 
 /// One sequence's share of a batch: its query rows and its cache.
@@ -26,13 +26,14 @@ pub struct AttentionSeq<'a> {
 /// Computes `o` for every query row that a sequence of `seqs` covers; rows of `o` that no
 /// sequence covers (padding) are left untouched. `q` and `o` are
 /// `[rows, num_heads * head_dim]`; the query at row `q_start + i` sits at position
-/// `context_len - q_len + i` and sees keys `0..=` that position.
+/// `context_len - q_len + i` and sees keys `0..=` that position. The caches hold f32 or
+/// bf16 ([`KvElem`]); the arithmetic is f32 either way.
 #[allow(clippy::too_many_arguments)]
-pub fn paged_attention(
+pub fn paged_attention<T: KvElem>(
     q: &[f32],
     num_heads: usize,
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     layout: &KvLayout,
     seqs: &[AttentionSeq],
     scale: f32,
@@ -125,11 +126,11 @@ fn tile_rows(seqs: &[AttentionSeq], kv_heads: usize) -> usize {
 
 /// Consecutive query rows of one sequence, each row's heads of one KV group, against that
 /// group's cached keys and values.
-struct GroupTask<'a> {
+struct GroupTask<'a, T> {
     /// Each row's query heads of the group, `[group, head_dim]`.
     q: Vec<&'a [f32]>,
-    k_cache: &'a [f32],
-    v_cache: &'a [f32],
+    k_cache: &'a [T],
+    v_cache: &'a [T],
     layout: &'a KvLayout,
     table: &'a [u32],
     kv_head: u64,
@@ -138,7 +139,7 @@ struct GroupTask<'a> {
     scale: f32,
 }
 
-impl GroupTask<'_> {
+impl<T: KvElem> GroupTask<'_, T> {
     /// [`run`](Self::run) with fused multiply-adds, compiled for AVX2.
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2,fma")]
@@ -172,7 +173,7 @@ impl GroupTask<'_> {
                 let k = &self.k_cache[token(j)..][..d];
                 for (r, q) in self.q.iter().enumerate().filter(|&(r, _)| j < keys(r)) {
                     for h in 0..group {
-                        let score = dot::<FMA>(&q[h * d..(h + 1) * d], k) * self.scale;
+                        let score = dot::<FMA, T>(&q[h * d..(h + 1) * d], k) * self.scale;
                         scores[(r * group + h) * n + j] = score;
                     }
                 }
@@ -203,7 +204,7 @@ impl GroupTask<'_> {
                     for (h, oh) in out.chunks_exact_mut(d).enumerate() {
                         let p = scores[(r * group + h) * n + j];
                         for (o, &v) in oh.iter_mut().zip(v) {
-                            *o = mul_add::<FMA>(p, v, *o);
+                            *o = mul_add::<FMA>(p, v.to_f32(), *o);
                         }
                     }
                 }
@@ -228,7 +229,7 @@ const KEY_BLOCK: usize = 8;
 const VALUE_BLOCK: usize = 64;
 
 #[cfg(target_arch = "x86_64")]
-impl GroupTask<'_> {
+impl<T: KvElem> GroupTask<'_, T> {
     /// The scores of [`run`](Self::run) (`scores[(r * group + h) * n + j]`, key `j` at
     /// `token[j]`), each the same as `dot_avx2` gives it: keys a block of eight at a time,
     /// each block read once for the task's rows and heads.
@@ -240,7 +241,7 @@ impl GroupTask<'_> {
         let n = token.len();
         let scale = _mm256_set1_ps(self.scale);
         for j0 in (0..n).step_by(KEY_BLOCK) {
-            let block: [&[f32]; KEY_BLOCK] =
+            let block: [&[T]; KEY_BLOCK] =
                 std::array::from_fn(|m| &self.k_cache[token[(j0 + m).min(n - 1)]..][..d]);
             for (r, q) in self.q.iter().enumerate() {
                 let visible = (self.first_pos + r + 1).saturating_sub(j0).min(KEY_BLOCK);
@@ -283,15 +284,15 @@ impl GroupTask<'_> {
                     let p = &scores[(r * group + h) * n + j0..][..visible];
                     let keys = &block[..visible];
                     for c in (0..wide).step_by(64) {
-                        add_weighted::<8>(o.as_mut_ptr().add(c), p, v.add(c), keys);
+                        add_weighted::<8, T>(o.as_mut_ptr().add(c), p, v.add(c), keys);
                     }
                     if whole > wide {
-                        add_weighted::<4>(o.as_mut_ptr().add(wide), p, v.add(wide), keys);
+                        add_weighted::<4, T>(o.as_mut_ptr().add(wide), p, v.add(wide), keys);
                     }
                     for (&p, &at) in p.iter().zip(keys) {
                         let v = &self.v_cache[at..][..d];
                         for (o, &v) in o[whole..].iter_mut().zip(&v[whole..]) {
-                            *o = p.mul_add(v, *o);
+                            *o = p.mul_add(v.to_f32(), *o);
                         }
                     }
                 }
@@ -304,13 +305,18 @@ impl GroupTask<'_> {
 /// the `N` registers of `o` held while the keys go by.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn add_weighted<const N: usize>(o: *mut f32, p: &[f32], v: *const f32, keys: &[usize]) {
+unsafe fn add_weighted<const N: usize, T: KvElem>(
+    o: *mut f32,
+    p: &[f32],
+    v: *const T,
+    keys: &[usize],
+) {
     use std::arch::x86_64::*;
     let mut acc: [__m256; N] = std::array::from_fn(|i| _mm256_loadu_ps(o.add(8 * i)));
     for (&p, &at) in p.iter().zip(keys) {
         let (p, v) = (_mm256_set1_ps(p), v.add(at));
         for (i, acc) in acc.iter_mut().enumerate() {
-            *acc = _mm256_fmadd_ps(p, _mm256_loadu_ps(v.add(8 * i)), *acc);
+            *acc = _mm256_fmadd_ps(p, T::load8(v.add(8 * i)), *acc);
         }
     }
     for (i, acc) in acc.into_iter().enumerate() {
@@ -331,7 +337,7 @@ fn mul_add<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
 /// `a · b` summed in sixteen lanes, then the lanes in a fixed order (so it vectorizes and a
 /// row's result is the same whatever else runs).
 #[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+fn dot<const FMA: bool, T: KvElem>(a: &[f32], b: &[T]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if FMA {
         // SAFETY: `FMA` is set only where the CPU has AVX2 and FMA (see `paged_attention`).
@@ -341,12 +347,12 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
     let whole = a.len() / 16 * 16;
     for (a, b) in a[..whole].chunks_exact(16).zip(b[..whole].chunks_exact(16)) {
         for l in 0..16 {
-            lanes[l] = mul_add::<FMA>(a[l], b[l], lanes[l]);
+            lanes[l] = mul_add::<FMA>(a[l], b[l].to_f32(), lanes[l]);
         }
     }
     let mut sum = 0f32;
     for (&a, &b) in a[whole..].iter().zip(&b[whole..]) {
-        sum = mul_add::<FMA>(a, b, sum);
+        sum = mul_add::<FMA>(a, b.to_f32(), sum);
     }
     let mut width = 16;
     while width > 1 {
@@ -363,18 +369,18 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 /// (which split the lanes into pairs).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+unsafe fn dot_avx2<T: KvElem>(a: &[f32], b: &[T]) -> f32 {
     use std::arch::x86_64::*;
     let whole = a.len().min(b.len()) / 16 * 16;
     let (mut lo, mut hi) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     for i in (0..whole).step_by(16) {
         let (pa, pb) = (a.as_ptr().add(i), b.as_ptr().add(i));
-        lo = _mm256_fmadd_ps(_mm256_loadu_ps(pa), _mm256_loadu_ps(pb), lo);
-        hi = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), _mm256_loadu_ps(pb.add(8)), hi);
+        lo = _mm256_fmadd_ps(_mm256_loadu_ps(pa), T::load8(pb), lo);
+        hi = _mm256_fmadd_ps(_mm256_loadu_ps(pa.add(8)), T::load8(pb.add(8)), hi);
     }
     let mut sum = 0f32;
     for (&a, &b) in a[whole..].iter().zip(&b[whole..]) {
-        sum = a.mul_add(b, sum);
+        sum = a.mul_add(b.to_f32(), sum);
     }
     let eight = _mm256_add_ps(lo, hi);
     let four = _mm_add_ps(
@@ -390,7 +396,7 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
 /// multiply-adds and reduction tree for each key, the eight trees run side by side.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots8_avx2(a: &[f32], k: &[&[f32]; KEY_BLOCK]) -> std::arch::x86_64::__m256 {
+unsafe fn dots8_avx2<T: KvElem>(a: &[f32], k: &[&[T]; KEY_BLOCK]) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
     let whole = a.len() / 16 * 16;
     // Each key's two eight-lane sums, added: `eight` of `dot_avx2`; four keys at a time.
@@ -405,8 +411,8 @@ unsafe fn dots8_avx2(a: &[f32], k: &[&[f32]; KEY_BLOCK]) -> std::arch::x86_64::_
             );
             for m in 0..4 {
                 let p = keys[m].as_ptr().add(i);
-                lo[m] = _mm256_fmadd_ps(a_lo, _mm256_loadu_ps(p), lo[m]);
-                hi[m] = _mm256_fmadd_ps(a_hi, _mm256_loadu_ps(p.add(8)), hi[m]);
+                lo[m] = _mm256_fmadd_ps(a_lo, T::load8(p), lo[m]);
+                hi[m] = _mm256_fmadd_ps(a_hi, T::load8(p.add(8)), hi[m]);
             }
         }
         for m in 0..4 {
@@ -441,7 +447,7 @@ unsafe fn dots8_avx2(a: &[f32], k: &[&[f32]; KEY_BLOCK]) -> std::arch::x86_64::_
         a[whole..]
             .iter()
             .zip(&k[m][whole..])
-            .fold(0f32, |sum, (&a, &b)| a.mul_add(b, sum))
+            .fold(0f32, |sum, (&a, &b)| a.mul_add(b.to_f32(), sum))
     });
     _mm256_add_ps(ordered, _mm256_loadu_ps(tails.as_ptr()))
 }
@@ -456,8 +462,18 @@ mod tests {
     /// A layer's K and V caches (NaN where nothing is written) holding `k` and `v`, one
     /// token per slot of `layout.slot_elems()`, token `t` in block `table[t / block_size]`.
     fn cache(layout: &KvLayout, table: &[u32], k: &[f32], v: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        cache_of(layout, table, k, v)
+    }
+
+    /// [`cache`] in elements of `T`.
+    fn cache_of<T: KvElem>(
+        layout: &KvLayout,
+        table: &[u32],
+        k: &[f32],
+        v: &[f32],
+    ) -> (Vec<T>, Vec<T>) {
         let bs = layout.block_size;
-        let mut kc = vec![f32::NAN; layout.layer_elems() as usize];
+        let mut kc = vec![T::from_f32(f32::NAN); layout.layer_elems() as usize];
         let mut vc = kc.clone();
         let slots: Vec<i64> = (0..(k.len() as u64 / layout.slot_elems()))
             .map(|t| (table[(t / bs) as usize] as u64 * bs + t % bs) as i64)
@@ -632,5 +648,65 @@ mod tests {
             o[q_new * heads * d..].iter().all(|&x| x == -7.0),
             "padding rows were written"
         );
+    }
+
+    /// bf16 caches: the kernel widens each element exactly, so it matches the float64
+    /// reference over the bf16-rounded keys and values as closely as f32 caches match
+    /// theirs, prefill and decode rows alike, over scattered blocks.
+    #[test]
+    fn bf16_caches_match_dense_attention_over_rounded_keys_and_values() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        let (heads, kvh, d, bs) = (6usize, 2usize, 64usize, 16u64);
+        let layout = KvLayout {
+            num_blocks: 24,
+            block_size: bs,
+            num_kv_heads: kvh as u64,
+            head_dim: d as u64,
+        };
+        for (past, q_new) in [(0usize, 21usize), (150, 1), (90, 9)] {
+            let total = past + q_new;
+            let table: Vec<u32> = (0..total.div_ceil(bs as usize) as u32)
+                .map(|b| (b * 7 + 3) % 24)
+                .collect();
+            let mut random =
+                |n: usize| -> Vec<f32> { (0..n).map(|_| rng.random_range(-2.0..2.0)).collect() };
+            let (k, v, q) = (
+                random(total * kvh * d),
+                random(total * kvh * d),
+                random(q_new * heads * d),
+            );
+            let (kc, vc) = cache_of::<half::bf16>(&layout, &table, &k, &v);
+            let round = |x: &[f32]| -> Vec<f32> {
+                x.iter()
+                    .map(|&x| half::bf16::from_f32(x).to_f32())
+                    .collect()
+            };
+            let mut o = vec![f32::NAN; q.len()];
+            let seqs = [AttentionSeq {
+                q_start: 0,
+                q_len: q_new,
+                context_len: total,
+                block_table: &table,
+            }];
+            let scale = 1.0 / (d as f32).sqrt();
+            paged_attention(&q, heads, &kc, &vc, &layout, &seqs, scale, &mut o);
+            // Widening is exact: the same as f32 caches holding the rounded values, bit
+            // for bit.
+            let (kf, vf) = cache(&layout, &table, &round(&k), &round(&v));
+            let mut of = vec![f32::NAN; q.len()];
+            paged_attention(&q, heads, &kf, &vf, &layout, &seqs, scale, &mut of);
+            assert_eq!(
+                o.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                of.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                "past {past}"
+            );
+            let want = dense(&q, &round(&k), &round(&v), heads, kvh, d, past);
+            for (got, want) in o.iter().zip(&want) {
+                assert!(
+                    (*got as f64 - want).abs() < 1e-5,
+                    "past {past}: {got} vs {want}"
+                );
+            }
+        }
     }
 }

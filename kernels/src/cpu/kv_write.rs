@@ -1,14 +1,14 @@
 //! Writing new keys and values into their cache slots.
 
-use super::KvLayout;
+use super::{KvElem, KvLayout};
 
 /// Copies row `r` of `k` and `v` (`[rows, num_kv_heads * head_dim]`) into slot
-/// `slot_mapping[r]` of one layer's caches. A negative slot marks a padded row and is
-/// skipped. Offsets are computed in 64 bits; a slot past the pool panics (callers plan
-/// slots from allocated blocks only).
-pub fn write_kv(
-    k_cache: &mut [f32],
-    v_cache: &mut [f32],
+/// `slot_mapping[r]` of one layer's caches, as the caches' element type (rounded to nearest
+/// even into bf16). A negative slot marks a padded row and is skipped. Offsets are computed
+/// in 64 bits; a slot past the pool panics (callers plan slots from allocated blocks only).
+pub fn write_kv<T: KvElem>(
+    k_cache: &mut [T],
+    v_cache: &mut [T],
     layout: &KvLayout,
     slot_mapping: &[i64],
     k: &[f32],
@@ -22,7 +22,12 @@ pub fn write_kv(
 /// Copies row `r` of `rows` (`[rows, num_kv_heads * head_dim]`) into slot
 /// `slot_mapping[r]` of one cache: a latent-attention layer's one row per token, or one of
 /// [`write_kv`]'s two. Negative slots are skipped; offsets are 64-bit.
-pub fn write_rows(cache: &mut [f32], layout: &KvLayout, slot_mapping: &[i64], rows: &[f32]) {
+pub fn write_rows<T: KvElem>(
+    cache: &mut [T],
+    layout: &KvLayout,
+    slot_mapping: &[i64],
+    rows: &[f32],
+) {
     let width = layout.slot_elems() as usize;
     assert_eq!(
         rows.len(),
@@ -34,6 +39,9 @@ pub fn write_rows(cache: &mut [f32], layout: &KvLayout, slot_mapping: &[i64], ro
             continue;
         }
         let at = layout.slot_offset(slot as u64) as usize;
-        cache[at..at + width].copy_from_slice(&rows[r * width..(r + 1) * width]);
+        let row = &rows[r * width..(r + 1) * width];
+        for (slot, &x) in cache[at..at + width].iter_mut().zip(row) {
+            *slot = T::from_f32(x);
+        }
     }
 }

@@ -3,6 +3,7 @@
 mod activation;
 mod attention;
 mod embedding;
+mod kv_elem;
 mod kv_write;
 mod linear;
 mod matrix;
@@ -16,6 +17,7 @@ pub use activation::silu_and_mul;
 
 pub use attention::{paged_attention, AttentionSeq};
 pub use embedding::embedding;
+pub use kv_elem::KvElem;
 pub use kv_write::{write_kv, write_rows};
 pub use linear::linear;
 pub use matrix::{Matrix, MatrixError, Storage};

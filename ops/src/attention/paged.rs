@@ -3,6 +3,7 @@
 //! on the host before the kernel runs.
 
 use super::{AttentionPlan, PlanError};
+use crate::kv_cache::KvLayer;
 use crate::KvCache;
 use peregrine_kernels::cpu::{self, AttentionSeq};
 
@@ -117,18 +118,13 @@ impl PagedAttention {
         let width = self.num_heads * cache.layout().head_dim as usize;
         let (q_rows, o_rows) = (q.len() / width, o.len() / width);
         AttentionPlan::check_rows(planned, q_rows, o_rows)?;
-        let (k, v) = cache.layer(layer);
         // The kernel sees exactly as many rows of o as of q, never more.
-        cpu::paged_attention(
-            q,
-            self.num_heads,
-            k,
-            v,
-            cache.layout(),
-            seqs,
-            self.scale,
-            &mut o[..q_rows * width],
-        );
+        let o = &mut o[..q_rows * width];
+        let (heads, layout, scale) = (self.num_heads, cache.layout(), self.scale);
+        match cache.layer_of(layer) {
+            KvLayer::Float32(k, v) => cpu::paged_attention(q, heads, k, v, layout, seqs, scale, o),
+            KvLayer::Bfloat16(k, v) => cpu::paged_attention(q, heads, k, v, layout, seqs, scale, o),
+        }
         Ok(())
     }
 }

@@ -90,7 +90,11 @@ pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn L
             }
             let dir = crate::commands::resolve_model(&args.model)?;
             let model = LlamaModel::load(&dir)?;
-            let cache = model.new_cache(blocks_needed(args, largest), args.block_size as u64);
+            let dtype =
+                crate::commands::engine::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
+            let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
+            let cache =
+                KvCache::try_with_dtype(model.config().num_layers, layout, model.kv_rows(), dtype)?;
             Ok(Box::new(CpuModel { model, cache }))
         }
         #[cfg(feature = "cuda")]

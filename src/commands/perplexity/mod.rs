@@ -63,7 +63,10 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         bos.map_or("no BOS".to_string(), |id| format!("BOS {id} first"))
     );
     let num_blocks = n_ctx.div_ceil(BLOCK_SIZE);
-    let mut cache = model.new_cache(num_blocks as u64, BLOCK_SIZE as u64);
+    let dtype = crate::commands::engine::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
+    let layout = model.kv_layout(num_blocks as u64, BLOCK_SIZE as u64);
+    let mut cache =
+        KvCache::try_with_dtype(model.config().num_layers, layout, model.kv_rows(), dtype)?;
     let table: Vec<u32> = (0..num_blocks as u32).collect();
     let mut estimate = Estimate::default();
     let mut stdout = std::io::stdout().lock();

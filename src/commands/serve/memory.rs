@@ -7,6 +7,7 @@ use crate::commands::serve::reload::graph_sizes;
 use peregrine_actors::backend::{CpuFootprint, StepBounds};
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::ModelConfig;
+use peregrine_ops::KvDtype;
 use peregrine_runtime::host_memory::{available_bytes, check_host, MemoryNeed};
 
 /// Layers whose inputs an EAGLE-3 head reads (a low, a middle and a high one).
@@ -22,7 +23,10 @@ pub fn footprint(config: &ServeConfig, model: &ModelConfig) -> CpuFootprint {
         Some(SpeculativeMethod::Eagle3) => EAGLE3_AUX_LAYERS,
         _ => 0,
     };
-    CpuFootprint::new(model, config.block_size, max_model_len, aux)
+    let kv_dtype =
+        crate::commands::engine::cpu_kv_dtype(Some(config.kv_cache_dtype), model.kv_rows())
+            .unwrap_or(KvDtype::Float32);
+    CpuFootprint::new(model, kv_dtype, config.block_size, max_model_len, aux)
 }
 
 /// The bytes of the CPU's KV cache: `kv_cache_memory` where it is set, else the model's
