@@ -2,8 +2,8 @@
 //! each event a `BlockStored`, `BlockRemoved` or `AllBlocksCleared`, as a map of named fields
 //! tagged under `type` (vLLM 0.24 and later) or as a positional array led by its tag (older
 //! vLLM). A block's hash names its prefix-cache entry: a bijection of its chain id (unique
-//! in the process, never reused) mixed with a salt drawn at start, so a replica's hashes do
-//! not repeat after a restart. Runs of stores that continue one chain become one
+//! in the process, never reused) mixed with a 64-bit salt drawn at start, so a restarted
+//! replica's hashes almost surely differ from those it sent before. Runs of stores that continue one chain become one
 //! `BlockStored` (its hashes in order, its parent the first one's), as vLLM sends them.
 
 use super::sink::EventBatch;
