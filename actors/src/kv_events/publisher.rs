@@ -4,14 +4,13 @@
 //! 8 big-endian bytes; each kept batch from there comes back as `(sequence, payload)`, and
 //! then `(-1, empty)`).
 
-use super::sink::{EventBatch, KvEventSink};
+use super::sink::{now, EventBatch, KvEventSink};
 use super::wire::WireFormat;
 use crate::metrics;
 use anyhow::Context;
 use bytes::Bytes;
 use peregrine_config::KvEventsConfig;
 use std::collections::VecDeque;
-use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use zeromq::{PubSocket, RouterSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
@@ -72,12 +71,6 @@ fn binds(endpoint: &str) -> bool {
 /// The address as the `zeromq` crate takes it: libzmq's wildcard host `*` is 0.0.0.0.
 fn socket_address(endpoint: &str) -> String {
     endpoint.replacen("tcp://*:", "tcp://0.0.0.0:", 1)
-}
-
-fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 struct Publisher {

@@ -34,10 +34,7 @@ impl KvEventSink {
         if events.is_empty() {
             return;
         }
-        let ts = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0.0, |d| d.as_secs_f64());
-        if let Err(refused) = self.queue.try_send(EventBatch { ts, events }) {
+        if let Err(refused) = self.queue.try_send(EventBatch { ts: now(), events }) {
             let batch = match refused {
                 mpsc::error::TrySendError::Full(batch) => batch,
                 mpsc::error::TrySendError::Closed(batch) => batch,
@@ -45,6 +42,13 @@ impl KvEventSink {
             metrics::record_kv_events_dropped(batch.events.len());
         }
     }
+}
+
+/// Seconds since the Unix epoch, as a batch's `ts`.
+pub(super) fn now() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
 }
 
 #[cfg(test)]
