@@ -8,6 +8,7 @@ Exits 1 naming the document and the field at fault; a document of a custom API g
 schema here is an error too.
 """
 
+import functools
 import json
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ CUSTOM_GROUPS = ("inference.networking.k8s.io", "inference.networking.x-k8s.io",
                  "gateway.networking.k8s.io")
 
 
+@functools.cache
 def validator(api_version, kind):
     name = SCHEMAS.get((api_version, kind))
     if name is None:

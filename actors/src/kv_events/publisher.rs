@@ -58,7 +58,8 @@ pub async fn start_publisher(
         next_sequence: 0,
         format,
     };
-    publisher.send(publisher.format.encode_cleared(now())).await;
+    let cleared = publisher.format.encode_cleared(now());
+    publisher.send(cleared, 1).await;
     tokio::spawn(publisher.run(batches, replay));
     Ok(sink)
 }
@@ -92,7 +93,7 @@ impl Publisher {
                 batch = batches.recv() => match batch {
                     Some(batch) => {
                         let payload = self.format.encode(&batch);
-                        self.send(payload).await;
+                        self.send(payload, batch.events.len()).await;
                     }
                     None => return,
                 },
@@ -108,8 +109,18 @@ impl Publisher {
         }
     }
 
-    /// Publishes one encoded batch under the next sequence number and keeps it for replay.
-    async fn send(&mut self, payload: Vec<u8>) {
+    /// Publishes one encoded batch under the next sequence number and keeps it for replay;
+    /// a batch that could not be encoded is logged and its `events` counted as dropped
+    /// (never sent empty).
+    async fn send(&mut self, payload: Result<Vec<u8>, rmp_serde::encode::Error>, events: usize) {
+        let payload = match payload {
+            Ok(payload) => payload,
+            Err(err) => {
+                tracing::warn!("KV events: encoding a batch of {events} events: {err}");
+                metrics::record_kv_events_dropped(events);
+                return;
+            }
+        };
         let sequence = self.next_sequence;
         self.next_sequence += 1;
         let payload = Bytes::from(payload);

@@ -35,11 +35,7 @@ impl KvEventSink {
             return;
         }
         if let Err(refused) = self.queue.try_send(EventBatch { ts: now(), events }) {
-            let batch = match refused {
-                mpsc::error::TrySendError::Full(batch) => batch,
-                mpsc::error::TrySendError::Closed(batch) => batch,
-            };
-            metrics::record_kv_events_dropped(batch.events.len());
+            metrics::record_kv_events_dropped(refused.into_inner().events.len());
         }
     }
 }

@@ -113,12 +113,12 @@ impl WireFormat {
     }
 
     /// The msgpack bytes of `batch`.
-    pub fn encode(&self, batch: &EventBatch) -> Vec<u8> {
+    pub fn encode(&self, batch: &EventBatch) -> Result<Vec<u8>, rmp_serde::encode::Error> {
         self.encode_merged(batch.ts, &self.merge(&batch.events))
     }
 
     /// The msgpack bytes of a batch holding one `AllBlocksCleared` (the pool is empty).
-    pub fn encode_cleared(&self, ts: f64) -> Vec<u8> {
+    pub fn encode_cleared(&self, ts: f64) -> Result<Vec<u8>, rmp_serde::encode::Error> {
         self.encode_merged(ts, &[Merged::Cleared])
     }
 
@@ -167,8 +167,12 @@ impl WireFormat {
         merged
     }
 
-    fn encode_merged(&self, ts: f64, events: &[Merged]) -> Vec<u8> {
-        let encoded = match self.encoding {
+    fn encode_merged(
+        &self,
+        ts: f64,
+        events: &[Merged],
+    ) -> Result<Vec<u8>, rmp_serde::encode::Error> {
+        match self.encoding {
             KvEventsEncoding::Map => {
                 let events: Vec<MapEvent> = events.iter().map(|e| self.map_event(e)).collect();
                 rmp_serde::to_vec_named(&(ts, events, DATA_PARALLEL_RANK))
@@ -177,9 +181,7 @@ impl WireFormat {
                 let events: Vec<ArrayEvent> = events.iter().map(|e| self.array_event(e)).collect();
                 rmp_serde::to_vec(&(ts, events, DATA_PARALLEL_RANK))
             }
-        };
-        // Numbers, strings, options and sequences only: msgpack can write every one.
-        encoded.unwrap_or_default()
+        }
     }
 
     fn map_event<'a>(&'a self, event: &'a Merged) -> MapEvent<'a> {
@@ -281,8 +283,8 @@ mod tests {
     }
 
     /// The batch as JSON (msgpack maps become objects, arrays arrays).
-    fn decode(bytes: &[u8]) -> Value {
-        rmp_serde::from_slice(bytes).expect("msgpack")
+    fn decode(bytes: Result<Vec<u8>, rmp_serde::encode::Error>) -> Value {
+        rmp_serde::from_slice(&bytes.expect("encoded")).expect("msgpack")
     }
 
     #[test]
@@ -304,7 +306,7 @@ mod tests {
                 CacheEvent::Removed { .. } => None,
             })
             .collect();
-        let batch = decode(&format.encode(&EventBatch { ts: 12.5, events }));
+        let batch = decode(format.encode(&EventBatch { ts: 12.5, events }));
         assert_eq!(batch[0], json!(12.5));
         assert_eq!(batch[2], json!(0));
         let expected = json!([
@@ -353,7 +355,7 @@ mod tests {
             CacheEvent::Removed { .. } => panic!("a store"),
         };
         let (first, fourth) = (hash(0), hash(3));
-        let batch = decode(&format.encode(&EventBatch {
+        let batch = decode(format.encode(&EventBatch {
             ts: 1.0,
             events: events.clone(),
         }));
@@ -363,14 +365,14 @@ mod tests {
             json!(["BlockStored", [fourth], first, [7, 8], 2, null, "GPU", null])
         );
         assert_eq!(events[3], json!(["BlockRemoved", [first], "GPU"]));
-        let cleared = decode(&format.encode_cleared(3.0));
+        let cleared = decode(format.encode_cleared(3.0));
         assert_eq!(cleared, json!([3.0, [["AllBlocksCleared"]], 0]));
     }
 
     #[test]
     fn a_cleared_map_batch_is_its_tag_alone() {
         let format = WireFormat::new(KvEventsEncoding::Map, 16);
-        let cleared = decode(&format.encode_cleared(3.0));
+        let cleared = decode(format.encode_cleared(3.0));
         assert_eq!(cleared, json!([3.0, [{"type": "AllBlocksCleared"}], 0]));
     }
 
