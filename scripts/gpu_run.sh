@@ -12,6 +12,9 @@
 #   scripts/gpu_run.sh pdl        bench latency on the Llama-3.2-1B shape, eager and through
 #                                 graphs, each with and without programmatic dependent launch
 #   scripts/gpu_run.sh hf         the same shapes through Hugging Face transformers (eager)
+#   scripts/gpu_run.sh attnprof   decode attention at batch 64 after 128 tokens and batch 1 / 8
+#                                 after 32,000 (Llama-3.2-1B shape): bench latency, then
+#                                 Nsight Compute's sections of the split and combine kernels
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
 #                                 per step by scripts/ncu_step_summary.py
@@ -247,6 +250,28 @@ deterministic)
             # shellcheck disable=SC2086
             "$bin/peregrine" $one_b $run $flags 2>&1 | grep -v "^20" | tee -a "$OUT/deterministic.log"
         done
+    done
+    ;;
+attnprof)
+    # Where decode attention's time goes: bench latency (graphs) of the Llama-3.2-1B shape at
+    # batch 64 after 128 tokens and at batch 1 and 8 after 32,000, then Nsight Compute's
+    # sections of the split and combine kernels in two eager decode steps of each.
+    one_b="bench latency --device cuda --random-weights scripts/configs/llama-3.2-1b.json"
+    for run in "64 128" "1,8 32000"; do
+        read -r sizes len <<<"$run"
+        echo "== batch $sizes after $len tokens" | tee -a "$OUT/attnprof.log"
+        # shellcheck disable=SC2086
+        "$bin/peregrine" $one_b --batch-sizes "$sizes" --input-len "$len" --output-len 32 2>&1 |
+            grep -v "^20" | tee -a "$OUT/attnprof.log"
+    done
+    for run in "64 128" "8 32000"; do
+        read -r sizes len <<<"$run"
+        # shellcheck disable=SC2086
+        ncu --clock-control none -k 'regex:paged_attention_(split|combine)' --launch-skip 16 \
+            --launch-count 3 --section SpeedOfLight --section Occupancy --section LaunchStats \
+            --section WarpStateStats --section MemoryWorkloadAnalysis \
+            "$bin/peregrine" $one_b --enforce-eager --batch-sizes "$sizes" --input-len "$len" \
+            --output-len 4 >"$OUT/ncu-attn-b$sizes-$len.txt" 2>&1
     done
     ;;
 hf)

@@ -1,13 +1,13 @@
 //! The block-quantized weight kernels against independent references: dequantization
-//! against gguf-py's (llama.cpp's Python package; `scripts/make_quant_fixture.py` made the
-//! fixture), every SIMD path's products against a float64 product of the dequantized
+//! and Q8_0 quantization against gguf-py's (llama.cpp's Python package;
+//! `scripts/make_quant_fixture.py` made the fixture), every SIMD path's products against a float64 product of the dequantized
 //! weights and the unquantized activations, bounded by the activations' quantization
 //! error; and batch invariance, bit for bit.
 
 use half::{bf16, f16};
 use peregrine_kernels::cpu::quant::{
-    interleave, interleaved_row, interleaved_rows, woven_row_bytes, BlockFormat, Half, Q8Row,
-    Q8Rows, Simd, LANES, WIDE_LANES,
+    interleave, interleaved_row, interleaved_rows, q8_0_blocks, woven_row_bytes, BlockFormat, Half,
+    Q8Row, Q8Rows, Simd, LANES, WIDE_LANES,
 };
 use peregrine_kernels::cpu::Matrix;
 use rand::{Rng, SeedableRng};
@@ -51,16 +51,25 @@ fn levels() -> Vec<Simd> {
     levels
 }
 
+/// The fixture of `scripts/make_quant_fixture.py`.
+fn gguf_py_fixture() -> serde_json::Value {
+    serde_json::from_str(include_str!("fixtures/ggml_blocks.json")).unwrap()
+}
+
+/// The bytes of a fixture case, from their hex.
+fn fixture_bytes(case: &serde_json::Value) -> Vec<u8> {
+    let hex = case["bytes"].as_str().unwrap();
+    (0..hex.len() / 2)
+        .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
+        .collect()
+}
+
 #[test]
 fn dequantization_matches_gguf_py() {
-    let text = include_str!("fixtures/ggml_blocks.json");
-    let fixture: serde_json::Value = serde_json::from_str(text).unwrap();
+    let fixture = gguf_py_fixture();
     for format in BlockFormat::ALL {
         let case = &fixture[format.name()];
-        let hex = case["bytes"].as_str().unwrap();
-        let bytes: Vec<u8> = (0..hex.len() / 2)
-            .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
-            .collect();
+        let bytes = fixture_bytes(case);
         let want: Vec<f64> = case["values"]
             .as_array()
             .unwrap()
@@ -77,6 +86,43 @@ fn dequantization_matches_gguf_py() {
             );
         }
     }
+}
+
+/// Float values (random scales, a block of zeros, a block of ties on halves) quantized to
+/// Q8_0 give gguf-py's bytes exactly; a matrix of them reads back what the bytes hold.
+#[test]
+fn q8_0_quantization_matches_gguf_py_byte_for_byte() {
+    let case = &gguf_py_fixture()["quantized_Q8_0"];
+    let values: Vec<f32> = case["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect();
+    let want = fixture_bytes(case);
+    let got = q8_0_blocks(&values);
+    assert_eq!(got.len(), want.len());
+    for (b, (g, w)) in got.chunks(34).zip(want.chunks(34)).enumerate() {
+        assert_eq!(g, w, "block {b}");
+    }
+
+    let cols = 64;
+    let float = Matrix::f32(values.clone().into(), cols).unwrap();
+    let q8 = float.to_q8_0().expect("float rows of whole blocks");
+    assert_eq!(q8.size_bytes(), want.len() as u64);
+    let mut expected = vec![f32::NAN; values.len()];
+    BlockFormat::Q8_0.dequantize(&want, &mut expected);
+    let mut row = vec![f32::NAN; cols];
+    for r in 0..q8.rows() {
+        q8.row_into(r, &mut row);
+        assert_eq!(row, expected[r * cols..(r + 1) * cols], "row {r}");
+    }
+    // Rows that are not whole blocks, or weights already quantized, stay as they are.
+    assert!(Matrix::f32(values[..48].to_vec().into(), 48)
+        .unwrap()
+        .to_q8_0()
+        .is_none());
+    assert!(q8.to_q8_0().is_none());
 }
 
 /// The float64 product of `w`'s dequantized rows with the unquantized rows of `x`, and the

@@ -52,6 +52,15 @@ impl Linear {
         }
     }
 
+    /// The layer with its weight quantized to Q8_0 blocks where it is float32 with rows of
+    /// whole blocks ([`Matrix::to_q8_0`]); as it is otherwise. The bias stays float32.
+    pub fn to_q8_0(&self) -> Linear {
+        match self.weight.to_q8_0() {
+            Some(w) => Linear::of(Arc::new(w), self.bias.clone()),
+            None => self.clone(),
+        }
+    }
+
     /// Output width.
     pub fn out_features(&self) -> usize {
         self.weight.rows()

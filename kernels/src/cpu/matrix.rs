@@ -4,8 +4,8 @@
 
 use super::linear::{linear, SendPtr};
 use super::quant::{
-    block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves,
-    woven_row_bytes, BlockFormat, Half, Q8Row, Q8Rows, Simd, LANES, WIDE_LANES,
+    block_rows, half_dot, interleave, interleaved_row, interleaved_rows, interleaves, q8_0_blocks,
+    woven_row_bytes, BlockFormat, Half, Q8Row, Q8Rows, Simd, LANES, QK8, WIDE_LANES,
 };
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -169,6 +169,17 @@ impl Matrix {
             }] => Some(v),
             _ => None,
         }
+    }
+
+    /// The matrix quantized to Q8_0 blocks ([`q8_0_blocks`]) when it is float32 with rows
+    /// of whole blocks; `None` otherwise (stored another way, or rows of another width).
+    pub fn to_q8_0(&self) -> Option<Matrix> {
+        let values = self.as_f32()?;
+        if self.cols == 0 || !self.cols.is_multiple_of(QK8) {
+            return None;
+        }
+        let bytes = q8_0_blocks(values);
+        Some(Matrix::blocks(BlockFormat::Q8_0, bytes.into(), self.cols).expect("whole Q8_0 rows"))
     }
 
     /// Bytes the matrix holds.

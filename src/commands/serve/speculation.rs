@@ -141,8 +141,9 @@ pub fn gpu_draft(
     }
 }
 
-/// The EAGLE-3 head in `dir` for `target`, sharing the target's embedding table when the
-/// head has none of its own.
+/// The EAGLE-3 head in `dir` for `target` on the CPU, sharing the target's embedding table
+/// when the head has none of its own, its products' weights quantized to Q8_0 (a quarter of
+/// the bytes a step, the same acceptance: docs/performance.md).
 fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3Head> {
     let config = Eagle3Config::from_dir(dir)?;
     let weights = Weights::open(dir)?;
@@ -156,12 +157,15 @@ fn load_eagle3(dir: &Path, target: &dyn ModelBackend) -> anyhow::Result<Eagle3He
             target.pool().device
         ),
     };
-    Ok(Eagle3Head::from_weights(
-        config,
-        &weights,
-        target.config(),
-        embed,
-    )?)
+    let float = Eagle3Head::from_weights(config, &weights, target.config(), embed)?;
+    let float_bytes = float.product_weight_bytes();
+    let head = float.quantized_q8_0();
+    tracing::info!(
+        float_mb = float_bytes as f64 / 1e6,
+        q8_0_mb = head.product_weight_bytes() as f64 / 1e6,
+        "EAGLE-3 head quantized to Q8_0 at load (its products read a quarter of the bytes)"
+    );
+    Ok(head)
 }
 
 /// The first multi-token prediction layer of the target checkpoint in `dir`, sharing the

@@ -21,7 +21,7 @@ pub use half_dot::Half;
 pub use interleaved::{
     dequantize_row as interleaved_row, interleave, interleaves, woven_row_bytes, LANES, WIDE_LANES,
 };
-pub use q8::{Q8Row, Q8Rows, QK8};
+pub use q8::{q8_0_blocks, Q8Row, Q8Rows, QK8};
 
 use std::sync::OnceLock;
 

@@ -1,6 +1,7 @@
 //! Activations quantized per 32 values to `i8` with one f32 scale (ggml's Q8_0/Q8_1), the
 //! form every block dot product reads its input in.
 
+use half::f16;
 use rayon::prelude::*;
 
 /// Values per activation block.
@@ -78,15 +79,45 @@ fn round_half_away(v: f32) -> i32 {
 }
 
 fn quantize_block(x: &[f32], q: &mut [i8], d: &mut f32, s: &mut f32) {
+    *d = round_block(x, q);
+    let sum: i32 = q.iter().map(|&q| i32::from(q)).sum();
+    *s = *d * sum as f32;
+}
+
+/// Rounds one block of `x` into `q` as ggml's reference quantizer does and returns its
+/// scale: the largest magnitude over 127; each value times the scale's inverse, rounded
+/// (halves away from zero).
+fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
     let amax = x.iter().fold(0.0f32, |m, v| m.max(v.abs()));
-    *d = amax / 127.0;
-    let inv = if *d == 0.0 { 0.0 } else { 1.0 / *d };
-    let mut sum = 0i32;
+    let d = amax / 127.0;
+    let inv = if d == 0.0 { 0.0 } else { 1.0 / d };
     for (q, &v) in q.iter_mut().zip(x) {
         *q = round_half_away(v * inv) as i8;
-        sum += i32::from(*q);
     }
-    *s = *d * sum as f32;
+    d
+}
+
+/// Weights (`cols` a multiple of 32 per row, so whole blocks) quantized to ggml's Q8_0
+/// blocks, byte for byte as `quantize_row_q8_0_ref` makes them: each block's scale as f16
+/// (rounded to nearest, ties to even), then its 32 integers rounded from the f32 scale.
+pub fn q8_0_blocks(values: &[f32]) -> Vec<u8> {
+    assert!(
+        values.len().is_multiple_of(QK8),
+        "q8_0_blocks: {} values are not whole blocks of {QK8}",
+        values.len()
+    );
+    const BYTES: usize = 2 + QK8;
+    let mut out = vec![0u8; values.len() / QK8 * BYTES];
+    out.par_chunks_mut(BYTES)
+        .zip(values.par_chunks(QK8))
+        .with_min_len(256)
+        .for_each(|(block, x)| {
+            let mut q = [0i8; QK8];
+            let d = round_block(x, &mut q);
+            block[..2].copy_from_slice(&f16::from_f32(d).to_le_bytes());
+            block[2..].iter_mut().zip(q).for_each(|(b, q)| *b = q as u8);
+        });
+    out
 }
 
 #[cfg(test)]
