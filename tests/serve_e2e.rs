@@ -51,10 +51,7 @@ const SCRIPT_TIMEOUT: Duration = Duration::from_secs(240);
 ///    scored (`echo` with `logprobs`, `max_tokens: 0`; vLLM's `prompt_logprobs`).
 #[test]
 fn openai_client_completions_chat_and_streams() {
-    let _serial = serial();
-    let model = TinyDir::new(1);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_openai.py", &[]);
+    serve_and_check(1, &[], "check_openai.py", &[]);
 }
 
 /// 2. A seeded sampled request and a greedy one return the text `peregrine generate` prints
@@ -106,40 +103,28 @@ fn seeded_and_greedy_requests_match_generate() {
 ///    completion_tokens == its max_tokens and prompt_tokens == the /tokenize count.
 #[test]
 fn concurrent_streams_all_finish_with_exact_usage() {
-    let _serial = serial();
-    let model = TinyDir::new(3);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_concurrency.py", &["--requests", "64"]);
+    serve_and_check(3, &[], "check_concurrency.py", &["--requests", "64"]);
 }
 
 /// 4. A client that goes away mid-stream is cancelled: its blocks are freed (the KV
 ///    metrics return to idle), and it is counted under finished_reason="abort".
 #[test]
 fn disconnected_client_frees_its_blocks() {
-    let _serial = serial();
-    let model = TinyDir::new(4);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_disconnect.py", &[]);
+    serve_and_check(4, &[], "check_disconnect.py", &[]);
 }
 
 /// 4a. The same for a whole (non-streamed) request whose client hangs up before the answer:
 ///     the issue asks that any request whose client disconnects be cancelled.
 #[test]
 fn disconnected_whole_request_is_cancelled() {
-    let _serial = serial();
-    let model = TinyDir::new(12);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_disconnect.py", &["--whole"]);
+    serve_and_check(12, &[], "check_disconnect.py", &["--whole"]);
 }
 
 /// 4b. A fresh server exports the KV and queue gauges at their idle values before its first
 ///     request, so that "returns to idle" has a baseline to return to.
 #[test]
 fn fresh_server_exports_idle_gauges() {
-    let _serial = serial();
-    let model = TinyDir::new(11);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_metrics.py", &[]);
+    serve_and_check(11, &[], "check_metrics.py", &[]);
 }
 
 /// 5. Under a pool of 10 blocks, 12 concurrent greedy requests preempt each other, and
@@ -171,10 +156,7 @@ fn preemption_leaves_outputs_unchanged() {
 ///    grows, usage reports cached tokens, and the output is identical.
 #[test]
 fn repeated_prompt_hits_the_prefix_cache() {
-    let _serial = serial();
-    let model = TinyDir::new(6);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_prefix_cache.py", &[]);
+    serve_and_check(6, &[], "check_prefix_cache.py", &[]);
 }
 
 /// 7. Bad requests get the right status and an OpenAI-shaped error naming the problem.
@@ -621,10 +603,7 @@ const TOOL_FLAGS: [&str; 3] = ["--enable-auto-tool-choice", "--tool-call-parser"
 ///     field; and the schemas llama.cpp's server let outputs break are kept.
 #[test]
 fn structured_outputs_keep_their_constraints() {
-    let _serial = serial();
-    let model = TinyDir::new(17);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_structured.py", &[]);
+    serve_and_check(17, &[], "check_structured.py", &[]);
 }
 
 /// 17. Tool calling (hermes): `tool_choice` required, named, `"none"` and `"auto"`,
@@ -632,10 +611,7 @@ fn structured_outputs_keep_their_constraints() {
 ///     400s naming the field for an unknown function and a tool without a name.
 #[test]
 fn tool_calls_follow_tool_choice() {
-    let _serial = serial();
-    let model = TinyDir::new(18);
-    let server = Server::start(model.path(), &TOOL_FLAGS);
-    server.check("check_tools.py", &[]);
+    serve_and_check(18, &TOOL_FLAGS, "check_tools.py", &[]);
 }
 
 /// 18. LangChain's `ChatOpenAI`: `bind_tools(..., tool_choice="required")` answers with
@@ -643,10 +619,7 @@ fn tool_calls_follow_tool_choice() {
 ///     `function_calling`) returns a valid Pydantic object.
 #[test]
 fn langchain_tools_and_structured_output() {
-    let _serial = serial();
-    let model = TinyDir::new(19);
-    let server = Server::start(model.path(), &TOOL_FLAGS);
-    server.check("check_langchain.py", &[]);
+    serve_and_check(19, &TOOL_FLAGS, "check_langchain.py", &[]);
 }
 
 /// 19. `logit_bias` and `min_tokens` through the openai client, on both endpoints, whole
@@ -655,10 +628,7 @@ fn langchain_tools_and_structured_output() {
 ///     400 naming the field.
 #[test]
 fn logit_bias_and_min_tokens_are_honoured() {
-    let _serial = serial();
-    let model = TinyDir::new(20);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_biases.py", &[]);
+    serve_and_check(20, &[], "check_biases.py", &[]);
 }
 
 /// 20. Anthropic's Messages API through the `anthropic` client: `messages.create` (a
@@ -667,10 +637,7 @@ fn logit_bias_and_min_tokens_are_honoured() {
 ///     call's `input_json_delta` fragments, and refusals in Anthropic's error shape.
 #[test]
 fn messages_api_through_the_anthropic_client() {
-    let _serial = serial();
-    let model = TinyDir::new(21);
-    let server = Server::start(model.path(), &TOOL_FLAGS);
-    server.check("check_messages.py", &[]);
+    serve_and_check(21, &TOOL_FLAGS, "check_messages.py", &[]);
 }
 
 /// 21. The Responses API (`/v1/responses`) through the `openai` SDK and the OpenAI Agents
@@ -680,10 +647,7 @@ fn messages_api_through_the_anthropic_client() {
 ///     `store` and `previous_response_id`, and an agent turn calling its function tool.
 #[test]
 fn responses_api_serves_the_sdks() {
-    let _serial = serial();
-    let model = TinyDir::new(22);
-    let server = Server::start(model.path(), &TOOL_FLAGS);
-    server.check("check_responses.py", &[]);
+    serve_and_check(22, &TOOL_FLAGS, "check_responses.py", &[]);
 }
 
 /// 22. `n` > 1 through the openai client on both endpoints, whole and streamed: choices
@@ -692,10 +656,7 @@ fn responses_api_serves_the_sdks() {
 ///     hitting the first one's prompt blocks in the prefix cache, and 400s naming `n`.
 #[test]
 fn n_choices_share_the_prompt_and_repeat_with_a_seed() {
-    let _serial = serial();
-    let model = TinyDir::new(23);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_choices.py", &[]);
+    serve_and_check(23, &[], "check_choices.py", &[]);
 }
 
 /// 23. What clients of other engines rely on: the routes without `/v1`, `root` and
@@ -703,10 +664,7 @@ fn n_choices_share_the_prompt_and_repeat_with_a_seed() {
 ///     every response and chunk, and `continuous_usage_stats` through the openai client.
 #[test]
 fn compatibility_aliases_fingerprint_and_continuous_usage() {
-    let _serial = serial();
-    let model = TinyDir::new(24);
-    let server = Server::start(model.path(), &[]);
-    server.check("check_compat.py", &[]);
+    serve_and_check(24, &[], "check_compat.py", &[]);
 }
 
 /// 24. Three replicas behind vLLM's router and the Shepherd model gateway (`vllm-router` and
@@ -791,10 +749,12 @@ fn kv_events_reach_a_subscriber_with_vllm_s_types() {
 ///     greedy and seeded (check_prefix_cache.py).
 #[test]
 fn a_float32_kv_cache_serves_and_hits_the_prefix_cache() {
-    let _serial = serial();
-    let model = TinyDir::new(33);
-    let server = Server::start(model.path(), &["--kv-cache-dtype", "float32"]);
-    server.check("check_prefix_cache.py", &[]);
+    serve_and_check(
+        33,
+        &["--kv-cache-dtype", "float32"],
+        "check_prefix_cache.py",
+        &[],
+    );
 }
 
 /// A TCP port free on the loopback address now.
@@ -1150,6 +1110,15 @@ fn show(output: &Output) -> String {
 
 fn path_arg(path: &Path) -> String {
     path.to_str().expect("a UTF-8 temporary path").to_string()
+}
+
+/// The shape of most tests here: one at a time, a server for a tiny model of `seed` with
+/// `flags`, and `script` (under tests/e2e/) run against it with `args`.
+fn serve_and_check(seed: u64, flags: &[&str], script: &str, args: &[&str]) {
+    let _serial = serial();
+    let model = TinyDir::new(seed);
+    let server = Server::start(model.path(), flags);
+    server.check(script, args);
 }
 
 /// One test at a time (see the module documentation); a failed test does not block the

@@ -11,7 +11,7 @@ use minijinja::value::Kwargs;
 use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
-use crate::tokenizer::TokenizerConfig;
+use crate::tokenizer::{TemplateField, TokenizerConfig};
 
 /// The name the template is registered under; it appears in error messages.
 const NAME: &str = "chat_template";
@@ -33,25 +33,6 @@ pub struct ChatMessage {
     /// A `tool` message's function name (or a participant's name).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
-}
-
-/// `tokenizer_config.json`'s `chat_template`: one template, or a list of named ones.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(untagged)]
-pub enum TemplateField {
-    /// A single template.
-    Single(String),
-    /// Named templates; the one named `default` is the chat template.
-    Named(Vec<NamedTemplate>),
-}
-
-/// One entry of a list of named templates.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub struct NamedTemplate {
-    /// The template's name, such as `default` or `tool_use`.
-    pub name: String,
-    /// The template's source.
-    pub template: String,
 }
 
 /// A compiled chat template with the special tokens it may refer to.

@@ -10,8 +10,6 @@ use anyhow::{anyhow, bail, Context};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::chat_template::TemplateField;
-
 /// A loaded tokenizer with its BOS and EOS tokens resolved to ids. Cloning is cheap.
 #[derive(Clone)]
 pub struct Tokenizer {
@@ -208,6 +206,25 @@ pub struct TokenizerConfig {
     /// The chat template(s).
     #[serde(default)]
     pub chat_template: Option<TemplateField>,
+}
+
+/// `tokenizer_config.json`'s `chat_template`: one template, or a list of named ones.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(untagged)]
+pub enum TemplateField {
+    /// A single template.
+    Single(String),
+    /// Named templates; the one named `default` is the chat template.
+    Named(Vec<NamedTemplate>),
+}
+
+/// One entry of a list of named templates.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NamedTemplate {
+    /// The template's name, such as `default` or `tool_use`.
+    pub name: String,
+    /// The template's source.
+    pub template: String,
 }
 
 impl TokenizerConfig {

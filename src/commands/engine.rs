@@ -3,7 +3,8 @@
 //! graphs captured.
 
 use crate::commands::serve::memory;
-use crate::commands::serve::reload::{graph_sizes, limits};
+use crate::commands::serve::memory::graph_sizes;
+use crate::commands::serve::reload::limits;
 use crate::commands::serve::speculation::load_drafter;
 use crate::commands::DEFAULT_MODEL;
 use anyhow::Context;

@@ -6,15 +6,10 @@
 //! one model, different when either changes. Live-reloadable settings are left out (a
 //! reload does not change what a request's sampling gives). vLLM sends none.
 
-use super::state::ModelInfo;
-
-/// The fingerprint of `model` served by this build.
-pub fn system_fingerprint(model: &ModelInfo) -> String {
-    fingerprint(&[
-        env!("CARGO_PKG_VERSION"),
-        &model.root,
-        &model.max_model_len.to_string(),
-    ])
+/// The fingerprint of the model from `root` with a context of `max_model_len` tokens,
+/// served by this build.
+pub fn system_fingerprint(root: &str, max_model_len: usize) -> String {
+    fingerprint(&[env!("CARGO_PKG_VERSION"), root, &max_model_len.to_string()])
 }
 
 /// `fp_` and the first ten hex digits of the FNV-1a hash of `parts`, each ended by NUL.

@@ -173,7 +173,7 @@ impl GatewayState {
     ) -> Self {
         Self {
             engine,
-            system_fingerprint: system_fingerprint(&model),
+            system_fingerprint: system_fingerprint(&model.root, model.max_model_len),
             model,
             config,
             admin,

@@ -3,8 +3,8 @@
 //! what the new limits add. Too large is a refused configuration that names the setting,
 //! the amount it asks for and the amount available.
 
-use crate::commands::serve::reload::graph_sizes;
 use peregrine_actors::backend::{CpuFootprint, StepBounds};
+use peregrine_actors::graphs::CaptureSizes;
 use peregrine_config::{ServeConfig, SpeculativeMethod};
 use peregrine_models::ModelConfig;
 use peregrine_ops::KvDtype;
@@ -87,4 +87,16 @@ fn graphs(config: &ServeConfig, footprint: &CpuFootprint) -> anyhow::Result<Opti
         None => "max_num_seqs",
     };
     Ok(graph_sizes(config)?.map(|sizes| footprint.graphs(&sizes, field)))
+}
+
+/// The batch sizes a configuration captures graphs for: none with `enforce_eager`, else
+/// `cudagraph_sizes`, else the default set for `max_num_seqs` (so a reload that changes
+/// `max_num_seqs` captures again unless the sizes are listed).
+pub fn graph_sizes(config: &ServeConfig) -> anyhow::Result<Option<CaptureSizes>> {
+    CaptureSizes::configured(
+        config.enforce_eager,
+        config.cudagraph_sizes.as_deref(),
+        config.max_num_seqs,
+    )
+    .map_err(anyhow::Error::msg)
 }

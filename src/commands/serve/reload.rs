@@ -1,11 +1,10 @@
 //! Hot reload: the whole new configuration is read and validated first, refused if it
 //! changes a field that needs a restart, and only then applied to each actor by message.
 
-use crate::commands::serve::memory;
+use crate::commands::serve::memory::{self, graph_sizes};
 use peregrine_actors::backend::{CpuFootprint, StepCapacity};
 use peregrine_actors::engine::Engine;
 use peregrine_actors::gateway::{AdminHooks, BoxFuture, GatewayConfig, SharedConfig};
-use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::graphs::GraphCapture;
 use peregrine_actors::messages::{SchedulerLimits, SchedulerMsg};
 use peregrine_config::{ServeArgs, ServeConfig};
@@ -25,18 +24,6 @@ pub fn limits(config: &ServeConfig) -> SchedulerLimits {
         num_speculative_tokens: config.num_speculative_tokens,
         speculative_adaptive: config.speculative_adaptive,
     }
-}
-
-/// The batch sizes a configuration captures graphs for: none with `enforce_eager`, else
-/// `cudagraph_sizes`, else the default set for `max_num_seqs` (so a reload that changes
-/// `max_num_seqs` captures again unless the sizes are listed).
-pub fn graph_sizes(config: &ServeConfig) -> anyhow::Result<Option<CaptureSizes>> {
-    CaptureSizes::configured(
-        config.enforce_eager,
-        config.cudagraph_sizes.as_deref(),
-        config.max_num_seqs,
-    )
-    .map_err(anyhow::Error::msg)
 }
 
 /// The gateway's live settings from a configuration.
