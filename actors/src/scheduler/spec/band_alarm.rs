@@ -11,17 +11,8 @@
 //! p of the verifications placed at or past B (side U) are compared with those placed
 //! before B (side L), stratum by stratum: sequences reach higher block ids as they grow,
 //! and where many requests run in step (waves of one prompt) a band is also a stretch of
-//! the text, so only drafts at the same length are compared. The test is a one-sided
-//! stratified two-proportion z-test (Mantel-Haenszel weights): over the strata s where
-//! both sides have drafts, with n and a a side's drafts and accepted drafts there,
-//! `w_s = n_U n_L / (n_U + n_L)`, the difference `D = sum_s w_s (a_U/n_U - a_L/n_L) / W`
-//! (`W = sum_s w_s`) and `z = D / SE`. SE is the larger of the binomial error,
-//! `sqrt(sum_s w_s^2 p_s (1 - p_s) (1/n_U + 1/n_L)) / W` (p_s the stratum's pooled rate),
-//! and the request-clustered one, `sqrt(k/(k-1) sum_i u_i^2)` over the k requests, where
-//! `u_i = sum_s ±w_s (a_is - r n_is) / (W n)` sums request i's residuals against its
-//! side's rate r in each stratum. The clustered error is there because the drafts of one
-//! request are not independent (its prompt sets its acceptance): with the binomial error
-//! alone, a few odd requests in one band would look significant.
+//! the text, so only drafts at the same length are compared, by a stratified
+//! two-proportion z-test (`band_test.rs`).
 //!
 //! A comparison is low when each side has at least `min_proposed` (30) drafts at p in the
 //! strata both have, from at least `min_requests` (8) requests, `z < z_below` (-4:
@@ -33,9 +24,12 @@
 //! the rates fall with the position: a later position that falls from 20% to 3% has lost
 //! as much as the first falling from 60% to 9%. The alarm is raised when some comparison
 //! is low at `sustain` (3) consecutive checks, and cleared when the comparisons that
-//! raised it have their data again and none is low for as many checks. Only upper sides are suspects, the
-//! shape of an address that goes wrong past a limit; the lowest band never is.
+//! raised it have their data again and none is low for as many checks. Only upper sides
+//! are suspects, the shape of an address that goes wrong past a limit; the lowest band
+//! never is.
 
+pub use super::band_test::{BandLow, Side};
+use super::band_test::{Cell, Key, Placed, Thresholds, Verdict, Window};
 use crate::messages::RequestId;
 use crate::scheduler::spec::bands::Bands;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -77,44 +71,16 @@ impl Default for BandAlarmSettings {
     }
 }
 
-/// The drafts at one position on one side of a comparison, in the strata both sides have
-/// (or in one band, over every stratum).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Side {
-    /// Drafts accepted.
-    pub accepted: u64,
-    /// Drafts proposed.
-    pub proposed: u64,
-    /// Requests with drafts at the position.
-    pub requests: u64,
-}
-
-impl Side {
-    /// Accepted over proposed.
-    pub fn rate(&self) -> f64 {
-        self.accepted as f64 / self.proposed.max(1) as f64
+impl BandAlarmSettings {
+    /// When one comparison is thin or low.
+    fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            min_proposed: self.min_proposed,
+            min_requests: self.min_requests,
+            z_below: self.z_below,
+            min_drop: self.min_drop,
+        }
     }
-}
-
-/// A position where the bands at and past a boundary accept less than those before it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BandLow {
-    /// The draft position (0 is the first draft).
-    pub position: usize,
-    /// The first band of the low side: bands `from..` against bands `..from`.
-    pub from: usize,
-    /// The drafts of bands `from..`, in the strata both sides have.
-    pub low: Side,
-    /// The drafts of bands `..from`, in the strata both sides have.
-    pub rest: Side,
-    /// The stratified difference of the low side's rate from the rest's.
-    pub gap: f64,
-    /// The share of the rest's rate (at the low side's lengths) that `gap` is.
-    pub drop: f64,
-    /// The z statistic of `gap`.
-    pub z: f64,
-    /// Each band's (accepted, proposed) at the position in the window.
-    pub per_band: Vec<(u64, u64)>,
 }
 
 /// What a verification did to the band alarm.
@@ -126,18 +92,6 @@ pub enum BandAlarmChange {
     Cleared,
 }
 
-/// What one comparison found.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Verdict {
-    /// Too few drafts or requests on a side.
-    Thin,
-    Fine,
-    Low,
-}
-
-/// A comparison: (draft position, first band of the upper side).
-type Key = (usize, usize);
-
 /// Where a verification's drafts are counted: its band, request and stratum.
 type CellKey = (usize, RequestId, usize);
 
@@ -146,169 +100,6 @@ struct Entry {
     cell: CellKey,
     drafts: usize,
     accepted: usize,
-}
-
-/// One request's drafts in one band and stratum in the window.
-#[derive(Default)]
-struct Cell {
-    verifications: usize,
-    /// Per position: (proposed, accepted).
-    per_position: Vec<(u64, u64)>,
-}
-
-/// Both sides' (proposed, accepted) in one stratum at one position.
-#[derive(Clone, Copy, Default)]
-struct Stratum {
-    upper: (u64, u64),
-    lower: (u64, u64),
-}
-
-impl Stratum {
-    /// Both sides have drafts here.
-    fn informative(&self) -> bool {
-        self.upper.0 > 0 && self.lower.0 > 0
-    }
-
-    /// The Mantel-Haenszel weight.
-    fn weight(&self) -> f64 {
-        let (nu, nl) = (self.upper.0 as f64, self.lower.0 as f64);
-        nu * nl / (nu + nl)
-    }
-
-    fn rate((n, a): (u64, u64)) -> f64 {
-        a as f64 / n.max(1) as f64
-    }
-}
-
-/// A cell of the window, its request and stratum as dense indices for one check.
-struct Placed<'a> {
-    band: usize,
-    request: usize,
-    stratum: usize,
-    cell: &'a Cell,
-}
-
-/// The window's cells as one check sees them.
-struct Window<'a> {
-    cells: Vec<Placed<'a>>,
-    requests: usize,
-    strata: usize,
-    bands: usize,
-}
-
-impl Window<'_> {
-    /// Each cell's (proposed, accepted) at `position`.
-    fn at(&self, position: usize) -> Vec<(u64, u64)> {
-        let at = |c: &Placed| c.cell.per_position.get(position).copied();
-        self.cells.iter().map(|c| at(c).unwrap_or((0, 0))).collect()
-    }
-
-    /// Per stratum and band (`stratum * bands + band`): the (proposed, accepted) of `at`.
-    fn sums(&self, at: &[(u64, u64)]) -> Vec<(u64, u64)> {
-        let mut sums = vec![(0, 0); self.strata * self.bands];
-        for (c, &(n, a)) in self.cells.iter().zip(at) {
-            let slot = &mut sums[c.stratum * self.bands + c.band];
-            *slot = (slot.0 + n, slot.1 + a);
-        }
-        sums
-    }
-
-    /// The comparison of bands `from..` with bands `..from` at `position`, whose cells
-    /// hold `at` ([`Window::at`]) and strata `by_band` ([`Window::sums`]).
-    fn compare(
-        &self,
-        s: &BandAlarmSettings,
-        (position, from): Key,
-        at: &[(u64, u64)],
-        by_band: &[(u64, u64)],
-        per_band: &[(u64, u64)],
-    ) -> (Verdict, BandLow) {
-        let add = |x: (u64, u64), y: &(u64, u64)| (x.0 + y.0, x.1 + y.1);
-        let strata: Vec<Stratum> = by_band
-            .chunks(self.bands)
-            .map(|bands| Stratum {
-                upper: bands[from..].iter().fold((0, 0), add),
-                lower: bands[..from].iter().fold((0, 0), add),
-            })
-            .collect();
-        let total: f64 = strata
-            .iter()
-            .filter(|x| x.informative())
-            .map(Stratum::weight)
-            .sum();
-        let (mut gap, mut base, mut binomial) = (0.0, 0.0, 0.0);
-        for x in strata.iter().filter(|x| x.informative()) {
-            let w = x.weight() / total;
-            gap += w * (Stratum::rate(x.upper) - Stratum::rate(x.lower));
-            base += w * Stratum::rate(x.lower);
-            let pooled = Stratum::rate((x.upper.0 + x.lower.0, x.upper.1 + x.lower.1));
-            let (nu, nl) = (x.upper.0 as f64, x.lower.0 as f64);
-            binomial += w * w * pooled * (1.0 - pooled) * (1.0 / nu + 1.0 / nl);
-        }
-        // Per stratum and side (lower, upper): the side's rate and the coefficient of a
-        // request's residual there, `±w_s / (W n)`; none where the stratum is one-sided.
-        let terms: Vec<Option<[(f64, f64); 2]>> = strata
-            .iter()
-            .map(|x| {
-                let w = x.weight() / total;
-                let term =
-                    |side: (u64, u64), sign: f64| (Stratum::rate(side), sign * w / side.0 as f64);
-                x.informative()
-                    .then(|| [term(x.lower, -1.0), term(x.upper, 1.0)])
-            })
-            .collect();
-        // Each request's residuals, and the sides' sums over the informative strata.
-        let mut residuals = vec![0.0; self.requests];
-        let mut counted = vec![[false; 2]; self.requests];
-        let mut sides = [Side::default(); 2];
-        for (c, &(n, a)) in self.cells.iter().zip(at) {
-            let Some(term) = &terms[c.stratum] else {
-                continue;
-            };
-            if n == 0 {
-                continue;
-            }
-            let upper = usize::from(c.band >= from);
-            let (rate, coefficient) = term[upper];
-            let sum = &mut sides[upper];
-            sum.proposed += n;
-            sum.accepted += a;
-            let seen = &mut counted[c.request][upper];
-            sum.requests += u64::from(!*seen);
-            *seen = true;
-            residuals[c.request] += coefficient * (a as f64 - rate * n as f64);
-        }
-        let [rest, low] = sides;
-        let k = counted.iter().filter(|c| c[0] || c[1]).count() as f64;
-        let clustered = if k > 1.0 {
-            k / (k - 1.0) * residuals.iter().map(|u| u * u).sum::<f64>()
-        } else {
-            0.0
-        };
-        let se = binomial.max(clustered).sqrt();
-        let z = if se > 0.0 { gap / se } else { 0.0 };
-        let thin = [low, rest]
-            .iter()
-            .any(|x| x.proposed < s.min_proposed || x.requests < s.min_requests);
-        let verdict = if thin {
-            Verdict::Thin
-        } else if z < s.z_below && -gap >= s.min_drop * base {
-            Verdict::Low
-        } else {
-            Verdict::Fine
-        };
-        let finding = BandLow {
-            position,
-            from,
-            low,
-            rest,
-            gap,
-            drop: if base > 0.0 { -gap / base } else { 0.0 },
-            z,
-            per_band: per_band.to_vec(),
-        };
-        (verdict, finding)
-    }
 }
 
 /// The band alarm's state.
@@ -453,7 +244,8 @@ impl BandAlarm {
                     continue;
                 }
                 let key = (position, from);
-                let (verdict, finding) = window.compare(s, key, &at, &by_band, &per_band);
+                let (verdict, finding) =
+                    window.compare(&s.thresholds(), key, &at, &by_band, &per_band);
                 verdicts.push(((position, from), verdict));
                 if verdict == Verdict::Low {
                     lows.push(finding);
