@@ -14,7 +14,7 @@ Needs:
 Run:
     python scripts/make_smollm2_fixture.py /work/scratch/SmolLM2-135M-Instruct.Q4_1.gguf
 
-Writes tests/fixtures/smollm2_llamacpp.json (relative to the repo root), with
+Writes models/tests/fixtures/smollm2_llamacpp.json (relative to the repo root), with
 one entry per prompt in CASES:
     prompt_ids          llama.cpp tokenization (GGUF add_bos flag respected)
     greedy_ids          32 tokens chosen by argmax, evaluated one at a time
@@ -40,7 +40,7 @@ import numpy as np
 
 N_NEW = 32
 N_TOP = 5
-OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "smollm2_llamacpp.json"
+OUT = Path(__file__).resolve().parent.parent / "models/tests/fixtures/smollm2_llamacpp.json"
 
 # Chat prompt written out by hand in the form SmolLM2's tokenizer.chat_template
 # produces for one user message with add_generation_prompt=True (the template

@@ -2,12 +2,10 @@
 //! of each architecture: prefill logits at every prompt position, then 20 decode steps,
 //! with the sequence's blocks scattered across the pool.
 
-mod common;
-
-use common::reference::logits_f64;
-use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_models::LlamaModel;
 use peregrine_ops::{AttentionPlan, KvCache, KvDtype, SeqSpec};
+use peregrine_testkit::reference::logits_f64;
+use peregrine_testkit::tiny_model::{TinyModel, TinySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::Dtype;

@@ -4,7 +4,7 @@
 //! keys and values expanded by `kv_b_proj`, plain attention over them), YaRN's frequencies
 //! computed here, the sigmoid `noaux_tc` routing, the shared expert.
 
-use super::reference::{dot, matvec, rms, widen};
+use crate::reference::{dot, matvec, rms, widen};
 use safetensors::SafeTensors;
 use serde_json::Value;
 use std::collections::HashMap;

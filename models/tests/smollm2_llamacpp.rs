@@ -1,7 +1,7 @@
 //! The real default model against an independent implementation: llama.cpp (through
 //! llama-cpp-python) ran the same GGUF and recorded, for a handful of prompts, its prompt
 //! token ids, its greedy continuation and its top-5 next-token ids at every position
-//! (`scripts/make_smollm2_fixture.py` made `tests/fixtures/smollm2_llamacpp.json`).
+//! (`scripts/make_smollm2_fixture.py` made `models/tests/fixtures/smollm2_llamacpp.json`).
 //!
 //! The fetched model's tokenizer gives llama.cpp's prompt ids. The rule for the model,
 //! with llama.cpp's own continuation fed back (prompt in one prefill, then one

@@ -7,8 +7,8 @@
 
 use peregrine_models::LlamaModel;
 use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_testkit::fixtures;
 use serde_json::Value;
-use std::path::Path;
 
 const BLOCK_SIZE: usize = 4;
 /// Blocks of the sequence, scattered over a pool of 64.
@@ -16,7 +16,7 @@ const BLOCKS: [u32; 8] = [37, 2, 63, 11, 50, 0, 29, 44];
 const POOL: u64 = 64;
 
 fn fixtures() -> Value {
-    let text = std::fs::read_to_string("tests/fixtures/deepseek/deepseek_fixtures.json")
+    let text = std::fs::read_to_string(fixtures::deepseek("deepseek_fixtures.json"))
         .expect("reading the fixtures");
     serde_json::from_str(&text).expect("fixtures are JSON")
 }
@@ -63,7 +63,7 @@ fn relative_error(ours: &[Vec<f32>], theirs: &Value) -> f64 {
 fn check(name: &str) {
     let fixtures = fixtures();
     let fixture = &fixtures["models"][name];
-    let model = LlamaModel::load(&Path::new("tests/fixtures/deepseek").join(name)).unwrap();
+    let model = LlamaModel::load(&fixtures::deepseek(name)).unwrap();
     let prompt: Vec<u32> = serde_json::from_value(fixture["prompt_ids"].clone()).unwrap();
     let n = prompt.len();
     let prefill = logits(&model, &prompt, &[n]);

@@ -2,7 +2,7 @@
 //! vocabulary, safetensors with `midlayer.` or `layers.0.` names, an int64 `d2t` and a
 //! bool `t2d`), written by the tests themselves.
 
-use super::tiny_model::TinySpec;
+use crate::tiny_model::TinySpec;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use safetensors::{tensor::TensorView, Dtype};

@@ -7,9 +7,10 @@
 use peregrine_models::config::{GroupScore, Scoring};
 use peregrine_models::{Architecture, ModelConfig};
 use peregrine_ops::RopeScaling;
+use peregrine_testkit::fixtures;
 
 fn published(name: &str) -> ModelConfig {
-    let path = format!("tests/fixtures/deepseek/published/{name}.json");
+    let path = fixtures::deepseek("published").join(format!("{name}.json"));
     ModelConfig::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
@@ -129,7 +130,7 @@ fn qwen3_30b_a3b() {
 #[test]
 fn transformers_5_spellings_parse_alike() {
     let fixture = |name: &str| {
-        let path = format!("tests/fixtures/deepseek/{name}/config.json");
+        let path = fixtures::deepseek(name).join("config.json");
         ModelConfig::from_json(&std::fs::read_to_string(path).unwrap()).unwrap()
     };
     let v2 = fixture("deepseek_v2");
@@ -147,7 +148,7 @@ fn transformers_5_spellings_parse_alike() {
 #[test]
 fn bad_routing_fields_are_refused_by_name() {
     let text =
-        std::fs::read_to_string("tests/fixtures/deepseek/published/deepseek-v3.json").unwrap();
+        std::fs::read_to_string(fixtures::deepseek("published").join("deepseek-v3.json")).unwrap();
     let refused = |from: &str, to: &str| {
         let err = ModelConfig::from_json(&text.replace(from, to)).unwrap_err();
         err.to_string()

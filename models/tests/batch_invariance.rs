@@ -2,11 +2,10 @@
 //! of other requests (prefilling or decoding, before or after it), with its prompt in one
 //! piece or in chunks, and wherever its blocks lie in the pool.
 
-mod common;
-
-use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_models::LlamaModel;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_testkit::fixtures;
+use peregrine_testkit::tiny_model::{TinyModel, TinySpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -76,7 +75,7 @@ fn a_requests_logits_do_not_depend_on_its_batch_or_blocks() {
 #[test]
 fn latent_attention_and_experts_do_not_depend_on_the_batch_either() {
     for name in ["deepseek_v2", "deepseek_v3", "qwen3_moe"] {
-        let dir = std::path::Path::new("tests/fixtures/deepseek").join(name);
+        let dir = fixtures::deepseek(name);
         check(&LlamaModel::load(&dir).unwrap());
     }
 }
