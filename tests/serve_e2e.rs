@@ -1112,6 +1112,36 @@ fn path_arg(path: &Path) -> String {
     path.to_str().expect("a UTF-8 temporary path").to_string()
 }
 
+/// 25. The host tier (`--kv-host-memory`) under a pool of 24 blocks: blocks other
+///     prompts push out of the pool go down to host memory, and a repeated prompt gets its
+///     whole blocks back from there as cached tokens, with exactly its cold greedy output
+///     (check_host_tier.py). Start-up refuses the tier without prefix caching.
+#[test]
+fn prefix_blocks_come_back_from_the_host_tier() {
+    let _serial = serial();
+    let model = TinyDir::new(32);
+    let pool = (24 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    let host = (256 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    let flags = ["--kv-cache-memory", &pool, "--kv-host-memory", &host];
+    let server = Server::start(model.path(), &flags);
+    server.check("check_host_tier.py", &[]);
+    drop(server);
+    let mut command = Command::new(PEREGRINE);
+    command
+        .arg("serve")
+        .arg("--model")
+        .arg(model.path())
+        .args(["--port", "0", "--no-prefix-caching"])
+        .args(flags);
+    let output = output_within(&mut command, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "started without prefix caching");
+    assert!(
+        stderr.contains("kv_host_memory") && stderr.contains("prefix caching"),
+        "{stderr}"
+    );
+}
+
 /// The shape of most tests here: one at a time, a server for a tiny model of `seed` with
 /// `flags`, and `script` (under tests/e2e/) run against it with `args`.
 fn serve_and_check(seed: u64, flags: &[&str], script: &str, args: &[&str]) {

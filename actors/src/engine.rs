@@ -169,6 +169,23 @@ pub fn start_engine(
     {
         blocks = blocks.recomputing_last_hit();
     }
+    let host_slots = backend.host_tier_slots();
+    if host_slots > 0 {
+        if !settings.prefix_caching {
+            bail!("kv_host_memory keeps prefix-cache blocks: it needs prefix caching on");
+        }
+        if drafter
+            .as_ref()
+            .is_some_and(|d| d.kv_bytes_per_block().is_some())
+        {
+            bail!(
+                "kv_host_memory does not move a draft's own KV blocks with the target's yet: \
+                 use it without speculative decoding or with speculative_method ngram"
+            );
+        }
+        info!(blocks = host_slots, "KV host tier");
+        blocks = blocks.with_host_tier(host_slots);
+    }
     let kv = KvAllocator::spawn_over(blocks, settings.kv_events.clone());
     let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();

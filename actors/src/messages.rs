@@ -238,6 +238,8 @@ pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
     /// Requests that ended since the last step: the runner drops their sampler state.
     pub released: Vec<RequestId>,
+    /// Copies between the pool and the host tier to make before the forward, in order.
+    pub kv_moves: Vec<KvMove>,
 }
 
 /// What the runner produced for one sequence that asked for tokens.
@@ -522,6 +524,19 @@ pub struct StepGrant {
     pub admitted: Vec<AdmittedSeq>,
     /// Pool state after the step's allocation, for metrics.
     pub usage: KvUsage,
+    /// Blocks to copy between the pool and the host tier before the next forward, in
+    /// this order (a spill before the load that reuses its block).
+    pub moves: Vec<KvMove>,
+}
+
+/// A copy of one KV block (every layer's keys and values) between the pool and a slot of
+/// the host tier, which the backend that owns the pool makes before its next forward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvMove {
+    /// Pool block `block` (about to be reused) into host slot `slot`.
+    Spill { block: u32, slot: u32 },
+    /// Host slot `slot` into pool block `block` (a prefix found in the tier).
+    Load { slot: u32, block: u32 },
 }
 
 /// An admitted sequence's cache.
@@ -548,6 +563,12 @@ pub struct KvUsage {
     pub prefix_hits: u64,
     /// Blocks holding a prefix-cache entry, owned or free.
     pub cached_blocks: usize,
+    /// The host tier: blocks held, and blocks spilled into it, loaded back from it and
+    /// dropped from it (cumulative); all 0 without one.
+    pub host_blocks: usize,
+    pub host_spilled: u64,
+    pub host_loaded: u64,
+    pub host_dropped: u64,
 }
 
 /// Messages to the KV allocator.

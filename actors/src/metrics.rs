@@ -22,6 +22,14 @@ pub const PREFIX_CACHE_HITS: &str = "peregrine:prefix_cache_hits_total";
 /// Gauge: blocks holding a prefix-cache entry (owned by a request or free, kept until
 /// reused); what a subscriber to the KV-cache events holds as stored and not removed.
 pub const PREFIX_CACHE_BLOCKS: &str = "peregrine:prefix_cache_blocks";
+/// Gauge: prefix-cache blocks held in the host tier below the pool (`kv_host_memory`).
+pub const KV_HOST_BLOCKS: &str = "peregrine:kv_host_blocks";
+/// Blocks copied from the pool down to the host tier (instead of dropped).
+pub const KV_HOST_SPILLED: &str = "peregrine:kv_host_spilled_blocks_total";
+/// Blocks copied back from the host tier into the pool (a prompt's prefix found there).
+pub const KV_HOST_LOADED: &str = "peregrine:kv_host_loaded_blocks_total";
+/// Blocks dropped from the host tier (full: its least recently spilled chain ends go).
+pub const KV_HOST_DROPPED: &str = "peregrine:kv_host_dropped_blocks_total";
 /// Batches of KV-cache events published.
 pub const KV_EVENTS_PUBLISHED: &str = "peregrine:kv_events_published_total";
 /// KV-cache events dropped because the publisher's queue was full (or it had stopped).
@@ -82,6 +90,10 @@ pub fn record_kv(usage: &KvUsage, previous: &mut KvUsage) {
     counter!(PREFIX_CACHE_QUERIES)
         .increment(usage.prefix_queries.saturating_sub(previous.prefix_queries));
     counter!(PREFIX_CACHE_HITS).increment(usage.prefix_hits.saturating_sub(previous.prefix_hits));
+    gauge!(KV_HOST_BLOCKS).set(usage.host_blocks as f64);
+    counter!(KV_HOST_SPILLED).increment(usage.host_spilled.saturating_sub(previous.host_spilled));
+    counter!(KV_HOST_LOADED).increment(usage.host_loaded.saturating_sub(previous.host_loaded));
+    counter!(KV_HOST_DROPPED).increment(usage.host_dropped.saturating_sub(previous.host_dropped));
     *previous = *usage;
 }
 

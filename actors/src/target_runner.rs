@@ -182,6 +182,7 @@ impl TargetRunner {
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let ahead = self.ahead.take();
+        self.model.move_kv(&batch.kv_moves)?;
         for id in &batch.released {
             self.seqs.remove(id);
             self.tables.remove(id);

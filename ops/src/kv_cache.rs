@@ -157,6 +157,89 @@ impl KvCache {
         caches * self.layout.layer_elems() * self.dtype().bytes()
     }
 
+    /// Bytes one block holds over every layer: its keys and values (or its latent rows).
+    pub fn block_bytes(&self) -> u64 {
+        self.bytes_per_layer() / self.layout.num_blocks.max(1) * self.num_layers() as u64
+    }
+
+    /// Copies block `block` of every layer (keys, then values where held, layer by layer)
+    /// into `out`, [`KvCache::block_bytes`] long.
+    ///
+    /// # Panics
+    /// If `block` is outside the pool or `out` is not one block long.
+    pub fn copy_block_out(&self, block: u32, out: &mut [u8]) {
+        let mut at = 0;
+        self.each_block_part(block, |part: &[u8]| {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        });
+        assert_eq!(at, out.len(), "a block's bytes");
+    }
+
+    /// Writes `bytes` (as [`KvCache::copy_block_out`] gave them) into block `block` of
+    /// every layer.
+    ///
+    /// # Panics
+    /// If `block` is outside the pool or `bytes` is not one block long.
+    pub fn copy_block_in(&mut self, block: u32, bytes: &[u8]) {
+        assert_eq!(bytes.len() as u64, self.block_bytes(), "a block's bytes");
+        let range = self.block_range(block);
+        let mut at = 0;
+        let mut take = |dst: &mut [u8]| {
+            dst.copy_from_slice(&bytes[at..at + dst.len()]);
+            at += dst.len();
+        };
+        match &mut self.layers {
+            Layers::Float32(layers) => layers.iter_mut().for_each(|(k, v)| {
+                take(bytemuck::cast_slice_mut(&mut k[range.clone()]));
+                if !v.is_empty() {
+                    take(bytemuck::cast_slice_mut(&mut v[range.clone()]));
+                }
+            }),
+            Layers::Bfloat16(layers) => layers.iter_mut().for_each(|(k, v)| {
+                take(bytemuck::cast_slice_mut(&mut k[range.clone()]));
+                take(bytemuck::cast_slice_mut(&mut v[range.clone()]));
+            }),
+        }
+    }
+
+    /// Layers held.
+    fn num_layers(&self) -> usize {
+        match &self.layers {
+            Layers::Float32(layers) => layers.len(),
+            Layers::Bfloat16(layers) => layers.len(),
+        }
+    }
+
+    /// The elements of block `block` in one layer's cache (64-bit arithmetic).
+    fn block_range(&self, block: u32) -> std::ops::Range<usize> {
+        assert!(
+            u64::from(block) < self.layout.num_blocks,
+            "block {block} outside the pool"
+        );
+        let elems = self.layout.block_size * self.layout.slot_elems();
+        let start = u64::from(block) * elems;
+        start as usize..(start + elems) as usize
+    }
+
+    /// Calls `f` with each part of block `block` as bytes, in the order
+    /// [`KvCache::copy_block_out`] lays them out.
+    fn each_block_part(&self, block: u32, mut f: impl FnMut(&[u8])) {
+        let range = self.block_range(block);
+        match &self.layers {
+            Layers::Float32(layers) => layers.iter().for_each(|(k, v)| {
+                f(bytemuck::cast_slice(&k[range.clone()]));
+                if !v.is_empty() {
+                    f(bytemuck::cast_slice(&v[range.clone()]));
+                }
+            }),
+            Layers::Bfloat16(layers) => layers.iter().for_each(|(k, v)| {
+                f(bytemuck::cast_slice(&k[range.clone()]));
+                f(bytemuck::cast_slice(&v[range.clone()]));
+            }),
+        }
+    }
+
     /// Layer `layer`'s K and V caches of a float32 cache (under latent attention the latent
     /// cache and an empty one).
     ///
@@ -251,6 +334,68 @@ mod tests {
         let at = 5 * 16;
         for (got, want) in k[at..at + 16].iter().zip(row) {
             assert_eq!(got.to_f32(), half::bf16::from_f32(*want).to_f32());
+        }
+    }
+
+    /// Fills `cache` with small integers (exact in bfloat16) that vary with the layer, K or
+    /// V, the slot and the element.
+    fn fill(cache: &mut KvCache, layers: usize, slots: usize) {
+        let row = |l: usize, kv: usize, s: usize| -> Vec<f32> {
+            (0..16)
+                .map(|e| ((l * 7 + kv * 3 + s * 5 + e * 11) % 251) as f32)
+                .collect()
+        };
+        for l in 0..layers {
+            for s in 0..slots {
+                cache.write(l, &[s as i64], &row(l, 0, s), &row(l, 1, s));
+            }
+        }
+    }
+
+    #[test]
+    fn a_block_copied_out_and_in_moves_every_layer_s_keys_and_values_and_nothing_else() {
+        for dtype in [KvDtype::Float32, KvDtype::Bfloat16] {
+            let l = layout();
+            let slots = (l.num_blocks * l.block_size) as usize;
+            let mut cache = KvCache::try_with_dtype(3, l, KvRows::KeysAndValues, dtype).unwrap();
+            fill(&mut cache, 3, slots);
+            let before: Vec<Vec<f32>> = (0..3).map(|i| layer_values(&cache, i)).collect();
+            let mut bytes = vec![0xA5u8; cache.block_bytes() as usize];
+            assert_eq!(
+                cache.block_bytes(),
+                3 * 2 * l.block_size * 16 * dtype.bytes()
+            );
+            cache.copy_block_out(0, &mut bytes);
+            cache.copy_block_in(2, &bytes);
+            let block = (l.block_size * 16) as usize;
+            for (i, old) in before.iter().enumerate() {
+                let new = layer_values(&cache, i);
+                let half = new.len() / 2;
+                for (kv, (old, new)) in [(&old[..half], &new[..half]), (&old[half..], &new[half..])]
+                    .into_iter()
+                    .enumerate()
+                {
+                    assert_ne!(old[2 * block..], old[..block], "the blocks differ before");
+                    assert_eq!(
+                        new[2 * block..],
+                        old[..block],
+                        "{dtype:?} layer {i} part {kv}"
+                    );
+                    assert_eq!(
+                        new[..2 * block],
+                        old[..2 * block],
+                        "{dtype:?}: other blocks kept"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Layer `i`'s keys then values, as f32.
+    fn layer_values(cache: &KvCache, i: usize) -> Vec<f32> {
+        match cache.layer_of(i) {
+            KvLayer::Float32(k, v) => k.iter().chain(v).copied().collect(),
+            KvLayer::Bfloat16(k, v) => k.iter().chain(v).map(|x| x.to_f32()).collect(),
         }
     }
 

@@ -97,6 +97,9 @@ pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engin
         async_scheduling_constrained: config.async_scheduling_constrained,
         kv_events: kv_events(config).await?,
     };
+    if let Some(bytes) = config.kv_host_memory {
+        backend.keep_host_tier(bytes)?;
+    }
     let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;
     engine

@@ -1,12 +1,13 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
+use super::host_blocks::HostBlocks;
 use super::{
     argmax_rows, blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks,
     RowSampling, StepInput, StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
-use crate::messages::{GeneratedToken, HiddenData};
+use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache, KvDtype, KvRows, Linear};
@@ -25,6 +26,8 @@ struct CpuBackend {
     /// The logits of the step [`Forwards::greedy`] ran ahead (on the CPU, at once), whose
     /// argmax is taken under the masks of the call that reads it.
     queued: Option<Vec<f32>>,
+    /// The host tier below the pool, if one is kept.
+    host: Option<HostBlocks>,
 }
 
 impl CpuBackend {
@@ -115,6 +118,7 @@ pub fn cpu_backend_with(
         hidden: None,
         graphs: None,
         queued: None,
+        host: None,
     }))
 }
 
@@ -219,6 +223,29 @@ impl ModelBackend for CpuBackend {
             Some(sizes) => self.capture_graphs(Some(&sizes)),
             None => Ok(()),
         }
+    }
+
+    fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
+        let host = HostBlocks::for_cache(&self.cache, bytes)?;
+        let slots = host.slots();
+        self.host = Some(host);
+        Ok(slots)
+    }
+
+    fn host_tier_slots(&self) -> u32 {
+        self.host.as_ref().map_or(0, HostBlocks::slots)
+    }
+
+    fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        self.queued = None;
+        let host = self
+            .host
+            .as_mut()
+            .ok_or_else(|| anyhow::anyhow!("KV moves for a CPU backend that keeps no host tier"))?;
+        host.apply(&mut self.cache, moves)
     }
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {

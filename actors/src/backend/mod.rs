@@ -5,6 +5,7 @@ mod cpu;
 mod cpu_memory;
 #[cfg(feature = "cuda")]
 mod gpu;
+mod host_blocks;
 
 pub use cpu::{cpu_backend, cpu_backend_with};
 pub use cpu_memory::{CpuFootprint, StepBounds};
@@ -12,7 +13,7 @@ pub use cpu_memory::{CpuFootprint, StepBounds};
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
-use crate::messages::{GeneratedToken, HiddenData};
+use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
@@ -350,6 +351,30 @@ pub trait ModelBackend: Send {
     /// without its own `shared_head.head` shares it).
     fn lm_head(&self) -> Option<Arc<Linear>> {
         None
+    }
+    /// Keeps a host tier of up to `bytes` below the pool, for prefix-cache blocks the pool
+    /// reuses, and returns how many blocks it holds. Refused by a backend that cannot.
+    fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
+        let _ = bytes;
+        bail!(
+            "the {} backend keeps no host tier of KV blocks yet (kv_host_memory)",
+            self.pool().device
+        )
+    }
+    /// Blocks the host tier kept by [`ModelBackend::keep_host_tier`] holds (0: none).
+    fn host_tier_slots(&self) -> u32 {
+        0
+    }
+    /// Makes the copies between the pool and the host tier that the KV allocator gave,
+    /// in order, before the next forward.
+    fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        bail!(
+            "the {} backend keeps no host tier of KV blocks",
+            self.pool().device
+        )
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on
     /// failure the old ones stay); `None` drops every graph and runs eagerly. From then on

@@ -1,7 +1,7 @@
 //! Admitting new sequences: their cached prefix, then fresh blocks for what the token
 //! budget lets them compute this step.
 
-use super::block_manager::SeqBlocks;
+use super::block_manager::{Hit, SeqBlocks};
 use super::BlockManager;
 use crate::messages::{AdmitSeq, AdmittedSeq};
 
@@ -52,15 +52,17 @@ impl BlockManager {
             let fresh = self
                 .blocks_for(num_cached + num_scheduled)
                 .saturating_sub(hits.len());
-            let free_hits = hits.iter().filter(|&&b| self.free.contains(b)).count();
-            if fresh > self.free.len().saturating_sub(free_hits) {
+            // Host hits need a pool block each, as fresh blocks do.
+            let loads = hits.iter().filter(|h| matches!(h, Hit::Host(_))).count();
+            let free_hits = hits
+                .iter()
+                .filter(|h| matches!(h, Hit::Pool(b) if self.free.contains(*b)))
+                .count();
+            if fresh + loads > self.free.len().saturating_sub(free_hits) {
                 break;
             }
-            for &block in &hits {
-                self.share(block);
-            }
             let num_registered = hits.len();
-            let mut table = hits;
+            let mut table = self.take_hits(&hits);
             table.extend(self.take_free_blocks(fresh));
             if self.cache.is_some() {
                 self.prefix_queries += lookup_len as u64;

@@ -3,8 +3,9 @@
 //! What one `AllocateStep` does with them is in `step.rs`, `grow.rs` and `admit.rs`.
 
 use super::free_queue::FreeQueue;
+use super::host_tier::HostTier;
 use super::prefix_cache::{CacheEvent, ChainId, PrefixCache};
-use crate::messages::{KvUsage, RequestId};
+use crate::messages::{KvMove, KvUsage, RequestId};
 use std::collections::HashMap;
 
 /// The KV blocks of one pool: per-sequence block tables, reference counts (a block shared
@@ -19,6 +20,10 @@ pub struct BlockManager {
     pub(super) free: FreeQueue,
     /// `None` when prefix caching is off.
     pub(super) cache: Option<PrefixCache>,
+    /// The tier below the pool, where one is kept (with prefix caching only).
+    pub(super) host: Option<HostTier>,
+    /// The copies this step's allocation needs, in order.
+    pub(super) moves: Vec<KvMove>,
     /// The sequences holding blocks.
     pub(super) seqs: HashMap<RequestId, SeqBlocks>,
     /// Tokens looked up in the prefix cache, cumulative.
@@ -54,6 +59,8 @@ impl BlockManager {
             ref_counts: vec![0; num_blocks as usize],
             free: FreeQueue::new(num_blocks),
             cache: prefix_caching.then(|| PrefixCache::new(num_blocks)),
+            host: None,
+            moves: Vec::new(),
             seqs: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
@@ -101,6 +108,10 @@ impl BlockManager {
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
             cached_blocks: self.cache.as_ref().map_or(0, PrefixCache::len),
+            host_blocks: self.host.as_ref().map_or(0, HostTier::len),
+            host_spilled: self.host.as_ref().map_or(0, |h| h.spilled),
+            host_loaded: self.host.as_ref().map_or(0, |h| h.loaded),
+            host_dropped: self.host.as_ref().map_or(0, |h| h.dropped),
         }
     }
 
@@ -127,6 +138,16 @@ impl BlockManager {
         self
     }
 
+    /// The same manager, whose prefix-cache entries go down to a host tier of
+    /// `slots` blocks when their pool block is reused, and come back from it
+    /// ([`HostTier`]); nothing changes with prefix caching off or no slots.
+    pub fn with_host_tier(mut self, slots: u32) -> BlockManager {
+        if self.cache.is_some() && slots > 0 {
+            self.host = Some(HostTier::new(slots));
+        }
+        self
+    }
+
     /// The prefix cache's changes since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<CacheEvent> {
         self.cache
@@ -136,21 +157,69 @@ impl BlockManager {
     }
 
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the
-    /// tokens that may be served from the cache) and the chain they end.
-    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> (Vec<u32>, ChainId) {
-        let mut blocks = Vec::new();
+    /// tokens that may be served from the cache), each in the pool or the host tier, and
+    /// the chain they end.
+    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> (Vec<Hit>, ChainId) {
+        let mut hits = Vec::new();
         let mut chain = ChainId::ROOT;
         let Some(cache) = &self.cache else {
-            return (blocks, chain);
+            return (hits, chain);
         };
         for chunk in tokens.chunks_exact(self.block_size) {
-            let Some((block, next)) = cache.lookup(chain, chunk) else {
+            let found = match cache.lookup(chain, chunk) {
+                Some((block, next)) => Some((Hit::Pool(block), next)),
+                None => self
+                    .host
+                    .as_ref()
+                    .and_then(|h| h.lookup(chain, chunk))
+                    .map(|(slot, next)| (Hit::Host(slot), next)),
+            };
+            let Some((hit, next)) = found else {
                 break;
             };
-            blocks.push(block);
+            hits.push(hit);
             chain = next;
         }
-        (blocks, chain)
+        (hits, chain)
+    }
+
+    /// The pool blocks of `hits` in order: pool hits shared, host hits loaded into free
+    /// blocks (their copies queued in [`BlockManager::moves`]). The caller has checked that
+    /// the pool has a free block for each host hit besides the free pool hits.
+    pub(super) fn take_hits(&mut self, hits: &[Hit]) -> Vec<u32> {
+        let slots: Vec<u32> = hits
+            .iter()
+            .filter_map(|h| match h {
+                Hit::Host(slot) => Some(*slot),
+                Hit::Pool(_) => None,
+            })
+            .collect();
+        if let Some(host) = &mut self.host {
+            host.pin(&slots);
+        }
+        for hit in hits {
+            if let Hit::Pool(block) = hit {
+                self.share(*block);
+            }
+        }
+        let mut table = Vec::with_capacity(hits.len());
+        for hit in hits {
+            match *hit {
+                Hit::Pool(block) => table.push(block),
+                Hit::Host(slot) => {
+                    let block = self.take_free().expect("a free block for each host hit");
+                    let (Some(host), Some(cache)) = (&mut self.host, &mut self.cache) else {
+                        unreachable!("host hits come from the host tier of a prefix cache");
+                    };
+                    let (key, chain) = host.take(slot).expect("a pinned slot is held");
+                    cache.place(key, chain, block);
+                    host.loaded += 1;
+                    self.moves.push(KvMove::Load { slot, block });
+                    table.push(block);
+                }
+            }
+        }
+        table
     }
 
     /// Adds an owner to a cached block; a free one leaves the free queue (so it cannot be
@@ -167,8 +236,9 @@ impl BlockManager {
     /// Takes the free block reused next, evicting what it cached, with one owner.
     fn take_free(&mut self) -> Option<u32> {
         let block = self.free.pop_front()?;
-        if let Some(cache) = &mut self.cache {
-            cache.evict(block);
+        let evicted = self.cache.as_mut().and_then(|c| c.evict(block));
+        if let (Some((key, chain)), Some(host)) = (evicted, &mut self.host) {
+            self.moves.extend(host.spill(key, chain, block));
         }
         if let Some(count) = self.ref_counts.get_mut(block as usize) {
             *count = 1;
@@ -208,7 +278,26 @@ impl BlockManager {
         let full = (first_block + tokens.len() / bs).min(seq.table.len());
         for i in seq.num_registered..full {
             let at = (i - first_block) * bs;
-            seq.chain = cache.insert(seq.chain, &tokens[at..at + bs], seq.table[i]);
+            let (chunk, block) = (&tokens[at..at + bs], seq.table[i]);
+            // Content the host tier holds comes back into the pool under its chain id,
+            // so what continues it there stays reachable; the slot needs no copy.
+            let held = self.host.as_mut().and_then(|h| {
+                let (slot, _) = h.lookup(seq.chain, chunk)?;
+                h.take(slot)
+            });
+            seq.chain = match held {
+                Some((key, chain)) => {
+                    cache.place(key, chain, block);
+                    chain
+                }
+                None => {
+                    let (chain, created) = cache.insert_new(seq.chain, chunk, block);
+                    if let (true, Some(host)) = (created, &mut self.host) {
+                        host.child_added(seq.chain);
+                    }
+                    chain
+                }
+            };
         }
         seq.num_registered = seq.num_registered.max(full);
     }
@@ -221,4 +310,13 @@ impl BlockManager {
             }
         }
     }
+}
+
+/// Where a cached block of a prefix was found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hit {
+    /// In this pool block.
+    Pool(u32),
+    /// In this slot of the host tier.
+    Host(u32),
 }

@@ -55,6 +55,13 @@ impl BlockManager {
         }
         if let Some(cache) = &self.cache {
             cache.check()?;
+            if let Some(host) = &self.host {
+                let mut counted = std::collections::HashMap::new();
+                for parent in cache.parents().chain(host.parents()) {
+                    *counted.entry(parent).or_insert(0u32) += 1;
+                }
+                host.check(&counted)?;
+            }
         }
         for (id, seq) in &self.seqs {
             for &block in &seq.table[seq.num_registered..] {

@@ -11,6 +11,7 @@ mod admit;
 mod block_manager;
 mod free_queue;
 mod grow;
+mod host_tier;
 mod invariants;
 mod prefix_cache;
 mod step;

@@ -44,9 +44,9 @@ pub enum CacheEvent {
 
 /// A cached block's content: its predecessor chain and its own tokens.
 #[derive(Debug, PartialEq, Eq, Hash)]
-struct BlockKey {
-    parent: ChainId,
-    tokens: Box<[u32]>,
+pub(super) struct BlockKey {
+    pub(super) parent: ChainId,
+    pub(super) tokens: Box<[u32]>,
 }
 
 /// Where a key's content lives.
@@ -116,40 +116,64 @@ impl<S: BuildHasher> PrefixCache<S> {
     /// one, `block` stays uncached, and the existing chain is returned.
     /// A block outside the pool is not cached, and the chain returned then names nothing,
     /// so no later lookup can pass through it.
+    #[cfg(test)]
     pub fn insert(&mut self, parent: ChainId, tokens: &[u32], block: u32) -> ChainId {
+        self.insert_new(parent, tokens, block).0
+    }
+
+    /// [`PrefixCache::insert`], and whether it made a new entry.
+    pub(super) fn insert_new(
+        &mut self,
+        parent: ChainId,
+        tokens: &[u32],
+        block: u32,
+    ) -> (ChainId, bool) {
         let key = BlockKey {
             parent,
             tokens: tokens.into(),
         };
         if let Some(existing) = self.map.get(&key) {
-            return existing.chain;
+            return (existing.chain, false);
         }
-        self.evict(block);
         let chain = ChainId(self.next_chain);
         self.next_chain += 1;
-        if let Some(slot) = self.keys.get_mut(block as usize) {
-            let key = Arc::new(key);
-            *slot = Some(key.clone());
-            if let Some(journal) = &mut self.journal {
-                journal.push(CacheEvent::Stored {
-                    chain,
-                    parent,
-                    tokens: key.tokens.clone(),
-                });
-            }
-            self.map.insert(key, Entry { block, chain });
-        }
-        chain
+        let created = self.place(Arc::new(key), chain, block);
+        (chain, created)
     }
 
-    /// Forgets what `block` holds (it is about to be overwritten).
-    pub fn evict(&mut self, block: u32) {
-        if let Some(key) = self.keys.get_mut(block as usize).and_then(Option::take) {
-            let entry = self.map.remove(&key);
-            if let (Some(journal), Some(entry)) = (&mut self.journal, entry) {
-                journal.push(CacheEvent::Removed { chain: entry.chain });
-            }
+    /// Puts the entry `key`, ending `chain`, back into `block` (brought back from a tier
+    /// below the pool, its chain id kept); false for a block outside the pool.
+    pub(super) fn place(&mut self, key: Arc<BlockKey>, chain: ChainId, block: u32) -> bool {
+        self.evict(block);
+        let Some(slot) = self.keys.get_mut(block as usize) else {
+            return false;
+        };
+        *slot = Some(key.clone());
+        if let Some(journal) = &mut self.journal {
+            journal.push(CacheEvent::Stored {
+                chain,
+                parent: key.parent,
+                tokens: key.tokens.clone(),
+            });
         }
+        self.map.insert(key, Entry { block, chain });
+        true
+    }
+
+    /// Forgets what `block` holds (it is about to be overwritten), and returns the entry
+    /// it held: its key and the chain it ended.
+    pub(super) fn evict(&mut self, block: u32) -> Option<(Arc<BlockKey>, ChainId)> {
+        let key = self.keys.get_mut(block as usize).and_then(Option::take)?;
+        let entry = self.map.remove(&key)?;
+        if let Some(journal) = &mut self.journal {
+            journal.push(CacheEvent::Removed { chain: entry.chain });
+        }
+        Some((key, entry.chain))
+    }
+
+    /// Each entry's parent chain (for the host tier's child counts).
+    pub(super) fn parents(&self) -> impl Iterator<Item = ChainId> + '_ {
+        self.map.keys().map(|k| k.parent)
     }
 
     /// Whether `block` is in the cache.

@@ -35,6 +35,7 @@ impl BlockManager {
             preempted,
             admitted,
             usage: self.usage(),
+            moves: std::mem::take(&mut self.moves),
         }
     }
 }

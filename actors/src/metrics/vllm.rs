@@ -188,6 +188,7 @@ mod tests {
                 prefix_queries: 64,
                 prefix_hits: 48,
                 cached_blocks: 40,
+                ..KvUsage::default()
             };
             record_kv(&usage, &mut KvUsage::default());
             record_finish(FinishReason::Length, 17, Duration::from_millis(900));

@@ -35,7 +35,7 @@ use crate::draft::DraftProposerHandle;
 use crate::health::EngineHealth;
 use crate::kv_allocator::KvAllocatorHandle;
 use crate::messages::{
-    AllocateStep, ComputedSeq, FinishReason, GenerateRequest, HiddenRows, KvUsage, Propose,
+    AllocateStep, ComputedSeq, FinishReason, GenerateRequest, HiddenRows, KvMove, KvUsage, Propose,
     RequestEvent, RequestId, SchedulerLimits, SchedulerMsg, SubmitError,
 };
 use crate::metrics;
@@ -80,6 +80,9 @@ struct Pending {
     draft_release: Vec<RequestId>,
     /// Target hidden states since the last proposal, for the next `Propose`.
     hidden: Vec<HiddenRows>,
+    /// Copies between the pool and the host tier, for the next `ScheduledBatch` (made
+    /// before its forward, which may write into the blocks they empty).
+    kv_moves: Vec<KvMove>,
 }
 
 /// The scheduler's state.
@@ -290,6 +293,7 @@ impl Scheduler {
         let allocating = Instant::now();
         let grant = self.kv.allocate_step(request).await?;
         times.allocate = allocating.elapsed();
+        self.pending.kv_moves.extend_from_slice(&grant.moves);
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         self.pending.draft_release.extend(preempted);
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
@@ -304,7 +308,8 @@ impl Scheduler {
         self.step += 1;
         let (decoding, only_decodes) = self.queues.decodes(&plan);
         let released = std::mem::take(&mut self.pending.runner_release);
-        let batch = self.queues.batch(&plan, self.step, released);
+        let moves = std::mem::take(&mut self.pending.kv_moves);
+        let batch = self.queues.batch(&plan, self.step, released, moves);
         let forwarding = Instant::now();
         let mut done = self.runner.step(batch).await?;
         times.forward = forwarding.elapsed();

@@ -7,8 +7,8 @@ use super::plan::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
 use crate::messages::{
     AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrammarStatus, GrowSeq,
-    ProposeDelta, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq, StepDone,
-    StepGrant, SubmitError,
+    KvMove, ProposeDelta, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq,
+    StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
 use crate::scheduler::spec::stats::Place;
@@ -285,12 +285,14 @@ impl Queues {
 
     /// The target runner's batch of `plan` as step `step`: per sequence the tokens to feed
     /// and the drafts after them, the blocks the runner does not hold yet, and (the first
-    /// time) its sampling setup; `released` are the requests whose runner state may go.
+    /// time) its sampling setup; `released` are the requests whose runner state may go,
+    /// `kv_moves` the copies the allocator asked for since the last batch.
     pub fn batch(
         &mut self,
         plan: &StepPlan,
         step: u64,
         released: Vec<RequestId>,
+        kv_moves: Vec<KvMove>,
     ) -> ScheduledBatch {
         let seqs = plan
             .seqs
@@ -330,6 +332,7 @@ impl Queues {
             step,
             seqs,
             released,
+            kv_moves,
         }
     }
 

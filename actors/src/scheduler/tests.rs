@@ -269,7 +269,7 @@ fn the_token_budget_goes_to_decodes_first_then_chunks_prefills() {
         [(1, 1), (2, 1), (3, 2)],
         "the prompt's last 2"
     );
-    let batch = h.queues.batch(&plan, 3, Vec::new());
+    let batch = h.queues.batch(&plan, 3, Vec::new(), Vec::new());
     assert_eq!(batch.seqs[2].tokens, prompt(108, 2));
     assert!(batch.seqs[2].sample, "the last chunk samples");
     assert_eq!(batch.seqs[2].num_cached, 8);
@@ -281,7 +281,7 @@ fn a_prompt_chunk_that_is_not_the_last_does_not_sample() {
     h.submit(1, &prompt(0, 10), 8, 0).unwrap();
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 4)]);
-    let batch = h.queues.batch(&plan, 1, Vec::new());
+    let batch = h.queues.batch(&plan, 1, Vec::new(), Vec::new());
     assert!(!batch.seqs[0].sample);
     assert!(
         batch.seqs[0].setup.is_some(),
@@ -291,7 +291,7 @@ fn a_prompt_chunk_that_is_not_the_last_does_not_sample() {
         .done(&plan, |_| unreachable!("nothing sampled"))
         .is_empty());
     let (plan, _) = h.plan();
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert!(batch.seqs[0].setup.is_none(), "sent once");
     assert_eq!(batch.seqs[0].num_cached, 4);
 }
@@ -348,7 +348,7 @@ fn preemption_takes_the_lowest_priority_and_it_recomputes_from_its_tokens() {
         [(1, 8), (3, 8), (2, 8)],
         "batch order is priority"
     );
-    let _ = h.queues.batch(&plan, 1, Vec::new());
+    let _ = h.queues.batch(&plan, 1, Vec::new(), Vec::new());
     h.done(&plan, |_| vec![7]);
     let (plan, preempted) = h.plan();
     assert_eq!(preempted, [2], "the lowest priority goes first");
@@ -363,12 +363,12 @@ fn preemption_takes_the_lowest_priority_and_it_recomputes_from_its_tokens() {
     let waiting: Vec<u64> = h.queues.waiting().map(|s| s.req.id.0).collect();
     assert_eq!(waiting, [2]);
     // 1 and 3 end: 2 comes back, its whole table sent again, all 9 tokens recomputed.
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert!(batch.seqs.iter().all(|s| s.id != RequestId(2)));
     h.done(&plan, |_| vec![EOS]);
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(2, 9)]);
-    let batch = h.queues.batch(&plan, 3, Vec::new());
+    let batch = h.queues.batch(&plan, 3, Vec::new(), Vec::new());
     let seq = &batch.seqs[0];
     assert_eq!((seq.kept_blocks, seq.new_blocks.len()), (0, 3));
     assert!(seq.setup.is_none(), "the runner kept its sampler state");
@@ -380,14 +380,14 @@ fn a_preempted_sequence_sends_the_runner_its_whole_new_table() {
     let mut h = Harness::new(64, 8, 100);
     h.submit(1, &prompt(0, 6), 16, 0).unwrap();
     let (plan, _) = h.plan();
-    let batch = h.queues.batch(&plan, 1, Vec::new());
+    let batch = h.queues.batch(&plan, 1, Vec::new(), Vec::new());
     assert_eq!(
         (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
         (0, 2)
     );
     h.done(&plan, |_| vec![1]);
     let (plan, _) = h.plan();
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert_eq!(
         (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
         (2, 0),
@@ -395,10 +395,10 @@ fn a_preempted_sequence_sends_the_runner_its_whole_new_table() {
     );
     h.done(&plan, |_| vec![2]);
     let (plan, _) = h.plan();
-    let _ = h.queues.batch(&plan, 3, Vec::new());
+    let _ = h.queues.batch(&plan, 3, Vec::new(), Vec::new());
     h.done(&plan, |_| vec![3]);
     let (plan, _) = h.plan();
-    let batch = h.queues.batch(&plan, 4, Vec::new());
+    let batch = h.queues.batch(&plan, 4, Vec::new(), Vec::new());
     assert_eq!(
         (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.len()),
         (2, 1),
@@ -423,7 +423,7 @@ fn a_prefix_hit_starts_the_second_request_past_the_cached_blocks() {
         [(2, 3)],
         "8 of 11 tokens (two blocks) came cached"
     );
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert_eq!(batch.seqs[0].num_cached, 8);
     assert_eq!(batch.seqs[0].tokens, [8, 9, 77]);
     assert_eq!(h.queues.get(RequestId(2)).unwrap().cached_tokens, Some(8));
@@ -474,7 +474,7 @@ fn speculation_plans_room_for_drafts_within_max_tokens() {
         (RequestId(2), Drafted::greedy(vec![])),
     ]);
     assert_eq!(chunks(&plan), [(1, 2), (2, 1)], "drafts shrink the chunks");
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert_eq!(
         (batch.seqs[0].tokens.clone(), batch.seqs[0].num_drafts),
         (vec![5, 6], 1)
@@ -537,7 +537,7 @@ fn a_request_cancelled_while_its_step_ran_is_passed_over() {
     h.submit(1, &prompt(0, 4), 8, 0).unwrap();
     h.submit(2, &prompt(20, 4), 8, 0).unwrap();
     let (plan, _) = h.plan();
-    let _ = h.queues.batch(&plan, 1, Vec::new());
+    let _ = h.queues.batch(&plan, 1, Vec::new(), Vec::new());
     // The client of 1 went away during the step: the scheduler ended it.
     h.queues.remove(RequestId(1)).unwrap();
     let ended = h.done(&plan, |_| vec![3]);
@@ -583,13 +583,13 @@ fn a_grant_that_changes_a_held_block_resends_the_whole_table() {
     let mut h = Harness::new(64, 8, 100);
     h.submit(1, &prompt(0, 6), 16, 0).unwrap();
     let (plan, _) = h.plan();
-    let _ = h.queues.batch(&plan, 1, Vec::new());
+    let _ = h.queues.batch(&plan, 1, Vec::new(), Vec::new());
     h.done(&plan, |_| vec![1]);
     let schedule = schedule(&h.queues, &h.limits, 0, None);
     let mut grant = crate::messages::StepGrant::default();
     grant.grown.push((RequestId(1), vec![40, 41]));
     let (plan, _) = h.queues.apply_grant(schedule, &grant);
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert_eq!(
         (batch.seqs[0].kept_blocks, batch.seqs[0].new_blocks.clone()),
         (0, vec![40, 41])
@@ -677,7 +677,7 @@ fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verifi
         (RequestId(2), Drafted::greedy(vec![6, 6])),
     ];
     let plan = plan.with_drafts(drafts);
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert_eq!(batch.seqs[0].num_drafts, 1);
     assert_eq!(batch.seqs[0].draft_dists, Some(vec![dist(6)]));
     assert_eq!(
@@ -745,7 +745,7 @@ fn a_scored_prompt_skips_the_prefix_cache_and_its_chunks_fit_the_logit_rows() {
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 1), (2, 4), (3, 1)]);
     assert_eq!(h.queues.get(RequestId(3)).unwrap().cached_tokens, Some(8));
-    let batch = h.queues.batch(&plan, 3, Vec::new());
+    let batch = h.queues.batch(&plan, 3, Vec::new(), Vec::new());
     let setup = batch.seqs[1].setup.as_ref().unwrap();
     assert_eq!(setup.prompt_logprobs, Some(2));
     assert!(
@@ -765,7 +765,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
     h.submit_scoring(1, &prompt(0, 6), 0, 1);
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 4)]);
-    assert!(!h.queues.batch(&plan, 1, Vec::new()).seqs[0].sample);
+    assert!(!h.queues.batch(&plan, 1, Vec::new(), Vec::new()).seqs[0].sample);
     let scored = |first, len| PromptLogprobs {
         id: RequestId(1),
         first,
@@ -788,7 +788,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
     assert!(h.queues.apply_done(&plan, done, &[EOS]).ended.is_empty());
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 2)]);
-    let batch = h.queues.batch(&plan, 2, Vec::new());
+    let batch = h.queues.batch(&plan, 2, Vec::new(), Vec::new());
     assert!(!batch.seqs[0].sample, "nothing to sample at max_tokens 0");
     let done = StepDone {
         step: 2,

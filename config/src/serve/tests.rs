@@ -330,6 +330,15 @@ fn reload_refuses_a_field_that_needs_a_restart() {
 }
 
 #[test]
+fn kv_host_memory_is_a_byte_size_off_by_default() {
+    assert_eq!(ServeConfig::default().kv_host_memory, None);
+    assert_eq!(
+        file("kv_host_memory = \"2GiB\"").kv_host_memory,
+        Some(2 << 30)
+    );
+}
+
+#[test]
 fn the_reloadable_fields_are_exactly_these() {
     let live: Vec<_> = ServeConfig::default()
         .fields()
@@ -355,7 +364,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 45);
+    assert_eq!(ServeConfig::default().fields().len(), 46);
 }
 
 #[test]

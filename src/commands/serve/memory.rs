@@ -49,6 +49,11 @@ pub fn check_start_up(
         footprint.eager_step(bounds(config)),
     ];
     needs.extend(graphs(config, footprint)?);
+    // The host tier takes its memory as it fills; counted whole, as it may fill.
+    needs.extend(config.kv_host_memory.map(|bytes| MemoryNeed {
+        what: format!("kv_host_memory {bytes} bytes"),
+        bytes,
+    }));
     check_host(&needs).map_err(|short| anyhow::anyhow!("{short}: lower it"))
 }
 

@@ -1,9 +1,12 @@
 //! A seeded random scheduler drives many steps of admit / grow / free / computed. After
 //! each step the invariants hold, every grant keeps its promises, and every prefix hit
-//! serves blocks whose (simulated) KV content is exactly the sequence's tokens.
+//! serves blocks whose (simulated) KV content is exactly the sequence's tokens, also when
+//! blocks went down to a host tier and came back (its copies made as a backend would).
 
 use super::{step, BlockManager};
-use crate::messages::{AdmitSeq, AllocateStep, ComputedSeq, GrowSeq, RequestId, StepGrant};
+use crate::messages::{
+    AdmitSeq, AllocateStep, ComputedSeq, GrowSeq, KvMove, KvUsage, RequestId, StepGrant,
+};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::Arc;
@@ -19,13 +22,33 @@ struct Seq {
     table: Vec<u32>,
 }
 
-/// The simulated KV cache. A slot's real content depends on every token up to it (through
-/// attention), so each slot holds the whole prefix that produced it.
-struct Kv(Vec<Vec<Option<Vec<u32>>>>);
+/// What one block's slots hold: per slot, the whole prefix that produced it.
+type Block = Vec<Option<Vec<u32>>>;
+
+/// The simulated KV cache and host tier. A slot's real content depends on every token up
+/// to it (through attention), so each slot holds the whole prefix that produced it.
+struct Kv(Vec<Block>, Vec<Block>);
 
 impl Kv {
-    fn new() -> Kv {
-        Kv(vec![vec![None; BLOCK]; POOL as usize])
+    fn new(host_slots: u32) -> Kv {
+        Kv(
+            vec![vec![None; BLOCK]; POOL as usize],
+            vec![vec![None; BLOCK]; host_slots as usize],
+        )
+    }
+
+    /// Makes a grant's copies, in order, as the backend does before the next forward.
+    fn apply(&mut self, moves: &[KvMove]) {
+        for m in moves {
+            match *m {
+                KvMove::Spill { block, slot } => {
+                    self.1[slot as usize] = self.0[block as usize].clone()
+                }
+                KvMove::Load { slot, block } => {
+                    self.0[block as usize] = self.1[slot as usize].clone()
+                }
+            }
+        }
     }
 
     /// Writes `seq`'s tokens `from..to` through its block table, checking that no other
@@ -106,10 +129,10 @@ fn check_grant(m: &BlockManager, step: &AllocateStep, grant: &StepGrant) {
     assert_eq!(grant.usage.used_blocks, POOL as usize - m.num_free_blocks());
 }
 
-fn run(seed: u64, prefix_caching: bool) -> (u64, usize) {
+fn run(seed: u64, prefix_caching: bool, host_slots: u32) -> (KvUsage, usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut m = BlockManager::new(POOL, BLOCK, prefix_caching);
-    let mut kv = Kv::new();
+    let mut m = BlockManager::new(POOL, BLOCK, prefix_caching).with_host_tier(host_slots);
+    let mut kv = Kv::new(host_slots);
     let stems: Vec<Vec<u32>> = (0..3)
         .map(|_| {
             (0..rng.random_range(8..40))
@@ -175,6 +198,7 @@ fn run(seed: u64, prefix_caching: bool) -> (u64, usize) {
 
         let grant = step(&mut m, msg.clone());
         check_grant(&m, &msg, &grant);
+        kv.apply(&grant.moves);
 
         for a in &grant.admitted {
             let mut s = waiting.remove(0);
@@ -225,7 +249,7 @@ fn run(seed: u64, prefix_caching: bool) -> (u64, usize) {
         running.len(),
         waiting.len()
     );
-    (m.usage().prefix_hits, preemptions)
+    (m.usage(), preemptions)
 }
 
 #[test]
@@ -233,8 +257,9 @@ fn random_steps_keep_the_invariants_and_serve_correct_prefixes() {
     let mut hits = 0;
     let mut preemptions = 0;
     for seed in 0..12 {
-        let (h, p) = run(0xb10c_0000 + seed, true);
-        hits += h;
+        let (usage, p) = run(0xb10c_0000 + seed, true, 0);
+        assert_eq!(usage.host_spilled, 0);
+        hits += usage.prefix_hits;
         preemptions += p;
     }
     assert!(hits > 0, "the workload exercised the prefix cache");
@@ -244,7 +269,33 @@ fn random_steps_keep_the_invariants_and_serve_correct_prefixes() {
 #[test]
 fn random_steps_without_prefix_caching_never_hit() {
     for seed in 0..4 {
-        let (hits, _) = run(0xcafe_0000 + seed, false);
-        assert_eq!(hits, 0);
+        let (usage, _) = run(0xcafe_0000 + seed, false, 16);
+        assert_eq!(usage.prefix_hits, 0);
+        assert_eq!(
+            usage.host_spilled + usage.host_loaded,
+            0,
+            "no tier without a cache"
+        );
     }
+}
+
+#[test]
+fn random_steps_through_a_host_tier_keep_the_accounting_and_serve_correct_prefixes() {
+    // Tiers of 6 to 96 blocks under a pool of 48: full tiers drop leaves, large ones keep
+    // every chain; the invariants (every slot free, given up or held once; leaves exactly
+    // the entries nothing continues) are checked after every step.
+    let (mut spilled, mut loaded, mut dropped, mut hits) = (0, 0, 0, 0);
+    for (seed, slots) in (0..12).zip([6, 12, 24, 48, 96, 7].iter().cycle()) {
+        let (usage, _) = run(0x7e1e_0000 + seed, true, *slots);
+        assert!(usage.host_blocks <= *slots as usize);
+        spilled += usage.host_spilled;
+        loaded += usage.host_loaded;
+        dropped += usage.host_dropped;
+        hits += usage.prefix_hits;
+    }
+    eprintln!("spilled {spilled} loaded {loaded} dropped {dropped} hits {hits}");
+    assert!(
+        spilled > 100 && loaded > 20 && dropped > 20,
+        "the tier was exercised"
+    );
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Time to first token for a long shared prefix, cold, from the KV pool and from the host
+tier (`--kv-host-memory`), against a running `peregrine serve`: issue 50's first
+measurement. The prompt is PREFIX_TOKENS words of one text plus a short question; between
+the pool run and the host run, OTHERS prompts of the same length (other texts) push the
+prefix out of a pool that holds about one and a half of them, so it goes down to the host
+tier and is brought back. Each request is greedy, 8 tokens, streamed; TTFT is the time to
+its first content chunk. Prints one line per case, and whether the outputs agree.
+
+    peregrine serve --kv-cache-memory 140MB --kv-host-memory 1GiB &
+    python3 scripts/bench_host_tier.py --base http://127.0.0.1:8000
+"""
+import argparse
+import json
+import time
+import urllib.request
+
+
+def stream(base, model, prompt):
+    """(seconds to the first content chunk, text, usage) of one streamed completion."""
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    start = time.perf_counter()
+    first, text, usage = None, "", None
+    with urllib.request.urlopen(req) as resp:
+        for line in resp:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices", []):
+                if choice.get("text") and first is None:
+                    first = time.perf_counter() - start
+                text += choice.get("text", "")
+    return first, text, usage
+
+
+def text(seed, words):
+    """`words` words of a text of its own for `seed`."""
+    vocab = ["river", "stone", "bridge", "mill", "orchard", "lantern", "harbour", "meadow",
+             "tower", "market", "valley", "forest", "garden", "window", "letter", "winter"]
+    return " ".join(vocab[(seed * 7 + i * (seed + 3)) % len(vocab)] + str(i % 97) for i in range(words))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", default="http://127.0.0.1:8000")
+    p.add_argument("--model", default=None)
+    p.add_argument("--words", type=int, default=1500, help="words of the prefix (about 2.7 tokens each)")
+    p.add_argument("--others", type=int, default=2)
+    a = p.parse_args()
+    model = a.model or json.load(urllib.request.urlopen(a.base + "/v1/models"))["data"][0]["id"]
+    prompt = text(0, a.words) + "\nQuestion: what comes next?\nAnswer:"
+    rows = []
+    ttft, out0, usage = stream(a.base, model, prompt)
+    rows.append(("cold", ttft, usage))
+    ttft, out1, usage = stream(a.base, model, prompt)
+    rows.append(("from the pool", ttft, usage))
+    for i in range(a.others):
+        stream(a.base, model, text(i + 1, a.words) + "\nQuestion: what comes next?\nAnswer:")
+    ttft, out2, usage = stream(a.base, model, prompt)
+    rows.append(("from the host tier", ttft, usage))
+    for name, ttft, usage in rows:
+        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+        print("%-20s ttft %.3f s  prompt_tokens %d  cached_tokens %s" % (name, ttft, usage["prompt_tokens"], cached))
+    print("outputs equal:", out0 == out1 == out2)
+
+
+if __name__ == "__main__":
+    main()

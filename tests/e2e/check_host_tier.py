@@ -1,0 +1,59 @@
+"""Scenario 25: the host tier below the KV pool (`--kv-host-memory`). A greedy prompt runs
+cold; other prompts then fill the small pool, so its blocks go down to the host tier
+(peregrine:kv_host_spilled_blocks_total grows); the same prompt again reports its whole
+blocks as cached, brought back from the host (peregrine:kv_host_loaded_blocks_total grows
+by at least as many blocks), and gives exactly the cold output."""
+
+from e2e_common import client, expect, expect_eq, log, metric, metrics, parser, run, tokenize
+
+SPILLED = "peregrine:kv_host_spilled_blocks_total"
+LOADED = "peregrine:kv_host_loaded_blocks_total"
+HOST_BLOCKS = "peregrine:kv_host_blocks"
+BLOCK_SIZE = 16
+# The pool holds 24 blocks (tests/serve_e2e.rs): eight other prompts of 6 blocks or more
+# take every block the first one held.
+OTHERS = 8
+
+
+def main():
+    args = parser(__doc__).parse_args()
+    base, model = args.base, args.model
+    api = client(base)
+
+    def greedy(prompt):
+        out = api.completions.create(
+            model=model, prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+        )
+        details = out.usage.model_dump().get("prompt_tokens_details") or {}
+        return out.choices[0].text, details.get("cached_tokens")
+
+    prompt = "a river runs past the old mill and under the stone bridge. " * 4
+    count = tokenize(base, model, prompt=prompt)
+    expect(count >= 6 * BLOCK_SIZE, "the prompt has only %d tokens" % count)
+    cold, cached = greedy(prompt)
+    expect_eq(cached, 0, "cached_tokens of the cold request")
+
+    before = metrics(base)
+    for i in range(OTHERS):
+        other = ("request %d asks about the colour %d of the sky at hour %d. " % (i, i * 7, i * 3)) * 5
+        expect(tokenize(base, model, prompt=other) >= 6 * BLOCK_SIZE, "other prompt %d is short" % i)
+        greedy(other)
+    spilled = metric(metrics(base), SPILLED) - metric(before, SPILLED)
+    expect(spilled > 0, "the other prompts moved no block to the host tier")
+
+    before = metrics(base)
+    again, cached = greedy(prompt)
+    after = metrics(base)
+    loaded = metric(after, LOADED) - metric(before, LOADED)
+    log(
+        "%d prompt tokens: %d blocks spilled by the others; again: cached %s, %d blocks loaded, "
+        "%d blocks in the host tier" % (count, spilled, cached, loaded, metric(after, HOST_BLOCKS))
+    )
+    expect(cached >= (count - 1) // BLOCK_SIZE * BLOCK_SIZE, "only %s of %d tokens cached" % (cached, count))
+    expect(loaded >= 1, "no block came back from the host tier")
+    expect(loaded * BLOCK_SIZE <= cached, "%d blocks loaded for %d cached tokens" % (loaded, cached))
+    expect_eq(again, cold, "greedy output with blocks from the host tier")
+
+
+if __name__ == "__main__":
+    run(main)
