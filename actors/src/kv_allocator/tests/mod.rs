@@ -6,6 +6,7 @@ mod caching_off;
 mod collision;
 mod events;
 mod eviction;
+mod host_tier;
 mod large_pool;
 mod preemption;
 mod random;
