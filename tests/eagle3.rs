@@ -13,6 +13,7 @@ use common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, cpu_distribution,
     first_two_distributions,
 };
+use common::reference::argmax;
 use common::tiny_model::{TinyModel, TinySpec};
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
 use peregrine_actors::draft::{DraftMethod, Eagle3, LAZY_ROWS};
@@ -37,16 +38,6 @@ fn target_spec() -> TinySpec {
         num_layers: TARGET_LAYERS,
         ..TinySpec::llama_tiny()
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 // ---------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::{ForwardError, LlamaModel};
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
 use peregrine_testkit::eagle3_head::{HeadSpec, RandomHead};
+use peregrine_testkit::reference::argmax;
 use peregrine_testkit::reference::RefModel;
 use peregrine_testkit::tiny_model::{TinyModel, TinySpec};
 use rand::{Rng, SeedableRng};
@@ -499,16 +500,6 @@ fn check_head_against_reference(spec: HeadSpec, seed: u64, precision: Precision)
         }
     }
     drafts_checked
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 #[test]

@@ -21,6 +21,7 @@ use peregrine_models::fetch::{default_cache_dir, fetch_model};
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_models::LlamaModel;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_testkit::reference::argmax;
 use serde::Deserialize;
 
 const CLEAR_MARGIN: f64 = 0.5;
@@ -40,16 +41,6 @@ struct Case {
     top5: Vec<Vec<u32>>,
     top5_logits: Vec<Vec<f64>>,
     prompt_top5: Vec<Vec<u32>>,
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 /// Our top-1 id after every prompt token and then after each of `continuation`'s tokens

@@ -4,6 +4,7 @@
 //! keys and values expanded by `kv_b_proj`, plain attention over them), YaRN's frequencies
 //! computed here, the sigmoid `noaux_tc` routing, the shared expert.
 
+pub use crate::reference::argmax;
 use crate::reference::{dot, matvec, rms, widen};
 use safetensors::SafeTensors;
 use serde_json::Value;
@@ -291,9 +292,4 @@ pub fn relative_error(ours: &[f32], theirs: &[f64]) -> f64 {
         .zip(theirs)
         .fold(0f64, |m, (a, b)| m.max((*a as f64 - b).abs()));
     diff / scale
-}
-
-/// The index of the largest value of `row` (the first among ties).
-pub fn argmax(row: &[f32]) -> u32 {
-    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
 }

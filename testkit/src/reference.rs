@@ -264,3 +264,8 @@ fn rotate_half_split(x: &mut [f64], pos: usize, inv_freq: &[f64]) {
         x[i + half] = b * c + a * s;
     }
 }
+
+/// The index of the largest value of `row` (the first among ties).
+pub fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |best, i| if row[i] > row[best] { i } else { best }) as u32
+}

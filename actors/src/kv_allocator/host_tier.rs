@@ -76,11 +76,7 @@ impl HostTier {
 
     /// The slot holding `tokens` after the chain `parent`, and the chain it ends.
     pub fn lookup(&self, parent: ChainId, tokens: &[u32]) -> Option<(u32, ChainId)> {
-        let key = BlockKey {
-            parent,
-            tokens: tokens.into(),
-        };
-        let slot = *self.map.get(&key)?;
+        let slot = *self.map.get(&BlockKey::new(parent, tokens))?;
         let held = self.slots[slot as usize].as_ref()?;
         Some((slot, held.chain))
     }

@@ -49,6 +49,16 @@ pub(super) struct BlockKey {
     pub(super) tokens: Box<[u32]>,
 }
 
+impl BlockKey {
+    /// The key of `tokens` after the chain `parent`.
+    pub(super) fn new(parent: ChainId, tokens: &[u32]) -> BlockKey {
+        BlockKey {
+            parent,
+            tokens: tokens.into(),
+        }
+    }
+}
+
 /// Where a key's content lives.
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -104,10 +114,7 @@ impl<S: BuildHasher> PrefixCache<S> {
 
     /// The block holding `tokens` after the chain `parent`, and the chain it ends.
     pub fn lookup(&self, parent: ChainId, tokens: &[u32]) -> Option<(u32, ChainId)> {
-        let key = BlockKey {
-            parent,
-            tokens: tokens.into(),
-        };
+        let key = BlockKey::new(parent, tokens);
         self.map.get(&key).map(|e| (e.block, e.chain))
     }
 
@@ -128,10 +135,7 @@ impl<S: BuildHasher> PrefixCache<S> {
         tokens: &[u32],
         block: u32,
     ) -> (ChainId, bool) {
-        let key = BlockKey {
-            parent,
-            tokens: tokens.into(),
-        };
+        let key = BlockKey::new(parent, tokens);
         if let Some(existing) = self.map.get(&key) {
             return (existing.chain, false);
         }
