@@ -49,12 +49,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
         }
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
-            if !matches!(config.kv_cache_dtype, DtypeChoice::Auto | DtypeChoice::Bfloat16) {
-                anyhow::bail!(
-                    "--kv-cache-dtype {}: the GPU's KV cache is bfloat16 (auto)",
-                    config.kv_cache_dtype.as_str()
-                );
-            }
+            check_gpu_kv_dtype(Some(config.kv_cache_dtype))?;
             let cache = default_cache_dir(config.cache_dir.as_deref())?;
             let settings = peregrine_actors::backend::GpuSettings {
                 gpu_memory_utilization: config.gpu_memory_utilization,
@@ -147,9 +142,22 @@ pub fn cpu_kv_dtype(choice: Option<DtypeChoice>, rows: KvRows) -> anyhow::Result
     }
 }
 
+/// Refuses a `--kv-cache-dtype` other than `auto` or `bfloat16` on the GPU, whose KV cache
+/// is bfloat16.
+#[cfg(any(feature = "cuda", test))]
+pub fn check_gpu_kv_dtype(choice: Option<DtypeChoice>) -> anyhow::Result<()> {
+    match choice.unwrap_or(DtypeChoice::Auto) {
+        DtypeChoice::Auto | DtypeChoice::Bfloat16 => Ok(()),
+        other => anyhow::bail!(
+            "--kv-cache-dtype {}: the GPU's KV cache is bfloat16 (auto)",
+            other.as_str()
+        ),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::cpu_kv_dtype;
+    use super::{check_gpu_kv_dtype, cpu_kv_dtype};
     use peregrine_config::DtypeChoice;
     use peregrine_ops::{KvDtype, KvRows};
 
@@ -165,5 +173,19 @@ mod tests {
         assert_eq!(latent, KvDtype::Float32);
         let err = cpu_kv_dtype(Some(DtypeChoice::Float16), kv).unwrap_err();
         assert!(err.to_string().contains("float32 or bfloat16"), "{err}");
+    }
+
+    #[test]
+    fn the_gpu_cache_takes_auto_or_bfloat16_only() {
+        for ok in [None, Some(DtypeChoice::Auto), Some(DtypeChoice::Bfloat16)] {
+            check_gpu_kv_dtype(ok).unwrap();
+        }
+        for refused in [DtypeChoice::Float32, DtypeChoice::Float16] {
+            let err = check_gpu_kv_dtype(Some(refused)).unwrap_err().to_string();
+            assert!(
+                err.contains(refused.as_str()) && err.contains("bfloat16 (auto)"),
+                "{err}"
+            );
+        }
     }
 }

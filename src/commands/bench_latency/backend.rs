@@ -98,7 +98,10 @@ pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn L
             Ok(Box::new(CpuModel { model, cache }))
         }
         #[cfg(feature = "cuda")]
-        "cuda" => Ok(Box::new(super::gpu::GpuModel::open(args)?)),
+        "cuda" => {
+            crate::commands::engine::check_gpu_kv_dtype(args.kv_cache_dtype)?;
+            Ok(Box::new(super::gpu::GpuModel::open(args)?))
+        }
         #[cfg(not(feature = "cuda"))]
         "cuda" => bail!("this binary was built without the `cuda` feature"),
         other => bail!("--device {other}: expected cpu or cuda"),
