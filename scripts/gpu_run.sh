@@ -15,6 +15,12 @@
 #   scripts/gpu_run.sh attnprof   decode attention at batch 64 after 128 tokens and batch 1 / 8
 #                                 after 32,000 (Llama-3.2-1B shape): bench latency, then
 #                                 Nsight Compute's sections of the split and combine kernels
+#   scripts/gpu_run.sh splitbench scripts/split_attention_bench.cu (built here with nvcc): the
+#                                 decode attention's split kernel and combine alone, each
+#                                 bucket, at the 1B and 8B shapes' batch 64 and 128 after
+#                                 128 tokens, 1 and 16 after 4,000, 1 and 8 after 32,000;
+#                                 one build per register budget of SPLIT_VARIANTS (sets of
+#                                 -D flags separated by `;`, the first "" the defaults)
 #   scripts/gpu_run.sh profile    Nsight Compute kernel times of batch-1 decode steps on the
 #                                 Llama-3.2-1B shape (cuBLAS and the GEMV kernel), summed
 #                                 per step by scripts/ncu_step_summary.py
@@ -272,6 +278,22 @@ attnprof)
             --section WarpStateStats --section MemoryWorkloadAnalysis \
             "$bin/peregrine" $one_b --enforce-eager --batch-sizes "$sizes" --input-len "$len" \
             --output-len 4 >"$OUT/ncu-attn-b$sizes-$len.txt" 2>&1
+    done
+    ;;
+splitbench)
+    # One build of the split-kernel bench per register budget, compiled side by side, then
+    # each run in turn.
+    IFS=';' read -r -a variants <<<"${SPLIT_VARIANTS:-;-DPA_UNROLL=8 -DPA_SPLIT_MIN_BLOCKS=1;-DPA_SPLIT_MIN_BLOCKS=5;-DPA_SPLIT_THREADS=128 -DPA_SPLIT_MIN_BLOCKS=8}"
+    for i in "${!variants[@]}"; do
+        # shellcheck disable=SC2086
+        nvcc -O3 -std=c++17 -arch=sm_90 -include kernels/cuda/common.cuh ${variants[$i]} \
+            scripts/split_attention_bench.cu -o "/tmp/split_bench_$i" >"/tmp/split_bench_$i.log" 2>&1 &
+    done
+    wait
+    for i in "${!variants[@]}"; do
+        echo "== variant $i: ${variants[$i]:-defaults}" | tee -a "$OUT/splitbench.log"
+        grep -i error "/tmp/split_bench_$i.log" | tee -a "$OUT/splitbench.log"
+        timeout 120 "/tmp/split_bench_$i" 2>&1 | tee -a "$OUT/splitbench.log"
     done
     ;;
 hf)

@@ -47,8 +47,23 @@
 #define PA_LIVE_DECODE 1
 #define PA_LIVE_PREFILL 2
 #define PA_PARTITION 512        // tokens per split partition: a constant, never per batch
+// The split kernel's shape and register budget, which sets its occupancy: its threads, the
+// 16-byte loads each lane keeps in flight (PA_UNROLL), and the blocks a multiprocessor must
+// hold at once (PA_SPLIT_MIN_BLOCKS, its launch bounds: 4 blocks of 256 threads leave 64
+// registers a thread, and with the query slices packed as bf16 pairs nothing spills). The
+// unroll changes no result: a lane visits its tokens in the same order whatever it is.
+// scripts/split_attention_bench.cu times other values, defined on its compiler's command
+// line (hence the guards); on an H100 these run the 1B shape's batch-64 decode attention
+// in 22 us a layer against 49 with 8 loads in flight and no bound (142 registers).
+#ifndef PA_SPLIT_THREADS
 #define PA_SPLIT_THREADS 256    // threads of the split kernel
-#define PA_UNROLL 8             // 16-byte loads in flight per lane in the split kernel
+#endif
+#ifndef PA_UNROLL
+#define PA_UNROLL 4
+#endif
+#ifndef PA_SPLIT_MIN_BLOCKS
+#define PA_SPLIT_MIN_BLOCKS 4
+#endif
 #define PA_COMBINE_THREADS 512  // threads of the combine kernel
 #define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
 #define PA_TILE 64              // query rows of a prefill work item
@@ -82,7 +97,7 @@ __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block
 // Decode: one block per (split item, KV head, chunk of up to MAXG query heads of its group),
 // so that each K and V row is read once for all the query heads that share it. A lane group
 // of D / 8 lanes reads one token's K (or V) row with one 16-byte load per lane; a warp reads
-// WARP_SIZE / (D / 8) tokens at once and every lane keeps PA_UNROLL loads in flight. The
+// WARP_SIZE / (D / 8) tokens at once and every lane keeps UNROLL loads in flight. The
 // partition's slot offsets are looked up once, into shared memory. Each
 // query head's scores, softmax and output are computed exactly as if it were alone: the
 // order of every sum depends on the partition's tokens only.
@@ -101,6 +116,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     constexpr int VEC = 8;           // bf16 per 16-byte load
     constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
     constexpr int WARPS = PA_SPLIT_THREADS / WARP_SIZE;
+    constexpr int UNROLL = PA_UNROLL;  // 16-byte loads in flight a lane
     __shared__ float logits[MAXG][PA_PARTITION];
     __shared__ float red_max[MAXG][WARPS], red_sum[MAXG][WARPS];
     __shared__ float warp_out[WARPS][MAXG][D];
@@ -152,11 +168,11 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     // of more heads keep those registers for their heads.
     constexpr bool PRELOAD = MAXG == 1;
     const bool preload = PRELOAD && nk.fuse;
-    uint4 k_pre[PRELOAD ? PA_UNROLL : 1], v_pre[PRELOAD ? PA_UNROLL : 1];
+    uint4 k_pre[PRELOAD ? UNROLL : 1], v_pre[PRELOAD ? UNROLL : 1];
     if (PRELOAD) {
         __syncthreads();  // slot_at is read across threads
 #pragma unroll
-        for (int u = 0; u < (PRELOAD ? PA_UNROLL : 1); ++u) {
+        for (int u = 0; u < (PRELOAD ? UNROLL : 1); ++u) {
             const int i = u * step + warp * per_warp + group_lane;
             const bool cached = preload && i < n && i != new_at;
             k_pre[u] = cached ? load_bf16x8(k_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
@@ -188,18 +204,25 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         v_in = v_new[e];
     }
     const bf16* q_row = q + row * q_stride;
-    float qv[MAXG][VEC];
+    // Every element is a bf16 (rotated or not), so packing two to a register (half the
+    // registers of f32) loses nothing.
+    unsigned int qv[MAXG][VEC / 2];
 #pragma unroll
     for (int g = 0; g < MAXG; ++g) {
         const bf16* head = q_row + (i64)(h0 + g) * D;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
             const int e = gl * VEC + j;
-            qv[g][j] = g >= heads_here ? 0.0f
-                       : angles        ? to_f32(rope_element(head, e, D / 2, nk.rotary, angles))
-                                       : to_f32(head[e]);
+            const float x = g >= heads_here ? 0.0f
+                            : angles        ? to_f32(rope_element(head, e, D / 2, nk.rotary, angles))
+                                            : to_f32(head[e]);
+            const unsigned int bits = __float_as_uint(x);
+            if (j % 2 == 0) qv[g][j / 2] = bits >> 16;
+            else qv[g][j / 2] |= bits & 0xffff0000u;
         }
     }
+    // Element j of query head g's slice, as f32.
+    auto q_at = [&](int g, int j) -> float { return j % 2 == 0 ? bf16_lo(qv[g][j / 2]) : bf16_hi(qv[g][j / 2]); };
     if (loads_new) {
         new_k[threadIdx.x] = angles ? rope_apply(k_rope) : k_in;
         new_v[threadIdx.x] = v_in;
@@ -216,10 +239,10 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 
     // Scores of the partition's tokens. The loop bounds are the same for the whole block,
     // so every lane reaches every shuffle.
-    for (int base = 0; base < n; base += step * PA_UNROLL) {
-        uint4 raw[PA_UNROLL];
+    for (int base = 0; base < n; base += step * UNROLL) {
+        uint4 raw[UNROLL];
 #pragma unroll
-        for (int u = 0; u < PA_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_k + gl * VEC);
@@ -227,7 +250,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             else if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
-        for (int u = 0; u < PA_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             float kf[VEC];
             unpack_bf16x8(raw[u], kf);
             const int i = base + u * step + warp * per_warp + group_lane;
@@ -236,7 +259,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
                 if (g < heads_here) {
                     float dot = 0.0f;
 #pragma unroll
-                    for (int j = 0; j < VEC; ++j) dot += qv[g][j] * kf[j];
+                    for (int j = 0; j < VEC; ++j) dot += q_at(g, j) * kf[j];
                     // Butterfly over the lane group: fixed order, the same sum on every lane.
                     for (int m = LANES / 2; m > 0; m >>= 1) dot += SHFL_XOR(dot, m);
                     if (i < n && gl == 0) logits[g][i] = dot * scale;
@@ -293,10 +316,10 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[g][j] = 0.0f;
     }
-    for (int base = 0; base < n; base += step * PA_UNROLL) {
-        uint4 raw[PA_UNROLL];
+    for (int base = 0; base < n; base += step * UNROLL) {
+        uint4 raw[UNROLL];
 #pragma unroll
-        for (int u = 0; u < PA_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_v + gl * VEC);
@@ -304,7 +327,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             else if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
-        for (int u = 0; u < PA_UNROLL; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
             float vf[VEC];
             unpack_bf16x8(raw[u], vf);
             const int i = base + u * step + warp * per_warp + group_lane;
@@ -380,12 +403,12 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
 // the one that holds the group) that still fills the GPU, several blocks per KV head when
 // the bucket is smaller than the group.
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4>(PA_SPLIT_ARGS); }
 
 // One block per (decode sequence, head): merges the sequence's partition records and writes
 // its output row: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) s_p. The max and the

@@ -38,10 +38,11 @@ pub trait LatencyModel {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> anyhow::Result<StepTokens>;
-    /// Whether a step of `batch` sequences of `rows` rows each (1: decode) runs as one
-    /// replayable unit (a captured graph: running it again writes the same KV slots and
-    /// tokens), which [`LatencyModel::queue_step`] can queue.
-    fn replays_step(&self, batch: usize, rows: usize) -> bool;
+    /// Whether every step of `batch` sequences of `rows` rows each (1: decode), up to a
+    /// context of `context` tokens, runs as one replayable unit (a captured graph: running
+    /// it again writes the same KV slots and tokens), which [`LatencyModel::queue_step`]
+    /// can queue.
+    fn replays_step(&self, batch: usize, rows: usize, context: usize) -> bool;
     /// Queues the step that [`LatencyModel::step`] would run, without waiting for its
     /// tokens; an error for a step that [`LatencyModel::replays_step`] does not cover.
     fn queue_step(
@@ -174,7 +175,7 @@ impl LatencyModel for CpuModel {
         })
     }
 
-    fn replays_step(&self, _: usize, _: usize) -> bool {
+    fn replays_step(&self, _: usize, _: usize, _: usize) -> bool {
         false
     }
 

@@ -178,7 +178,8 @@ impl GpuModel {
 
     /// The graph a step replays through: a decode graph for pure decode, a verification
     /// graph for a step of at most --verify-rows rows a sequence whose every row is a
-    /// logit row, in order; `None` past the largest captured size, or with --enforce-eager.
+    /// logit row, in order; `None` past the largest captured size or context (such a step
+    /// runs eagerly, as the engine's does), or with --enforce-eager.
     fn graph_for(
         &self,
         tokens: &[u32],
@@ -194,7 +195,11 @@ impl GpuModel {
         } else {
             return None;
         };
-        graphs.graph_for(tokens.len()).map(|(_, graph)| graph)
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        graphs
+            .graph_for(tokens.len())
+            .map(|(_, graph)| graph)
+            .filter(|graph| longest <= graph.max_context())
     }
 }
 
@@ -279,13 +284,15 @@ impl LatencyModel for GpuModel {
         Ok(StepTokens { tokens, queued })
     }
 
-    fn replays_step(&self, batch: usize, rows: usize) -> bool {
+    fn replays_step(&self, batch: usize, rows: usize, context: usize) -> bool {
         let graphs = match rows {
             1 => self.graphs.as_ref(),
             _ if rows <= self.verify_rows => self.verify_graphs.as_ref(),
             _ => None,
         };
-        graphs.is_some_and(|graphs| graphs.graph_for(batch * rows).is_some())
+        graphs
+            .and_then(|graphs| graphs.graph_for(batch * rows))
+            .is_some_and(|(_, graph)| context <= graph.max_context())
     }
 
     fn queue_step(

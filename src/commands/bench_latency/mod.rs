@@ -65,7 +65,7 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
             (f, _) => f,
         };
         let of_floor = floor_ms.map_or("-".to_string(), |f| format!("{:.0}%", 100.0 * f / step_ms));
-        let replays = model.replays_step(batch, 1);
+        let replays = model.replays_step(batch, 1, args.input_len + args.output_len);
         let (device_ms, ahead_ms) = if replays {
             let twice = measure(&mut *model, &args, shape, args.output_len, Decode::Twice)?;
             let ahead = measure(&mut *model, &args, shape, args.output_len, Decode::Ahead)?;
@@ -170,7 +170,8 @@ fn verify_cost(
     measure(model, args, shape, 4, Decode::Plain)?;
     let steps = args.output_len as f64;
     let plain = measure(model, args, shape, args.output_len, Decode::Plain)?;
-    let device_ms = if model.replays_step(shape.batch, shape.rows) {
+    let longest = args.input_len + args.output_len * shape.rows;
+    let device_ms = if model.replays_step(shape.batch, shape.rows, longest) {
         let twice = measure(model, args, shape, args.output_len, Decode::Twice)?;
         Some((twice.decode_s - plain.decode_s) * 1e3 / steps)
     } else {
