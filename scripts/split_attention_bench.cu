@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #define CHECK(call)                                                                       \
@@ -174,8 +175,13 @@ void run_case(const Shape& s, int batch, int ctx) {
         CHECK(cudaFree(p));
 }
 
-int main() {
+// With arguments SHAPE BATCH CONTEXT (SHAPE 1B or 8B), that case alone (for a profiler).
+int main(int argc, char** argv) {
     const Shape small = {"1B", 32, 8, 64}, large = {"8B", 32, 8, 128};
+    if (argc == 4) {
+        run_case(std::string(argv[1]) == "8B" ? large : small, atoi(argv[2]), atoi(argv[3]));
+        return 0;
+    }
     printf("PA_SPLIT_THREADS %d PA_UNROLL %d PA_SPLIT_MIN_BLOCKS %d\n", PA_SPLIT_THREADS, PA_UNROLL,
            PA_SPLIT_MIN_BLOCKS);
     for (const Shape& s : {small, large}) {
