@@ -1,0 +1,25 @@
+//! The disk tier's file: prefix-cache blocks written to one file per model under
+//! `--kv-cache-dir`, found again after a restart, and read back only when they are proven
+//! to be the blocks that were written, for this model.
+//!
+//! - [`chain`]: the content hash chain that names a block across processes (a chain id is
+//!   one process's; the hash of every token from the start of the sequence is anyone's).
+//! - [`format`]: the bytes of the file's header and of each slot's record header, each
+//!   with a SHA-256 of its own fields.
+//! - [`file`]: the file itself: locked against a second process, its header checked
+//!   against the model's fingerprint, slots written data first and header last, read back
+//!   with the data's checksum verified, found again by a scan at start-up.
+//!
+//! Every offset is a `u64` computed with checked arithmetic; files past 4 GiB are sparse
+//! until written.
+
+pub mod chain;
+pub mod file;
+pub mod format;
+
+pub use chain::{chain_hash, ContentHash, ROOT_HASH};
+pub use file::{DiskFile, DiskOpenError, FoundBlock, ReadError};
+pub use format::{FileHeader, FORMAT_VERSION};
+
+#[cfg(test)]
+mod tests;
