@@ -1142,6 +1142,103 @@ fn prefix_blocks_come_back_from_the_host_tier() {
     );
 }
 
+/// 26. The disk tier (`--kv-cache-dir`) under a pool of 24 blocks, across restarts: blocks
+///     other prompts push out of the pool are written to disk and a repeated prompt reads
+///     its whole blocks back with its cold greedy output; a second process on the same
+///     directory is refused while the first runs; a restarted server finds the blocks and
+///     serves the prompt from disk with the same output; after a byte of every chain's
+///     first block is flipped in the file, those blocks and all after them miss and the
+///     output is still the same (check_disk_tier.py).
+#[test]
+fn prefix_blocks_come_back_from_disk_across_restarts_and_damage_only_misses() {
+    let _serial = serial();
+    let model = TinyDir::new(33);
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let kv_dir = dir.path().join("kv");
+    let state = dir.path().join("cold.txt");
+    let pool = (24 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    let flags = [
+        "--kv-cache-memory",
+        &pool,
+        "--kv-cache-dir",
+        kv_dir.to_str().expect("a UTF-8 path"),
+        "--kv-disk-space",
+        "64MiB",
+    ];
+    let phase = |name: &str| {
+        let server = Server::start(model.path(), &flags);
+        let args = [
+            "--phase",
+            name,
+            "--state",
+            state.to_str().expect("a UTF-8 path"),
+        ];
+        server.check("check_disk_tier.py", &args);
+        server
+    };
+    let first = phase("cold");
+    let mut second = Command::new(PEREGRINE);
+    second
+        .arg("serve")
+        .arg("--model")
+        .arg(model.path())
+        .args(["--port", "0"])
+        .args(flags);
+    let output = output_within(&mut second, Duration::from_secs(60));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "a second server shared the directory"
+    );
+    assert!(
+        stderr.contains("locked by another Peregrine process"),
+        "{stderr}"
+    );
+    drop(first);
+    drop(phase("restart"));
+    let flipped = flip_first_blocks(&kv_dir);
+    assert!(flipped > 0, "no chain's first block was found in the file");
+    drop(phase("damaged"));
+}
+
+/// Flips a byte of the data of every block in `kv_dir`'s file that starts a chain (its
+/// parent is the root), parsing the file with `kv_disk`'s own layout; how many.
+fn flip_first_blocks(kv_dir: &Path) -> usize {
+    use peregrine_actors::kv_disk::format::{FileHeader, RecordHeader, PAGE};
+    use std::os::unix::fs::FileExt;
+    let path = std::fs::read_dir(kv_dir)
+        .expect("the tier's directory")
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "blocks"))
+        .expect("a blocks file");
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .expect("the blocks file");
+    let mut page = vec![0; PAGE as usize];
+    file.read_exact_at(&mut page, 0).expect("a header");
+    let header = FileHeader::decode(&page).expect("a valid header");
+    let mut flipped = 0;
+    for slot in 0..header.slots {
+        let at = header.slot_offset(slot).expect("an offset");
+        file.read_exact_at(&mut page, at).expect("a record page");
+        let Some(record) = RecordHeader::decode(&page, slot) else {
+            continue;
+        };
+        if record.parent == [0; 32] {
+            let mut byte = [0u8];
+            file.read_exact_at(&mut byte, at + PAGE + 5)
+                .expect("a data byte");
+            file.write_all_at(&[byte[0] ^ 0x40], at + PAGE + 5)
+                .expect("a write");
+            flipped += 1;
+        }
+    }
+    flipped
+}
+
 /// The shape of most tests here: one at a time, a server for a tiny model of `seed` with
 /// `flags`, and `script` (under tests/e2e/) run against it with `args`.
 fn serve_and_check(seed: u64, flags: &[&str], script: &str, args: &[&str]) {

@@ -186,6 +186,22 @@ pub fn start_engine(
         info!(blocks = host_slots, "KV host tier");
         blocks = blocks.with_host_tier(host_slots);
     }
+    if let Some((slots, found)) = backend.take_disk_tier() {
+        if !settings.prefix_caching {
+            bail!("kv_cache_dir keeps prefix-cache blocks: it needs prefix caching on");
+        }
+        if drafter
+            .as_ref()
+            .is_some_and(|d| d.kv_bytes_per_block().is_some())
+        {
+            bail!(
+                "kv_cache_dir does not keep a draft's own KV blocks with the target's yet: \
+                 use it without speculative decoding or with speculative_method ngram"
+            );
+        }
+        info!(slots, blocks = found.len(), "KV disk tier");
+        blocks = blocks.with_disk_tier(slots, &found);
+    }
     let kv = KvAllocator::spawn_over(blocks, settings.kv_events.clone());
     let spin = Spin::for_device(backend.host_waits_on_device());
     let decode_ahead = settings.async_scheduling && drafter.is_none();

@@ -13,6 +13,7 @@
 //! The scheduler sends one message per actor per step, whatever the number of requests.
 
 use crate::graphs::CaptureSizes;
+use crate::kv_disk::ContentHash;
 use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use peregrine_ops::sampling::{DraftDist, SamplingParams, TokenLogprobs};
 use peregrine_structured::CompiledGrammar;
@@ -529,14 +530,40 @@ pub struct StepGrant {
     pub moves: Vec<KvMove>,
 }
 
-/// A copy of one KV block (every layer's keys and values) between the pool and a slot of
-/// the host tier, which the backend that owns the pool makes before its next forward.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A copy of one KV block (every layer's keys and values) between the pool and a tier
+/// below it (a slot of the host tier, a slot of the disk tier's file), which the backend
+/// that owns the pool makes before its next forward, in the order given.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum KvMove {
     /// Pool block `block` (about to be reused) into host slot `slot`.
     Spill { block: u32, slot: u32 },
     /// Host slot `slot` into pool block `block` (a prefix found in the tier).
     Load { slot: u32, block: u32 },
+    /// The block in `from` (leaving memory) into disk slot `slot`, recorded as the block of
+    /// `tokens` after the content chain `parent`.
+    DiskWrite {
+        from: KvSource,
+        slot: u64,
+        parent: ContentHash,
+        tokens: Arc<[u32]>,
+    },
+    /// Disk slot `slot`, checked to hold the block ending the content chain `chain`, into
+    /// pool block `block` (a prefix found on disk). A block that fails its checks is never
+    /// copied: the move fails.
+    DiskRead {
+        slot: u64,
+        chain: ContentHash,
+        block: u32,
+    },
+}
+
+/// Where a block written to disk is read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSource {
+    /// A pool block.
+    Pool(u32),
+    /// A host slot.
+    Host(u32),
 }
 
 /// An admitted sequence's cache.
@@ -569,6 +596,12 @@ pub struct KvUsage {
     pub host_spilled: u64,
     pub host_loaded: u64,
     pub host_dropped: u64,
+    /// The disk tier: blocks held, and blocks written to it, read back from it and dropped
+    /// from it (cumulative).
+    pub disk_blocks: usize,
+    pub disk_written: u64,
+    pub disk_read: u64,
+    pub disk_dropped: u64,
 }
 
 /// Messages to the KV allocator.

@@ -30,6 +30,15 @@ pub const KV_HOST_SPILLED: &str = "peregrine:kv_host_spilled_blocks_total";
 pub const KV_HOST_LOADED: &str = "peregrine:kv_host_loaded_blocks_total";
 /// Blocks dropped from the host tier (full: its least recently spilled chain ends go).
 pub const KV_HOST_DROPPED: &str = "peregrine:kv_host_dropped_blocks_total";
+/// Gauge: prefix-cache blocks held in the disk tier (`kv_cache_dir`), found at start-up
+/// included.
+pub const KV_DISK_BLOCKS: &str = "peregrine:kv_disk_blocks";
+/// Blocks written to the disk tier as they left memory.
+pub const KV_DISK_WRITTEN: &str = "peregrine:kv_disk_written_blocks_total";
+/// Blocks read back from the disk tier into the pool (a prompt's prefix found there).
+pub const KV_DISK_READ: &str = "peregrine:kv_disk_read_blocks_total";
+/// Blocks dropped from the disk tier (full: its least recently used chain ends go).
+pub const KV_DISK_DROPPED: &str = "peregrine:kv_disk_dropped_blocks_total";
 /// Batches of KV-cache events published.
 pub const KV_EVENTS_PUBLISHED: &str = "peregrine:kv_events_published_total";
 /// KV-cache events dropped because the publisher's queue was full (or it had stopped).
@@ -94,6 +103,10 @@ pub fn record_kv(usage: &KvUsage, previous: &mut KvUsage) {
     counter!(KV_HOST_SPILLED).increment(usage.host_spilled.saturating_sub(previous.host_spilled));
     counter!(KV_HOST_LOADED).increment(usage.host_loaded.saturating_sub(previous.host_loaded));
     counter!(KV_HOST_DROPPED).increment(usage.host_dropped.saturating_sub(previous.host_dropped));
+    gauge!(KV_DISK_BLOCKS).set(usage.disk_blocks as f64);
+    counter!(KV_DISK_WRITTEN).increment(usage.disk_written.saturating_sub(previous.disk_written));
+    counter!(KV_DISK_READ).increment(usage.disk_read.saturating_sub(previous.disk_read));
+    counter!(KV_DISK_DROPPED).increment(usage.disk_dropped.saturating_sub(previous.disk_dropped));
     *previous = *usage;
 }
 

@@ -10,6 +10,7 @@ use crate::commands::DEFAULT_MODEL;
 use anyhow::Context;
 use peregrine_actors::backend::{cpu_backend_with, Loaded};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
+use peregrine_actors::kv_disk::model_fingerprint;
 use peregrine_actors::kv_events::{start_publisher, KvEventSink, WireFormat};
 use peregrine_config::{DeviceKind, DtypeChoice, ServeConfig};
 use peregrine_models::fetch::{default_cache_dir, fetch_model, model_folder};
@@ -75,10 +76,17 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
     }
 }
 
-/// Starts the engine's actors over the `loaded` target with the configured drafter (the
-/// proposer owns it), and captures the configured graphs. Call from inside a tokio
-/// runtime.
-pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engine> {
+/// The disk `kv_cache_dir`'s tier may take when `kv_disk_space` is not given.
+const DEFAULT_KV_DISK_SPACE: u64 = 10 << 30;
+
+/// Starts the engine's actors over the `loaded` target (the model of `model_dir`) with the
+/// configured drafter (the proposer owns it) and tiers below its KV pool, and captures the
+/// configured graphs. Call from inside a tokio runtime.
+pub async fn start(
+    config: &ServeConfig,
+    model_dir: &Path,
+    loaded: Loaded,
+) -> anyhow::Result<Engine> {
     let Loaded {
         target: mut backend,
         beside,
@@ -94,6 +102,17 @@ pub async fn start(config: &ServeConfig, loaded: Loaded) -> anyhow::Result<Engin
     };
     if let Some(bytes) = config.kv_host_memory {
         backend.keep_host_tier(bytes)?;
+    }
+    match (&config.kv_cache_dir, config.kv_disk_space) {
+        (Some(dir), space) => {
+            let model = model_fingerprint(model_dir)
+                .with_context(|| format!("fingerprinting the model in {}", model_dir.display()))?;
+            backend.keep_disk_tier(dir, space.unwrap_or(DEFAULT_KV_DISK_SPACE), &model)?;
+        }
+        (None, Some(_)) => anyhow::bail!(
+            "kv_disk_space sizes the disk tier under kv_cache_dir: give kv_cache_dir too"
+        ),
+        (None, None) => {}
     }
     let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;

@@ -59,7 +59,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     let stats = runtime.block_on(async {
-        let engine = start(&config, backend).await?;
+        let engine = start(&config, &dir, backend).await?;
         let stats = stream(&engine.scheduler, spec, &tokenizer).await;
         engine.shutdown().await;
         stats

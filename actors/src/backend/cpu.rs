@@ -1,16 +1,20 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
+use super::disk_blocks::DiskBlocks;
 use super::host_blocks::HostBlocks;
 use super::{
     argmax_rows, blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks,
     RowSampling, StepInput, StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
-use crate::messages::{GeneratedToken, HiddenData, KvMove};
+use crate::kv_disk::{ContentHash, FoundBlock};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource};
+use anyhow::anyhow;
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache, KvDtype, KvRows, Linear};
+use std::path::Path;
 use std::sync::Arc;
 
 struct CpuBackend {
@@ -28,6 +32,10 @@ struct CpuBackend {
     queued: Option<Vec<f32>>,
     /// The host tier below the pool, if one is kept.
     host: Option<HostBlocks>,
+    /// The disk tier below both, if one is kept.
+    disk: Option<DiskBlocks>,
+    /// Its slots and the blocks it held at start-up, until the engine takes them.
+    disk_found: Option<(u64, Vec<FoundBlock>)>,
 }
 
 impl CpuBackend {
@@ -119,6 +127,8 @@ pub fn cpu_backend_with(
         graphs: None,
         queued: None,
         host: None,
+        disk: None,
+        disk_found: None,
     }))
 }
 
@@ -236,16 +246,68 @@ impl ModelBackend for CpuBackend {
         self.host.as_ref().map_or(0, HostBlocks::slots)
     }
 
+    fn keep_disk_tier(
+        &mut self,
+        dir: &Path,
+        bytes: u64,
+        model: &ContentHash,
+    ) -> anyhow::Result<()> {
+        let (disk, found) = DiskBlocks::open(&self.cache, dir, bytes, model)?;
+        self.disk_found = Some((disk.slots(), found));
+        self.disk = Some(disk);
+        Ok(())
+    }
+
+    fn take_disk_tier(&mut self) -> Option<(u64, Vec<FoundBlock>)> {
+        self.disk_found.take()
+    }
+
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
         }
         self.queued = None;
-        let host = self
-            .host
-            .as_mut()
-            .ok_or_else(|| anyhow::anyhow!("KV moves for a CPU backend that keeps no host tier"))?;
-        host.apply(&mut self.cache, moves)
+        let no_host = || anyhow!("host-tier moves for a CPU backend that keeps no host tier");
+        let no_disk = || anyhow!("disk-tier moves for a CPU backend that keeps no disk tier");
+        for m in moves {
+            match m {
+                KvMove::Spill { block, slot } => {
+                    self.host
+                        .as_mut()
+                        .ok_or_else(no_host)?
+                        .spill(&self.cache, *block, *slot)?
+                }
+                KvMove::Load { slot, block } => {
+                    self.host
+                        .as_ref()
+                        .ok_or_else(no_host)?
+                        .load(&mut self.cache, *slot, *block)?
+                }
+                KvMove::DiskWrite {
+                    from,
+                    slot,
+                    parent,
+                    tokens,
+                } => {
+                    let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                    match *from {
+                        KvSource::Pool(block) => {
+                            disk.write_from_pool(&self.cache, block, *slot, parent, tokens)?
+                        }
+                        KvSource::Host(h) => {
+                            let bytes = self.host.as_ref().ok_or_else(no_host)?.bytes(h)?;
+                            disk.write(*slot, parent, tokens, bytes)?
+                        }
+                    }
+                }
+                KvMove::DiskRead { slot, chain, block } => self
+                    .disk
+                    .as_mut()
+                    .ok_or_else(no_disk)?
+                    .read_into(&mut self.cache, *slot, chain, *block)?,
+            }
+        }
+        Ok(())
     }
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {

@@ -2,9 +2,8 @@
 //! keys and values of every layer as the pool's cache lays them out
 //! ([`KvCache::copy_block_out`]). A slot's memory is taken when it is first spilled into,
 //! so a tier costs what it holds. The index of what each slot holds is the KV
-//! allocator's (`kv_allocator/host_tier.rs`); this only makes its copies, in order.
+//! allocator's (`kv_allocator/host_tier.rs`); this only makes its copies.
 
-use crate::messages::KvMove;
 use anyhow::{anyhow, Context};
 use peregrine_ops::KvCache;
 
@@ -37,24 +36,27 @@ impl HostBlocks {
         self.slots.len() as u32
     }
 
-    /// Makes `moves` between `cache`'s pool and the slots, in order.
-    pub fn apply(&mut self, cache: &mut KvCache, moves: &[KvMove]) -> anyhow::Result<()> {
-        for m in moves {
-            match *m {
-                KvMove::Spill { block, slot } => {
-                    let size = self.block_bytes;
-                    let bytes = self.slot(slot)?.get_or_insert_with(|| vec![0; size].into());
-                    cache.copy_block_out(block, bytes);
-                }
-                KvMove::Load { slot, block } => {
-                    let bytes = self.slot(slot)?.as_deref().ok_or_else(|| {
-                        anyhow!("host slot {slot} loaded before anything was spilled into it")
-                    })?;
-                    cache.copy_block_in(block, bytes);
-                }
-            }
-        }
+    /// Copies pool block `block` of `cache` into `slot` (taking its memory the first time).
+    pub fn spill(&mut self, cache: &KvCache, block: u32, slot: u32) -> anyhow::Result<()> {
+        let size = self.block_bytes;
+        let bytes = self.slot(slot)?.get_or_insert_with(|| vec![0; size].into());
+        cache.copy_block_out(block, bytes);
         Ok(())
+    }
+
+    /// Copies `slot` into pool block `block` of `cache`.
+    pub fn load(&self, cache: &mut KvCache, slot: u32, block: u32) -> anyhow::Result<()> {
+        cache.copy_block_in(block, self.bytes(slot)?);
+        Ok(())
+    }
+
+    /// The bytes `slot` holds.
+    pub fn bytes(&self, slot: u32) -> anyhow::Result<&[u8]> {
+        self.slots
+            .get(slot as usize)
+            .ok_or_else(|| anyhow!("host slot {slot} outside a tier of {}", self.slots.len()))?
+            .as_deref()
+            .ok_or_else(|| anyhow!("host slot {slot} read before anything was spilled into it"))
     }
 
     fn slot(&mut self, slot: u32) -> anyhow::Result<&mut Option<Box<[u8]>>> {

@@ -3,6 +3,7 @@
 
 mod cpu;
 mod cpu_memory;
+mod disk_blocks;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod host_blocks;
@@ -13,12 +14,14 @@ pub use cpu_memory::{CpuFootprint, StepBounds};
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
+use crate::kv_disk::{ContentHash, FoundBlock};
 use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{argmax, log_softmax, Sampler, TokenMask};
 use peregrine_ops::{AttentionPlan, Linear};
+use std::path::Path;
 use std::sync::Arc;
 
 /// What the pool is and what the address audit (docs/architecture.md, rule 2) found for it.
@@ -365,14 +368,35 @@ pub trait ModelBackend: Send {
     fn host_tier_slots(&self) -> u32 {
         0
     }
-    /// Makes the copies between the pool and the host tier that the KV allocator gave,
-    /// in order, before the next forward.
+    /// Keeps a disk tier of up to `bytes` in `dir` below the pool (and the host tier), for
+    /// prefix-cache blocks leaving memory, in the file of the model whose fingerprint is
+    /// `model` ([`crate::kv_disk::model_fingerprint`]); the blocks it already holds come
+    /// with [`ModelBackend::take_disk_tier`]. Refused by a backend that cannot.
+    fn keep_disk_tier(
+        &mut self,
+        dir: &Path,
+        bytes: u64,
+        model: &ContentHash,
+    ) -> anyhow::Result<()> {
+        let _ = (dir, bytes, model);
+        bail!(
+            "the {} backend keeps no disk tier of KV blocks yet (kv_cache_dir)",
+            self.pool().device
+        )
+    }
+    /// The disk tier's slots and the checked blocks it held at start-up, once (later
+    /// calls, and a backend without one, give `None`).
+    fn take_disk_tier(&mut self) -> Option<(u64, Vec<FoundBlock>)> {
+        None
+    }
+    /// Makes the copies between the pool and the tiers below it that the KV allocator
+    /// gave, in order, before the next forward.
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
         }
         bail!(
-            "the {} backend keeps no host tier of KV blocks",
+            "the {} backend keeps no tier of KV blocks below its pool",
             self.pool().device
         )
     }

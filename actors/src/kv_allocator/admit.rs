@@ -42,27 +42,29 @@ impl BlockManager {
                 true => 0,
                 false => (len.saturating_sub(1) / self.block_size) * self.block_size,
             };
-            let (mut hits, mut chain) = self.cached_prefix(&seq.tokens[..lookup_len]);
+            let mut hits = self.cached_prefix(&seq.tokens[..lookup_len]);
             if self.recompute_last_hit && !hits.is_empty() {
-                (hits, chain) =
-                    self.cached_prefix(&seq.tokens[..(hits.len() - 1) * self.block_size]);
+                hits = self.cached_prefix(&seq.tokens[..(hits.len() - 1) * self.block_size]);
             }
             let num_cached = hits.len() * self.block_size;
             let num_scheduled = (len - num_cached).min(room);
             let fresh = self
                 .blocks_for(num_cached + num_scheduled)
                 .saturating_sub(hits.len());
-            // Host hits need a pool block each, as fresh blocks do.
-            let loads = hits.iter().filter(|h| matches!(h, Hit::Host(_))).count();
+            // Host and disk hits need a pool block each, as fresh blocks do.
+            let loads = hits
+                .iter()
+                .filter(|h| matches!(h, Hit::Host { .. } | Hit::Disk { .. }))
+                .count();
             let free_hits = hits
                 .iter()
-                .filter(|h| matches!(h, Hit::Pool(b) if self.free.contains(*b)))
+                .filter(|h| matches!(h, Hit::Pool { block, .. } if self.free.contains(*block)))
                 .count();
             if fresh + loads > self.free.len().saturating_sub(free_hits) {
                 break;
             }
             let num_registered = hits.len();
-            let mut table = self.take_hits(&hits);
+            let (mut table, chain, content) = self.take_hits(&seq.tokens, &hits);
             table.extend(self.take_free_blocks(fresh));
             if self.cache.is_some() {
                 self.prefix_queries += lookup_len as u64;
@@ -84,6 +86,7 @@ impl BlockManager {
                     table,
                     num_registered,
                     chain,
+                    content,
                 },
             );
         }

@@ -2,11 +2,14 @@
 //! cached), sharing cached blocks, releasing a sequence, registering computed blocks.
 //! What one `AllocateStep` does with them is in `step.rs`, `grow.rs` and `admit.rs`.
 
+use super::disk_tier::DiskTier;
 use super::free_queue::FreeQueue;
-use super::host_tier::HostTier;
+use super::host_tier::{HostTier, Leaving};
 use super::prefix_cache::{CacheEvent, ChainId, PrefixCache};
-use crate::messages::{KvMove, KvUsage, RequestId};
+use crate::kv_disk::{chain_hash, ContentHash, FoundBlock, ROOT_HASH};
+use crate::messages::{KvMove, KvSource, KvUsage, RequestId};
 use std::collections::HashMap;
+use std::sync::Arc;
 
 /// The KV blocks of one pool: per-sequence block tables, reference counts (a block shared
 /// through the prefix cache counts each owner), the free blocks in LRU order, and the
@@ -22,6 +25,12 @@ pub struct BlockManager {
     pub(super) cache: Option<PrefixCache>,
     /// The tier below the pool, where one is kept (with prefix caching only).
     pub(super) host: Option<HostTier>,
+    /// The tier below both, on disk, where one is kept (with prefix caching only).
+    pub(super) disk: Option<DiskTier>,
+    /// With a disk tier: per chain with an entry in memory (pool or host), the content
+    /// chain hash of its parent (an entry's own is that and its tokens'), for writing it
+    /// to disk when it leaves memory.
+    pub(super) lineage: HashMap<ChainId, ContentHash>,
     /// The copies this step's allocation needs, in order.
     pub(super) moves: Vec<KvMove>,
     /// The sequences holding blocks.
@@ -44,6 +53,8 @@ pub(super) struct SeqBlocks {
     pub(super) num_registered: usize,
     /// The chain those leading blocks end.
     pub(super) chain: ChainId,
+    /// That chain's content hash (kept with a disk tier only; else the root's).
+    pub(super) content: ContentHash,
 }
 
 impl BlockManager {
@@ -60,6 +71,8 @@ impl BlockManager {
             free: FreeQueue::new(num_blocks),
             cache: prefix_caching.then(|| PrefixCache::new(num_blocks)),
             host: None,
+            disk: None,
+            lineage: HashMap::new(),
             moves: Vec::new(),
             seqs: HashMap::new(),
             prefix_queries: 0,
@@ -112,6 +125,10 @@ impl BlockManager {
             host_spilled: self.host.as_ref().map_or(0, |h| h.spilled),
             host_loaded: self.host.as_ref().map_or(0, |h| h.loaded),
             host_dropped: self.host.as_ref().map_or(0, |h| h.dropped),
+            disk_blocks: self.disk.as_ref().map_or(0, DiskTier::len),
+            disk_written: self.disk.as_ref().map_or(0, |d| d.written),
+            disk_read: self.disk.as_ref().map_or(0, |d| d.read),
+            disk_dropped: self.disk.as_ref().map_or(0, |d| d.dropped),
         }
     }
 
@@ -148,6 +165,17 @@ impl BlockManager {
         self
     }
 
+    /// The same manager, whose prefix-cache entries leaving memory (dropped by the host
+    /// tier, or evicted from the pool where there is none) are written to a disk tier of
+    /// `slots` holding the blocks `found` at start-up, and read back from it
+    /// ([`DiskTier`]); nothing changes with prefix caching off or no slots.
+    pub fn with_disk_tier(mut self, slots: u64, found: &[FoundBlock]) -> BlockManager {
+        if self.cache.is_some() && slots > 0 {
+            self.disk = Some(DiskTier::new(slots, found));
+        }
+        self
+    }
+
     /// The prefix cache's changes since the last call, oldest first.
     pub fn take_events(&mut self) -> Vec<CacheEvent> {
         self.cache
@@ -157,69 +185,130 @@ impl BlockManager {
     }
 
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the
-    /// tokens that may be served from the cache), each in the pool or the host tier, and
-    /// the chain they end.
-    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> (Vec<Hit>, ChainId) {
+    /// tokens that may be served from the cache), each in the pool, the host tier or on
+    /// disk. Past a block found on disk the chain has no id in memory, so the rest of the
+    /// run is on disk too.
+    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> Vec<Hit> {
         let mut hits = Vec::new();
-        let mut chain = ChainId::ROOT;
         let Some(cache) = &self.cache else {
-            return (hits, chain);
+            return hits;
         };
+        let mut chain = Some(ChainId::ROOT);
+        let mut content = ROOT_HASH;
         for chunk in tokens.chunks_exact(self.block_size) {
-            let found = match cache.lookup(chain, chunk) {
-                Some((block, next)) => Some((Hit::Pool(block), next)),
+            if self.disk.is_some() {
+                content = chain_hash(&content, chunk);
+            }
+            let in_memory = chain.and_then(|c| match cache.lookup(c, chunk) {
+                Some((block, next)) => Some(Hit::Pool { block, chain: next }),
                 None => self
                     .host
                     .as_ref()
-                    .and_then(|h| h.lookup(chain, chunk))
-                    .map(|(slot, next)| (Hit::Host(slot), next)),
-            };
-            let Some((hit, next)) = found else {
+                    .and_then(|h| h.lookup(c, chunk))
+                    .map(|(slot, next)| Hit::Host { slot, chain: next }),
+            });
+            let hit = in_memory.or_else(|| {
+                let slot = self.disk.as_ref()?.lookup(&content)?;
+                Some(Hit::Disk {
+                    slot,
+                    chain: content,
+                })
+            });
+            let Some(hit) = hit else {
                 break;
             };
+            chain = match hit {
+                Hit::Pool { chain, .. } | Hit::Host { chain, .. } => Some(chain),
+                Hit::Disk { .. } => None,
+            };
             hits.push(hit);
-            chain = next;
         }
-        (hits, chain)
+        hits
     }
 
-    /// The pool blocks of `hits` in order: pool hits shared, host hits loaded into free
-    /// blocks (their copies queued in [`BlockManager::moves`]). The caller has checked that
-    /// the pool has a free block for each host hit besides the free pool hits.
-    pub(super) fn take_hits(&mut self, hits: &[Hit]) -> Vec<u32> {
+    /// The pool blocks of `hits` (a run from [`BlockManager::cached_prefix`] over
+    /// `tokens`) in order, and the chain they end with its content hash: pool hits shared,
+    /// host and disk hits loaded into free blocks (their copies queued in
+    /// [`BlockManager::moves`]), disk hits entered in the prefix cache anew. The caller has
+    /// checked that the pool has a free block for each host and disk hit besides the free
+    /// pool hits.
+    pub(super) fn take_hits(
+        &mut self,
+        tokens: &[u32],
+        hits: &[Hit],
+    ) -> (Vec<u32>, ChainId, ContentHash) {
         let slots: Vec<u32> = hits
             .iter()
             .filter_map(|h| match h {
-                Hit::Host(slot) => Some(*slot),
-                Hit::Pool(_) => None,
+                Hit::Host { slot, .. } => Some(*slot),
+                _ => None,
             })
             .collect();
         if let Some(host) = &mut self.host {
             host.pin(&slots);
         }
+        // Disk slots read here are kept from the writes the loads' evictions may make.
+        if let Some(disk) = &mut self.disk {
+            for hit in hits {
+                if let Hit::Disk { slot, .. } = hit {
+                    disk.read_from(*slot);
+                }
+            }
+        }
         for hit in hits {
-            if let Hit::Pool(block) = hit {
+            if let Hit::Pool { block, .. } = hit {
                 self.share(*block);
             }
         }
         let mut table = Vec::with_capacity(hits.len());
-        for hit in hits {
+        let (mut chain, mut content) = (ChainId::ROOT, ROOT_HASH);
+        for (hit, chunk) in hits.iter().zip(tokens.chunks_exact(self.block_size)) {
+            let parent_content = content;
+            if self.disk.is_some() {
+                content = chain_hash(&content, chunk);
+            }
             match *hit {
-                Hit::Pool(block) => table.push(block),
-                Hit::Host(slot) => {
+                Hit::Pool { block, chain: next } => {
+                    table.push(block);
+                    chain = next;
+                }
+                Hit::Host { slot, chain: next } => {
                     let block = self.take_free().expect("a free block for each host hit");
                     let (Some(host), Some(cache)) = (&mut self.host, &mut self.cache) else {
                         unreachable!("host hits come from the host tier of a prefix cache");
                     };
-                    let (key, chain) = host.take(slot).expect("a pinned slot is held");
-                    cache.place(key, chain, block);
+                    let (key, held) = host.take(slot).expect("a pinned slot is held");
+                    debug_assert_eq!(held, next);
+                    cache.place(key, held, block);
                     host.loaded += 1;
                     self.moves.push(KvMove::Load { slot, block });
                     table.push(block);
+                    chain = next;
+                }
+                Hit::Disk { slot, chain: hash } => {
+                    let block = self.take_free().expect("a free block for each disk hit");
+                    let cache = self.cache.as_mut().expect("disk hits need a prefix cache");
+                    let (next, created) = cache.insert_new(chain, chunk, block);
+                    if created {
+                        self.lineage.insert(next, parent_content);
+                        if let Some(host) = &mut self.host {
+                            host.child_added(chain);
+                        }
+                    }
+                    self.moves.push(KvMove::DiskRead {
+                        slot,
+                        chain: hash,
+                        block,
+                    });
+                    table.push(block);
+                    chain = next;
                 }
             }
         }
-        table
+        if let Some(disk) = &mut self.disk {
+            disk.unpin_all();
+        }
+        (table, chain, content)
     }
 
     /// Adds an owner to a cached block; a free one leaves the free queue (so it cannot be
@@ -233,17 +322,52 @@ impl BlockManager {
         }
     }
 
-    /// Takes the free block reused next, evicting what it cached, with one owner.
+    /// Takes the free block reused next, evicting what it cached (down to the host tier,
+    /// or to disk where there is none), with one owner.
     fn take_free(&mut self) -> Option<u32> {
         let block = self.free.pop_front()?;
         let evicted = self.cache.as_mut().and_then(|c| c.evict(block));
-        if let (Some((key, chain)), Some(host)) = (evicted, &mut self.host) {
-            self.moves.extend(host.spill(key, chain, block));
+        if let Some((key, chain)) = evicted {
+            let (spill, leaving) = match &mut self.host {
+                Some(host) => host.spill(key, chain, block),
+                None => {
+                    let from = KvSource::Pool(block);
+                    (None, Some(Leaving { key, chain, from }))
+                }
+            };
+            // What leaves memory is read before the spill overwrites its slot.
+            if let Some(leaving) = leaving {
+                self.write_down(leaving);
+            }
+            self.moves.extend(spill);
         }
         if let Some(count) = self.ref_counts.get_mut(block as usize) {
             *count = 1;
         }
         Some(block)
+    }
+
+    /// Writes an entry leaving memory to the disk tier, unless its content is there
+    /// already or the tier has no room; without a disk tier it is simply gone.
+    fn write_down(&mut self, leaving: Leaving) {
+        let Some(parent) = self.lineage.remove(&leaving.chain) else {
+            return;
+        };
+        let Some(disk) = &mut self.disk else {
+            return;
+        };
+        let content = chain_hash(&parent, &leaving.key.tokens);
+        if disk.contains(&content) {
+            return;
+        }
+        if let Some(slot) = disk.store(content, parent) {
+            self.moves.push(KvMove::DiskWrite {
+                from: leaving.from,
+                slot,
+                parent,
+                tokens: Arc::from(&leaving.key.tokens[..]),
+            });
+        }
     }
 
     /// Takes up to `n` free blocks (fewer only if the pool runs out; callers check first).
@@ -279,6 +403,10 @@ impl BlockManager {
         for i in seq.num_registered..full {
             let at = (i - first_block) * bs;
             let (chunk, block) = (&tokens[at..at + bs], seq.table[i]);
+            let parent_content = seq.content;
+            if self.disk.is_some() {
+                seq.content = chain_hash(&seq.content, chunk);
+            }
             // Content the host tier holds comes back into the pool under its chain id,
             // so what continues it there stays reachable; the slot needs no copy.
             let held = self.host.as_mut().and_then(|h| {
@@ -294,6 +422,9 @@ impl BlockManager {
                     let (chain, created) = cache.insert_new(seq.chain, chunk, block);
                     if let (true, Some(host)) = (created, &mut self.host) {
                         host.child_added(seq.chain);
+                    }
+                    if created && self.disk.is_some() {
+                        self.lineage.insert(chain, parent_content);
                     }
                     chain
                 }
@@ -312,11 +443,13 @@ impl BlockManager {
     }
 }
 
-/// Where a cached block of a prefix was found.
+/// Where a cached block of a prefix was found, and the chain it ends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Hit {
     /// In this pool block.
-    Pool(u32),
+    Pool { block: u32, chain: ChainId },
     /// In this slot of the host tier.
-    Host(u32),
+    Host { slot: u32, chain: ChainId },
+    /// In this slot of the disk tier (its content chain hash).
+    Disk { slot: u64, chain: ContentHash },
 }

@@ -15,9 +15,17 @@
 //! the order given, so its load has read it by then.
 
 use super::prefix_cache::{BlockKey, ChainId};
-use crate::messages::KvMove;
+use crate::messages::{KvMove, KvSource};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+
+/// A prefix-cache entry leaving memory: its key, the chain it ends, and where its bytes
+/// are until the moves that follow overwrite them.
+pub struct Leaving {
+    pub key: Arc<BlockKey>,
+    pub chain: ChainId,
+    pub from: KvSource,
+}
 
 /// One entry in a slot.
 #[derive(Clone, Debug)]
@@ -110,13 +118,34 @@ impl HostTier {
     }
 
     /// Takes the entry `key` (ending `chain`) of a pool block about to be reused into a
-    /// slot, making room by dropping the oldest leaf if the tier is full; `None` when no
-    /// slot can be had (the entry is dropped: its parent loses a child).
-    pub fn spill(&mut self, key: Arc<BlockKey>, chain: ChainId, block: u32) -> Option<KvMove> {
-        let Some(slot) = self.free.pop().or_else(|| self.drop_oldest_leaf()) else {
-            self.child_removed(key.parent);
-            self.dropped += 1;
-            return None;
+    /// slot, making room by dropping the oldest leaf if the tier is full, and returns the
+    /// copy to make (`None` when no slot can be had: the entry is dropped, its parent
+    /// loses a child) and the entry that leaves memory for it, if one does (the dropped
+    /// leaf, or the entry itself), for a tier below: its copy must be made before this one.
+    pub fn spill(
+        &mut self,
+        key: Arc<BlockKey>,
+        chain: ChainId,
+        block: u32,
+    ) -> (Option<KvMove>, Option<Leaving>) {
+        let (slot, leaving) = match self.free.pop() {
+            Some(slot) => (slot, None),
+            None => match self.drop_oldest_leaf() {
+                Some((slot, held)) => (
+                    slot,
+                    Some(Leaving {
+                        key: held.key,
+                        chain: held.chain,
+                        from: KvSource::Host(slot),
+                    }),
+                ),
+                None => {
+                    self.child_removed(key.parent);
+                    self.dropped += 1;
+                    let from = KvSource::Pool(block);
+                    return (None, Some(Leaving { key, chain, from }));
+                }
+            },
         };
         self.clock += 1;
         let stamp = self.clock;
@@ -127,7 +156,7 @@ impl HostTier {
         self.by_chain.insert(chain, slot);
         self.slots[slot as usize] = Some(Held { key, chain, stamp });
         self.spilled += 1;
-        Some(KvMove::Spill { block, slot })
+        (Some(KvMove::Spill { block, slot }), leaving)
     }
 
     /// Takes `slot`'s entry out of the tier to go back into the pool (loaded, or computed
@@ -219,15 +248,15 @@ impl HostTier {
         self.slots.iter().flatten().map(|h| h.key.parent)
     }
 
-    /// Drops the oldest leaf and returns its slot.
-    fn drop_oldest_leaf(&mut self) -> Option<u32> {
+    /// Drops the oldest leaf and returns its slot and what it held.
+    fn drop_oldest_leaf(&mut self) -> Option<(u32, Held)> {
         let (_, slot) = self.leaves.pop_first()?;
         let held = self.slots[slot as usize].take()?;
         self.map.remove(&held.key);
         self.by_chain.remove(&held.chain);
         self.dropped += 1;
         self.child_removed(held.key.parent);
-        Some(slot)
+        Some((slot, held))
     }
 
     /// The spill stamp of the entry here ending `chain`, if one is here.

@@ -7,7 +7,9 @@ impl BlockManager {
     /// Checks that the pool is consistent: every table's blocks are in the pool and none is
     /// held twice by one table; every block's refcount equals the number of tables holding
     /// it; no block is both free and owned, and used + free = total; the free queue has no
-    /// duplicates; the prefix cache's map and per-block keys agree; a sequence's blocks past its registered prefix are its alone and uncached.
+    /// duplicates; the prefix cache's map and per-block keys agree; the tiers below agree with themselves
+    /// and with the pool; a sequence's blocks past its registered prefix are its alone and
+    /// uncached.
     pub fn check_invariants(&self) -> Result<(), String> {
         let num_blocks = self.ref_counts.len();
         let mut owners = vec![0u32; num_blocks];
@@ -61,6 +63,18 @@ impl BlockManager {
                     *counted.entry(parent).or_insert(0u32) += 1;
                 }
                 host.check(&counted)?;
+            }
+            if let Some(disk) = &self.disk {
+                disk.check()?;
+                // Every entry in memory knows its parent's content, for its way to disk.
+                let in_memory = cache.len() + self.host.as_ref().map_or(0, |h| h.len());
+                if self.lineage.len() != in_memory {
+                    return Err(format!(
+                        "{} entries in memory but {} with a known lineage",
+                        in_memory,
+                        self.lineage.len()
+                    ));
+                }
             }
         }
         for (id, seq) in &self.seqs {

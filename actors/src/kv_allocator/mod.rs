@@ -9,6 +9,7 @@
 mod actor;
 mod admit;
 mod block_manager;
+mod disk_tier;
 mod free_queue;
 mod grow;
 mod host_tier;

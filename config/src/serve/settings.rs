@@ -99,6 +99,22 @@ settings! {
             help = "Host memory for prefix-cache blocks the KV pool evicts (a tier below it, \
                     CPU only): 2GiB, 512MiB... [default: none, evicted blocks are dropped]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
+    /// A directory for a disk tier of prefix-cache blocks below the CPU's KV pool (and its
+    /// host tier): blocks leaving memory are written there, read back, checked, when a
+    /// request's prefix continues in them, and found again after a restart (one file per
+    /// model and KV layout, locked by the process using it); `None`: no such tier.
+    kv_cache_dir: Option<PathBuf> = None;
+        given PathBuf, fill optional, reload Restart, Public, check path_not_empty,
+        flag "--kv-cache-dir", arg(long, value_name = "DIR",
+            help = "A directory for prefix-cache blocks leaving memory, kept across \
+                    restarts (a tier below the KV pool and --kv-host-memory, CPU only) \
+                    [default: no disk tier]");
+    /// Bytes of disk the tier under `kv_cache_dir` may take; `None`: 10 GiB.
+    kv_disk_space: Option<u64> = None;
+        given u64, fill optional, reload Restart, Public, check positive_bytes,
+        flag "--kv-disk-space", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
+            help = "Disk the --kv-cache-dir tier may take: 10GiB, 500GB... [default: 10 GiB]"),
+        serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
     /// The KV cache's element: `auto` (bfloat16), `bfloat16`, or `float32` (the CPU only:
     /// twice the memory, slower decode steps).
     kv_cache_dtype: DtypeChoice = DtypeChoice::Auto;

@@ -339,6 +339,28 @@ fn kv_host_memory_is_a_byte_size_off_by_default() {
 }
 
 #[test]
+fn the_disk_tier_is_a_directory_and_a_byte_size_off_by_default() {
+    let default = ServeConfig::default();
+    assert_eq!(
+        (default.kv_cache_dir.clone(), default.kv_disk_space),
+        (None, None)
+    );
+    let config = file("kv_cache_dir = \"/var/cache/kv\"\nkv_disk_space = \"2GiB\"");
+    assert_eq!(config.kv_cache_dir, Some(PathBuf::from("/var/cache/kv")));
+    assert_eq!(config.kv_disk_space, Some(2 << 30));
+    let flags = from_file(
+        "",
+        &["--kv-cache-dir", "/tmp/kv", "--kv-disk-space", "500MB"],
+    )
+    .unwrap();
+    assert_eq!(flags.kv_disk_space, Some(500_000_000));
+    let zero = from_file("", &["--kv-disk-space", "0"])
+        .unwrap_err()
+        .to_string();
+    assert!(zero.contains("--kv-disk-space"), "{zero}");
+}
+
+#[test]
 fn the_reloadable_fields_are_exactly_these() {
     let live: Vec<_> = ServeConfig::default()
         .fields()
@@ -364,7 +386,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 46);
+    assert_eq!(ServeConfig::default().fields().len(), 48);
 }
 
 #[test]

@@ -80,7 +80,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let mut engine = start(&config, backend).await?;
+        let mut engine = start(&config, &dir, backend).await?;
         let stopped = engine.take_stopped();
         let shared = SharedConfig::new(gateway_config(&config, &served_model_name));
         let reloader = Reloader::new(

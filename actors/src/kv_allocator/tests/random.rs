@@ -1,11 +1,13 @@
 //! A seeded random scheduler drives many steps of admit / grow / free / computed. After
 //! each step the invariants hold, every grant keeps its promises, and every prefix hit
 //! serves blocks whose (simulated) KV content is exactly the sequence's tokens, also when
-//! blocks went down to a host tier and came back (its copies made as a backend would).
+//! blocks went down to a host tier or to disk and came back (their copies made as a backend
+//! would), and after a restart over the disk tier's blocks.
 
 use super::{step, BlockManager};
+use crate::kv_disk::{chain_hash, FoundBlock};
 use crate::messages::{
-    AdmitSeq, AllocateStep, ComputedSeq, GrowSeq, KvMove, KvUsage, RequestId, StepGrant,
+    AdmitSeq, AllocateStep, ComputedSeq, GrowSeq, KvMove, KvSource, KvUsage, RequestId, StepGrant,
 };
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -25,30 +27,67 @@ struct Seq {
 /// What one block's slots hold: per slot, the whole prefix that produced it.
 type Block = Vec<Option<Vec<u32>>>;
 
-/// The simulated KV cache and host tier. A slot's real content depends on every token up
-/// to it (through attention), so each slot holds the whole prefix that produced it.
-struct Kv(Vec<Block>, Vec<Block>);
+/// What a disk slot holds: its record (as `kv_disk` writes it) and the block.
+type DiskSlot = Option<(FoundBlock, Block)>;
+
+/// The simulated KV cache, host tier and disk tier. A slot's real content depends on every
+/// token up to it (through attention), so each slot holds the whole prefix that produced
+/// it.
+struct Kv(Vec<Block>, Vec<Block>, Vec<DiskSlot>);
 
 impl Kv {
-    fn new(host_slots: u32) -> Kv {
+    fn new(host_slots: u32, disk_slots: u64) -> Kv {
         Kv(
             vec![vec![None; BLOCK]; POOL as usize],
             vec![vec![None; BLOCK]; host_slots as usize],
+            vec![None; disk_slots as usize],
         )
     }
 
-    /// Makes a grant's copies, in order, as the backend does before the next forward.
+    /// Makes a grant's copies, in order, as the backend does before the next forward; a
+    /// disk read checks the record names the chain asked for, as the file does.
     fn apply(&mut self, moves: &[KvMove]) {
         for m in moves {
-            match *m {
+            match m {
                 KvMove::Spill { block, slot } => {
-                    self.1[slot as usize] = self.0[block as usize].clone()
+                    self.1[*slot as usize] = self.0[*block as usize].clone()
                 }
                 KvMove::Load { slot, block } => {
-                    self.0[block as usize] = self.1[slot as usize].clone()
+                    self.0[*block as usize] = self.1[*slot as usize].clone()
+                }
+                KvMove::DiskWrite {
+                    from,
+                    slot,
+                    parent,
+                    tokens,
+                } => {
+                    let data = match *from {
+                        KvSource::Pool(b) => self.0[b as usize].clone(),
+                        KvSource::Host(h) => self.1[h as usize].clone(),
+                    };
+                    let record = FoundBlock {
+                        slot: *slot,
+                        chain: chain_hash(parent, tokens),
+                        parent: *parent,
+                        tokens: tokens.to_vec(),
+                    };
+                    self.2[*slot as usize] = Some((record, data));
+                }
+                KvMove::DiskRead { slot, chain, block } => {
+                    let (record, data) = self.2[*slot as usize].as_ref().expect("a written slot");
+                    assert_eq!(&record.chain, chain, "a disk read of another block");
+                    self.0[*block as usize] = data.clone();
                 }
             }
         }
+    }
+
+    /// A restart: memory is gone, the disk's records are what the file's scan finds.
+    fn restart(&mut self) -> Vec<FoundBlock> {
+        for b in self.0.iter_mut().chain(self.1.iter_mut()) {
+            *b = vec![None; BLOCK];
+        }
+        self.2.iter().flatten().map(|(r, _)| r.clone()).collect()
     }
 
     /// Writes `seq`'s tokens `from..to` through its block table, checking that no other
@@ -129,10 +168,35 @@ fn check_grant(m: &BlockManager, step: &AllocateStep, grant: &StepGrant) {
     assert_eq!(grant.usage.used_blocks, POOL as usize - m.num_free_blocks());
 }
 
-fn run(seed: u64, prefix_caching: bool, host_slots: u32) -> (KvUsage, usize) {
+/// Tiers below the pool: host slots, disk slots, and the step a restart comes at (after
+/// which the manager is built anew over what the disk holds).
+#[derive(Clone, Copy)]
+struct Tiers {
+    host: u32,
+    disk: u64,
+    restart_at: Option<usize>,
+}
+
+fn host_only(host: u32) -> Tiers {
+    Tiers {
+        host,
+        disk: 0,
+        restart_at: None,
+    }
+}
+
+fn manager(prefix_caching: bool, tiers: Tiers, found: &[FoundBlock]) -> BlockManager {
+    BlockManager::new(POOL, BLOCK, prefix_caching)
+        .with_host_tier(tiers.host)
+        .with_disk_tier(tiers.disk, found)
+}
+
+fn run(seed: u64, prefix_caching: bool, tiers: Tiers) -> (KvUsage, usize) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut m = BlockManager::new(POOL, BLOCK, prefix_caching).with_host_tier(host_slots);
-    let mut kv = Kv::new(host_slots);
+    let mut m = manager(prefix_caching, tiers, &[]);
+    let mut kv = Kv::new(tiers.host, tiers.disk);
+    // Usage before a restart, which starts the counts again.
+    let mut before = KvUsage::default();
     let stems: Vec<Vec<u32>> = (0..3)
         .map(|_| {
             (0..rng.random_range(8..40))
@@ -144,7 +208,19 @@ fn run(seed: u64, prefix_caching: bool, host_slots: u32) -> (KvUsage, usize) {
     let mut running: Vec<Seq> = Vec::new();
     let mut next_id = 0;
     let mut preemptions = 0;
-    for _ in 0..400 {
+    for step_no in 0..400 {
+        if tiers.restart_at == Some(step_no) {
+            before = m.usage();
+            let found = kv.restart();
+            m = manager(prefix_caching, tiers, &found);
+            m.check_invariants().unwrap();
+            assert_eq!(m.usage().disk_blocks, found.len());
+            for mut s in running.drain(..).rev() {
+                s.num_computed = 0;
+                s.table.clear();
+                waiting.insert(0, s);
+            }
+        }
         for _ in 0..rng.random_range(0..2) {
             next_id += 1;
             let tokens = random_prompt(&mut rng, &stems);
@@ -249,7 +325,12 @@ fn run(seed: u64, prefix_caching: bool, host_slots: u32) -> (KvUsage, usize) {
         running.len(),
         waiting.len()
     );
-    (m.usage(), preemptions)
+    let mut usage = m.usage();
+    usage.prefix_hits += before.prefix_hits;
+    usage.disk_written += before.disk_written;
+    usage.disk_read += before.disk_read;
+    usage.disk_dropped += before.disk_dropped;
+    (usage, preemptions)
 }
 
 #[test]
@@ -257,7 +338,7 @@ fn random_steps_keep_the_invariants_and_serve_correct_prefixes() {
     let mut hits = 0;
     let mut preemptions = 0;
     for seed in 0..12 {
-        let (usage, p) = run(0xb10c_0000 + seed, true, 0);
+        let (usage, p) = run(0xb10c_0000 + seed, true, host_only(0));
         assert_eq!(usage.host_spilled, 0);
         hits += usage.prefix_hits;
         preemptions += p;
@@ -269,10 +350,15 @@ fn random_steps_keep_the_invariants_and_serve_correct_prefixes() {
 #[test]
 fn random_steps_without_prefix_caching_never_hit() {
     for seed in 0..4 {
-        let (usage, _) = run(0xcafe_0000 + seed, false, 16);
+        let tiers = Tiers {
+            host: 16,
+            disk: 16,
+            restart_at: None,
+        };
+        let (usage, _) = run(0xcafe_0000 + seed, false, tiers);
         assert_eq!(usage.prefix_hits, 0);
         assert_eq!(
-            usage.host_spilled + usage.host_loaded,
+            usage.host_spilled + usage.host_loaded + usage.disk_written + usage.disk_read,
             0,
             "no tier without a cache"
         );
@@ -286,7 +372,7 @@ fn random_steps_through_a_host_tier_keep_the_accounting_and_serve_correct_prefix
     // the entries nothing continues) are checked after every step.
     let (mut spilled, mut loaded, mut dropped, mut hits) = (0, 0, 0, 0);
     for (seed, slots) in (0..12).zip([6, 12, 24, 48, 96, 7].iter().cycle()) {
-        let (usage, _) = run(0x7e1e_0000 + seed, true, *slots);
+        let (usage, _) = run(0x7e1e_0000 + seed, true, host_only(*slots));
         assert!(usage.host_blocks <= *slots as usize);
         spilled += usage.host_spilled;
         loaded += usage.host_loaded;
@@ -296,6 +382,34 @@ fn random_steps_through_a_host_tier_keep_the_accounting_and_serve_correct_prefix
     eprintln!("spilled {spilled} loaded {loaded} dropped {dropped} hits {hits}");
     assert!(
         spilled > 100 && loaded > 20 && dropped > 20,
+        "the tier was exercised"
+    );
+}
+
+#[test]
+fn random_steps_through_a_disk_tier_and_a_restart_serve_correct_prefixes() {
+    // Disk tiers of 5 to 200 blocks, under host tiers of 0 to 24 (entries leave memory from
+    // the pool or from the host tier), with a restart halfway through every other run: the
+    // invariants hold after every step, and every hit, from disk too, serves exactly its
+    // tokens' KV.
+    let (mut written, mut read, mut dropped, mut hits) = (0, 0, 0, 0);
+    let shapes = [(0, 5), (0, 40), (6, 24), (12, 200), (24, 8), (0, 200)];
+    for (seed, (host, disk)) in (0..12).zip(shapes.iter().cycle()) {
+        let tiers = Tiers {
+            host: *host,
+            disk: *disk,
+            restart_at: (seed % 2 == 1).then_some(200),
+        };
+        let (usage, _) = run(0xd15c_0000 + seed, true, tiers);
+        assert!(usage.disk_blocks <= *disk as usize);
+        written += usage.disk_written;
+        read += usage.disk_read;
+        dropped += usage.disk_dropped;
+        hits += usage.prefix_hits;
+    }
+    eprintln!("written {written} read {read} dropped {dropped} hits {hits}");
+    assert!(
+        written > 100 && read > 20 && dropped > 20,
         "the tier was exercised"
     );
 }

@@ -1,14 +1,20 @@
 #!/usr/bin/env python3
-"""Time to first token for a long shared prefix, cold, from the KV pool and from the host
-tier (`--kv-host-memory`), against a running `peregrine serve`: issue 50's first
+"""Time to first token for a long shared prefix, cold, from the KV pool and from a tier below
+it (`--kv-host-memory`, `--kv-cache-dir`), against a running `peregrine serve`: issue 50's
 measurement. The prompt is PREFIX_TOKENS words of one text plus a short question; between
-the pool run and the host run, OTHERS prompts of the same length (other texts) push the
-prefix out of a pool that holds about one and a half of them, so it goes down to the host
-tier and is brought back. Each request is greedy, 8 tokens, streamed; TTFT is the time to
-its first content chunk. Prints one line per case, and whether the outputs agree.
+the pool run and the tier run, OTHERS prompts of the same length (other texts) push the
+prefix out of a pool that holds about one and a half of them, so it goes down to the tier
+and is brought back. With --once, the prompt alone, once (after a restart over a disk
+tier: the blocks found there). Each request is greedy, 8 tokens, streamed; TTFT is the time
+to its first content chunk. Prints one line per case, and whether the outputs agree (with
+--once, the output itself).
 
     peregrine serve --kv-cache-memory 140MB --kv-host-memory 1GiB &
-    python3 scripts/bench_host_tier.py --base http://127.0.0.1:8000
+    python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:8000 --tier "host memory"
+    peregrine serve --kv-cache-memory 140MB --kv-cache-dir /tmp/kv &
+    python3 scripts/bench_kv_tiers.py --tier disk
+    # stop the server, start it again with the same flags, then
+    python3 scripts/bench_kv_tiers.py --once
 """
 import argparse
 import json
@@ -52,22 +58,27 @@ def main():
     p.add_argument("--model", default=None)
     p.add_argument("--words", type=int, default=1500, help="words of the prefix (about 2.7 tokens each)")
     p.add_argument("--others", type=int, default=2)
+    p.add_argument("--tier", default="the tier", help="the tier's name, for the third row")
+    p.add_argument("--once", action="store_true", help="the prompt alone, once")
     a = p.parse_args()
     model = a.model or json.load(urllib.request.urlopen(a.base + "/v1/models"))["data"][0]["id"]
     prompt = text(0, a.words) + "\nQuestion: what comes next?\nAnswer:"
     rows = []
     ttft, out0, usage = stream(a.base, model, prompt)
-    rows.append(("cold", ttft, usage))
-    ttft, out1, usage = stream(a.base, model, prompt)
-    rows.append(("from the pool", ttft, usage))
-    for i in range(a.others):
-        stream(a.base, model, text(i + 1, a.words) + "\nQuestion: what comes next?\nAnswer:")
-    ttft, out2, usage = stream(a.base, model, prompt)
-    rows.append(("from the host tier", ttft, usage))
+    rows.append(("once" if a.once else "cold", ttft, usage))
+    outs = [out0]
+    if not a.once:
+        ttft, out1, usage = stream(a.base, model, prompt)
+        rows.append(("from the pool", ttft, usage))
+        for i in range(a.others):
+            stream(a.base, model, text(i + 1, a.words) + "\nQuestion: what comes next?\nAnswer:")
+        ttft, out2, usage = stream(a.base, model, prompt)
+        rows.append(("from " + a.tier, ttft, usage))
+        outs += [out1, out2]
     for name, ttft, usage in rows:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         print("%-20s ttft %.3f s  prompt_tokens %d  cached_tokens %s" % (name, ttft, usage["prompt_tokens"], cached))
-    print("outputs equal:", out0 == out1 == out2)
+    print("output:" if a.once else "outputs equal:", repr(out0) if a.once else all(o == out0 for o in outs))
 
 
 if __name__ == "__main__":

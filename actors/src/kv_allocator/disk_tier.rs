@@ -1,0 +1,210 @@
+//! The disk tier below the pool (and the host tier, where there is one): prefix-cache
+//! entries that leave memory are written to slots of the model's file under
+//! `--kv-cache-dir` (`crate::kv_disk`), named by their content chain hash, and found again
+//! by it, in this process or after a restart.
+//!
+//! This is the index only; the backend that owns the pool writes a block into its slot
+//! ([`KvMove::DiskWrite`]) and reads it back, checked ([`KvMove::DiskRead`]), in the order
+//! the allocator gives the moves. A block read back into the pool stays on disk too (the
+//! tier is a cache of contents, not a place blocks move to), so a block leaving memory
+//! again whose content is here is not written twice.
+//!
+//! A full tier drops its least recently used *leaf*: an entry no other entry here
+//! continues, so a chain loses its end first. A slot read in a step is pinned until the
+//! step's moves are given, so the same step's writes never reuse it.
+
+use crate::kv_disk::{ContentHash, FoundBlock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// One entry in a slot.
+#[derive(Clone, Debug)]
+struct Held {
+    chain: ContentHash,
+    parent: ContentHash,
+    /// When it was last written or read (its order among the leaves).
+    stamp: u64,
+}
+
+/// The disk tier's index.
+pub struct DiskTier {
+    /// Chain -> the slot holding it.
+    map: HashMap<ContentHash, u64>,
+    /// Per slot: what it holds.
+    slots: Vec<Option<Held>>,
+    /// Empty slots, ready for a write.
+    free: Vec<u64>,
+    /// The leaves, by stamp: the order they are dropped in.
+    leaves: BTreeMap<u64, u64>,
+    /// Per chain: how many entries here continue it.
+    children: HashMap<ContentHash, u32>,
+    /// Slots read this step, kept from being dropped.
+    pinned: HashSet<u64>,
+    clock: u64,
+    /// Blocks written, read back and dropped, cumulative.
+    pub(super) written: u64,
+    pub(super) read: u64,
+    pub(super) dropped: u64,
+}
+
+impl DiskTier {
+    /// A tier of `slots` holding the blocks `found` (the file's records, checked), the
+    /// lowest slots oldest.
+    pub fn new(slots: u64, found: &[FoundBlock]) -> DiskTier {
+        let mut tier = DiskTier {
+            map: HashMap::new(),
+            slots: vec![None; slots as usize],
+            free: Vec::new(),
+            leaves: BTreeMap::new(),
+            children: HashMap::new(),
+            pinned: HashSet::new(),
+            clock: 0,
+            written: 0,
+            read: 0,
+            dropped: 0,
+        };
+        for f in found {
+            let fits = (f.slot as usize) < tier.slots.len();
+            if fits && tier.slots[f.slot as usize].is_none() && !tier.map.contains_key(&f.chain) {
+                tier.hold(f.slot, f.chain, f.parent);
+            }
+        }
+        tier.free = (0..slots)
+            .rev()
+            .filter(|&s| tier.slots[s as usize].is_none())
+            .collect();
+        tier
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether the block ending `chain` is here.
+    pub fn contains(&self, chain: &ContentHash) -> bool {
+        self.map.contains_key(chain)
+    }
+
+    /// The slot holding the block ending `chain`.
+    pub fn lookup(&self, chain: &ContentHash) -> Option<u64> {
+        self.map.get(chain).copied()
+    }
+
+    /// Marks `slot` read this step: most recently used, and pinned until
+    /// [`DiskTier::unpin_all`].
+    pub fn read_from(&mut self, slot: u64) {
+        self.read += 1;
+        self.pinned.insert(slot);
+        self.clock += 1;
+        let stamp = self.clock;
+        let Some(held) = self.slots[slot as usize].as_mut() else {
+            return;
+        };
+        let old = std::mem::replace(&mut held.stamp, stamp);
+        if self.leaves.remove(&old).is_some() {
+            self.leaves.insert(stamp, slot);
+        }
+    }
+
+    /// Ends the step's pins.
+    pub fn unpin_all(&mut self) {
+        self.pinned.clear();
+    }
+
+    /// A slot for the block ending `chain` after `parent`, making room by dropping the
+    /// least recently used unpinned leaf; `None` when none can be had.
+    pub fn store(&mut self, chain: ContentHash, parent: ContentHash) -> Option<u64> {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => self.drop_oldest_leaf()?,
+        };
+        self.hold(slot, chain, parent);
+        self.written += 1;
+        Some(slot)
+    }
+
+    /// Checks that the index agrees with itself: each slot free or held once, the map
+    /// naming exactly the held slots, the leaves exactly the held entries nothing here
+    /// continues, and the child counts those of the held entries' parents.
+    pub fn check(&self) -> Result<(), String> {
+        let held = self.slots.iter().flatten().count();
+        if held + self.free.len() != self.slots.len() || self.map.len() != held {
+            return Err(format!(
+                "disk tier: {held} held, {} free, {} indexed, {} slots",
+                self.free.len(),
+                self.map.len(),
+                self.slots.len()
+            ));
+        }
+        let mut counted: HashMap<ContentHash, u32> = HashMap::new();
+        for h in self.slots.iter().flatten() {
+            *counted.entry(h.parent).or_insert(0) += 1;
+        }
+        if counted != self.children {
+            return Err("disk tier: child counts disagree with the entries".into());
+        }
+        for (slot, h) in self.slots.iter().enumerate() {
+            let Some(h) = h else { continue };
+            let slot = slot as u64;
+            if self.map.get(&h.chain) != Some(&slot) {
+                return Err(format!(
+                    "disk tier: slot {slot} is not indexed to its chain"
+                ));
+            }
+            let leaf = !self.children.contains_key(&h.chain);
+            if leaf != (self.leaves.get(&h.stamp) == Some(&slot)) {
+                return Err(format!(
+                    "disk tier: slot {slot} is a leaf = {leaf}, listed otherwise"
+                ));
+            }
+        }
+        for &slot in &self.free {
+            if self.slots.get(slot as usize).is_none_or(Option::is_some) {
+                return Err(format!("disk tier: free slot {slot} is held or outside"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Records `slot` as holding `chain` after `parent`, most recently used.
+    fn hold(&mut self, slot: u64, chain: ContentHash, parent: ContentHash) {
+        self.clock += 1;
+        let stamp = self.clock;
+        *self.children.entry(parent).or_insert(0) += 1;
+        if let Some(&p) = self.map.get(&parent) {
+            if let Some(h) = &self.slots[p as usize] {
+                self.leaves.remove(&h.stamp);
+            }
+        }
+        if !self.children.contains_key(&chain) {
+            self.leaves.insert(stamp, slot);
+        }
+        self.map.insert(chain, slot);
+        self.slots[slot as usize] = Some(Held {
+            chain,
+            parent,
+            stamp,
+        });
+    }
+
+    /// Drops the least recently used unpinned leaf and returns its slot.
+    fn drop_oldest_leaf(&mut self) -> Option<u64> {
+        let (&stamp, &slot) = self.leaves.iter().find(|(_, s)| !self.pinned.contains(s))?;
+        self.leaves.remove(&stamp);
+        let held = self.slots[slot as usize].take()?;
+        self.map.remove(&held.chain);
+        self.dropped += 1;
+        if let Some(count) = self.children.get_mut(&held.parent) {
+            *count -= 1;
+            if *count == 0 {
+                self.children.remove(&held.parent);
+                if let Some(&p) = self.map.get(&held.parent) {
+                    if let Some(h) = &self.slots[p as usize] {
+                        self.leaves.insert(h.stamp, p);
+                    }
+                }
+            }
+        }
+        Some(slot)
+    }
+}
