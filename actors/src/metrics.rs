@@ -65,12 +65,17 @@ pub const E2E_REQUEST_LATENCY: &str = "peregrine:e2e_request_latency_seconds";
 /// Seconds from arrival to the first step that ran the request.
 pub const REQUEST_QUEUE_TIME: &str = "peregrine:request_queue_time_seconds";
 
+/// Seconds a step spent copying blocks between the pool and the tiers below it (host
+/// memory, disk) before its forward; steps that copied nothing are not counted.
+pub const KV_TIER_COPY_SECONDS: &str = "peregrine:kv_tier_copy_seconds";
+
 /// Every histogram's name, for configuring buckets in the exporter.
-pub const HISTOGRAMS: [&str; 4] = [
+pub const HISTOGRAMS: [&str; 5] = [
     TIME_TO_FIRST_TOKEN,
     INTER_TOKEN_LATENCY,
     E2E_REQUEST_LATENCY,
     REQUEST_QUEUE_TIME,
+    KV_TIER_COPY_SECONDS,
 ];
 
 /// Histogram buckets in seconds, from 1 ms to 5 minutes.
@@ -78,6 +83,11 @@ pub const LATENCY_BUCKETS: [f64; 18] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
     30.0, 60.0, 300.0,
 ];
+
+/// A step's copies between the pool and its tiers took `elapsed`.
+pub fn record_tier_copies(elapsed: Duration) {
+    histogram!(KV_TIER_COPY_SECONDS).record(elapsed.as_secs_f64());
+}
 
 /// Queue lengths.
 pub fn record_queues(running: usize, waiting: usize) {

@@ -26,7 +26,7 @@ use peregrine_structured::GrammarMatcher;
 use prompt_scores::Scoring;
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// Per-request sampling state, kept from a request's first step until it is released, so
@@ -182,7 +182,11 @@ impl TargetRunner {
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let ahead = self.ahead.take();
-        self.model.move_kv(&batch.kv_moves)?;
+        if !batch.kv_moves.is_empty() {
+            let copying = Instant::now();
+            self.model.move_kv(&batch.kv_moves)?;
+            crate::metrics::record_tier_copies(copying.elapsed());
+        }
         for id in &batch.released {
             self.seqs.remove(id);
             self.tables.remove(id);

@@ -16,6 +16,7 @@ from e2e_common import client, expect, expect_eq, log, metric, metrics, parser, 
 WRITTEN = "peregrine:kv_disk_written_blocks_total"
 READ = "peregrine:kv_disk_read_blocks_total"
 DISK_BLOCKS = "peregrine:kv_disk_blocks"
+COPY_SECONDS = "peregrine:kv_tier_copy_seconds"
 BLOCK_SIZE = 16
 # The pool holds 24 blocks (tests/serve_e2e.rs): eight other prompts of 6 blocks or more
 # take every block the first one held.
@@ -61,6 +62,8 @@ def main():
             % (count, written, cached, read))
         expect(cached >= whole, "only %s of %d tokens cached" % (cached, count))
         expect(read >= 1, "no block came back from disk")
+        copies = metric(metrics(base), COPY_SECONDS + "_count") - metric(before, COPY_SECONDS + "_count")
+        expect(copies >= 1, "no step's tier copies were timed")
         expect_eq(again, cold, "greedy output with blocks from disk")
         return
 

@@ -4,6 +4,7 @@ mod actor;
 mod admission;
 mod caching_off;
 mod collision;
+mod disk_tier;
 mod events;
 mod eviction;
 mod host_tier;

@@ -1,0 +1,155 @@
+//! The disk tier in small, exact scenarios: what is written, under which names, what a
+//! restart finds, and what requests admitted together read.
+
+use super::{admit_all, computed, free, BlockManager};
+use crate::kv_disk::{chain_hash, ContentHash, FoundBlock, ROOT_HASH};
+use crate::messages::{KvMove, KvSource};
+
+const BLOCK: usize = 4;
+
+/// A pool of 4 blocks with no host tier and a disk tier of `slots` holding `found`, where
+/// request 1's 8 tokens (2 blocks) were computed, freed, and pushed out of the pool by
+/// request 2's 16 tokens; the writes that gave.
+fn pushed_down(slots: u64, found: &[FoundBlock]) -> (BlockManager, Vec<u32>, Vec<KvMove>) {
+    let mut m = BlockManager::new(4, BLOCK, true).with_disk_tier(slots, found);
+    let prompt: Vec<u32> = (10..18).collect();
+    admit_all(&mut m, &[(1, &prompt)]);
+    computed(&mut m, 1, &prompt);
+    free(&mut m, &[1]);
+    let other: Vec<u32> = (50..66).collect();
+    let grant = admit_all(&mut m, &[(2, &other)]);
+    computed(&mut m, 2, &other);
+    free(&mut m, &[2]);
+    (m, prompt, grant.moves)
+}
+
+/// The content chain of `tokens`' whole blocks, block by block.
+fn chain_of(tokens: &[u32]) -> Vec<ContentHash> {
+    let mut parent = ROOT_HASH;
+    tokens
+        .chunks_exact(BLOCK)
+        .map(|chunk| {
+            parent = chain_hash(&parent, chunk);
+            parent
+        })
+        .collect()
+}
+
+/// The records a file would hold after `moves`' writes (what a restart's scan finds).
+fn records(moves: &[KvMove]) -> Vec<FoundBlock> {
+    moves
+        .iter()
+        .filter_map(|m| match m {
+            KvMove::DiskWrite {
+                slot,
+                parent,
+                tokens,
+                ..
+            } => Some(FoundBlock {
+                slot: *slot,
+                chain: chain_hash(parent, tokens),
+                parent: *parent,
+                tokens: tokens.to_vec(),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn blocks_leaving_the_pool_are_written_under_their_content_chain() {
+    let (m, prompt, moves) = pushed_down(8, &[]);
+    let written = records(&moves);
+    assert_eq!(written.len(), 2, "request 1's blocks go down: {moves:?}");
+    let chains = chain_of(&prompt);
+    let mut names: Vec<ContentHash> = written.iter().map(|r| r.chain).collect();
+    names.sort();
+    let mut expected = chains.clone();
+    expected.sort();
+    assert_eq!(names, expected);
+    // Each is read from the pool block it leaves, before that block is given out again.
+    for m in &moves {
+        if let KvMove::DiskWrite { from, .. } = m {
+            assert!(matches!(from, KvSource::Pool(_)));
+        }
+    }
+    assert_eq!(m.usage().disk_blocks, 2);
+}
+
+#[test]
+fn two_requests_admitted_together_share_one_read_of_their_prefix() {
+    let (mut m, prompt, _) = pushed_down(8, &[]);
+    let mut longer = prompt.clone();
+    longer.extend([1, 2, 3]);
+    let grant = admit_all(&mut m, &[(3, &longer), (4, &longer)]);
+    let reads: Vec<&KvMove> = grant
+        .moves
+        .iter()
+        .filter(|m| matches!(m, KvMove::DiskRead { .. }))
+        .collect();
+    assert_eq!(reads.len(), 2, "each block read once: {:?}", grant.moves);
+    let (a, b) = (&grant.admitted[0], &grant.admitted[1]);
+    assert_eq!((a.num_cached, b.num_cached), (8, 8));
+    assert_eq!(a.block_table[..2], b.block_table[..2]);
+    // The reads name the chain in order, into the blocks the first request's table holds.
+    let chains = chain_of(&prompt);
+    for (read, (chain, block)) in reads.iter().zip(chains.iter().zip(&a.block_table)) {
+        assert!(
+            matches!(read, KvMove::DiskRead { chain: c, block: k, .. } if c == chain && k == block),
+            "{read:?}"
+        );
+    }
+    // Read back, the blocks are not written again when they leave the pool once more.
+    computed(&mut m, 3, &longer);
+    free(&mut m, &[3, 4]);
+    let other: Vec<u32> = (70..86).collect();
+    let grant = admit_all(&mut m, &[(5, &other)]);
+    let rewritten = records(&grant.moves)
+        .iter()
+        .filter(|r| chains.contains(&r.chain))
+        .count();
+    assert_eq!(rewritten, 0, "{:?}", grant.moves);
+}
+
+#[test]
+fn a_restart_finds_the_written_blocks_and_reads_them_in_chain_order() {
+    let (_, prompt, moves) = pushed_down(8, &[]);
+    let found = records(&moves);
+    let mut m = BlockManager::new(4, BLOCK, true).with_disk_tier(8, &found);
+    m.check_invariants().unwrap();
+    let mut longer = prompt.clone();
+    longer.push(7);
+    let grant = admit_all(&mut m, &[(1, &longer)]);
+    assert_eq!(grant.admitted[0].num_cached, 8);
+    let read_chains: Vec<ContentHash> = grant
+        .moves
+        .iter()
+        .filter_map(|m| match m {
+            KvMove::DiskRead { chain, .. } => Some(*chain),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(read_chains, chain_of(&prompt));
+    // A restart that found only the second block finds nothing: the chain starts with
+    // the first.
+    let second: Vec<FoundBlock> = found
+        .iter()
+        .filter(|f| f.chain == chain_of(&prompt)[1])
+        .cloned()
+        .collect();
+    let mut m = BlockManager::new(4, BLOCK, true).with_disk_tier(8, &second);
+    let grant = admit_all(&mut m, &[(1, &longer)]);
+    assert_eq!(grant.admitted[0].num_cached, 0);
+}
+
+#[test]
+fn a_full_disk_tier_drops_the_end_of_a_chain_first() {
+    // One slot: request 1's last block is written first (a freed table is reused tail
+    // first), then its first block takes the slot from it, and the chain is still found
+    // from its start.
+    let (mut m, prompt, _) = pushed_down(1, &[]);
+    let usage = m.usage();
+    assert_eq!((usage.disk_blocks, usage.disk_dropped), (1, 1));
+    let grant = admit_all(&mut m, &[(3, &prompt)]);
+    assert_eq!(grant.admitted[0].num_cached, BLOCK);
+}
