@@ -43,14 +43,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        cudaError_t e = (call);                                                           \
-        if (e != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "cuda_check.cuh"
 
 extern "C" __global__ void attention_standin(const bf16* __restrict__ qkv, bf16* __restrict__ out, int dim) {
     pdl_begin();

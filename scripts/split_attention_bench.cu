@@ -23,14 +23,7 @@
 #include <string>
 #include <vector>
 
-#define CHECK(call)                                                                       \
-    do {                                                                                  \
-        cudaError_t e = (call);                                                           \
-        if (e != cudaSuccess) {                                                           \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));     \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "cuda_check.cuh"
 
 // Fills x with bf16 in [-1, 1) from a hash of the index and the seed.
 __global__ void fill_random(bf16* x, i64 n, unsigned seed) {

@@ -88,6 +88,26 @@ impl Engine {
     }
 }
 
+/// Refuses a tier below the pool (the setting `name`) where it cannot work: without prefix
+/// caching (it keeps prefix-cache blocks), or beside a draft that keeps KV blocks of its
+/// own (the tiers do not move those with the target's yet).
+fn check_tier(
+    name: &str,
+    settings: &EngineSettings,
+    drafter: Option<&dyn DraftMethod>,
+) -> anyhow::Result<()> {
+    if !settings.prefix_caching {
+        bail!("{name} keeps prefix-cache blocks: it needs prefix caching on");
+    }
+    if drafter.is_some_and(|d| d.kv_bytes_per_block().is_some()) {
+        bail!(
+            "{name} does not move a draft's own KV blocks with the target's yet: use it \
+             without speculative decoding or with speculative_method ngram"
+        );
+    }
+    Ok(())
+}
+
 /// Prints the backend's pool and address audit, and starts the actors; with a `drafter`,
 /// decoding requests are verified against up to `num_speculative_tokens` of its drafts
 /// per step. Call from inside a tokio runtime.
@@ -171,34 +191,12 @@ pub fn start_engine(
     }
     let host_slots = backend.host_tier_slots();
     if host_slots > 0 {
-        if !settings.prefix_caching {
-            bail!("kv_host_memory keeps prefix-cache blocks: it needs prefix caching on");
-        }
-        if drafter
-            .as_ref()
-            .is_some_and(|d| d.kv_bytes_per_block().is_some())
-        {
-            bail!(
-                "kv_host_memory does not move a draft's own KV blocks with the target's yet: \
-                 use it without speculative decoding or with speculative_method ngram"
-            );
-        }
+        check_tier("kv_host_memory", settings, drafter.as_deref())?;
         info!(blocks = host_slots, "KV host tier");
         blocks = blocks.with_host_tier(host_slots);
     }
     if let Some((slots, found)) = backend.take_disk_tier() {
-        if !settings.prefix_caching {
-            bail!("kv_cache_dir keeps prefix-cache blocks: it needs prefix caching on");
-        }
-        if drafter
-            .as_ref()
-            .is_some_and(|d| d.kv_bytes_per_block().is_some())
-        {
-            bail!(
-                "kv_cache_dir does not keep a draft's own KV blocks with the target's yet: \
-                 use it without speculative decoding or with speculative_method ngram"
-            );
-        }
+        check_tier("kv_cache_dir", settings, drafter.as_deref())?;
         info!(slots, blocks = found.len(), "KV disk tier");
         blocks = blocks.with_disk_tier(slots, &found);
     }

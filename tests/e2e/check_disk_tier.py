@@ -11,7 +11,8 @@ from disk at once, with the saved output.
 file: those blocks, and so every block after them, miss (no cached tokens, nothing read
 from disk), and the output is still the saved one."""
 
-from e2e_common import client, expect, expect_eq, log, metric, metrics, parser, run, tokenize
+from e2e_common import (client, expect, expect_eq, greedy_completion, log, metric, metrics,
+                         other_prompts, parser, run, tokenize)
 
 WRITTEN = "peregrine:kv_disk_written_blocks_total"
 READ = "peregrine:kv_disk_read_blocks_total"
@@ -33,11 +34,7 @@ def main():
     api = client(base)
 
     def greedy(prompt):
-        out = api.completions.create(
-            model=model, prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
-        )
-        details = out.usage.model_dump().get("prompt_tokens_details") or {}
-        return out.choices[0].text, details.get("cached_tokens")
+        return greedy_completion(api, model, prompt)
 
     count = tokenize(base, model, prompt=PROMPT)
     whole = (count - 1) // BLOCK_SIZE * BLOCK_SIZE
@@ -49,8 +46,7 @@ def main():
         with open(args.state, "w") as f:
             f.write(cold)
         before = metrics(base)
-        for i in range(OTHERS):
-            other = ("request %d asks about the colour %d of the sky at hour %d. " % (i, i * 7, i * 3)) * 5
+        for i, other in enumerate(other_prompts(OTHERS)):
             expect(tokenize(base, model, prompt=other) >= 6 * BLOCK_SIZE, "other prompt %d is short" % i)
             greedy(other)
         written = metric(metrics(base), WRITTEN) - metric(before, WRITTEN)

@@ -4,7 +4,8 @@ cold; other prompts then fill the small pool, so its blocks go down to the host 
 blocks as cached, brought back from the host (peregrine:kv_host_loaded_blocks_total grows
 by at least as many blocks), and gives exactly the cold output."""
 
-from e2e_common import client, expect, expect_eq, log, metric, metrics, parser, run, tokenize
+from e2e_common import (client, expect, expect_eq, greedy_completion, log, metric, metrics,
+                         other_prompts, parser, run, tokenize)
 
 SPILLED = "peregrine:kv_host_spilled_blocks_total"
 LOADED = "peregrine:kv_host_loaded_blocks_total"
@@ -21,11 +22,7 @@ def main():
     api = client(base)
 
     def greedy(prompt):
-        out = api.completions.create(
-            model=model, prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
-        )
-        details = out.usage.model_dump().get("prompt_tokens_details") or {}
-        return out.choices[0].text, details.get("cached_tokens")
+        return greedy_completion(api, model, prompt)
 
     prompt = "a river runs past the old mill and under the stone bridge. " * 4
     count = tokenize(base, model, prompt=prompt)
@@ -34,8 +31,7 @@ def main():
     expect_eq(cached, 0, "cached_tokens of the cold request")
 
     before = metrics(base)
-    for i in range(OTHERS):
-        other = ("request %d asks about the colour %d of the sky at hour %d. " % (i, i * 7, i * 3)) * 5
+    for i, other in enumerate(other_prompts(OTHERS)):
         expect(tokenize(base, model, prompt=other) >= 6 * BLOCK_SIZE, "other prompt %d is short" % i)
         greedy(other)
     spilled = metric(metrics(base), SPILLED) - metric(before, SPILLED)

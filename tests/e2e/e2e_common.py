@@ -388,6 +388,22 @@ def _payload(lines):
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+def greedy_completion(api, model, prompt, max_tokens=8):
+    """(text, cached_tokens) of a greedy completion of `prompt` that ignores end-of-sequence."""
+    out = api.completions.create(
+        model=model, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}
+    )
+    details = out.usage.model_dump().get("prompt_tokens_details") or {}
+    return out.choices[0].text, details.get("cached_tokens")
+
+
+def other_prompts(count):
+    """`count` prompts of 6 blocks of 16 tokens or more, no two alike, sharing no block with
+    each other or with the tier scripts' main prompt: what pushes it out of a small pool."""
+    return [("request %d asks about the colour %d of the sky at hour %d. " % (i, i * 7, i * 3)) * 5
+            for i in range(count)]
+
+
 def metrics(base):
     """Every sample of /metrics as {"name{labels}": value} (labels as exported)."""
     resp = get(base, "/metrics")
