@@ -1146,9 +1146,11 @@ fn prefix_blocks_come_back_from_the_host_tier() {
 ///     other prompts push out of the pool are written to disk and a repeated prompt reads
 ///     its whole blocks back with its cold greedy output; a second process on the same
 ///     directory is refused while the first runs; a restarted server finds the blocks and
-///     serves the prompt from disk with the same output; after a byte of every chain's
-///     first block is flipped in the file, those blocks and all after them miss and the
-///     output is still the same (check_disk_tier.py).
+///     serves the prompt from disk with the same output; a byte of every chain's first
+///     block flipped under that server makes the prompt's request fail (never served
+///     corrupt) and the same request then miss with the same output; a server started
+///     over the damaged file misses those chains too, with the same output
+///     (check_disk_tier.py).
 #[test]
 fn prefix_blocks_come_back_from_disk_across_restarts_and_damage_only_misses() {
     let _serial = serial();
@@ -1195,9 +1197,19 @@ fn prefix_blocks_come_back_from_disk_across_restarts_and_damage_only_misses() {
         "{stderr}"
     );
     drop(first);
-    drop(phase("restart"));
+    let second = phase("restart");
+    let state_arg = state.to_str().expect("a UTF-8 path");
+    second.check(
+        "check_disk_tier.py",
+        &["--phase", "push", "--state", state_arg],
+    );
     let flipped = flip_first_blocks(&kv_dir);
     assert!(flipped > 0, "no chain's first block was found in the file");
+    second.check(
+        "check_disk_tier.py",
+        &["--phase", "live", "--state", state_arg],
+    );
+    drop(second);
     drop(phase("damaged"));
 }
 

@@ -195,10 +195,16 @@ pub fn start_engine(
         info!(blocks = host_slots, "KV host tier");
         blocks = blocks.with_host_tier(host_slots);
     }
-    if let Some((slots, found)) = backend.take_disk_tier() {
+    if let Some(disk) = backend.take_disk_tier() {
         check_tier("kv_cache_dir", settings, drafter.as_deref())?;
-        info!(slots, blocks = found.len(), "KV disk tier");
-        blocks = blocks.with_disk_tier(slots, &found);
+        info!(
+            slots = disk.slots,
+            blocks = disk.found.len(),
+            "KV disk tier"
+        );
+        blocks = blocks
+            .with_disk_tier(disk.slots, &disk.found)
+            .with_failed_reads(disk.failed);
     }
     let kv = KvAllocator::spawn_over(blocks, settings.kv_events.clone());
     let spin = Spin::for_device(backend.host_waits_on_device());

@@ -182,15 +182,22 @@ impl TargetRunner {
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let ahead = self.ahead.take();
-        if !batch.kv_moves.is_empty() {
-            let copying = Instant::now();
-            self.model.move_kv(&batch.kv_moves)?;
-            crate::metrics::record_tier_copies(copying.elapsed());
-        }
+        let moved = match batch.kv_moves.is_empty() {
+            true => Ok(()),
+            false => {
+                let copying = Instant::now();
+                let moved = self.model.move_kv(&batch.kv_moves);
+                crate::metrics::record_tier_copies(copying.elapsed());
+                moved
+            }
+        };
         for id in &batch.released {
             self.seqs.remove(id);
             self.tables.remove(id);
         }
+        // A failed copy (a disk block that failed its checks) fails the step after the
+        // released sequences are gone.
+        moved?;
         for seq in &batch.seqs {
             if let Some(setup) = &seq.setup {
                 self.seqs.insert(seq.id, new_state(setup)?);

@@ -7,12 +7,18 @@ blocks as cached, read back from disk (peregrine:kv_disk_read_blocks_total grows
 gives exactly the cold output.
 --phase restart: a new server over the same directory: the prompt's whole blocks come
 from disk at once, with the saved output.
---phase damaged: a new server after a byte of every chain's first block was flipped in the
-file: those blocks, and so every block after them, miss (no cached tokens, nothing read
-from disk), and the output is still the saved one."""
+--phase push: the other prompts again, pushing the prompt's blocks out of the pool (they
+are on disk already: nothing is written for them).
+--phase live: after a byte of every chain's first block was flipped in the file under the
+running server: the prompt's request fails (its read fails its checks; nothing corrupt is
+served), and the same request again misses those blocks and gives the saved output.
+--phase damaged: a new server over the damaged file: the blocks that fail their checks,
+and so every block after them, miss (no cached tokens, nothing read from disk), and the
+output is still the saved one."""
 
-from e2e_common import (client, expect, expect_eq, greedy_completion, log, metric, metrics,
-                         other_prompts, parser, run, tokenize)
+import openai
+from e2e_common import (CheckFailed, client, expect, expect_eq, greedy_completion, log, metric,
+                         metrics, other_prompts, parser, run, tokenize)
 
 WRITTEN = "peregrine:kv_disk_written_blocks_total"
 READ = "peregrine:kv_disk_read_blocks_total"
@@ -27,7 +33,7 @@ PROMPT = "a river runs past the old mill and under the stone bridge. " * 4
 
 def main():
     p = parser(__doc__)
-    p.add_argument("--phase", choices=["cold", "restart", "damaged"], required=True)
+    p.add_argument("--phase", choices=["cold", "restart", "push", "live", "damaged"], required=True)
     p.add_argument("--state", required=True, help="where the cold output is kept")
     args = p.parse_args()
     base, model = args.base, args.model
@@ -63,15 +69,29 @@ def main():
         expect_eq(again, cold, "greedy output with blocks from disk")
         return
 
+    if args.phase == "push":
+        for other in other_prompts(OTHERS):
+            greedy(other)
+        return
+
     with open(args.state) as f:
         saved = f.read()
+    if args.phase == "live":
+        try:
+            greedy(PROMPT)
+            raise CheckFailed("a request over a damaged disk block succeeded")
+        except openai.APIStatusError as err:
+            log("the request over the damaged block failed: %s" % err.status_code)
+            expect(err.status_code >= 500, "status %s for a failed step" % err.status_code)
     before = metrics(base)
     out, cached = greedy(PROMPT)
     after = metrics(base)
     read = metric(after, READ) - metric(before, READ)
     log("%s: cached %s, %d blocks read, %d blocks on disk"
         % (args.phase, cached, read, metric(after, DISK_BLOCKS)))
-    if args.phase == "restart":
+    if args.phase == "live":
+        expect_eq(cached, 0, "cached_tokens past a block forgotten after its failed read")
+    elif args.phase == "restart":
         expect(cached >= whole, "after a restart only %s of %d tokens cached" % (cached, count))
         expect(read * BLOCK_SIZE >= whole, "%d blocks read for %d cached tokens" % (read, cached))
     else:

@@ -8,7 +8,7 @@ use super::{
     RowSampling, StepInput, StepOutput, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
-use crate::kv_disk::{ContentHash, FoundBlock};
+use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource};
 use anyhow::anyhow;
 use peregrine_kernels::cpu::Matrix;
@@ -34,8 +34,8 @@ struct CpuBackend {
     host: Option<HostBlocks>,
     /// The disk tier below both, if one is kept.
     disk: Option<DiskBlocks>,
-    /// Its slots and the blocks it held at start-up, until the engine takes them.
-    disk_found: Option<(u64, Vec<FoundBlock>)>,
+    /// What it held at start-up, until the engine takes it.
+    disk_start: Option<DiskTierStart>,
 }
 
 impl CpuBackend {
@@ -128,7 +128,7 @@ pub fn cpu_backend_with(
         queued: None,
         host: None,
         disk: None,
-        disk_found: None,
+        disk_start: None,
     }))
 }
 
@@ -253,13 +253,17 @@ impl ModelBackend for CpuBackend {
         model: &ContentHash,
     ) -> anyhow::Result<()> {
         let (disk, found) = DiskBlocks::open(&self.cache, dir, bytes, model)?;
-        self.disk_found = Some((disk.slots(), found));
+        self.disk_start = Some(DiskTierStart {
+            slots: disk.slots(),
+            found,
+            failed: disk.failed_reads(),
+        });
         self.disk = Some(disk);
         Ok(())
     }
 
-    fn take_disk_tier(&mut self) -> Option<(u64, Vec<FoundBlock>)> {
-        self.disk_found.take()
+    fn take_disk_tier(&mut self) -> Option<DiskTierStart> {
+        self.disk_start.take()
     }
 
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
@@ -269,6 +273,9 @@ impl ModelBackend for CpuBackend {
         self.queued = None;
         let no_host = || anyhow!("host-tier moves for a CPU backend that keeps no host tier");
         let no_disk = || anyhow!("disk-tier moves for a CPU backend that keeps no disk tier");
+        // A disk read that fails its checks is reported and the rest of the moves are still
+        // made (the tiers' indexes count on them); the step then fails.
+        let mut failed_read = None;
         for m in moves {
             match m {
                 KvMove::Spill { block, slot } => {
@@ -300,14 +307,15 @@ impl ModelBackend for CpuBackend {
                         }
                     }
                 }
-                KvMove::DiskRead { slot, chain, block } => self
-                    .disk
-                    .as_mut()
-                    .ok_or_else(no_disk)?
-                    .read_into(&mut self.cache, *slot, chain, *block)?,
+                KvMove::DiskRead { slot, chain, block } => {
+                    let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                    if let Err(e) = disk.read_into(&mut self.cache, *slot, chain, *block) {
+                        failed_read.get_or_insert(e);
+                    }
+                }
             }
         }
-        Ok(())
+        failed_read.map_or(Ok(()), Err)
     }
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {

@@ -4,16 +4,20 @@
 //! index of what each slot holds is the KV allocator's (`kv_allocator/disk_tier.rs`); this
 //! opens the file, checks what it holds at start-up, and makes the copies, in order.
 
-use crate::kv_disk::{ContentHash, DiskFile, FileHeader, FoundBlock, FORMAT_VERSION};
+use crate::kv_disk::{
+    ContentHash, DiskFile, FailedRead, FailedReads, FileHeader, FoundBlock, FORMAT_VERSION,
+};
 use anyhow::Context;
 use peregrine_ops::KvCache;
 use sha2::{Digest, Sha256};
 use std::path::Path;
+use std::sync::Arc;
 
-/// The disk tier's file and a block's worth of scratch.
+/// The disk tier's file, a block's worth of scratch, and where failed reads go.
 pub struct DiskBlocks {
     file: DiskFile,
     scratch: Vec<u8>,
+    failed: Arc<FailedReads>,
 }
 
 impl DiskBlocks {
@@ -88,7 +92,20 @@ impl DiskBlocks {
             valid.len()
         );
         let scratch = vec![0; usize::try_from(block_bytes)?];
-        Ok((DiskBlocks { file, scratch }, valid))
+        let failed = FailedReads::shared();
+        Ok((
+            DiskBlocks {
+                file,
+                scratch,
+                failed,
+            },
+            valid,
+        ))
+    }
+
+    /// Where the reads that fail their checks are reported, for the KV allocator.
+    pub fn failed_reads(&self) -> Arc<FailedReads> {
+        self.failed.clone()
     }
 
     /// Blocks the tier holds at most.
@@ -125,7 +142,9 @@ impl DiskBlocks {
     }
 
     /// Reads `slot`, checked to hold the block ending `chain`, into pool block `block` of
-    /// `cache`; an error (and nothing copied) for a block that fails its checks.
+    /// `cache`. A block that fails its checks is not copied: its record is erased, the
+    /// read is reported to the allocator (which forgets the slot and the pool block's
+    /// entry), and the error returned.
     pub fn read_into(
         &mut self,
         cache: &mut KvCache,
@@ -133,11 +152,20 @@ impl DiskBlocks {
         chain: &ContentHash,
         block: u32,
     ) -> anyhow::Result<()> {
-        let data = self
-            .file
-            .read(slot, chain)
-            .with_context(|| format!("reading a KV block from {}", self.file.path().display()))?;
-        cache.copy_block_in(block, &data);
-        Ok(())
+        match self.file.read(slot, chain) {
+            Ok(data) => {
+                cache.copy_block_in(block, &data);
+                Ok(())
+            }
+            Err(e) => {
+                self.failed.report(FailedRead { slot, block });
+                let erased = self.file.erase(slot);
+                Err(anyhow::Error::new(e).context(format!(
+                    "reading a KV block from {} (its record erased: {})",
+                    self.file.path().display(),
+                    erased.is_ok()
+                )))
+            }
+        }
     }
 }

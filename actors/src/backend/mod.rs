@@ -14,7 +14,7 @@ pub use cpu_memory::{CpuFootprint, StepBounds};
 pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
-use crate::kv_disk::{ContentHash, FoundBlock};
+use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
@@ -384,9 +384,9 @@ pub trait ModelBackend: Send {
             self.pool().device
         )
     }
-    /// The disk tier's slots and the checked blocks it held at start-up, once (later
-    /// calls, and a backend without one, give `None`).
-    fn take_disk_tier(&mut self) -> Option<(u64, Vec<FoundBlock>)> {
+    /// The disk tier's slots, the checked blocks it held at start-up and where its failed
+    /// reads are reported, once (later calls, and a backend without one, give `None`).
+    fn take_disk_tier(&mut self) -> Option<DiskTierStart> {
         None
     }
     /// Makes the copies between the pool and the tiers below it that the KV allocator

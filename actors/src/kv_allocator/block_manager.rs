@@ -6,7 +6,7 @@ use super::disk_tier::DiskTier;
 use super::free_queue::FreeQueue;
 use super::host_tier::{HostTier, Leaving};
 use super::prefix_cache::{CacheEvent, ChainId, PrefixCache};
-use crate::kv_disk::{chain_hash, ContentHash, FoundBlock, ROOT_HASH};
+use crate::kv_disk::{chain_hash, ContentHash, FailedReads, FoundBlock, ROOT_HASH};
 use crate::messages::{KvMove, KvSource, KvUsage, RequestId};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -27,6 +27,8 @@ pub struct BlockManager {
     pub(super) host: Option<HostTier>,
     /// The tier below both, on disk, where one is kept (with prefix caching only).
     pub(super) disk: Option<DiskTier>,
+    /// Where the backend reports disk reads that failed their checks.
+    pub(super) failed_reads: Option<Arc<FailedReads>>,
     /// With a disk tier: per chain with an entry in memory (pool or host), the content
     /// chain hash of its parent (an entry's own is that and its tokens'), for writing it
     /// to disk when it leaves memory.
@@ -72,6 +74,7 @@ impl BlockManager {
             cache: prefix_caching.then(|| PrefixCache::new(num_blocks)),
             host: None,
             disk: None,
+            failed_reads: None,
             lineage: HashMap::new(),
             moves: Vec::new(),
             seqs: HashMap::new(),
@@ -174,6 +177,35 @@ impl BlockManager {
             self.disk = Some(DiskTier::new(slots, found));
         }
         self
+    }
+
+    /// The same manager, told by `failed` of the disk reads that failed their checks (see
+    /// [`BlockManager::forget_failed_reads`]).
+    pub fn with_failed_reads(mut self, failed: Arc<FailedReads>) -> BlockManager {
+        self.failed_reads = Some(failed);
+        self
+    }
+
+    /// Forgets the disk slots whose reads failed their checks and the prefix-cache entries
+    /// of the pool blocks they were to fill (entered when the reads were granted; they hold
+    /// nothing valid), so later prompts miss them. Called before a step's other work: the
+    /// step that made the reads failed, and its sequences are being freed (a step is
+    /// granted only after the one before it ran, so no grant since has shared the blocks).
+    pub(super) fn forget_failed_reads(&mut self) {
+        let Some(failed) = self.failed_reads.as_ref().map(|f| f.take()) else {
+            return;
+        };
+        for read in failed {
+            if let Some(disk) = &mut self.disk {
+                disk.forget(read.slot);
+            }
+            if let Some((key, chain)) = self.cache.as_mut().and_then(|c| c.evict(read.block)) {
+                self.lineage.remove(&chain);
+                if let Some(host) = &mut self.host {
+                    host.child_removed(key.parent);
+                }
+            }
+        }
     }
 
     /// The prefix cache's changes since the last call, oldest first.

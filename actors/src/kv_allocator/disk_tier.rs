@@ -106,6 +106,19 @@ impl DiskTier {
         }
     }
 
+    /// Forgets what `slot` holds (a read of it failed its checks): the slot is free again,
+    /// and what continued it here can no longer be reached.
+    pub fn forget(&mut self, slot: u64) {
+        let Some(held) = self.slots.get_mut(slot as usize).and_then(Option::take) else {
+            return;
+        };
+        self.leaves.remove(&held.stamp);
+        self.map.remove(&held.chain);
+        self.dropped += 1;
+        self.release_parent(&held.parent);
+        self.free.push(slot);
+    }
+
     /// Ends the step's pins.
     pub fn unpin_all(&mut self) {
         self.pinned.clear();
@@ -194,17 +207,23 @@ impl DiskTier {
         let held = self.slots[slot as usize].take()?;
         self.map.remove(&held.chain);
         self.dropped += 1;
-        if let Some(count) = self.children.get_mut(&held.parent) {
-            *count -= 1;
-            if *count == 0 {
-                self.children.remove(&held.parent);
-                if let Some(&p) = self.map.get(&held.parent) {
-                    if let Some(h) = &self.slots[p as usize] {
-                        self.leaves.insert(h.stamp, p);
-                    }
+        self.release_parent(&held.parent);
+        Some(slot)
+    }
+
+    /// One entry continuing `parent` is gone: the parent, if here, may become a leaf.
+    fn release_parent(&mut self, parent: &ContentHash) {
+        let Some(count) = self.children.get_mut(parent) else {
+            return;
+        };
+        *count -= 1;
+        if *count == 0 {
+            self.children.remove(parent);
+            if let Some(&p) = self.map.get(parent) {
+                if let Some(h) = &self.slots[p as usize] {
+                    self.leaves.insert(h.stamp, p);
                 }
             }
         }
-        Some(slot)
     }
 }

@@ -1,5 +1,5 @@
-//! One `AllocateStep`, in order: register computed blocks, free ended sequences, grow the
-//! running ones (preempting from the back), admit new ones.
+//! One `AllocateStep`, in order: forget failed disk reads, register computed blocks, free
+//! ended sequences, grow the running ones (preempting from the back), admit new ones.
 
 use super::BlockManager;
 use crate::messages::{AllocateStep, StepGrant};
@@ -12,6 +12,7 @@ impl BlockManager {
     /// blocks stay cached until they are reused. Unknown ids in `free` and `computed` are
     /// ignored. In debug builds the invariants are checked afterwards.
     pub fn allocate_step(&mut self, step: AllocateStep) -> StepGrant {
+        self.forget_failed_reads();
         for c in &step.computed {
             self.register_computed(c.id, c.first_block, &c.tokens);
         }

@@ -6,6 +6,8 @@
 //!   one process's; the hash of every token from the start of the sequence is anyone's).
 //! - [`format`]: the bytes of the file's header and of each slot's record header, each
 //!   with a SHA-256 of its own fields.
+//! - [`failed`]: reads that failed their checks while serving, reported back to the
+//!   allocator.
 //! - [`fingerprint`]: the model's fingerprint, which names its file.
 //! - [`file`]: the file itself: locked against a second process, its header checked
 //!   against the model's fingerprint, slots written data first and header last, read back
@@ -15,11 +17,13 @@
 //! until written.
 
 pub mod chain;
+pub mod failed;
 pub mod file;
 pub mod fingerprint;
 pub mod format;
 
 pub use chain::{chain_hash, ContentHash, ROOT_HASH};
+pub use failed::{DiskTierStart, FailedRead, FailedReads};
 pub use file::{DiskFile, DiskOpenError, FoundBlock, ReadError};
 pub use fingerprint::model_fingerprint;
 pub use format::{FileHeader, FORMAT_VERSION};

@@ -2,7 +2,7 @@
 //! restart finds, and what requests admitted together read.
 
 use super::{admit_all, computed, free, BlockManager};
-use crate::kv_disk::{chain_hash, ContentHash, FoundBlock, ROOT_HASH};
+use crate::kv_disk::{chain_hash, ContentHash, FailedRead, FailedReads, FoundBlock, ROOT_HASH};
 use crate::messages::{KvMove, KvSource};
 
 const BLOCK: usize = 4;
@@ -152,4 +152,40 @@ fn a_full_disk_tier_drops_the_end_of_a_chain_first() {
     assert_eq!((usage.disk_blocks, usage.disk_dropped), (1, 1));
     let grant = admit_all(&mut m, &[(3, &prompt)]);
     assert_eq!(grant.admitted[0].num_cached, BLOCK);
+}
+
+#[test]
+fn a_failed_read_is_forgotten_with_the_pool_entry_it_was_to_fill() {
+    // Request 3's read of the prompt's first block fails its checks: before the next step
+    // the slot is forgotten and so is the pool block's entry, which holds nothing valid;
+    // the prompt then misses from its first block on, and nothing else is lost.
+    let failed = FailedReads::shared();
+    let (m, prompt, _) = pushed_down(8, &[]);
+    let mut m = m.with_failed_reads(failed.clone());
+    let mut longer = prompt.clone();
+    longer.push(7);
+    let grant = admit_all(&mut m, &[(3, &longer)]);
+    let first = grant
+        .moves
+        .iter()
+        .find_map(|mv| match mv {
+            KvMove::DiskRead { slot, chain, block } if *chain == chain_of(&prompt)[0] => {
+                Some(FailedRead {
+                    slot: *slot,
+                    block: *block,
+                })
+            }
+            _ => None,
+        })
+        .expect("a read of the first block");
+    failed.report(first);
+    let before = m.usage();
+    free(&mut m, &[3]);
+    m.check_invariants().unwrap();
+    let after = m.usage();
+    assert_eq!(after.disk_blocks, before.disk_blocks - 1);
+    assert_eq!(after.cached_blocks, before.cached_blocks - 1);
+    let grant = admit_all(&mut m, &[(4, &longer)]);
+    assert_eq!(grant.admitted[0].num_cached, 0, "{:?}", grant.moves);
+    assert!(failed.take().is_empty());
 }
