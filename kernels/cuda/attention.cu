@@ -97,7 +97,7 @@ __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block
 // Decode: one block per (split item, KV head, chunk of up to MAXG query heads of its group),
 // so that each K and V row is read once for all the query heads that share it. A lane group
 // of D / 8 lanes reads one token's K (or V) row with one 16-byte load per lane; a warp reads
-// WARP_SIZE / (D / 8) tokens at once and every lane keeps UNROLL loads in flight. The
+// WARP_SIZE / (D / 8) tokens at once and every lane keeps PA_UNROLL loads in flight. The
 // partition's slot offsets are looked up once, into shared memory. Each
 // query head's scores, softmax and output are computed exactly as if it were alone: the
 // order of every sum depends on the partition's tokens only.
@@ -116,7 +116,6 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     constexpr int VEC = 8;           // bf16 per 16-byte load
     constexpr int LANES = D / VEC;   // lanes per token row: 8 (D = 64) or 16 (D = 128)
     constexpr int WARPS = PA_SPLIT_THREADS / WARP_SIZE;
-    constexpr int UNROLL = PA_UNROLL;  // 16-byte loads in flight a lane
     __shared__ float logits[MAXG][PA_PARTITION];
     __shared__ float red_max[MAXG][WARPS], red_sum[MAXG][WARPS];
     __shared__ float warp_out[WARPS][MAXG][D];
@@ -168,11 +167,11 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     // of more heads keep those registers for their heads.
     constexpr bool PRELOAD = MAXG == 1;
     const bool preload = PRELOAD && nk.fuse;
-    uint4 k_pre[PRELOAD ? UNROLL : 1], v_pre[PRELOAD ? UNROLL : 1];
+    uint4 k_pre[PRELOAD ? PA_UNROLL : 1], v_pre[PRELOAD ? PA_UNROLL : 1];
     if (PRELOAD) {
         __syncthreads();  // slot_at is read across threads
 #pragma unroll
-        for (int u = 0; u < (PRELOAD ? UNROLL : 1); ++u) {
+        for (int u = 0; u < (PRELOAD ? PA_UNROLL : 1); ++u) {
             const int i = u * step + warp * per_warp + group_lane;
             const bool cached = preload && i < n && i != new_at;
             k_pre[u] = cached ? load_bf16x8(k_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
@@ -239,10 +238,10 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 
     // Scores of the partition's tokens. The loop bounds are the same for the whole block,
     // so every lane reaches every shuffle.
-    for (int base = 0; base < n; base += step * UNROLL) {
-        uint4 raw[UNROLL];
+    for (int base = 0; base < n; base += step * PA_UNROLL) {
+        uint4 raw[PA_UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_k + gl * VEC);
@@ -250,7 +249,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             else if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < PA_UNROLL; ++u) {
             float kf[VEC];
             unpack_bf16x8(raw[u], kf);
             const int i = base + u * step + warp * per_warp + group_lane;
@@ -316,10 +315,10 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 #pragma unroll
         for (int j = 0; j < VEC; ++j) acc[g][j] = 0.0f;
     }
-    for (int base = 0; base < n; base += step * UNROLL) {
-        uint4 raw[UNROLL];
+    for (int base = 0; base < n; base += step * PA_UNROLL) {
+        uint4 raw[PA_UNROLL];
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < PA_UNROLL; ++u) {
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_v + gl * VEC);
@@ -327,7 +326,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             else if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; ++u) {
+        for (int u = 0; u < PA_UNROLL; ++u) {
             float vf[VEC];
             unpack_bf16x8(raw[u], vf);
             const int i = base + u * step + warp * per_warp + group_lane;

@@ -43,8 +43,8 @@ impl BlockManager {
                 false => (len.saturating_sub(1) / self.block_size) * self.block_size,
             };
             let mut hits = self.cached_prefix(&seq.tokens[..lookup_len]);
-            if self.recompute_last_hit && !hits.is_empty() {
-                hits = self.cached_prefix(&seq.tokens[..(hits.len() - 1) * self.block_size]);
+            if self.recompute_last_hit {
+                hits.pop();
             }
             let num_cached = hits.len() * self.block_size;
             let num_scheduled = (len - num_cached).min(room);
@@ -54,11 +54,11 @@ impl BlockManager {
             // Host and disk hits need a pool block each, as fresh blocks do.
             let loads = hits
                 .iter()
-                .filter(|h| matches!(h, Hit::Host { .. } | Hit::Disk { .. }))
+                .filter(|h| matches!(h.at, Hit::Host { .. } | Hit::Disk { .. }))
                 .count();
             let free_hits = hits
                 .iter()
-                .filter(|h| matches!(h, Hit::Pool { block, .. } if self.free.contains(*block)))
+                .filter(|h| matches!(h.at, Hit::Pool { block, .. } if self.free.contains(block)))
                 .count();
             if fresh + loads > self.free.len().saturating_sub(free_hits) {
                 break;

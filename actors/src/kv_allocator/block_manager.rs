@@ -218,9 +218,10 @@ impl BlockManager {
 
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the
     /// tokens that may be served from the cache), each in the pool, the host tier or on
-    /// disk. Past a block found on disk the chain has no id in memory, so the rest of the
-    /// run is on disk too.
-    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> Vec<Hit> {
+    /// disk, with its content hash where there is a disk tier. Past a block found on disk
+    /// the chain has no id in memory, so the rest of the run is on disk too. A shorter
+    /// `tokens` gives a prefix of the same run.
+    pub(super) fn cached_prefix(&self, tokens: &[u32]) -> Vec<PrefixHit> {
         let mut hits = Vec::new();
         let Some(cache) = &self.cache else {
             return hits;
@@ -241,25 +242,23 @@ impl BlockManager {
             });
             let hit = in_memory.or_else(|| {
                 let slot = self.disk.as_ref()?.lookup(&content)?;
-                Some(Hit::Disk {
-                    slot,
-                    chain: content,
-                })
+                Some(Hit::Disk { slot })
             });
-            let Some(hit) = hit else {
+            let Some(at) = hit else {
                 break;
             };
-            chain = match hit {
+            chain = match at {
                 Hit::Pool { chain, .. } | Hit::Host { chain, .. } => Some(chain),
                 Hit::Disk { .. } => None,
             };
-            hits.push(hit);
+            hits.push(PrefixHit { at, content });
         }
         hits
     }
 
     /// The pool blocks of `hits` (a run from [`BlockManager::cached_prefix`] over
-    /// `tokens`) in order, and the chain they end with its content hash: pool hits shared,
+    /// `tokens`) in order, and the chain they end with its content hash (the root's
+    /// without a disk tier): pool hits shared,
     /// host and disk hits loaded into free blocks (their copies queued in
     /// [`BlockManager::moves`]), disk hits entered in the prefix cache anew. The caller has
     /// checked that the pool has a free block for each host and disk hit besides the free
@@ -267,12 +266,12 @@ impl BlockManager {
     pub(super) fn take_hits(
         &mut self,
         tokens: &[u32],
-        hits: &[Hit],
+        hits: &[PrefixHit],
     ) -> (Vec<u32>, ChainId, ContentHash) {
         let slots: Vec<u32> = hits
             .iter()
-            .filter_map(|h| match h {
-                Hit::Host { slot, .. } => Some(*slot),
+            .filter_map(|h| match h.at {
+                Hit::Host { slot, .. } => Some(slot),
                 _ => None,
             })
             .collect();
@@ -282,24 +281,21 @@ impl BlockManager {
         // Disk slots read here are kept from the writes the loads' evictions may make.
         if let Some(disk) = &mut self.disk {
             for hit in hits {
-                if let Hit::Disk { slot, .. } = hit {
-                    disk.read_from(*slot);
+                if let Hit::Disk { slot } = hit.at {
+                    disk.read_from(slot);
                 }
             }
         }
         for hit in hits {
-            if let Hit::Pool { block, .. } = hit {
-                self.share(*block);
+            if let Hit::Pool { block, .. } = hit.at {
+                self.share(block);
             }
         }
         let mut table = Vec::with_capacity(hits.len());
         let (mut chain, mut content) = (ChainId::ROOT, ROOT_HASH);
         for (hit, chunk) in hits.iter().zip(tokens.chunks_exact(self.block_size)) {
-            let parent_content = content;
-            if self.disk.is_some() {
-                content = chain_hash(&content, chunk);
-            }
-            match *hit {
+            let parent_content = std::mem::replace(&mut content, hit.content);
+            match hit.at {
                 Hit::Pool { block, chain: next } => {
                     table.push(block);
                     chain = next;
@@ -317,7 +313,7 @@ impl BlockManager {
                     table.push(block);
                     chain = next;
                 }
-                Hit::Disk { slot, chain: hash } => {
+                Hit::Disk { slot } => {
                     let block = self.take_free().expect("a free block for each disk hit");
                     let cache = self.cache.as_mut().expect("disk hits need a prefix cache");
                     let (next, created) = cache.insert_new(chain, chunk, block);
@@ -329,7 +325,7 @@ impl BlockManager {
                     }
                     self.moves.push(KvMove::DiskRead {
                         slot,
-                        chain: hash,
+                        chain: hit.content,
                         block,
                     });
                     table.push(block);
@@ -475,13 +471,21 @@ impl BlockManager {
     }
 }
 
-/// Where a cached block of a prefix was found, and the chain it ends.
+/// Where a cached block of a prefix was found (with the chain it ends, in memory).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Hit {
     /// In this pool block.
     Pool { block: u32, chain: ChainId },
     /// In this slot of the host tier.
     Host { slot: u32, chain: ChainId },
-    /// In this slot of the disk tier (its content chain hash).
-    Disk { slot: u64, chain: ContentHash },
+    /// In this slot of the disk tier.
+    Disk { slot: u64 },
+}
+
+/// A cached block of a prefix: where it is, and the content hash of the chain it ends
+/// (with a disk tier; the root's without one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PrefixHit {
+    pub(super) at: Hit,
+    pub(super) content: ContentHash,
 }

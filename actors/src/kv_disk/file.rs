@@ -305,6 +305,6 @@ fn note_other_files(dir: &Path, ours: &Path, header: &FileHeader) {
 }
 
 /// Lower-case hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
+pub(super) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

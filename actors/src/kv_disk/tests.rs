@@ -2,6 +2,7 @@
 //! check (a flipped byte, a cut file, a misplaced record, another model's or layout's
 //! file) is read; offsets past 2^31 and 2^32 bytes land where they should.
 
+use super::file::hex;
 use super::format::{RecordHeader, MAX_BLOCK_TOKENS, PAGE};
 use super::*;
 use rand::{Rng, SeedableRng};
@@ -26,10 +27,6 @@ fn random_block(rng: &mut ChaCha8Rng, bytes: u64) -> Vec<u8> {
 
 fn tokens(rng: &mut ChaCha8Rng) -> Vec<u32> {
     (0..16).map(|_| rng.random()).collect()
-}
-
-fn hex(h: &ContentHash) -> String {
-    h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// Writes a chain of `n` blocks into slots `first..first + n`: (slot, parent, tokens,

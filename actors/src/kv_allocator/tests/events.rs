@@ -120,7 +120,7 @@ fn the_journal_replayed_is_the_pool_s_cache_after_every_step() {
                     let found = m.cached_prefix(&tokens);
                     assert_eq!(found.len(), tokens.len() / BLOCK, "seed {seed}");
                     assert!(
-                        matches!(found.last(), Some(Hit::Pool { chain: end, .. }) if *end == chain)
+                        matches!(found.last().map(|h| h.at), Some(Hit::Pool { chain: end, .. }) if end == chain)
                     );
                 }
             }
