@@ -158,6 +158,11 @@ pub struct BenchSpecArgs {
     /// every multiple of 8 up to --concurrency, in both runs).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Runs of each kind, in the order without, with, with, without, ... (so that a
+    /// machine whose speed drifts during the benchmark weighs on both alike); the times
+    /// are summed.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub rounds: u32,
 }
 
 /// `peregrine bench latency`.

@@ -4,6 +4,9 @@
 //! wall time of each, the speedup, the acceptance rate, the tokens per verification
 //! forward, the acceptance at each draft position, and how many outputs were identical
 //! (greedy decoding must not change; sampled outputs differ, each run drawing its own).
+//! With `--rounds N` each kind runs N times, in the order without, with, with, without,
+//! ...: the times are summed, each round's speedup is printed, and the last run with
+//! drafts gives the acceptance figures.
 
 use super::bench_serve::prompts;
 use super::engine::load_backend;
@@ -47,8 +50,38 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let off = runtime.block_on(run_engine(&args, &dir, &reqs, false))?;
-    let on = runtime.block_on(run_engine(&args, &dir, &reqs, true))?;
+    let (mut off, mut on) = (Vec::new(), Vec::new());
+    for round in 0..args.rounds {
+        for speculate in [round % 2 == 1, round % 2 == 0] {
+            let run = runtime.block_on(run_engine(&args, &dir, &reqs, speculate))?;
+            match speculate {
+                true => on.push(run),
+                false => off.push(run),
+            }
+        }
+    }
+    let rounds: Vec<String> = off
+        .iter()
+        .zip(&on)
+        .map(|(a, b)| format!(" {:.2}x", a.seconds / b.seconds))
+        .collect();
+    let off_outputs = &off[0].outputs;
+    // Greedy outputs must be the same in every run.
+    let same_everywhere = off.iter().chain(&on).all(|r| {
+        args.temperature > 0.0
+            || r.outputs
+                .iter()
+                .map(|o| &o.0)
+                .eq(off_outputs.iter().map(|o| &o.0))
+    });
+    let off = RunResult {
+        seconds: off.iter().map(|r| r.seconds).sum(),
+        outputs: off.swap_remove(0).outputs,
+    };
+    let on = RunResult {
+        seconds: on.iter().map(|r| r.seconds).sum(),
+        outputs: on.pop().expect("at least one round").outputs,
+    };
     let tokens: usize = on.outputs.iter().map(|(_, u)| u.completion_tokens).sum();
     let sum = |f: fn(&Usage) -> usize| on.outputs.iter().map(|(_, u)| f(u)).sum::<usize>();
     let (drafts, draft_tokens, accepted) = (
@@ -62,17 +95,25 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
         .zip(&on.outputs)
         .filter(|(a, b)| a.0 == b.0)
         .count();
+    let runs = args.rounds as f64;
+    if args.rounds > 1 {
+        println!(
+            "{} rounds (times summed), speedup of each:{}",
+            args.rounds,
+            rounds.concat()
+        );
+    }
     println!(
         "no speculation: {:.2} s, {:.1} output tok/s",
         off.seconds,
-        tokens as f64 / off.seconds
+        runs * tokens as f64 / off.seconds
     );
     println!(
         "{} k={}: {:.2} s, {:.1} output tok/s, speedup {:.2}x",
         args.speculative_method.as_str(),
         args.num_speculative_tokens,
         on.seconds,
-        tokens as f64 / on.seconds,
+        runs * tokens as f64 / on.seconds,
         off.seconds / on.seconds
     );
     println!(
@@ -94,8 +135,13 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
             reqs.len(),
             args.temperature
         );
-    } else {
+    } else if same_everywhere {
         println!("identical outputs: {same} of {}", reqs.len());
+    } else {
+        println!(
+            "identical outputs: {same} of {} in the last runs; NOT identical in every run",
+            reqs.len()
+        );
     }
     Ok(())
 }
