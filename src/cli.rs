@@ -201,8 +201,10 @@ pub struct BenchLatencyArgs {
     #[arg(long)]
     pub gemv_max_rows: Option<usize>,
     /// Also time verification steps of this many rows per sequence (the last token and
-    /// N - 1 drafts, every row a logit row, all accepted), beside one-row decode steps of
-    /// the same batch; on the GPU through verification graphs. 1: decode steps only.
+    /// N - 1 drafts, every row a logit row), beside one-row decode steps of the same batch
+    /// and at the same contexts (each step keeps one row, as if no draft were accepted: the
+    /// next step writes over the others' keys and values); on the GPU through verification
+    /// graphs. 1: decode steps only.
     #[arg(long, default_value_t = 1)]
     pub verify_rows: usize,
     /// Also time, on the GPU, a drafting round of the model's multi-token prediction layer

@@ -76,9 +76,9 @@ pub struct StepTokens {
 }
 
 /// Blocks for `largest` sequences of the benchmark's lengths (plus the warm-up's), each
-/// step taking `--verify-rows` positions at most.
+/// step keeping one position and the last writing `--verify-rows`.
 pub fn blocks_needed(args: &BenchLatencyArgs, largest: usize) -> u64 {
-    let tokens = args.input_len + args.output_len.max(4) * args.verify_rows;
+    let tokens = args.input_len + args.output_len.max(4) + args.verify_rows;
     (largest * tokens.div_ceil(args.block_size)) as u64
 }
 

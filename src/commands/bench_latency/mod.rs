@@ -170,7 +170,7 @@ fn verify_cost(
     measure(model, args, shape, 4, Decode::Plain)?;
     let steps = args.output_len as f64;
     let plain = measure(model, args, shape, args.output_len, Decode::Plain)?;
-    let longest = args.input_len + args.output_len * shape.rows;
+    let longest = args.input_len + args.output_len + shape.rows;
     let device_ms = if model.replays_step(shape.batch, shape.rows, longest) {
         let twice = measure(model, args, shape, args.output_len, Decode::Twice)?;
         Some((twice.decode_s - plain.decode_s) * 1e3 / steps)
@@ -213,9 +213,10 @@ fn print_verified(rows: usize, verified: &[(usize, StepCost, StepCost)]) {
         );
     }
     println!(
-        "verify: steps of {rows} rows a sequence (its last token and {} drafts, all accepted, \
-         every row a logit row), on the GPU through verification graphs; ratio: against the \
-         one-row decode step of the same batch",
+        "verify: steps of {rows} rows a sequence (its last token and {} drafts, every row a \
+         logit row), at the contexts of the decode steps (each keeps one row, the next writes \
+         over the rest), on the GPU through verification graphs; ratio: against the one-row \
+         decode step of the same batch",
         rows - 1
     );
 }
@@ -263,7 +264,9 @@ fn measure(
     let Shape { batch, rows: per } = shape;
     let vocab = model.vocab_size() as u32;
     let bs = args.block_size;
-    let per_seq = (args.input_len + steps * per).div_ceil(bs);
+    // Step `i` runs rows at positions `input_len + i ..`: it keeps one, as a decode step
+    // does, and the next writes over the rest.
+    let per_seq = (args.input_len + steps + per).div_ceil(bs);
     let tables: Vec<Vec<u32>> = (0..batch)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
@@ -315,7 +318,7 @@ fn measure(
             tokens.push(next.clone());
             continue;
         }
-        let plan = plan_at(args.input_len + step * per, per)?;
+        let plan = plan_at(args.input_len + step, per)?;
         if decode == Decode::Twice {
             model.queue_step(&next, &plan, &rows)?;
         }
