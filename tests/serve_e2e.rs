@@ -718,6 +718,21 @@ fn replicas_behind_the_routers_built_for_vllm_and_sglang() {
 ///     stored and not removed equal the pool's cached blocks (check_kv_events.py).
 #[test]
 fn kv_events_reach_a_subscriber_with_vllm_s_types() {
+    check_kv_events(&[], &[]);
+}
+
+/// 25. The same with a host tier of 16 blocks below the pool: blocks move between the
+///     `GPU` and `CPU` media under the same hashes, and the `CPU` blocks stored and not
+///     removed equal the tier's (check_kv_events.py --host-tier).
+#[test]
+fn kv_events_carry_the_host_tier_as_the_cpu_medium() {
+    let host = (16 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    check_kv_events(&["--kv-host-memory", &host], &["--host-tier"]);
+}
+
+/// Serves a tiny model with a pool of 64 blocks, KV-cache events on and `flags`, and runs
+/// check_kv_events.py against it with `check_flags`.
+fn check_kv_events(flags: &[&str], check_flags: &[&str]) {
     let _serial = serial();
     let model = TinyDir::new(32);
     let memory = (64 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
@@ -729,19 +744,14 @@ fn kv_events_reach_a_subscriber_with_vllm_s_types() {
         "replay_endpoint": format!("ipc://{}", replay.display()),
     })
     .to_string();
-    let server = Server::start(
-        model.path(),
-        &["--kv-cache-memory", &memory, "--kv-events-config", &config],
-    );
-    server.check(
-        "check_kv_events.py",
-        &[
-            "--events",
-            &format!("tcp://127.0.0.1:{port}"),
-            "--replay",
-            &format!("ipc://{}", replay.display()),
-        ],
-    );
+    let mut args = vec!["--kv-cache-memory", &memory, "--kv-events-config", &config];
+    args.extend(flags);
+    let server = Server::start(model.path(), &args);
+    let events = format!("tcp://127.0.0.1:{port}");
+    let replay = format!("ipc://{}", replay.display());
+    let mut args = vec!["--events", &events, "--replay", &replay];
+    args.extend(check_flags);
+    server.check("check_kv_events.py", &args);
 }
 
 /// 26. A server whose CPU KV cache is float32 (`--kv-cache-dtype float32`, the default

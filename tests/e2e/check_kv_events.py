@@ -14,6 +14,10 @@ vLLM 0.24: a positional batch of events that are maps tagged under `type`).
 - At the end, the blocks stored and not removed are exactly the pool's cached blocks
   (`peregrine:prefix_cache_blocks`), and the batches published match
   `peregrine:kv_events_published_total` (none dropped).
+- With `--host-tier` (a server with `--kv-host-memory`): blocks move between `GPU` and
+  `CPU` under the same hash, each removed from the medium it was stored in and never
+  stored while live, both media taking part; at the end the `CPU` blocks are exactly
+  `peregrine:kv_host_blocks`.
 """
 
 import time
@@ -71,7 +75,7 @@ END = (-1).to_bytes(8, "big", signed=True)
 class Subscriber:
     """A SUB socket, a replay DEALER, and the view of the pool the events build."""
 
-    def __init__(self, endpoint, replay_endpoint):
+    def __init__(self, endpoint, replay_endpoint, host_tier):
         self.ctx = zmq.Context()
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
@@ -81,10 +85,11 @@ class Subscriber:
         self.last_seq = -1
         self.batches = 0
         self.replayed = 0
-        self.live = {}  # hash -> (parent hash, tokens)
+        self.host_tier = host_tier
+        self.live = {}  # hash -> (medium, parent hash, tokens)
         self.ever = set()
-        self.stored = 0
-        self.removed = 0
+        self.stored = {"GPU": 0, "CPU": 0}
+        self.removed = {"GPU": 0, "CPU": 0}
         self.cleared = 0
 
     def replay_from(self, start):
@@ -108,22 +113,27 @@ class Subscriber:
         for event in batch.events:
             if isinstance(event, BlockStored):
                 expect_eq(event.block_size, BLOCK_SIZE, "BlockStored.block_size")
-                expect_eq(event.medium, "GPU", "BlockStored.medium (vLLM's name for the primary pool)")
+                media = ("GPU", "CPU") if self.host_tier else ("GPU",)
+                expect(event.medium in media, "BlockStored.medium %r: expected one of %s (vLLM's "
+                       "names for the primary pool and host memory)" % (event.medium, media))
                 expect_eq(len(event.token_ids), BLOCK_SIZE * len(event.block_hashes), "tokens per stored block")
                 expect(event.parent_block_hash is None or event.parent_block_hash in self.ever,
                        "a BlockStored whose parent was never stored")
                 parent = event.parent_block_hash
                 for i, h in enumerate(event.block_hashes):
-                    expect(h not in self.ever, "block hash %r stored twice" % h)
+                    expect(h not in self.live, "block hash %r stored while live" % h)
+                    expect(self.host_tier or h not in self.ever, "block hash %r stored twice" % h)
                     self.ever.add(h)
-                    self.live[h] = (parent, tuple(event.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE]))
+                    tokens = tuple(event.token_ids[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE])
+                    self.live[h] = (event.medium, parent, tokens)
                     parent = h
-                    self.stored += 1
+                    self.stored[event.medium] += 1
             elif isinstance(event, BlockRemoved):
                 for h in event.block_hashes:
                     expect(h in self.live, "block hash %r removed while not stored" % h)
+                    expect_eq(self.live[h][0], event.medium, "BlockRemoved.medium of block hash %r" % h)
                     del self.live[h]
-                    self.removed += 1
+                    self.removed[event.medium] += 1
             else:
                 self.live.clear()
                 self.cleared += 1
@@ -143,7 +153,7 @@ class Subscriber:
     def matched_blocks(self, tokens):
         """How many of `tokens`' whole blocks the view holds, chained from the first."""
         by_parent = {}
-        for h, (parent, block) in self.live.items():
+        for h, (_medium, parent, block) in self.live.items():
             by_parent[(parent, block)] = h
         parent, n = None, 0
         for i in range(len(tokens) // BLOCK_SIZE):
@@ -164,10 +174,11 @@ def main():
     p = parser(__doc__)
     p.add_argument("--events", required=True, help="the PUB endpoint, as tcp://HOST:PORT")
     p.add_argument("--replay", required=True, help="the replay endpoint")
+    p.add_argument("--host-tier", action="store_true", help="the server keeps a host tier")
     args = p.parse_args()
     base, model = args.base, args.model
     api = client(base)
-    sub = Subscriber(args.events, args.replay)
+    sub = Subscriber(args.events, args.replay, args.host_tier)
 
     start = sub.replay_from(0)
     expect(len(start) >= 1, "the replay from 0 sent nothing")
@@ -183,9 +194,9 @@ def main():
     while True:
         api.completions.create(model=model, prompt=warm + str(time.monotonic()), max_tokens=1, temperature=0)
         sub.drain(quiet=0.3)
-        if sub.stored > 0 or time.monotonic() > deadline:
+        if sub.stored["GPU"] > 0 or time.monotonic() > deadline:
             break
-    expect(sub.stored > 0, "no BlockStored arrived within 20 s")
+    expect(sub.stored["GPU"] > 0, "no BlockStored arrived within 20 s")
 
     stems = [" ".join("%s%d" % (word, i) for i in range(60)) for word in ("alpha", "beta", "gamma")]
     for i in range(18):
@@ -201,11 +212,18 @@ def main():
     cached = metric(samples, "peregrine:prefix_cache_blocks", None)
     published = metric(samples, "peregrine:kv_events_published_total", None)
     dropped = metric(samples, "peregrine:kv_events_dropped_total", 0.0)
-    log("%d batches (%d filled by replay): %d blocks stored, %d removed, %d live; pool caches %s blocks; "
-        "published %s, dropped %s" % (sub.batches, sub.replayed, sub.stored, sub.removed, len(sub.live), cached,
+    live = {m: sum(1 for v in sub.live.values() if v[0] == m) for m in ("GPU", "CPU")}
+    log("%d batches (%d filled by replay): blocks stored %s, removed %s, live %s; pool caches %s blocks; "
+        "published %s, dropped %s" % (sub.batches, sub.replayed, sub.stored, sub.removed, live, cached,
                                       published, dropped))
-    expect(sub.removed > 0, "the pool never evicted: the check needs a smaller pool")
-    expect_eq(len(sub.live), cached, "blocks stored and not removed vs peregrine:prefix_cache_blocks")
+    expect(sub.removed["GPU"] > 0, "the pool never evicted: the check needs a smaller pool")
+    expect_eq(live["GPU"], cached, "GPU blocks stored and not removed vs peregrine:prefix_cache_blocks")
+    if args.host_tier:
+        host = metric(samples, "peregrine:kv_host_blocks", None)
+        expect(sub.stored["CPU"] > 0 and sub.removed["CPU"] > 0, "no block moved to the host tier and back")
+        expect_eq(live["CPU"], host, "CPU blocks stored and not removed vs peregrine:kv_host_blocks")
+    else:
+        expect_eq(live["CPU"], 0, "CPU blocks from a server without a host tier")
     expect_eq(dropped, 0.0, "peregrine:kv_events_dropped_total")
     expect_eq(sub.batches, published, "batches received vs peregrine:kv_events_published_total")
 

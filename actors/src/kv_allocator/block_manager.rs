@@ -5,7 +5,7 @@
 use super::disk_tier::DiskTier;
 use super::free_queue::FreeQueue;
 use super::host_tier::{HostTier, Leaving};
-use super::prefix_cache::{CacheEvent, ChainId, PrefixCache};
+use super::prefix_cache::{CacheEvent, ChainId, Medium, PrefixCache};
 use crate::kv_disk::{chain_hash, ContentHash, FailedReads, FoundBlock, ROOT_HASH};
 use crate::messages::{KvMove, KvSource, KvUsage, RequestId};
 use std::collections::HashMap;
@@ -307,6 +307,7 @@ impl BlockManager {
                     };
                     let (key, held) = host.take(slot).expect("a pinned slot is held");
                     debug_assert_eq!(held, next);
+                    cache.note(|| host_removed(held));
                     cache.place(key, held, block);
                     host.loaded += 1;
                     self.moves.push(KvMove::Load { slot, block });
@@ -357,12 +358,31 @@ impl BlockManager {
         let evicted = self.cache.as_mut().and_then(|c| c.evict(block));
         if let Some((key, chain)) = evicted {
             let (spill, leaving) = match &mut self.host {
-                Some(host) => host.spill(key, chain, block),
+                Some(host) => host.spill(key.clone(), chain, block),
                 None => {
-                    let from = KvSource::Pool(block);
+                    let (key, from) = (key.clone(), KvSource::Pool(block));
                     (None, Some(Leaving { key, chain, from }))
                 }
             };
+            if let Some(cache) = &mut self.cache {
+                // A leaf dropped from the tier to make room goes first.
+                if let Some(Leaving {
+                    chain: dropped,
+                    from: KvSource::Host(_),
+                    ..
+                }) = &leaving
+                {
+                    cache.note(|| host_removed(*dropped));
+                }
+                if spill.is_some() {
+                    cache.note(|| CacheEvent::Stored {
+                        chain,
+                        parent: key.parent,
+                        tokens: key.tokens.clone(),
+                        medium: Medium::Host,
+                    });
+                }
+            }
             // What leaves memory is read before the spill overwrites its slot.
             if let Some(leaving) = leaving {
                 self.write_down(leaving);
@@ -443,6 +463,7 @@ impl BlockManager {
             });
             seq.chain = match held {
                 Some((key, chain)) => {
+                    cache.note(|| host_removed(chain));
                     cache.place(key, chain, block);
                     chain
                 }
@@ -468,6 +489,15 @@ impl BlockManager {
                 self.free.push_back(block);
             }
         }
+    }
+}
+
+/// The journal's record that the host tier's entry ending `chain` is gone (loaded back into
+/// the pool, computed again there, or dropped).
+fn host_removed(chain: ChainId) -> CacheEvent {
+    CacheEvent::Removed {
+        chain,
+        medium: Medium::Host,
     }
 }
 

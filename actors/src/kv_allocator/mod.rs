@@ -21,4 +21,4 @@ mod tests;
 
 pub use actor::{KvAllocator, KvAllocatorHandle};
 pub use block_manager::BlockManager;
-pub use prefix_cache::{CacheEvent, ChainId};
+pub use prefix_cache::{CacheEvent, ChainId, Medium};

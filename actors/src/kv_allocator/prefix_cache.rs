@@ -7,7 +7,9 @@
 //! and never reused, so a key whose parent block was evicted can never be looked up again.
 //!
 //! With a journal on, every entry made and dropped is also recorded as a [`CacheEvent`],
-//! for the KV-cache events routers read (`crate::kv_events`).
+//! for the KV-cache events routers read (`crate::kv_events`); the block manager adds the
+//! host tier's entries to the same journal ([`PrefixCache::note`]), in the order they
+//! happen.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -29,17 +31,30 @@ impl ChainId {
     }
 }
 
+/// Where an entry's block is: in the pool, or in a slot of the host tier below it. An
+/// entry is in one place at a time; it keeps its chain id as it moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Medium {
+    /// The KV pool the forwards read.
+    Pool,
+    /// The host tier (`--kv-host-memory`).
+    Host,
+}
+
 /// A change to the cache's entries, in the order it happened.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CacheEvent {
-    /// A block now holds `tokens` after the chain `parent`; the block ends `chain`.
+    /// A block in `medium` now holds `tokens` after the chain `parent`; the block ends
+    /// `chain`.
     Stored {
         chain: ChainId,
         parent: ChainId,
         tokens: Box<[u32]>,
+        medium: Medium,
     },
-    /// The entry of the block ending `chain` is gone (the block is being reused).
-    Removed { chain: ChainId },
+    /// The entry in `medium` of the block ending `chain` is gone (its block is being
+    /// reused, or it moved to the other medium).
+    Removed { chain: ChainId, medium: Medium },
 }
 
 /// A cached block's content: its predecessor chain and its own tokens.
@@ -107,6 +122,13 @@ impl<S: BuildHasher> PrefixCache<S> {
             .unwrap_or_default()
     }
 
+    /// Appends `event` to the journal, when recording (the host tier's changes).
+    pub(super) fn note(&mut self, event: impl FnOnce() -> CacheEvent) {
+        if let Some(journal) = &mut self.journal {
+            journal.push(event());
+        }
+    }
+
     /// Blocks holding an entry.
     pub fn len(&self) -> usize {
         self.map.len()
@@ -158,6 +180,7 @@ impl<S: BuildHasher> PrefixCache<S> {
                 chain,
                 parent: key.parent,
                 tokens: key.tokens.clone(),
+                medium: Medium::Pool,
             });
         }
         self.map.insert(key, Entry { block, chain });
@@ -170,7 +193,10 @@ impl<S: BuildHasher> PrefixCache<S> {
         let key = self.keys.get_mut(block as usize).and_then(Option::take)?;
         let entry = self.map.remove(&key)?;
         if let Some(journal) = &mut self.journal {
-            journal.push(CacheEvent::Removed { chain: entry.chain });
+            journal.push(CacheEvent::Removed {
+                chain: entry.chain,
+                medium: Medium::Pool,
+            });
         }
         Some((key, entry.chain))
     }
@@ -224,7 +250,7 @@ impl<S: BuildHasher> PrefixCache<S> {
 
 #[cfg(test)]
 mod tests {
-    use super::{CacheEvent, ChainId, PrefixCache};
+    use super::{CacheEvent, ChainId, Medium, PrefixCache};
     use rand::{Rng, SeedableRng};
     use rand_chacha::ChaCha8Rng;
     use std::hash::{BuildHasherDefault, Hasher};
@@ -317,13 +343,18 @@ mod tests {
                     chain: a,
                     parent: ChainId::ROOT,
                     tokens: [1, 2].into(),
+                    medium: Medium::Pool,
                 },
                 CacheEvent::Stored {
                     chain: b,
                     parent: a,
                     tokens: [3, 4].into(),
+                    medium: Medium::Pool,
                 },
-                CacheEvent::Removed { chain: a },
+                CacheEvent::Removed {
+                    chain: a,
+                    medium: Medium::Pool,
+                },
             ]
         );
         assert!(cache.take_events().is_empty());

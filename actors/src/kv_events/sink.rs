@@ -50,12 +50,13 @@ pub(super) fn now() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::KvEventSink;
-    use crate::kv_allocator::{CacheEvent, ChainId};
+    use crate::kv_allocator::{CacheEvent, ChainId, Medium};
     use metrics_exporter_prometheus::PrometheusBuilder;
 
     fn removed() -> Vec<CacheEvent> {
         vec![CacheEvent::Removed {
             chain: ChainId::ROOT,
+            medium: Medium::Pool,
         }]
     }
 

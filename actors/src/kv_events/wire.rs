@@ -7,15 +7,21 @@
 //! `BlockStored` (its hashes in order, its parent the first one's), as vLLM sends them.
 
 use super::sink::EventBatch;
-use crate::kv_allocator::{CacheEvent, ChainId};
+use crate::kv_allocator::{CacheEvent, ChainId, Medium};
 use peregrine_config::KvEventsEncoding;
 use serde::Serialize;
 use std::hash::{BuildHasher, Hasher};
 
-/// The `medium` of the blocks in the pool: vLLM's name for its primary pool, which routers
-/// credit in full (they discount `CPU` and `DISK`, vLLM's offloaded tiers). The CPU
-/// backend's pool is its primary pool too.
-const PRIMARY_MEDIUM: &str = "GPU";
+/// The `medium` of an entry's block as vLLM names it: `GPU` for the pool (vLLM's primary
+/// pool, which routers credit in full; the CPU backend's pool is its primary pool too),
+/// `CPU` for the host tier (vLLM's offloaded tier in host memory, which routers discount).
+/// The disk tier sends no events: its blocks have no chain id, so no hash, in memory.
+fn medium_name(medium: Medium) -> &'static str {
+    match medium {
+        Medium::Pool => "GPU",
+        Medium::Host => "CPU",
+    }
+}
 
 /// How this replica's events are written.
 #[derive(Clone, Debug)]
@@ -35,11 +41,14 @@ enum Merged {
         hashes: Vec<u64>,
         parent: Option<u64>,
         tokens: Vec<u32>,
-        /// The chain the run ends (the next store continues the run if it follows it).
+        /// The chain the run ends (the next store in the same medium continues the run if
+        /// it follows it).
         last: ChainId,
+        medium: Medium,
     },
     Removed {
         hashes: Vec<u64>,
+        medium: Medium,
     },
     Cleared,
 }
@@ -131,14 +140,16 @@ impl WireFormat {
                         chain,
                         parent,
                         tokens,
+                        medium,
                     },
                     Some(Merged::Stored {
                         hashes,
                         tokens: run,
                         last,
+                        medium: run_medium,
                         ..
                     }),
-                ) if parent == last => {
+                ) if parent == last && medium == run_medium => {
                     hashes.extend(self.hash(*chain));
                     run.extend_from_slice(tokens);
                     *last = *chain;
@@ -148,6 +159,7 @@ impl WireFormat {
                         chain,
                         parent,
                         tokens,
+                        medium,
                     },
                     _,
                 ) => merged.push(Merged::Stored {
@@ -155,12 +167,20 @@ impl WireFormat {
                     parent: self.hash(*parent),
                     tokens: tokens.to_vec(),
                     last: *chain,
+                    medium: *medium,
                 }),
-                (CacheEvent::Removed { chain }, Some(Merged::Removed { hashes })) => {
+                (
+                    CacheEvent::Removed { chain, medium },
+                    Some(Merged::Removed {
+                        hashes,
+                        medium: run_medium,
+                    }),
+                ) if medium == run_medium => {
                     hashes.extend(self.hash(*chain));
                 }
-                (CacheEvent::Removed { chain }, _) => merged.push(Merged::Removed {
+                (CacheEvent::Removed { chain, medium }, _) => merged.push(Merged::Removed {
                     hashes: self.hash(*chain).into_iter().collect(),
+                    medium: *medium,
                 }),
             }
         }
@@ -190,6 +210,7 @@ impl WireFormat {
                 hashes,
                 parent,
                 tokens,
+                medium,
                 ..
             } => MapEvent::BlockStored {
                 block_hashes: hashes,
@@ -197,12 +218,12 @@ impl WireFormat {
                 token_ids: tokens,
                 block_size: self.block_size,
                 lora_id: None,
-                medium: PRIMARY_MEDIUM,
+                medium: medium_name(*medium),
                 lora_name: None,
             },
-            Merged::Removed { hashes } => MapEvent::BlockRemoved {
+            Merged::Removed { hashes, medium } => MapEvent::BlockRemoved {
                 block_hashes: hashes,
-                medium: PRIMARY_MEDIUM,
+                medium: medium_name(*medium),
             },
             Merged::Cleared => MapEvent::AllBlocksCleared,
         }
@@ -214,6 +235,7 @@ impl WireFormat {
                 hashes,
                 parent,
                 tokens,
+                medium,
                 ..
             } => ArrayEvent::BlockStored((
                 "BlockStored",
@@ -222,11 +244,11 @@ impl WireFormat {
                 tokens,
                 self.block_size,
                 None,
-                PRIMARY_MEDIUM,
+                medium_name(*medium),
                 None,
             )),
-            Merged::Removed { hashes } => {
-                ArrayEvent::BlockRemoved(("BlockRemoved", hashes, PRIMARY_MEDIUM))
+            Merged::Removed { hashes, medium } => {
+                ArrayEvent::BlockRemoved(("BlockRemoved", hashes, medium_name(*medium)))
             }
             Merged::Cleared => ArrayEvent::AllBlocksCleared(("AllBlocksCleared",)),
         }
@@ -243,7 +265,7 @@ fn mix(mut x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{mix, WireFormat};
-    use crate::kv_allocator::{BlockManager, CacheEvent};
+    use crate::kv_allocator::{BlockManager, CacheEvent, Medium};
     use crate::kv_events::EventBatch;
     use crate::messages::{AdmitSeq, AllocateStep, ComputedSeq, RequestId};
     use peregrine_config::KvEventsEncoding;
@@ -277,7 +299,10 @@ mod tests {
         assert_eq!(events.len(), 4, "{events:?}");
         events.push(events[0].clone());
         if let CacheEvent::Stored { chain, .. } = events[0] {
-            events.push(CacheEvent::Removed { chain });
+            events.push(CacheEvent::Removed {
+                chain,
+                medium: Medium::Pool,
+            });
         }
         events
     }
@@ -367,6 +392,76 @@ mod tests {
         assert_eq!(events[3], json!(["BlockRemoved", [first], "GPU"]));
         let cleared = decode(format.encode_cleared(3.0));
         assert_eq!(cleared, json!([3.0, [["AllBlocksCleared"]], 0]));
+    }
+
+    #[test]
+    fn host_tier_entries_are_cpu_events_under_the_same_hashes() {
+        // A chain of two blocks whose first spills to the host tier and comes back: the
+        // stores and removals of each medium are events of their own, never merged across
+        // media, and the entry keeps its hash as it moves.
+        let format = WireFormat::salted(KvEventsEncoding::Map, 2, 7);
+        let mut blocks = BlockManager::new(3, 2, true)
+            .with_host_tier(2)
+            .recording_events();
+        let admit = |blocks: &mut BlockManager, id: u64, tokens: &[u32]| {
+            blocks.allocate_step(AllocateStep {
+                admit: vec![AdmitSeq {
+                    id: RequestId(id),
+                    tokens: Arc::from(tokens),
+                    scores_prompt: false,
+                }],
+                token_budget: usize::MAX,
+                ..AllocateStep::default()
+            });
+            blocks.allocate_step(AllocateStep {
+                computed: vec![ComputedSeq {
+                    id: RequestId(id),
+                    first_block: 0,
+                    tokens: tokens[..tokens.len() - 1].to_vec(),
+                }],
+                free: vec![RequestId(id)],
+                ..AllocateStep::default()
+            });
+        };
+        // [1, 2] cached in the pool, pushed to the host tier by [5, 6, 7, 8], then
+        // loaded back by its own prompt again.
+        admit(&mut blocks, 0, &[1, 2, 3]);
+        admit(&mut blocks, 1, &[5, 6, 7, 8, 9]);
+        admit(&mut blocks, 2, &[1, 2, 3]);
+        let events = blocks.take_events();
+        let stored = |medium: Medium| {
+            events.iter().find_map(|e| match e {
+                CacheEvent::Stored {
+                    chain,
+                    tokens,
+                    medium: m,
+                    ..
+                } if *m == medium && tokens[..] == [1, 2] => Some(*chain),
+                _ => None,
+            })
+        };
+        let chain = stored(Medium::Pool).expect("[1, 2] stored in the pool");
+        assert_eq!(stored(Medium::Host), Some(chain), "{events:?}");
+        let hash = json!(format.hash(chain).unwrap());
+        let batch = decode(format.encode(&EventBatch { ts: 1.0, events }));
+        let of = |kind: &str, medium: &str| -> usize {
+            batch[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|e| {
+                    e["type"] == kind
+                        && e["medium"] == medium
+                        && e["block_hashes"].as_array().unwrap().contains(&hash)
+                })
+                .count()
+        };
+        // Stored in the pool, removed from it and stored in the host tier, removed from
+        // the host tier and stored in the pool again.
+        assert_eq!(of("BlockStored", "GPU"), 2, "{batch}");
+        assert_eq!(of("BlockRemoved", "GPU"), 1, "{batch}");
+        assert_eq!(of("BlockStored", "CPU"), 1, "{batch}");
+        assert_eq!(of("BlockRemoved", "CPU"), 1, "{batch}");
     }
 
     #[test]
