@@ -1134,7 +1134,8 @@ fn prefix_blocks_come_back_from_the_host_tier() {
     let host = (256 * BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
     let flags = ["--kv-cache-memory", &pool, "--kv-host-memory", &host];
     let server = Server::start(model.path(), &flags);
-    server.check("check_host_tier.py", &[]);
+    let block_bytes = (BLOCK_SIZE * KV_BYTES_PER_TOKEN).to_string();
+    server.check("check_host_tier.py", &["--block-bytes", &block_bytes]);
     drop(server);
     let mut command = Command::new(PEREGRINE);
     command

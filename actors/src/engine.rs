@@ -180,7 +180,11 @@ pub fn start_engine(
         max_logit_rows: capacity.map(|c| c.max_logit_rows),
     };
     let block_size = settings.block_size;
-    let mut blocks = BlockManager::new(num_blocks, settings.block_size, settings.prefix_caching);
+    let pool = backend.pool();
+    let block_bytes =
+        pool.bytes_per_layer / pool.layout.num_blocks.max(1) * config.num_layers as u64;
+    let mut blocks = BlockManager::new(num_blocks, settings.block_size, settings.prefix_caching)
+        .with_block_bytes(block_bytes);
     // An EAGLE-3 head drafts from the target's features at the position before the first
     // token the target computes: a prefix hit leaves its last block to compute again.
     if drafter

@@ -590,6 +590,11 @@ pub struct KvUsage {
     pub prefix_hits: u64,
     /// Blocks holding a prefix-cache entry, owned or free.
     pub cached_blocks: usize,
+    /// Prompt blocks found in the pool itself, cumulative (those found in the tiers below
+    /// are `host_loaded` and `disk_read`).
+    pub pool_hit_blocks: u64,
+    /// Bytes of keys and values in one block over every layer (0 where unknown).
+    pub block_bytes: u64,
     /// The host tier: blocks held, and blocks spilled into it, loaded back from it and
     /// dropped from it (cumulative); all 0 without one.
     pub host_blocks: usize,

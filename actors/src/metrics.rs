@@ -39,6 +39,14 @@ pub const KV_DISK_WRITTEN: &str = "peregrine:kv_disk_written_blocks_total";
 pub const KV_DISK_READ: &str = "peregrine:kv_disk_read_blocks_total";
 /// Blocks dropped from the disk tier (full: its least recently used chain ends go).
 pub const KV_DISK_DROPPED: &str = "peregrine:kv_disk_dropped_blocks_total";
+/// Prompt blocks found in each tier (`tier`: `pool`, `host`, `disk`), cumulative.
+pub const KV_HIT_BLOCKS: &str = "peregrine:kv_hit_blocks_total";
+/// Gauge: bytes of keys and values held in the host tier (its blocks times a block's
+/// bytes over every layer).
+pub const KV_HOST_BYTES: &str = "peregrine:kv_host_bytes";
+/// Gauge: bytes of keys and values held in the disk tier (its blocks times a block's
+/// bytes over every layer; each record's header and page padding not counted).
+pub const KV_DISK_BYTES: &str = "peregrine:kv_disk_bytes";
 /// Batches of KV-cache events published.
 pub const KV_EVENTS_PUBLISHED: &str = "peregrine:kv_events_published_total";
 /// KV-cache events dropped because the publisher's queue was full (or it had stopped).
@@ -117,6 +125,15 @@ pub fn record_kv(usage: &KvUsage, previous: &mut KvUsage) {
     counter!(KV_DISK_WRITTEN).increment(usage.disk_written.saturating_sub(previous.disk_written));
     counter!(KV_DISK_READ).increment(usage.disk_read.saturating_sub(previous.disk_read));
     counter!(KV_DISK_DROPPED).increment(usage.disk_dropped.saturating_sub(previous.disk_dropped));
+    for (tier, now, before) in [
+        ("pool", usage.pool_hit_blocks, previous.pool_hit_blocks),
+        ("host", usage.host_loaded, previous.host_loaded),
+        ("disk", usage.disk_read, previous.disk_read),
+    ] {
+        counter!(KV_HIT_BLOCKS, "tier" => tier).increment(now.saturating_sub(before));
+    }
+    gauge!(KV_HOST_BYTES).set((usage.host_blocks as u64 * usage.block_bytes) as f64);
+    gauge!(KV_DISK_BYTES).set((usage.disk_blocks as u64 * usage.block_bytes) as f64);
     *previous = *usage;
 }
 

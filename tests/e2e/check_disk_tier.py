@@ -23,6 +23,7 @@ from e2e_common import (CheckFailed, client, expect, expect_eq, greedy_completio
 WRITTEN = "peregrine:kv_disk_written_blocks_total"
 READ = "peregrine:kv_disk_read_blocks_total"
 DISK_BLOCKS = "peregrine:kv_disk_blocks"
+DISK_HITS = 'peregrine:kv_hit_blocks_total{tier="disk"}'
 COPY_SECONDS = "peregrine:kv_tier_copy_seconds"
 BLOCK_SIZE = 16
 # The pool holds 24 blocks (tests/serve_e2e.rs): eight other prompts of 6 blocks or more
@@ -89,6 +90,7 @@ def main():
     read = metric(after, READ) - metric(before, READ)
     log("%s: cached %s, %d blocks read, %d blocks on disk"
         % (args.phase, cached, read, metric(after, DISK_BLOCKS)))
+    expect_eq(metric(after, DISK_HITS) - metric(before, DISK_HITS), read, "disk-tier hits vs blocks read")
     if args.phase == "live":
         expect_eq(cached, 0, "cached_tokens past a block forgotten after its failed read")
     elif args.phase == "restart":

@@ -2,7 +2,9 @@
 cold; other prompts then fill the small pool, so its blocks go down to the host tier
 (peregrine:kv_host_spilled_blocks_total grows); the same prompt again reports its whole
 blocks as cached, brought back from the host (peregrine:kv_host_loaded_blocks_total grows
-by at least as many blocks), and gives exactly the cold output."""
+by at least as many blocks), and gives exactly the cold output. The tier's hits are
+peregrine:kv_hit_blocks_total{tier="host"} (as many as it loaded), its pool hits those of
+tier="pool", and peregrine:kv_host_bytes is its blocks times --block-bytes."""
 
 from e2e_common import (client, expect, expect_eq, greedy_completion, log, metric, metrics,
                          other_prompts, parser, run, tokenize)
@@ -10,6 +12,9 @@ from e2e_common import (client, expect, expect_eq, greedy_completion, log, metri
 SPILLED = "peregrine:kv_host_spilled_blocks_total"
 LOADED = "peregrine:kv_host_loaded_blocks_total"
 HOST_BLOCKS = "peregrine:kv_host_blocks"
+HOST_BYTES = "peregrine:kv_host_bytes"
+HOST_HITS = 'peregrine:kv_hit_blocks_total{tier="host"}'
+POOL_HITS = 'peregrine:kv_hit_blocks_total{tier="pool"}'
 BLOCK_SIZE = 16
 # The pool holds 24 blocks (tests/serve_e2e.rs): eight other prompts of 6 blocks or more
 # take every block the first one held.
@@ -17,7 +22,9 @@ OTHERS = 8
 
 
 def main():
-    args = parser(__doc__).parse_args()
+    p = parser(__doc__)
+    p.add_argument("--block-bytes", type=int, required=True, help="a block's KV bytes over every layer")
+    args = p.parse_args()
     base, model = args.base, args.model
     api = client(base)
 
@@ -49,6 +56,15 @@ def main():
     expect(loaded >= 1, "no block came back from the host tier")
     expect(loaded * BLOCK_SIZE <= cached, "%d blocks loaded for %d cached tokens" % (loaded, cached))
     expect_eq(again, cold, "greedy output with blocks from the host tier")
+    hits = metric(after, HOST_HITS) - metric(before, HOST_HITS)
+    expect_eq(hits, loaded, "host-tier hits vs blocks loaded from it")
+    expect_eq(metric(after, HOST_BYTES), metric(after, HOST_BLOCKS) * args.block_bytes,
+              "peregrine:kv_host_bytes vs its blocks")
+    # The prompt once more: its blocks are in the pool now.
+    before = metrics(base)
+    greedy(prompt)
+    pool_hits = metric(metrics(base), POOL_HITS) - metric(before, POOL_HITS)
+    expect(pool_hits >= (count - 1) // BLOCK_SIZE, "%d pool hits for the prompt again" % pool_hits)
 
 
 if __name__ == "__main__":

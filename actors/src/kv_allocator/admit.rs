@@ -69,6 +69,10 @@ impl BlockManager {
             if self.cache.is_some() {
                 self.prefix_queries += lookup_len as u64;
                 self.prefix_hits += num_cached as u64;
+                self.pool_hits += hits
+                    .iter()
+                    .filter(|h| matches!(h.at, Hit::Pool { .. }))
+                    .count() as u64;
             }
             budget -= num_scheduled;
             if seq.scores_prompt {

@@ -41,6 +41,10 @@ pub struct BlockManager {
     pub(super) prefix_queries: u64,
     /// Tokens found in the prefix cache, cumulative.
     pub(super) prefix_hits: u64,
+    /// Prompt blocks found in the pool, cumulative.
+    pub(super) pool_hits: u64,
+    /// Bytes of one block over every layer, for the usage report.
+    block_bytes: u64,
     /// A prefix hit leaves its last block to be computed again (see
     /// [`BlockManager::recomputing_last_hit`]).
     pub(super) recompute_last_hit: bool,
@@ -80,6 +84,8 @@ impl BlockManager {
             seqs: HashMap::new(),
             prefix_queries: 0,
             prefix_hits: 0,
+            pool_hits: 0,
+            block_bytes: 0,
             recompute_last_hit: false,
         }
     }
@@ -124,6 +130,8 @@ impl BlockManager {
             prefix_queries: self.prefix_queries,
             prefix_hits: self.prefix_hits,
             cached_blocks: self.cache.as_ref().map_or(0, PrefixCache::len),
+            pool_hit_blocks: self.pool_hits,
+            block_bytes: self.block_bytes,
             host_blocks: self.host.as_ref().map_or(0, HostTier::len),
             host_spilled: self.host.as_ref().map_or(0, |h| h.spilled),
             host_loaded: self.host.as_ref().map_or(0, |h| h.loaded),
@@ -146,6 +154,13 @@ impl BlockManager {
     /// same for EAGLE). The head's KV of the earlier cached blocks is in the shared blocks.
     pub fn recomputing_last_hit(mut self) -> BlockManager {
         self.recompute_last_hit = true;
+        self
+    }
+
+    /// The same manager, reporting each tier's bytes as `bytes` a block (see
+    /// [`KvUsage::block_bytes`]).
+    pub fn with_block_bytes(mut self, bytes: u64) -> BlockManager {
+        self.block_bytes = bytes;
         self
     }
 
