@@ -66,3 +66,65 @@ impl HostBlocks {
             .ok_or_else(|| anyhow!("host slot {slot} outside a tier of {n}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::HostBlocks;
+    use peregrine_kernels::cpu::KvLayout;
+    use peregrine_ops::{KvCache, KvDtype, KvRows};
+
+    /// A pool of 4 blocks of 32 KiB (2 layers of 16 tokens, 2 KV heads of 64, float32),
+    /// every element distinct.
+    fn cache() -> KvCache {
+        let layout = KvLayout {
+            num_blocks: 4,
+            block_size: 16,
+            num_kv_heads: 2,
+            head_dim: 64,
+        };
+        let mut cache =
+            KvCache::try_with_dtype(2, layout, KvRows::KeysAndValues, KvDtype::Float32).unwrap();
+        for layer in 0..2 {
+            for slot in 0..64i64 {
+                let row = |kv: usize| -> Vec<f32> {
+                    (0..128)
+                        .map(|e| (layer * 100_000 + kv * 50_000 + slot as usize * 128 + e) as f32)
+                        .collect()
+                };
+                cache.write(layer, &[slot], &row(0), &row(1));
+            }
+        }
+        cache
+    }
+
+    #[test]
+    fn a_tier_past_4_gib_keeps_its_last_slot_apart_and_takes_memory_per_slot() {
+        let mut cache = cache();
+        let block = cache.block_bytes();
+        assert_eq!(block, 32 * 1024);
+        // 5 GiB of slots: the last one starts past 2^32 bytes of the tier.
+        let mut tier = HostBlocks::for_cache(&cache, 5 << 30).unwrap();
+        let last = tier.slots() - 1;
+        assert_eq!(u64::from(tier.slots()), (5 << 30) / block);
+        assert!(u64::from(last) * block > 1 << 32);
+        let mut want = vec![0u8; block as usize];
+        cache.copy_block_out(1, &mut want);
+        tier.spill(&cache, 1, last).unwrap();
+        tier.spill(&cache, 3, 0).unwrap();
+        assert_eq!(tier.bytes(last).unwrap(), &want[..]);
+        // Only the two slots spilled into hold memory.
+        assert_eq!(tier.slots.iter().filter(|s| s.is_some()).count(), 2);
+        tier.load(&mut cache, last, 2).unwrap();
+        let mut got = vec![0u8; block as usize];
+        cache.copy_block_out(2, &mut got);
+        assert_eq!(got, want);
+        assert!(tier.bytes(last + 1).is_err(), "a slot past the tier");
+        assert!(tier.bytes(1).is_err(), "a slot never spilled into");
+    }
+
+    #[test]
+    fn a_tier_smaller_than_a_block_is_refused() {
+        let err = HostBlocks::for_cache(&cache(), 1000).err().unwrap();
+        assert!(err.to_string().contains("kv_host_memory"), "{err}");
+    }
+}
