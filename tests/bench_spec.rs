@@ -20,7 +20,14 @@ fn bench_spec(args: &[&str]) -> Output {
         .args(["bench", "spec", "--model"])
         .arg(dir.path())
         .args(["--speculative-method", "ngram", "--num-prompts", "3"])
-        .args(["--concurrency", "2", "--input-len", "12", "--output-len", "10"])
+        .args([
+            "--concurrency",
+            "2",
+            "--input-len",
+            "12",
+            "--output-len",
+            "10",
+        ])
         .args(["--kv-cache-memory", "16000000"])
         .args(args)
         .output()

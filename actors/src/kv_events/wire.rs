@@ -272,28 +272,35 @@ mod tests {
     use serde_json::{json, Value};
     use std::sync::Arc;
 
+    /// Admits request `id` with `tokens` into `blocks` and registers all but its last token
+    /// as computed (freeing the request in the same step when `free`).
+    fn cache_prompt(blocks: &mut BlockManager, id: u64, tokens: &[u32], free: bool) {
+        blocks.allocate_step(AllocateStep {
+            admit: vec![AdmitSeq {
+                id: RequestId(id),
+                tokens: Arc::from(tokens),
+                scores_prompt: false,
+            }],
+            token_budget: usize::MAX,
+            ..AllocateStep::default()
+        });
+        blocks.allocate_step(AllocateStep {
+            computed: vec![ComputedSeq {
+                id: RequestId(id),
+                first_block: 0,
+                tokens: tokens[..tokens.len() - 1].to_vec(),
+            }],
+            free: if free { vec![RequestId(id)] } else { vec![] },
+            ..AllocateStep::default()
+        });
+    }
+
     /// A pool of 2-token blocks that caches [1 2][3 4][5 6], then [7 8] after [1 2]; with a
     /// copy of the first store and the removal of its block appended.
     fn journal() -> Vec<CacheEvent> {
         let mut blocks = BlockManager::new(8, 2, true).recording_events();
         for (id, tokens) in [(1, &[1, 2, 3, 4, 5, 6, 9][..]), (2, &[1, 2, 7, 8, 9])] {
-            blocks.allocate_step(AllocateStep {
-                admit: vec![AdmitSeq {
-                    id: RequestId(id),
-                    tokens: Arc::from(tokens),
-                    scores_prompt: false,
-                }],
-                token_budget: usize::MAX,
-                ..AllocateStep::default()
-            });
-            blocks.allocate_step(AllocateStep {
-                computed: vec![ComputedSeq {
-                    id: RequestId(id),
-                    first_block: 0,
-                    tokens: tokens[..tokens.len() - 1].to_vec(),
-                }],
-                ..AllocateStep::default()
-            });
+            cache_prompt(&mut blocks, id, tokens, false);
         }
         let mut events = blocks.take_events();
         assert_eq!(events.len(), 4, "{events:?}");
@@ -403,31 +410,11 @@ mod tests {
         let mut blocks = BlockManager::new(3, 2, true)
             .with_host_tier(2)
             .recording_events();
-        let admit = |blocks: &mut BlockManager, id: u64, tokens: &[u32]| {
-            blocks.allocate_step(AllocateStep {
-                admit: vec![AdmitSeq {
-                    id: RequestId(id),
-                    tokens: Arc::from(tokens),
-                    scores_prompt: false,
-                }],
-                token_budget: usize::MAX,
-                ..AllocateStep::default()
-            });
-            blocks.allocate_step(AllocateStep {
-                computed: vec![ComputedSeq {
-                    id: RequestId(id),
-                    first_block: 0,
-                    tokens: tokens[..tokens.len() - 1].to_vec(),
-                }],
-                free: vec![RequestId(id)],
-                ..AllocateStep::default()
-            });
-        };
         // [1, 2] cached in the pool, pushed to the host tier by [5, 6, 7, 8], then
         // loaded back by its own prompt again.
-        admit(&mut blocks, 0, &[1, 2, 3]);
-        admit(&mut blocks, 1, &[5, 6, 7, 8, 9]);
-        admit(&mut blocks, 2, &[1, 2, 3]);
+        cache_prompt(&mut blocks, 0, &[1, 2, 3], true);
+        cache_prompt(&mut blocks, 1, &[5, 6, 7, 8, 9], true);
+        cache_prompt(&mut blocks, 2, &[1, 2, 3], true);
         let events = blocks.take_events();
         let stored = |medium: Medium| {
             events.iter().find_map(|e| match e {
