@@ -373,31 +373,35 @@ impl BlockManager {
         let evicted = self.cache.as_mut().and_then(|c| c.evict(block));
         if let Some((key, chain)) = evicted {
             let (spill, leaving) = match &mut self.host {
-                Some(host) => host.spill(key.clone(), chain, block),
+                Some(host) => {
+                    let held = key.clone();
+                    let (spill, leaving) = host.spill(key, chain, block);
+                    if let Some(cache) = &mut self.cache {
+                        // A leaf dropped from the tier to make room goes first.
+                        if let Some(Leaving {
+                            chain: dropped,
+                            from: KvSource::Host(_),
+                            ..
+                        }) = &leaving
+                        {
+                            cache.note(|| host_removed(*dropped));
+                        }
+                        if spill.is_some() {
+                            cache.note(|| CacheEvent::Stored {
+                                chain,
+                                parent: held.parent,
+                                tokens: held.tokens.clone(),
+                                medium: Medium::Host,
+                            });
+                        }
+                    }
+                    (spill, leaving)
+                }
                 None => {
-                    let (key, from) = (key.clone(), KvSource::Pool(block));
+                    let from = KvSource::Pool(block);
                     (None, Some(Leaving { key, chain, from }))
                 }
             };
-            if let Some(cache) = &mut self.cache {
-                // A leaf dropped from the tier to make room goes first.
-                if let Some(Leaving {
-                    chain: dropped,
-                    from: KvSource::Host(_),
-                    ..
-                }) = &leaving
-                {
-                    cache.note(|| host_removed(*dropped));
-                }
-                if spill.is_some() {
-                    cache.note(|| CacheEvent::Stored {
-                        chain,
-                        parent: key.parent,
-                        tokens: key.tokens.clone(),
-                        medium: Medium::Host,
-                    });
-                }
-            }
             // What leaves memory is read before the spill overwrites its slot.
             if let Some(leaving) = leaving {
                 self.write_down(leaving);
