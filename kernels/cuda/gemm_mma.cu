@@ -18,12 +18,14 @@
 // kernel and a tile shape for the rows and columns (kernels/src/cuda/gemm/fixed_mma.rs);
 // every choice gives the same bits.
 //
-// Up to 16 rows (decode, verification), gemm_fixed_mma_split: a block of WARPS warps owns
-// BN columns and all the rows, warp w takes stretches w, w + WARPS, ... and streams their
-// rows of w and x into registers, PREFETCH chunks ahead; the stretches' sums meet in shared
-// memory, where the block adds them in order. So the chains of one product run side by
-// side, several to a multiprocessor, and the weights stream at the pace of memory rather
-// than of one chain (a tile whose one warp summed all of k ran at a third of it).
+// Up to 64 rows (decode, verification), gemm_fixed_mma_split: a block of WARPS warps owns
+// BN columns and a group of 16 rows (blockIdx.x; blockIdx.y the columns, so that the groups
+// of one column tile run side by side and all but the first read its rows of w from L2),
+// warp w takes stretches w, w + WARPS, ... and streams their rows of w and x into
+// registers, PREFETCH chunks ahead; the stretches' sums meet in shared memory, where the
+// block adds them in order. So the chains of one product run side by side, several to a
+// multiprocessor, and the weights stream at the pace of memory rather than of one chain (a
+// tile whose one warp summed all of k ran at a third of it).
 //
 // More rows, gemm_fixed_mma: a block computes a BM x BN tile of out with (BM / WM) x
 // (BN / WN) warps of WM x WN each, the stretches one after another (each warp keeps the sum
@@ -170,7 +172,10 @@ __device__ __forceinline__ void gemm_fixed_mma_split(const bf16* __restrict__ x,
     float* const parts = reinterpret_cast<float*>(gbi_parts);  // [stretch][16 rows][BN]
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int g = lane / 4, q = lane % 4;
-    const int col0 = blockIdx.x * BN;
+    const int col0 = blockIdx.y * BN;
+    x += (i64)blockIdx.x * 16 * k;  // the block's group of rows
+    out += (i64)blockIdx.x * 16 * n;
+    m -= blockIdx.x * 16;
     const int chunks = k / GBI_CHUNK;
     const int stretches = (chunks + GBI_STRETCH - 1) / GBI_STRETCH;
     const unsigned long long policy = l2_stream_policy();
@@ -229,13 +234,17 @@ __device__ __forceinline__ void gemm_fixed_mma_split(const bf16* __restrict__ x,
 }
 
 // The kernels: gemm_fixed_mma_split_n{BN}w{WARPS}_{bf16,f32} <BN, WARPS, PREFETCH>, launched
-// with WARPS * 32 threads and a grid of ceil(n / BN); gemm_fixed_mma_m{BM}n{BN}_{bf16,f32}
+// with WARPS * 32 threads and a grid of (ceil(m / 16), ceil(n / BN)); gemm_fixed_mma_m{BM}n{BN}_{bf16,f32}
 // <BM, BN, WM, WN, STAGES, SC>, launched with (BM / WM) * (BN / WN) * 32 threads and a grid
 // of (ceil(n / BN), ceil(m / BM)); both with the shared bytes the header gives
 // (kernels/src/cuda/gemm/fixed_mma.rs, whose test checks that it agrees with these lines).
 #define GBI_PARAMS(OUT) const bf16 *__restrict__ x, const bf16 *__restrict__ w, OUT *__restrict__ out, int m, int n, int k
 
-// Up to 16 rows: column tiles of 16 or 32, 4 warps (up to 4 stretches, k <= 2,048) or 8.
+// Up to 64 rows: column tiles of 8, 16 or 32, 4 warps (up to 4 stretches, k <= 2,048) or 8.
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n8w4_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<8, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n8w4_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<8, 4, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n8w8_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<8, 8, 4>(x, w, out, m, n, k); }
+extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n8w8_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<8, 8, 4>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n16w4_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<16, 4, 4>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n16w4_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<16, 4, 4>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n16w8_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<16, 8, 4>(x, w, out, m, n, k); }
@@ -244,12 +253,6 @@ extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n32w4_bf1
 extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_split_n32w4_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<32, 4, 4>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n32w8_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma_split<32, 8, 4>(x, w, out, m, n, k); }
 extern "C" __global__ void __launch_bounds__(256) gemm_fixed_mma_split_n32w8_f32(GBI_PARAMS(float)) { gemm_fixed_mma_split<32, 8, 4>(x, w, out, m, n, k); }
-
-// Up to 64 rows (batched decode).
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n16_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 16, 16, 16, 4, 4>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4>(x, w, out, m, n, k); }
-extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n32_f32(GBI_PARAMS(float)) { gemm_fixed_mma<64, 32, 32, 16, 3, 4>(x, w, out, m, n, k); }
 
 // Prefill.
 extern "C" __global__ void __launch_bounds__(128) gemm_fixed_mma_m64n64_bf16(GBI_PARAMS(bf16)) { gemm_fixed_mma<64, 64, 32, 32, 4, 1>(x, w, out, m, n, k); }

@@ -409,10 +409,11 @@ fn fixed_order_linear_matches_the_cpu_and_is_batch_invariant() {
     }
 }
 
-/// Rows of a 700-row product in deterministic mode (tiles of 128 rows on the tensor-core
-/// path, passes of 8 rows of the GEMV kernel otherwise) give the same bits alone (a tile of
-/// 16 rows, the one-row GEMV kernel), and the first 2, 4, 17 and 64 rows the same bits as a
-/// product of their own (the tile shapes of few rows; one staged GEMV pass).
+/// Rows of a 700-row product in deterministic mode (tiles of 64 rows on the tensor-core
+/// path, passes of 8 rows of the GEMV kernel otherwise) give the same bits alone (the split
+/// kernel, the one-row GEMV kernel), and the first 2, 4, 16, 17, 40, 64 and 65 rows the same
+/// bits as a product of their own (the split kernel's groups of 16 rows and column tiles of
+/// 8, 16 or 32 as the grid needs them, the tile again; one staged GEMV pass).
 fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n: usize, k: usize) {
     const ROWS: usize = 700;
     let gemm = Gemm::new(s.gpu.stream().clone(), true).unwrap();
@@ -447,7 +448,7 @@ fn check_batch_invariance(s: &crate::Setup, rng: &mut rand_chacha::ChaCha8Rng, n
             "{n}x{k}: row {row} differs alone and in a batch of {ROWS}"
         );
     }
-    for m in [2, 4, 17, 64] {
+    for m in [2, 4, 16, 17, 40, 64, 65] {
         let few = run(&rows[..m * k], m);
         assert!(
             few.iter()

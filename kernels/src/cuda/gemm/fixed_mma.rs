@@ -25,8 +25,9 @@ fn stretches(k: usize) -> usize {
     (k / FIXED_MMA_CHUNK).div_ceil(FIXED_MMA_STRETCH)
 }
 
-/// A kernel of the split family (`gemm_fixed_mma_split_n{cols}w{warps}_*`): up to 16 rows,
-/// `cols` columns a block, its `warps` warps taking the stretches in turn.
+/// A kernel of the split family (`gemm_fixed_mma_split_n{cols}w{warps}_*`): up to 64 rows,
+/// a group of 16 rows and `cols` columns a block, its `warps` warps taking the stretches in
+/// turn.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Split {
     cols: usize,
@@ -83,29 +84,40 @@ impl Kernel {
         bytes as u32
     }
 
-    /// The blocks of the grid: (column tiles, row tiles).
+    /// The blocks of the grid, x and y: the split kernel's groups of 16 rows and its column
+    /// tiles (the groups of one column tile side by side); the tiled kernel's column tiles
+    /// and row tiles.
     fn grid(&self, m: usize, n: usize) -> (usize, usize) {
         match self {
-            Kernel::Split(s) => (n.div_ceil(s.cols), 1),
+            Kernel::Split(s) => (m.div_ceil(SPLIT_ROWS), n.div_ceil(s.cols)),
             Kernel::Tile(t) => (n.div_ceil(t.cols), m.div_ceil(t.rows)),
         }
     }
 }
 
-/// The split kernels compiled: columns 16 or 32, warps 4 or 8.
-const SPLITS: [Split; 4] = [split(16, 4), split(16, 8), split(32, 4), split(32, 8)];
+/// Rows of a block of the split kernels (one `mma` tile's).
+const SPLIT_ROWS: usize = 16;
 
-/// The tile shapes compiled: for up to 64 rows a narrow tile for grids that would not fill
-/// the device, then a wide one; then the tile of more rows (prefill). A tile of 128 x 64
-/// rows and columns measured slower there (91 against 77 ms for the prefill of 4,000
-/// tokens of the Llama-3.2-1B shape on an H100): its warps keep the sum of the stretches
-/// before beside the running chain, and 152 registers a thread leave one block of 8 warps
-/// a multiprocessor.
-const TILES: [Tile; 3] = [
-    tile(64, 16, 16, 16, 4, 4),
-    tile(64, 32, 32, 16, 3, 4),
-    tile(64, 64, 32, 32, 4, 1),
+/// The most rows the split kernels take: more take the tiles.
+const SPLIT_MAX_ROWS: usize = 64;
+
+/// The split kernels compiled: columns 8, 16 or 32, warps 4 or 8.
+const SPLITS: [Split; 6] = [
+    split(8, 4),
+    split(8, 8),
+    split(16, 4),
+    split(16, 8),
+    split(32, 4),
+    split(32, 8),
 ];
+
+/// The tile shapes compiled: one, for more rows than the split kernels take (prefill). A
+/// tile of 128 x 64 rows and columns measured slower there (91 against 77 ms for the
+/// prefill of 4,000 tokens of the Llama-3.2-1B shape on an H100): its warps keep the sum of
+/// the stretches before beside the running chain, and 152 registers a thread leave one
+/// block of 8 warps a multiprocessor. Tiles of 64 rows and 16 or 32 columns took 17 to 64
+/// rows before the split kernels' groups of rows, at half their speed and less.
+const TILES: [Tile; 1] = [tile(64, 64, 32, 32, 4, 1)];
 
 const fn split(cols: usize, warps: usize) -> Split {
     Split { cols, warps }
@@ -136,20 +148,20 @@ pub fn takes_fixed_mma(kernels: &CudaKernels, k: usize) -> bool {
 }
 
 /// The kernel for `m` rows, `n` columns and depth `k` on a device of `multiprocessors`. Up
-/// to 16 rows the split kernel, with 4 warps where k has at most 4 stretches (8 otherwise)
-/// and columns of 32 where they still give each multiprocessor two blocks; up to 64 rows
-/// the tiles of 64 rows, 32 columns where they still give each multiprocessor two blocks;
-/// more rows the 64 x 64 tile.
+/// to 64 rows the split kernel, with 4 warps where k has at most 4 stretches (8 otherwise)
+/// and the widest column tile (32, 16, then 8) whose grid still gives each multiprocessor
+/// two blocks; more rows the 64 x 64 tile.
 fn kernel_for(m: usize, n: usize, k: usize, multiprocessors: usize) -> Kernel {
-    let wide = n.div_ceil(32) >= 2 * multiprocessors;
-    if m <= 16 {
-        let warps_8 = stretches(k) > 4;
-        Kernel::Split(SPLITS[2 * usize::from(wide) + usize::from(warps_8)])
-    } else if m <= 64 {
-        Kernel::Tile(TILES[usize::from(wide)])
-    } else {
-        Kernel::Tile(TILES[2])
+    if m > SPLIT_MAX_ROWS {
+        return Kernel::Tile(TILES[0]);
     }
+    let groups = m.div_ceil(SPLIT_ROWS);
+    let width = [32, 16]
+        .into_iter()
+        .position(|cols| groups * n.div_ceil(cols) >= 2 * multiprocessors)
+        .map_or(0, |wide| 2 - wide);
+    let warps_8 = stretches(k) > 4;
+    Kernel::Split(SPLITS[2 * width + usize::from(warps_8)])
 }
 
 /// `out[m, n] = x[m, k] · w[n, k]ᵀ` through the kernel [`kernel_for`] picks. The caller
@@ -172,12 +184,12 @@ pub fn fixed_mma_linear<T: GemmOutput>(
     );
     check_aligned([x.device_ptr(stream).0, w.device_ptr(stream).0]);
     let kernel = kernel_for(m, n, k, kernels.multiprocessors() as usize);
-    let (col_tiles, row_tiles) = kernel.grid(m, n);
-    let row_tiles = u32::try_from(row_tiles)
+    let (grid_x, grid_y) = kernel.grid(m, n);
+    let grid_x = u32::try_from(grid_x).expect("linear: past the grid");
+    let grid_y = u32::try_from(grid_y)
         .ok()
         .filter(|&tiles| tiles <= 65_535)
-        .expect("linear: rows past the grid");
-    let col_tiles = u32::try_from(col_tiles).expect("linear: n past the grid");
+        .expect("linear: past the grid's second dimension");
     let name = format!("{}_{}", kernel.name(), T::KERNEL_SUFFIX);
     let shared_bytes = kernel.shared_bytes(k);
     kernels.grant_shared(&name, shared_bytes)?;
@@ -185,7 +197,7 @@ pub fn fixed_mma_linear<T: GemmOutput>(
     let mut launch = kernels.launch(stream, &name);
     launch.arg(x).arg(w).arg(out).arg(&m).arg(&n).arg(&k);
     let config = LaunchConfig {
-        grid_dim: (col_tiles, row_tiles, 1),
+        grid_dim: (grid_x, grid_y, 1),
         block_dim: (kernel.threads(), 1, 1),
         shared_mem_bytes: shared_bytes,
     };
@@ -204,21 +216,27 @@ mod tests {
     fn kernels_follow_the_rows_and_fill_the_device() {
         let h100 = 132;
         let split = |cols, warps| Kernel::Split(super::split(cols, warps));
-        // Decode of one sequence, the Llama-3.2-1B shape: q (2,048 columns of depth 2,048,
-        // four stretches) in blocks of 16 columns and 4 warps; the down projection (depth
-        // 8,192) with 8 warps; gate and up (16,384 columns) and the LM head in blocks of 32.
-        assert_eq!(kernel_for(1, 2048, 2048, h100), split(16, 4));
-        assert_eq!(kernel_for(1, 2048, 8192, h100), split(16, 8));
+        // Decode of one sequence, the Llama-3.2-1B shape: q and o (2,048 columns of depth
+        // 2,048, four stretches) in blocks of 8 columns and 4 warps, 256 blocks; the down
+        // projection (depth 8,192) with 8 warps; q, k and v together (3,072 columns) in 8,
+        // since 16 would leave the grid 192 blocks; gate and up (16,384 columns) and the LM
+        // head in blocks of 32.
+        assert_eq!(kernel_for(1, 2048, 2048, h100), split(8, 4));
+        assert_eq!(kernel_for(1, 2048, 8192, h100), split(8, 8));
+        assert_eq!(kernel_for(1, 3072, 2048, h100), split(8, 4));
         assert_eq!(kernel_for(16, 16_384, 2048, h100), split(32, 4));
         assert_eq!(kernel_for(1, 128_256, 2048, h100), split(32, 4));
-        // Batch 64.
-        assert_eq!(kernel_for(17, 2048, 2048, h100), Kernel::Tile(TILES[0]));
-        assert_eq!(kernel_for(64, 16_384, 2048, h100), Kernel::Tile(TILES[1]));
+        // Batch 64: four groups of 16 rows, so the column tiles widen sooner.
+        assert_eq!(kernel_for(17, 2048, 2048, h100), split(8, 4));
+        assert_eq!(kernel_for(64, 2048, 2048, h100), split(16, 4));
+        assert_eq!(kernel_for(64, 3072, 8192, h100), split(32, 8));
+        assert_eq!(kernel_for(64, 16_384, 2048, h100), split(32, 4));
+        assert_eq!(Kernel::Split(super::split(16, 4)).grid(64, 2048), (4, 128));
         // Prefill.
-        assert_eq!(kernel_for(65, 2048, 2048, h100), Kernel::Tile(TILES[2]));
+        assert_eq!(kernel_for(65, 2048, 2048, h100), Kernel::Tile(TILES[0]));
         assert_eq!(
             kernel_for(4096, 128_256, 2048, h100),
-            Kernel::Tile(TILES[2])
+            Kernel::Tile(TILES[0])
         );
     }
 
@@ -243,8 +261,8 @@ mod tests {
         }
         // The split kernel holds each stretch's sum of 16 rows: 64 stretches of 32 columns
         // take 128 KiB.
-        assert_eq!(Kernel::Split(SPLITS[3]).shared_bytes(deepest), 128 * 1024);
-        assert_eq!(Kernel::Tile(TILES[2]).shared_bytes(deepest), 32 * 1024);
+        assert_eq!(Kernel::Split(SPLITS[5]).shared_bytes(deepest), 128 * 1024);
+        assert_eq!(Kernel::Tile(TILES[0]).shared_bytes(deepest), 32 * 1024);
     }
 
     /// The template arguments of `kernel`'s line in the source (every split kernel
