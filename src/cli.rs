@@ -221,8 +221,7 @@ pub struct BenchLatencyArgs {
     #[arg(long, default_value_t = 8192)]
     pub max_seq_len_to_capture: usize,
     /// GPU kernels start only when the one before has finished, rather than overlapping
-    /// its tail through programmatic dependent launch (the baseline it is measured against;
-    /// --deterministic never uses it).
+    /// its tail through programmatic dependent launch (the baseline it is measured against).
     #[arg(long)]
     pub no_programmatic_launch: bool,
     /// GPU kernels that have a tensor-core path (prefill attention) run their CUDA-core

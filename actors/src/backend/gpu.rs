@@ -123,7 +123,7 @@ pub const MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
 /// `gpu_memory_utilization` leaves to others.
 pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     let gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-    let kernels = Arc::new(kernels_for(&gpu, &s.kernel_cache, s.deterministic)?);
+    let kernels = Arc::new(CudaKernels::load(&gpu, &s.kernel_cache)?);
     info!(
         device = gpu.name(),
         arch = gpu.arch(),
@@ -271,19 +271,6 @@ fn feature_ring(gpu: &Gpu, s: &GpuSettings, width: usize) -> anyhow::Result<Arc<
 fn feature_ring_rows(s: &GpuSettings) -> usize {
     let verify = 1 + s.num_speculative_tokens;
     2 * s.max_num_batched_tokens + s.max_num_seqs * (LAZY_ROWS + 2 * verify)
-}
-
-/// The kernels for `gpu`, launched with programmatic dependent launch except in
-/// deterministic mode: there it slowed batch-1 decode on the H200 (Llama-3.2-1B shape:
-/// 2.04 against 1.51 ms a step eagerly, 1.65 against 1.39 through graphs), while it speeds
-/// the default mode's up.
-pub fn kernels_for(gpu: &Gpu, cache: &Path, deterministic: bool) -> anyhow::Result<CudaKernels> {
-    let kernels = CudaKernels::load(gpu, cache)?;
-    Ok(if deterministic {
-        kernels.without_programmatic_launch()
-    } else {
-        kernels
-    })
 }
 
 /// Loads the checkpoint in `dir` onto `gpu` and runs its profiling forward.

@@ -11,7 +11,7 @@ mod host_blocks;
 pub use cpu::{cpu_backend, cpu_backend_with};
 pub use cpu_memory::{CpuFootprint, StepBounds};
 #[cfg(feature = "cuda")]
-pub use gpu::{cuda_backend, kernels_for, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+pub use gpu::{cuda_backend, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::{ContentHash, DiskTierStart};

@@ -5,8 +5,8 @@ use super::backend::{blocks_needed, LatencyModel, StepTokens};
 use super::mtp_round::{MtpRound, RoundShape};
 use crate::cli::BenchLatencyArgs;
 use anyhow::Context;
-use peregrine_actors::backend::kernels_for;
 use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::gemv_max_rows_for;
 use peregrine_models::fetch::default_cache_dir;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
@@ -46,7 +46,7 @@ impl GpuModel {
         let verify_rows = args.verify_rows.max(1);
         let gpu = Arc::new(Gpu::open(0)?);
         let cache_dir = default_cache_dir(args.model.cache_dir.as_deref())?.join("kernels");
-        let mut kernels = kernels_for(&gpu, &cache_dir, args.deterministic)?;
+        let mut kernels = CudaKernels::load(&gpu, &cache_dir)?;
         if args.no_programmatic_launch {
             kernels = kernels.without_programmatic_launch();
         }
