@@ -13,6 +13,7 @@ mod eagle3;
 mod engine;
 mod feature_ring;
 mod graphs;
+mod host_tier;
 mod mla;
 mod mla_padding;
 mod model;

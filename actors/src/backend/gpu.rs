@@ -6,13 +6,14 @@
 //! a head beside it stores them into the feature ring the head gathers them from on the
 //! device (without one they are downloaded).
 
+use super::gpu_host_blocks::GpuHostBlocks;
 use super::{
     blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
     ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
 };
 use crate::draft::LAZY_ROWS;
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
-use crate::messages::{GeneratedToken, HiddenData};
+use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
@@ -112,6 +113,8 @@ struct GpuBackend {
     /// Whether the model records layer inputs (then nothing is queued ahead: a queued
     /// step's would not reach the host).
     records_hidden: bool,
+    /// The host tier below the pool, if one is kept.
+    host: Option<GpuHostBlocks>,
 }
 
 /// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
@@ -350,6 +353,7 @@ impl GpuBackend {
             ring: None,
             ahead: None,
             records_hidden: false,
+            host: None,
         })
     }
 }
@@ -688,6 +692,45 @@ impl ModelBackend for GpuBackend {
             Some(sizes) => self.capture_graphs(Some(&sizes)),
             None => Ok(()),
         }
+    }
+
+    /// A tier of page-locked host memory ([`GpuHostBlocks`]).
+    fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
+        let gpu = self.model.gpu().clone();
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let host = GpuHostBlocks::for_cache(&gpu, &cache, bytes)?;
+        drop(cache);
+        let slots = host.slots();
+        self.host = Some(host);
+        Ok(slots)
+    }
+
+    fn host_tier_slots(&self) -> u32 {
+        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
+    }
+
+    /// Queues the copies on the target's stream, after any step queued ahead (which it
+    /// drops) and before the next step.
+    fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        self.ahead = None;
+        let gpu = self.model.gpu().clone();
+        let host = self.host.as_mut().ok_or_else(|| {
+            anyhow::anyhow!("host-tier moves for a GPU backend that keeps no host tier")
+        })?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        for m in moves {
+            match *m {
+                KvMove::Spill { block, slot } => host.spill(&gpu, &cache, block, slot)?,
+                KvMove::Load { slot, block } => host.load(&gpu, &mut cache, slot, block)?,
+                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
+                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one

@@ -6,6 +6,8 @@ mod cpu_memory;
 mod disk_blocks;
 #[cfg(feature = "cuda")]
 mod gpu;
+#[cfg(feature = "cuda")]
+mod gpu_host_blocks;
 mod host_blocks;
 
 pub use cpu::{cpu_backend, cpu_backend_with};

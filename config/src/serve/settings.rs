@@ -90,14 +90,15 @@ settings! {
                     steps of max_num_batched_tokens if that is more, at most a quarter of the \
                     memory available]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
-    /// Bytes of host memory below the CPU's KV pool for prefix-cache blocks the pool
-    /// reuses: they move there instead of being dropped, and come back when a request's
-    /// prefix continues in them; `None`: no such tier.
+    /// Bytes of host memory below the KV pool (page-locked on the GPU) for prefix-cache
+    /// blocks the pool reuses: they move there instead of being dropped, and come back when
+    /// a request's prefix continues in them; `None`: no such tier.
     kv_host_memory: Option<u64> = None;
         given u64, fill optional, reload Restart, Public, check positive_bytes,
         flag "--kv-host-memory", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
             help = "Host memory for prefix-cache blocks the KV pool evicts (a tier below it, \
-                    CPU only): 2GiB, 512MiB... [default: none, evicted blocks are dropped]"),
+                    page-locked on the GPU): 2GiB, 512MiB... [default: none, evicted blocks \
+                    are dropped]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
     /// A directory for a disk tier of prefix-cache blocks below the CPU's KV pool (and its
     /// host tier): blocks leaving memory are written there, read back, checked, when a
