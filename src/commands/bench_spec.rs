@@ -175,7 +175,7 @@ fn engine_config(args: &BenchSpecArgs, speculate: bool) -> anyhow::Result<ServeC
         cache_dir: args.model.cache_dir.clone(),
         device,
         block_size: args.block_size,
-        kv_cache_memory: Some(args.kv_cache_memory),
+        kv_cache_memory: (device == DeviceKind::Cpu).then_some(args.kv_cache_memory),
         gpu_memory_utilization: args.gpu_memory_utilization,
         max_num_batched_tokens: args.max_num_batched_tokens,
         max_num_seqs: args.concurrency,

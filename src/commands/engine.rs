@@ -54,6 +54,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
             let cache = default_cache_dir(config.cache_dir.as_deref())?;
             let settings = peregrine_actors::backend::GpuSettings {
                 gpu_memory_utilization: config.gpu_memory_utilization,
+                kv_cache_memory: config.kv_cache_memory,
                 block_size: config.block_size,
                 max_num_batched_tokens: config.max_num_batched_tokens,
                 max_num_seqs: config.max_num_seqs,

@@ -45,6 +45,7 @@ fn gpu_engine_drafting(
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
+        kv_cache_memory: None,
         block_size: 16,
         max_num_batched_tokens: 64,
         max_num_seqs: 32,
@@ -458,4 +459,50 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
     });
     assert_uniform_drafts_accepted(&outs, &first, &second, &order[..32]);
     assert_first_two_follow(&outs, &first, &second, "");
+}
+
+/// `kv_cache_memory` sizes the GPU pool (the bytes of so many blocks give that many), and a
+/// value past what `gpu_memory_utilization` leaves is refused, named.
+#[test]
+fn kv_cache_memory_sizes_the_gpu_pool_and_more_than_fits_is_refused() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 32).write_hf(dir.path());
+    let settings = |kv_cache_memory| GpuSettings {
+        gpu_memory_utilization: 0.05,
+        kv_cache_memory,
+        block_size: 16,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 8,
+        num_speculative_tokens: 0,
+        deterministic: false,
+        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
+        kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
+        draft: None,
+    };
+    let pool = cuda_backend(dir.path(), &settings(None))
+        .unwrap()
+        .target
+        .pool()
+        .clone();
+    let layers = TinySpec::llama_tiny().num_layers as u64;
+    let block_bytes = pool.bytes_per_layer / pool.layout.num_blocks * layers;
+    let sized = cuda_backend(dir.path(), &settings(Some(100 * block_bytes + 1)))
+        .unwrap()
+        .target
+        .pool()
+        .layout
+        .num_blocks;
+    assert_eq!(sized, 100);
+    let past = pool.bytes_per_layer * layers * 4;
+    let err = cuda_backend(dir.path(), &settings(Some(past)))
+        .err()
+        .expect("a pool past the device's share is refused")
+        .to_string();
+    assert!(
+        err.contains("kv_cache_memory") && err.contains("gpu_memory_utilization"),
+        "{err}"
+    );
 }

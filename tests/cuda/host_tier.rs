@@ -12,13 +12,14 @@ use peregrine_actors::backend::{
 };
 use peregrine_actors::messages::KvMove;
 use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 
 /// Blocks 65,535 and 65,536 of a pool whose block 65,536 starts at byte 2^31 of each
 /// layer's K and V (32 KiB a block, 70,000 blocks, two layers: 9.2 GB) are gathered into a
-/// staging block and scattered into block 3 and block 69,999 exactly, their neighbours
-/// untouched.
+/// staging buffer in one launch and scattered into blocks 3 and 69,999 exactly, their
+/// neighbours untouched.
 #[test]
 fn blocks_gather_and_scatter_exactly_around_2_31_bytes() {
     let Some(s) = setup() else { return };
@@ -55,31 +56,55 @@ fn blocks_gather_and_scatter_exactly_around_2_31_bytes() {
             }
         }
     }
-    let mut staging = s.gpu.zeros::<bf16>(cache.block_elems()).unwrap();
-    for (i, (from, to)) in [(65_535u32, 3u32), (65_536, 69_999)]
-        .into_iter()
-        .enumerate()
-    {
-        cache.gather_block(stream, from, &mut staging).unwrap();
-        let gathered = s.gpu.download(&staging).unwrap();
-        // Layer by layer, K then V: written[(layer * 2 + part) * 2 + i].
-        for (at, part) in (0..4).enumerate() {
+    // Both blocks in one gather, then scattered together into blocks 3 and 69,999.
+    let mut staging = s.gpu.zeros::<bf16>(2 * cache.block_elems()).unwrap();
+    let (from, to) = ([65_535u32, 65_536], [3u32, 69_999]);
+    let ids = s.gpu.upload(&from).unwrap();
+    cache
+        .copy_blocks(
+            &s.kernels,
+            stream,
+            BlockCopy::Gather,
+            &ids.as_view(),
+            &from,
+            &mut staging,
+        )
+        .unwrap();
+    let gathered = s.gpu.download(&staging).unwrap();
+    for i in 0..2 {
+        // Entry i, layer by layer, K then V: written[(layer * 2 + part) * 2 + i].
+        for part in 0..4 {
+            let at = (i * 4 + part) * block;
             let want = &written[part * 2 + i];
-            let got = &gathered[at * block..(at + 1) * block];
             assert!(
-                got.iter()
+                gathered[at..at + block]
+                    .iter()
                     .zip(want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "block {from}: part {part} gathered wrong"
+                "block {}: part {part} gathered wrong",
+                from[i]
             );
         }
-        cache.scatter_block(stream, &staging, to).unwrap();
+    }
+    let ids = s.gpu.upload(&to).unwrap();
+    cache
+        .copy_blocks(
+            &s.kernels,
+            stream,
+            BlockCopy::Scatter,
+            &ids.as_view(),
+            &to,
+            &mut staging,
+        )
+        .unwrap();
+    for (i, &to) in to.iter().enumerate() {
+        let to = to as usize;
         for layer in 0..2 {
             let (k, v) = cache.layer(layer);
             for (p, part) in [k, v].into_iter().enumerate() {
                 let got = s
                     .gpu
-                    .download(&part.slice(to as usize * block..(to as usize + 1) * block))
+                    .download(&part.slice(to * block..(to + 1) * block))
                     .unwrap();
                 let want = &written[(layer * 2 + p) * 2 + i];
                 assert!(
@@ -88,10 +113,7 @@ fn blocks_gather_and_scatter_exactly_around_2_31_bytes() {
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "block {to} of layer {layer}: scattered wrong"
                 );
-                for id in [to as usize - 1, to as usize + 1]
-                    .into_iter()
-                    .filter(|&id| id < 70_000 && id != 65_535)
-                {
+                for id in [to - 1, to + 1].into_iter().filter(|&id| id < 70_000) {
                     let near = s
                         .gpu
                         .download(&part.slice(id * block..(id + 1) * block))
@@ -108,8 +130,9 @@ fn blocks_gather_and_scatter_exactly_around_2_31_bytes() {
 
 /// A 32-token prompt's two blocks spilled to host slots through the backend, its pool
 /// blocks then overwritten by another prompt, loaded back into other blocks (ids past
-/// 65,535 where the pool has them), and continued by five tokens: the last row's logits
-/// equal those of the 37 tokens computed cold, to the bit.
+/// 65,535 where the pool has them) by a call that then spills into one of the slots it
+/// read, and continued by five tokens: the last row's logits equal those of the 37 tokens
+/// computed cold, to the bit.
 #[test]
 fn prefix_blocks_come_back_from_host_memory_unchanged() {
     if setup().is_none() {
@@ -119,6 +142,7 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
     TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 31).write_hf(dir.path());
     let settings = GpuSettings {
         gpu_memory_utilization: 0.05,
+        kv_cache_memory: None,
         block_size: 16,
         max_num_batched_tokens: 64,
         max_num_seqs: 8,
@@ -182,6 +206,7 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
     let other: Vec<u32> = (0..32).map(|i| (i * 53 + 7) % 1000).collect();
     last_logits(&mut backend, &other, 0, &[0, 1]);
     last_logits(&mut backend, &other, 0, &[far, far + 1]);
+    // The slot loaded first is spilled into again by the same call, after the load.
     let load = [
         KvMove::Load {
             slot: 2,
@@ -191,6 +216,7 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
             slot: 0,
             block: far + 1,
         },
+        KvMove::Spill { block: 0, slot: 2 },
     ];
     backend.move_kv(&load).unwrap();
     let warm = last_logits(&mut backend, &rest, 32, &[far, far + 1, 20]);

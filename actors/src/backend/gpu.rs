@@ -6,7 +6,7 @@
 //! a head beside it stores them into the feature ring the head gathers them from on the
 //! device (without one they are downloaded).
 
-use super::gpu_host_blocks::GpuHostBlocks;
+use super::gpu_host_blocks::{GpuHostBlocks, HostMove};
 use super::{
     blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
     ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
@@ -40,6 +40,9 @@ use tracing::info;
 pub struct GpuSettings {
     /// The share of device memory for weights, activations and the pool, in (0, 1].
     pub gpu_memory_utilization: f32,
+    /// Bytes of the pool (the target's KV and any drafter's beside it), within what
+    /// `gpu_memory_utilization` leaves; `None`: all of that.
+    pub kv_cache_memory: Option<u64>,
     pub block_size: usize,
     /// The most tokens of one step (sizes the activations).
     pub max_num_batched_tokens: usize,
@@ -191,6 +194,15 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
             s.gpu_memory_utilization,
             model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())
         );
+    };
+    let budget = match s.kv_cache_memory {
+        Some(bytes) if bytes > budget => bail!(
+            "kv_cache_memory {bytes} bytes is more than the {budget} bytes of the GPU that \
+             gpu_memory_utilization {} leaves for the KV cache",
+            s.gpu_memory_utilization
+        ),
+        Some(bytes) => bytes,
+        None => budget,
     };
     let per_token = model.kv_bytes_per_token()
         + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token())
@@ -716,21 +728,22 @@ impl ModelBackend for GpuBackend {
             return Ok(());
         }
         self.ahead = None;
-        let gpu = self.model.gpu().clone();
+        let host_moves = moves
+            .iter()
+            .map(|m| match *m {
+                KvMove::Spill { block, slot } => Ok(HostMove::Spill { block, slot }),
+                KvMove::Load { slot, block } => Ok(HostMove::Load { slot, block }),
+                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
+                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
+                }
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
         let host = self.host.as_mut().ok_or_else(|| {
             anyhow::anyhow!("host-tier moves for a GPU backend that keeps no host tier")
         })?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        for m in moves {
-            match *m {
-                KvMove::Spill { block, slot } => host.spill(&gpu, &cache, block, slot)?,
-                KvMove::Load { slot, block } => host.load(&gpu, &mut cache, slot, block)?,
-                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
-                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
-                }
-            }
-        }
-        Ok(())
+        host.apply(&gpu, &kernels, &mut cache, &host_moves)
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one

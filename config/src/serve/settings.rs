@@ -80,15 +80,17 @@ settings! {
         given usize, fill value, reload Restart, Public, check block_size,
         flag "--block-size", arg(long, value_name = "N",
             help = "Tokens per KV cache block, a power of two up to 256 [default: 16]");
-    /// Bytes the CPU's KV cache takes; `None` sizes it from the model (see
-    /// `CpuFootprint::default_kv_cache_memory` in the actors crate).
+    /// Bytes the KV cache takes; `None` sizes it: on the CPU from the model (see
+    /// `CpuFootprint::default_kv_cache_memory` in the actors crate), on the GPU all that
+    /// `gpu_memory_utilization` leaves (which a larger value exceeds, refused).
     kv_cache_memory: Option<u64> = None;
         given u64, fill optional, reload Restart, Public, check positive_bytes,
         flag "--kv-cache-memory", arg(long, value_name = "BYTES", value_parser = parse_byte_size,
-            help = "Memory for the CPU's KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... \
-                    [default: room for one sequence of max_model_len tokens, or for four \
-                    steps of max_num_batched_tokens if that is more, at most a quarter of the \
-                    memory available]"),
+            alias = "kv-cache-memory-bytes",
+            help = "Memory for the KV cache: 1073741824, 512MiB, 2GiB, 1.5GB... [default: on \
+                    the CPU room for one sequence of max_model_len tokens, or for four steps \
+                    of max_num_batched_tokens if that is more, at most a quarter of the memory \
+                    available; on the GPU what --gpu-memory-utilization leaves]"),
         serde(default, deserialize_with = "crate::byte_size::deserialize_byte_size");
     /// Bytes of host memory below the KV pool (page-locked on the GPU) for prefix-cache
     /// blocks the pool reuses: they move there instead of being dropped, and come back when

@@ -6,6 +6,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod gemm;
 pub mod gemm_lt;
+pub mod kv_blocks;
 pub mod kv_write;
 pub mod launch;
 pub mod mla;
@@ -52,6 +53,10 @@ pub const MODULES: &[KernelSource] = &[
     KernelSource {
         name: "kv_write",
         code: include_str!("../../cuda/kv_write.cu"),
+    },
+    KernelSource {
+        name: "kv_blocks",
+        code: include_str!("../../cuda/kv_blocks.cu"),
     },
     KernelSource {
         name: "elementwise",

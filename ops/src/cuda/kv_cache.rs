@@ -1,11 +1,12 @@
 //! The paged KV cache of every layer on the GPU, in bf16.
 
 use crate::KvRows;
-use cudarc::driver::{CudaSlice, CudaStream, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, DevicePtr, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
+use peregrine_kernels::cuda::kv_blocks::{copy_kv_blocks, BlockCopy, PoolParts};
+use peregrine_kernels::cuda::CudaKernels;
 use peregrine_runtime::cuda::{Gpu, GpuError};
-use std::ops::Range;
 
 /// K and V caches of every layer, each laid out `[num_blocks, block_size, kv_heads,
 /// head_dim]` like the CPU cache, in bf16. Each layer's K and V are separate allocations,
@@ -16,6 +17,9 @@ pub struct GpuKvCache {
     layout: KvLayout,
     rows: KvRows,
     layers: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)>,
+    /// The base address of every layer's K cache, then V where held, layer by layer, on the
+    /// device: what [`GpuKvCache::copy_blocks`] copies a block of.
+    parts: CudaSlice<u64>,
 }
 
 impl GpuKvCache {
@@ -36,13 +40,20 @@ impl GpuKvCache {
             KvRows::KeysAndValues => n,
             KvRows::Latent => 1,
         };
-        let layers = (0..num_layers)
+        let layers: Vec<(CudaSlice<bf16>, CudaSlice<bf16>)> = (0..num_layers)
             .map(|_| Ok((gpu.zeros(n)?, gpu.zeros(values)?)))
             .collect::<Result<_, GpuError>>()?;
+        let addresses: Vec<u64> = layers
+            .iter()
+            .flat_map(|(k, v)| [k, v].into_iter().take(tensors(rows)))
+            .map(|part| part.device_ptr(gpu.stream()).0)
+            .collect();
+        let parts = gpu.upload(&addresses)?;
         Ok(GpuKvCache {
             layout,
             rows,
             layers,
+            parts,
         })
     }
 
@@ -61,12 +72,9 @@ impl GpuKvCache {
         self.tensors() as u64 * self.layout.layer_elems() * 2
     }
 
-    /// The caches a layer holds: K and V, or only K (the latent rows).
+    /// The caches a layer holds.
     fn tensors(&self) -> usize {
-        match self.rows {
-            KvRows::KeysAndValues => 2,
-            KvRows::Latent => 1,
-        }
+        tensors(self.rows)
     }
 
     /// Number of layers.
@@ -87,70 +95,45 @@ impl GpuKvCache {
     }
 
     /// Elements of one block over every layer: its keys, then its values where the layer
-    /// holds them, layer by layer (how [`GpuKvCache::gather_block`] lays them out).
+    /// holds them, layer by layer (how [`GpuKvCache::copy_blocks`] lays a block out).
     pub fn block_elems(&self) -> usize {
         self.tensors() * self.layers.len() * self.layer_block_elems()
     }
 
-    /// Copies block `block` of every layer into `out` (at least [`GpuKvCache::block_elems`]
-    /// long), queued on `stream`.
-    pub fn gather_block(
-        &self,
-        stream: &std::sync::Arc<CudaStream>,
-        block: u32,
-        out: &mut CudaSlice<bf16>,
-    ) -> Result<(), DriverError> {
-        let (range, tensors) = (self.block_range(block), self.tensors());
-        let mut at = 0;
-        for (k, v) in &self.layers {
-            for part in [k, v].into_iter().take(tensors) {
-                let len = range.len();
-                stream.memcpy_dtod(&part.slice(range.clone()), &mut out.slice_mut(at..at + len))?;
-                at += len;
-            }
-        }
-        Ok(())
-    }
-
-    /// Writes `from` (as [`GpuKvCache::gather_block`] laid it out) into block `block` of
-    /// every layer, queued on `stream`.
-    pub fn scatter_block(
+    /// Copies the blocks `host_blocks` (also on the device as `blocks`) between every
+    /// layer and `staging`, [`GpuKvCache::block_elems`] a block in their order, the way
+    /// `copy` says, queued on `stream`.
+    ///
+    /// # Panics
+    /// If an id is outside the pool (the KV allocator hands out only the pool's ids; the
+    /// host tier checks them first).
+    pub fn copy_blocks(
         &mut self,
-        stream: &std::sync::Arc<CudaStream>,
-        from: &CudaSlice<bf16>,
-        block: u32,
+        kernels: &CudaKernels,
+        stream: &CudaStream,
+        copy: BlockCopy,
+        blocks: &CudaView<u32>,
+        host_blocks: &[u32],
+        staging: &mut CudaSlice<bf16>,
     ) -> Result<(), DriverError> {
-        let (range, tensors) = (self.block_range(block), self.tensors());
-        let mut at = 0;
-        for (k, v) in &mut self.layers {
-            for part in [k, v].into_iter().take(tensors) {
-                let len = range.len();
-                stream.memcpy_dtod(
-                    &from.slice(at..at + len),
-                    &mut part.slice_mut(range.clone()),
-                )?;
-                at += len;
-            }
-        }
-        Ok(())
+        let pool = PoolParts {
+            parts: &self.parts,
+            block_elems: self.layer_block_elems(),
+            num_blocks: self.layout.num_blocks,
+        };
+        copy_kv_blocks(kernels, stream, copy, &pool, blocks, host_blocks, staging)
     }
 
     /// Elements of one block in one layer's K (or V) cache.
     fn layer_block_elems(&self) -> usize {
         (self.layout.block_size * self.layout.slot_elems()) as usize
     }
+}
 
-    /// The elements of block `block` in a layer's K (or V) cache, in 64 bits.
-    ///
-    /// # Panics
-    /// If `block` is outside the pool (the KV allocator hands out only the pool's ids).
-    fn block_range(&self, block: u32) -> Range<usize> {
-        assert!(
-            u64::from(block) < self.layout.num_blocks,
-            "block {block} outside a pool of {}",
-            self.layout.num_blocks
-        );
-        let start = block as usize * self.layer_block_elems();
-        start..start + self.layer_block_elems()
+/// The caches a layer holds: K and V, or only K (the latent rows).
+fn tensors(rows: KvRows) -> usize {
+    match rows {
+        KvRows::KeysAndValues => 2,
+        KvRows::Latent => 1,
     }
 }
