@@ -28,6 +28,23 @@ use std::path::Path;
 
 const MAX_TOKENS: usize = 16;
 
+/// The GPU backend's settings for a tiny model: 5% of the device, blocks of 16, steps of up
+/// to 64 tokens and 32 sequences, no drafts.
+pub fn tiny_settings(deterministic: bool) -> GpuSettings {
+    GpuSettings {
+        gpu_memory_utilization: 0.05,
+        kv_cache_memory: None,
+        block_size: 16,
+        max_num_batched_tokens: 64,
+        max_num_seqs: 32,
+        num_speculative_tokens: 0,
+        deterministic,
+        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
+        kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
+        draft: None,
+    }
+}
+
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
     gpu_engine_drafting(dir, deterministic, |_, _| None, 0, None, false)
 }
@@ -44,16 +61,9 @@ fn gpu_engine_drafting(
     async_scheduling: bool,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
-        gpu_memory_utilization: 0.05,
-        kv_cache_memory: None,
-        block_size: 16,
-        max_num_batched_tokens: 64,
-        max_num_seqs: 32,
         num_speculative_tokens: k,
-        deterministic,
-        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
-        kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
         draft: gpu_draft,
+        ..tiny_settings(deterministic)
     };
     let Loaded {
         target: mut backend,
@@ -471,16 +481,8 @@ fn kv_cache_memory_sizes_the_gpu_pool_and_more_than_fits_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 32).write_hf(dir.path());
     let settings = |kv_cache_memory| GpuSettings {
-        gpu_memory_utilization: 0.05,
         kv_cache_memory,
-        block_size: 16,
-        max_num_batched_tokens: 64,
-        max_num_seqs: 8,
-        num_speculative_tokens: 0,
-        deterministic: false,
-        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
-        kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
-        draft: None,
+        ..tiny_settings(false)
     };
     let pool = cuda_backend(dir.path(), &settings(None))
         .unwrap()

@@ -4,11 +4,12 @@
 //! blocks give the logits the prompt computed cold gives (deterministic mode).
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
+use crate::engine::tiny_settings;
 use crate::model::gpu_sized;
 use crate::{random_f32, rng, setup, to_bf16};
 use half::bf16;
 use peregrine_actors::backend::{
-    cuda_backend, GpuSettings, Loaded, ModelBackend, StepInput, StepSource, Wanted,
+    cuda_backend, Loaded, ModelBackend, StepInput, StepSource, Wanted,
 };
 use peregrine_actors::messages::KvMove;
 use peregrine_kernels::cpu::KvLayout;
@@ -140,18 +141,7 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
     }
     let dir = tempfile::tempdir().unwrap();
     TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 31).write_hf(dir.path());
-    let settings = GpuSettings {
-        gpu_memory_utilization: 0.05,
-        kv_cache_memory: None,
-        block_size: 16,
-        max_num_batched_tokens: 64,
-        max_num_seqs: 8,
-        num_speculative_tokens: 0,
-        deterministic: true,
-        max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
-        kernel_cache: std::env::temp_dir().join("peregrine-test-kernels"),
-        draft: None,
-    };
+    let settings = tiny_settings(true);
     let Loaded {
         target: mut backend,
         ..

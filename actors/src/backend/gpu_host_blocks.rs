@@ -135,16 +135,7 @@ impl GpuHostBlocks {
             })
             .collect();
         let blocks: Vec<u32> = pairs.iter().map(|&(block, _)| block).collect();
-        stream.memcpy_htod(&blocks, &mut self.ids.slice_mut(..blocks.len()))?;
-        let ids = self.ids.slice(..blocks.len());
-        cache.copy_blocks(
-            kernels,
-            stream,
-            BlockCopy::Gather,
-            &ids,
-            &blocks,
-            &mut self.staging,
-        )?;
+        self.copy_staged(gpu, kernels, cache, BlockCopy::Gather, &blocks)?;
         for (e, &(_, slot)) in pairs.iter().enumerate() {
             let host = self.slot_ptr(gpu, slot)?;
             let staged = self
@@ -194,16 +185,23 @@ impl GpuHostBlocks {
             }?;
             blocks.push(block);
         }
-        stream.memcpy_htod(&blocks, &mut self.ids.slice_mut(..blocks.len()))?;
+        self.copy_staged(gpu, kernels, cache, BlockCopy::Scatter, &blocks)
+    }
+
+    /// Copies the pool blocks `blocks` between `cache` and the staging buffer's first
+    /// entries, their ids sent to the device first.
+    fn copy_staged(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &CudaKernels,
+        cache: &mut GpuKvCache,
+        copy: BlockCopy,
+        blocks: &[u32],
+    ) -> anyhow::Result<()> {
+        let stream = gpu.stream();
+        stream.memcpy_htod(blocks, &mut self.ids.slice_mut(..blocks.len()))?;
         let ids = self.ids.slice(..blocks.len());
-        cache.copy_blocks(
-            kernels,
-            stream,
-            BlockCopy::Scatter,
-            &ids,
-            &blocks,
-            &mut self.staging,
-        )?;
+        cache.copy_blocks(kernels, stream, copy, &ids, blocks, &mut self.staging)?;
         Ok(())
     }
 
