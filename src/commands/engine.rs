@@ -51,6 +51,7 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
             check_gpu_kv_dtype(Some(config.kv_cache_dtype))?;
+            memory::check_gpu_start_up(config)?;
             let cache = default_cache_dir(config.cache_dir.as_deref())?;
             let settings = peregrine_actors::backend::GpuSettings {
                 gpu_memory_utilization: config.gpu_memory_utilization,

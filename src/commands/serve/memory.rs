@@ -49,12 +49,25 @@ pub fn check_start_up(
         footprint.eager_step(bounds(config)),
     ];
     needs.extend(graphs(config, footprint)?);
-    // The host tier takes its memory as it fills; counted whole, as it may fill.
-    needs.extend(config.kv_host_memory.map(|bytes| MemoryNeed {
+    needs.extend(host_tier(config));
+    check_host(&needs).map_err(|short| anyhow::anyhow!("{short}: lower it"))
+}
+
+/// Refuses a GPU start-up whose host tier (page-locked host memory) does not fit in the
+/// host's memory.
+#[cfg(feature = "cuda")]
+pub fn check_gpu_start_up(config: &ServeConfig) -> anyhow::Result<()> {
+    let needs: Vec<MemoryNeed> = host_tier(config).into_iter().collect();
+    check_host(&needs).map_err(|short| anyhow::anyhow!("{short}: lower it"))
+}
+
+/// The host tier's memory, if one is kept: it takes its memory as it fills, counted whole
+/// since it may fill.
+fn host_tier(config: &ServeConfig) -> Option<MemoryNeed> {
+    config.kv_host_memory.map(|bytes| MemoryNeed {
         what: format!("kv_host_memory {bytes} bytes"),
         bytes,
-    }));
-    check_host(&needs).map_err(|short| anyhow::anyhow!("{short}: lower it"))
+    })
 }
 
 /// Refuses a reload whose larger step buffers or new graphs (captured while the old ones
@@ -104,4 +117,22 @@ pub fn graph_sizes(config: &ServeConfig) -> anyhow::Result<Option<CaptureSizes>>
         config.max_num_seqs,
     )
     .map_err(anyhow::Error::msg)
+}
+
+#[cfg(all(test, feature = "cuda"))]
+mod tests {
+    use super::check_gpu_start_up;
+    use peregrine_config::ServeConfig;
+
+    #[test]
+    fn a_gpu_host_tier_past_the_host_is_refused_and_one_that_fits_passes() {
+        let config = |bytes| ServeConfig {
+            kv_host_memory: bytes,
+            ..ServeConfig::default()
+        };
+        let err = check_gpu_start_up(&config(Some(u64::MAX / 2))).unwrap_err();
+        assert!(err.to_string().contains("kv_host_memory"), "{err}");
+        check_gpu_start_up(&config(Some(1 << 20))).unwrap();
+        check_gpu_start_up(&config(None)).unwrap();
+    }
 }
