@@ -74,6 +74,8 @@ fn flags_override_the_file_and_the_file_overrides_defaults() {
     // vLLM's spelling of the same flag.
     let vllm = from_file("", &["--no-enable-prefix-caching"]).expect("loads");
     assert!(!vllm.enable_prefix_caching);
+    let vllm = from_file("", &["--kv-cache-memory-bytes", "2GiB"]).expect("loads");
+    assert_eq!(vllm.kv_cache_memory, Some(2 << 30));
 }
 
 #[test]
