@@ -125,6 +125,13 @@
 #                                 without it, in turns, of decode at batch 1, 8 and 64 after
 #                                 128 tokens and at batch 1 and 16 after 4,000, and of the
 #                                 prefill of 4,000 tokens at batch 1
+#   scripts/gpu_run.sh mla        latent attention's prefill on tensor cores against the split
+#                                 kernel it replaced (--no-tensor-cores cuts prompts into
+#                                 one-row sequences; it also moves the experts to CUDA cores):
+#                                 bench latency of the DeepSeek-V2-Lite shape (random
+#                                 weights), prefill of 512 and 4,000 tokens at batch 1, then
+#                                 Nsight Compute's times of the mla_ kernels in one prefill
+#                                 of 4,000 tokens each way
 #   scripts/gpu_run.sh llamacpp   llama.cpp (CUDA, flash attention on) against Peregrine on one
 #                                 random-weight bf16 checkpoint of the Llama-3.2-1B shape
 #                                 (scripts/random_checkpoint.py with SmolLM2's tokenizer in
@@ -256,6 +263,26 @@ deterministic)
             # shellcheck disable=SC2086
             "$bin/peregrine" $one_b $run $flags 2>&1 | grep -v "^20" | tee -a "$OUT/deterministic.log"
         done
+    done
+    ;;
+mla)
+    lite="bench latency --device cuda --random-weights tests/fixtures/deepseek/published/deepseek-v2-lite.json"
+    for len in 512 4000; do
+        for flags in "" "--no-tensor-cores"; do
+            echo "== prefill of $len $flags" | tee -a "$OUT/mla.log"
+            # shellcheck disable=SC2086
+            "$bin/peregrine" $lite --batch-sizes 1 --input-len $len --output-len 8 $flags 2>&1 |
+                grep -v "^20" | tee -a "$OUT/mla.log"
+        done
+    done
+    for flags in "" "--no-tensor-cores"; do
+        csv="/tmp/mla-ncu${flags:+-cuda-cores}.csv"
+        # shellcheck disable=SC2086
+        ncu --clock-control none -k 'regex:mla_' --metrics gpu__time_duration.sum --csv \
+            "$bin/peregrine" $lite --enforce-eager --batch-sizes 1 --input-len 4000 \
+            --output-len 1 $flags >"$csv" 2>/dev/null
+        echo "== Nsight Compute, prefill of 4,000 $flags: the mla_ kernels" | tee -a "$OUT/mla.log"
+        python3 scripts/ncu_step_summary.py "$csv" 0 | tee -a "$OUT/mla.log"
     done
     ;;
 attnprof)

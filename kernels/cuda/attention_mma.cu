@@ -31,26 +31,6 @@
 #define PA_MMA_THREADS 128  // PA_MMA_WARPS * WARP_SIZE
 
 #ifdef TENSOR_CORES
-// Four 8 x 8 bf16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
-__device__ __forceinline__ void pa_ldmatrix(unsigned addr, unsigned r[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// The same, each matrix transposed.
-__device__ __forceinline__ void pa_ldmatrix_t(unsigned addr, unsigned r[4]) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
-}
-
-// lo and hi rounded to bf16 and packed, lo at the lower address.
-__device__ __forceinline__ unsigned pa_pack(float lo, float hi) {
-    return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) |
-           ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
-}
-
 // The element offsets (slot and KV head) of keys first .. first + PA_MMA_BK - 1 into
 // shared `slots`, -1 past token `last`: one thread a key.
 __device__ __forceinline__ void pa_key_slots(i64* slots, const int* table, int first, int last,
@@ -136,7 +116,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
     unsigned qf[DEPTH][4];  // the warp's query rows as A fragments, by depth step
 #pragma unroll
     for (int kk = 0; kk < DEPTH; ++kk) {
-        pa_ldmatrix(shared_addr(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
+        ldmatrix_x4(shared_addr(v_tile + (warp_row + lane % 16) * ROW + kk * 16 + (lane / 16) * 8), qf[kk]);
     }
     __syncthreads();  // the query tile is in registers: its place takes V tile 0
     pa_load_keys<D>(v_tile, v_cache, slots);
@@ -168,7 +148,7 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
                     const int m = lane / 8;
                     const int key = n * 8 + lane % 8 + (m / 2) * 8;
                     unsigned b[4];
-                    pa_ldmatrix(shared_addr(k_tile + key * ROW + kk * 16 + (m % 2) * 8), b);
+                    ldmatrix_x4(shared_addr(k_tile + key * ROW + kk * 16 + (m % 2) * 8), b);
                     mma_bf16_16816(s[n], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[0], b[1]);
                     mma_bf16_16816(s[n + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], b[2], b[3]);
                 }
@@ -236,17 +216,17 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
 #pragma unroll
             for (int kk = 0; kk < PA_MMA_BK / 16; ++kk) {
                 // The probabilities of keys kk*16 .. kk*16 + 15 as an A fragment.
-                const unsigned a0 = pa_pack(s[2 * kk][0], s[2 * kk][1]);
-                const unsigned a1 = pa_pack(s[2 * kk][2], s[2 * kk][3]);
-                const unsigned a2 = pa_pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                const unsigned a3 = pa_pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                const unsigned a0 = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+                const unsigned a1 = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+                const unsigned a2 = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                const unsigned a3 = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                 for (int n = 0; n < DIM_TILES; n += 2) {
                     // Matrices (transposed): keys kk*16.., +8 at dims n*8; the same at n*8+8.
                     const int m = lane / 8;
                     const int key = kk * 16 + lane % 8 + (m % 2) * 8;
                     unsigned b[4];
-                    pa_ldmatrix_t(shared_addr(v_tile + key * ROW + n * 8 + (m / 2) * 8), b);
+                    ldmatrix_x4_t(shared_addr(v_tile + key * ROW + n * 8 + (m / 2) * 8), b);
                     mma_bf16_16816(acc[n], a0, a1, a2, a3, b[0], b[1]);
                     mma_bf16_16816(acc[n + 1], a0, a1, a2, a3, b[2], b[3]);
                 }
@@ -272,8 +252,8 @@ __device__ __forceinline__ void pa_prefill_mma(PA_PREFILL_PARAMS) {
 #pragma unroll
         for (int n = 0; n < DIM_TILES; ++n) {
             const int word = n * 4 + quad;  // dims 8n + 2 quad, + 1
-            if (r_lo < rows_here) out_lo[word] = pa_pack(acc[n][0] * inv_lo, acc[n][1] * inv_lo);
-            if (r_hi < rows_here) out_hi[word] = pa_pack(acc[n][2] * inv_hi, acc[n][3] * inv_hi);
+            if (r_lo < rows_here) out_lo[word] = pack_bf16x2(acc[n][0] * inv_lo, acc[n][1] * inv_lo);
+            if (r_hi < rows_here) out_hi[word] = pack_bf16x2(acc[n][2] * inv_hi, acc[n][3] * inv_hi);
         }
     }
 #else

@@ -228,6 +228,26 @@ template <int N>
 __device__ __forceinline__ void copy_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N));
 }
+
+// Four 8 x 8 bf16 matrices from shared memory, lane l giving row l % 8 of matrix l / 8.
+__device__ __forceinline__ void ldmatrix_x4(unsigned addr, unsigned r[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// The same, each matrix transposed.
+__device__ __forceinline__ void ldmatrix_x4_t(unsigned addr, unsigned r[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// lo and hi rounded to bf16 and packed, lo at the lower address.
+__device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
+    return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) |
+           ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
+}
 #endif
 
 // silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.

@@ -1,13 +1,16 @@
-//! Latent-attention decode on the GPU against the CPU kernel (`cpu::mla_attention`) on the
-//! same bf16-rounded data: scattered blocks, contexts of one partition and of several (the
-//! combine), a sentinel tail after o; a single-layer latent pool past 4 GiB read at rows
-//! 3,728,269 / 3,728,270 (2^31 / 576) and blocks 65,535 / 65,536; and a plan of more rows
-//! than q or o refused on the host with nothing launched.
+//! Latent attention on the GPU against the CPU kernel (`cpu::mla_attention`) on the same
+//! bf16-rounded data: decode rows over scattered blocks, contexts of one partition and of
+//! several (the combine); prefill rows on tensor cores (whole prompts, chunks, beside
+//! decode rows); a sentinel tail after o; a single-layer latent pool past 4 GiB read by
+//! decode and prefill rows at rows 3,728,269 / 3,728,270 (2^31 / 576) and blocks 65,535 /
+//! 65,536; a plan of more rows than q or o, and prefill rows without tensor cores, refused
+//! on the host with nothing launched.
 
-use super::{assert_close, random_f32, rng, setup, to_bf16, to_f32};
+use super::{assert_close, random_f32, rng, setup, setup_cuda_cores, to_bf16, to_f32};
 use half::bf16;
 use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
 use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_kernels::cuda::mla::runs_prefill;
 use peregrine_ops::cuda::attention::AttentionError;
 use peregrine_ops::cuda::mla::GpuMlaAttention;
 use peregrine_ops::cuda::plan::DeviceAttentionPlan;
@@ -37,12 +40,13 @@ pub(super) fn sentinel() -> bf16 {
     bf16::from_f32(12_345.0)
 }
 
-/// Runs the op for one-row sequences of `contexts` with `tables` over `cache` (device)
-/// and checks it against the CPU kernel over `host_cache` (with `host_tables`).
+/// Runs the op for sequences of `shapes` (context length, query rows) with `tables` over
+/// `cache` (device) and checks it against the CPU kernel over `host_cache` (with
+/// `host_tables`). Sequences of more than `SPLIT_MAX_ROWS` rows run on the prefill kernel.
 #[allow(clippy::too_many_arguments)]
 fn check(
     what: &str,
-    contexts: &[usize],
+    shapes: &[(usize, usize)],
     tables: &[Vec<u32>],
     cache: &cudarc::driver::CudaSlice<bf16>,
     device_layout: &KvLayout,
@@ -52,14 +56,14 @@ fn check(
 ) {
     let s = setup().unwrap();
     let mut rng = rng(what);
-    let rows = contexts.len();
+    let rows: usize = shapes.iter().map(|&(_, n)| n).sum();
     let q = to_bf16(&random_f32(&mut rng, rows * HEADS * WIDTH, 0.5));
-    let specs: Vec<SeqSpec> = contexts
+    let specs: Vec<SeqSpec> = shapes
         .iter()
         .zip(tables)
-        .map(|(&ctx, t)| SeqSpec {
-            num_cached: ctx - 1,
-            num_new: 1,
+        .map(|(&(ctx, n), t)| SeqSpec {
+            num_cached: ctx - n,
+            num_new: n,
             block_table: t,
         })
         .collect();
@@ -85,14 +89,18 @@ fn check(
     )
     .unwrap();
     let got = s.gpu.download(&o_dev).unwrap();
-    let seqs: Vec<AttentionSeq> = contexts
+    let mut q_start = 0;
+    let seqs: Vec<AttentionSeq> = shapes
         .iter()
         .enumerate()
-        .map(|(i, &ctx)| AttentionSeq {
-            q_start: i,
-            q_len: 1,
-            context_len: ctx,
-            block_table: &host_tables[i],
+        .map(|(i, &(ctx, n))| {
+            q_start += n;
+            AttentionSeq {
+                q_start: q_start - n,
+                q_len: n,
+                context_len: ctx,
+                block_table: &host_tables[i],
+            }
         })
         .collect();
     let mut want = vec![0f32; rows * HEADS * LATENT];
@@ -115,6 +123,24 @@ fn check(
     );
 }
 
+/// One-row sequences of `contexts`.
+fn decode_rows(contexts: &[usize]) -> Vec<(usize, usize)> {
+    contexts.iter().map(|&c| (c, 1)).collect()
+}
+
+/// Tables of `need` blocks each, from the ids 0 .. `total` shuffled.
+fn scattered_tables(rng: &mut impl rand::Rng, need: &[usize], total: usize) -> Vec<Vec<u32>> {
+    let mut ids: Vec<u32> = (0..total as u32).collect();
+    ids.shuffle(rng);
+    let mut tables = Vec::new();
+    let mut at = 0;
+    for &n in need {
+        tables.push(ids[at..at + n].to_vec());
+        at += n;
+    }
+    tables
+}
+
 #[test]
 fn mla_decode_matches_the_cpu_over_scattered_blocks_and_partitions() {
     let Some(s) = setup() else { return };
@@ -123,21 +149,14 @@ fn mla_decode_matches_the_cpu_over_scattered_blocks_and_partitions() {
     let contexts = [1usize, 37, 512, 513, 1_500, 200];
     let need: Vec<usize> = contexts.iter().map(|c| c.div_ceil(BLOCK)).collect();
     let total: usize = need.iter().sum::<usize>() + 11;
-    let mut ids: Vec<u32> = (0..total as u32).collect();
-    ids.shuffle(&mut rng);
-    let mut tables = Vec::new();
-    let mut at = 0;
-    for &n in &need {
-        tables.push(ids[at..at + n].to_vec());
-        at += n;
-    }
+    let tables = scattered_tables(&mut rng, &need, total);
     let layout = layout(total);
     let values = to_bf16(&random_f32(&mut rng, layout.layer_elems() as usize, 1.0));
     let cache = s.gpu.upload(&values).unwrap();
     let host = to_f32(&values);
     check(
         "scattered",
-        &contexts,
+        &decode_rows(&contexts),
         &tables,
         &cache,
         &layout,
@@ -148,9 +167,82 @@ fn mla_decode_matches_the_cpu_over_scattered_blocks_and_partitions() {
 }
 
 #[test]
-fn mla_decode_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
+fn mla_prefill_matches_the_cpu_in_whole_prompts_chunks_and_beside_decode_rows() {
     let Some(s) = setup() else { return };
-    let mut rng = rng("mla_decode_past_4_gib");
+    assert!(
+        runs_prefill(&s.kernels, LATENT, WIDTH),
+        "no tensor-core latent prefill on this device"
+    );
+    let mut rng = rng("mla_prefill_matches_the_cpu");
+    // (context, query rows): whole prompts of 33 (one tile of pairs short), 64 (an item of
+    // whole tiles) and 301 rows (items of 64 tokens and a last of 45), chunks after 37 and
+    // 700 cached tokens, and decode rows (one and two partitions) and a short verification
+    // step (cut into one-row sequences) in the same step.
+    let shapes = [
+        (33usize, 33usize),
+        (1_000, 1),
+        (64, 64),
+        (107, 70),
+        (301, 301),
+        (600, 1),
+        (740, 40),
+        (90, 4),
+    ];
+    let need: Vec<usize> = shapes.iter().map(|&(c, _)| c.div_ceil(BLOCK)).collect();
+    let total: usize = need.iter().sum::<usize>() + 5;
+    let tables = scattered_tables(&mut rng, &need, total);
+    let layout = layout(total);
+    let values = to_bf16(&random_f32(&mut rng, layout.layer_elems() as usize, 1.0));
+    let cache = s.gpu.upload(&values).unwrap();
+    let host = to_f32(&values);
+    check(
+        "prefill", &shapes, &tables, &cache, &layout, &host, &layout, &tables,
+    );
+}
+
+#[test]
+fn mla_prefill_without_tensor_cores_is_refused_with_nothing_launched() {
+    let Some(s) = setup_cuda_cores() else { return };
+    let layout = layout(8);
+    let cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
+    let table = [0u32, 1, 2];
+    let specs = [SeqSpec {
+        num_cached: 0,
+        num_new: 40,
+        block_table: &table,
+    }];
+    let plan = AttentionPlan::new(&specs, BLOCK, layout.num_blocks).unwrap();
+    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
+    let q = s.gpu.upload(&vec![bf16::ONE; 40 * HEADS * WIDTH]).unwrap();
+    let mut o = s
+        .gpu
+        .upload(&vec![sentinel(); 40 * HEADS * LATENT])
+        .unwrap();
+    let op = GpuMlaAttention {
+        num_heads: HEADS,
+        latent: LATENT,
+        scale: SCALE,
+    };
+    let err = op
+        .forward(
+            &s.kernels,
+            s.gpu.stream(),
+            &q.slice(..),
+            &cache,
+            &layout,
+            &dplan,
+            &mut o.slice_mut(..),
+        )
+        .unwrap_err();
+    assert!(err.to_string().contains("one row a sequence"), "{err}");
+    let back = s.gpu.download(&o).unwrap();
+    assert!(back.iter().all(|x| x.to_bits() == sentinel().to_bits()));
+}
+
+#[test]
+fn mla_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("mla_past_4_gib");
     let layout = layout(300_000);
     let bytes = layout.layer_elems() * 2;
     assert!(bytes > 5 << 30, "{bytes}");
@@ -165,7 +257,8 @@ fn mla_decode_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
         vec![1, high + 1, 65_534],
         vec![high - 1, high, 131_072],
     ];
-    let contexts = [64usize, 40, 3 * BLOCK];
+    // A chunk of 40 rows after 24 cached tokens and a whole prompt (prefill), a decode row.
+    let shapes = [(64usize, 40usize), (40, 1), (3 * BLOCK, 3 * BLOCK)];
     let mut cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
     // Random rows in every block a table names, on the device and in a compact host copy.
     let used: Vec<u32> = {
@@ -202,7 +295,7 @@ fn mla_decode_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
     let host_layout = self::layout(used.len());
     check(
         "past 4 GiB",
-        &contexts,
+        &shapes,
         &tables,
         &cache,
         &layout,

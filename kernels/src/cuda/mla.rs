@@ -1,12 +1,14 @@
-//! The launcher of latent-attention decode (`cuda/mla.cu`): the split kernel over the
-//! paged-attention planner's split work list, then `paged_attention_combine` of
-//! `cuda/attention.cu` (with the latent as its head size) for the sequences of more than
-//! one partition.
+//! The launchers of latent attention (`cuda/mla.cu`, `cuda/mla_mma.cu`): for one-row
+//! sequences the split kernel over the paged-attention planner's split work list, then
+//! `paged_attention_combine` of `cuda/attention.cu` (with the latent as its head size) for
+//! the sequences of more than one partition; for the rows of longer sequences (prefill)
+//! the tensor-core kernel over the prefill work list, where the device and the shape have
+//! one.
 
 use super::attention::{combine, AttentionMeta, LIVE_COUNTS, PARTITION_TOKENS};
 use super::{grid, CudaKernels};
 use crate::cpu::KvLayout;
-use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
+use cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DriverError};
 use half::bf16;
 
 /// Tokens per split item of `mla_decode_split` (`MLA_PARTITION`): the planner's partition.
@@ -16,6 +18,38 @@ pub const MAX_WIDTH: usize = 1024;
 
 /// Threads of the split kernel (`MLA_THREADS`).
 const SPLIT_THREADS: u32 = 256;
+/// Query tokens of a prefill work item (`MLA_TILE`): the planner's query tile.
+const PREFILL_TOKENS: usize = super::attention::PREFILL_QUERY_TILE;
+/// (token, head) pairs of a block of the tensor-core prefill kernel (`MLA_MMA_ROWS`).
+const MMA_ROWS: usize = 64;
+/// Keys per tile of the tensor-core prefill kernel (`MLA_MMA_BK`).
+const MMA_KEYS: usize = 32;
+/// bf16 after each shared row of the tensor-core prefill kernel (`MLA_MMA_PAD`).
+const MMA_PAD: usize = 8;
+/// The (latent, row width) shapes the tensor-core prefill kernel is built for
+/// (`mla_prefill_mma_l{latent}_w{width}`): DeepSeek's, and the small test models'.
+const MMA_SHAPES: [(usize, usize); 2] = [(512, 576), (32, 40)];
+
+// An item's (token, head) pairs make at most num_heads tiles: its grid's blocks.
+const _: () = assert!(PREFILL_TOKENS <= MMA_ROWS);
+
+/// Whether latent attention on `k` runs the rows of sequences longer than one query
+/// (prefill) itself, on tensor cores, for a latent of `latent` in cache rows of `width`:
+/// where not, every sequence must be cut into one-row sequences for the split kernel.
+pub fn runs_prefill(k: &CudaKernels, latent: usize, width: usize) -> bool {
+    k.tensor_cores() && MMA_SHAPES.contains(&(latent, width))
+}
+
+/// Threads and dynamic shared bytes of a block of the tensor-core prefill kernel
+/// (`MlaMma<LATENT, WIDTH>` in `cuda/mla_mma.cu`).
+fn mma_geometry(latent: usize, width: usize) -> (u32, u32) {
+    let slice = latent.min(256);
+    let threads = 4 * (latent / slice) * 32;
+    let row = width.div_ceil(16) * 16 + MMA_PAD;
+    let scores = MMA_ROWS * (MMA_KEYS + 4) * 4;
+    let shared = (MMA_ROWS + 2 * MMA_KEYS) * row * 2 + scores + 2 * MMA_KEYS * 8;
+    (threads as u32, shared as u32)
+}
 /// Threads of the combine kernel (`PA_COMBINE_THREADS`): the latent must divide it.
 pub const COMBINE_THREADS: u32 = super::attention::COMBINE_THREADS;
 
@@ -30,16 +64,16 @@ pub struct MlaHeads {
     pub scale: f32,
 }
 
-/// Latent attention of every planned decode row: q (`[rows, num_heads, width]` bf16, each
-/// head's absorbed query then its rotary query; width = the layout's head_dim, one KV head)
+/// Latent attention of every planned row: q (`[rows, num_heads, width]` bf16, each head's
+/// absorbed query then its rotary query; width = the layout's head_dim, one KV head)
 /// against one layer's latent `cache`, into `o` (`[rows, num_heads, latent]`). Rows no
-/// sequence covers are not touched. `scratch` holds at least
+/// sequence covers are not touched. A plan with prefill rows needs [`runs_prefill`]. `scratch` holds at least
 /// `meta.counts.scratch_floats(num_heads, latent)` elements.
 ///
 /// The metadata lives on the device: the caller vouches that every block id is inside the
 /// pool and every row below `meta.rows` (the ops layer checks both on its host copy).
 #[allow(clippy::too_many_arguments)]
-pub fn mla_decode(
+pub fn mla_attention(
     k: &CudaKernels,
     stream: &CudaStream,
     q: &CudaView<bf16>,
@@ -51,48 +85,56 @@ pub fn mla_decode(
     o: &mut CudaViewMut<bf16>,
 ) -> Result<(), DriverError> {
     let (nh, latent, width) = (heads.num_heads, heads.latent, layout.head_dim as usize);
-    assert_eq!(layout.num_kv_heads, 1, "mla_decode: one latent row a token");
+    assert_eq!(
+        layout.num_kv_heads, 1,
+        "mla_attention: one latent row a token"
+    );
     assert!(
         latent > 0 && latent <= width && width <= MAX_WIDTH,
-        "mla_decode: latent {latent} of rows of {width} (at most {MAX_WIDTH})"
+        "mla_attention: latent {latent} of rows of {width} (at most {MAX_WIDTH})"
     );
     // 16-byte loads of the cache rows and of each thread's 8 latent elements.
     assert!(
         latent.is_multiple_of(8) && width.is_multiple_of(8),
-        "mla_decode: latent {latent} or row width {width} not a multiple of 8"
+        "mla_attention: latent {latent} or row width {width} not a multiple of 8"
     );
     // The combine kernel gives every output element the same number of threads.
     assert!(
         (COMBINE_THREADS as usize).is_multiple_of(latent),
-        "mla_decode: latent {latent} does not divide {COMBINE_THREADS}"
+        "mla_attention: latent {latent} does not divide {COMBINE_THREADS}"
     );
-    assert!(layout.block_size > 0, "mla_decode: block size 0");
+    assert!(layout.block_size > 0, "mla_attention: block size 0");
     assert!(
         q.len() / (nh * width) >= meta.rows && o.len() / (nh * latent) >= meta.rows,
-        "mla_decode: q or o holds fewer rows than planned"
+        "mla_attention: q or o holds fewer rows than planned"
     );
     assert!(
         cache.len() as u64 >= layout.layer_elems(),
-        "mla_decode: cache smaller than its layout"
+        "mla_attention: cache smaller than its layout"
     );
     let counts = meta.counts;
-    assert_eq!(counts.prefill, 0, "mla_decode: decode rows only");
+    assert!(
+        counts.prefill == 0 || runs_prefill(k, latent, width),
+        "mla_attention: no prefill kernel for a latent of {latent} in rows of {width} here"
+    );
     assert!(
         meta.q_start.len() >= meta.num_seqs
             && meta.context_len.len() >= meta.num_seqs
             && meta.table_start.len() >= meta.num_seqs
             && meta.split.len() >= 2 * counts.split
             && meta.decode.len() >= 2 * counts.decode
+            && meta.q_len.len() >= meta.num_seqs
+            && meta.prefill.len() >= 2 * counts.prefill
             && meta.live.len() >= LIVE_COUNTS,
-        "mla_decode: metadata shorter than its counts"
+        "mla_attention: metadata shorter than its counts"
     );
     assert!(
         scratch.len() >= counts.scratch_floats(nh, latent),
-        "mla_decode: scratch too small"
+        "mla_attention: scratch too small"
     );
     let blocks = |items: usize| -> u32 {
         let blocks = items * nh;
-        assert!(blocks <= i32::MAX as usize, "mla_decode: grid too large");
+        assert!(blocks <= i32::MAX as usize, "mla_attention: grid too large");
         blocks as u32
     };
     let (nh_i, width_i, latent_i, bs_i) = (
@@ -129,6 +171,36 @@ pub fn mla_decode(
     }
     if counts.decode > 0 {
         combine(k, stream, scratch, nh, latent, meta, o)?;
+    }
+    if counts.prefill > 0 {
+        // The kernel copies q rows in whole 16-byte pieces.
+        assert!(
+            q.device_ptr(stream).0.is_multiple_of(16),
+            "mla_attention: q not 16-byte aligned"
+        );
+        let name = format!("mla_prefill_mma_l{latent}_w{width}");
+        let (threads, shared) = mma_geometry(latent, width);
+        k.grant_shared(&name, shared)?;
+        let mut launch = k.launch(stream, &name);
+        launch
+            .arg(q)
+            .arg(cache)
+            .arg(&meta.q_start)
+            .arg(&meta.q_len)
+            .arg(&meta.context_len)
+            .arg(&meta.table_start)
+            .arg(&meta.block_table)
+            .arg(&meta.prefill)
+            .arg(&meta.live)
+            .arg(&mut *o)
+            .arg(&nh_i)
+            .arg(&bs_i)
+            .arg(&heads.scale);
+        // SAFETY: one block per prefill item and tile of its (token, head) pairs; the rows
+        // and block ids the metadata names lie inside q and the cache (the caller's
+        // contract, checked on the host by the ops layer), and each block writes only its
+        // pairs' rows of o (below `meta.rows`, checked above).
+        unsafe { launch.launch(grid(blocks(counts.prefill), threads, shared)) }?;
     }
     Ok(())
 }
@@ -256,8 +328,16 @@ pub fn mla_prepare(
 mod tests {
     #[test]
     fn the_kernel_source_agrees_with_the_host_constants() {
-        let source = include_str!("../../cuda/mla.cu");
+        let source = concat!(
+            include_str!("../../cuda/mla.cu"),
+            include_str!("../../cuda/mla_mma.cu")
+        );
         for (name, value) in [
+            ("MLA_TILE", super::PREFILL_TOKENS),
+            ("MLA_LIVE_PREFILL", 2),
+            ("MLA_MMA_ROWS", super::MMA_ROWS),
+            ("MLA_MMA_BK", super::MMA_KEYS),
+            ("MLA_MMA_PAD", super::MMA_PAD),
             ("MLA_PARTITION", super::MLA_PARTITION_TOKENS),
             ("MLA_MAX_WIDTH", super::MAX_WIDTH),
             ("MLA_THREADS", super::SPLIT_THREADS as usize),
@@ -265,10 +345,15 @@ mod tests {
             ("MLA_PREPARE_THREADS", super::PREPARE_THREADS as usize),
         ] {
             let line = format!("#define {name} {value} ");
-            assert!(source.contains(&line), "{name} is not {value} in mla.cu");
+            assert!(source.contains(&line), "{name} is not {value} in mla*.cu");
         }
         let attention = include_str!("../../cuda/attention.cu");
         assert!(attention.contains("#define PA_LIVE_SPLIT 0 "));
+        assert!(attention.contains("#define PA_LIVE_PREFILL 2"));
+        for (latent, width) in super::MMA_SHAPES {
+            let name = format!("mla_prefill_mma_l{latent}_w{width}(");
+            assert!(source.contains(&name), "mla_mma.cu lacks {name}");
+        }
         assert!(attention.contains(&format!(
             "#define PA_COMBINE_THREADS {} ",
             super::COMBINE_THREADS

@@ -40,7 +40,10 @@ pub const MODULES: &[KernelSource] = &[
     },
     KernelSource {
         name: "mla",
-        code: include_str!("../../cuda/mla.cu"),
+        code: concat!(
+            include_str!("../../cuda/mla.cu"),
+            include_str!("../../cuda/mla_mma.cu")
+        ),
     },
     KernelSource {
         name: "moe",

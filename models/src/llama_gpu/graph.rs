@@ -153,7 +153,7 @@ impl GraphBuffers {
         let kernel = core.decode_kernel;
         let (heads, head_dim) = scratch_heads(c);
         let plan = DeviceAttentionPlan::fixed(gpu, kernel, capacity, heads, head_dim)?;
-        let plan = attention_plan(c, plan);
+        let plan = attention_plan(c, &core.kernels, plan);
         let work = Workspace::new(gpu, c, rows, rows, aux_layers)?;
         let published = [
             MappedHost::new(gpu.stream(), rows)?,

@@ -27,6 +27,7 @@ use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::gemm::Gemm;
+use peregrine_kernels::cuda::mla::runs_prefill;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::GpuKvCache;
@@ -172,7 +173,11 @@ impl GpuLlama {
         let work = Workspace::new(&gpu, c, options.max_tokens, options.max_logit_rows, &[])?;
         let gemm = options.gemm(&gpu)?;
         let decode_kernel = options.decode_kernel();
-        let plan = attention_plan(c, DeviceAttentionPlan::growing(&gpu, decode_kernel)?);
+        let plan = attention_plan(
+            c,
+            &kernels,
+            DeviceAttentionPlan::growing(&gpu, decode_kernel)?,
+        );
         let core = LlamaCore {
             attention: GpuPagedAttention {
                 num_heads: c.num_heads,
@@ -297,13 +302,19 @@ impl GpuLlama {
     }
 }
 
-/// `plan` as model `c`'s attention needs it: under latent attention every sequence is cut
-/// into one-row sequences (the GPU's latent kernel runs decode rows).
-pub(crate) fn attention_plan(c: &ModelConfig, plan: DeviceAttentionPlan) -> DeviceAttentionPlan {
-    if c.mla.is_some() {
-        plan.cutting_every_sequence()
-    } else {
-        plan
+/// `plan` as model `c`'s attention needs it on `kernels`: under latent attention without a
+/// prefill kernel for the device and shape, every sequence is cut into one-row sequences
+/// (the split kernel runs decode rows only).
+pub(crate) fn attention_plan(
+    c: &ModelConfig,
+    kernels: &CudaKernels,
+    plan: DeviceAttentionPlan,
+) -> DeviceAttentionPlan {
+    match &c.mla {
+        Some(m) if !runs_prefill(kernels, m.kv_lora_rank, m.kv_lora_rank + m.qk_rope_head_dim) => {
+            plan.cutting_every_sequence()
+        }
+        _ => plan,
     }
 }
 

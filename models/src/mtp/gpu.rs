@@ -266,6 +266,7 @@ impl GpuMtpHead {
         let work = MtpWorkspace::new(&core, options.max_tokens, options.max_logit_rows)?;
         let plan = attention_plan(
             &core.config,
+            &core.kernels,
             DeviceAttentionPlan::growing(&gpu, decode_kernel)?,
         );
         Ok(GpuMtpHead {

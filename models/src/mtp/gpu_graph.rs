@@ -41,12 +41,12 @@ impl GraphedHead for MtpCore {
         self.decode_kernel
     }
 
-    /// Under latent attention every sequence cut into one-row sequences, as the target's.
+    /// Under latent attention cut as the target's plans are ([`attention_plan`]).
     fn fixed_plan(&self, capacity: PlanCapacity) -> Result<DeviceAttentionPlan, AttentionError> {
         let (heads, width) = scratch_heads(&self.config);
         let plan =
             DeviceAttentionPlan::fixed(&self.gpu, self.decode_kernel, capacity, heads, width)?;
-        Ok(attention_plan(&self.config, plan))
+        Ok(attention_plan(&self.config, &self.kernels, plan))
     }
 
     fn graph_work(&self, rows: usize, _features: bool) -> anyhow::Result<MtpWorkspace> {

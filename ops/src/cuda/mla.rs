@@ -1,4 +1,4 @@
-//! The latent attention op on the GPU (DeepSeek's MLA, absorbed, decode): run from the
+//! The latent attention op on the GPU (DeepSeek's MLA, absorbed): run from the
 //! device plan the runner that owns the stream built over the real tokens, its planned
 //! rows checked on the host against the q and o it is given before anything launches.
 
@@ -11,7 +11,7 @@ use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::mla::{self as kernel, MlaHeads, MlaProjections, MlaRotary};
 use peregrine_kernels::cuda::CudaKernels;
 
-/// Multi-head latent attention of decode rows over a paged latent cache.
+/// Multi-head latent attention over a paged latent cache.
 #[derive(Clone, Copy, Debug)]
 pub struct GpuMlaAttention {
     /// Query heads.
@@ -124,7 +124,8 @@ impl GpuMlaAttention {
     /// (`[rows, num_heads, latent]`) over one layer's latent `cache` laid out as `layout`
     /// (one KV head as wide as a cache row). Refused on the host, nothing launched, when
     /// the plan covers more rows than q or o hold, names a block past the pool, or plans
-    /// rows of the prefill kernel (each sequence must feed one row).
+    /// rows of the prefill kernel where there is none for this device and shape
+    /// ([`runs_prefill`](kernel::runs_prefill): there each sequence must feed one row).
     #[allow(clippy::too_many_arguments)]
     pub fn forward(
         &self,
@@ -158,8 +159,11 @@ impl GpuMlaAttention {
             ))
         } else if layout.block_size == 0 {
             Some("block size 0".into())
-        } else if plan.live_counts().prefill > 0 {
-            Some("latent attention on the GPU runs one row a sequence (decode) only".into())
+        } else if plan.live_counts().prefill > 0 && !kernel::runs_prefill(kernels, latent, width) {
+            Some(format!(
+                "latent attention of a latent of {latent} in rows of {width} runs one row a \
+                 sequence (decode) only on this device"
+            ))
         } else {
             None
         };
@@ -186,7 +190,7 @@ impl GpuMlaAttention {
             latent,
             scale: self.scale,
         };
-        kernel::mla_decode(
+        kernel::mla_attention(
             kernels,
             stream,
             q,
