@@ -1,5 +1,5 @@
 //! A draft head's steps captured as CUDA graphs, as the target's are (`llama_gpu::graph`),
-//! for any head on the GPU ([`GraphedHead`]: an EAGLE-3 head, a multi-token prediction
+//! for any head on the GPU ([`DraftHeadKind`]: an EAGLE-3 head, a multi-token prediction
 //! layer): its draft steps after the first (one row per sequence, fed its `pre`), and its
 //! step 0 of a decode-shaped batch (up to the rows a sequence verifies, fed target
 //! features gathered from the feature ring, every row a logit row: the verification graphs'
@@ -12,71 +12,20 @@
 //! scratch slot no sequence owns; a step 0's features are gathered into the real rows only,
 //! before the graph runs.
 
+use crate::draft_head_kind::{DraftHeadKind, GpuHeadDrafts};
 use crate::eagle3::feature_ring::FeatureRing;
-use crate::eagle3::gpu::GpuHeadDrafts;
 use crate::eagle3::FeatureKind;
 use crate::gpu_graph::{
     context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedGraphBuffers, SharedKvCache,
 };
 use crate::llama::{check_inputs, ForwardError};
 use crate::llama_gpu::GpuForwardError;
-use cudarc::driver::CudaSlice;
-use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
-use peregrine_runtime::cuda::Gpu;
 use peregrine_runtime::{Padding, StagedInput};
 use std::sync::{Arc, Mutex};
-
-/// What a head's graphs need of the part of the head every kernel reads and none writes.
-pub trait GraphedHead: Send + Sync + 'static {
-    /// The activations of one forward.
-    type Work: Send;
-    /// The device the head runs on.
-    fn gpu(&self) -> &Arc<Gpu>;
-    /// The width of a row's `pre`.
-    fn hidden_size(&self) -> usize;
-    /// The vocabulary token ids are checked against.
-    fn vocab_size(&self) -> usize;
-    /// The attention kernel of one-row steps.
-    fn decode_kernel(&self) -> DecodeKernel;
-    /// A fixed plan of `capacity` as the head's attention runs it.
-    fn fixed_plan(&self, capacity: PlanCapacity) -> Result<DeviceAttentionPlan, AttentionError>;
-    /// Activations for `rows` rows, with room for target features when `features`.
-    fn graph_work(&self, rows: usize, features: bool) -> anyhow::Result<Self::Work>;
-    /// The staged `pre` of `work`, f32 `[rows, H]`.
-    fn staged_pre(work: &mut Self::Work) -> &mut CudaSlice<f32>;
-    /// Gathers the rows `ids` of `ring` into the staged features of `work`.
-    fn gather(
-        &self,
-        work: &mut Self::Work,
-        ring: &FeatureRing,
-        ids: &[u64],
-    ) -> Result<(), GpuForwardError>;
-    /// Queues the forward and argmax of the `n` rows staged in `plan`, every row a logit
-    /// row, fed features of `kind`.
-    fn launch_greedy(
-        &self,
-        work: &mut Self::Work,
-        n: usize,
-        kind: FeatureKind,
-        plan: &DeviceAttentionPlan,
-        cache: &mut GpuKvCache,
-    ) -> Result<(), GpuForwardError>;
-    /// Refuses a plan with a position past the rotary table.
-    fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError>;
-    /// The drafts of the first `r` logit rows of `work` and the `pre` of its first `n`
-    /// rows, downloaded.
-    fn drafts(
-        &self,
-        work: &Self::Work,
-        n: usize,
-        r: usize,
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError>;
-}
 
 /// Which step of the head a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +38,7 @@ pub enum HeadGraphKind {
 }
 
 /// The buffers every graph of one kind of a head addresses.
-pub struct HeadGraphBuffers<C: GraphedHead> {
+pub struct HeadGraphBuffers<C: DraftHeadKind> {
     kind: HeadGraphKind,
     limits: GraphLimits,
     plan: DeviceAttentionPlan,
@@ -99,7 +48,7 @@ pub struct HeadGraphBuffers<C: GraphedHead> {
 }
 
 /// One captured step of a head and everything its kernels address.
-pub struct CapturedHead<C: GraphedHead> {
+pub struct CapturedHead<C: DraftHeadKind> {
     size: usize,
     kind: HeadGraphKind,
     graphs: ContextGraphs,
@@ -112,9 +61,9 @@ pub struct CapturedHead<C: GraphedHead> {
 
 // SAFETY: as for the target's `CapturedDecode`: launched only under the lock of its
 // buffers; the other fields are Send.
-unsafe impl<C: GraphedHead> Send for CapturedHead<C> {}
+unsafe impl<C: DraftHeadKind> Send for CapturedHead<C> {}
 
-impl<C: GraphedHead> HeadGraphBuffers<C> {
+impl<C: DraftHeadKind> HeadGraphBuffers<C> {
     fn new(
         core: &C,
         kind: HeadGraphKind,
@@ -131,7 +80,7 @@ impl<C: GraphedHead> HeadGraphBuffers<C> {
             scratch_slot: limits.scratch_slot,
         };
         let plan = core.fixed_plan(capacity)?;
-        let work = core.graph_work(limits.max_rows, !decode)?;
+        let work = core.work(limits.max_rows, limits.max_rows, !decode)?;
         let shape = [limits.max_rows, core.hidden_size()];
         let pre = match kind {
             HeadGraphKind::Decode => Some(StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?),
@@ -148,7 +97,7 @@ impl<C: GraphedHead> HeadGraphBuffers<C> {
 
     /// Stages a step (`tokens` over `plan`, fed `pre` in a decode graph) padded to `size`
     /// rows, for grids that serve contexts up to `context`. A step 0's features are
-    /// gathered apart ([`GraphedHead::gather`]).
+    /// gathered apart ([`DraftHeadKind::gather`]).
     fn stage(
         &mut self,
         core: &C,
@@ -194,7 +143,7 @@ impl<C: GraphedHead> HeadGraphBuffers<C> {
 /// The first capture, or one past the rows of the shared buffers or with other limits,
 /// allocates new shared buffers (capture the largest size first). Each graph's step runs
 /// once eagerly before it is captured, over the scratch slot alone.
-pub fn capture_head<C: GraphedHead>(
+pub fn capture_head<C: DraftHeadKind>(
     core: &Arc<C>,
     graph_buffers: &mut SharedGraphBuffers<HeadGraphBuffers<C>>,
     ring: Option<Arc<FeatureRing>>,
@@ -242,7 +191,7 @@ pub fn capture_head<C: GraphedHead>(
     })
 }
 
-impl<C: GraphedHead> CapturedHead<C> {
+impl<C: DraftHeadKind> CapturedHead<C> {
     /// The batch size the graph was captured for.
     pub fn size(&self) -> usize {
         self.size
@@ -293,7 +242,7 @@ impl<C: GraphedHead> CapturedHead<C> {
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
         b.stage(core, tokens, pre, plan, self.size, context)?;
         graph.launch()?;
-        core.drafts(&b.work, n, n, logits)
+        core.drafts(&mut b.work, n, n, logits)
     }
 
     /// Runs step 0 of `tokens` over `plan` (planned over the real rows), fed the feature
@@ -332,7 +281,7 @@ impl<C: GraphedHead> CapturedHead<C> {
         b.stage(core, tokens, &[], plan, self.size, context)?;
         core.gather(&mut b.work, ring, features)?;
         graph.launch()?;
-        let every = core.drafts(&b.work, n, n, false)?;
+        let every = core.drafts(&mut b.work, n, n, false)?;
         Ok(GpuHeadDrafts {
             drafts: logit_rows.iter().map(|&r| every.drafts[r]).collect(),
             logits: None,

@@ -4,9 +4,13 @@
 pub mod chat_template;
 pub mod config;
 pub mod cpu_graph;
+#[cfg(feature = "cuda")]
+pub mod draft_head_kind;
 pub mod eagle3;
 pub mod fetch;
 pub mod gguf;
+#[cfg(feature = "cuda")]
+pub mod gpu_draft_head;
 #[cfg(feature = "cuda")]
 pub mod gpu_graph;
 #[cfg(feature = "cuda")]

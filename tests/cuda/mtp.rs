@@ -92,7 +92,9 @@ fn mtp_on_the_gpu_matches_the_float64_reference_at_step_0_and_chained() {
     // Step 0: row j pairs the target's output at j with token j + 1.
     let mut tokens = prompt[1..].to_vec();
     tokens.push(next);
-    let mut head_cache = head.new_cache(POOL, BLOCK_SIZE as u64).unwrap();
+    let mut head_cache = head
+        .new_cache(head.kv_layout(POOL, BLOCK_SIZE as u64))
+        .unwrap();
     let input = HeadInput::Aux(&last);
     let out = head
         .forward(&tokens, input, &plan(0, t), &mut head_cache, &rows)
@@ -130,7 +132,9 @@ fn mtp_on_the_gpu_matches_the_float64_reference_at_step_0_and_chained() {
         )
         .unwrap();
     let ids: Vec<u64> = (first..first + t as u64).collect();
-    let mut ring_cache = head.new_cache(POOL, BLOCK_SIZE as u64).unwrap();
+    let mut ring_cache = head
+        .new_cache(head.kv_layout(POOL, BLOCK_SIZE as u64))
+        .unwrap();
     let input = HeadInput::Ring(&ids);
     let through_ring = head
         .forward(&tokens, input, &plan(0, t), &mut ring_cache, &rows)
@@ -192,8 +196,13 @@ fn mtp_graphs_replay_as_the_eager_head_runs() {
     head.read_features_from(ring.clone()).unwrap();
     // Sequence i owns blocks 2i and 2i + 1; the last block is the scratch block.
     let (pool, scratch) = (41u64, 40u64);
-    let graph_cache = Arc::new(Mutex::new(head.new_cache(pool, BLOCK_SIZE as u64).unwrap()));
-    let mut eager_cache = head.new_cache(pool, BLOCK_SIZE as u64).unwrap();
+    let graph_cache = Arc::new(Mutex::new(
+        head.new_cache(head.kv_layout(pool, BLOCK_SIZE as u64))
+            .unwrap(),
+    ));
+    let mut eager_cache = head
+        .new_cache(head.kv_layout(pool, BLOCK_SIZE as u64))
+        .unwrap();
     let limits = GraphLimits {
         max_rows: 16,
         max_context: 2 * BLOCK_SIZE,

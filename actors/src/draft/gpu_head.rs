@@ -6,16 +6,17 @@
 //! buffers run in forwards that fit them.
 
 use super::backend_draft::forwards;
-use super::gpu_heads::GpuDraftHead;
 use super::head_runner::{HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
-use peregrine_models::eagle3::gpu::{GpuEagle3Head, GpuHeadDrafts};
+use peregrine_models::draft_head_kind::{DraftHeadKind, GpuHeadDrafts};
+use peregrine_models::eagle3::gpu::HeadCore;
 use peregrine_models::eagle3::{DraftVocab, FeatureKind, HeadInput};
+use peregrine_models::gpu_draft_head::GpuDraftHead;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
-use peregrine_models::head_graph::{CapturedHead, GraphedHead};
+use peregrine_models::head_graph::CapturedHead;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::sync::{Arc, Mutex};
 
@@ -32,8 +33,8 @@ pub struct HeadCapacity {
 }
 
 /// A draft head on the GPU with its KV cache.
-pub struct GpuHead<H: GpuDraftHead = GpuEagle3Head> {
-    head: H,
+pub struct GpuHead<K: DraftHeadKind = HeadCore> {
+    head: GpuDraftHead<K>,
     cache: SharedKvCache,
     capacity: HeadCapacity,
     /// The slot the padded rows of a replayed graph write: in the target pool's scratch
@@ -44,22 +45,26 @@ pub struct GpuHead<H: GpuDraftHead = GpuEagle3Head> {
     /// The cache's block size and blocks, which plans are made over.
     block_size: usize,
     num_blocks: u64,
-    graphs: Option<GraphCaptureManager<CapturedHead<H::Core>>>,
+    graphs: Option<GraphCaptureManager<CapturedHead<K>>>,
     /// The graphs of step 0, by rows (captured with the decode graphs where the head reads
     /// a feature ring and sequences verify drafts).
-    first_graphs: Option<GraphCaptureManager<CapturedHead<H::Core>>>,
+    first_graphs: Option<GraphCaptureManager<CapturedHead<K>>>,
 }
 
-impl<H: GpuDraftHead> GpuHead<H> {
+impl<K: DraftHeadKind> GpuHead<K> {
     /// The `head` the CUDA backend loaded beside the target, with a one-layer cache
     /// of the head's shape in the blocks of the target's `pool` (the scratch block
     /// included), address-audited, sized for `limits`.
-    pub fn beside(head: H, pool: &PoolInfo, limits: HeadLimits) -> anyhow::Result<GpuHead<H>> {
+    pub fn beside(
+        head: GpuDraftHead<K>,
+        pool: &PoolInfo,
+        limits: HeadLimits,
+    ) -> anyhow::Result<GpuHead<K>> {
         let layout = head.kv_layout(pool.layout.num_blocks, pool.layout.block_size);
-        audit(&layout, 2).map_err(|e| anyhow::anyhow!("{} KV address audit: {e}", H::NAME))?;
+        audit(&layout, 2).map_err(|e| anyhow::anyhow!("{} KV address audit: {e}", K::NAME))?;
         let cache = head.new_cache(layout)?;
         tracing::info!(
-            head = H::NAME,
+            head = K::NAME,
             blocks = layout.num_blocks,
             bytes_per_layer = cache.bytes_per_layer(),
             "draft head loaded beside the target"
@@ -87,12 +92,12 @@ impl<H: GpuDraftHead> GpuHead<H> {
     /// pool), its buffers holding `capacity`; graphs serve contexts up to `max_context` and
     /// their padded rows write into `scratch_slot`.
     pub fn new(
-        head: H,
+        head: GpuDraftHead<K>,
         cache: SharedKvCache,
         capacity: HeadCapacity,
         scratch_slot: i64,
         max_context: usize,
-    ) -> GpuHead<H> {
+    ) -> GpuHead<K> {
         let layout = *cache.lock().unwrap_or_else(|e| e.into_inner()).layout();
         GpuHead {
             head,
@@ -134,7 +139,7 @@ impl<H: GpuDraftHead> GpuHead<H> {
             let out = self
                 .head
                 .forward_greedy(tokens, input, &plan, &mut cache, rows, logits)
-                .with_context(|| format!("{} forward", H::NAME))?;
+                .with_context(|| format!("{} forward", K::NAME))?;
             let out = HeadStep {
                 greedy: out.drafts,
                 logits: out.logits,
@@ -187,7 +192,7 @@ impl<H: GpuDraftHead> GpuHead<H> {
             let out = self
                 .head
                 .forward_greedy(&ids, input, &plan, &mut cache, &local, logits)
-                .with_context(|| format!("{} forward", H::NAME))?;
+                .with_context(|| format!("{} forward", K::NAME))?;
             for (j, (&i, d)) in wanted.iter().zip(out.drafts).enumerate() {
                 drafts[i] = d;
                 if let (Some(all), Some(got)) = (&mut all_logits, &out.logits) {
@@ -234,7 +239,7 @@ impl<H: GpuDraftHead> GpuHead<H> {
         through_graph(graphs, tokens.len(), plan, |graph| {
             graph
                 .replay_first(tokens, features, plan, rows)
-                .with_context(|| format!("{} step-0 graph replay", H::NAME))
+                .with_context(|| format!("{} step-0 graph replay", K::NAME))
         })
     }
 
@@ -256,14 +261,14 @@ impl<H: GpuDraftHead> GpuHead<H> {
         through_graph(graphs, plan.seqs().len(), plan, |graph| {
             graph
                 .replay(tokens, pre, plan, logits)
-                .with_context(|| format!("{} graph replay", H::NAME))
+                .with_context(|| format!("{} graph replay", K::NAME))
         })
     }
 }
 
 /// Runs `replay` on the graph of `graphs` that holds `n` (rows or sequences) and the
 /// longest context of `plan`, if one does.
-fn through_graph<C: GraphedHead>(
+fn through_graph<C: DraftHeadKind>(
     graphs: &GraphCaptureManager<CapturedHead<C>>,
     n: usize,
     plan: &AttentionPlan,
@@ -283,7 +288,7 @@ fn through_graph<C: GraphedHead>(
     }
 }
 
-impl<H: GpuDraftHead> HeadRunner for GpuHead<H> {
+impl<K: DraftHeadKind> HeadRunner for GpuHead<K> {
     fn aux_width(&self) -> usize {
         self.head.aux_width()
     }
@@ -345,7 +350,7 @@ impl<H: GpuDraftHead> HeadRunner for GpuHead<H> {
         let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
             head.capture_decode(size, limits, cache)
         })
-        .with_context(|| format!("capturing the {}'s graphs", H::NAME))?;
+        .with_context(|| format!("capturing the {}'s graphs", K::NAME))?;
         let per_seq = self.capacity.first_rows;
         let first_graphs = match (head.feature_ring(), per_seq) {
             (Some(_), 2..) => {
@@ -357,7 +362,7 @@ impl<H: GpuDraftHead> HeadRunner for GpuHead<H> {
                 let graphs = GraphCaptureManager::capture(rows, |size| {
                     head.capture_first(size, limits, cache)
                 });
-                Some(graphs.with_context(|| format!("capturing the {}'s step-0 graphs", H::NAME))?)
+                Some(graphs.with_context(|| format!("capturing the {}'s step-0 graphs", K::NAME))?)
             }
             _ => None,
         };

@@ -17,8 +17,6 @@ mod draft_model;
 mod eagle3;
 #[cfg(feature = "cuda")]
 mod gpu_head;
-#[cfg(feature = "cuda")]
-mod gpu_heads;
 mod head_blocks;
 mod head_features;
 mod head_runner;
@@ -30,8 +28,6 @@ pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
 pub use gpu_head::{GpuHead, HeadCapacity};
-#[cfg(feature = "cuda")]
-pub use gpu_heads::GpuDraftHead;
 pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 

@@ -6,47 +6,36 @@
 //! halves of one `[T, 2H]` matrix; `g` (from `fc`, or the staged `pre`) is widened into the
 //! f32 residual stream, which becomes `h1`, then `h2` (the next step's `pre`).
 
-use super::feature_ring::FeatureRing;
-use super::{Eagle3Config, Eagle3Head, FeatureKind, HeadInput};
-use crate::gpu_graph::SharedGraphBuffers;
+use super::{DraftVocab, Eagle3Config, Eagle3Head, FeatureKind};
+use crate::draft_head_kind::DraftHeadKind;
+use crate::gpu_draft_head::GpuDraftHead;
 use crate::head_features::StagedFeatures;
-use crate::llama::{check_inputs, ForwardError};
 use crate::llama_gpu::{
     attend, project_logits, GpuForwardError, GpuModelOptions, LayerKv, LogitRows, SharedEmbedding,
     Workspace, WorkspaceDims,
 };
 use crate::weights::Weights;
 use crate::ModelConfig;
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, DriverError};
 use half::bf16;
-use peregrine_kernels::cpu::Matrix;
+use peregrine_kernels::cpu::{KvLayout, Matrix};
 use peregrine_kernels::cuda::attention::DecodeKernel;
 use peregrine_kernels::cuda::elementwise::{copy_columns, embedding};
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::norm::{add_rms_norm, rms_norm_columns};
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
+use peregrine_ops::cuda::attention::{
+    AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
+};
+use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::{AttentionPlan, Rotary, RotaryLayout};
+use peregrine_ops::{KvRows, Rotary, RotaryLayout};
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::path::Path;
 use std::sync::Arc;
 
-pub use super::gpu_graph::CapturedHeadDecode;
-use crate::head_graph::HeadGraphBuffers;
-
 /// An EAGLE-3 head on one GPU.
-pub struct GpuEagle3Head {
-    pub(super) core: Arc<HeadCore>,
-    /// The activations of eager steps.
-    work: HeadWorkspace,
-    /// The metadata of eager steps.
-    plan: DeviceAttentionPlan,
-    /// The buffers of the decode graphs, while any graph was captured from them.
-    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers<HeadCore>>,
-    /// The ring the target hands its features off in, where it does.
-    ring: Option<Arc<FeatureRing>>,
-}
+pub type GpuEagle3Head = GpuDraftHead<HeadCore>;
 
 /// The head's embedding table: its own, or the target's.
 enum HeadEmbedding {
@@ -56,11 +45,11 @@ enum HeadEmbedding {
 
 /// What every kernel of the head's forward reads and never writes; graphs hold it.
 pub struct HeadCore {
-    pub(super) config: Eagle3Config,
+    config: Eagle3Config,
     aux_layers: Vec<usize>,
-    vocab: super::DraftVocab,
-    pub(super) gpu: Arc<Gpu>,
-    pub(super) kernels: Arc<CudaKernels>,
+    vocab: DraftVocab,
+    gpu: Arc<Gpu>,
+    kernels: Arc<CudaKernels>,
     embed: HeadEmbedding,
     fc: CudaSlice<bf16>,
     input_norm: CudaSlice<bf16>,
@@ -77,16 +66,16 @@ pub struct HeadCore {
     positions: usize,
     interleaved: bool,
     attention: GpuPagedAttention,
-    pub(super) decode_kernel: DecodeKernel,
+    decode_kernel: DecodeKernel,
     gemm: Gemm,
 }
 
 /// The activations of one forward of the head, at its largest step.
 pub struct HeadWorkspace {
     /// The decoder layer's activations, logits `[logit rows, V_d]`.
-    pub(super) work: Workspace,
+    work: Workspace,
     /// The staged target features (`[tokens, fc_in]`) or `pre`.
-    pub(super) features: StagedFeatures,
+    features: StagedFeatures,
     /// bf16 `[tokens, H]`: `fc`'s output.
     g: CudaSlice<bf16>,
     /// f32 `[tokens, H]`: the tokens' embeddings.
@@ -95,21 +84,10 @@ pub struct HeadWorkspace {
     u: CudaSlice<bf16>,
 }
 
-/// The greedy drafts of one forward and every row's `pre`.
-#[derive(Clone, Debug, PartialEq)]
-pub struct GpuHeadDrafts {
-    /// The draft of each logit row, a target id.
-    pub drafts: Vec<u32>,
-    /// The draft-vocabulary logits of each logit row (`[rows, V_d]`), where asked.
-    pub logits: Option<Vec<f32>>,
-    /// `h2` of every row, f32 `[rows, H]`.
-    pub pre: Vec<f32>,
-}
-
 impl HeadWorkspace {
     /// Buffers for `max_tokens` tokens and `max_logit_rows` logit rows; room for target
     /// features only when `aux` (graphs run steps fed `pre`).
-    pub(super) fn new(
+    fn new(
         core: &HeadCore,
         max_tokens: usize,
         max_logit_rows: usize,
@@ -141,7 +119,7 @@ fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
     gpu.upload(&host)
 }
 
-impl GpuEagle3Head {
+impl GpuDraftHead<HeadCore> {
     /// Loads the head in `dir` for `target` onto `gpu`, reading the target's embedding
     /// table from `target_embed` when the head has none of its own. The tensors are read
     /// and checked as [`Eagle3Head::from_weights`] does, then converted to bf16.
@@ -234,214 +212,115 @@ impl GpuEagle3Head {
             gpu: gpu.clone(),
             kernels,
         };
-        // No kernel may read a weight still on its way (programmatic dependent launch).
-        gpu.synchronize()?;
-        let work = HeadWorkspace::new(&core, options.max_tokens, options.max_logit_rows, true)?;
-        let plan = DeviceAttentionPlan::growing(&gpu, decode_kernel)?;
-        Ok(GpuEagle3Head {
-            core: Arc::new(core),
-            work,
-            plan,
-            graph_buffers: SharedGraphBuffers::default(),
-            ring: None,
-        })
-    }
-
-    /// The ring the target hands its features off in, where the head reads one.
-    pub fn feature_ring(&self) -> Option<&FeatureRing> {
-        self.ring.as_deref()
-    }
-
-    /// [`GpuEagle3Head::feature_ring`], shared.
-    pub(super) fn feature_ring_handle(&self) -> Option<Arc<FeatureRing>> {
-        self.ring.clone()
-    }
-
-    /// From now on step 0 may read its features from `ring` ([`HeadInput::Ring`]), the
-    /// ring the target stores its recorded layer inputs into. Refused when its rows are not
-    /// as wide as `fc`'s input.
-    pub fn read_features_from(&mut self, ring: Arc<FeatureRing>) -> anyhow::Result<()> {
-        let width = self.core.width(FeatureKind::Aux);
-        anyhow::ensure!(
-            ring.width() == width,
-            "a feature ring of rows of {} for a head whose fc reads {width}",
-            ring.width()
-        );
-        self.ring = Some(ring);
-        Ok(())
+        GpuDraftHead::over(core, &options)
     }
 
     /// The head's configuration.
     pub fn config(&self) -> &Eagle3Config {
         &self.core.config
     }
-
-    /// The target layers whose inputs feed `fc`, in concatenation order.
-    pub fn aux_layers(&self) -> &[usize] {
-        &self.core.aux_layers
-    }
-
-    /// The positions the head serves: its rotary table's, the longer of its own context
-    /// and the target's.
-    pub fn max_positions(&self) -> usize {
-        self.core.positions
-    }
-
-    /// The device the head runs on.
-    pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.core.gpu
-    }
-
-    /// Bytes of K and V one token takes in the head's one-layer cache (bf16).
-    pub fn kv_bytes_per_token(&self) -> u64 {
-        let c = &self.core.config;
-        (2 * c.num_kv_heads * c.head_dim * 2) as u64
-    }
-
-    /// Runs `tokens` (one per planned row) with features `input` through the head, writing
-    /// their keys and values into layer 0 of `cache`, and returns the draft-vocabulary
-    /// logits of `logit_rows` (`[rows, V_d]`) and every row's `pre`, as
-    /// [`Eagle3Head::forward`] does.
-    pub fn forward(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-    ) -> Result<super::HeadOutput, GpuForwardError> {
-        self.run(tokens, input, plan, cache, logit_rows)?;
-        let (gpu, n) = (&self.core.gpu, tokens.len());
-        let (h, v) = (
-            self.core.config.hidden_size,
-            self.core.config.draft_vocab_size,
-        );
-        let w = &self.work.work;
-        Ok(super::HeadOutput {
-            logits: gpu.download(&w.logits.slice(0..logit_rows.len() * v))?,
-            pre: gpu.download(&w.residual.slice(0..n * h))?,
-        })
-    }
-
-    /// [`GpuEagle3Head::forward`], choosing each logit row's greedy draft on the device
-    /// (and, with `logits`, downloading the rows' logits too).
-    pub fn forward_greedy(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        self.run(tokens, input, plan, cache, logit_rows)?;
-        let core = &*self.core;
-        core.argmax(&mut self.work.work, logit_rows.len())?;
-        core.drafts(&self.work.work, tokens.len(), logit_rows.len(), logits)
-    }
-
-    /// The draft vocabulary (draft id to target id).
-    pub fn vocab(&self) -> &super::DraftVocab {
-        &self.core.vocab
-    }
-
-    /// Checks and stages a step, then queues its forward.
-    fn run(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-    ) -> Result<(), GpuForwardError> {
-        let core = &*self.core;
-        let (n, r) = (tokens.len(), logit_rows.len());
-        core.check(tokens, input, plan, logit_rows, &self.work, cache)?;
-        let ring = self.ring.as_deref();
-        self.work
-            .features
-            .stage(&core.gpu, &core.kernels, input, ring)?;
-        self.plan.stage(tokens, plan, logit_rows)?;
-        let every_row = logit_rows.iter().copied().eq(0..n);
-        let kind = input.kind();
-        core.launch(&mut self.work, n, r, every_row, kind, &self.plan, cache)
-    }
 }
 
 impl HeadCore {
-    /// The width of one row of the feature of `kind`.
-    fn width(&self, kind: FeatureKind) -> usize {
+    /// The embedding table the head reads.
+    fn embedding(&self) -> CudaView<'_, bf16> {
+        match &self.embed {
+            HeadEmbedding::Own(table) => table.as_view(),
+            HeadEmbedding::Target(shared) => shared.table(),
+        }
+    }
+}
+
+impl DraftHeadKind for HeadCore {
+    type Work = HeadWorkspace;
+    const NAME: &'static str = "EAGLE-3 head";
+
+    fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn kernels(&self) -> &CudaKernels {
+        &self.kernels
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    fn vocab(&self) -> &DraftVocab {
+        &self.vocab
+    }
+
+    fn aux_layers(&self) -> &[usize] {
+        &self.aux_layers
+    }
+
+    fn feature_width(&self, kind: FeatureKind) -> usize {
         match kind {
             FeatureKind::Aux => self.fc.len() / self.config.hidden_size,
             FeatureKind::Pre => self.config.hidden_size,
         }
     }
 
-    /// Refuses a step the buffers, the rotary table or the cache cannot hold.
-    pub(super) fn check(
-        &self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        work: &HeadWorkspace,
-        cache: &GpuKvCache,
-    ) -> Result<(), GpuForwardError> {
+    /// Its rotary table's: the longer of its own context and the target's.
+    fn max_positions(&self) -> usize {
+        self.positions
+    }
+
+    fn kv_bytes_per_token(&self) -> u64 {
         let c = &self.config;
-        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
-        let (n, r) = (tokens.len(), logit_rows.len());
-        // A ring row holds a whole row of features.
-        let (len, width) = match input.host() {
-            Some((kind, features)) => (features.len(), self.width(kind)),
-            None => (input.rows(), 1),
-        };
-        if len != n * width {
-            return Err(ForwardError::HiddenShape {
-                what: "head features",
-                len,
-                rows: n,
-                width,
-            }
-            .into());
-        }
-        if n > work.work.max_tokens {
-            let max = work.work.max_tokens;
-            return Err(GpuForwardError::TooManyTokens { tokens: n, max });
-        }
-        if r > work.work.max_logit_rows {
-            let max = work.work.max_logit_rows;
-            return Err(GpuForwardError::TooManyLogitRows { rows: r, max });
-        }
-        self.check_positions(plan)?;
-        if cache.num_layers() != 1 {
-            let layers = cache.num_layers();
-            return Err(GpuForwardError::CacheLayers {
-                cache: layers,
-                model: 1,
-            });
-        }
-        Ok(())
+        (2 * c.num_kv_heads * c.head_dim * 2) as u64
     }
 
-    /// Refuses a plan with a position past the rotary table.
-    pub(super) fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError> {
-        match plan.positions().iter().max() {
-            Some(&position) if position as usize >= self.positions => {
-                Err(GpuForwardError::Position {
-                    position,
-                    max: self.positions,
-                })
-            }
-            _ => Ok(()),
-        }
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        self.config.kv_layout(num_blocks, block_size)
     }
 
-    /// Queues the forward of the `n` rows staged in `dplan` (features of `kind` staged in
-    /// `w`), leaving the logits of its `r` logit rows in `w.work.logits` and every row's
-    /// `pre` in `w.work.residual`. Reads no host value of the step but its sizes, so that a
-    /// graph captured from it serves every step staged into the same buffers.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    fn kv_rows(&self) -> KvRows {
+        KvRows::KeysAndValues
+    }
+
+    fn decode_kernel(&self) -> DecodeKernel {
+        self.decode_kernel
+    }
+
+    fn growing_plan(&self) -> Result<DeviceAttentionPlan, DriverError> {
+        DeviceAttentionPlan::growing(&self.gpu, self.decode_kernel)
+    }
+
+    fn fixed_plan(&self, capacity: PlanCapacity) -> Result<DeviceAttentionPlan, AttentionError> {
+        let c = &self.config;
+        DeviceAttentionPlan::fixed(
+            &self.gpu,
+            self.decode_kernel,
+            capacity,
+            c.num_heads,
+            c.head_dim,
+        )
+    }
+
+    fn work(
+        &self,
+        rows: usize,
+        logit_rows: usize,
+        features: bool,
+    ) -> anyhow::Result<HeadWorkspace> {
+        Ok(HeadWorkspace::new(self, rows, logit_rows, features)?)
+    }
+
+    fn layer_work(work: &mut HeadWorkspace) -> &mut Workspace {
+        &mut work.work
+    }
+
+    fn features(work: &mut HeadWorkspace) -> &mut StagedFeatures {
+        &mut work.features
+    }
+
+    fn launch(
         &self,
         w: &mut HeadWorkspace,
         n: usize,
@@ -466,7 +345,7 @@ impl HeadCore {
         // g into the residual stream, in f32.
         match kind {
             FeatureKind::Aux => {
-                let fc_in = self.width(kind);
+                let fc_in = self.feature_width(kind);
                 let g = &mut w.g.slice_mut(0..n * h);
                 let aux = w.features.aux.slice(0..n * fc_in);
                 gemm.linear(k, stream, &aux, &self.fc.as_view(), g, n, h)?;
@@ -526,45 +405,5 @@ impl HeadCore {
         };
         let head = self.lm_head.as_view();
         project_logits(k, stream, gemm, &normed.as_view(), h, &head, dplan, out)
-    }
-
-    /// The embedding table the head reads.
-    fn embedding(&self) -> CudaView<'_, bf16> {
-        match &self.embed {
-            HeadEmbedding::Own(table) => table.as_view(),
-            HeadEmbedding::Target(shared) => shared.table(),
-        }
-    }
-
-    /// Queues the argmax of the first `rows` logit rows of `w` into its ids.
-    pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
-        let v = self.config.draft_vocab_size;
-        w.argmax(&self.kernels, self.gpu.stream(), rows, v)
-    }
-
-    /// The drafts (target ids) of the first `r` argmax ids of `w` and the `pre` of its
-    /// first `n` rows (with `logits`, the first `r` logit rows too), downloaded (waits for
-    /// the stream).
-    pub(super) fn drafts(
-        &self,
-        w: &Workspace,
-        n: usize,
-        r: usize,
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        let ids = self.gpu.download(&w.ids.slice(0..r))?;
-        let (h, v) = (self.config.hidden_size, self.config.draft_vocab_size);
-        let logits = match logits {
-            true => Some(self.gpu.download(&w.logits.slice(0..r * v))?),
-            false => None,
-        };
-        Ok(GpuHeadDrafts {
-            drafts: ids
-                .into_iter()
-                .map(|id| self.vocab.target(id as usize))
-                .collect(),
-            logits,
-            pre: self.gpu.download(&w.residual.slice(0..n * h))?,
-        })
     }
 }

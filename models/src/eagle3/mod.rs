@@ -16,8 +16,8 @@
 //! - [`vocab`]: draft id → target id.
 //! - `feature_ring` (`cuda` feature): the target's features handed to the head on the
 //!   device.
-//! - `gpu` and `gpu_graph` (`cuda` feature): the head on the GPU, eagerly and through CUDA
-//!   graphs of its decode step.
+//! - `gpu` (`cuda` feature): the head's kind on the GPU (its weights and forward), which
+//!   `gpu_draft_head` runs eagerly and `head_graph` through CUDA graphs.
 
 pub mod config;
 #[cfg(feature = "cuda")]
@@ -25,8 +25,6 @@ pub mod feature_ring;
 pub mod forward;
 #[cfg(feature = "cuda")]
 pub mod gpu;
-#[cfg(feature = "cuda")]
-mod gpu_graph;
 pub mod load;
 pub mod record;
 pub mod stage;

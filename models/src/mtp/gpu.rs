@@ -15,18 +15,17 @@
 
 use super::MtpError;
 use crate::config::ModelConfig;
-use crate::eagle3::feature_ring::FeatureRing;
-use crate::eagle3::gpu::GpuHeadDrafts;
-use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
-use crate::gpu_graph::SharedGraphBuffers;
+use crate::draft_head_kind::DraftHeadKind;
+use crate::eagle3::{DraftVocab, FeatureKind};
+use crate::gpu_draft_head::GpuDraftHead;
 use crate::head_features::StagedFeatures;
-use crate::llama::{check_inputs, rotary_of, ForwardError};
+use crate::llama::rotary_of;
 use crate::llama_gpu::{
-    attention_plan, norm_into, project_logits, GpuForwardError, GpuLayer, GpuModelOptions,
-    LayerInput, LayerStep, LogitRows, RandomWeights, SharedEmbedding, Workspace,
+    attention_plan, norm_into, project_logits, scratch_heads, GpuForwardError, GpuLayer,
+    GpuModelOptions, LayerInput, LayerStep, LogitRows, RandomWeights, SharedEmbedding, Workspace,
 };
 use crate::weights::Weights;
-use cudarc::driver::{CudaSlice, CudaView};
+use cudarc::driver::{CudaSlice, CudaView, DriverError};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
@@ -34,28 +33,18 @@ use peregrine_kernels::cuda::elementwise::{copy_columns, embedding_past_first};
 use peregrine_kernels::cuda::gemm::Gemm;
 use peregrine_kernels::cuda::norm::{rms_norm, rms_norm_columns};
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
+use peregrine_ops::cuda::attention::{
+    AttentionError, DeviceAttentionPlan, GpuPagedAttention, RotaryTable,
+};
+use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::AttentionPlan;
+use peregrine_ops::KvRows;
 use peregrine_runtime::cuda::{Gpu, GpuError};
 use std::path::Path;
 use std::sync::Arc;
 
-pub use super::gpu_graph::CapturedMtpStep;
-use crate::head_graph::HeadGraphBuffers;
-
 /// A multi-token prediction head on one GPU.
-pub struct GpuMtpHead {
-    pub(super) core: Arc<MtpCore>,
-    /// The activations of eager steps.
-    work: MtpWorkspace,
-    /// The metadata of eager steps: the head's own, staged over its own rows.
-    plan: DeviceAttentionPlan,
-    /// The buffers of the graphs, while any graph was captured from them.
-    pub(super) graph_buffers: SharedGraphBuffers<HeadGraphBuffers<MtpCore>>,
-    /// The ring the target hands its last-layer outputs off in, where it does.
-    ring: Option<Arc<FeatureRing>>,
-}
+pub type GpuMtpHead = GpuDraftHead<MtpCore>;
 
 /// A table the head reads: its own (the checkpoint stores one in the layer), or the
 /// target's.
@@ -78,11 +67,11 @@ impl Table {
 /// What every kernel of the head's forward reads and never writes; graphs hold it.
 pub struct MtpCore {
     /// The target's configuration: the layer is of its shapes.
-    pub(super) config: ModelConfig,
+    config: ModelConfig,
     aux: [usize; 1],
     vocab: DraftVocab,
-    pub(super) gpu: Arc<Gpu>,
-    pub(super) kernels: Arc<CudaKernels>,
+    gpu: Arc<Gpu>,
+    kernels: Arc<CudaKernels>,
     embed: Table,
     lm_head: Table,
     /// The target's final norm, which its last-layer output goes through at step 0.
@@ -96,17 +85,17 @@ pub struct MtpCore {
     cos_sin: CudaSlice<f32>,
     interleaved: bool,
     attention: GpuPagedAttention,
-    pub(super) decode_kernel: DecodeKernel,
+    decode_kernel: DecodeKernel,
     gemm: Gemm,
 }
 
 /// The activations of one forward of the head, at its largest step.
 pub struct MtpWorkspace {
     /// The layer's activations, logits `[logit rows, vocab]`, `pre` in the residual.
-    pub(super) work: Workspace,
+    work: Workspace,
     /// The staged target outputs (`[tokens, H]`) or `pre`; a step fed the target's
     /// outputs leaves its `g` in the `pre` buffer.
-    pub(super) features: StagedFeatures,
+    features: StagedFeatures,
     /// f32 `[tokens, H]`: the tokens' embeddings.
     e: CudaSlice<f32>,
     /// bf16 `[tokens, 2H]`: `eh_proj`'s input.
@@ -115,7 +104,7 @@ pub struct MtpWorkspace {
 
 impl MtpWorkspace {
     /// Buffers for `max_tokens` tokens and `max_logit_rows` logit rows.
-    pub(super) fn new(
+    fn new(
         core: &MtpCore,
         max_tokens: usize,
         max_logit_rows: usize,
@@ -147,7 +136,7 @@ struct MtpParams {
     head_norm: CudaSlice<bf16>,
 }
 
-impl GpuMtpHead {
+impl GpuDraftHead<MtpCore> {
     /// The first multi-token prediction layer of the checkpoint in `dir` (its
     /// `model.layers.{num_hidden_layers}.*`) for the target `target` onto `gpu`, reading
     /// the target's embedding table and output projection from `shared` unless the layer
@@ -261,90 +250,12 @@ impl GpuMtpHead {
             gpu: gpu.clone(),
             kernels,
         };
-        // No kernel may read a weight still on its way (programmatic dependent launch).
-        gpu.synchronize()?;
-        let work = MtpWorkspace::new(&core, options.max_tokens, options.max_logit_rows)?;
-        let plan = attention_plan(
-            &core.config,
-            &core.kernels,
-            DeviceAttentionPlan::growing(&gpu, decode_kernel)?,
-        );
-        Ok(GpuMtpHead {
-            core: Arc::new(core),
-            work,
-            plan,
-            graph_buffers: SharedGraphBuffers::default(),
-            ring: None,
-        })
-    }
-
-    /// The ring the target hands its last-layer outputs off in, where the head reads one.
-    pub fn feature_ring(&self) -> Option<&FeatureRing> {
-        self.ring.as_deref()
-    }
-
-    /// [`GpuMtpHead::feature_ring`], shared.
-    pub(super) fn feature_ring_handle(&self) -> Option<Arc<FeatureRing>> {
-        self.ring.clone()
-    }
-
-    /// From now on step 0 may read its features from `ring` ([`HeadInput::Ring`]), the
-    /// ring the target stores its last-layer outputs into. Refused when its rows are not
-    /// `H` wide.
-    pub fn read_features_from(&mut self, ring: Arc<FeatureRing>) -> anyhow::Result<()> {
-        let h = self.core.config.hidden_size;
-        anyhow::ensure!(
-            ring.width() == h,
-            "a feature ring of rows of {} for a head that reads rows of {h}",
-            ring.width()
-        );
-        self.ring = Some(ring);
-        Ok(())
+        GpuDraftHead::over(core, &options)
     }
 
     /// The target's configuration, whose shapes the head's layer has.
     pub fn config(&self) -> &ModelConfig {
         &self.core.config
-    }
-
-    /// The one target "layer" the head reads: layer `num_layers`'s input, the last layer's
-    /// output.
-    pub fn aux_layers(&self) -> &[usize] {
-        &self.core.aux
-    }
-
-    /// Its draft vocabulary: the target's.
-    pub fn vocab(&self) -> &DraftVocab {
-        &self.core.vocab
-    }
-
-    /// The positions the head serves: the target's.
-    pub fn max_positions(&self) -> usize {
-        self.core.config.max_model_len
-    }
-
-    /// The device the head runs on.
-    pub fn gpu(&self) -> &Arc<Gpu> {
-        &self.core.gpu
-    }
-
-    /// Bytes one token takes in the head's one-layer cache (bf16): one layer of the
-    /// target's.
-    pub fn kv_bytes_per_token(&self) -> u64 {
-        let c = &self.core.config;
-        c.kv_bytes_per_token(2) / c.num_layers.max(1) as u64
-    }
-
-    /// The head's one-layer cache layout over `num_blocks` blocks of `block_size` tokens.
-    pub fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
-        self.core.config.kv_layout(num_blocks, block_size)
-    }
-
-    /// A zeroed one-layer cache of [`GpuMtpHead::kv_layout`], holding what the target's
-    /// attention keeps.
-    pub fn new_cache(&self, num_blocks: u64, block_size: u64) -> Result<GpuKvCache, GpuError> {
-        let layout = self.kv_layout(num_blocks, block_size);
-        GpuKvCache::with_rows(&self.core.gpu, 1, layout, self.core.config.kv_rows())
     }
 
     /// Bytes of the head's own parameters (the target's tables it reads are not counted).
@@ -358,137 +269,100 @@ impl GpuMtpHead {
         let small: u64 = small.iter().map(|s| 2 * s.len() as u64).sum();
         c.layer.bytes() + small + own(&c.embed) + own(&c.lm_head)
     }
-
-    /// Runs `tokens` (one per planned row) with features `input` through the head, writing
-    /// their cache rows into layer 0 of `cache`, and returns the logits of `logit_rows`
-    /// (`[rows, vocab]`) and every row's `pre`, as [`MtpHead::forward`](super::MtpHead::forward)
-    /// does.
-    pub fn forward(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-    ) -> Result<HeadOutput, GpuForwardError> {
-        self.run(tokens, input, plan, cache, logit_rows)?;
-        let (gpu, n, r) = (&self.core.gpu, tokens.len(), logit_rows.len());
-        let (h, v) = (self.core.config.hidden_size, self.core.config.vocab_size);
-        let w = &self.work.work;
-        Ok(HeadOutput {
-            logits: gpu.download(&w.logits.slice(0..r * v))?,
-            pre: gpu.download(&w.residual.slice(0..n * h))?,
-        })
-    }
-
-    /// [`GpuMtpHead::forward`], choosing each logit row's greedy draft on the device (and,
-    /// with `logits`, downloading the rows' logits too).
-    pub fn forward_greedy(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        self.run(tokens, input, plan, cache, logit_rows)?;
-        let core = &*self.core;
-        core.argmax(&mut self.work.work, logit_rows.len())?;
-        core.drafts(&self.work.work, tokens.len(), logit_rows.len(), logits)
-    }
-
-    /// Checks and stages a step, then queues its forward.
-    fn run(
-        &mut self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        cache: &mut GpuKvCache,
-        logit_rows: &[usize],
-    ) -> Result<(), GpuForwardError> {
-        let core = &*self.core;
-        let (n, r) = (tokens.len(), logit_rows.len());
-        core.check(tokens, input, plan, logit_rows, &self.work.work, cache)?;
-        let ring = self.ring.as_deref();
-        self.work
-            .features
-            .stage(&core.gpu, &core.kernels, input, ring)?;
-        self.plan.stage(tokens, plan, logit_rows)?;
-        let every_row = logit_rows.iter().copied().eq(0..n);
-        let kind = input.kind();
-        core.launch(&mut self.work, n, r, every_row, kind, &self.plan, cache)
-    }
 }
 
-impl MtpCore {
-    /// Refuses a step the buffers, the rotary table or the cache cannot hold.
-    pub(super) fn check(
-        &self,
-        tokens: &[u32],
-        input: HeadInput,
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        work: &Workspace,
-        cache: &GpuKvCache,
-    ) -> Result<(), GpuForwardError> {
+impl DraftHeadKind for MtpCore {
+    type Work = MtpWorkspace;
+    const NAME: &'static str = "MTP head";
+
+    fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    fn kernels(&self) -> &CudaKernels {
+        &self.kernels
+    }
+
+    fn hidden_size(&self) -> usize {
+        self.config.hidden_size
+    }
+
+    fn vocab_size(&self) -> usize {
+        self.config.vocab_size
+    }
+
+    /// The target's.
+    fn vocab(&self) -> &DraftVocab {
+        &self.vocab
+    }
+
+    /// The one target "layer" the head reads: layer `num_layers`'s input, the last
+    /// layer's output.
+    fn aux_layers(&self) -> &[usize] {
+        &self.aux
+    }
+
+    /// The target's last-layer outputs and the head's own `pre` are both `H` wide.
+    fn feature_width(&self, _kind: FeatureKind) -> usize {
+        self.config.hidden_size
+    }
+
+    /// The target's.
+    fn max_positions(&self) -> usize {
+        self.config.max_model_len
+    }
+
+    /// One layer of the target's.
+    fn kv_bytes_per_token(&self) -> u64 {
         let c = &self.config;
-        check_inputs(tokens, plan, logit_rows, c.vocab_size)?;
-        let (n, r) = (tokens.len(), logit_rows.len());
-        // A ring row holds a whole row.
-        let (len, width) = match input.host() {
-            Some((_, features)) => (features.len(), c.hidden_size),
-            None => (input.rows(), 1),
-        };
-        if len != n * width {
-            return Err(ForwardError::HiddenShape {
-                what: "head features",
-                len,
-                rows: n,
-                width,
-            }
-            .into());
-        }
-        if n > work.max_tokens {
-            let max = work.max_tokens;
-            return Err(GpuForwardError::TooManyTokens { tokens: n, max });
-        }
-        if r > work.max_logit_rows {
-            let max = work.max_logit_rows;
-            return Err(GpuForwardError::TooManyLogitRows { rows: r, max });
-        }
-        self.check_positions(plan)?;
-        if cache.num_layers() != 1 {
-            let layers = cache.num_layers();
-            return Err(GpuForwardError::CacheLayers {
-                cache: layers,
-                model: 1,
-            });
-        }
-        if cache.rows() != c.kv_rows() {
-            let (cache, model) = (cache.rows(), c.kv_rows());
-            return Err(GpuForwardError::CacheRows { cache, model });
-        }
-        Ok(())
+        c.kv_bytes_per_token(2) / c.num_layers.max(1) as u64
     }
 
-    /// Refuses a plan with a position past the rotary table.
-    pub(super) fn check_positions(&self, plan: &AttentionPlan) -> Result<(), GpuForwardError> {
-        let max = self.config.max_model_len;
-        match plan.positions().iter().max() {
-            Some(&position) if position as usize >= max => {
-                Err(GpuForwardError::Position { position, max })
-            }
-            _ => Ok(()),
-        }
+    fn kv_layout(&self, num_blocks: u64, block_size: u64) -> KvLayout {
+        self.config.kv_layout(num_blocks, block_size)
     }
 
-    /// Queues the forward of the `n` rows staged in `dplan` (features of `kind` staged in
-    /// `w`), leaving the logits of its `r` logit rows in `w.work.logits` and every row's
-    /// `pre` in `w.work.residual`. Reads no host value of the step but its sizes, so that a
-    /// graph captured from it serves every step staged into the same buffers.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn launch(
+    fn kv_rows(&self) -> KvRows {
+        self.config.kv_rows()
+    }
+
+    fn decode_kernel(&self) -> DecodeKernel {
+        self.decode_kernel
+    }
+
+    /// Under latent attention cut as the target's plans are ([`attention_plan`]).
+    fn growing_plan(&self) -> Result<DeviceAttentionPlan, DriverError> {
+        let plan = DeviceAttentionPlan::growing(&self.gpu, self.decode_kernel)?;
+        Ok(attention_plan(&self.config, &self.kernels, plan))
+    }
+
+    /// Under latent attention cut as the target's plans are ([`attention_plan`]).
+    fn fixed_plan(&self, capacity: PlanCapacity) -> Result<DeviceAttentionPlan, AttentionError> {
+        let (heads, width) = scratch_heads(&self.config);
+        let plan =
+            DeviceAttentionPlan::fixed(&self.gpu, self.decode_kernel, capacity, heads, width)?;
+        Ok(attention_plan(&self.config, &self.kernels, plan))
+    }
+
+    /// Room for the target's outputs whatever `features` says: they are `H` wide.
+    fn work(
+        &self,
+        rows: usize,
+        logit_rows: usize,
+        _features: bool,
+    ) -> anyhow::Result<MtpWorkspace> {
+        Ok(MtpWorkspace::new(self, rows, logit_rows)?)
+    }
+
+    fn layer_work(work: &mut MtpWorkspace) -> &mut Workspace {
+        &mut work.work
+    }
+
+    fn features(work: &mut MtpWorkspace) -> &mut StagedFeatures {
+        &mut work.features
+    }
+
+    fn launch(
         &self,
         w: &mut MtpWorkspace,
         n: usize,
@@ -561,36 +435,5 @@ impl MtpCore {
         };
         let head = self.lm_head.view();
         project_logits(k, stream, gemm, &b.normed.as_view(), h, &head, dplan, out)
-    }
-
-    /// Queues the argmax of the first `rows` logit rows of `w` into its ids.
-    pub(super) fn argmax(&self, w: &mut Workspace, rows: usize) -> Result<(), GpuForwardError> {
-        w.argmax(
-            &self.kernels,
-            self.gpu.stream(),
-            rows,
-            self.config.vocab_size,
-        )
-    }
-
-    /// The drafts of the first `r` argmax ids of `w` and the `pre` of its first `n` rows
-    /// (with `logits`, the first `r` logit rows too), downloaded (waits for the stream).
-    pub(super) fn drafts(
-        &self,
-        w: &Workspace,
-        n: usize,
-        r: usize,
-        logits: bool,
-    ) -> Result<GpuHeadDrafts, GpuForwardError> {
-        let (h, v) = (self.config.hidden_size, self.config.vocab_size);
-        let logits = match logits {
-            true => Some(self.gpu.download(&w.logits.slice(0..r * v))?),
-            false => None,
-        };
-        Ok(GpuHeadDrafts {
-            drafts: self.gpu.download(&w.ids.slice(0..r))?,
-            logits,
-            pre: self.gpu.download(&w.residual.slice(0..n * h))?,
-        })
     }
 }

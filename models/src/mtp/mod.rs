@@ -16,8 +16,6 @@
 
 #[cfg(feature = "cuda")]
 pub mod gpu;
-#[cfg(feature = "cuda")]
-mod gpu_graph;
 
 use crate::config::ModelConfig;
 use crate::cpu_graph::head::{forward_eagerly, GraphHead, HeadIo};

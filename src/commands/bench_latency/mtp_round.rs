@@ -11,7 +11,7 @@ use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::HeadInput;
 use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
-use peregrine_models::mtp::gpu::GpuMtpHead;
+use peregrine_models::mtp::gpu::{GpuMtpHead, MtpCore};
 use peregrine_ops::SeqSpec;
 use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
@@ -20,7 +20,7 @@ use std::time::Instant;
 
 /// The layer's runner with its own cache, and the ring its step 0 reads.
 pub struct MtpRound {
-    runner: GpuHead<GpuMtpHead>,
+    runner: GpuHead<MtpCore>,
     ring: Arc<FeatureRing>,
     gpu: Arc<Gpu>,
     kernels: Arc<CudaKernels>,
@@ -65,7 +65,7 @@ impl MtpRound {
             c.hidden_size,
         )?);
         head.read_features_from(ring.clone())?;
-        let cache = head.new_cache(num_blocks, block_size as u64)?;
+        let cache = head.new_cache(head.kv_layout(num_blocks, block_size as u64))?;
         let capacity = HeadCapacity {
             max_tokens: options.max_tokens,
             max_logit_rows: options.max_logit_rows,
