@@ -2,15 +2,21 @@
 # The EAGLE-3 recipe's GPU stages for SmolLM2-135M-Instruct, run on the GPU machine by
 # scripts/gpu_run.sh (which unpacks the peregrine binary and converts the default model's
 # GGUF to /tmp/smollm2 first):
-#   tools/eagle3/gpu.sh data BIN   serve the target with Peregrine on the GPU and collect its
-#                                  answers to the held-out and training prompts
-#                                  (generate.py): /tmp/eagle3/*.jsonl, gzipped into $OUT
+#   tools/eagle3/gpu.sh data BIN   serve the target with Peregrine on the GPU; have it write
+#                                  prompts from the seeds (self_prompts.py, up to
+#                                  $EAGLE3_SELF_COUNT in $EAGLE3_SELF_DEADLINE s); build the
+#                                  sets with the registry collections' prompts carried in
+#                                  $EAGLE3_PROMPTS (target/eagle3-prompts/; build_sets.py: train, the
+#                                  held-back slice, the unseen evaluation set); collect the
+#                                  target's answers to each (generate.py; the training set's
+#                                  until $EAGLE3_DEADLINE s): /tmp/eagle3/*.jsonl, gzipped
+#                                  into $OUT in parts under 15 MB, with each stage's time
 #   tools/eagle3/gpu.sh train BIN  train the head (train.py, $EAGLE3_MINUTES minutes, 7.6 by
-#                                  default) on /tmp/eagle3 (or on the answers carried in
-#                                  target/eagle3-data/), print its offline acceptance on the
-#                                  held-out answers, write it to $OUT/head, then run
-#                                  `bench spec` with it on the GPU against no speculation
-#                                  (unless EAGLE3_BENCH=0)
+#                                  default, continuing from $EAGLE3_INIT if set) on
+#                                  /tmp/eagle3, print its offline acceptance on the unseen
+#                                  set and on the held-back slice side by side, write it to
+#                                  $OUT/head, then run `bench spec` with it on the GPU
+#                                  against no speculation (unless EAGLE3_BENCH=0)
 # Each stage's log goes to $OUT as it runs.
 set -uo pipefail
 cd "$(dirname "$0")"
@@ -30,31 +36,52 @@ data)
         (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null && break
         sleep 0.5
     done
-    start=$(date +%s)
-    python3 generate.py prompts/heldout.jsonl "$work/heldout.jsonl" --url http://127.0.0.1:$port \
-        --concurrency 200 2>&1 | tee "$OUT/generate.log"
-    python3 generate.py prompts/train.jsonl "$work/train.jsonl" --url http://127.0.0.1:$port \
-        --variants greedy,sampled,hot --concurrency 256 --deadline "${EAGLE3_DEADLINE:-330}" 2>&1 | tee -a "$OUT/generate.log"
-    echo "data stage: $(($(date +%s) - start)) s" | tee -a "$OUT/generate.log"
+    url=http://127.0.0.1:$port log="$OUT/generate.log"
+    timed() { # STAGE COMMAND...: runs it, then logs its time
+        local start=$(date +%s)
+        "${@:2}" 2>&1 | tee -a "$log"
+        echo "$1: $(($(date +%s) - start)) s" | tee -a "$log"
+    }
+    timed "self-written prompts" python3 self_prompts.py "$work/self.jsonl" --url $url \
+        --count "${EAGLE3_SELF_COUNT:-30000}" --concurrency 256 \
+        --deadline "${EAGLE3_SELF_DEADLINE:-120}"
+    prompts=${EAGLE3_PROMPTS:-../../target/eagle3-prompts}
+    timed "sets" python3 build_sets.py --out "$work/sets" --self "$work/self.jsonl" \
+        --collections "$prompts/collections-train.jsonl.gz" \
+        --unseen "$prompts/collections-eval.jsonl.gz" --templated prompts/train.jsonl
+    cp "$work/sets/sources.json" "$OUT/"
+    for set in unseen heldback; do
+        timed "$set answers" python3 generate.py "$work/sets/$set.jsonl" "$work/$set.jsonl" \
+            --url $url --variants greedy,sampled --concurrency 256
+    done
+    timed "training answers" python3 generate.py "$work/sets/train.jsonl" "$work/train.jsonl" \
+        --url $url --variants greedy,sampled --concurrency 256 \
+        --deadline "${EAGLE3_DEADLINE:-300}"
     kill $server
     wait $server
     tail -5 "$work/serve.log" >"$OUT/serve-tail.log"
-    gzip -c "$work/heldout.jsonl" >"$OUT/heldout.jsonl.gz"
-    gzip -c "$work/train.jsonl" >"$OUT/train.jsonl.gz"
+    (cd "$work" && tar czf - self.jsonl sets unseen.jsonl heldback.jsonl train.jsonl) |
+        split -b 15M -d - "$OUT/eagle3-data.tar.gz.part"
     ;;
 train)
-    for f in heldout train; do
-        if [ ! -s "$work/$f.jsonl" ] && [ -f "../../target/eagle3-data/$f.jsonl.gz" ]; then
-            gunzip -c "../../target/eagle3-data/$f.jsonl.gz" >"$work/$f.jsonl"
-        fi
-    done
+    # The answers: from the data stage on this machine, or carried back in its parts.
+    if [ ! -s "$work/train.jsonl" ]; then
+        cat ../../target/eagle3-data/eagle3-data.tar.gz.part* | tar xzf - -C "$work" || exit 1
+    fi
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/train.log"
-    python3 train.py --target /tmp/smollm2 --data "$work/train.jsonl" --heldout "$work/heldout.jsonl" \
-        --out "$work/head" --minutes "${EAGLE3_MINUTES:-7.6}" 2>&1 | tee -a "$OUT/train.log"
+    init=()
+    [ -n "${EAGLE3_INIT:-}" ] && init=(--init "$EAGLE3_INIT")
+    python3 train.py --target /tmp/smollm2 --data "$work/train.jsonl" --heldout "$work/unseen.jsonl" \
+        --out "$work/head" --minutes "${EAGLE3_MINUTES:-7.6}" "${init[@]}" 2>&1 | tee -a "$OUT/train.log"
     mkdir -p "$OUT/head"
     cp "$work"/head/* "$OUT/head/"
+    for set in unseen heldback; do
+        echo "== offline acceptance, $set" | tee -a "$OUT/train.log"
+        python3 evaluate.py --target /tmp/smollm2 --head "$work/head" --data "$work/$set.jsonl" \
+            2>&1 | tee -a "$OUT/train.log"
+    done
     # The held-out prompts as Peregrine's bench spec dataset (the chat template applied).
-    python3 - "$work/heldout.jsonl" "$work/heldout_bench.jsonl" <<'PY'
+    python3 - "$work/unseen.jsonl" "$work/heldout_bench.jsonl" <<'PY'
 import json, sys
 from transformers import AutoTokenizer
 tok = AutoTokenizer.from_pretrained("/tmp/smollm2")
