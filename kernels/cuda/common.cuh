@@ -248,6 +248,69 @@ __device__ __forceinline__ unsigned pack_bf16x2(float lo, float hi) {
     return (unsigned)__bfloat16_as_ushort(to_bf16(lo)) |
            ((unsigned)__bfloat16_as_ushort(to_bf16(hi)) << 16);
 }
+
+// The online softmax of one key tile held in a warp's mma fragments (flash attention 2):
+// the scores s of the thread's rows g (elements 0, 1) and g + 8 (elements 2, 3), of keys
+// k0 + 8n + 2 quad (and + 1), masked past each row's last key (pos_lo, pos_hi) where
+// `mask`, become the rows' probabilities: the maxima over raw scores, the exponents in
+// log2 units with the scale folded into one fma (the four lanes holding a row combine by a
+// two-step butterfly). The rows' running max m (raw scores) and this thread's share of
+// their sums l are updated and the output acc rescaled. Every row must see key 0 in its
+// first tile, so the maxima are finite from then on; a tile wholly past a row's last key
+// leaves it exactly as it was.
+template <int KEY_TILES, int DIM_TILES>
+__device__ __forceinline__ void flash_tile_softmax(float (&s)[KEY_TILES][4], float (&acc)[DIM_TILES][4],
+                                                   bool mask, int k0, int quad, int pos_lo,
+                                                   int pos_hi, float scale_log2, float& m_lo,
+                                                   float& m_hi, float& l_lo, float& l_hi) {
+    if (mask) {
+#pragma unroll
+        for (int n = 0; n < KEY_TILES; ++n) {
+            const int key = k0 + n * 8 + 2 * quad;
+            if (key > pos_lo) s[n][0] = NEG_INF;
+            if (key + 1 > pos_lo) s[n][1] = NEG_INF;
+            if (key > pos_hi) s[n][2] = NEG_INF;
+            if (key + 1 > pos_hi) s[n][3] = NEG_INF;
+        }
+    }
+    float max_lo = NEG_INF, max_hi = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < KEY_TILES; ++n) {
+        max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
+        max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
+    }
+    max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 1));
+    max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 2));
+    max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 1));
+    max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 2));
+    const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
+    // The guard keeps -inf - -inf out of the arithmetic before the first key.
+    const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo * scale_log2;
+    const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi * scale_log2;
+    const float alpha_lo = exp2f(m_lo * scale_log2 - use_lo);
+    const float alpha_hi = exp2f(m_hi * scale_log2 - use_hi);
+    float sum_lo = 0.0f, sum_hi = 0.0f;
+#pragma unroll
+    for (int n = 0; n < KEY_TILES; ++n) {
+        s[n][0] = exp2f(fmaf(s[n][0], scale_log2, -use_lo));
+        s[n][1] = exp2f(fmaf(s[n][1], scale_log2, -use_lo));
+        s[n][2] = exp2f(fmaf(s[n][2], scale_log2, -use_hi));
+        s[n][3] = exp2f(fmaf(s[n][3], scale_log2, -use_hi));
+        sum_lo += s[n][0] + s[n][1];
+        sum_hi += s[n][2] + s[n][3];
+    }
+    l_lo = l_lo * alpha_lo + sum_lo;
+    l_hi = l_hi * alpha_hi + sum_hi;
+    m_lo = new_lo;
+    m_hi = new_hi;
+#pragma unroll
+    for (int n = 0; n < DIM_TILES; ++n) {
+        acc[n][0] *= alpha_lo;
+        acc[n][1] *= alpha_lo;
+        acc[n][2] *= alpha_hi;
+        acc[n][3] *= alpha_hi;
+    }
+}
 #endif
 
 // silu(g) * u, the arithmetic of the MLP's activation wherever a kernel computes it.

@@ -198,56 +198,9 @@ __device__ __forceinline__ void mla_prefill_mma(MLA_PREFILL_PARAMS) {
                 const float2 y = *reinterpret_cast<const float2*>(hi + n * 8);
                 s[n][0] = x.x, s[n][1] = x.y, s[n][2] = y.x, s[n][3] = y.y;
             }
-            // The causal mask (only where the tile reaches past the warp's first row), then
-            // the online softmax of rows g and g + 8.
-            if (k0 + MLA_MMA_BK - 1 > warp_first) {
-#pragma unroll
-                for (int n = 0; n < SCORE_TILES; ++n) {
-                    const int key = k0 + n * 8 + 2 * quad;
-                    if (key > pos_lo) s[n][0] = NEG_INF;
-                    if (key + 1 > pos_lo) s[n][1] = NEG_INF;
-                    if (key > pos_hi) s[n][2] = NEG_INF;
-                    if (key + 1 > pos_hi) s[n][3] = NEG_INF;
-                }
-            }
-            float max_lo = NEG_INF, max_hi = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < SCORE_TILES; ++n) {
-                max_lo = fmaxf(max_lo, fmaxf(s[n][0], s[n][1]));
-                max_hi = fmaxf(max_hi, fmaxf(s[n][2], s[n][3]));
-            }
-            max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 1));
-            max_lo = fmaxf(max_lo, SHFL_XOR(max_lo, 2));
-            max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 1));
-            max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 2));
-            const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
-            // Key 0 is in the first tile and every row sees it, so the maxima are finite
-            // from then on; the guard keeps -inf - -inf out of the arithmetic.
-            const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo * scale_log2;
-            const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi * scale_log2;
-            const float alpha_lo = exp2f(m_lo * scale_log2 - use_lo);
-            const float alpha_hi = exp2f(m_hi * scale_log2 - use_hi);
-            float sum_lo = 0.0f, sum_hi = 0.0f;
-#pragma unroll
-            for (int n = 0; n < SCORE_TILES; ++n) {
-                s[n][0] = exp2f(fmaf(s[n][0], scale_log2, -use_lo));
-                s[n][1] = exp2f(fmaf(s[n][1], scale_log2, -use_lo));
-                s[n][2] = exp2f(fmaf(s[n][2], scale_log2, -use_hi));
-                s[n][3] = exp2f(fmaf(s[n][3], scale_log2, -use_hi));
-                sum_lo += s[n][0] + s[n][1];
-                sum_hi += s[n][2] + s[n][3];
-            }
-            l_lo = l_lo * alpha_lo + sum_lo;
-            l_hi = l_hi * alpha_hi + sum_hi;
-            m_lo = new_lo;
-            m_hi = new_hi;
-#pragma unroll
-            for (int n = 0; n < DIM_TILES; ++n) {
-                acc[n][0] *= alpha_lo;
-                acc[n][1] *= alpha_lo;
-                acc[n][2] *= alpha_hi;
-                acc[n][3] *= alpha_hi;
-            }
+            // The causal mask only where the tile reaches past the warp's first row.
+            const bool mask = k0 + MLA_MMA_BK - 1 > warp_first;
+            flash_tile_softmax(s, acc, mask, k0, quad, pos_lo, pos_hi, scale_log2, m_lo, m_hi, l_lo, l_hi);
 #pragma unroll
             for (int kk = 0; kk < MLA_MMA_BK / 16; ++kk) {
                 // The probabilities of keys kk*16 .. kk*16 + 15 as an A fragment.

@@ -6,7 +6,7 @@
 //! 65,536; a plan of more rows than q or o, and prefill rows without tensor cores, refused
 //! on the host with nothing launched.
 
-use super::{assert_close, random_f32, rng, setup, setup_cuda_cores, to_bf16, to_f32};
+use super::{assert_close, random_f32, rng, setup, setup_cuda_cores, to_bf16, to_f32, Setup};
 use half::bf16;
 use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
 use peregrine_kernels::cuda::attention::DecodeKernel;
@@ -123,6 +123,42 @@ fn check(
     );
 }
 
+/// Runs the op for `specs` over an 8-block zeroed pool with q and o of `rows` real rows (o
+/// a sentinel), expecting a refusal: returns the error once o is checked untouched.
+fn refused(s: &Setup, specs: &[SeqSpec], rows: usize) -> AttentionError {
+    let layout = layout(8);
+    let cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
+    let plan = AttentionPlan::new(specs, BLOCK, layout.num_blocks).unwrap();
+    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
+    let q = s
+        .gpu
+        .upload(&vec![bf16::ONE; rows * HEADS * WIDTH])
+        .unwrap();
+    let mut o = s
+        .gpu
+        .upload(&vec![sentinel(); rows * HEADS * LATENT])
+        .unwrap();
+    let op = GpuMlaAttention {
+        num_heads: HEADS,
+        latent: LATENT,
+        scale: SCALE,
+    };
+    let err = op
+        .forward(
+            &s.kernels,
+            s.gpu.stream(),
+            &q.slice(..),
+            &cache,
+            &layout,
+            &dplan,
+            &mut o.slice_mut(..),
+        )
+        .unwrap_err();
+    let back = s.gpu.download(&o).unwrap();
+    assert!(back.iter().all(|x| x.to_bits() == sentinel().to_bits()));
+    err
+}
+
 /// One-row sequences of `contexts`.
 fn decode_rows(contexts: &[usize]) -> Vec<(usize, usize)> {
     contexts.iter().map(|&c| (c, 1)).collect()
@@ -203,40 +239,14 @@ fn mla_prefill_matches_the_cpu_in_whole_prompts_chunks_and_beside_decode_rows() 
 #[test]
 fn mla_prefill_without_tensor_cores_is_refused_with_nothing_launched() {
     let Some(s) = setup_cuda_cores() else { return };
-    let layout = layout(8);
-    let cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
     let table = [0u32, 1, 2];
     let specs = [SeqSpec {
         num_cached: 0,
         num_new: 40,
         block_table: &table,
     }];
-    let plan = AttentionPlan::new(&specs, BLOCK, layout.num_blocks).unwrap();
-    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
-    let q = s.gpu.upload(&vec![bf16::ONE; 40 * HEADS * WIDTH]).unwrap();
-    let mut o = s
-        .gpu
-        .upload(&vec![sentinel(); 40 * HEADS * LATENT])
-        .unwrap();
-    let op = GpuMlaAttention {
-        num_heads: HEADS,
-        latent: LATENT,
-        scale: SCALE,
-    };
-    let err = op
-        .forward(
-            &s.kernels,
-            s.gpu.stream(),
-            &q.slice(..),
-            &cache,
-            &layout,
-            &dplan,
-            &mut o.slice_mut(..),
-        )
-        .unwrap_err();
+    let err = refused(s, &specs, 40);
     assert!(err.to_string().contains("one row a sequence"), "{err}");
-    let back = s.gpu.download(&o).unwrap();
-    assert!(back.iter().all(|x| x.to_bits() == sentinel().to_bits()));
 }
 
 #[test]
@@ -308,8 +318,6 @@ fn mla_past_4_gib_reads_rows_past_2_31_over_576_exactly() {
 #[test]
 fn a_plan_past_q_or_o_is_refused_with_nothing_launched() {
     let Some(s) = setup() else { return };
-    let layout = layout(8);
-    let cache = s.gpu.zeros::<bf16>(layout.layer_elems() as usize).unwrap();
     let tables = [vec![0u32], vec![1], vec![2]];
     let specs: Vec<SeqSpec> = tables
         .iter()
@@ -320,26 +328,7 @@ fn a_plan_past_q_or_o_is_refused_with_nothing_launched() {
         })
         .collect();
     // Three rows planned (as a padded plan would be) over q and o of the two real rows.
-    let plan = AttentionPlan::new(&specs, BLOCK, layout.num_blocks).unwrap();
-    let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
-    let q = s.gpu.upload(&vec![bf16::ONE; 2 * HEADS * WIDTH]).unwrap();
-    let mut o = s.gpu.upload(&vec![sentinel(); 2 * HEADS * LATENT]).unwrap();
-    let op = GpuMlaAttention {
-        num_heads: HEADS,
-        latent: LATENT,
-        scale: SCALE,
-    };
-    let err = op
-        .forward(
-            &s.kernels,
-            s.gpu.stream(),
-            &q.slice(..),
-            &cache,
-            &layout,
-            &dplan,
-            &mut o.slice_mut(..),
-        )
-        .unwrap_err();
+    let err = refused(s, &specs, 2);
     assert!(
         matches!(
             err,
@@ -347,6 +336,4 @@ fn a_plan_past_q_or_o_is_refused_with_nothing_launched() {
         ),
         "{err}"
     );
-    let back = s.gpu.download(&o).unwrap();
-    assert!(back.iter().all(|x| x.to_bits() == sentinel().to_bits()));
 }
