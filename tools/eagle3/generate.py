@@ -12,6 +12,8 @@ previous answer); each completion item once. Each answer becomes one line of OUT
 where prompt_ids are the ids the server built (chat template applied) and output_ids the
 ids it generated (`return_token_ids`). `greedy` is temperature 0; `sampled` is temperature
 0.7 and `hot` temperature 1.0, both with top_p 0.95 and seeded per item. Items not started by --deadline seconds are skipped.
+A turn the server refuses (400: a conversation past the context, say) ends its item with
+the turns before it kept; the refusals are counted and the first few printed.
 Standard library only.
 """
 
@@ -21,6 +23,7 @@ import json
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 VARIANTS = {
@@ -37,22 +40,41 @@ def post(url, body, timeout=600):
         return json.loads(r.read())
 
 
+class Refused(Exception):
+    """The server refused a turn with a 400 (a conversation past the context, say): the
+    records of the turns before it, and the server's message."""
+
+    def __init__(self, records, message):
+        super().__init__(message)
+        self.records = records
+
+
 def answer(args, item, variant, seed):
-    """The records of one item under one variant."""
+    """The records of one item under one variant; Refused where the server refuses a turn."""
     params = {"model": args.model, "max_tokens": args.max_tokens, "return_token_ids": True,
               **VARIANTS[variant]}
     if variant != "greedy":
         params["seed"] = seed
     out = []
     if item["kind"] == "completion":
-        r = post(args.url + "/v1/completions", {**params, "prompt": item["prompt"]})
+        try:
+            r = post(args.url + "/v1/completions", {**params, "prompt": item["prompt"]})
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                raise
+            raise Refused(out, e.read().decode("utf-8", "replace")[:300]) from None
         c = r["choices"][0]
         out.append(record(item, variant, 0, c["prompt_token_ids"], c))
         return out
     messages = []
     for turn, text in enumerate(item["turns"]):
         messages.append({"role": "user", "content": text})
-        r = post(args.url + "/v1/chat/completions", {**params, "messages": messages})
+        try:
+            r = post(args.url + "/v1/chat/completions", {**params, "messages": messages})
+        except urllib.error.HTTPError as e:
+            if e.code != 400:
+                raise
+            raise Refused(out, e.read().decode("utf-8", "replace")[:300]) from None
         c = r["choices"][0]
         out.append(record(item, variant, turn, r["prompt_token_ids"], c))
         messages.append({"role": "assistant", "content": c["message"]["content"]})
@@ -82,6 +104,7 @@ def main():
     jobs = [(item, v, i) for i, item in enumerate(items) for v in variants]
     start = time.time()
     lock, done, tokens, skipped = threading.Lock(), [0], [0], [0]
+    refused = []  # (item id, the server's message) of each refused turn
     with open(a.out, "w") as f:
         def run(job):
             item, v, seed = job
@@ -89,7 +112,12 @@ def main():
                 with lock:
                     skipped[0] += 1
                 return
-            recs = answer(a, item, v, seed)
+            try:
+                recs = answer(a, item, v, seed)
+            except Refused as e:
+                recs = e.records
+                with lock:
+                    refused.append((item["id"], str(e)))
             with lock:
                 for r in recs:
                     f.write(json.dumps(r) + "\n")
@@ -104,8 +132,11 @@ def main():
             for fut in [pool.submit(run, j) for j in jobs]:
                 fut.result()
     el = time.time() - start
-    print(f"{a.out}: {done[0]} of {len(jobs)} answered ({skipped[0]} past the deadline), "
-          f"{tokens[0]} output tokens in {el:.1f} s ({tokens[0] / max(el, 1e-9):.0f} tokens/s)")
+    print(f"{a.out}: {done[0]} of {len(jobs)} answered ({skipped[0]} past the deadline, "
+          f"{len(refused)} with a turn the server refused), {tokens[0]} output tokens in "
+          f"{el:.1f} s ({tokens[0] / max(el, 1e-9):.0f} tokens/s)")
+    for item_id, message in refused[:3]:
+        print(f"  refused: {item_id}: {message}")
     if done[0] == 0:
         sys.exit("no answers")
 
