@@ -44,7 +44,7 @@ data)
     }
     timed "self-written prompts" python3 self_prompts.py "$work/self.jsonl" --url $url \
         --count "${EAGLE3_SELF_COUNT:-30000}" --concurrency 256 \
-        --deadline "${EAGLE3_SELF_DEADLINE:-120}"
+        --deadline "${EAGLE3_SELF_DEADLINE:-150}"
     prompts=${EAGLE3_PROMPTS:-../../target/eagle3-prompts}
     timed "sets" python3 build_sets.py --out "$work/sets" --self "$work/self.jsonl" \
         --collections "$prompts/collections-train.jsonl.gz" \
