@@ -5,7 +5,7 @@
 //! graph: docs/architecture.md, rule 5), the graphs of one step per context class, the
 //! scratch step a graph is captured from, and the capture itself.
 
-use crate::llama_gpu::GpuForwardError;
+use crate::llama_gpu::forward::GpuForwardError;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 use peregrine_kernels::cpu::KvLayout;

@@ -2,7 +2,8 @@
 //! graphs and speculation), its text streamed to stdout, then the speeds.
 
 use crate::cli::GenerateArgs;
-use crate::commands::engine::{load_backend, model_dir, start};
+use crate::commands::engine::{load_backend, start};
+use crate::commands::model_dir;
 use anyhow::{bail, Context};
 use peregrine_actors::messages::{
     FinishReason, GenerateRequest, RequestEvent, RequestId, RequestSpec, SchedulerMsg,

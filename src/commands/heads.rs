@@ -20,7 +20,7 @@ const CHECKOUT_HEADS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/heads");
 /// folder (its multi-token prediction layers); otherwise none.
 pub fn draft_dir(config: &ServeConfig) -> anyhow::Result<Option<PathBuf>> {
     if config.speculative_method == Some(SpeculativeMethod::Mtp) {
-        return Ok(Some(crate::commands::engine::model_dir(config)?.0));
+        return Ok(Some(crate::commands::model_dir(config)?.0));
     }
     let wants_default = config.draft_model.is_none()
         && config.model.is_none()

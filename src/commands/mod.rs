@@ -9,10 +9,12 @@ mod engine;
 mod fetch;
 mod generate;
 mod heads;
+mod kv_dtype;
 mod perplexity;
 mod serve;
 
 use crate::cli::{BenchCommand, Cli, Command, ModelArgs};
+use peregrine_config::ServeConfig;
 use peregrine_models::fetch::{default_cache_dir, fetch_model, model_folder};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -48,6 +50,20 @@ pub fn run(cli: Cli) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The model directory `config` names (for a `.gguf` file, its folder in the cache), or
+/// the default model (fetched on first use), with the name it is served under unless
+/// `served_model_name` says otherwise.
+pub fn model_dir(config: &ServeConfig) -> anyhow::Result<(PathBuf, String)> {
+    let cache = default_cache_dir(config.cache_dir.as_deref())?;
+    Ok(match &config.model {
+        Some(path) => (model_folder(path, &cache)?, path.display().to_string()),
+        None => (
+            fetch_model(DEFAULT_MODEL, &cache)?,
+            DEFAULT_MODEL.to_string(),
+        ),
+    })
 }
 
 /// The model directory: `--model` (a GGUF file's folder in the cache for a `.gguf`), or

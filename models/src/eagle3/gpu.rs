@@ -11,8 +11,8 @@ use crate::draft_head_kind::DraftHeadKind;
 use crate::gpu_draft_head::GpuDraftHead;
 use crate::head_features::StagedFeatures;
 use crate::llama_gpu::{
-    attend, project_logits, GpuForwardError, GpuModelOptions, LayerKv, LogitRows, SharedEmbedding,
-    Workspace, WorkspaceDims,
+    attend, project_logits, to_device, GpuForwardError, GpuModelOptions, LayerKv, LogitRows,
+    SharedEmbedding, Workspace, WorkspaceDims,
 };
 use crate::weights::Weights;
 use crate::ModelConfig;
@@ -114,11 +114,6 @@ impl HeadWorkspace {
     }
 }
 
-fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
-    let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
-    gpu.upload(&host)
-}
-
 impl GpuDraftHead<HeadCore> {
     /// Loads the head in `dir` for `target` onto `gpu`, reading the target's embedding
     /// table from `target_embed` when the head has none of its own. The tensors are read
@@ -142,7 +137,7 @@ impl GpuDraftHead<HeadCore> {
             Arc::new(Matrix::empty(target.hidden_size)),
         )?;
         let embed = if own {
-            HeadEmbedding::Own(upload(&gpu, &host.weights.embed.to_f32())?)
+            HeadEmbedding::Own(to_device(&gpu, &host.weights.embed.to_f32())?)
         } else {
             HeadEmbedding::Target(target_embed)
         };
@@ -158,7 +153,7 @@ impl GpuDraftHead<HeadCore> {
         kernels: Arc<CudaKernels>,
         options: GpuModelOptions,
     ) -> anyhow::Result<GpuEagle3Head> {
-        let embed = HeadEmbedding::Own(upload(&gpu, &host.weights.embed.to_f32())?);
+        let embed = HeadEmbedding::Own(to_device(&gpu, &host.weights.embed.to_f32())?);
         GpuEagle3Head::new(host, embed, max_positions, gpu, kernels, options)
     }
 
@@ -172,7 +167,7 @@ impl GpuDraftHead<HeadCore> {
     ) -> anyhow::Result<GpuEagle3Head> {
         let c = host.config.clone();
         let w = &*host.weights;
-        let up = |values: &[f32]| upload(&gpu, values);
+        let up = |values: &[f32]| to_device(&gpu, values);
         let rotary = Rotary::new(
             c.head_dim,
             c.rope_theta,

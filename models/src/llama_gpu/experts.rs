@@ -6,7 +6,7 @@
 //! routed sum in the order of the experts' indices plus the shared experts' output
 //! (`moe_combine`). A row's result depends on its own input alone.
 
-use super::weights::{to_device, GpuWeightError, RandomWeights};
+use super::upload::{to_device, GpuWeightError, RandomWeights};
 use super::GpuForwardError;
 use crate::config::{GroupScore, ModelConfig, MoeConfig, Scoring};
 use crate::weights::Weights;

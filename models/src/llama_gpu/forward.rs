@@ -1,6 +1,6 @@
 //! The forward pass on the GPU, kernel for kernel the CPU `LlamaModel::forward`.
 
-use super::layer::{LayerInput, LayerStep};
+use super::step::{LayerInput, LayerStep};
 use super::{GpuLlama, LlamaCore, StepBuffers, Workspace};
 use crate::config::ModelConfig;
 use crate::llama::{check_inputs, ForwardError};

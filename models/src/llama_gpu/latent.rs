@@ -5,8 +5,8 @@
 //! (every sequence cut into one-row sequences, so prefill rows run as the decode rows they
 //! would be), each head's output expanded by its `W_UV` (batched) and `o_proj`.
 
-use super::layer::LayerStep;
-use super::weights::{to_device, GpuWeightError, RandomWeights};
+use super::step::LayerStep;
+use super::upload::{to_device, GpuWeightError, RandomWeights};
 use super::GpuForwardError;
 use crate::config::{MlaConfig, ModelConfig};
 use crate::weights::Weights;

@@ -5,40 +5,13 @@
 use super::experts::{mix, ExpertBuffers};
 use super::forward::{attend, LayerKv};
 use super::latent::attend_latent;
+use super::step::{LayerInput, LayerStep};
 use super::weights::{GpuAttention, GpuLayer, GpuMlp};
 use super::{GpuForwardError, StepBuffers};
-use crate::config::ModelConfig;
-use cudarc::driver::CudaStream;
 use peregrine_kernels::cuda::elementwise::add_bias;
-use peregrine_kernels::cuda::gemm::{Gemm, NormedInput};
+use peregrine_kernels::cuda::gemm::NormedInput;
 use peregrine_kernels::cuda::norm::{add_rms_norm, head_rms_norm};
-use peregrine_kernels::cuda::CudaKernels;
-use peregrine_ops::cuda::attention::{DeviceAttentionPlan, GpuPagedAttention, RotaryTable};
 use peregrine_ops::cuda::GpuKvCache;
-
-/// What a decoder layer's kernels read besides its weights, buffers and cache: the model's
-/// shapes, the handles of its stream and the step's plan.
-pub(crate) struct LayerStep<'a, 'b> {
-    pub kernels: &'a CudaKernels,
-    pub stream: &'a CudaStream,
-    pub gemm: &'a Gemm,
-    pub config: &'a ModelConfig,
-    pub attention: &'a GpuPagedAttention,
-    pub rotary: RotaryTable<'a, 'b>,
-    pub plan: &'a DeviceAttentionPlan,
-}
-
-/// How a layer's input reaches it.
-#[derive(Clone, Copy)]
-pub(crate) enum LayerInput {
-    /// Normed into `normed` already; the layer's output is left in `delta`, for the next
-    /// norm to add.
-    Normed,
-    /// Still in the residual stream, the input norm (`input_norm`) folded into the first
-    /// product and every output added into the residual stream (a one-row decode step of a
-    /// plain Llama-family model, `Gemm::fuses_norms`).
-    Fused,
-}
 
 impl LayerStep<'_, '_> {
     /// Queues `layer`'s attention (its cache rows written into layer `cache_layer` of

@@ -2,10 +2,12 @@
 //! `LlamaModel` kernel for kernel, logits in f32. Built with the `cuda` feature.
 
 mod experts;
-mod forward;
+pub(crate) mod forward;
 mod graph;
 mod latent;
 mod layer;
+mod step;
+mod upload;
 mod weights;
 mod workspace;
 
@@ -14,8 +16,10 @@ pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, norm_into, project_logits, LayerKv, LogitRows};
 pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep, StepMasks};
 pub use latent::{GpuLatent, LatentBuffers};
-pub(crate) use layer::{LayerInput, LayerStep};
-pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights, RandomWeights};
+pub(crate) use step::{LayerInput, LayerStep};
+pub(crate) use upload::to_device;
+pub use upload::{GpuWeightError, RandomWeights};
+pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights};
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;

@@ -21,7 +21,7 @@ use crate::gpu_draft_head::GpuDraftHead;
 use crate::head_features::StagedFeatures;
 use crate::llama::rotary_of;
 use crate::llama_gpu::{
-    attention_plan, norm_into, project_logits, scratch_heads, GpuForwardError, GpuLayer,
+    attention_plan, norm_into, project_logits, scratch_heads, to_device, GpuForwardError, GpuLayer,
     GpuModelOptions, LayerInput, LayerStep, LogitRows, RandomWeights, SharedEmbedding, Workspace,
 };
 use crate::weights::Weights;
@@ -119,11 +119,6 @@ impl MtpWorkspace {
     }
 }
 
-fn upload(gpu: &Gpu, values: &[f32]) -> Result<CudaSlice<bf16>, GpuError> {
-    let host: Vec<bf16> = values.iter().map(|&v| bf16::from_f32(v)).collect();
-    gpu.upload(&host)
-}
-
 /// The head's parameters but the rotary table and handles.
 struct MtpParams {
     embed: Table,
@@ -158,7 +153,7 @@ impl GpuDraftHead<MtpCore> {
         let p = format!("model.layers.{l}");
         let get = |name: &str, shape: &[usize]| -> anyhow::Result<CudaSlice<bf16>> {
             let values = w.f32(name, shape).map_err(MtpError::from)?;
-            Ok(upload(&gpu, &values)?)
+            Ok(to_device(&gpu, &values)?)
         };
         let own = |name: &str, fallback: Table| -> anyhow::Result<Table> {
             let name = format!("{p}.{name}");

@@ -24,7 +24,7 @@ use peregrine_runtime::cuda::Gpu;
 use peregrine_runtime::{Padding, StageError, StagedInput};
 use std::sync::{Arc, Mutex};
 
-use super::attention::AttentionError;
+use super::attention_error::AttentionError;
 
 /// What a fixed-layout plan has room for: the steps of a decode (or verification) graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

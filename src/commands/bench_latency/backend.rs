@@ -82,36 +82,26 @@ pub fn blocks_needed(args: &BenchLatencyArgs, largest: usize) -> u64 {
     (largest * tokens.div_ceil(args.block_size)) as u64
 }
 
-/// Opens the model `args` names on the device it names.
-pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn LatencyModel>> {
-    match args.device.as_str() {
-        "cpu" => {
-            if args.random_weights.is_some() {
-                bail!("--random-weights makes its weights on the GPU: use it with --device cuda");
-            }
-            let dir = crate::commands::resolve_model(&args.model)?;
-            let model = LlamaModel::load(&dir)?;
-            let dtype =
-                crate::commands::engine::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
-            let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
-            let cache =
-                KvCache::try_with_dtype(model.config().num_layers, layout, model.kv_rows(), dtype)?;
-            Ok(Box::new(CpuModel { model, cache }))
-        }
-        #[cfg(feature = "cuda")]
-        "cuda" => {
-            crate::commands::engine::check_gpu_kv_dtype(args.kv_cache_dtype)?;
-            Ok(Box::new(super::gpu::GpuModel::open(args)?))
-        }
-        #[cfg(not(feature = "cuda"))]
-        "cuda" => bail!("this binary was built without the `cuda` feature"),
-        other => bail!("--device {other}: expected cpu or cuda"),
-    }
-}
-
-struct CpuModel {
+/// The model on the CPU with a pool for the benchmark's largest batch.
+pub struct CpuModel {
     model: LlamaModel,
     cache: KvCache,
+}
+
+impl CpuModel {
+    /// The model `args` names, with a KV pool for batches of up to `largest` sequences.
+    pub fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<CpuModel> {
+        if args.random_weights.is_some() {
+            bail!("--random-weights makes its weights on the GPU: use it with --device cuda");
+        }
+        let dir = crate::commands::resolve_model(&args.model)?;
+        let model = LlamaModel::load(&dir)?;
+        let dtype = crate::commands::kv_dtype::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
+        let layout = model.kv_layout(blocks_needed(args, largest), args.block_size as u64);
+        let cache =
+            KvCache::try_with_dtype(model.config().num_layers, layout, model.kv_rows(), dtype)?;
+        Ok(CpuModel { model, cache })
+    }
 }
 
 /// Greedy tokens of `rows` rows of logits.

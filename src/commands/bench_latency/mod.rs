@@ -8,10 +8,26 @@ mod gpu;
 mod mtp_round;
 
 use crate::cli::BenchLatencyArgs;
-use backend::LatencyModel;
+use anyhow::bail;
+use backend::{CpuModel, LatencyModel};
 use peregrine_config::MAX_SPECULATIVE_TOKENS;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::time::Instant;
+
+/// Opens the model `args` names on the device it names.
+fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn LatencyModel>> {
+    match args.device.as_str() {
+        "cpu" => Ok(Box::new(CpuModel::open(args, largest)?)),
+        #[cfg(feature = "cuda")]
+        "cuda" => {
+            crate::commands::kv_dtype::check_gpu_kv_dtype(args.kv_cache_dtype)?;
+            Ok(Box::new(gpu::GpuModel::open(args)?))
+        }
+        #[cfg(not(feature = "cuda"))]
+        "cuda" => bail!("this binary was built without the `cuda` feature"),
+        other => bail!("--device {other}: expected cpu or cuda"),
+    }
+}
 
 /// Runs the benchmark and prints one line per batch size, then, with --verify-rows, one
 /// line per batch size of verification steps against decode steps.
@@ -24,7 +40,7 @@ pub fn run(args: BenchLatencyArgs) -> anyhow::Result<()> {
             1 + MAX_SPECULATIVE_TOKENS
         );
     }
-    let mut model = backend::open(&args, largest)?;
+    let mut model = open(&args, largest)?;
     let command: Vec<String> = std::env::args().collect();
     println!("command: {}", command.join(" "));
     println!("{}", model.describe());

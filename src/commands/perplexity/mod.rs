@@ -63,7 +63,7 @@ pub fn run(args: PerplexityArgs) -> anyhow::Result<()> {
         bos.map_or("no BOS".to_string(), |id| format!("BOS {id} first"))
     );
     let num_blocks = n_ctx.div_ceil(BLOCK_SIZE);
-    let dtype = crate::commands::engine::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
+    let dtype = crate::commands::kv_dtype::cpu_kv_dtype(args.kv_cache_dtype, model.kv_rows())?;
     let layout = model.kv_layout(num_blocks as u64, BLOCK_SIZE as u64);
     let mut cache =
         KvCache::try_with_dtype(model.config().num_layers, layout, model.kv_rows(), dtype)?;

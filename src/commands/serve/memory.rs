@@ -24,7 +24,7 @@ pub fn footprint(config: &ServeConfig, model: &ModelConfig) -> CpuFootprint {
         _ => 0,
     };
     let kv_dtype =
-        crate::commands::engine::cpu_kv_dtype(Some(config.kv_cache_dtype), model.kv_rows())
+        crate::commands::kv_dtype::cpu_kv_dtype(Some(config.kv_cache_dtype), model.kv_rows())
             .unwrap_or(KvDtype::Float32);
     CpuFootprint::new(model, kv_dtype, config.block_size, max_model_len, aux)
 }

@@ -7,7 +7,8 @@ pub(crate) mod reload;
 mod signals;
 pub(crate) mod speculation;
 
-use crate::commands::engine::{load_backend, model_dir, start};
+use crate::commands::engine::{load_backend, start};
+use crate::commands::model_dir;
 use actix_web::web;
 use anyhow::Context;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
