@@ -84,12 +84,13 @@
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
 #                                 /tmp/gguf-parts/, which outlives the call while the
 #                                 machine stays warm (a file over one call's 64 MiB travels
-#                                 in parts: `split -n 3 -d MODEL.gguf`, one part per
+#                                 in parts: `split -n 4 -d MODEL.gguf`, one part per
 #                                 call, since the tree with the shipped EAGLE-3 head
-#                                 takes about 23 MB)
+#                                 takes about 29 MB)
 #   scripts/gpu_run.sh smollm2    joins /tmp/gguf-parts/* and converts it to /tmp/smollm2
 #   scripts/gpu_run.sh eagle3data (after smollm2) the EAGLE-3 recipe's data stage:
-#                                 tools/eagle3/gpu.sh data
+#                                 tools/eagle3/gpu.sh data (the registry collections'
+#                                 prompts in $EAGLE3_PROMPTS or target/eagle3-prompts/)
 #   scripts/gpu_run.sh eagle3train the EAGLE-3 recipe's training stage: tools/eagle3/gpu.sh
 #                                 train
 #   scripts/gpu_run.sh eagle3time  (after smollm2) where a served step's time goes, with the
