@@ -229,8 +229,9 @@ impl Scheduler {
             self.pending.runner_release.push(id);
         }
         let usage = seq.usage();
-        seq.send(RequestEvent::Finished { reason, usage });
+        // Counted before the client hears of it, so /metrics never lags what a client saw.
         metrics::record_finish(reason, usage.prompt_tokens, seq.req.arrival.elapsed());
+        seq.send(RequestEvent::Finished { reason, usage });
         info!(request_id = %id, reason = reason.as_str(), completion_tokens = usage.completion_tokens, "finished");
     }
 
