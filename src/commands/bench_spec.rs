@@ -10,8 +10,6 @@
 
 use super::bench_serve::prompts;
 use super::engine::load_backend;
-use super::heads::draft_dir;
-use super::serve::speculation::build_drafter;
 use crate::cli::BenchSpecArgs;
 use peregrine_actors::backend::Loaded;
 use peregrine_actors::engine::{start_engine, EngineSettings};
@@ -200,20 +198,9 @@ async fn run_engine(
     let eos = peregrine_models::ModelConfig::from_dir(dir)?.eos_token_ids;
     let config = engine_config(args, speculate)?;
     let Loaded {
-        target: mut backend,
-        beside,
+        target: backend,
+        drafter,
     } = load_backend(&config, dir)?;
-    let drafter = if speculate {
-        Some(build_drafter(
-            args.speculative_method,
-            draft_dir(&config)?.as_deref(),
-            (args.ngram_min, args.ngram_max),
-            backend.as_mut(),
-            beside,
-        )?)
-    } else {
-        None
-    };
     let settings = EngineSettings {
         block_size: args.block_size,
         prefix_caching: false,

@@ -6,9 +6,10 @@ use crate::commands::kv_dtype::cpu_kv_dtype;
 use crate::commands::serve::memory;
 use crate::commands::serve::memory::graph_sizes;
 use crate::commands::serve::reload::limits;
-use crate::commands::serve::speculation::load_drafter;
+use crate::commands::serve::speculation::draft_spec;
 use anyhow::Context;
 use peregrine_actors::backend::{cpu_backend_with, Loaded};
+use peregrine_actors::draft::cpu_drafter;
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::kv_disk::model_fingerprint;
 use peregrine_actors::kv_events::{start_publisher, KvEventSink, WireFormat};
@@ -16,9 +17,17 @@ use peregrine_config::{DeviceKind, ServeConfig};
 use peregrine_models::LlamaModel;
 use std::path::Path;
 
-/// The model of `dir` with its KV pool on the configured device, and the drafter loaded
-/// beside it there.
+/// The model of `dir` with its KV pool on the configured device, and the configured
+/// drafter built over it there.
 pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> {
+    let spec = draft_spec(config)?;
+    if let Some(spec) = &spec {
+        tracing::info!(
+            drafter = ?spec,
+            num_speculative_tokens = config.num_speculative_tokens,
+            "speculative decoding on"
+        );
+    }
     match config.device {
         DeviceKind::Cpu => {
             let model =
@@ -27,10 +36,9 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
             let footprint = memory::footprint(config, model.config());
             let kv_cache_memory = memory::kv_cache_memory(config, &footprint);
             memory::check_start_up(config, &footprint, kv_cache_memory)?;
-            Ok(Loaded {
-                target: cpu_backend_with(model, kv_cache_memory, config.block_size, kv_dtype)?,
-                beside: None,
-            })
+            let mut target = cpu_backend_with(model, kv_cache_memory, config.block_size, kv_dtype)?;
+            let drafter = spec.map(|s| cpu_drafter(&s, target.as_mut())).transpose()?;
+            Ok(Loaded { target, drafter })
         }
         #[cfg(feature = "cuda")]
         DeviceKind::Cuda => {
@@ -47,11 +55,8 @@ pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> 
                 deterministic: config.deterministic,
                 max_seq_len_to_capture: peregrine_actors::backend::MAX_SEQ_LEN_TO_CAPTURE,
                 kernel_cache: cache.join("kernels"),
-                // A draft model or EAGLE-3 head runs on the GPU beside the target.
-                draft: crate::commands::serve::speculation::gpu_draft(
-                    config.speculative_method,
-                    crate::commands::heads::draft_dir(config)?.as_deref(),
-                ),
+                // A draft model or head runs on the GPU beside the target.
+                draft: spec,
             };
             peregrine_actors::backend::cuda_backend(dir, &settings)
         }
@@ -75,7 +80,7 @@ pub async fn start(
 ) -> anyhow::Result<Engine> {
     let Loaded {
         target: mut backend,
-        beside,
+        drafter,
     } = loaded;
     let settings = EngineSettings {
         block_size: config.block_size,
@@ -100,7 +105,6 @@ pub async fn start(
         ),
         (None, None) => {}
     }
-    let drafter = load_drafter(config, backend.as_mut(), beside)?;
     let engine = start_engine(backend, &settings, drafter)?;
     engine
         .graphs

@@ -14,10 +14,8 @@ use crate::eagle3::gpu_head_spec;
 use crate::model::{gpu_model, gpu_sized};
 use crate::setup;
 use metrics_util::debugging::DebuggingRecorder;
-use peregrine_actors::backend::{
-    cuda_backend, DraftBeside, GpuDraft, GpuSettings, Loaded, ModelBackend,
-};
-use peregrine_actors::draft::{BackendDraft, DraftMethod, DraftModel, Eagle3, GpuHead, Ngram};
+use peregrine_actors::backend::{cuda_backend, GpuSettings, Loaded, ModelBackend};
+use peregrine_actors::draft::{DraftMethod, DraftModel, DraftSpec};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::SchedulerLimits;
@@ -46,28 +44,31 @@ pub fn tiny_settings(deterministic: bool) -> GpuSettings {
 }
 
 fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engine {
-    gpu_engine_drafting(dir, deterministic, |_, _| None, 0, None, false)
+    gpu_engine_drafting(dir, deterministic, |_, built| built, 0, None, false)
 }
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
-/// `drafter` builds over the target backend (which loads `gpu_draft` beside the target,
-/// when given), with async scheduling as `async_scheduling` says.
+/// `drafter` returns given the target backend and the drafter it built of `spec`, with
+/// async scheduling as `async_scheduling` says.
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
-    drafter: impl FnOnce(&mut dyn ModelBackend, Option<DraftBeside>) -> Option<Box<dyn DraftMethod>>,
+    drafter: impl FnOnce(
+        &mut dyn ModelBackend,
+        Option<Box<dyn DraftMethod>>,
+    ) -> Option<Box<dyn DraftMethod>>,
     k: usize,
-    gpu_draft: Option<GpuDraft>,
+    spec: Option<DraftSpec>,
     async_scheduling: bool,
 ) -> peregrine_actors::engine::Engine {
     let settings = GpuSettings {
         num_speculative_tokens: k,
-        draft: gpu_draft,
+        draft: spec,
         ..tiny_settings(deterministic)
     };
     let Loaded {
         target: mut backend,
-        beside,
+        drafter: built,
     } = cuda_backend(dir, &settings).unwrap();
     let pool = backend.pool().clone();
     eprintln!(
@@ -94,7 +95,7 @@ fn gpu_engine_drafting(
         async_scheduling_constrained: false,
         kv_events: None,
     };
-    let drafter = drafter(backend.as_mut(), beside);
+    let drafter = drafter(backend.as_mut(), built);
     start_engine(backend, &engine, drafter).unwrap()
 }
 
@@ -174,7 +175,7 @@ fn async_scheduling_on_the_gpu_keeps_every_greedy_token() {
     runtime.block_on(async {
         let mut runs = Vec::new();
         for on in [false, true] {
-            let engine = gpu_engine_drafting(dir.path(), true, |_, _| None, 0, None, on);
+            let engine = gpu_engine_drafting(dir.path(), true, |_, built| built, 0, None, on);
             let sizes = CaptureSizes::for_max_num_seqs(32);
             engine.graphs.capture(Some(sizes)).await.unwrap();
             let mut tokens: Vec<Vec<u32>> = run_all(&engine.scheduler, &reqs, MAX_TOKENS)
@@ -262,35 +263,26 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             "gpu eagle3 graphs",
         ];
         for method in methods {
+            // "draft_model": the draft model on the CPU over the GPU target's pool; the
+            // others as the backend built them.
             let drafter = |target: &mut dyn ModelBackend,
-                           beside: Option<DraftBeside>|
+                           built: Option<Box<dyn DraftMethod>>|
              -> Option<Box<dyn DraftMethod>> {
-                Some(match (method, beside) {
-                    ("ngram", None) => Box::new(Ngram::new(1, 3).unwrap()),
-                    ("draft_model", None) => {
-                        let model = LlamaModel::load(dir.path()).unwrap();
-                        let draft = DraftModel::new(model, target.config(), target.pool());
-                        Box::new(draft.unwrap())
-                    }
-                    (_, Some(DraftBeside::Eagle3Head(head, limits))) => {
-                        let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
-                        Box::new(Eagle3::with_runner(runner))
-                    }
-                    (_, Some(DraftBeside::Model(draft))) => {
-                        Box::new(BackendDraft::new(draft, target.pool()).unwrap())
-                    }
-                    (method, Some(DraftBeside::MtpHead(..))) => {
-                        panic!("{method}: the backend loaded an MTP layer")
-                    }
-                    (method, None) => panic!("{method}: the backend loaded no drafter"),
-                })
+                if method != "draft_model" {
+                    return Some(built.unwrap_or_else(|| panic!("{method}: no drafter built")));
+                }
+                assert!(built.is_none(), "draft_model: the backend built a drafter");
+                let model = LlamaModel::load(dir.path()).unwrap();
+                let draft = DraftModel::new(model, target.config(), target.pool());
+                Some(Box::new(draft.unwrap()))
             };
-            let gpu_draft = match method {
-                m if m.starts_with("gpu eagle3") => Some(GpuDraft::Eagle3Head(head_dir.clone())),
-                m if m.starts_with("gpu") => Some(GpuDraft::Model(dir.path().to_path_buf())),
+            let spec = match method {
+                "ngram" => Some(DraftSpec::Ngram { min: 1, max: 3 }),
+                m if m.starts_with("gpu eagle3") => Some(DraftSpec::Eagle3Head(head_dir.clone())),
+                m if m.starts_with("gpu") => Some(DraftSpec::Model(dir.path().to_path_buf())),
                 _ => None,
             };
-            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, gpu_draft, false);
+            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, spec, false);
             if method.ends_with("graphs") {
                 let sizes = CaptureSizes::for_max_num_seqs(32);
                 engine.graphs.capture(Some(sizes)).await.unwrap();
@@ -349,14 +341,11 @@ fn mtp_drafts_on_the_gpu_leave_greedy_outputs_unchanged() {
         let plain = run_all(&gpu_engine(dir.path(), false).scheduler, &reqs, MAX_TOKENS).await;
         let mut accepted_by_run = Vec::new();
         for graphs in [false, true] {
-            let drafter = |target: &mut dyn ModelBackend, beside: Option<DraftBeside>| {
-                let Some(DraftBeside::MtpHead(head, limits)) = beside else {
-                    panic!("the backend loaded no MTP layer");
-                };
-                let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
-                Some(Box::new(Eagle3::with_runner(runner)) as Box<dyn DraftMethod>)
+            let drafter = |_: &mut dyn ModelBackend, built: Option<Box<dyn DraftMethod>>| {
+                assert!(built.is_some(), "the backend built no MTP drafter");
+                built
             };
-            let mtp = Some(GpuDraft::Mtp(dir.path().to_path_buf()));
+            let mtp = Some(DraftSpec::Mtp(dir.path().to_path_buf()));
             let engine = gpu_engine_drafting(dir.path(), false, drafter, 2, mtp, false);
             if graphs {
                 let sizes = CaptureSizes::for_max_num_seqs(32);
@@ -444,19 +433,14 @@ fn sampled_eagle3_drafts_on_the_gpu_keep_the_target_distribution() {
         *offset = i64::from(order[draft]) - draft as i64;
     }
     head.write(&head_dir);
-    let drafter = |target: &mut dyn ModelBackend,
-                   beside: Option<DraftBeside>|
-     -> Option<Box<dyn DraftMethod>> {
-        let Some(DraftBeside::Eagle3Head(head, limits)) = beside else {
-            panic!("the backend loaded no EAGLE-3 head");
-        };
-        let runner = GpuHead::beside(*head, target.pool(), limits).unwrap();
-        Some(Box::new(Eagle3::with_runner(runner)))
+    let drafter = |_: &mut dyn ModelBackend, built: Option<Box<dyn DraftMethod>>| {
+        assert!(built.is_some(), "the backend built no EAGLE-3 drafter");
+        built
     };
     let reqs: Vec<(Vec<u32>, SamplingParams)> = (0..DRAWS as u64)
         .map(|seed| (prompt.clone(), params(seed)))
         .collect();
-    let gpu_draft = Some(GpuDraft::Eagle3Head(head_dir));
+    let gpu_draft = Some(DraftSpec::Eagle3Head(head_dir));
     let runtime = tokio::runtime::Runtime::new().unwrap();
     let outs = runtime.block_on(async {
         let engine = gpu_engine_drafting(dir.path(), false, drafter, 3, gpu_draft, false);

@@ -8,10 +8,12 @@
 
 use super::gpu_host_blocks::{GpuHostBlocks, HostMove};
 use super::{
-    blocks_in, check_draft, run_step, sample_on_host, DraftBeside, Forwards, HeadLimits, Loaded,
-    ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
+    blocks_in, check_draft, run_step, sample_on_host, Forwards, HeadLimits, Loaded, ModelBackend,
+    PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
 };
-use crate::draft::LAZY_ROWS;
+use crate::draft::{
+    with_fault, BackendDraft, DraftMethod, DraftSpec, Eagle3, GpuHead, Ngram, LAZY_ROWS,
+};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::{bail, Context};
@@ -57,21 +59,9 @@ pub struct GpuSettings {
     pub max_seq_len_to_capture: usize,
     /// Where compiled kernels are cached.
     pub kernel_cache: PathBuf,
-    /// What drafts beside the target, loaded with it: its KV takes its share of every
-    /// block.
-    pub draft: Option<GpuDraft>,
-}
-
-/// A drafter the CUDA backend loads beside the target.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum GpuDraft {
-    /// A draft model of the same tokenizer in this directory ([`DraftBeside::Model`]).
-    Model(PathBuf),
-    /// An EAGLE-3 head in this directory ([`DraftBeside::Eagle3Head`]).
-    Eagle3Head(PathBuf),
-    /// The first multi-token prediction layer of the target checkpoint in this directory
-    /// ([`DraftBeside::MtpHead`]).
-    Mtp(PathBuf),
+    /// The drafter, built with the target; a draft model or head is loaded beside it on
+    /// the device, and its KV takes its share of every block.
+    pub draft: Option<DraftSpec>,
 }
 
 /// A draft head the backend loaded beside the target.
@@ -143,14 +133,14 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     // logit row per sequence.
     let (mut draft, mut head, mut ring) = (None, None, None);
     match &s.draft {
-        Some(GpuDraft::Model(draft_dir)) => {
+        Some(DraftSpec::Model(draft_dir)) => {
             let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
             let loaded = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
                 .with_context(|| format!("the draft model {}", draft_dir.display()))?;
             check_draft(loaded.config(), model.config())?;
             draft = Some(loaded);
         }
-        Some(GpuDraft::Eagle3Head(head_dir)) => {
+        Some(DraftSpec::Eagle3Head(head_dir)) => {
             let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
             let options = head_options(s, model.config());
             // The target's recorded layer inputs take their memory before the pool's is
@@ -168,7 +158,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
             head = Some(HeadBeside::Eagle3(loaded));
             ring = Some(handed);
         }
-        Some(GpuDraft::Mtp(dir)) => {
+        Some(DraftSpec::Mtp(dir)) => {
             let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
             let options = head_options(s, model.config());
             // The layer reads the target's last-layer output: "the input of layer L".
@@ -183,7 +173,7 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
             head = Some(HeadBeside::Mtp(loaded));
             ring = Some(handed);
         }
-        None => {}
+        Some(DraftSpec::Ngram { .. }) | None => {}
     }
     let (free, total) = gpu.memory()?;
     let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
@@ -221,8 +211,8 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
     let blocks = num_blocks as u64;
     let mut target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
     target.ring = ring;
-    let beside = match (draft, head) {
-        (Some(draft), _) => {
+    let drafter: Option<Box<dyn DraftMethod>> = match (draft, head, &s.draft) {
+        (Some(draft), _, _) => {
             let capacity = StepCapacity {
                 max_logit_rows: s.max_num_seqs,
                 ..capacity
@@ -233,9 +223,9 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 draft_bytes_per_layer = draft.pool.bytes_per_layer,
                 "draft model loaded beside the target"
             );
-            Some(DraftBeside::Model(Box::new(draft)))
+            Some(Box::new(BackendDraft::new(Box::new(draft), &target.pool)?))
         }
-        (None, Some(head)) => {
+        (None, Some(head), _) => {
             let limits = HeadLimits {
                 max_tokens: s.max_num_batched_tokens,
                 max_logit_rows: s.max_num_seqs,
@@ -243,15 +233,22 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
                 verify_rows: 1 + s.num_speculative_tokens,
             };
             Some(match head {
-                HeadBeside::Eagle3(h) => DraftBeside::Eagle3Head(Box::new(h), limits),
-                HeadBeside::Mtp(h) => DraftBeside::MtpHead(Box::new(h), limits),
+                HeadBeside::Eagle3(h) => Box::new(with_fault(Eagle3::with_runner(
+                    GpuHead::beside(h, &target.pool, limits)?,
+                ))?),
+                HeadBeside::Mtp(h) => Box::new(with_fault(Eagle3::with_runner(GpuHead::beside(
+                    h,
+                    &target.pool,
+                    limits,
+                )?))?),
             })
         }
-        (None, None) => None,
+        (None, None, &Some(DraftSpec::Ngram { min, max })) => Some(Box::new(Ngram::new(min, max)?)),
+        (None, None, _) => None,
     };
     Ok(Loaded {
         target: Box::new(target),
-        beside,
+        drafter,
     })
 }
 

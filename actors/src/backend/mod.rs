@@ -13,7 +13,7 @@ mod host_blocks;
 pub use cpu::{cpu_backend, cpu_backend_with};
 pub use cpu_memory::{CpuFootprint, StepBounds};
 #[cfg(feature = "cuda")]
-pub use gpu::{cuda_backend, GpuDraft, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+pub use gpu::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::{ContentHash, DiskTierStart};
@@ -68,28 +68,11 @@ impl PoolInfo {
     }
 }
 
-/// A target backend and the drafter loaded beside it, for the draft proposer to own.
+/// A target backend and the drafter built with it, for the draft proposer to own.
 pub struct Loaded {
     pub target: Box<dyn ModelBackend>,
-    pub beside: Option<DraftBeside>,
-}
-
-/// A drafter a backend loaded beside the target: the CUDA backend loads the draft model or
-/// the EAGLE-3 head or MTP layer with the target, so that the pool is sized from what both leave of
-/// the device's memory and each block holds the KV of all of them.
-pub enum DraftBeside {
-    /// The draft model's backend, over a pool of the same blocks.
-    Model(Box<dyn ModelBackend>),
-    /// The EAGLE-3 head on the GPU, and the steps its runner is sized for.
-    #[cfg(feature = "cuda")]
-    Eagle3Head(
-        Box<peregrine_models::eagle3::gpu::GpuEagle3Head>,
-        HeadLimits,
-    ),
-    /// The target's multi-token prediction layer on the GPU, and the steps its runner is
-    /// sized for.
-    #[cfg(feature = "cuda")]
-    MtpHead(Box<peregrine_models::mtp::gpu::GpuMtpHead>, HeadLimits),
+    /// The configured drafter (`None` without speculation), over the target's pool.
+    pub drafter: Option<Box<dyn crate::draft::DraftMethod>>,
 }
 
 /// The steps a drafter loaded beside the target is sized for.

@@ -1,5 +1,5 @@
-//! Drafting with a smaller model run by a backend of its own (the CUDA backend's draft,
-//! `DraftBeside::Model`): its pool holds the same blocks as the target's, so each
+//! Drafting with a smaller model run by a backend of its own (a draft model the CUDA
+//! backend loads beside the target): its pool holds the same blocks as the target's, so each
 //! sequence's draft KV lives in the blocks of its target KV, and the backend replays its
 //! decode graphs for the pure decode steps. The drafting loop is `DraftProgress`'s; a
 //! catch-up larger than the backend's step runs in pieces.

@@ -13,6 +13,7 @@
 //! (`CaptureGraphs`), between two proposals.
 
 mod backend_draft;
+mod build;
 mod draft_model;
 mod eagle3;
 #[cfg(feature = "cuda")]
@@ -24,6 +25,9 @@ mod ngram;
 mod progress;
 
 pub use backend_draft::BackendDraft;
+#[cfg(feature = "cuda")]
+pub(crate) use build::with_fault;
+pub use build::{cpu_drafter, DraftSpec};
 pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
 #[cfg(feature = "cuda")]
