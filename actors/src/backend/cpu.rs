@@ -4,8 +4,8 @@
 use super::disk_blocks::DiskBlocks;
 use super::host_blocks::HostBlocks;
 use super::{
-    argmax_rows, blocks_in, run_step, sample_on_host, Forwards, ModelBackend, PoolInfo, RowMasks,
-    RowSampling, StepInput, StepOutput, StepSource,
+    argmax_rows, blocks_in, sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling,
+    StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::kv_disk::{ContentHash, DiskTierStart};
@@ -27,7 +27,7 @@ struct CpuBackend {
     hidden: Option<HiddenData>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
-    /// The logits of the step [`Forwards::greedy`] ran ahead (on the CPU, at once), whose
+    /// The logits of the step [`ModelBackend::greedy`] ran ahead (on the CPU, at once), whose
     /// argmax is taken under the masks of the call that reads it.
     queued: Option<Vec<f32>>,
     /// The host tier below the pool, if one is kept.
@@ -132,80 +132,6 @@ pub fn cpu_backend_with(
     }))
 }
 
-impl Forwards for CpuBackend {
-    fn sampled(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        sampling: &mut [RowSampling],
-        masks: RowMasks,
-    ) -> anyhow::Result<Vec<GeneratedToken>> {
-        let logits = self.forward(tokens, plan, logit_rows)?;
-        let vocab = self.model.config().vocab_size;
-        let masks = masks.wait(sampling.len())?;
-        Ok(sample_on_host(&logits, vocab, sampling, &masks))
-    }
-
-    fn logits(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<f32>> {
-        self.forward(tokens, plan, logit_rows)
-    }
-
-    fn vocab(&self) -> usize {
-        self.model.config().vocab_size
-    }
-
-    /// The CPU runs `next` at once, after this step: its keys and values are written
-    /// before any later step, as a device queue would order them.
-    fn greedy(
-        &mut self,
-        source: StepSource,
-        next: Option<&AttentionPlan>,
-        masks: RowMasks,
-    ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let (logits, decode) = match source {
-            StepSource::Fresh {
-                tokens,
-                plan,
-                logit_rows,
-            } => (
-                self.forward(tokens, plan, logit_rows)?,
-                is_decode_step(tokens, plan, logit_rows),
-            ),
-            StepSource::Queued => match self.queued.take() {
-                Some(logits) => (logits, true),
-                None => anyhow::bail!("no step was queued ahead"),
-            },
-        };
-        let vocab = self.model.config().vocab_size;
-        let rows = logits.len() / vocab.max(1);
-        let ids = argmax_rows(&logits, vocab, &masks.wait(rows)?)?;
-        let Some(next) = next.filter(|_| decode) else {
-            return Ok((ids, false));
-        };
-        // As the GPU's decode graphs do: `next` goes on from this step's rows, one each.
-        if next.seqs().len() != ids.len() {
-            anyhow::bail!(
-                "a step queued ahead of {} sequences after one of {}",
-                next.seqs().len(),
-                ids.len()
-            );
-        }
-        let rows: Vec<usize> = (0..ids.len()).collect();
-        self.queued = Some(self.forward(&ids, next, &rows)?);
-        Ok((ids, true))
-    }
-
-    fn take_hidden(&mut self) -> Option<HiddenData> {
-        self.hidden.take()
-    }
-}
-
 impl ModelBackend for CpuBackend {
     fn config(&self) -> &ModelConfig {
         self.model.config()
@@ -213,10 +139,6 @@ impl ModelBackend for CpuBackend {
 
     fn pool(&self) -> &PoolInfo {
         &self.pool
-    }
-
-    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
-        run_step(self, input)
     }
 
     fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
@@ -345,5 +267,77 @@ impl ModelBackend for CpuBackend {
         )?;
         self.graphs = Some(graphs);
         Ok(())
+    }
+
+    fn sampled(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        sampling: &mut [RowSampling],
+        masks: RowMasks,
+    ) -> anyhow::Result<Vec<GeneratedToken>> {
+        let logits = self.forward(tokens, plan, logit_rows)?;
+        let vocab = self.model.config().vocab_size;
+        let masks = masks.wait(sampling.len())?;
+        Ok(sample_on_host(&logits, vocab, sampling, &masks))
+    }
+
+    fn logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>> {
+        self.forward(tokens, plan, logit_rows)
+    }
+
+    fn vocab(&self) -> usize {
+        self.model.config().vocab_size
+    }
+
+    /// The CPU runs `next` at once, after this step: its keys and values are written
+    /// before any later step, as a device queue would order them.
+    fn greedy(
+        &mut self,
+        source: StepSource,
+        next: Option<&AttentionPlan>,
+        masks: RowMasks,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let (logits, decode) = match source {
+            StepSource::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => (
+                self.forward(tokens, plan, logit_rows)?,
+                is_decode_step(tokens, plan, logit_rows),
+            ),
+            StepSource::Queued => match self.queued.take() {
+                Some(logits) => (logits, true),
+                None => anyhow::bail!("no step was queued ahead"),
+            },
+        };
+        let vocab = self.model.config().vocab_size;
+        let rows = logits.len() / vocab.max(1);
+        let ids = argmax_rows(&logits, vocab, &masks.wait(rows)?)?;
+        let Some(next) = next.filter(|_| decode) else {
+            return Ok((ids, false));
+        };
+        // As the GPU's decode graphs do: `next` goes on from this step's rows, one each.
+        if next.seqs().len() != ids.len() {
+            anyhow::bail!(
+                "a step queued ahead of {} sequences after one of {}",
+                next.seqs().len(),
+                ids.len()
+            );
+        }
+        let rows: Vec<usize> = (0..ids.len()).collect();
+        self.queued = Some(self.forward(&ids, next, &rows)?);
+        Ok((ids, true))
+    }
+
+    fn take_hidden(&mut self) -> Option<HiddenData> {
+        self.hidden.take()
     }
 }

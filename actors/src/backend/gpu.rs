@@ -8,8 +8,8 @@
 
 use super::gpu_host_blocks::{GpuHostBlocks, HostMove};
 use super::{
-    blocks_in, check_draft, run_step, sample_on_host, Forwards, HeadLimits, Loaded, ModelBackend,
-    PoolInfo, RowMasks, RowSampling, StepCapacity, StepInput, StepOutput, StepSource,
+    blocks_in, check_draft, sample_on_host, HeadLimits, Loaded, ModelBackend, PoolInfo, RowMasks,
+    RowSampling, StepCapacity, StepSource,
 };
 use crate::draft::{
     with_fault, BackendDraft, DraftMethod, DraftSpec, Eagle3, GpuHead, Ngram, LAZY_ROWS,
@@ -101,7 +101,7 @@ struct GpuBackend {
     /// The ring the recorded layer inputs are handed off in, on the device, to an EAGLE-3
     /// head beside the target; without one they come to the host.
     ring: Option<Arc<FeatureRing>>,
-    /// The decode step `Forwards::greedy` queued, until the next call.
+    /// The decode step `ModelBackend::greedy` queued, until the next call.
     ahead: Option<QueuedStep>,
     /// Whether the model records layer inputs (then nothing is queued ahead: a queued
     /// step's would not reach the host).
@@ -518,7 +518,117 @@ fn sample_logits(
         .collect())
 }
 
-impl Forwards for GpuBackend {
+impl ModelBackend for GpuBackend {
+    fn config(&self) -> &ModelConfig {
+        self.model.config()
+    }
+
+    fn host_waits_on_device(&self) -> bool {
+        true
+    }
+
+    fn pool(&self) -> &PoolInfo {
+        &self.pool
+    }
+
+    fn capacity(&self) -> Option<StepCapacity> {
+        Some(self.capacity)
+    }
+
+    /// Drops the decode graphs captured before, which do not record the layers: capture
+    /// them again.
+    fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
+        self.ahead = None;
+        self.model.record_aux(layers)?;
+        self.records_hidden = !layers.is_empty();
+        let sizes = self.graphs.take().map(|g| g.sizes().clone());
+        match sizes {
+            Some(sizes) => self.capture_graphs(Some(&sizes)),
+            None => Ok(()),
+        }
+    }
+
+    /// A tier of page-locked host memory ([`GpuHostBlocks`]).
+    fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
+        let gpu = self.model.gpu().clone();
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let host = GpuHostBlocks::for_cache(&gpu, &cache, bytes)?;
+        drop(cache);
+        let slots = host.slots();
+        self.host = Some(host);
+        Ok(slots)
+    }
+
+    fn host_tier_slots(&self) -> u32 {
+        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
+    }
+
+    /// Queues the copies on the target's stream, after any step queued ahead (which it
+    /// drops) and before the next step.
+    fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
+        if moves.is_empty() {
+            return Ok(());
+        }
+        self.ahead = None;
+        let host_moves = moves
+            .iter()
+            .map(|m| match *m {
+                KvMove::Spill { block, slot } => Ok(HostMove::Spill { block, slot }),
+                KvMove::Load { slot, block } => Ok(HostMove::Load { slot, block }),
+                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
+                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
+                }
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
+        let host = self.host.as_mut().ok_or_else(|| {
+            anyhow::anyhow!("host-tier moves for a GPU backend that keeps no host tier")
+        })?;
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        host.apply(&gpu, &kernels, &mut cache, &host_moves)
+    }
+
+    /// The decode graphs, and with speculation the verification graphs: for each size, one
+    /// of as many sequences of `1 + num_speculative_tokens` rows; on failure the graphs held
+    /// before stay.
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        self.ahead = None;
+        let Some(sizes) = sizes else {
+            self.graphs = None;
+            self.verify_graphs = None;
+            return Ok(());
+        };
+        let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
+        let limits = GraphLimits {
+            max_rows: sizes.largest(),
+            max_context: self
+                .max_seq_len_to_capture
+                .min(self.model.config().max_model_len),
+            scratch_slot: scratch * self.pool.layout.block_size as i64,
+        };
+        let (model, cache) = (&mut self.model, &self.cache);
+        let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
+            model.capture_decode(size, limits, cache)
+        })?;
+        let verify_graphs = match self.verify_rows {
+            1 => None,
+            per_seq => {
+                let rows = sizes.scaled(per_seq);
+                let limits = GraphLimits {
+                    max_rows: rows.largest(),
+                    ..limits
+                };
+                let graphs = GraphCaptureManager::capture(rows, |size| {
+                    model.capture_verify(size, limits, cache)
+                });
+                Some(graphs.context("capturing the verification graphs")?)
+            }
+        };
+        self.graphs = Some(graphs);
+        self.verify_graphs = verify_graphs;
+        Ok(())
+    }
+
     /// Through a decode graph where one serves the step, else eagerly; sampled by
     /// `sample_logits`.
     fn sampled(
@@ -666,121 +776,5 @@ impl Forwards for GpuBackend {
 
     fn take_hidden(&mut self) -> Option<HiddenData> {
         self.hidden.take()
-    }
-}
-
-impl ModelBackend for GpuBackend {
-    fn config(&self) -> &ModelConfig {
-        self.model.config()
-    }
-
-    fn host_waits_on_device(&self) -> bool {
-        true
-    }
-
-    fn pool(&self) -> &PoolInfo {
-        &self.pool
-    }
-
-    fn capacity(&self) -> Option<StepCapacity> {
-        Some(self.capacity)
-    }
-
-    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
-        run_step(self, input)
-    }
-
-    /// Drops the decode graphs captured before, which do not record the layers: capture
-    /// them again.
-    fn record_hidden(&mut self, layers: &[usize]) -> anyhow::Result<()> {
-        self.ahead = None;
-        self.model.record_aux(layers)?;
-        self.records_hidden = !layers.is_empty();
-        let sizes = self.graphs.take().map(|g| g.sizes().clone());
-        match sizes {
-            Some(sizes) => self.capture_graphs(Some(&sizes)),
-            None => Ok(()),
-        }
-    }
-
-    /// A tier of page-locked host memory ([`GpuHostBlocks`]).
-    fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
-        let gpu = self.model.gpu().clone();
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let host = GpuHostBlocks::for_cache(&gpu, &cache, bytes)?;
-        drop(cache);
-        let slots = host.slots();
-        self.host = Some(host);
-        Ok(slots)
-    }
-
-    fn host_tier_slots(&self) -> u32 {
-        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
-    }
-
-    /// Queues the copies on the target's stream, after any step queued ahead (which it
-    /// drops) and before the next step.
-    fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
-        if moves.is_empty() {
-            return Ok(());
-        }
-        self.ahead = None;
-        let host_moves = moves
-            .iter()
-            .map(|m| match *m {
-                KvMove::Spill { block, slot } => Ok(HostMove::Spill { block, slot }),
-                KvMove::Load { slot, block } => Ok(HostMove::Load { slot, block }),
-                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
-                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
-                }
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
-        let host = self.host.as_mut().ok_or_else(|| {
-            anyhow::anyhow!("host-tier moves for a GPU backend that keeps no host tier")
-        })?;
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        host.apply(&gpu, &kernels, &mut cache, &host_moves)
-    }
-
-    /// The decode graphs, and with speculation the verification graphs: for each size, one
-    /// of as many sequences of `1 + num_speculative_tokens` rows; on failure the graphs held
-    /// before stay.
-    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
-        self.ahead = None;
-        let Some(sizes) = sizes else {
-            self.graphs = None;
-            self.verify_graphs = None;
-            return Ok(());
-        };
-        let scratch = self.pool.scratch_block.unwrap_or_default() as i64;
-        let limits = GraphLimits {
-            max_rows: sizes.largest(),
-            max_context: self
-                .max_seq_len_to_capture
-                .min(self.model.config().max_model_len),
-            scratch_slot: scratch * self.pool.layout.block_size as i64,
-        };
-        let (model, cache) = (&mut self.model, &self.cache);
-        let graphs = GraphCaptureManager::capture(sizes.clone(), |size| {
-            model.capture_decode(size, limits, cache)
-        })?;
-        let verify_graphs = match self.verify_rows {
-            1 => None,
-            per_seq => {
-                let rows = sizes.scaled(per_seq);
-                let limits = GraphLimits {
-                    max_rows: rows.largest(),
-                    ..limits
-                };
-                let graphs = GraphCaptureManager::capture(rows, |size| {
-                    model.capture_verify(size, limits, cache)
-                });
-                Some(graphs.context("capturing the verification graphs")?)
-            }
-        };
-        self.graphs = Some(graphs);
-        self.verify_graphs = verify_graphs;
-        Ok(())
     }
 }

@@ -299,7 +299,8 @@ impl StepOutput {
 }
 
 /// A model with its KV pool, ready to run steps. The runner calls [`ModelBackend::run`]
-/// for every step; a second architecture implements [`Forwards`] and these.
+/// for every step, which picks one of the forwards (`sampled`, `logits`, `greedy`); a
+/// backend implements those and what it supports of the rest.
 pub trait ModelBackend: Send {
     /// The model's configuration.
     fn config(&self) -> &ModelConfig;
@@ -318,8 +319,79 @@ pub trait ModelBackend: Send {
     }
     /// Runs one step: the tokens of `input.source` through the model, writing their keys
     /// and values into the pool, and gives back what `input.wanted` asks of its logit
-    /// rows, with the hidden states it recorded.
-    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput>;
+    /// rows, with the hidden states it recorded: by default through the forward below
+    /// that `input.wanted` names.
+    fn run(&mut self, input: StepInput) -> anyhow::Result<StepOutput> {
+        run_step(self, input)
+    }
+    /// The forward, each logit row's token chosen with the matching entry of `sampling`
+    /// under its mask of `masks`.
+    fn sampled(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        sampling: &mut [RowSampling],
+        masks: RowMasks,
+    ) -> anyhow::Result<Vec<GeneratedToken>>;
+    /// The forward, the logits of `logit_rows` on the host, `[logit_rows.len(), vocab]`.
+    fn logits(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<f32>>;
+    /// The vocabulary, to cut logits into rows.
+    fn vocab(&self) -> usize;
+    /// The forward, the argmax of each row of `logit_rows`.
+    fn argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> anyhow::Result<Vec<u32>> {
+        let logits = self.logits(tokens, plan, logit_rows)?;
+        argmax_rows(&logits, self.vocab(), &[])
+    }
+    /// A greedy step ([`Wanted::Argmax`]) from `source`, each row's argmax among what its
+    /// mask of `masks` allows, queuing `next` where it can; says whether it did. A backend
+    /// that cannot queue ahead runs the step alone.
+    fn greedy(
+        &mut self,
+        source: StepSource,
+        next: Option<&AttentionPlan>,
+        masks: RowMasks,
+    ) -> anyhow::Result<(Vec<u32>, bool)> {
+        let _ = next;
+        match source {
+            StepSource::Fresh {
+                tokens,
+                plan,
+                logit_rows,
+            } => Ok((self.masked_argmax(tokens, plan, logit_rows, masks)?, false)),
+            StepSource::Queued => bail!("no step was queued ahead"),
+        }
+    }
+    /// [`ModelBackend::argmax`] among what each row's mask of `masks` allows (over the host
+    /// logits where a row has one).
+    fn masked_argmax(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        masks: RowMasks,
+    ) -> anyhow::Result<Vec<u32>> {
+        if let RowMasks::None = masks {
+            return self.argmax(tokens, plan, logit_rows);
+        }
+        let logits = self.logits(tokens, plan, logit_rows)?;
+        let masks = masks.wait(logit_rows.len())?;
+        argmax_rows(&logits, self.vocab(), &masks)
+    }
+    /// The hidden states the last forward recorded, if it recorded any; taken.
+    fn take_hidden(&mut self) -> Option<HiddenData> {
+        None
+    }
     /// From now on, every forward also records the input of each layer in `layers` for
     /// every row (concatenated in that order), returned in [`StepOutput::hidden`]: the
     /// target features of an EAGLE-3 head. Refused by a backend that cannot.
@@ -399,81 +471,11 @@ pub trait ModelBackend: Send {
     }
 }
 
-/// The forwards a backend runs its steps with, one per [`Wanted`]; [`run_step`] picks one
-/// for [`ModelBackend::run`]. Only backends implement and call them.
-pub trait Forwards {
-    /// The forward, each logit row's token chosen with the matching entry of `sampling`
-    /// under its mask of `masks`.
-    fn sampled(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        sampling: &mut [RowSampling],
-        masks: RowMasks,
-    ) -> anyhow::Result<Vec<GeneratedToken>>;
-    /// The forward, the logits of `logit_rows` on the host, `[logit_rows.len(), vocab]`.
-    fn logits(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<f32>>;
-    /// The vocabulary, to cut logits into rows.
-    fn vocab(&self) -> usize;
-    /// The forward, the argmax of each row of `logit_rows`.
-    fn argmax(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-    ) -> anyhow::Result<Vec<u32>> {
-        let logits = self.logits(tokens, plan, logit_rows)?;
-        argmax_rows(&logits, self.vocab(), &[])
-    }
-    /// A greedy step ([`Wanted::Argmax`]) from `source`, each row's argmax among what its
-    /// mask of `masks` allows, queuing `next` where it can; says whether it did. A backend
-    /// that cannot queue ahead runs the step alone.
-    fn greedy(
-        &mut self,
-        source: StepSource,
-        next: Option<&AttentionPlan>,
-        masks: RowMasks,
-    ) -> anyhow::Result<(Vec<u32>, bool)> {
-        let _ = next;
-        match source {
-            StepSource::Fresh {
-                tokens,
-                plan,
-                logit_rows,
-            } => Ok((self.masked_argmax(tokens, plan, logit_rows, masks)?, false)),
-            StepSource::Queued => bail!("no step was queued ahead"),
-        }
-    }
-    /// [`Forwards::argmax`] among what each row's mask of `masks` allows (over the host
-    /// logits where a row has one).
-    fn masked_argmax(
-        &mut self,
-        tokens: &[u32],
-        plan: &AttentionPlan,
-        logit_rows: &[usize],
-        masks: RowMasks,
-    ) -> anyhow::Result<Vec<u32>> {
-        if let RowMasks::None = masks {
-            return self.argmax(tokens, plan, logit_rows);
-        }
-        let logits = self.logits(tokens, plan, logit_rows)?;
-        let masks = masks.wait(logit_rows.len())?;
-        argmax_rows(&logits, self.vocab(), &masks)
-    }
-    /// The hidden states the last forward recorded, if it recorded any; taken.
-    fn take_hidden(&mut self) -> Option<HiddenData> {
-        None
-    }
-}
-
-/// [`ModelBackend::run`] over a backend's [`Forwards`].
-pub fn run_step(backend: &mut impl Forwards, input: StepInput) -> anyhow::Result<StepOutput> {
+/// [`ModelBackend::run`]: the step through the forward `input.wanted` names.
+fn run_step<B: ModelBackend + ?Sized>(
+    backend: &mut B,
+    input: StepInput,
+) -> anyhow::Result<StepOutput> {
     let fresh = match input.source {
         StepSource::Fresh {
             tokens,

@@ -60,13 +60,15 @@ impl GraphCapture {
 mod tests {
     use super::*;
     use crate::actor_thread::Spin;
-    use crate::backend::{ModelBackend, PoolInfo, StepInput, StepOutput};
+    use crate::backend::{ModelBackend, PoolInfo, RowMasks, RowSampling, StepInput, StepOutput};
     use crate::draft::{spawn_proposer, DraftMethod};
+    use crate::messages::GeneratedToken;
     use crate::messages::{Drafted, ProposeSeq, RequestId};
     use crate::target_runner::DecodeAhead;
     use crate::target_runner::TargetRunner;
     use peregrine_kernels::cpu::KvLayout;
     use peregrine_models::ModelConfig;
+    use peregrine_ops::AttentionPlan;
 
     /// The sizes of every capture asked, in order.
     type Log = Arc<std::sync::Mutex<Vec<Option<Vec<usize>>>>>;
@@ -106,6 +108,30 @@ mod tests {
 
         fn run(&mut self, _: StepInput) -> anyhow::Result<StepOutput> {
             anyhow::bail!("no steps")
+        }
+
+        fn sampled(
+            &mut self,
+            _: &[u32],
+            _: &AttentionPlan,
+            _: &[usize],
+            _: &mut [RowSampling],
+            _: RowMasks,
+        ) -> anyhow::Result<Vec<GeneratedToken>> {
+            anyhow::bail!("no forwards")
+        }
+
+        fn logits(
+            &mut self,
+            _: &[u32],
+            _: &AttentionPlan,
+            _: &[usize],
+        ) -> anyhow::Result<Vec<f32>> {
+            anyhow::bail!("no forwards")
+        }
+
+        fn vocab(&self) -> usize {
+            self.config.vocab_size
         }
 
         fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
