@@ -2,18 +2,12 @@
 //! in f32, or (with the `cuda` feature) the GPU model in bf16.
 
 mod cpu;
-mod cpu_memory;
-mod disk_blocks;
 #[cfg(feature = "cuda")]
-mod gpu;
-#[cfg(feature = "cuda")]
-mod gpu_host_blocks;
-mod host_blocks;
+mod cuda;
 
-pub use cpu::{cpu_backend, cpu_backend_with};
-pub use cpu_memory::{CpuFootprint, StepBounds};
+pub use cpu::{cpu_backend, cpu_backend_with, CpuFootprint, StepBounds};
 #[cfg(feature = "cuda")]
-pub use gpu::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+pub use cuda::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::{ContentHash, DiskTierStart};

@@ -1,8 +1,12 @@
 //! The CPU backend: the f32 model and its host KV cache, with a scratch block for the
 //! padded rows of replayed decode graphs.
 
-use super::disk_blocks::DiskBlocks;
-use super::host_blocks::HostBlocks;
+mod disk_blocks;
+mod host_blocks;
+mod memory;
+
+pub use memory::{CpuFootprint, StepBounds};
+
 use super::{
     argmax_rows, blocks_in, sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling,
     StepSource,
@@ -11,6 +15,8 @@ use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource};
 use anyhow::anyhow;
+use disk_blocks::DiskBlocks;
+use host_blocks::HostBlocks;
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
 use peregrine_ops::{AttentionPlan, KvCache, KvDtype, KvRows, Linear};

@@ -5,7 +5,7 @@
 //! fit is a refused configuration naming the setting, not an abort or an out-of-memory
 //! kill later.
 
-use super::blocks_in;
+use crate::backend::blocks_in;
 use crate::graphs::CaptureSizes;
 use peregrine_models::{LlamaBuffers, ModelConfig, StepShape};
 use peregrine_ops::KvDtype;

@@ -1,84 +1,35 @@
-//! The CUDA backend: the bf16 model on device 0, its KV pool sized from
-//! `--gpu-memory-utilization` after a profiling forward of the largest step; with a draft
-//! model (`--speculative-method draft_model`), an EAGLE-3 head (`eagle3`) or the target's
-//! multi-token prediction layer (`mtp`), that too, on a stream of its own, its KV cache in the same blocks as the target's (a pool of its own
-//! shape). The target records the inputs of the head's aux layers when asked, and with
-//! a head beside it stores them into the feature ring the head gathers them from on the
+//! The CUDA backend: the bf16 model on device 0 and its KV pool (loaded and sized in
+//! `load.rs`), its steps eager or through graphs, and its host tier (`host_blocks.rs`). A
+//! draft model or head beside it keeps its KV in the same blocks (a pool of its own
+//! shape). The target records the inputs of the head's aux layers when asked, and with a
+//! head beside it stores them into the feature ring the head gathers them from on the
 //! device (without one they are downloaded).
 
-use super::gpu_host_blocks::{GpuHostBlocks, HostMove};
+mod host_blocks;
+mod load;
+
+pub use load::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
+
 use super::{
-    blocks_in, check_draft, sample_on_host, HeadLimits, Loaded, ModelBackend, PoolInfo, RowMasks,
-    RowSampling, StepCapacity, StepSource,
-};
-use crate::draft::{
-    with_fault, BackendDraft, DraftMethod, DraftSpec, Eagle3, GpuHead, Ngram, LAZY_ROWS,
+    sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::messages::{GeneratedToken, HiddenData, KvMove};
 use anyhow::{bail, Context};
+use host_blocks::{GpuHostBlocks, HostMove};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
-use peregrine_kernels::gemv_max_rows_for;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
-use peregrine_models::eagle3::gpu::GpuEagle3Head;
-use peregrine_models::eagle3::Eagle3Config;
 use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
 use peregrine_models::llama_gpu::{
-    CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
+    CapturedDecode, GpuLlama, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
 };
-use peregrine_models::mtp::gpu::GpuMtpHead;
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
-use peregrine_ops::{AttentionPlan, SeqSpec};
+use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use peregrine_runtime::cuda::Gpu;
-use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use tracing::info;
-
-/// How the GPU backend is set up.
-#[derive(Clone, Debug)]
-pub struct GpuSettings {
-    /// The share of device memory for weights, activations and the pool, in (0, 1].
-    pub gpu_memory_utilization: f32,
-    /// Bytes of the pool (the target's KV and any drafter's beside it), within what
-    /// `gpu_memory_utilization` leaves; `None`: all of that.
-    pub kv_cache_memory: Option<u64>,
-    pub block_size: usize,
-    /// The most tokens of one step (sizes the activations).
-    pub max_num_batched_tokens: usize,
-    /// The most sequences of one step (sizes the logits).
-    pub max_num_seqs: usize,
-    /// Drafts verified per sequence and step (0 without speculation): each takes one more
-    /// row of logits.
-    pub num_speculative_tokens: usize,
-    /// Batch-invariant kernels.
-    pub deterministic: bool,
-    /// The longest context a decode graph serves (longer steps run eagerly).
-    pub max_seq_len_to_capture: usize,
-    /// Where compiled kernels are cached.
-    pub kernel_cache: PathBuf,
-    /// The drafter, built with the target; a draft model or head is loaded beside it on
-    /// the device, and its KV takes its share of every block.
-    pub draft: Option<DraftSpec>,
-}
-
-/// A draft head the backend loaded beside the target.
-enum HeadBeside {
-    Eagle3(GpuEagle3Head),
-    Mtp(GpuMtpHead),
-}
-
-impl HeadBeside {
-    /// Bytes one token takes in the head's one-layer cache.
-    fn kv_bytes_per_token(&self) -> u64 {
-        match self {
-            HeadBeside::Eagle3(h) => h.kv_bytes_per_token(),
-            HeadBeside::Mtp(h) => h.kv_bytes_per_token(),
-        }
-    }
-}
 
 struct GpuBackend {
     /// The decode graphs (none until captured, or with --enforce-eager).
@@ -108,213 +59,6 @@ struct GpuBackend {
     records_hidden: bool,
     /// The host tier below the pool, if one is kept.
     host: Option<GpuHostBlocks>,
-}
-
-/// The default of [`GpuSettings::max_seq_len_to_capture`] (vLLM's).
-pub const MAX_SEQ_LEN_TO_CAPTURE: usize = 8192;
-
-/// Loads the checkpoint in `dir` onto device 0, with the drafter `s.draft` names beside it,
-/// and sizes the pool: what is free after the weights and a profiling forward of
-/// `max_num_batched_tokens` tokens, less the share of the device that
-/// `gpu_memory_utilization` leaves to others.
-pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
-    let gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-    let kernels = Arc::new(CudaKernels::load(&gpu, &s.kernel_cache)?);
-    info!(
-        device = gpu.name(),
-        arch = gpu.arch(),
-        compiled = kernels.freshly_compiled(),
-        "kernels loaded"
-    );
-    let max_logit_rows =
-        (s.max_num_seqs * (1 + s.num_speculative_tokens)).min(s.max_num_batched_tokens);
-    let mut model = load_profiled(dir, gpu.clone(), &kernels, s, max_logit_rows)?;
-    // A drafter runs on a stream of its own (a second handle on the device) and asks one
-    // logit row per sequence.
-    let (mut draft, mut head, mut ring) = (None, None, None);
-    match &s.draft {
-        Some(DraftSpec::Model(draft_dir)) => {
-            let draft_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let loaded = load_profiled(draft_dir, draft_gpu, &kernels, s, s.max_num_seqs)
-                .with_context(|| format!("the draft model {}", draft_dir.display()))?;
-            check_draft(loaded.config(), model.config())?;
-            draft = Some(loaded);
-        }
-        Some(DraftSpec::Eagle3Head(head_dir)) => {
-            let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let options = head_options(s, model.config());
-            // The target's recorded layer inputs take their memory before the pool's is
-            // measured.
-            let aux = Eagle3Config::from_dir(head_dir)?.aux_layers(model.config().num_layers)?;
-            model.record_aux(&aux)?;
-            let embed = model.shared_embedding();
-            let target = model.config();
-            let mut loaded =
-                GpuEagle3Head::load(head_dir, target, embed, head_gpu, kernels.clone(), options)
-                    .with_context(|| format!("loading the EAGLE-3 head {}", head_dir.display()))?;
-            // The features go from the target to the head on the device.
-            let handed = feature_ring(&gpu, s, aux.len() * target.hidden_size)?;
-            loaded.read_features_from(handed.clone())?;
-            head = Some(HeadBeside::Eagle3(loaded));
-            ring = Some(handed);
-        }
-        Some(DraftSpec::Mtp(dir)) => {
-            let head_gpu = Arc::new(Gpu::open(0).context("opening CUDA device 0")?);
-            let options = head_options(s, model.config());
-            // The layer reads the target's last-layer output: "the input of layer L".
-            model.record_aux(&[model.config().num_layers])?;
-            let shared = model.shared_embedding();
-            let target = model.config();
-            let mut loaded =
-                GpuMtpHead::load(dir, target, shared, head_gpu, kernels.clone(), options)
-                    .with_context(|| format!("loading the MTP layer of {}", dir.display()))?;
-            let handed = feature_ring(&gpu, s, target.hidden_size)?;
-            loaded.read_features_from(handed.clone())?;
-            head = Some(HeadBeside::Mtp(loaded));
-            ring = Some(handed);
-        }
-        Some(DraftSpec::Ngram { .. }) | None => {}
-    }
-    let (free, total) = gpu.memory()?;
-    let reserved = (total as f64 * (1.0 - s.gpu_memory_utilization as f64)) as u64;
-    let Some(budget) = free.checked_sub(reserved).filter(|&b| b > 0) else {
-        bail!(
-            "gpu_memory_utilization {} leaves no room for the KV cache: {free} of {total} bytes \
-             are free after the weights ({} bytes) and activations, and {reserved} must stay free",
-            s.gpu_memory_utilization,
-            model.weight_bytes() + draft.as_ref().map_or(0, |d| d.weight_bytes())
-        );
-    };
-    let budget = match s.kv_cache_memory {
-        Some(bytes) if bytes > budget => bail!(
-            "kv_cache_memory {bytes} bytes is more than the {budget} bytes of the GPU that \
-             gpu_memory_utilization {} leaves for the KV cache",
-            s.gpu_memory_utilization
-        ),
-        Some(bytes) => bytes,
-        None => budget,
-    };
-    let per_token = model.kv_bytes_per_token()
-        + draft.as_ref().map_or(0, |d| d.kv_bytes_per_token())
-        + head.as_ref().map_or(0, |h| h.kv_bytes_per_token());
-    let block_bytes = per_token * s.block_size as u64;
-    let num_blocks = blocks_in(budget, block_bytes, s.block_size, "the GPU memory left")?;
-    if num_blocks < 2 {
-        bail!("the GPU memory left holds one KV block, and one is the graphs' scratch block");
-    }
-    let capacity = StepCapacity {
-        max_tokens: s.max_num_batched_tokens,
-        max_seqs: s.max_num_seqs,
-        max_logit_rows,
-    };
-    let drafts = s.num_speculative_tokens;
-    let blocks = num_blocks as u64;
-    let mut target = GpuBackend::new(model, kernels.clone(), capacity, blocks, drafts, s)?;
-    target.ring = ring;
-    let drafter: Option<Box<dyn DraftMethod>> = match (draft, head, &s.draft) {
-        (Some(draft), _, _) => {
-            let capacity = StepCapacity {
-                max_logit_rows: s.max_num_seqs,
-                ..capacity
-            };
-            let draft = GpuBackend::new(draft, kernels, capacity, num_blocks as u64, 0, s)?;
-            info!(
-                blocks = num_blocks,
-                draft_bytes_per_layer = draft.pool.bytes_per_layer,
-                "draft model loaded beside the target"
-            );
-            Some(Box::new(BackendDraft::new(Box::new(draft), &target.pool)?))
-        }
-        (None, Some(head), _) => {
-            let limits = HeadLimits {
-                max_tokens: s.max_num_batched_tokens,
-                max_logit_rows: s.max_num_seqs,
-                max_seq_len_to_capture: s.max_seq_len_to_capture,
-                verify_rows: 1 + s.num_speculative_tokens,
-            };
-            Some(match head {
-                HeadBeside::Eagle3(h) => Box::new(with_fault(Eagle3::with_runner(
-                    GpuHead::beside(h, &target.pool, limits)?,
-                ))?),
-                HeadBeside::Mtp(h) => Box::new(with_fault(Eagle3::with_runner(GpuHead::beside(
-                    h,
-                    &target.pool,
-                    limits,
-                )?))?),
-            })
-        }
-        (None, None, &Some(DraftSpec::Ngram { min, max })) => Some(Box::new(Ngram::new(min, max)?)),
-        (None, None, _) => None,
-    };
-    Ok(Loaded {
-        target: Box::new(target),
-        drafter,
-    })
-}
-
-/// The options of a draft head beside a target of `target`: one logit row a sequence.
-fn head_options(s: &GpuSettings, target: &ModelConfig) -> GpuModelOptions {
-    GpuModelOptions {
-        max_tokens: s.max_num_batched_tokens,
-        max_logit_rows: s.max_num_seqs,
-        deterministic: s.deterministic,
-        gemv_max_rows: gemv_max_rows_for(target.hidden_size),
-    }
-}
-
-/// The ring the target hands rows of `width` off in to a head on `gpu`, of
-/// [`feature_ring_rows`] rows.
-fn feature_ring(gpu: &Gpu, s: &GpuSettings, width: usize) -> anyhow::Result<Arc<FeatureRing>> {
-    let rows = feature_ring_rows(s);
-    let ring = FeatureRing::new(gpu, rows, width)
-        .with_context(|| format!("a feature ring of {rows} rows of {width}"))?;
-    info!(
-        rows,
-        bytes = ring.bytes(),
-        "feature ring for the draft head"
-    );
-    Ok(Arc::new(ring))
-}
-
-/// Rows of the feature ring a draft head reads: room for the rows a step 0 may still
-/// read when a store begins (two steps of `max_num_batched_tokens`, and every sequence's
-/// rows that wait while its drafts are paused, with two verifications' more), so that
-/// no row is overwritten before step 0 has read it.
-fn feature_ring_rows(s: &GpuSettings) -> usize {
-    let verify = 1 + s.num_speculative_tokens;
-    2 * s.max_num_batched_tokens + s.max_num_seqs * (LAZY_ROWS + 2 * verify)
-}
-
-/// Loads the checkpoint in `dir` onto `gpu` and runs its profiling forward.
-fn load_profiled(
-    dir: &Path,
-    gpu: Arc<Gpu>,
-    kernels: &Arc<CudaKernels>,
-    s: &GpuSettings,
-    max_logit_rows: usize,
-) -> anyhow::Result<GpuLlama> {
-    let hidden = ModelConfig::from_dir(dir)
-        .with_context(|| format!("reading the config of {}", dir.display()))?
-        .hidden_size;
-    let options = GpuModelOptions {
-        max_tokens: s.max_num_batched_tokens,
-        max_logit_rows,
-        deterministic: s.deterministic,
-        gemv_max_rows: gemv_max_rows_for(hidden),
-    };
-    // The activations are sized for the largest step: a step limit past the device's
-    // memory fails here, with the limits named.
-    let sized = || {
-        format!(
-            "with buffers for max_num_batched_tokens {} and max_num_seqs {} (lower them)",
-            s.max_num_batched_tokens, s.max_num_seqs
-        )
-    };
-    let mut model = GpuLlama::load(dir, gpu, kernels.clone(), options)
-        .with_context(|| format!("loading {} onto the GPU {}", dir.display(), sized()))?;
-    profile(&mut model, s, max_logit_rows)
-        .with_context(|| format!("profiling the largest step {}", sized()))?;
-    Ok(model)
 }
 
 impl GpuBackend {
@@ -365,38 +109,6 @@ impl GpuBackend {
             host: None,
         })
     }
-}
-
-/// Runs the largest step the scheduler may send, prefill of `max_num_batched_tokens`
-/// tokens, over a temporary pool, so that the activations' peak (cuBLAS workspaces
-/// included) is allocated before the free memory is measured.
-fn profile(model: &mut GpuLlama, s: &GpuSettings, logit_rows: usize) -> anyhow::Result<()> {
-    let tokens = s.max_num_batched_tokens;
-    let longest = model.config().max_model_len.max(1);
-    let per_seq = longest.min(tokens);
-    let seqs = tokens.div_ceil(per_seq);
-    let blocks_per_seq = per_seq.div_ceil(s.block_size);
-    let num_blocks = (seqs * blocks_per_seq) as u64;
-    let gpu = model.gpu().clone();
-    let mut cache = model.new_cache(num_blocks, s.block_size as u64)?;
-    let tables: Vec<Vec<u32>> = (0..seqs)
-        .map(|i| ((i * blocks_per_seq) as u32..((i + 1) * blocks_per_seq) as u32).collect())
-        .collect();
-    let specs: Vec<SeqSpec> = tables
-        .iter()
-        .enumerate()
-        .map(|(i, table)| SeqSpec {
-            num_cached: 0,
-            num_new: per_seq.min(tokens - i * per_seq),
-            block_table: table,
-        })
-        .collect();
-    let plan = AttentionPlan::new(&specs, s.block_size, num_blocks)?;
-    let ids = vec![0u32; tokens];
-    let rows: Vec<usize> = (0..logit_rows.min(tokens)).collect();
-    model.forward(&ids, &plan, &mut cache, &rows)?;
-    gpu.synchronize()?;
-    Ok(())
 }
 
 impl GpuBackend {
