@@ -600,7 +600,7 @@ eagle3time)
     ;;
 draftcost)
     head=heads/smollm2-135m-eagle3 data=$(heldout_bench) port=8126
-    trace=info,peregrine_actors::scheduler=trace,peregrine_actors::draft::gpu_head=trace,peregrine_kernels::cuda::gemm_lt=debug
+    trace=info,peregrine_actors::scheduler=trace,peregrine_actors::draft::cuda_head=trace,peregrine_kernels::cuda::gemm_lt=debug
     for round in $(seq 1 "${DRAFTCOST_ROUNDS:-1}"); do
         for c in ${DRAFTCOST_CONCURRENCY:-64 32}; do
             for setting in adaptive k1 k2 k3 off; do

@@ -221,7 +221,7 @@ fn padded_attention_leaves_the_padded_rows_and_a_sentinel_tail_alone_at_every_si
         num_heads: heads,
         scale: 0.25,
     };
-    let pool = peregrine_runtime::cpu_graph::BufferPool::new();
+    let pool = peregrine_runtime::cpu::BufferPool::new();
     let scratch = ((largest * SEQ_BLOCKS) * BLOCK) as i64;
     let mut staging = StepStaging::new(StepShape::decode(largest), SEQ_BLOCKS, scratch).unwrap();
     let inputs = StepInputs::new(&pool, StepShape::decode(largest), SEQ_BLOCKS);

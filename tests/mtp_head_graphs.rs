@@ -87,8 +87,8 @@ fn mtp_decode_graphs_replay_as_the_eager_head_runs() {
 /// Buffers of the head's pool, written with poison and dropped, so the graphs' buffers
 /// are not the only ones the pool hands out.
 fn head_pool_churn(head: &MtpHead, i: usize) -> Vec<f32> {
-    use peregrine_models::cpu_graph::head::{GraphHead, HeadIo};
     use peregrine_models::eagle3::FeatureKind;
+    use peregrine_models::graph::cpu::head::{GraphHead, HeadIo};
     use peregrine_models::StepShape;
     let b = head.buffers(StepShape::decode(1 + i % 16), 8, FeatureKind::Pre);
     b.feature().write().fill(1.0e30);

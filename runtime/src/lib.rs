@@ -1,11 +1,11 @@
 //! Memory and its addresses: what the host has to give (`host_memory`), the staged inputs of captured graphs (`staging`), the CPU's
-//! pooled buffers and recorded graphs (`cpu_graph`), and with the `cuda` feature the CUDA
+//! pooled buffers and recorded graphs (`cpu`), and with the `cuda` feature the CUDA
 //! device, its streams, buffers and graphs and the NVRTC compiler with its cache (`cuda`).
 //!
 //! The CPU backend is always built; the CUDA backend (`cuda` module) comes with the `cuda`
 //! cargo feature.
 
-pub mod cpu_graph;
+pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod host_memory;

@@ -9,7 +9,7 @@ use crate::model::gpu_model;
 use crate::{rng, setup};
 use peregrine_kernels::cuda::mla::runs_prefill;
 use peregrine_models::config::ModelConfig;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
+use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use rand::seq::SliceRandom;
 use rand::Rng;

@@ -22,7 +22,7 @@ use peregrine_actors::graphs::CaptureSizes;
 use peregrine_kernels::cpu::{self, AttentionSeq, KvLayout};
 use peregrine_kernels::cuda::attention::{DecodeKernel, PARTITION_TOKENS};
 use peregrine_kernels::cuda::mla::MlaProjections;
-use peregrine_models::gpu_graph::context_classes;
+use peregrine_models::graph::cuda::context_classes;
 use peregrine_ops::cuda::attention::{AttentionError, RotaryTable};
 use peregrine_ops::cuda::mla::GpuMlaAttention;
 use peregrine_ops::cuda::plan::{DeviceAttentionPlan, PlanCapacity};
@@ -105,7 +105,7 @@ fn verify_step(s: &Setup, target: &mut DeviceAttentionPlan, size: usize) {
     // The graph of `size` requests: its rows, whatever smaller graph the set also holds.
     let padded = size * ROWS;
 
-    // The target's plan, as its graph stages it (llama_gpu::graph): every row a logit row,
+    // The target's plan, as its graph stages it (llama::cuda::graph): every row a logit row,
     // grids of the class that serves the step's longest context.
     let tokens = vec![0u32; rows];
     let every_row: Vec<usize> = (0..rows).collect();

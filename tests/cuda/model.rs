@@ -4,7 +4,7 @@
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::setup;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions, WorkspaceDims};
+use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions, WorkspaceDims};
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};

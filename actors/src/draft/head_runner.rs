@@ -1,14 +1,14 @@
 //! Where a draft head that reads the target's features runs (an EAGLE-3 head, or
 //! DeepSeek-V3's MTP layer): its forwards over its own one-layer KV cache (in the blocks of
 //! the target's pool) and the graphs of its decode step. [`CpuHead`] runs either head on
-//! the CPU; the CUDA backend's runs an EAGLE-3 head on the GPU (`gpu_head`).
+//! the CPU; the CUDA backend's runs an EAGLE-3 head on the GPU (`cuda_head`).
 
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
 use anyhow::Context;
 use peregrine_kernels::cpu::KvLayout;
-use peregrine_models::cpu_graph::head::{forward_eagerly, GraphHead};
 use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput, HeadOutput};
+use peregrine_models::graph::cpu::head::{forward_eagerly, GraphHead};
 use peregrine_models::mtp::MtpHead;
 use peregrine_models::{ForwardError, ModelConfig};
 #[cfg(feature = "fault-hooks")]

@@ -14,10 +14,10 @@
 
 mod backend_draft;
 mod build;
+#[cfg(feature = "cuda")]
+mod cuda_head;
 mod draft_model;
 mod eagle3;
-#[cfg(feature = "cuda")]
-mod gpu_head;
 mod head_blocks;
 mod head_features;
 mod head_runner;
@@ -28,10 +28,10 @@ pub use backend_draft::BackendDraft;
 #[cfg(feature = "cuda")]
 pub(crate) use build::with_fault;
 pub use build::{cpu_drafter, DraftSpec};
+#[cfg(feature = "cuda")]
+pub use cuda_head::{GpuHead, HeadCapacity};
 pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
-#[cfg(feature = "cuda")]
-pub use gpu_head::{GpuHead, HeadCapacity};
 pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 

@@ -1,7 +1,7 @@
 //! The engine's graphs, the one home of graph capture on the serving side: which batch
 //! sizes are captured (`sizes`), the GraphCaptureManager that captures one graph per size
 //! and finds the graph a batch pads up to (`manager`, any graph type: the CPU's recorded
-//! forwards, the CUDA graphs of `peregrine_models::llama_gpu` and `eagle3`), the CPU
+//! forwards, the CUDA graphs of `peregrine_models::llama::cuda` and `eagle3`), the CPU
 //! backend's graphs of the target's decode step (`cpu_decode`) and of an EAGLE-3 head's
 //! (`cpu_head`), and the capture of the target's and the draft's graphs as one set, at
 //! start-up and on reload (`capture`). Each graph owns every buffer it reads or writes. A
@@ -9,18 +9,16 @@
 //! larger one runs eagerly.
 //!
 //! Below this crate: the models' own captures and what they share
-//! (`peregrine_models::gpu_graph`, `peregrine_models::cpu_graph`), and the recorded CPU
-//! graph and staged inputs (`peregrine_runtime::cpu_graph`, `peregrine_runtime::staging`).
+//! (`peregrine_models::graph::cuda`, `peregrine_models::graph::cpu`), and the recorded CPU
+//! graph and staged inputs (`peregrine_runtime::cpu`, `peregrine_runtime::staging`).
 
 mod capture;
-mod cpu_decode;
-mod cpu_head;
+mod cpu;
 mod manager;
 mod sizes;
 
 pub use capture::GraphCapture;
-pub use cpu_decode::{CpuDecodeGraphs, Replayed};
-pub use cpu_head::CpuHeadGraphs;
+pub use cpu::{CpuDecodeGraphs, CpuHeadGraphs, Replayed};
 pub use manager::GraphCaptureManager;
 pub use sizes::CaptureSizes;
 

@@ -10,7 +10,7 @@
 
 use super::record::FeatureKind;
 use super::Eagle3Head;
-use crate::cpu_graph::head::forward_eagerly;
+use crate::graph::cpu::head::forward_eagerly;
 use crate::llama::ForwardError;
 use peregrine_ops::{AttentionPlan, KvCache};
 

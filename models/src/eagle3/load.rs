@@ -6,7 +6,7 @@ use crate::llama::LlamaModel;
 use crate::weights::Weights;
 use peregrine_kernels::cpu::Matrix;
 use peregrine_ops::{Linear, PagedAttention, RmsNorm, Rotary, RotaryLayout};
-use peregrine_runtime::cpu_graph::BufferPool;
+use peregrine_runtime::cpu::BufferPool;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -17,14 +17,14 @@
 //! - `feature_ring` (`cuda` feature): the target's features handed to the head on the
 //!   device.
 //! - `gpu` (`cuda` feature): the head's kind on the GPU (its weights and forward), which
-//!   `gpu_draft_head` runs eagerly and `head_graph` through CUDA graphs.
+//!   `draft_head::cuda::head` runs eagerly and `draft_head::cuda::graph` through CUDA graphs.
 
 pub mod config;
 #[cfg(feature = "cuda")]
+pub mod cuda;
+#[cfg(feature = "cuda")]
 pub mod feature_ring;
 pub mod forward;
-#[cfg(feature = "cuda")]
-pub mod gpu;
 pub mod load;
 pub mod record;
 pub mod stage;

@@ -4,15 +4,15 @@
 //! slots, attention metadata, logit rows) from the staged buffers at replay and holds
 //! owning handles of every buffer it touches.
 //!
-//! [`CpuGraph`]: peregrine_runtime::cpu_graph::CpuGraph
+//! [`CpuGraph`]: peregrine_runtime::cpu::CpuGraph
 
 use super::load::HeadWeights;
 use super::Eagle3Head;
-use crate::cpu_graph::head::{GraphHead, HeadIo};
-use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
-use crate::cpu_graph::step_io::{StepInputs, StepShape};
+use crate::graph::cpu::head::{GraphHead, HeadIo};
+use crate::graph::cpu::ops::{self as ops, Activations, Dims, Graph};
+use crate::graph::cpu::step_io::{StepInputs, StepShape};
 use crate::llama::ForwardError;
-use peregrine_runtime::cpu_graph::CpuBuffer;
+use peregrine_runtime::cpu::CpuBuffer;
 
 /// Which feature `g` a forward reads (see [`HeadInput`](super::HeadInput)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -2,8 +2,8 @@
 //! inputs as [`StepStaging`] stages them, and each row's feature (`[rows, width]`, batch
 //! on axis 0), whose padded rows repeat the last real row.
 
-use crate::cpu_graph::head::HeadIo;
-use crate::cpu_graph::step_io::{copy, StepShape, StepStaging};
+use crate::graph::cpu::head::HeadIo;
+use crate::graph::cpu::step_io::{copy, StepShape, StepStaging};
 use crate::llama::ForwardError;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::{Padding, StagedInput};

@@ -5,13 +5,13 @@
 //! `process_weights_after_loading`).
 
 use crate::config::{MlaConfig, ModelConfig};
-use crate::cpu_graph::ops::{linear, refuse, staged_attention, Activations, Graph};
-use crate::cpu_graph::step_io::{StepInputs, StepShape};
+use crate::graph::cpu::ops::{linear, refuse, staged_attention, Activations, Graph};
+use crate::graph::cpu::step_io::{StepInputs, StepShape};
 use crate::weights::{WeightError, Weights};
 use crate::ForwardError;
 use peregrine_kernels::cpu::Matrix;
 use peregrine_ops::{Linear, MlaAttention, RmsNorm, Rotary};
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
 /// One layer's latent-attention weights.

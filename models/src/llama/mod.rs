@@ -3,6 +3,8 @@
 //! layers differ only in their attention (grouped-query or latent) and MLP (dense or a
 //! mixture of experts).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod mla;
 mod mlp;
 mod moe;
@@ -11,7 +13,7 @@ pub(crate) mod record;
 pub use record::LlamaBuffers;
 
 use crate::config::ModelConfig;
-use crate::cpu_graph::step_io::{StepInputs, StepShape, StepStaging};
+use crate::graph::cpu::step_io::{StepInputs, StepShape, StepStaging};
 use crate::progress;
 use crate::weights::{WeightError, Weights};
 use mla::MlaWeights;
@@ -22,7 +24,7 @@ use peregrine_ops::{
     AttentionPlan, KvCache, KvRows, Linear, PagedAttention, PlanError, RmsNorm, Rotary,
     RotaryLayout,
 };
-use peregrine_runtime::cpu_graph::{BufferPool, CpuGraph, GraphError};
+use peregrine_runtime::cpu::{BufferPool, CpuGraph, GraphError};
 use peregrine_runtime::StageError;
 use std::path::Path;
 use std::sync::Arc;

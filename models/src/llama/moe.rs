@@ -5,11 +5,11 @@
 
 use super::mlp::GatedMlp;
 use crate::config::{GroupScore, ModelConfig, MoeConfig, Scoring};
-use crate::cpu_graph::ops::{Activations, Graph};
-use crate::cpu_graph::step_io::StepShape;
+use crate::graph::cpu::ops::{Activations, Graph};
+use crate::graph::cpu::step_io::StepShape;
 use crate::weights::{WeightError, Weights};
 use peregrine_ops::Linear;
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
 /// One layer's mixture: the router, its score bias, the routed and the shared experts.

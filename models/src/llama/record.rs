@@ -3,16 +3,16 @@
 //! Every op reads its inputs (token ids, positions, slots, attention metadata, logit rows)
 //! from the staged buffers at replay, and holds owning handles of every buffer it touches.
 //!
-//! [`CpuGraph`]: peregrine_runtime::cpu_graph::CpuGraph
+//! [`CpuGraph`]: peregrine_runtime::cpu::CpuGraph
 
 use super::mla::{self, MlaActivations};
 use super::moe::{self, MoeActivations};
 use super::{ForwardError, GroupedAttention, Layer, LayerAttention, LayerMlp, LlamaModel};
 use crate::config::ModelConfig;
-use crate::cpu_graph::ops::{self as ops, Activations, Dims, Graph};
-use crate::cpu_graph::step_io::{StepInputs, StepShape};
+use crate::graph::cpu::ops::{self as ops, Activations, Dims, Graph};
+use crate::graph::cpu::step_io::{StepInputs, StepShape};
 use peregrine_ops::{PagedAttention, RmsNorm, Rotary};
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
 /// Everything a forward reads and writes besides the weights and the KV cache: the staged

@@ -15,19 +15,19 @@
 //! It drafts over the whole vocabulary.
 
 #[cfg(feature = "cuda")]
-pub mod gpu;
+pub mod cuda;
 
 use crate::config::ModelConfig;
-use crate::cpu_graph::head::{forward_eagerly, GraphHead, HeadIo};
-use crate::cpu_graph::ops::{self as ops, Graph};
-use crate::cpu_graph::step_io::{StepInputs, StepShape};
 use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
+use crate::graph::cpu::head::{forward_eagerly, GraphHead, HeadIo};
+use crate::graph::cpu::ops::{self as ops, Graph};
+use crate::graph::cpu::step_io::{StepInputs, StepShape};
 use crate::llama::record::{record_block, record_input_norm, Block};
 use crate::llama::{load_layer, rotary_of, ForwardError, Layer, LlamaBuffers};
 use crate::weights::{WeightError, Weights};
 use peregrine_kernels::cpu::{KvLayout, Matrix};
 use peregrine_ops::{AttentionPlan, KvCache, Linear, PagedAttention, RmsNorm, Rotary};
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer};
 use std::sync::Arc;
 
 /// A multi-token prediction head that cannot be loaded.

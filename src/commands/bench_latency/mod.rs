@@ -3,7 +3,7 @@
 
 mod backend;
 #[cfg(feature = "cuda")]
-mod gpu;
+mod cuda;
 #[cfg(feature = "cuda")]
 mod mtp_round;
 
@@ -21,7 +21,7 @@ fn open(args: &BenchLatencyArgs, largest: usize) -> anyhow::Result<Box<dyn Laten
         #[cfg(feature = "cuda")]
         "cuda" => {
             crate::commands::kv_dtype::check_gpu_kv_dtype(args.kv_cache_dtype)?;
-            Ok(Box::new(gpu::GpuModel::open(args)?))
+            Ok(Box::new(cuda::GpuModel::open(args)?))
         }
         #[cfg(not(feature = "cuda"))]
         "cuda" => bail!("this binary was built without the `cuda` feature"),

@@ -11,11 +11,11 @@ use crate::draft::{
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::gemv_max_rows_for;
+use peregrine_models::eagle3::cuda::GpuEagle3Head;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
-use peregrine_models::eagle3::gpu::GpuEagle3Head;
 use peregrine_models::eagle3::Eagle3Config;
-use peregrine_models::llama_gpu::{GpuLlama, GpuModelOptions};
-use peregrine_models::mtp::gpu::GpuMtpHead;
+use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions};
+use peregrine_models::mtp::cuda::GpuMtpHead;
 use peregrine_models::ModelConfig;
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_runtime::cuda::Gpu;

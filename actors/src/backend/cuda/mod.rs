@@ -20,8 +20,8 @@ use host_blocks::{GpuHostBlocks, HostMove};
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
-use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
-use peregrine_models::llama_gpu::{
+use peregrine_models::graph::cuda::{GraphLimits, SharedKvCache};
+use peregrine_models::llama::cuda::{
     CapturedDecode, GpuLlama, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
 };
 use peregrine_models::ModelConfig;

@@ -23,7 +23,7 @@ pub use weights::{GpuAttention, GpuGrouped, GpuLayer, GpuMlp, GpuWeights};
 pub use workspace::{AuxStates, StepBuffers, Workspace, WorkspaceDims};
 
 use crate::config::ModelConfig;
-use crate::gpu_graph::SharedGraphBuffers;
+use crate::graph::cuda::SharedGraphBuffers;
 use crate::llama::rotary_of;
 use crate::weights::Weights;
 use cudarc::driver::{CudaSlice, CudaView};

@@ -1,11 +1,11 @@
 //! What every model's CUDA graphs are built of, whichever the model (the Llama family's
-//! decode and verification steps in `llama_gpu::graph`, an EAGLE-3 head's decode step in
-//! `eagle3::gpu_graph`): the limits a set of graphs serves, the buffers their captures
+//! decode and verification steps in `llama::cuda::graph`, an EAGLE-3 head's decode step in
+//! `draft_head::cuda::graph`): the limits a set of graphs serves, the buffers their captures
 //! share (allocated at the largest size, reused by every smaller capture, held by every
 //! graph: docs/architecture.md, rule 5), the graphs of one step per context class, the
 //! scratch step a graph is captured from, and the capture itself.
 
-use crate::llama_gpu::forward::GpuForwardError;
+use crate::llama::cuda::forward::GpuForwardError;
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaGraph;
 use peregrine_kernels::cpu::KvLayout;

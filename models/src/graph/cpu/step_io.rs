@@ -4,7 +4,7 @@
 
 use crate::ForwardError;
 use peregrine_ops::AttentionPlan;
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer};
 use peregrine_runtime::{Padding, StagedInput};
 
 /// The sizes of a step: token rows, sequences and logit rows.

@@ -9,8 +9,8 @@ use peregrine_actors::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::gemv_max_rows_for;
 use peregrine_models::fetch::default_cache_dir;
-use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
-use peregrine_models::llama_gpu::{
+use peregrine_models::graph::cuda::{GraphLimits, SharedKvCache};
+use peregrine_models::llama::cuda::{
     CapturedDecode, GpuLlama, GpuModelOptions, GreedyInput, QueuedStep,
 };
 use peregrine_models::ModelConfig;

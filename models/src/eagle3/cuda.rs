@@ -7,10 +7,10 @@
 //! f32 residual stream, which becomes `h1`, then `h2` (the next step's `pre`).
 
 use super::{DraftVocab, Eagle3Config, Eagle3Head, FeatureKind};
-use crate::draft_head_kind::DraftHeadKind;
-use crate::gpu_draft_head::GpuDraftHead;
-use crate::head_features::StagedFeatures;
-use crate::llama_gpu::{
+use crate::draft_head::cuda::features::StagedFeatures;
+use crate::draft_head::cuda::head::GpuDraftHead;
+use crate::draft_head::cuda::DraftHeadKind;
+use crate::llama::cuda::{
     attend, project_logits, to_device, GpuForwardError, GpuModelOptions, LayerKv, LogitRows,
     SharedEmbedding, Workspace, WorkspaceDims,
 };

@@ -4,7 +4,7 @@
 
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::HeadInput;
-use crate::llama_gpu::GpuForwardError;
+use crate::llama::cuda::GpuForwardError;
 use cudarc::driver::CudaSlice;
 use half::bf16;
 use peregrine_kernels::cuda::CudaKernels;

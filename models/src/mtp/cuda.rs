@@ -15,15 +15,15 @@
 
 use super::MtpError;
 use crate::config::ModelConfig;
-use crate::draft_head_kind::DraftHeadKind;
+use crate::draft_head::cuda::features::StagedFeatures;
+use crate::draft_head::cuda::head::GpuDraftHead;
+use crate::draft_head::cuda::DraftHeadKind;
 use crate::eagle3::{DraftVocab, FeatureKind};
-use crate::gpu_draft_head::GpuDraftHead;
-use crate::head_features::StagedFeatures;
-use crate::llama::rotary_of;
-use crate::llama_gpu::{
+use crate::llama::cuda::{
     attention_plan, norm_into, project_logits, scratch_heads, to_device, GpuForwardError, GpuLayer,
     GpuModelOptions, LayerInput, LayerStep, LogitRows, RandomWeights, SharedEmbedding, Workspace,
 };
+use crate::llama::rotary_of;
 use crate::weights::Weights;
 use cudarc::driver::{CudaSlice, CudaView, DriverError};
 use half::bf16;

@@ -11,7 +11,7 @@
 
 use super::{CapturedDecode, GraphBuffers, GraphKind};
 use crate::llama::check_inputs;
-use crate::llama_gpu::{GpuForwardError, LlamaCore};
+use crate::llama::cuda::{GpuForwardError, LlamaCore};
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::AttentionError;
 use peregrine_ops::sampling::TokenMask;

@@ -3,13 +3,13 @@
 //! reads and the captures of its graphs, over what differs between the kinds
 //! ([`DraftHeadKind`]).
 
-use crate::draft_head_kind::{DraftHeadKind, GpuHeadDrafts};
+use crate::draft_head::cuda::graph::{capture_head, CapturedHead, HeadGraphBuffers, HeadGraphKind};
+use crate::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::{DraftVocab, FeatureKind, HeadInput, HeadOutput};
-use crate::gpu_graph::{GraphLimits, SharedGraphBuffers, SharedKvCache};
-use crate::head_graph::{capture_head, CapturedHead, HeadGraphBuffers, HeadGraphKind};
+use crate::graph::cuda::{GraphLimits, SharedGraphBuffers, SharedKvCache};
+use crate::llama::cuda::{GpuForwardError, GpuModelOptions};
 use crate::llama::{check_inputs, ForwardError};
-use crate::llama_gpu::{GpuForwardError, GpuModelOptions};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_ops::cuda::attention::DeviceAttentionPlan;
 use peregrine_ops::cuda::GpuKvCache;

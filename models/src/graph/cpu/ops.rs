@@ -3,7 +3,7 @@
 //! holding owning handles of every buffer it touches and reading the staged inputs at
 //! replay.
 
-use crate::cpu_graph::step_io::{StepInputs, StepShape};
+use crate::graph::cpu::step_io::{StepInputs, StepShape};
 use crate::ForwardError;
 use peregrine_kernels::cpu::embedding as embed_rows;
 use peregrine_kernels::cpu::silu_and_mul as silu_mul;
@@ -11,7 +11,7 @@ use peregrine_kernels::cpu::Matrix;
 use peregrine_ops::{
     AttentionPlan, KvCache, Linear, PagedAttention, PlanError, RmsNorm, Rotary, StagedMeta,
 };
-use peregrine_runtime::cpu_graph::{BufferPool, CpuBuffer, CpuGraph, OpError};
+use peregrine_runtime::cpu::{BufferPool, CpuBuffer, CpuGraph, OpError};
 use std::sync::Arc;
 
 /// A graph of a forward, run against the KV cache.

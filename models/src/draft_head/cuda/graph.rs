@@ -1,4 +1,4 @@
-//! A draft head's steps captured as CUDA graphs, as the target's are (`llama_gpu::graph`),
+//! A draft head's steps captured as CUDA graphs, as the target's are (`llama::cuda::graph`),
 //! for any head on the GPU ([`DraftHeadKind`]: an EAGLE-3 head, a multi-token prediction
 //! layer): its draft steps after the first (one row per sequence, fed its `pre`), and its
 //! step 0 of a decode-shaped batch (up to the rows a sequence verifies, fed target
@@ -12,14 +12,14 @@
 //! scratch slot no sequence owns; a step 0's features are gathered into the real rows only,
 //! before the graph runs.
 
-use crate::draft_head_kind::{DraftHeadKind, GpuHeadDrafts};
+use crate::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::FeatureKind;
-use crate::gpu_graph::{
+use crate::graph::cuda::{
     context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedGraphBuffers, SharedKvCache,
 };
+use crate::llama::cuda::GpuForwardError;
 use crate::llama::{check_inputs, ForwardError};
-use crate::llama_gpu::GpuForwardError;
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;

@@ -22,7 +22,9 @@
 //! per host buffer, and its launches alternate between them.
 
 use super::{attention_plan, scratch_heads, GpuForwardError, GpuLlama, LlamaCore, Workspace};
-use crate::gpu_graph::{context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache};
+use crate::graph::cuda::{
+    context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache,
+};
 use crate::llama::check_inputs;
 use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;

@@ -4,12 +4,12 @@
 //! forward per batch size, all viewing one set of buffers sized for the largest, and the
 //! staging that pads a batch (and its `pre` rows) up to its graph's size.
 
-use super::{CaptureSizes, GraphCaptureManager};
-use peregrine_models::cpu_graph::head::{GraphHead, HeadIo};
+use crate::graphs::{CaptureSizes, GraphCaptureManager};
 use peregrine_models::eagle3::{FeatureKind, HeadOutput, HeadStaging};
+use peregrine_models::graph::cpu::head::{GraphHead, HeadIo};
 use peregrine_models::StepShape;
 use peregrine_ops::{AttentionPlan, KvCache};
-use peregrine_runtime::cpu_graph::CpuGraph;
+use peregrine_runtime::cpu::CpuGraph;
 
 /// Graphs of the head's decode step with the buffers they share (each graph also owns
 /// them).

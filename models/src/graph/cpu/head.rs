@@ -7,7 +7,7 @@ use super::step_io::{StepInputs, StepShape};
 use crate::eagle3::{FeatureKind, HeadInput, HeadOutput, HeadStaging};
 use crate::llama::{check_inputs, ForwardError};
 use peregrine_ops::{AttentionPlan, KvCache};
-use peregrine_runtime::cpu_graph::{CpuBuffer, CpuGraph};
+use peregrine_runtime::cpu::{CpuBuffer, CpuGraph};
 
 /// The buffers of a head's forward that a caller stages into and reads back.
 pub trait HeadIo {

@@ -105,7 +105,7 @@ impl<C> CpuGraph<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_graph::BufferPool;
+    use crate::cpu::BufferPool;
 
     /// Allocates and frees many buffers of `len` floats, each written with `value`: a
     /// freed buffer's storage is then another's.

@@ -11,12 +11,12 @@ use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
-use peregrine_models::draft_head_kind::{DraftHeadKind, GpuHeadDrafts};
-use peregrine_models::eagle3::gpu::HeadCore;
+use peregrine_models::draft_head::cuda::graph::CapturedHead;
+use peregrine_models::draft_head::cuda::head::GpuDraftHead;
+use peregrine_models::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
+use peregrine_models::eagle3::cuda::HeadCore;
 use peregrine_models::eagle3::{DraftVocab, FeatureKind, HeadInput};
-use peregrine_models::gpu_draft_head::GpuDraftHead;
-use peregrine_models::gpu_graph::{GraphLimits, SharedKvCache};
-use peregrine_models::head_graph::CapturedHead;
+use peregrine_models::graph::cuda::{GraphLimits, SharedKvCache};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use std::sync::{Arc, Mutex};
 

@@ -2,10 +2,10 @@
 //! viewing one set of buffers sized for the largest, and the staging that pads a batch up
 //! to its graph's size.
 
-use super::{CaptureSizes, GraphCaptureManager};
+use crate::graphs::{CaptureSizes, GraphCaptureManager};
 use peregrine_models::{LlamaBuffers, LlamaModel, StepShape, StepStaging};
 use peregrine_ops::{AttentionPlan, KvCache};
-use peregrine_runtime::cpu_graph::CpuGraph;
+use peregrine_runtime::cpu::CpuGraph;
 
 /// Graphs of the decode step with the buffers they share (each graph also owns them).
 pub struct CpuDecodeGraphs {

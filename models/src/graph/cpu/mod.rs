@@ -3,7 +3,7 @@
 //! layer's in `mtp`): a step's inputs staged into pooled buffers, padded up to a size by one
 //! code path (`step_io`), the recorded ops a decoder forward is made of (`ops`), and what a
 //! draft head shows the graphs of its decode step (`head`). The recording itself and its
-//! buffers are `peregrine_runtime::cpu_graph`'s.
+//! buffers are `peregrine_runtime::cpu`'s.
 
 pub mod head;
 pub(crate) mod ops;

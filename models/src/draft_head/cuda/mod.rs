@@ -1,13 +1,17 @@
-//! What differs between the kinds of draft head on the GPU ([`DraftHeadKind`]: the
+//! The draft heads on the GPU. What differs between their kinds ([`DraftHeadKind`]: the
 //! weights, the forward they queue, the cache's shape), with what follows from it (the
 //! argmax, the drafts' downloads, the position check), for the eager head
-//! ([`GpuDraftHead`](crate::gpu_draft_head::GpuDraftHead)) and its graphs
-//! ([`head_graph`](crate::head_graph)). A third kind implements the trait and gets the rest.
+//! ([`GpuDraftHead`](crate::draft_head::cuda::head::GpuDraftHead)) and its graphs
+//! ([`graph`](crate::draft_head::cuda::graph)). A third kind implements the trait and gets the rest.
 
+pub mod features;
+pub mod graph;
+pub mod head;
+
+use crate::draft_head::cuda::features::StagedFeatures;
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::{DraftVocab, FeatureKind};
-use crate::head_features::StagedFeatures;
-use crate::llama_gpu::{GpuForwardError, Workspace};
+use crate::llama::cuda::{GpuForwardError, Workspace};
 use cudarc::driver::{CudaSlice, DriverError};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
