@@ -21,10 +21,15 @@ use peregrine_kernels::cuda::attention::{
     SPLIT_MAX_ROWS,
 };
 use peregrine_runtime::cuda::Gpu;
-use peregrine_runtime::{Padding, StageError, StagedInput};
+
 use std::sync::{Arc, Mutex};
 
 use super::attention_error::AttentionError;
+use fixed::{stage_fixed, FixedInputs, FixedStep};
+use host::{SeqArrays, StepRows};
+
+mod fixed;
+mod host;
 
 /// What a fixed-layout plan has room for: the steps of a decode (or verification) graph.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,23 +75,6 @@ impl PlanCapacity {
     }
 }
 
-/// The fixed layout's inputs, each with its batch axis.
-struct FixedInputs {
-    capacity: PlanCapacity,
-    tokens: StagedInput<i32>,
-    logit_rows: StagedInput<i32>,
-    positions: StagedInput<i32>,
-    q_start: StagedInput<i32>,
-    q_len: StagedInput<i32>,
-    context_len: StagedInput<i32>,
-    block_table: StagedInput<i32>,
-    split: StagedInput<i32>,
-    decode: StagedInput<i32>,
-    prefill: StagedInput<i32>,
-    slot_mapping: StagedInput<i64>,
-    table_start: StagedInput<i64>,
-}
-
 /// Where each array starts in the packed `i32` and `i64` buffers, and how long it is.
 #[derive(Clone, Copy, Debug, Default)]
 struct Offsets {
@@ -125,6 +113,29 @@ struct StepNumbers {
     max_position: Option<u32>,
 }
 
+impl StepNumbers {
+    /// The numbers of a step over the kernels' `plan` (`cut`: its sequences were cut into
+    /// one-row sequences), run over `padded_rows` rows with `logit_rows` logit rows.
+    fn of(plan: &AttentionPlan, cut: bool, padded_rows: usize, logit_rows: usize) -> StepNumbers {
+        StepNumbers {
+            rows: plan.rows(),
+            padded_rows,
+            logit_rows,
+            num_seqs: plan.seqs().len(),
+            cut,
+            max_context_len: plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
+            max_block: plan
+                .seqs()
+                .iter()
+                .flat_map(|s| s.block_table.iter())
+                .copied()
+                .max(),
+            max_slot: plan.slot_mapping().iter().copied().max(),
+            max_position: plan.positions().iter().copied().max(),
+        }
+    }
+}
+
 /// One step's attention metadata on the device (see the module docs). Stage each step with
 /// [`DeviceAttentionPlan::stage`], then use it for every layer, on the stream of the `Gpu`
 /// it was made with.
@@ -161,96 +172,6 @@ fn live_array(c: WorkCounts) -> [i32; LIVE_COUNTS] {
     [c.split as i32, c.decode as i32, c.prefill as i32]
 }
 
-/// A step's token ids and logit rows as the kernels read them, with its plan.
-struct StepRows<'a> {
-    plan: &'a AttentionPlan,
-    tokens: Vec<i32>,
-    logit_rows: Vec<i32>,
-}
-
-impl<'a> StepRows<'a> {
-    /// Refuses token ids that are not one per planned row, and logit rows past them.
-    fn new(
-        tokens: &[u32],
-        plan: &'a AttentionPlan,
-        logit_rows: &[usize],
-    ) -> Result<StepRows<'a>, AttentionError> {
-        if tokens.len() != plan.rows() {
-            return Err(AttentionError::Shape(format!(
-                "{} token ids for {} planned rows",
-                tokens.len(),
-                plan.rows()
-            )));
-        }
-        if let Some(&row) = logit_rows.iter().find(|&&r| r >= plan.rows()) {
-            return Err(AttentionError::Shape(format!(
-                "logit row {row} of {} planned rows",
-                plan.rows()
-            )));
-        }
-        Ok(StepRows {
-            plan,
-            tokens: tokens.iter().map(|&t| t as i32).collect(),
-            logit_rows: logit_rows.iter().map(|&r| r as i32).collect(),
-        })
-    }
-}
-
-/// A plan's per-sequence arrays on the host.
-#[derive(Default)]
-struct SeqArrays {
-    q_start: Vec<i32>,
-    q_len: Vec<i32>,
-    context_len: Vec<i32>,
-    table_start: Vec<i64>,
-    block_table: Vec<i32>,
-}
-
-impl SeqArrays {
-    /// The arrays of `plan`, each table starting `table_stride` entries after the last
-    /// (its own length when `None`) and padded with its last id up to that stride. Without
-    /// a stride, a sequence whose table is the one before it (the rows of a cut sequence)
-    /// shares its entries.
-    fn new(plan: &AttentionPlan, table_stride: Option<usize>) -> SeqArrays {
-        let mut a = SeqArrays::default();
-        let mut previous: Option<&[u32]> = None;
-        for s in plan.seqs() {
-            let table: &[u32] = &s.block_table;
-            if table_stride.is_none() && previous == Some(table) {
-                assert!(
-                    s.q_start + s.q_len <= i32::MAX as usize,
-                    "attention plan: rows past i32"
-                );
-                a.q_start.push(s.q_start as i32);
-                a.q_len.push(s.q_len as i32);
-                a.context_len.push(s.context_len as i32);
-                let last = *a.table_start.last().expect("a sequence before");
-                a.table_start.push(last);
-                continue;
-            }
-            previous = Some(table);
-            assert!(
-                s.q_start + s.q_len <= i32::MAX as usize,
-                "attention plan: rows past i32"
-            );
-            a.q_start.push(s.q_start as i32);
-            a.q_len.push(s.q_len as i32);
-            a.context_len.push(s.context_len as i32);
-            a.table_start.push(a.block_table.len() as i64);
-            // Ids past i32::MAX wrap here, but the ops refuse such a plan before launching.
-            let start = a.block_table.len();
-            a.block_table
-                .extend(s.block_table.iter().map(|&b| b as i32));
-            if let Some(stride) = table_stride {
-                // Entries past the table are never read (the context bounds them).
-                let last = s.block_table.last().map_or(0, |&b| b as i32);
-                a.block_table.resize(start + stride, last);
-            }
-        }
-        a
-    }
-}
-
 impl DeviceAttentionPlan {
     /// An empty plan of the growing layout, for eager steps; one-token sequences go to the
     /// `decode` kernel.
@@ -283,78 +204,6 @@ impl DeviceAttentionPlan {
         let tokens = vec![0; plan.rows()];
         dplan.stage(&tokens, plan, &[])?;
         Ok(dplan)
-    }
-
-    /// A plan of the fixed layout with room for `capacity`, its scratch allocated for
-    /// `num_heads` heads of `head_dim`, for captured graphs: its buffers never move.
-    pub fn fixed(
-        gpu: &Gpu,
-        decode: DecodeKernel,
-        capacity: PlanCapacity,
-        num_heads: usize,
-        head_dim: usize,
-    ) -> Result<DeviceAttentionPlan, AttentionError> {
-        let stage = |e: StageError| AttentionError::Shape(e.to_string());
-        let n = capacity.rows;
-        let grid = capacity.grid(n, capacity.max_context, decode);
-        let repeat = |name, shape: &[usize]| StagedInput::new(name, shape, 0, Padding::RepeatLast);
-        let fill = |name, shape: &[usize]| StagedInput::new(name, shape, 0, Padding::Fill(0));
-        let inputs = FixedInputs {
-            capacity,
-            tokens: repeat("token_ids", &[n]).map_err(stage)?,
-            logit_rows: repeat("logit_rows", &[n]).map_err(stage)?,
-            positions: repeat("positions", &[n]).map_err(stage)?,
-            q_start: repeat("q_start", &[n]).map_err(stage)?,
-            q_len: repeat("q_len", &[n]).map_err(stage)?,
-            context_len: repeat("context_len", &[n]).map_err(stage)?,
-            block_table: repeat("block_table", &[n, capacity.blocks_per_seq()]).map_err(stage)?,
-            split: fill("split_work", &[grid.split.max(1), 2]).map_err(stage)?,
-            decode: fill("decode_work", &[grid.decode.max(1), 2]).map_err(stage)?,
-            prefill: fill("prefill_work", &[grid.prefill.max(1), 2]).map_err(stage)?,
-            slot_mapping: StagedInput::new(
-                "slot_mapping",
-                &[n],
-                0,
-                Padding::Fill(capacity.scratch_slot),
-            )
-            .map_err(stage)?,
-            table_start: StagedInput::new("table_start", &[n], 0, Padding::RepeatLast)
-                .map_err(stage)?,
-        };
-        let (mut ints, mut longs) = (Vec::new(), Vec::new());
-        let at = Offsets {
-            tokens: pack(&mut ints, inputs.tokens.as_slice()),
-            logit_rows: pack(&mut ints, inputs.logit_rows.as_slice()),
-            positions: pack(&mut ints, inputs.positions.as_slice()),
-            q_start: pack(&mut ints, inputs.q_start.as_slice()),
-            q_len: pack(&mut ints, inputs.q_len.as_slice()),
-            context_len: pack(&mut ints, inputs.context_len.as_slice()),
-            split: pack(&mut ints, inputs.split.as_slice()),
-            decode: pack(&mut ints, inputs.decode.as_slice()),
-            prefill: pack(&mut ints, inputs.prefill.as_slice()),
-            live: pack(&mut ints, &[0; LIVE_COUNTS]),
-            // Last, so that a step copies its padded rows of the table and nothing after.
-            block_table: pack(&mut ints, inputs.block_table.as_slice()),
-            slot_mapping: pack(&mut longs, inputs.slot_mapping.as_slice()),
-            table_start: pack(&mut longs, inputs.table_start.as_slice()),
-        };
-        let plan = DeviceAttentionPlan {
-            step: StepNumbers::default(),
-            live: WorkCounts::default(),
-            grid,
-            decode_kernel: decode,
-            cut_rows: SPLIT_MAX_ROWS,
-            fixed: Some(inputs),
-            at,
-            ints: gpu.stream().clone_htod(&ints)?,
-            longs: gpu.stream().clone_htod(&longs)?,
-            host_ints: ints,
-            host_longs: longs,
-            scratch: Mutex::new(None),
-            stream: gpu.stream().clone(),
-        };
-        plan.reserve_scratch(num_heads, head_dim)?;
-        Ok(plan)
     }
 
     /// The same plan, cutting every sequence, however long, into one-row sequences where
@@ -461,52 +310,13 @@ impl DeviceAttentionPlan {
             .collect();
         let work = AttentionWork::new(&shapes, self.decode_kernel);
         let positions: Vec<i32> = plan.positions().iter().map(|&p| p as i32).collect();
-        let step = StepNumbers {
-            rows: plan.rows(),
-            padded_rows,
-            logit_rows: if self.fixed.is_some() {
-                padded_rows
-            } else {
-                rows.logit_rows.len()
-            },
-            num_seqs: plan.seqs().len(),
-            cut: cut.is_some(),
-            max_context_len: plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
-            max_block: plan
-                .seqs()
-                .iter()
-                .flat_map(|s| s.block_table.iter())
-                .copied()
-                .max(),
-            max_slot: plan.slot_mapping().iter().copied().max(),
-            max_position: plan.positions().iter().copied().max(),
+        let logit_rows = match self.fixed {
+            Some(_) => padded_rows,
+            None => rows.logit_rows.len(),
         };
+        let step = StepNumbers::of(plan, cut.is_some(), padded_rows, logit_rows);
         let (ints_len, longs_len) = match self.fixed.as_mut() {
-            None => {
-                let seq = SeqArrays::new(plan, None);
-                let (ints, longs) = (&mut self.host_ints, &mut self.host_longs);
-                ints.clear();
-                longs.clear();
-                self.at = Offsets {
-                    tokens: pack(ints, &rows.tokens),
-                    logit_rows: pack(ints, &rows.logit_rows),
-                    positions: pack(ints, &positions),
-                    q_start: pack(ints, &seq.q_start),
-                    q_len: pack(ints, &seq.q_len),
-                    context_len: pack(ints, &seq.context_len),
-                    block_table: pack(ints, &seq.block_table),
-                    split: pack(ints, &work.split),
-                    decode: pack(ints, &work.decode),
-                    prefill: pack(ints, &work.prefill),
-                    live: pack(ints, &live_array(work.counts())),
-                    slot_mapping: pack(longs, plan.slot_mapping()),
-                    table_start: pack(longs, &seq.table_start),
-                };
-                self.grid = work.counts();
-                grow(&self.stream, &mut self.ints, ints.len())?;
-                grow(&self.stream, &mut self.longs, longs.len())?;
-                (ints.len(), longs.len())
-            }
+            None => self.pack_growing(rows, plan, &positions, &work)?,
             Some(f) => {
                 let (ints, longs) = (&mut self.host_ints, &mut self.host_longs);
                 let grid = f
@@ -536,6 +346,52 @@ impl DeviceAttentionPlan {
             ..step
         };
         self.live = work.counts();
+        self.copy_staged(keep_tokens, ints_len, longs_len)
+    }
+
+    /// Packs a growing plan's arrays of the step (`rows` over the kernels' `plan`, its
+    /// `positions` and `work`) one after another, growing the device buffers to hold them;
+    /// the lengths to copy.
+    fn pack_growing(
+        &mut self,
+        rows: &StepRows,
+        plan: &AttentionPlan,
+        positions: &[i32],
+        work: &AttentionWork,
+    ) -> Result<(usize, usize), AttentionError> {
+        let seq = SeqArrays::new(plan, None);
+        let (ints, longs) = (&mut self.host_ints, &mut self.host_longs);
+        ints.clear();
+        longs.clear();
+        self.at = Offsets {
+            tokens: pack(ints, &rows.tokens),
+            logit_rows: pack(ints, &rows.logit_rows),
+            positions: pack(ints, positions),
+            q_start: pack(ints, &seq.q_start),
+            q_len: pack(ints, &seq.q_len),
+            context_len: pack(ints, &seq.context_len),
+            block_table: pack(ints, &seq.block_table),
+            split: pack(ints, &work.split),
+            decode: pack(ints, &work.decode),
+            prefill: pack(ints, &work.prefill),
+            live: pack(ints, &live_array(work.counts())),
+            slot_mapping: pack(longs, plan.slot_mapping()),
+            table_start: pack(longs, &seq.table_start),
+        };
+        self.grid = work.counts();
+        grow(&self.stream, &mut self.ints, ints.len())?;
+        grow(&self.stream, &mut self.longs, longs.len())?;
+        Ok((ints.len(), longs.len()))
+    }
+
+    /// Copies the staged step to the device: the first `ints_len` and `longs_len` entries,
+    /// less the token ids when `keep_tokens`.
+    fn copy_staged(
+        &mut self,
+        keep_tokens: bool,
+        ints_len: usize,
+        longs_len: usize,
+    ) -> Result<(), AttentionError> {
         // One copy of each kind: the rows a fixed plan's step uses, all of a growing one's
         // (around the token ids where they stay: they are packed first).
         let (tokens_at, tokens_len) = self.at.tokens;
@@ -747,158 +603,6 @@ fn grow<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
     if buffer.len() < len {
         *buffer = stream.alloc_zeros(len.max(buffer.len() * 3 / 2))?;
     }
-    Ok(())
-}
-
-/// One step for a fixed plan: the host plan and its work lists, padded to `padded` rows,
-/// for grids `grid` that serve contexts up to `max_context`.
-struct FixedStep<'a> {
-    /// The plan the kernels see: the step's, or its short sequences cut into rows.
-    plan: &'a AttentionPlan,
-    rows: &'a StepRows<'a>,
-    work: &'a AttentionWork,
-    positions: &'a [i32],
-    padded: usize,
-    max_context: usize,
-    grid: WorkCounts,
-}
-
-/// Stages `step` into the fixed inputs `f` and packs them into the host arrays at their
-/// offsets `at`; refused when it does not fit.
-fn stage_fixed(
-    f: &mut FixedInputs,
-    ints: &mut [i32],
-    longs: &mut [i64],
-    at: &Offsets,
-    step: &FixedStep,
-) -> Result<(), AttentionError> {
-    let FixedStep {
-        plan,
-        rows: step_rows,
-        work,
-        positions,
-        padded,
-        max_context,
-        grid,
-    } = *step;
-    let cap = f.capacity;
-    let too_big = |what: &str, n: usize, most: usize| {
-        AttentionError::Shape(format!(
-            "a step of {what} {n} does not fit a graph plan with room for {most}"
-        ))
-    };
-    let counts = work.counts();
-    let (rows, seqs) = (plan.rows(), plan.seqs().len());
-    let context = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
-    for (what, n, most) in [
-        ("padded rows", padded, cap.rows),
-        ("rows", rows, padded),
-        ("sequences", seqs, padded),
-        ("context", context, max_context),
-        ("split items", counts.split, grid.split),
-        ("decode items", counts.decode, grid.decode),
-        ("prefill items", counts.prefill, grid.prefill),
-    ] {
-        if n > most {
-            return Err(too_big(what, n, most));
-        }
-    }
-    let stage = |e: StageError| AttentionError::Shape(e.to_string());
-    let bps = cap.blocks_per_seq();
-    let mut seq = SeqArrays::new(plan, Some(bps));
-    for (i, start) in seq.table_start.iter_mut().enumerate() {
-        *start = (i * bps) as i64;
-    }
-    // Each input is staged (padded along its batch axis) and its first `batch` entries
-    // packed at its offset.
-    fn put<T: Copy + Default>(
-        dst: &mut [T],
-        (start, _): (usize, usize),
-        input: &mut StagedInput<T>,
-        real: &[T],
-        real_batch: usize,
-        batch: usize,
-    ) -> Result<(), StageError> {
-        input.stage(real, real_batch, batch)?;
-        let len = input.as_slice().len() / input.max_batch().max(1) * batch;
-        dst[start..start + len].copy_from_slice(&input.as_slice()[..len]);
-        Ok(())
-    }
-    let (tokens, logit_rows) = (&step_rows.tokens, &step_rows.logit_rows);
-    put(ints, at.tokens, &mut f.tokens, tokens, rows, padded).map_err(stage)?;
-    let (real_logits, rows_at) = (logit_rows.len(), at.logit_rows);
-    put(
-        ints,
-        rows_at,
-        &mut f.logit_rows,
-        logit_rows,
-        real_logits,
-        padded,
-    )
-    .map_err(stage)?;
-    put(
-        ints,
-        at.positions,
-        &mut f.positions,
-        positions,
-        rows,
-        padded,
-    )
-    .map_err(stage)?;
-    // The per-sequence arrays pad to the captured size too (repeating the last sequence),
-    // though the work lists name only the real sequences.
-    put(ints, at.q_start, &mut f.q_start, &seq.q_start, seqs, padded).map_err(stage)?;
-    put(ints, at.q_len, &mut f.q_len, &seq.q_len, seqs, padded).map_err(stage)?;
-    let context = &seq.context_len;
-    put(
-        ints,
-        at.context_len,
-        &mut f.context_len,
-        context,
-        seqs,
-        padded,
-    )
-    .map_err(stage)?;
-    let table = &seq.block_table;
-    put(
-        ints,
-        at.block_table,
-        &mut f.block_table,
-        table,
-        seqs,
-        padded,
-    )
-    .map_err(stage)?;
-    for (input, offset, list) in [
-        (&mut f.split, at.split, &work.split),
-        (&mut f.decode, at.decode, &work.decode),
-        (&mut f.prefill, at.prefill, &work.prefill),
-    ] {
-        let most = input.max_batch();
-        put(ints, offset, input, list, list.len() / 2, most).map_err(stage)?;
-    }
-    let (start, len) = at.live;
-    ints[start..start + len].copy_from_slice(&live_array(work.counts()));
-    let slots = plan.slot_mapping();
-    put(
-        longs,
-        at.slot_mapping,
-        &mut f.slot_mapping,
-        slots,
-        rows,
-        padded,
-    )
-    .map_err(stage)?;
-    let starts = &seq.table_start;
-    put(
-        longs,
-        at.table_start,
-        &mut f.table_start,
-        starts,
-        seqs,
-        padded,
-    )
-    .map_err(stage)?;
     Ok(())
 }
 
