@@ -58,20 +58,6 @@ impl SeqArrays {
         let mut a = SeqArrays::default();
         let mut previous: Option<&[u32]> = None;
         for s in plan.seqs() {
-            let table: &[u32] = &s.block_table;
-            if table_stride.is_none() && previous == Some(table) {
-                assert!(
-                    s.q_start + s.q_len <= i32::MAX as usize,
-                    "attention plan: rows past i32"
-                );
-                a.q_start.push(s.q_start as i32);
-                a.q_len.push(s.q_len as i32);
-                a.context_len.push(s.context_len as i32);
-                let last = *a.table_start.last().expect("a sequence before");
-                a.table_start.push(last);
-                continue;
-            }
-            previous = Some(table);
             assert!(
                 s.q_start + s.q_len <= i32::MAX as usize,
                 "attention plan: rows past i32"
@@ -79,6 +65,13 @@ impl SeqArrays {
             a.q_start.push(s.q_start as i32);
             a.q_len.push(s.q_len as i32);
             a.context_len.push(s.context_len as i32);
+            let table: &[u32] = &s.block_table;
+            if table_stride.is_none() && previous == Some(table) {
+                let last = *a.table_start.last().expect("a sequence before");
+                a.table_start.push(last);
+                continue;
+            }
+            previous = Some(table);
             a.table_start.push(a.block_table.len() as i64);
             // Ids past i32::MAX wrap here, but the ops refuse such a plan before launching.
             let start = a.block_table.len();
