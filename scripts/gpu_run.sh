@@ -82,11 +82,12 @@
 #   scripts/gpu_run.sh opcosts    scripts/stream_op_costs.py: the device time of the copies
 #                                 and events that may stand between two decode graphs
 #   scripts/gpu_run.sh stash      copies the GGUF parts carried in target/gguf-parts*/ to
-#                                 /tmp/gguf-parts/, which outlives the call while the
-#                                 machine stays warm (a file over one call's 64 MiB travels
-#                                 in parts: `split -n 4 -d MODEL.gguf`, one part per
-#                                 call, since the tree with the shipped EAGLE-3 head
-#                                 takes about 29 MB)
+#                                 /tmp/gguf-parts/, and the EAGLE-3 answers' parts carried
+#                                 in target/eagle3-data*/ to /tmp/eagle3-data-parts/, which
+#                                 outlive the call while the machine stays warm (a file over
+#                                 one call's 64 MiB travels in parts: `split -n 4 -d
+#                                 MODEL.gguf`, one part per call, since the tree with the
+#                                 shipped EAGLE-3 head takes about 29 MB)
 #   scripts/gpu_run.sh smollm2    joins /tmp/gguf-parts/* and converts it to /tmp/smollm2
 #   scripts/gpu_run.sh eagle3data (after smollm2) the EAGLE-3 recipe's data stage:
 #                                 tools/eagle3/gpu.sh data (the registry collections'
@@ -563,7 +564,14 @@ structured)
     done
     ;;
 stash)
-    mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts
+    if ls target/gguf-parts*/* >/dev/null 2>&1; then
+        mkdir -p /tmp/gguf-parts && cp target/gguf-parts*/* /tmp/gguf-parts/ && ls -la /tmp/gguf-parts
+    fi
+    if ls target/eagle3-data*/eagle3-data.tar.gz.part* >/dev/null 2>&1; then
+        mkdir -p /tmp/eagle3-data-parts &&
+            cp target/eagle3-data*/eagle3-data.tar.gz.part* /tmp/eagle3-data-parts/ &&
+            ls -la /tmp/eagle3-data-parts
+    fi
     ;;
 smollm2)
     cat /tmp/gguf-parts/* >/tmp/smollm2.gguf

@@ -64,9 +64,12 @@ data)
         split -b 15M -d - "$OUT/eagle3-data.tar.gz.part"
     ;;
 train)
-    # The answers: from the data stage on this machine, or carried back in its parts.
+    # The answers: from the data stage on this machine, or carried back in its parts
+    # (stashed by `scripts/gpu_run.sh stash` in /tmp/eagle3-data-parts, or in the tree).
     if [ ! -s "$work/train.jsonl" ]; then
-        cat ../../target/eagle3-data/eagle3-data.tar.gz.part* | tar xzf - -C "$work" || exit 1
+        parts=(/tmp/eagle3-data-parts/eagle3-data.tar.gz.part*)
+        [ -e "${parts[0]}" ] || parts=(../../target/eagle3-data*/eagle3-data.tar.gz.part*)
+        cat "${parts[@]}" | tar xzf - -C "$work" || exit 1
     fi
     python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__, torch.cuda.get_device_name())' | tee "$OUT/train.log"
     init=()
