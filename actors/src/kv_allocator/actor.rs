@@ -38,15 +38,20 @@ impl KvAllocator {
     }
 
     /// Starts the actor on the current tokio runtime over `manager`; with `events`, the
-    /// prefix cache's changes of each step go there as one batch.
+    /// stores of the entries a disk tier found at start-up go there at once, and the
+    /// prefix cache's changes of each step as one batch.
     ///
     /// # Panics
     /// Outside a tokio runtime.
     pub fn spawn_over(manager: BlockManager, events: Option<KvEventSink>) -> KvAllocatorHandle {
         let (outbox, inbox) = mpsc::channel(MAILBOX);
         let (num_blocks, block_size) = (manager.num_blocks(), manager.block_size);
-        let manager = match events {
-            Some(_) => manager.recording_events(),
+        let manager = match &events {
+            Some(sink) => {
+                let mut manager = manager.recording_events();
+                sink.send(manager.take_events());
+                manager
+            }
             None => manager,
         };
         let actor = KvAllocator {

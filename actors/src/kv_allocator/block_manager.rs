@@ -165,11 +165,13 @@ impl BlockManager {
     }
 
     /// The same manager, whose prefix cache records every entry it makes and drops, for
-    /// [`BlockManager::take_events`] (nothing is recorded with prefix caching off).
+    /// [`BlockManager::take_events`] (nothing is recorded with prefix caching off); the
+    /// first events are the stores of the entries a disk tier found at start-up.
     pub fn recording_events(mut self) -> BlockManager {
         if let Some(cache) = &mut self.cache {
             cache.record_events();
         }
+        self.announce_found();
         self
     }
 
@@ -188,10 +190,25 @@ impl BlockManager {
     /// `slots` holding the blocks `found` at start-up, and read back from it
     /// ([`DiskTier`]); nothing changes with prefix caching off or no slots.
     pub fn with_disk_tier(mut self, slots: u64, found: &[FoundBlock]) -> BlockManager {
-        if self.cache.is_some() && slots > 0 {
-            self.disk = Some(DiskTier::new(slots, found));
+        if let Some(cache) = self.cache.as_mut().filter(|_| slots > 0) {
+            self.disk = Some(DiskTier::new(slots, found, || cache.new_chain()));
         }
+        self.announce_found();
         self
+    }
+
+    /// Journals the stores of the entries the disk tier found at start-up, once the prefix
+    /// cache records (whichever of [`BlockManager::recording_events`] and
+    /// [`BlockManager::with_disk_tier`] comes last; the first step drops them otherwise).
+    fn announce_found(&mut self) {
+        let (Some(cache), Some(disk)) = (&mut self.cache, &mut self.disk) else {
+            return;
+        };
+        if cache.is_recording() {
+            for event in disk.take_found() {
+                cache.note(|| event);
+            }
+        }
     }
 
     /// The same manager, told by `failed` of the disk reads that failed their checks (see
@@ -211,8 +228,10 @@ impl BlockManager {
             return;
         };
         for read in failed {
-            if let Some(disk) = &mut self.disk {
-                disk.forget(read.slot);
+            if let (Some(disk), Some(cache)) = (&mut self.disk, &mut self.cache) {
+                if let Some(forgotten) = disk.forget(read.slot) {
+                    cache.note(|| removed(Medium::Disk, forgotten));
+                }
             }
             if let Some((key, chain)) = self.cache.as_mut().and_then(|c| c.evict(read.block)) {
                 self.lineage.remove(&chain);
@@ -234,8 +253,8 @@ impl BlockManager {
     /// The longest run of cached whole blocks at the start of `tokens` (pass only the
     /// tokens that may be served from the cache), each in the pool, the host tier or on
     /// disk, with its content hash where there is a disk tier. Past a block found on disk
-    /// the chain has no id in memory, so the rest of the run is on disk too. A shorter
-    /// `tokens` gives a prefix of the same run.
+    /// under no chain id (found at start-up without its parent), the rest of the run is on
+    /// disk too. A shorter `tokens` gives a prefix of the same run.
     pub(super) fn cached_prefix(&self, tokens: &[u32]) -> Vec<PrefixHit> {
         let mut hits = Vec::new();
         let Some(cache) = &self.cache else {
@@ -256,15 +275,15 @@ impl BlockManager {
                     .map(|(slot, next)| Hit::Host { slot, chain: next }),
             });
             let hit = in_memory.or_else(|| {
-                let slot = self.disk.as_ref()?.lookup(&content)?;
-                Some(Hit::Disk { slot })
+                let (slot, chain) = self.disk.as_ref()?.lookup(&content)?;
+                Some(Hit::Disk { slot, chain })
             });
             let Some(at) = hit else {
                 break;
             };
             chain = match at {
                 Hit::Pool { chain, .. } | Hit::Host { chain, .. } => Some(chain),
-                Hit::Disk { .. } => None,
+                Hit::Disk { chain, .. } => chain,
             };
             hits.push(PrefixHit { at, content });
         }
@@ -275,9 +294,9 @@ impl BlockManager {
     /// `tokens`) in order, and the chain they end with its content hash (the root's
     /// without a disk tier): pool hits shared,
     /// host and disk hits loaded into free blocks (their copies queued in
-    /// [`BlockManager::moves`]), disk hits entered in the prefix cache anew. The caller has
-    /// checked that the pool has a free block for each host and disk hit besides the free
-    /// pool hits.
+    /// [`BlockManager::moves`]), disk hits entered in the prefix cache anew, under their
+    /// chain id on disk (see [`disk_id`]). The caller has checked that the pool has a
+    /// free block for each host and disk hit besides the free pool hits.
     pub(super) fn take_hits(
         &mut self,
         tokens: &[u32],
@@ -296,7 +315,7 @@ impl BlockManager {
         // Disk slots read here are kept from the writes the loads' evictions may make.
         if let Some(disk) = &mut self.disk {
             for hit in hits {
-                if let Hit::Disk { slot } = hit.at {
+                if let Hit::Disk { slot, .. } = hit.at {
                     disk.read_from(slot);
                 }
             }
@@ -322,17 +341,19 @@ impl BlockManager {
                     };
                     let (key, held) = host.take(slot).expect("a pinned slot is held");
                     debug_assert_eq!(held, next);
-                    cache.note(|| host_removed(held));
+                    cache.note(|| removed(Medium::Host, held));
                     cache.place(key, held, block);
                     host.loaded += 1;
                     self.moves.push(KvMove::Load { slot, block });
                     table.push(block);
                     chain = next;
                 }
-                Hit::Disk { slot } => {
+                Hit::Disk { slot, .. } => {
                     let block = self.take_free().expect("a free block for each disk hit");
                     let cache = self.cache.as_mut().expect("disk hits need a prefix cache");
-                    let (next, created) = cache.insert_new(chain, chunk, block);
+                    let disk = self.disk.as_mut();
+                    let id = disk_id(disk, cache, &self.lineage, &hit.content, chain, chunk);
+                    let (next, created) = cache.insert_new(chain, chunk, block, id);
                     if created {
                         self.lineage.insert(next, parent_content);
                         if let Some(host) = &mut self.host {
@@ -384,7 +405,7 @@ impl BlockManager {
                             ..
                         }) = &leaving
                         {
-                            cache.note(|| host_removed(*dropped));
+                            cache.note(|| removed(Medium::Host, *dropped));
                         }
                         if spill.is_some() {
                             cache.note(|| CacheEvent::Stored {
@@ -414,20 +435,30 @@ impl BlockManager {
         Some(block)
     }
 
-    /// Writes an entry leaving memory to the disk tier, unless its content is there
-    /// already or the tier has no room; without a disk tier it is simply gone.
+    /// Writes an entry leaving memory to the disk tier under its chain id (journaled as
+    /// the disk's, after the leaf dropped for it), unless its content is there already or
+    /// the tier has no room; without a disk tier it is simply gone.
     fn write_down(&mut self, leaving: Leaving) {
         let Some(parent) = self.lineage.remove(&leaving.chain) else {
             return;
         };
-        let Some(disk) = &mut self.disk else {
+        let (Some(disk), Some(cache)) = (&mut self.disk, &mut self.cache) else {
             return;
         };
         let content = chain_hash(&parent, &leaving.key.tokens);
         if disk.contains(&content) {
             return;
         }
-        if let Some(slot) = disk.store(content, parent) {
+        if let Some((slot, dropped)) = disk.store(content, parent, leaving.chain) {
+            if let Some(dropped) = dropped {
+                cache.note(|| removed(Medium::Disk, dropped));
+            }
+            cache.note(|| CacheEvent::Stored {
+                chain: leaving.chain,
+                parent: leaving.key.parent,
+                tokens: leaving.key.tokens.clone(),
+                medium: Medium::Disk,
+            });
             self.moves.push(KvMove::DiskWrite {
                 from: leaving.from,
                 slot,
@@ -482,12 +513,16 @@ impl BlockManager {
             });
             seq.chain = match held {
                 Some((key, chain)) => {
-                    cache.note(|| host_removed(chain));
+                    cache.note(|| removed(Medium::Host, chain));
                     cache.place(key, chain, block);
                     chain
                 }
                 None => {
-                    let (chain, created) = cache.insert_new(seq.chain, chunk, block);
+                    // Content the disk tier holds is entered under its chain id there, so
+                    // what continues it in memory stays reachable.
+                    let disk = self.disk.as_mut();
+                    let id = disk_id(disk, cache, &self.lineage, &seq.content, seq.chain, chunk);
+                    let (chain, created) = cache.insert_new(seq.chain, chunk, block, id);
                     if let (true, Some(host)) = (created, &mut self.host) {
                         host.child_added(seq.chain);
                     }
@@ -511,13 +546,40 @@ impl BlockManager {
     }
 }
 
-/// The journal's record that the host tier's entry ending `chain` is gone (loaded back into
-/// the pool, computed again there, or dropped).
-fn host_removed(chain: ChainId) -> CacheEvent {
-    CacheEvent::Removed {
-        chain,
-        medium: Medium::Host,
-    }
+/// The journal's record that `medium`'s entry ending `chain` is gone (from the host tier:
+/// loaded back into the pool, computed again there, or dropped; from disk: dropped or
+/// forgotten).
+fn removed(medium: Medium, chain: ChainId) -> CacheEvent {
+    CacheEvent::Removed { chain, medium }
+}
+
+/// The chain id an entry of `content` (`tokens` after the chain `parent`) entering the
+/// pool takes: that of the disk tier's entry for the same content, so what continues it in
+/// memory stays reachable, unless an entry in memory (named in `lineage`) has it already;
+/// `None` gives a fresh one. A disk entry found at start-up under no id takes one now that
+/// its parent has one, journaled as its store on disk.
+fn disk_id(
+    disk: Option<&mut DiskTier>,
+    cache: &mut PrefixCache,
+    lineage: &HashMap<ChainId, ContentHash>,
+    content: &ContentHash,
+    parent: ChainId,
+    tokens: &[u32],
+) -> Option<ChainId> {
+    let disk = disk?;
+    let (slot, id) = disk.lookup(content)?;
+    let id = id.unwrap_or_else(|| {
+        let id = cache.new_chain();
+        disk.name(slot, id);
+        cache.note(|| CacheEvent::Stored {
+            chain: id,
+            parent,
+            tokens: tokens.into(),
+            medium: Medium::Disk,
+        });
+        id
+    });
+    (!lineage.contains_key(&id)).then_some(id)
 }
 
 /// Where a cached block of a prefix was found (with the chain it ends, in memory).
@@ -527,8 +589,8 @@ pub(super) enum Hit {
     Pool { block: u32, chain: ChainId },
     /// In this slot of the host tier.
     Host { slot: u32, chain: ChainId },
-    /// In this slot of the disk tier.
-    Disk { slot: u64 },
+    /// In this slot of the disk tier, under this chain id where it has one.
+    Disk { slot: u64, chain: Option<ChainId> },
 }
 
 /// A cached block of a prefix: where it is, and the content hash of the chain it ends

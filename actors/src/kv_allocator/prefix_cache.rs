@@ -8,8 +8,8 @@
 //!
 //! With a journal on, every entry made and dropped is also recorded as a [`CacheEvent`],
 //! for the KV-cache events routers read (`crate::kv_events`); the block manager adds the
-//! host tier's entries to the same journal ([`PrefixCache::note`]), in the order they
-//! happen.
+//! host and disk tiers' entries to the same journal ([`PrefixCache::note`]), in the order
+//! they happen.
 
 use std::collections::hash_map::RandomState;
 use std::collections::HashMap;
@@ -31,14 +31,18 @@ impl ChainId {
     }
 }
 
-/// Where an entry's block is: in the pool, or in a slot of the host tier below it. An
-/// entry is in one place at a time; it keeps its chain id as it moves.
+/// Where an entry's block is: in the pool, in a slot of the host tier below it, or in a
+/// slot of the disk tier below both. An entry is in one place in memory at a time, and
+/// keeps its chain id as it moves; the disk tier keeps its copy of a block read back, so
+/// an entry may be on disk and in memory at once.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Medium {
     /// The KV pool the forwards read.
     Pool,
     /// The host tier (`--kv-host-memory`).
     Host,
+    /// The disk tier (`--kv-cache-dir`).
+    Disk,
 }
 
 /// A change to the cache's entries, in the order it happened.
@@ -53,7 +57,7 @@ pub enum CacheEvent {
         medium: Medium,
     },
     /// The entry in `medium` of the block ending `chain` is gone (its block is being
-    /// reused, or it moved to the other medium).
+    /// reused, or it moved to another medium).
     Removed { chain: ChainId, medium: Medium },
 }
 
@@ -122,11 +126,24 @@ impl<S: BuildHasher> PrefixCache<S> {
             .unwrap_or_default()
     }
 
-    /// Appends `event` to the journal, when recording (the host tier's changes).
+    /// Appends `event` to the journal, when recording (the host and disk tiers' changes).
     pub(super) fn note(&mut self, event: impl FnOnce() -> CacheEvent) {
         if let Some(journal) = &mut self.journal {
             journal.push(event());
         }
+    }
+
+    /// Whether changes are being recorded.
+    pub(super) fn is_recording(&self) -> bool {
+        self.journal.is_some()
+    }
+
+    /// A chain id never handed out before (for an entry made here, or one the disk tier
+    /// finds at start-up).
+    pub(super) fn new_chain(&mut self) -> ChainId {
+        let chain = ChainId(self.next_chain);
+        self.next_chain += 1;
+        chain
     }
 
     /// Blocks holding an entry.
@@ -147,22 +164,24 @@ impl<S: BuildHasher> PrefixCache<S> {
     /// so no later lookup can pass through it.
     #[cfg(test)]
     pub fn insert(&mut self, parent: ChainId, tokens: &[u32], block: u32) -> ChainId {
-        self.insert_new(parent, tokens, block).0
+        self.insert_new(parent, tokens, block, None).0
     }
 
-    /// [`PrefixCache::insert`], and whether it made a new entry.
+    /// [`PrefixCache::insert`], a new entry taking the chain id `id` where one is given
+    /// (that of the disk tier's entry for the same content, which no entry in memory has)
+    /// and a fresh one otherwise; and whether it made a new entry.
     pub(super) fn insert_new(
         &mut self,
         parent: ChainId,
         tokens: &[u32],
         block: u32,
+        id: Option<ChainId>,
     ) -> (ChainId, bool) {
         let key = BlockKey::new(parent, tokens);
         if let Some(existing) = self.map.get(&key) {
             return (existing.chain, false);
         }
-        let chain = ChainId(self.next_chain);
-        self.next_chain += 1;
+        let chain = id.unwrap_or_else(|| self.new_chain());
         let created = self.place(Arc::new(key), chain, block);
         (chain, created)
     }

@@ -12,6 +12,10 @@ impl BlockManager {
     /// blocks stay cached until they are reused. Unknown ids in `free` and `computed` are
     /// ignored. In debug builds the invariants are checked afterwards.
     pub fn allocate_step(&mut self, step: AllocateStep) -> StepGrant {
+        // The disk tier's start-up entries are announced before the first step or never.
+        if let Some(disk) = &mut self.disk {
+            disk.take_found();
+        }
         self.forget_failed_reads();
         for c in &step.computed {
             self.register_computed(c.id, c.first_block, &c.tokens);

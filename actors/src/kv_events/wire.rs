@@ -14,12 +14,14 @@ use std::hash::{BuildHasher, Hasher};
 
 /// The `medium` of an entry's block as vLLM names it: `GPU` for the pool (vLLM's primary
 /// pool, which routers credit in full; the CPU backend's pool is its primary pool too),
-/// `CPU` for the host tier (vLLM's offloaded tier in host memory, which routers discount).
-/// The disk tier sends no events: its blocks have no chain id, so no hash, in memory.
+/// `CPU` for the host tier (vLLM's offloaded tier in host memory, which routers discount),
+/// and `DISK` for the disk tier, in the same upper case (vLLM names no disk medium of its
+/// own).
 fn medium_name(medium: Medium) -> &'static str {
     match medium {
         Medium::Pool => "GPU",
         Medium::Host => "CPU",
+        Medium::Disk => "DISK",
     }
 }
 
@@ -265,7 +267,7 @@ fn mix(mut x: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::{mix, WireFormat};
-    use crate::kv_allocator::{BlockManager, CacheEvent, Medium};
+    use crate::kv_allocator::{BlockManager, CacheEvent, ChainId, Medium};
     use crate::kv_events::EventBatch;
     use crate::messages::{AdmitSeq, AllocateStep, ComputedSeq, RequestId};
     use peregrine_config::KvEventsEncoding;
@@ -449,6 +451,64 @@ mod tests {
         assert_eq!(of("BlockRemoved", "GPU"), 1, "{batch}");
         assert_eq!(of("BlockStored", "CPU"), 1, "{batch}");
         assert_eq!(of("BlockRemoved", "CPU"), 1, "{batch}");
+    }
+
+    #[test]
+    fn disk_tier_entries_are_disk_events() {
+        // The disk tier's medium in both encodings, its stores merged along a chain as the
+        // other media's are.
+        let events = journal();
+        let (first, second) = match (&events[0], &events[1]) {
+            (CacheEvent::Stored { chain: a, .. }, CacheEvent::Stored { chain: b, .. }) => (*a, *b),
+            _ => panic!("stores first: {events:?}"),
+        };
+        let on_disk = vec![
+            CacheEvent::Stored {
+                chain: first,
+                parent: ChainId::ROOT,
+                tokens: [1, 2].into(),
+                medium: Medium::Disk,
+            },
+            CacheEvent::Stored {
+                chain: second,
+                parent: first,
+                tokens: [3, 4].into(),
+                medium: Medium::Disk,
+            },
+            CacheEvent::Removed {
+                chain: second,
+                medium: Medium::Disk,
+            },
+        ];
+        let batch = EventBatch {
+            ts: 1.0,
+            events: on_disk,
+        };
+        let format = WireFormat::salted(KvEventsEncoding::Map, 2, 7);
+        let (a, b) = (format.hash(first).unwrap(), format.hash(second).unwrap());
+        let maps = decode(format.encode(&batch));
+        assert_eq!(maps[1][0]["medium"], json!("DISK"));
+        assert_eq!(maps[1][0]["block_hashes"], json!([a, b]));
+        assert_eq!(
+            maps[1][1],
+            json!({"type": "BlockRemoved", "block_hashes": [b], "medium": "DISK"})
+        );
+        let format = WireFormat::salted(KvEventsEncoding::Array, 2, 7);
+        let arrays = decode(format.encode(&batch));
+        assert_eq!(
+            arrays[1][0],
+            json!([
+                "BlockStored",
+                [a, b],
+                null,
+                [1, 2, 3, 4],
+                2,
+                null,
+                "DISK",
+                null
+            ])
+        );
+        assert_eq!(arrays[1][1], json!(["BlockRemoved", [b], "DISK"]));
     }
 
     #[test]

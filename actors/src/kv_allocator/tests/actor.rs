@@ -1,7 +1,9 @@
-//! The actor answers through its handle, and the handle reports a stopped actor.
+//! The actor answers through its handle, and the handle reports a stopped actor; its
+//! events leave as batches.
 
 use super::{admit, grow, tokens};
-use crate::kv_allocator::{BlockManager, CacheEvent, KvAllocator};
+use crate::kv_allocator::{BlockManager, CacheEvent, KvAllocator, Medium};
+use crate::kv_disk::{chain_hash, FoundBlock, ROOT_HASH};
 use crate::kv_events::KvEventSink;
 use crate::messages::{AllocateStep, ComputedSeq, RequestId};
 
@@ -97,4 +99,28 @@ async fn each_step_s_cache_changes_leave_the_actor_as_one_batch() {
     assert!(matches!(batch.events[0], CacheEvent::Stored { .. }));
     assert!(batch.ts > 1.7e9, "seconds since the epoch, {}", batch.ts);
     assert!(batches.try_recv().is_err());
+}
+
+#[tokio::test]
+async fn the_blocks_a_disk_tier_found_leave_the_actor_at_once() {
+    // One block found on disk at start-up: its store is a batch of its own, sent before
+    // any step, and a manager not publishing events never announces it.
+    let block = tokens(0, 4);
+    let found = [FoundBlock {
+        slot: 3,
+        chain: chain_hash(&ROOT_HASH, &block),
+        parent: ROOT_HASH,
+        tokens: block.clone(),
+    }];
+    let over = || BlockManager::new(8, 4, true).with_disk_tier(8, &found);
+    let (sink, mut batches) = KvEventSink::channel(8);
+    let _handle = KvAllocator::spawn_over(over(), Some(sink));
+    let batch = batches.try_recv().expect("sent at once");
+    assert!(matches!(
+        &batch.events[..],
+        [CacheEvent::Stored { tokens, medium: Medium::Disk, .. }] if tokens[..] == block[..]
+    ));
+    let mut quiet = over();
+    quiet.allocate_step(AllocateStep::default());
+    assert!(quiet.recording_events().take_events().is_empty());
 }
