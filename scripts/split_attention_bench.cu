@@ -103,7 +103,8 @@ void run_case(const Shape& s, int batch, int ctx) {
     int *d_q_start = upload(q_start), *d_ctx = upload(context_len), *d_pos = upload(positions);
     int *d_table = upload(ids), *d_split = upload(split), *d_decode = upload(decode), *d_live = upload(live);
     i64 *d_table_start = upload(table_start), *d_slots = upload(slot_mapping);
-    PaNewKv nk = {d_pos, nullptr, 0, d_slots, num_blocks * block_size, 1};
+    int* d_step_tokens = upload(std::vector<int>(batch, 1));  // one token a sequence
+    PaNewKv nk = {d_pos, nullptr, 0, d_slots, d_step_tokens, num_blocks * block_size, 1};
     const float scale = 1.0f / sqrtf((float)d);
 
     cudaEvent_t t0, t1;
@@ -164,7 +165,7 @@ void run_case(const Shape& s, int batch, int ctx) {
         CHECK(cudaFree(v[l]));
     }
     for (void* p : {(void*)q, (void*)o, (void*)scratch, (void*)d_q_start, (void*)d_ctx, (void*)d_pos, (void*)d_table,
-                    (void*)d_split, (void*)d_decode, (void*)d_live, (void*)d_table_start, (void*)d_slots})
+                    (void*)d_split, (void*)d_decode, (void*)d_live, (void*)d_table_start, (void*)d_slots, (void*)d_step_tokens})
         CHECK(cudaFree(p));
 }
 

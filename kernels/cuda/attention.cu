@@ -64,6 +64,7 @@
 #ifndef PA_SPLIT_MIN_BLOCKS
 #define PA_SPLIT_MIN_BLOCKS 4
 #endif
+#define PA_STEP_ROWS 32         // step tokens a sequence, steps kernels (SPLIT_MAX_ROWS)
 #define PA_COMBINE_THREADS 512  // threads of the combine kernel
 #define PA_COMBINE_CHUNK 1024   // partition weights the combine kernel stages at a time
 #define PA_TILE 64              // query rows of a prefill work item
@@ -72,16 +73,21 @@
 #define PA_TPR 4                // prefill threads per query row
 #define PA_PREFILL_THREADS 128  // PA_BQ * PA_TPR
 
-// The KV write of a decode step, fused into the split kernel (fuse != 0): each sequence's
-// last token takes its key (rotated by `rotary` as in kv_write_bf16, at positions[row]) and
-// value from qkv's K and V columns, and the KV head's first block writes them to slot
-// slot_mapping[row] (skipped when negative or past num_slots). With fuse == 0 the caches
-// already hold the step's keys and q is already rotated; the other fields are not read.
+// The KV write of a step whose rows all go to the split kernel, fused into it (fuse != 0):
+// each sequence's last token takes its key (rotated by `rotary` as in kv_write_bf16, at
+// positions[row]) and value from qkv's K and V columns, and the KV head's first block
+// writes them to slot slot_mapping[row] (skipped when negative or past num_slots). The
+// step_tokens[seq] tokens at the end of its context are this step's, carried by the rows
+// ending at its own (a verification step's rows cut into sequences: the rows before it of
+// its sequence, which other blocks write): every block reads them from qkv, never from
+// the cache. With fuse == 0 the caches already hold the step's keys and q is already
+// rotated; the other fields are not read.
 struct PaNewKv {
     const int* positions;
     const float* cos_sin;
     int rotary;
     const i64* slot_mapping;
+    const int* step_tokens;
     i64 num_slots;
     int fuse;
 };
@@ -95,13 +101,16 @@ __device__ __forceinline__ i64 pa_slot_offset(const int* table, int t, int block
 
 // ---------------------------------------------------------------------------------------
 // Decode: one block per (split item, KV head, chunk of up to MAXG query heads of its group),
-// so that each K and V row is read once for all the query heads that share it. A lane group
+// so that each K and V row is read once for all the query heads that share it. STEPS is the
+// most tokens of the step a sequence's context ends with (1: a decode step; PA_STEP_ROWS:
+// a verification step's rows cut into sequences, whose earlier rows go through shared
+// memory). A lane group
 // of D / 8 lanes reads one token's K (or V) row with one 16-byte load per lane; a warp reads
 // WARP_SIZE / (D / 8) tokens at once and every lane keeps PA_UNROLL loads in flight. The
 // partition's slot offsets are looked up once, into shared memory. Each
 // query head's scores, softmax and output are computed exactly as if it were alone: the
 // order of every sum depends on the partition's tokens only.
-template <int D, int MAXG>
+template <int D, int MAXG, int STEPS>
 __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_stride,
                                          bf16* k_cache, bf16* v_cache,
                                          const int* __restrict__ q_start,
@@ -150,8 +159,9 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         slot_at[i] = pa_slot_offset(table, first + i, block_size, slot_elems) + (i64)kv_head * D;
     // With the KV write fused in, this step's token (the sequence's last) comes from qkv,
-    // its key rotated here as kv_write_bf16 would, and never from the cache: no block reads
-    // the slot that another block of the launch writes.
+    // its key rotated here as kv_write_bf16 would, and never from the cache, as do the
+    // step's earlier tokens of the sequence: no block reads a slot that another block of
+    // the launch writes.
     __shared__ __align__(16) bf16 new_k[D];
     __shared__ __align__(16) bf16 new_v[D];
     const i64 row = q_start[seq];
@@ -159,9 +169,16 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
     const bool has_new = last >= 0 && last < n;
     const int new_at = has_new ? last : -1;           // -1: no token of the loops
     const float* angles = nk.fuse && nk.rotary ? nk.cos_sin + (i64)nk.positions[row] * D : nullptr;
+    // The step's earlier tokens of the sequence (STEPS > 1), from index `step_at` of the
+    // partition to `last` (none here when step_at >= n): token i is qkv's row
+    // `row - (last - i)`, staged below into step_k and step_v at i - step_at.
+    constexpr int EARLIER = STEPS > 1 ? STEPS - 1 : 1;
+    __shared__ __align__(16) bf16 step_k[EARLIER][D];
+    __shared__ __align__(16) bf16 step_v[EARLIER][D];
+    const int step_at = !nk.fuse ? n : STEPS > 1 ? last + 1 - min(nk.step_tokens[seq], STEPS) : last;
 
     // Everything above reads only what the host staged for the step. With the KV write
-    // fused in, every other token's key and value was written by an earlier step too, so
+    // fused in, every token before the step's was written by an earlier step too, so
     // the one-head kernels (chosen when few sequences run, and latency-bound then) load
     // their first pass of keys and values here, while the kernel ahead finishes. Kernels
     // of more heads keep those registers for their heads.
@@ -173,7 +190,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 #pragma unroll
         for (int u = 0; u < (PRELOAD ? PA_UNROLL : 1); ++u) {
             const int i = u * step + warp * per_warp + group_lane;
-            const bool cached = preload && i < n && i != new_at;
+            const bool cached = preload && i < n && i < step_at;
             k_pre[u] = cached ? load_bf16x8(k_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
             v_pre[u] = cached ? load_bf16x8(v_cache + slot_at[i] + gl * VEC) : make_uint4(0u, 0u, 0u, 0u);
         }
@@ -226,6 +243,20 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
         new_k[threadIdx.x] = angles ? rope_apply(k_rope) : k_in;
         new_v[threadIdx.x] = v_in;
     }
+    if (STEPS > 1) {
+        // This partition's earlier tokens of the step, as the new token's: key rotated at
+        // its row's position, value as it is.
+        const int lo = max(step_at, 0), hi = min(last, n);
+        for (int x = threadIdx.x; x < (hi - lo) * D; x += blockDim.x) {
+            const int i = lo + x / D, e = x % D;
+            const i64 r = row - (last - i);
+            const bf16* k_row = q + r * q_stride + ((i64)num_heads + kv_head) * D;
+            const bf16* v_row = q + r * q_stride + ((i64)num_heads + num_kv_heads + kv_head) * D;
+            const float* a = nk.rotary ? nk.cos_sin + (i64)nk.positions[r] * D : nullptr;
+            step_k[i - step_at][e] = a ? rope_element(k_row, e, D / 2, nk.rotary, a) : k_row[e];
+            step_v[i - step_at][e] = v_row[e];
+        }
+    }
     __syncthreads();
     // The first block of the KV head stores the token's key and value in its slot.
     if (new_slot >= 0 && new_slot < nk.num_slots) {
@@ -245,6 +276,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_k + gl * VEC);
+            else if (STEPS > 1 && i >= step_at && i < n) raw[u] = *reinterpret_cast<const uint4*>(&step_k[i - step_at][gl * VEC]);
             else if (preload && base == 0) raw[u] = k_pre[PRELOAD ? u : 0];
             else if (i < n) raw[u] = load_bf16x8(k_cache + slot_at[i] + gl * VEC);
         }
@@ -322,6 +354,7 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
             const int i = base + u * step + warp * per_warp + group_lane;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (i == new_at) raw[u] = *reinterpret_cast<const uint4*>(new_v + gl * VEC);
+            else if (STEPS > 1 && i >= step_at && i < n) raw[u] = *reinterpret_cast<const uint4*>(&step_v[i - step_at][gl * VEC]);
             else if (preload && base == 0) raw[u] = v_pre[PRELOAD ? u : 0];
             else if (i < n) raw[u] = load_bf16x8(v_cache + slot_at[i] + gl * VEC);
         }
@@ -402,12 +435,20 @@ __device__ __forceinline__ void pa_split(const bf16* __restrict__ q, i64 q_strid
 // depend on the bucket, so the launcher picks it for occupancy: the largest bucket (up to
 // the one that holds the group) that still fills the GPU, several blocks per KV head when
 // the bucket is smaller than the group.
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2>(PA_SPLIT_ARGS); }
-extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2, 1>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4, 1>(PA_SPLIT_ARGS); }
+// The kernels of a verification step's rows cut into sequences (up to PA_STEP_ROWS tokens
+// of the step a sequence).
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d64_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 1, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d64_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 2, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d64_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<64, 4, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d128_g1(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 1, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d128_g2(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 2, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
+extern "C" __global__ void __launch_bounds__(PA_SPLIT_THREADS, PA_SPLIT_MIN_BLOCKS) paged_attention_split_steps_d128_g4(PA_SPLIT_PARAMS) { pdl_launch_dependents(); pa_split<128, 4, PA_STEP_ROWS>(PA_SPLIT_ARGS); }
 
 // One block per (decode sequence, head): merges the sequence's partition records and writes
 // its output row: out = sum_p e^(m_p - M) acc_p / sum_p e^(m_p - M) s_p. The max and the

@@ -947,26 +947,34 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
             num_kv_heads: kv_heads as u64,
             head_dim: d as u64,
         };
-        // Contexts of one partition and of several (up to 1,280 tokens), scattered tables.
+        // Contexts of one partition and of several (up to 1,280 tokens), scattered tables;
+        // decode rows and verification steps of 2 to 5 rows (cut into the decode rows they
+        // would be), two of them across a partition's end.
         let tables: Vec<Vec<u32>> = (0..seqs)
             .map(|q| (0..per_seq).map(|i| (i * seqs + q) as u32).rev().collect())
             .collect();
         let specs: Vec<SeqSpec> = tables
             .iter()
             .enumerate()
-            .map(|(q, t)| SeqSpec {
-                num_cached: if q % 3 == 0 {
-                    rng.random_range(600..per_seq * block_size - 1)
-                } else {
-                    rng.random_range(0..500)
-                },
-                num_new: 1,
-                block_table: t,
+            .map(|(q, t)| {
+                let num_new = [1, 4, 2, 1, 5, 3, 1, 4, 3][q];
+                let num_cached = match q {
+                    1 => kernel::PARTITION_TOKENS - 2,
+                    4 => 2 * kernel::PARTITION_TOKENS - 3,
+                    _ if q % 3 == 0 => rng.random_range(600..per_seq * block_size - 6),
+                    _ => rng.random_range(0..500),
+                };
+                SeqSpec {
+                    num_cached,
+                    num_new,
+                    block_table: t,
+                }
             })
             .collect();
         let plan = AttentionPlan::new(&specs, block_size, num_blocks).unwrap();
+        let rows = plan.rows();
         let dplan = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Split).unwrap();
-        let qkv = to_bf16(&random_f32(&mut rng, seqs * stride, Q_SCALE));
+        let qkv = to_bf16(&random_f32(&mut rng, rows * stride, Q_SCALE));
         let cache = to_bf16(&random_f32(&mut rng, layout.layer_elems() as usize, 1.0));
         let positions = 2048usize;
         let table = random_f32(&mut rng, positions * d, 1.0);
@@ -983,7 +991,7 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
             head_dim: d,
             scale: 1.0 / (d as f32).sqrt(),
         };
-        let mut o_host = vec![bf16::NAN; seqs * width];
+        let mut o_host = vec![bf16::NAN; rows * width];
         o_host.extend(vec![sentinel(); TAIL * width]);
         // Two launches: write_kv (rotating q in place), then attention.
         let mut qkv_a = s.gpu.upload(&qkv).unwrap();
@@ -994,7 +1002,7 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
             &s.kernels, stream, q_a, stride, heads, rot, &mut k_a, &mut v_a, &layout, &dplan,
         )
         .unwrap();
-        let o_rows = &mut o_a.slice_mut(..seqs * width);
+        let o_rows = &mut o_a.slice_mut(..rows * width);
         let q = qkv_a.slice(..);
         attention
             .forward(
@@ -1005,7 +1013,7 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
         let qkv_b = s.gpu.upload(&qkv).unwrap();
         let (mut k_b, mut v_b) = (s.gpu.upload(&cache).unwrap(), s.gpu.upload(&cache).unwrap());
         let mut o_b = s.gpu.upload(&o_host).unwrap();
-        let o_rows = &mut o_b.slice_mut(..seqs * width);
+        let o_rows = &mut o_b.slice_mut(..rows * width);
         let q = qkv_b.slice(..);
         attention
             .forward_writing_kv(
@@ -1014,22 +1022,32 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
             .unwrap();
         // One launch again, through a graph's fixed plan padded by 3 rows (random ones in
         // qkv): the padded rows write no KV and no row of o.
-        let padded = seqs + 3;
+        let padded = rows + 3;
         let capacity = PlanCapacity {
-            rows: 16,
-            decode_only: true,
+            rows: 64,
+            decode_only: false,
             max_context: per_seq * block_size,
             block_size,
             scratch_slot: 0,
         };
         let mut fixed =
             DeviceAttentionPlan::fixed(&s.gpu, DecodeKernel::Split, capacity, heads, d).unwrap();
-        let rows: Vec<usize> = (0..seqs).collect();
-        let tokens = vec![0u32; seqs];
+        let logit_rows: Vec<usize> = (0..rows).collect();
+        let tokens = vec![0u32; rows];
         let class = capacity.max_context;
         fixed
-            .stage_padded(&tokens, &plan, &rows, padded, class)
+            .stage_padded(&tokens, &plan, &logit_rows, padded, class)
             .unwrap();
+        // A decode graph's plan refuses the step: its kernel holds one step token a
+        // sequence.
+        let decode_only = PlanCapacity {
+            decode_only: true,
+            ..capacity
+        };
+        let mut decode_only =
+            DeviceAttentionPlan::fixed(&s.gpu, DecodeKernel::Split, decode_only, heads, d).unwrap();
+        let refused = decode_only.stage_padded(&tokens, &plan, &logit_rows, padded, class);
+        assert!(matches!(refused, Err(AttentionError::Shape(_))));
         let mut qkv_c = qkv.clone();
         qkv_c.extend(to_bf16(&random_f32(&mut rng, 3 * stride, Q_SCALE)));
         let qkv_c = s.gpu.upload(&qkv_c).unwrap();
@@ -1042,27 +1060,19 @@ fn the_fused_kv_write_gives_the_bits_of_write_kv_then_attention() {
                 &s.kernels, stream, &q, stride, rot, &mut k_c, &mut v_c, &layout, &fixed, o_rows,
             )
             .unwrap();
-        // Refused, with nothing launched: a plan of a verification graph (whose steps have
-        // several rows a sequence), and a step whose 2-row sequence was cut into rows
-        // (each reads the other's key from the cache).
-        let verify = PlanCapacity {
-            decode_only: false,
-            ..capacity
-        };
-        let mut verify =
-            DeviceAttentionPlan::fixed(&s.gpu, DecodeKernel::Split, verify, heads, d).unwrap();
-        verify
-            .stage_padded(&tokens, &plan, &rows, padded, class)
-            .unwrap();
-        let two = [SeqSpec {
-            num_new: 2,
+        // Refused, with nothing launched: a step with a sequence too long to cut (its rows
+        // go to the prefill kernel), and a plan whose one-row sequences go to the prefill
+        // kernel.
+        let long = [SeqSpec {
+            num_new: kernel::SPLIT_MAX_ROWS + 1,
             ..specs[1]
         }];
-        let two = AttentionPlan::new(&two, block_size, num_blocks).unwrap();
-        let cut = DeviceAttentionPlan::upload(&s.gpu, &two, DecodeKernel::Split).unwrap();
+        let long = AttentionPlan::new(&long, block_size, num_blocks).unwrap();
+        let long = DeviceAttentionPlan::upload(&s.gpu, &long, DecodeKernel::Split).unwrap();
+        let prefill = DeviceAttentionPlan::upload(&s.gpu, &plan, DecodeKernel::Prefill).unwrap();
         for (what, plan) in [
-            ("a verification graph's plan", &verify),
-            ("a cut step", &cut),
+            ("a step of the prefill kernel", &long),
+            ("a plan of the prefill kernel", &prefill),
         ] {
             assert!(!plan.fuses_kv_write(), "{what}");
             let mut o_d = s.gpu.upload(&o_host).unwrap();

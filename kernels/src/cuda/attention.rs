@@ -206,10 +206,13 @@ pub struct AttentionMeta<'a> {
     pub rows: usize,
 }
 
-/// The KV write of a decode step, fused into the split kernel: each sequence's token is
-/// written to `slot_mapping[row]` (rotated by `rotary`, the table and whether pairs are
-/// interleaved, at `positions[row]`) and read from q's K and V columns, as `kv_write_bf16`
-/// would write it; q is rotated as it is read.
+/// The KV write of a step whose rows all go to the split kernel, fused into it: each
+/// sequence's last token is written to `slot_mapping[row]` (rotated by `rotary`, the table
+/// and whether pairs are interleaved, at `positions[row]`) and read from q's K and V
+/// columns, as `kv_write_bf16` would write it; q is rotated as it is read. The
+/// `step_tokens[seq]` tokens at the end of a sequence's context (its own and those of the
+/// rows before it, a verification step's rows cut into sequences) are read from q's rows
+/// too, never from the cache that other blocks of the launch write.
 pub struct FusedKvWrite<'a, 'b> {
     /// Position of every row.
     pub positions: &'a CudaView<'b, i32>,
@@ -217,6 +220,13 @@ pub struct FusedKvWrite<'a, 'b> {
     pub rotary: Option<(&'a CudaView<'b, f32>, bool)>,
     /// Cache slot of every row.
     pub slot_mapping: &'a CudaView<'b, i64>,
+    /// This step's tokens at the end of each sequence's context, the last the sequence's
+    /// row (`PlannedSeq::step_tokens` of the ops layer).
+    pub step_tokens: &'a CudaView<'b, i32>,
+    /// The most of them a sequence of this launch has (or of any step a graph's launch
+    /// replays): 1 launches the decode step's kernel, up to [`SPLIT_MAX_ROWS`] the kernel
+    /// that stages a sequence's earlier rows of the step.
+    pub step_rows: usize,
 }
 
 /// `PaNewKv` of the kernel source, as the launcher passes it by value.
@@ -227,6 +237,7 @@ struct PaNewKv {
     cos_sin: u64,
     rotary: i32,
     slot_mapping: u64,
+    step_tokens: u64,
     num_slots: i64,
     fuse: i32,
 }
@@ -358,11 +369,18 @@ pub fn paged_attention(
         Some(f) => {
             assert!(
                 counts.prefill == 0 && q_stride >= width + 2 * kv_heads * d,
-                "paged_attention: a fused KV write needs a decode step and K and V columns"
+                "paged_attention: a fused KV write needs split-kernel rows only and K and V columns"
             );
             assert!(
-                f.positions.len() >= meta.rows && f.slot_mapping.len() >= meta.rows,
-                "paged_attention: short positions or slot mapping"
+                f.positions.len() >= meta.rows
+                    && f.slot_mapping.len() >= meta.rows
+                    && f.step_tokens.len() >= meta.num_seqs,
+                "paged_attention: short positions, slot mapping or step tokens"
+            );
+            assert!(
+                (1..=SPLIT_MAX_ROWS).contains(&f.step_rows),
+                "paged_attention: {} step tokens a sequence past the kernels' {SPLIT_MAX_ROWS}",
+                f.step_rows
             );
             let (cos_sin, rotary) = match &f.rotary {
                 Some((table, interleaved)) => {
@@ -376,6 +394,7 @@ pub fn paged_attention(
                 cos_sin,
                 rotary,
                 slot_mapping: f.slot_mapping.device_ptr(stream).0,
+                step_tokens: f.step_tokens.device_ptr(stream).0,
                 num_slots: (layout.num_blocks * layout.block_size) as i64,
                 fuse: 1,
             }
@@ -386,7 +405,11 @@ pub fn paged_attention(
         let work_i = counts.split as i32;
         let bucket = split_bucket(counts.split, nh / kv_heads, kv_heads);
         let per_item = kv_heads * (nh / kv_heads).div_ceil(bucket);
-        let name = format!("paged_attention_split_d{d}_g{bucket}");
+        let steps = match &fused {
+            Some(f) if f.step_rows > 1 => "steps_",
+            _ => "",
+        };
+        let name = format!("paged_attention_split_{steps}d{d}_g{bucket}");
         let mut launch = k.launch(stream, &name);
         launch
             .arg(q)
@@ -418,7 +441,9 @@ pub fn paged_attention(
         // inside scratch (checked above), and a one-partition row writes its own row of o
         // (below `meta.rows`, checked). A fused KV write reads positions and slots of rows
         // below `meta.rows` (checked above) and skips slots outside the pool; the caller
-        // vouches that positions lie inside the rotary table (checked by the ops layer).
+        // vouches that positions lie inside the rotary table (checked by the ops layer) and
+        // that a sequence's step tokens are rows of q at and before its own (the ops
+        // layer's plan asserts it when staged).
         unsafe { launch.launch(grid(split_blocks as u32, SPLIT_THREADS, 0)) }?;
     }
     if counts.decode > 0 {
@@ -540,6 +565,7 @@ mod tests {
             ("PA_TILE", PREFILL_QUERY_TILE),
             ("PA_MMA_THREADS", PREFILL_MMA_THREADS as usize),
             ("PA_SPLIT_THREADS", SPLIT_THREADS as usize),
+            ("PA_STEP_ROWS", SPLIT_MAX_ROWS),
             ("PA_COMBINE_THREADS", COMBINE_THREADS as usize),
             ("PA_PREFILL_THREADS", PREFILL_THREADS as usize),
         ] {
@@ -549,6 +575,7 @@ mod tests {
         for d in HEAD_DIMS {
             for g in SPLIT_GROUPS {
                 assert!(SOURCE.contains(&format!("paged_attention_split_d{d}_g{g}(")));
+                assert!(SOURCE.contains(&format!("paged_attention_split_steps_d{d}_g{g}(")));
             }
             assert!(SOURCE.contains(&format!("paged_attention_prefill_d{d}(")));
             assert!(SOURCE.contains(&format!("paged_attention_prefill_mma_d{d}(")));

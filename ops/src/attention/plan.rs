@@ -49,6 +49,10 @@ pub struct PlannedSeq {
     pub q_len: usize,
     /// Tokens in the cache after this step's writes.
     pub context_len: usize,
+    /// This step's tokens at the end of the context, the last of them this sequence's last
+    /// row, each carried by the row before the next: `q_len`, or for a row cut from a
+    /// sequence ([`AttentionPlan::one_row_sequences`]) the rows of that sequence up to it.
+    pub step_tokens: usize,
     /// Block ids, in order.
     pub block_table: Vec<u32>,
 }
@@ -103,6 +107,7 @@ impl AttentionPlan {
                 q_start: plan.positions.len() - s.num_new,
                 q_len: s.num_new,
                 context_len,
+                step_tokens: s.num_new,
                 block_table: used.to_vec(),
             });
         }
@@ -149,6 +154,7 @@ impl AttentionPlan {
                 q_start: s.q_start + i,
                 q_len: 1,
                 context_len: past + i + 1,
+                step_tokens: i + 1,
                 block_table: s.block_table.clone(),
             }));
         }
@@ -233,22 +239,22 @@ mod tests {
         let cut = plan.one_row_sequences(4).unwrap();
         assert_eq!(cut.positions(), plan.positions());
         assert_eq!(cut.slot_mapping(), plan.slot_mapping());
-        let shapes: Vec<(usize, usize, usize)> = cut
+        let shapes: Vec<(usize, usize, usize, usize)> = cut
             .seqs()
             .iter()
-            .map(|s| (s.q_start, s.q_len, s.context_len))
+            .map(|s| (s.q_start, s.q_len, s.context_len, s.step_tokens))
             .collect();
-        // The 4-row sequence becomes rows 0..4 at contexts 15..18; the 20-row chunk and
-        // the decode row stay as they were.
+        // The 4-row sequence becomes rows 0..4 at contexts 15..18, each carrying the step's
+        // tokens up to its own; the 20-row chunk and the decode row stay as they were.
         assert_eq!(
             shapes,
             [
-                (0, 1, 15),
-                (1, 1, 16),
-                (2, 1, 17),
-                (3, 1, 18),
-                (4, 20, 20),
-                (24, 1, 6)
+                (0, 1, 15, 1),
+                (1, 1, 16, 2),
+                (2, 1, 17, 3),
+                (3, 1, 18, 4),
+                (4, 20, 20, 20),
+                (24, 1, 6, 1)
             ]
         );
         assert!(cut.seqs()[..4].iter().all(|s| s.block_table == a));

@@ -63,13 +63,14 @@ impl GpuPagedAttention {
         self.run(kernels, stream, q, q_stride, caches, layout, plan, None, o)
     }
 
-    /// [`write_kv`] and [`forward`](Self::forward) of a decode step (one row per sequence,
-    /// through the split kernel) in one launch: each sequence's key and value go from
-    /// `qkv` (rows of `row_stride`: query heads, then keys, then values) to its slot, the
-    /// key and q rotated by `rotary` on the way, the same bits as the two calls. Refused,
-    /// with nothing launched, where the plan does not fuse the write
-    /// ([`DeviceAttentionPlan::fuses_kv_write`]: rows of the prefill kernel, sequences cut
-    /// into rows, a verification graph's plan), or where either call's checks refuse.
+    /// [`write_kv`] and [`forward`](Self::forward) of a step whose rows all go to the split
+    /// kernel (a decode step, or a verification step cut into decode rows) in one launch:
+    /// each row's key and value go from `qkv` (rows of `row_stride`: query heads, then
+    /// keys, then values) to its slot, the key and q rotated by `rotary` on the way, and a
+    /// row reads its sequence's earlier rows of the step from `qkv` too: the same bits as
+    /// the two calls. Refused, with nothing launched, where the plan does not fuse the
+    /// write ([`DeviceAttentionPlan::fuses_kv_write`]: rows of the prefill kernel), or
+    /// where either call's checks refuse.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_writing_kv(
         &self,
@@ -86,9 +87,7 @@ impl GpuPagedAttention {
     ) -> Result<(), AttentionError> {
         if !plan.fuses_kv_write() {
             return Err(AttentionError::Shape(
-                "the KV write fuses into decode steps of the split kernel only (one row a \
-                 sequence, in a plan whose steps all are)"
-                    .into(),
+                "the KV write fuses into steps whose rows all go to the split kernel".into(),
             ));
         }
         let rows = qkv.len() / row_stride.max(1);
@@ -104,11 +103,14 @@ impl GpuPagedAttention {
         )?;
         let positions = plan.positions();
         let slot_mapping = plan.slot_mapping();
+        let step_tokens = plan.step_tokens();
         let cos_sin = rotary.as_ref().map(|t| (t.cos_sin, t.interleaved));
         let fused = FusedKvWrite {
             positions: &positions,
             rotary: cos_sin,
             slot_mapping: &slot_mapping,
+            step_tokens: &step_tokens,
+            step_rows: plan.step_rows(),
         };
         let caches = (k_cache, v_cache);
         self.run(

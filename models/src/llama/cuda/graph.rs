@@ -4,8 +4,8 @@
 //! last token and its drafts, any number a sequence, every row a logit row) are captured
 //! the same way per number of rows, over a set of buffers of their own, their attention
 //! through the model's decode kernel: the split kernel takes each row as the decode row it
-//! would be (the plan cuts the sequences into one-row sequences, and the KV write runs
-//! before it, since the rows read each other's keys), its grid of one row's partitions per
+//! would be (the plan cuts the sequences into one-row sequences; the kernel writes each
+//! row's key and value, a row reading its sequence's earlier rows from qkv), its grid of one row's partitions per
 //! row holding any such step; under --deterministic the prefill kernel, whose grid of one
 //! work item per row holds the query tiles of any such step (a tile holds at least one
 //! row).

@@ -23,6 +23,7 @@ pub(super) struct FixedInputs {
     q_start: StagedInput<i32>,
     q_len: StagedInput<i32>,
     context_len: StagedInput<i32>,
+    step_tokens: StagedInput<i32>,
     block_table: StagedInput<i32>,
     split: StagedInput<i32>,
     decode: StagedInput<i32>,
@@ -54,6 +55,7 @@ impl DeviceAttentionPlan {
             q_start: repeat("q_start", &[n]).map_err(stage)?,
             q_len: repeat("q_len", &[n]).map_err(stage)?,
             context_len: repeat("context_len", &[n]).map_err(stage)?,
+            step_tokens: repeat("step_tokens", &[n]).map_err(stage)?,
             block_table: repeat("block_table", &[n, capacity.blocks_per_seq()]).map_err(stage)?,
             split: fill("split_work", &[grid.split.max(1), 2]).map_err(stage)?,
             decode: fill("decode_work", &[grid.decode.max(1), 2]).map_err(stage)?,
@@ -76,6 +78,7 @@ impl DeviceAttentionPlan {
             q_start: pack(&mut ints, inputs.q_start.as_slice()),
             q_len: pack(&mut ints, inputs.q_len.as_slice()),
             context_len: pack(&mut ints, inputs.context_len.as_slice()),
+            step_tokens: pack(&mut ints, inputs.step_tokens.as_slice()),
             split: pack(&mut ints, inputs.split.as_slice()),
             decode: pack(&mut ints, inputs.decode.as_slice()),
             prefill: pack(&mut ints, inputs.prefill.as_slice()),
@@ -165,6 +168,12 @@ pub(super) fn stage_fixed(
             seqs,
         ),
         (
+            at.step_tokens,
+            &mut f.step_tokens,
+            &seq.step_tokens[..],
+            seqs,
+        ),
+        (
             at.block_table,
             &mut f.block_table,
             &seq.block_table[..],
@@ -215,11 +224,16 @@ fn check_fits(cap: PlanCapacity, step: &FixedStep) -> Result<(), AttentionError>
     let counts = work.counts();
     let (rows, seqs) = (plan.rows(), plan.seqs().len());
     let context = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+    let step_rows = plan.seqs().iter().map(|s| s.step_tokens).max().unwrap_or(0);
+    // A decode graph's kernel holds one step token a sequence; other graphs' sequences of
+    // more rows than the split kernel takes are refused as prefill items.
+    let most_step_rows = if cap.decode_only { 1 } else { usize::MAX };
     for (what, n, most) in [
         ("padded rows", padded, cap.rows),
         ("rows", rows, padded),
         ("sequences", seqs, padded),
         ("context", context, max_context),
+        ("rows of a sequence", step_rows, most_step_rows),
         ("split items", counts.split, grid.split),
         ("decode items", counts.decode, grid.decode),
         ("prefill items", counts.prefill, grid.prefill),

@@ -45,6 +45,7 @@ pub(super) struct SeqArrays {
     pub(super) q_start: Vec<i32>,
     pub(super) q_len: Vec<i32>,
     pub(super) context_len: Vec<i32>,
+    pub(super) step_tokens: Vec<i32>,
     pub(super) table_start: Vec<i64>,
     pub(super) block_table: Vec<i32>,
 }
@@ -62,9 +63,17 @@ impl SeqArrays {
                 s.q_start + s.q_len <= i32::MAX as usize,
                 "attention plan: rows past i32"
             );
+            // A fused KV write reads the step's tokens from the rows before this one's last.
+            assert!(
+                s.step_tokens >= s.q_len
+                    && s.step_tokens <= s.q_start + s.q_len
+                    && s.step_tokens <= s.context_len,
+                "attention plan: the step's tokens past the sequence's rows"
+            );
             a.q_start.push(s.q_start as i32);
             a.q_len.push(s.q_len as i32);
             a.context_len.push(s.context_len as i32);
+            a.step_tokens.push(s.step_tokens as i32);
             let table: &[u32] = &s.block_table;
             if table_stride.is_none() && previous == Some(table) {
                 let last = *a.table_start.last().expect("a sequence before");

@@ -37,9 +37,11 @@ pub struct PlanCapacity {
     /// Query rows, and sequences (at most one row each is what decode graphs run; more
     /// rows per sequence fit as long as the rows do).
     pub rows: usize,
-    /// Whether every step is a decode step (one row a sequence), as in a decode graph: the
-    /// split kernel then writes the step's keys and values itself. A verification graph's
-    /// sequences have several rows, whose keys the KV write stores first.
+    /// Whether every step is a decode step (one row a sequence), as in a decode graph: its
+    /// attention launches the split kernel of one new token a sequence. Other graphs'
+    /// steps (verification) have up to [`SPLIT_MAX_ROWS`] rows a sequence, cut into decode
+    /// rows, and launch the split kernel that reads a sequence's earlier rows of the step
+    /// from qkv.
     pub decode_only: bool,
     /// The longest context a sequence may have: longer steps run eagerly.
     pub max_context: usize,
@@ -84,6 +86,7 @@ struct Offsets {
     q_start: (usize, usize),
     q_len: (usize, usize),
     context_len: (usize, usize),
+    step_tokens: (usize, usize),
     block_table: (usize, usize),
     split: (usize, usize),
     decode: (usize, usize),
@@ -104,9 +107,8 @@ struct StepNumbers {
     logit_rows: usize,
     /// Sequences as the kernels see them (after any cut).
     num_seqs: usize,
-    /// Whether sequences of several rows were cut into one-row sequences for the split
-    /// kernel ([`AttentionPlan::one_row_sequences`]).
-    cut: bool,
+    /// The most step tokens of one of them (`PlannedSeq::step_tokens`).
+    step_rows: usize,
     max_context_len: usize,
     max_block: Option<u32>,
     max_slot: Option<i64>,
@@ -114,15 +116,15 @@ struct StepNumbers {
 }
 
 impl StepNumbers {
-    /// The numbers of a step over the kernels' `plan` (`cut`: its sequences were cut into
-    /// one-row sequences), run over `padded_rows` rows with `logit_rows` logit rows.
-    fn of(plan: &AttentionPlan, cut: bool, padded_rows: usize, logit_rows: usize) -> StepNumbers {
+    /// The numbers of a step over the kernels' `plan` (after any cut), run over
+    /// `padded_rows` rows with `logit_rows` logit rows.
+    fn of(plan: &AttentionPlan, padded_rows: usize, logit_rows: usize) -> StepNumbers {
         StepNumbers {
             rows: plan.rows(),
             padded_rows,
             logit_rows,
             num_seqs: plan.seqs().len(),
-            cut,
+            step_rows: plan.seqs().iter().map(|s| s.step_tokens).max().unwrap_or(0),
             max_context_len: plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0),
             max_block: plan
                 .seqs()
@@ -314,7 +316,7 @@ impl DeviceAttentionPlan {
             Some(_) => padded_rows,
             None => rows.logit_rows.len(),
         };
-        let step = StepNumbers::of(plan, cut.is_some(), padded_rows, logit_rows);
+        let step = StepNumbers::of(plan, padded_rows, logit_rows);
         let (ints_len, longs_len) = match self.fixed.as_mut() {
             None => self.pack_growing(rows, plan, &positions, &work)?,
             Some(f) => {
@@ -370,6 +372,7 @@ impl DeviceAttentionPlan {
             q_start: pack(ints, &seq.q_start),
             q_len: pack(ints, &seq.q_len),
             context_len: pack(ints, &seq.context_len),
+            step_tokens: pack(ints, &seq.step_tokens),
             block_table: pack(ints, &seq.block_table),
             split: pack(ints, &work.split),
             decode: pack(ints, &work.decode),
@@ -427,16 +430,35 @@ impl DeviceAttentionPlan {
     }
 
     /// Whether the split kernel writes this step's keys and values itself (its
-    /// `forward_writing_kv`): a step of one-row sequences alone, through the split kernel,
-    /// and in a fixed plan one whose every step is such (a decode graph). Where rows of
-    /// one sequence were cut apart, each reads the others' keys from the cache, so the KV
-    /// write runs first.
+    /// `forward_writing_kv`): every row goes to the split kernel, a decode step's and a
+    /// verification step's alike (its rows cut into the decode rows they would be, each
+    /// reading its sequence's earlier rows of this step from qkv, never from a slot that
+    /// another block of the launch writes), [`step_rows`](Self::step_rows) at most
+    /// [`SPLIT_MAX_ROWS`]. A fixed plan of the split kernel has no prefill items, so every
+    /// step a graph replays answers as its capture did.
     pub fn fuses_kv_write(&self) -> bool {
-        let decode_only = self.fixed.as_ref().is_none_or(|f| f.capacity.decode_only);
         self.decode_kernel == DecodeKernel::Split
-            && decode_only
-            && !self.step.cut
             && self.live.prefill == 0
+            && self.step_rows() <= SPLIT_MAX_ROWS
+    }
+
+    /// The most step tokens of one sequence ([`step_tokens`](Self::step_tokens)) that the
+    /// split kernel's launch must hold: this step's, or in a fixed plan any step's it
+    /// stages (1 in a decode graph's, else the most rows a cut sequence has, unbounded
+    /// where every sequence is cut), so that a graph's kernel serves every step it
+    /// replays.
+    pub fn step_rows(&self) -> usize {
+        match &self.fixed {
+            Some(f) if f.capacity.decode_only => 1,
+            Some(_) => self.cut_rows,
+            None => self.step.step_rows,
+        }
+    }
+
+    /// This step's tokens at the end of each sequence's context (the kernels' sequences,
+    /// after any cut): [`PlannedSeq::step_tokens`](crate::attention::PlannedSeq::step_tokens).
+    pub fn step_tokens(&self) -> CudaView<'_, i32> {
+        self.int_array(self.at.step_tokens)
     }
 
     /// Query rows planned: the real token count of the step.
