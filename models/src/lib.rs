@@ -12,6 +12,7 @@ pub mod graph;
 pub mod llama;
 pub mod mtp;
 pub mod progress;
+pub mod tensor_parallel;
 pub mod tiny_tokenizer;
 pub mod tokenizer;
 pub mod weights;

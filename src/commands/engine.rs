@@ -7,6 +7,7 @@ use crate::commands::serve::memory;
 use crate::commands::serve::memory::graph_sizes;
 use crate::commands::serve::reload::limits;
 use crate::commands::serve::speculation::draft_spec;
+use crate::commands::tensor_parallel;
 use anyhow::Context;
 use peregrine_actors::backend::{cpu_backend_with, Loaded};
 use peregrine_actors::draft::cpu_drafter;
@@ -20,6 +21,7 @@ use std::path::Path;
 /// The model of `dir` with its KV pool on the configured device, and the configured
 /// drafter built over it there.
 pub fn load_backend(config: &ServeConfig, dir: &Path) -> anyhow::Result<Loaded> {
+    tensor_parallel::check_start_up(config, dir)?;
     let spec = draft_spec(config)?;
     if let Some(spec) = &spec {
         tracing::info!(

@@ -12,6 +12,7 @@ mod heads;
 mod kv_dtype;
 mod perplexity;
 mod serve;
+mod tensor_parallel;
 
 use crate::cli::{BenchCommand, Cli, Command, ModelArgs};
 use peregrine_config::ServeConfig;

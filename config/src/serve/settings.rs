@@ -55,6 +55,14 @@ settings! {
     device: DeviceKind = DeviceKind::Cpu;
         given DeviceKind, fill value, reload Restart, Public, check any,
         flag "--device", arg(long, help = "The device to run on [default: cpu]");
+    /// Ranks the model is split over by tensor parallelism (vLLM's flag); only 1 runs:
+    /// a larger size is checked against the model and refused, as the multi-GPU runners
+    /// are not built.
+    tensor_parallel_size: usize = 1;
+        given usize, fill value, reload Restart, Public, check at_least_one,
+        flag "--tensor-parallel-size", arg(long, value_name = "N",
+            help = "GPUs to split the model over by tensor parallelism; only 1 is built: \
+                    a larger size is checked against the model, then refused [default: 1]");
     /// The compute dtype: `auto`, or the device's own ([`DeviceKind::compute_dtype`]).
     dtype: DtypeChoice = DtypeChoice::Auto;
         given DtypeChoice, fill value, reload Restart, Public, check any,

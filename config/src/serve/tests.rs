@@ -388,7 +388,7 @@ fn the_reloadable_fields_are_exactly_these() {
         "speculative_adaptive",
     ];
     assert_eq!(live, expected);
-    assert_eq!(ServeConfig::default().fields().len(), 48);
+    assert_eq!(ServeConfig::default().fields().len(), 49);
 }
 
 #[test]
@@ -437,7 +437,7 @@ fn help_defaults_are_the_real_defaults() {
         );
         checked += 1;
     }
-    assert_eq!(checked, 21);
+    assert_eq!(checked, 22);
 }
 
 #[test]
