@@ -1,4 +1,4 @@
-//! Tensor parallelism's sharding of a Llama-family model (issue 26), Megatron-style as
+//! Tensor parallelism's sharding of a Llama-family model, Megatron-style as
 //! vLLM shards it: q/k/v and gate/up split by columns of their output (rows of the stored
 //! `[out, in]` matrix), o and down by columns of their input, the embedding and the LM
 //! head by contiguous vocabulary ranges, the norms replicated. The KV cache follows the
