@@ -35,7 +35,11 @@
 #                                 base commit, its target/gpu-carry/peregrine.gz moved to
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
-#                                 (after smollm2), eager and through graphs
+#                                 (after smollm2, else its shape with random weights),
+#                                 eager and through graphs
+#   scripts/gpu_run.sh headcost   a drafting round's parts (the head's steps traced) with the
+#                                 shipped EAGLE-3 head beside a random SmolLM2-135M shape,
+#                                 batch 1 and 8, K = 3 (carry target/tokenizer)
 #   scripts/gpu_run.sh verify     the cost of a verification step (4 rows a sequence: K = 3)
 #                                 against a decode step, `bench latency --verify-rows 4` at
 #                                 batch 1 and 8 on the SmolLM2-135M and Llama-3.2-1B shapes
@@ -370,7 +374,11 @@ ab)
     gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
     common="bench latency --device cuda --batch-sizes 1,8,64 --input-len 128 --output-len 128"
     models="--random-weights=scripts/configs/llama-3.2-1b.json"
-    [ -d /tmp/smollm2 ] && models="$models --model=/tmp/smollm2"
+    if [ -d /tmp/smollm2 ]; then
+        models="$models --model=/tmp/smollm2"
+    else
+        models="$models --random-weights=scripts/configs/smollm2-135m.json"
+    fi
     for round in 1 2; do
         for model in $models; do
             for flags in "" "--enforce-eager"; do
@@ -603,6 +611,40 @@ eagle3time)
                 tee -a "$OUT/eagle3_time.log"
             kill $server
             wait $server
+        done
+    done
+    ;;
+headcost)
+    # A drafting round's parts at batch 1 and 8 with the shipped EAGLE-3 head beside a
+    # random-weight SmolLM2-135M shape (scripts/random_checkpoint.py, SmolLM2's tokenizer
+    # carried in target/tokenizer/): its drafts are rejected, so each round is K = 3 head
+    # steps, a 4-row verification and the host; `bench spec --no-speculative-adaptive`
+    # with the head's steps traced (`head step` lines: path and microseconds), this build
+    # and, where HEADCOST_BASE names a folder holding another's peregrine.gz, that one
+    # (`peregrine-before`) in turns.
+    [ -d /tmp/smol-rand ] || python3 scripts/random_checkpoint.py scripts/configs/smollm2-135m.json \
+        target/tokenizer /tmp/smol-rand >/dev/null 2>&1
+    builds=peregrine
+    if [ -n "${HEADCOST_BASE:-}" ]; then
+        gunzip -c "$HEADCOST_BASE/peregrine.gz" >"$bin/peregrine-before" && chmod +x "$bin/peregrine-before"
+        builds="peregrine-before peregrine"
+    fi
+    trace=warn,peregrine_actors::draft::cuda_head=trace
+    for round in 1 2; do
+        for c in 1 8; do
+            for build in $builds; do
+                echo "== round $round concurrency $c $build" | tee -a "$OUT/headcost.log"
+                "$bin/$build" bench spec --model /tmp/smol-rand --device cuda \
+                    --speculative-method eagle3 --draft-model heads/smollm2-135m-eagle3 \
+                    --no-speculative-adaptive --num-prompts $((c * 4)) --concurrency $c \
+                    --input-len 64 --output-len 128 --log-level $trace >/tmp/headcost.txt 2>&1
+                grep -v "head step" /tmp/headcost.txt | grep -v "^20" | tee -a "$OUT/headcost.log"
+                # Mean microseconds a head step took, by path, over the run with drafts.
+                grep "head step" /tmp/headcost.txt | sed 's/\x1b\[[0-9;]*m//g' |
+                    awk '{p="";u=0;for(i=1;i<=NF;i++){if($i~/^path=/)p=$i;if($i~/^us=/){sub("us=","",$i);u=$i}}
+                         n[p]++;t[p]+=u} END{for(p in n) printf "  %s steps %d mean %.1f us\n",p,n[p],t[p]/n[p]}' |
+                    tee -a "$OUT/headcost.log"
+            done
         done
     done
     ;;

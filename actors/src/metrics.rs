@@ -190,12 +190,28 @@ pub fn record_ahead(ahead: AheadUse) {
 pub const ENGINE_STEP_SECONDS: &str = "peregrine:engine_step_seconds";
 
 /// Seconds of an EAGLE-3 head's forwards, by `step`: `first` (step 0, over the target's
-/// new rows) and `next` (each later draft step).
+/// new rows), `next` (each later draft step run on its own) and `chain` (a whole
+/// proposal's steps queued back to back on the GPU, read back once).
 pub const SPEC_HEAD_SECONDS: &str = "peregrine:spec_decode_head_seconds";
 
-/// An EAGLE-3 head's forward took `elapsed`; `first`: step 0.
-pub fn record_head_step(first: bool, elapsed: Duration) {
-    let step = if first { "first" } else { "next" };
+/// Which of a head's forwards a time covers (`SPEC_HEAD_SECONDS`'s `step`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HeadSteps {
+    /// Step 0.
+    First,
+    /// One later draft step.
+    Next,
+    /// Every step of a proposal, queued back to back.
+    Chain,
+}
+
+/// An EAGLE-3 head's `steps` took `elapsed`.
+pub fn record_head_step(steps: HeadSteps, elapsed: Duration) {
+    let step = match steps {
+        HeadSteps::First => "first",
+        HeadSteps::Next => "next",
+        HeadSteps::Chain => "chain",
+    };
     histogram!(SPEC_HEAD_SECONDS, "step" => step).record(elapsed.as_secs_f64());
 }
 

@@ -1,5 +1,5 @@
 // Element-wise kernels of the model path: token embedding, the gated MLP activation, row
-// gathers, the feature ring's stores, column copies and random weights. One thread per output element; all offsets 64-bit.
+// gathers, a draft head's step fed from the step before, the feature ring's stores, column copies and random weights. One thread per output element; all offsets 64-bit.
 
 // out[r, :] = table[tokens[r], :] widened to f32 (the residual stream is f32).
 extern "C" __global__ void embedding_bf16_f32(const int* __restrict__ tokens,
@@ -50,6 +50,31 @@ extern "C" __global__ void gather_rows_bf16(const bf16* __restrict__ src,
     if (i >= (i64)count * dim) return;
     const i64 j = i / dim;
     out[i] = src[(i64)rows[j] * dim + i % dim];
+}
+
+// The inputs of a draft head's next step, made from the step before it on the device (a
+// greedy proposal's steps queued back to back): for each of `count` rows j, with s =
+// rows[j], pre_out[j, :] = pre[s, :] and tokens_out[j] = drafts_out[j] = to_target[ids[s]]
+// (the row's draft-vocabulary argmax as a target id).
+extern "C" __global__ void draft_feed_f32(const float* __restrict__ pre,
+                                          const unsigned* __restrict__ ids,
+                                          const int* __restrict__ rows,
+                                          const int* __restrict__ to_target,
+                                          float* __restrict__ pre_out,
+                                          int* __restrict__ tokens_out,
+                                          int* __restrict__ drafts_out, int count, int dim) {
+    pdl_begin();
+    const i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (i64)count * dim) return;
+    const i64 j = i / dim;
+    const i64 c = i % dim;
+    const i64 s = rows[j];
+    pre_out[i] = pre[s * dim + c];
+    if (c == 0) {
+        const int token = to_target[ids[s]];
+        tokens_out[j] = token;
+        drafts_out[j] = token;
+    }
 }
 
 // ring[(first + r) % capacity, :] = bf16(src[r, :]) for `rows` f32 rows of `dim`: a target

@@ -9,6 +9,7 @@ mod common;
 
 mod attention;
 mod deepseek;
+mod draft_chain;
 mod eagle3;
 mod engine;
 mod feature_ring;

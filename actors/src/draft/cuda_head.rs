@@ -6,11 +6,12 @@
 //! buffers run in forwards that fit them.
 
 use super::backend_draft::forwards;
-use super::head_runner::{HeadRunner, HeadStep};
+use super::head_runner::{HeadCall, HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
+use peregrine_models::draft_head::cuda::chain::{ChainStart, MAX_CHAIN_STEPS};
 use peregrine_models::draft_head::cuda::graph::CapturedHead;
 use peregrine_models::draft_head::cuda::head::GpuDraftHead;
 use peregrine_models::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
@@ -226,14 +227,7 @@ impl<K: DraftHeadKind> GpuHead<K> {
         else {
             return Ok(None);
         };
-        let seqs = plan.seqs();
-        let lasts = seqs.iter().scan(0, |end, s| {
-            *end += s.q_len;
-            Some(*end - 1)
-        });
-        if seqs.iter().any(|s| s.q_len > self.capacity.first_rows)
-            || !lasts.eq(rows.iter().copied())
-        {
+        if !self.first_graph_rows(plan, rows) {
             return Ok(None);
         }
         through_graph(graphs, tokens.len(), plan, |graph| {
@@ -241,6 +235,32 @@ impl<K: DraftHeadKind> GpuHead<K> {
                 .replay_first(tokens, features, plan, rows)
                 .with_context(|| format!("{} step-0 graph replay", K::NAME))
         })
+    }
+
+    /// Whether a step 0 of `plan` whose logit rows are `rows` has the rows a graph of step
+    /// 0 runs: each sequence's last as its logit row, none with more than `first_rows`.
+    fn first_graph_rows(&self, plan: &AttentionPlan, rows: &[usize]) -> bool {
+        let seqs = plan.seqs();
+        let lasts = seqs.iter().scan(0, |end, s| {
+            *end += s.q_len;
+            Some(*end - 1)
+        });
+        seqs.iter().all(|s| s.q_len <= self.capacity.first_rows) && lasts.eq(rows.iter().copied())
+    }
+
+    /// The graph of step 0 that serves `first` over `plan`, with its feature ring rows.
+    fn first_graph<'a>(
+        &'a self,
+        first: &HeadCall<'a>,
+        plan: &AttentionPlan,
+    ) -> Option<(&'a CapturedHead<K>, &'a [u64])> {
+        let (graphs, HeadInput::Ring(features)) = (self.first_graphs.as_ref()?, first.input) else {
+            return None;
+        };
+        let (_, graph) = graphs.graph_for(first.tokens.len())?;
+        let longest = plan.seqs().iter().map(|s| s.context_len).max().unwrap_or(0);
+        (self.first_graph_rows(plan, first.rows) && longest <= graph.max_context())
+            .then_some((graph, features))
     }
 
     /// Replays the graph that serves a decode step fed `pre`, if one does.
@@ -264,6 +284,16 @@ impl<K: DraftHeadKind> GpuHead<K> {
                 .with_context(|| format!("{} graph replay", K::NAME))
         })
     }
+}
+
+/// The decode graph of `graphs` that holds `n` sequences at contexts up to `longest`.
+fn chain_graph<C: DraftHeadKind>(
+    graphs: Option<&GraphCaptureManager<CapturedHead<C>>>,
+    n: usize,
+    longest: usize,
+) -> Option<&CapturedHead<C>> {
+    let (_, graph) = graphs?.graph_for(n)?;
+    (longest <= graph.max_context()).then_some(graph)
 }
 
 /// Runs `replay` on the graph of `graphs` that holds `n` (rows or sequences) and the
@@ -333,6 +363,88 @@ impl<K: DraftHeadKind> HeadRunner for GpuHead<K> {
             "head step"
         );
         Ok(out)
+    }
+
+    fn run_chain(
+        &mut self,
+        first: HeadCall<'_>,
+        later: usize,
+    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+        let (block_size, num_blocks) = (self.block_size, self.num_blocks);
+        if later == 0 || 1 + later > MAX_CHAIN_STEPS {
+            return Ok(None);
+        }
+        // Step s (1..=later) of a sequence: one row, s positions past step 0's last.
+        let specs: Vec<Vec<SeqSpec>> = (1..=later)
+            .map(|s| {
+                let step = first.specs.iter().map(|p| SeqSpec {
+                    num_cached: p.num_cached + p.num_new - 1 + s,
+                    num_new: 1,
+                    block_table: p.block_table,
+                });
+                step.collect()
+            })
+            .collect();
+        let plans = specs
+            .iter()
+            .map(|specs| AttentionPlan::new(specs, block_size, num_blocks))
+            .collect::<Result<Vec<_>, _>>()?;
+        let longest = plans
+            .iter()
+            .flat_map(|p| p.seqs().iter().map(|s| s.context_len))
+            .max()
+            .unwrap_or(0);
+        let n = first.specs.len();
+        if chain_graph(self.graphs.as_ref(), n, longest).is_none() {
+            return Ok(None);
+        }
+        let started = std::time::Instant::now();
+        let plan = AttentionPlan::new(first.specs, block_size, num_blocks)?;
+        let (path, drafts) = match self.first_graph(&first, &plan) {
+            Some((graph0, features)) => {
+                let start = ChainStart::First {
+                    graph: graph0,
+                    tokens: first.tokens,
+                    features,
+                    plan: &plan,
+                    rows: first.rows,
+                };
+                let graph = chain_graph(self.graphs.as_ref(), n, longest).expect("checked above");
+                let drafts = graph.replay_chain(start, &plans);
+                ("chain from a step-0 graph", drafts)
+            }
+            None => {
+                // Step 0 on its own, its drafts and `pre` fed to the chain from the host.
+                let (step0, _) =
+                    self.run_step(first.specs, first.tokens, first.input, first.rows, false)?;
+                let h = self.hidden_size();
+                let pre: Vec<f32> = first
+                    .rows
+                    .iter()
+                    .flat_map(|&r| step0.pre[r * h..(r + 1) * h].iter().copied())
+                    .collect();
+                let start = ChainStart::Host {
+                    tokens: &step0.greedy,
+                    pre: &pre,
+                };
+                let graph = chain_graph(self.graphs.as_ref(), n, longest).expect("checked above");
+                let drafts = graph.replay_chain(start, &plans).map(|later| {
+                    let firsts = step0.greedy.iter();
+                    let whole = firsts.zip(later).map(|(&d, rest)| [vec![d], rest].concat());
+                    whole.collect()
+                });
+                ("chain after step 0", drafts)
+            }
+        };
+        let drafts = drafts.with_context(|| format!("{} chain replay", K::NAME))?;
+        tracing::trace!(
+            path,
+            seqs = first.specs.len(),
+            steps = 1 + later,
+            us = started.elapsed().as_micros() as u64,
+            "head step"
+        );
+        Ok(Some(drafts))
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

@@ -29,7 +29,11 @@
 //! Steps 1.. replay captured graphs of the head's decode step when graphs are captured
 //! and a size holds the batch, padded up to it (the padded rows repeat the last real
 //! row's token and `pre`, and write their KV into the target pool's scratch block, which
-//! no sequence owns); step 0, and a batch past the largest size, run eagerly.
+//! no sequence owns); step 0, and a batch past the largest size, run eagerly. A greedy
+//! proposal whose every request drafts as many (two or more) runs whole where the runner
+//! can queue its steps back to back ([`HeadRunner::run_chain`]: on the GPU, step 0
+//! through its graph where one serves it, then the decode graph replayed once a step, each
+//! step fed the one before's draft and `pre` on the device, the drafts read back once).
 //!
 //! A request whose prompt prefix was served from the prefix cache (the target did not
 //! recompute it) drafts from the head KV its shared blocks hold, once `head_blocks` has
@@ -40,12 +44,12 @@
 
 use super::head_blocks::{HeadBlocks, SeqBlocks};
 use super::head_features::{Pending, StepFeatures};
-use super::head_runner::{CpuHead, HeadRunner, HeadStep};
+use super::head_runner::{CpuHead, HeadCall, HeadRunner, HeadStep};
 use super::DraftMethod;
 use crate::backend::PoolInfo;
 use crate::graphs::CaptureSizes;
 use crate::messages::{Drafted, HiddenRows, ProposeSeq, RequestId};
-use crate::metrics;
+use crate::metrics::{self, HeadSteps};
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{DraftDist, DraftSampler};
@@ -197,6 +201,23 @@ impl<R: HeadRunner> Eagle3<R> {
     }
 }
 
+impl<R: HeadRunner> Eagle3<R> {
+    /// After step 0 ran the rows of `live` (indices into `seqs`, each up to its `ends`
+    /// position): the head holds them, and a request that drafts (`drafting`) may run
+    /// 1 + its drafts rows in its next step 0.
+    fn settle(&mut self, seqs: &[ProposeSeq], live: &[usize], ends: &[usize], drafting: &[bool]) {
+        for (k, &i) in live.iter().enumerate() {
+            let s = &seqs[i];
+            let state = self.seqs.get_mut(&s.id).expect("live above");
+            state.computed = ends[k];
+            state.next_rows = 1 + if drafting[k] { s.max_drafts } else { 0 };
+            state.pending.truncate(0, self.width);
+            self.blocks
+                .mark(&mut state.blocks, &s.tokens, &s.block_table, state.computed);
+        }
+    }
+}
+
 impl<R: HeadRunner> DraftMethod for Eagle3<R> {
     fn hidden_layers(&self) -> Option<Vec<usize>> {
         Some(self.runner.aux_layers().to_vec())
@@ -309,9 +330,35 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
         // The logits come back where a sampled request drafts.
         let sampled = |k: &usize| drafting[*k] && seqs[live[*k]].sampling.is_some();
         let logits = (0..live.len()).any(|k| sampled(&k));
+        let input = features.input()?;
+        // A greedy proposal whose every request drafts as many runs whole where the runner
+        // queues its steps back to back.
+        let wanted = seqs[live[0]].max_drafts;
+        let chains = !logits
+            && wanted > 1
+            && (0..live.len()).all(|k| drafting[k] && seqs[live[k]].max_drafts == wanted);
+        #[cfg(feature = "fault-hooks")]
+        let chains = chains && self.fault_above.is_none();
+        if chains {
+            let started = Instant::now();
+            let call = HeadCall {
+                specs: &specs,
+                tokens: &tokens,
+                input,
+                rows: &rows,
+            };
+            if let Some(chained) = self.runner.run_chain(call, wanted - 1)? {
+                metrics::record_head_step(HeadSteps::Chain, started.elapsed());
+                for (&i, tokens) in live.iter().zip(chained) {
+                    drafts[i].tokens = tokens;
+                }
+                self.settle(seqs, &live, &ends, &drafting);
+                return Ok(drafts);
+            }
+        }
         let started = Instant::now();
-        let step = self.run_head(&specs, &tokens, features.input()?, &rows, logits)?;
-        metrics::record_head_step(true, started.elapsed());
+        let step = self.run_head(&specs, &tokens, input, &rows, logits)?;
+        metrics::record_head_step(HeadSteps::First, started.elapsed());
         let h = self.runner.hidden_size();
         let mut last_pre: Vec<Vec<f32>> = rows
             .iter()
@@ -319,18 +366,12 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             .collect();
         let all: Vec<usize> = (0..live.len()).collect();
         let firsts = self.pick(seqs, &live, &all, &drafting, &step)?;
-        for (k, (&i, first)) in live.iter().zip(firsts).enumerate() {
+        for (&i, first) in live.iter().zip(firsts) {
             if let Some(first) = first {
                 push_draft(&mut drafts[i], first);
             }
-            let state = self.seqs.get_mut(&seqs[i].id).expect("live above");
-            state.computed = ends[k];
-            state.next_rows = 1 + if drafting[k] { seqs[i].max_drafts } else { 0 };
-            state.pending.truncate(0, w);
-            let s = &seqs[i];
-            self.blocks
-                .mark(&mut state.blocks, &s.tokens, &s.block_table, state.computed);
         }
+        self.settle(seqs, &live, &ends, &drafting);
         // Steps 1..: one row per request that wants more, at the next position.
         loop {
             let more: Vec<usize> = (0..live.len())
@@ -359,7 +400,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             let logits = more.iter().any(sampled);
             let started = Instant::now();
             let step = self.run_head(&specs, &tokens, HeadInput::Pre(&input), &rows, logits)?;
-            metrics::record_head_step(false, started.elapsed());
+            metrics::record_head_step(HeadSteps::Next, started.elapsed());
             let next = self.pick(seqs, &live, &more, &drafting, &step)?;
             for (j, (&k, d)) in more.iter().zip(next).enumerate() {
                 push_draft(&mut drafts[live[k]], d.expect("a request that drafts"));

@@ -26,6 +26,20 @@ pub struct HeadStep {
     pub pre: Vec<f32>,
 }
 
+/// One forward of a head: `tokens` (those of `specs`, one after another) fed `input`, the
+/// drafts of the logit rows `rows`.
+#[derive(Clone, Copy)]
+pub struct HeadCall<'a> {
+    /// The sequences' rows.
+    pub specs: &'a [SeqSpec<'a>],
+    /// Their tokens.
+    pub tokens: &'a [u32],
+    /// What the head is fed beside them.
+    pub input: HeadInput<'a>,
+    /// The rows whose drafts are asked.
+    pub rows: &'a [usize],
+}
+
 /// A draft head that reads the target's hidden states (an EAGLE-3 head, or an MTP layer)
 /// with its KV cache, on some device.
 pub trait HeadRunner: Send {
@@ -53,6 +67,20 @@ pub trait HeadRunner: Send {
         rows: &[usize],
         logits: bool,
     ) -> anyhow::Result<HeadStep>;
+    /// A greedy proposal whole, where the runner queues its steps back to back without
+    /// reading a step back before the next (the GPU's graphs): step 0 (`first`, whose
+    /// logit rows are each sequence's last), then `later` draft steps of one row a
+    /// sequence, each one position past the one before and fed the draft and `pre` of the
+    /// step before. Each sequence's `1 + later` drafts, or `None`, with nothing run, where
+    /// the runner cannot (then each step runs on its own).
+    fn run_chain(
+        &mut self,
+        first: HeadCall<'_>,
+        later: usize,
+    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+        let _ = (first, later);
+        Ok(None)
+    }
     /// Captures the head's decode step for every size of `sizes`, replacing the graphs held
     /// (on failure they stay); `None` drops them.
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()>;
@@ -115,6 +143,14 @@ impl HeadRunner for Box<dyn HeadRunner> {
         logits: bool,
     ) -> anyhow::Result<HeadStep> {
         (**self).run(specs, tokens, input, rows, logits)
+    }
+
+    fn run_chain(
+        &mut self,
+        first: HeadCall<'_>,
+        later: usize,
+    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+        (**self).run_chain(first, later)
     }
 
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {

@@ -32,7 +32,7 @@ pub use build::{cpu_drafter, DraftSpec};
 pub use cuda_head::{GpuHead, HeadCapacity};
 pub use draft_model::DraftModel;
 pub use eagle3::{Eagle3, LAZY_ROWS};
-pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadRunner, HeadStep};
+pub use head_runner::{CpuDraftHead, CpuHead, CpuMtpHead, HeadCall, HeadRunner, HeadStep};
 pub use ngram::Ngram;
 
 use crate::actor_thread::{reply_spinning, spawn_actor_thread, Spin, Stopped};

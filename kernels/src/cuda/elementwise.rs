@@ -116,6 +116,56 @@ pub fn gather_rows(
     Ok(())
 }
 
+/// Where [`draft_feed`] writes a draft head's next step: its `pre` rows, its token ids and
+/// the proposal's record of the drafts.
+pub struct DraftFeedOut<'a, 'b> {
+    /// `[count, dim]` f32 rows.
+    pub pre: &'a mut CudaViewMut<'b, f32>,
+    /// `count` token ids (the next step's plan).
+    pub tokens: &'a mut CudaViewMut<'b, i32>,
+    /// `count` drafts kept for the proposal.
+    pub drafts: &'a mut CudaViewMut<'b, i32>,
+}
+
+/// For each row `j` of `rows` (`s = rows[j]`): `out.pre[j] = pre[s]` (rows of `dim`) and
+/// `out.tokens[j] = out.drafts[j] = to_target[ids[s]]`: a draft head's next step fed from
+/// the one before, on the device. Row ids must lie in `pre` and `ids`, and every id of a
+/// row read in `to_target` (an argmax over the draft vocabulary): the caller's check.
+pub fn draft_feed(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    (pre, ids): (&CudaView<f32>, &CudaView<u32>),
+    rows: &CudaView<i32>,
+    to_target: &CudaView<i32>,
+    out: DraftFeedOut,
+    dim: usize,
+) -> Result<(), DriverError> {
+    let count = rows.len();
+    assert!(
+        out.pre.len() >= count * dim && out.tokens.len() >= count && out.drafts.len() >= count,
+        "draft_feed: short output"
+    );
+    if count * dim == 0 {
+        return Ok(());
+    }
+    let (count_i, dim_i) = (count as i32, dim as i32);
+    let mut launch = k.launch(stream, "draft_feed_f32");
+    launch
+        .arg(pre)
+        .arg(ids)
+        .arg(rows)
+        .arg(to_target)
+        .arg(out.pre)
+        .arg(out.tokens)
+        .arg(out.drafts)
+        .arg(&count_i)
+        .arg(&dim_i);
+    // SAFETY: the outputs hold count rows (checked above); row ids and draft ids are in
+    // range (caller's check).
+    unsafe { launch.launch(grid(blocks(count * dim), THREADS, 0)) }?;
+    Ok(())
+}
+
 /// `ring[(first + r) % capacity] = src[r]` narrowed to bf16, for the `rows` f32 rows of `dim`
 /// elements at the start of `src`, where `ring` holds `capacity` rows of `dim`.
 pub fn ring_store(

@@ -307,12 +307,8 @@ impl DraftHeadKind for HeadCore {
         Ok(HeadWorkspace::new(self, rows, logit_rows, features)?)
     }
 
-    fn layer_work(work: &mut HeadWorkspace) -> &mut Workspace {
-        &mut work.work
-    }
-
-    fn features(work: &mut HeadWorkspace) -> &mut StagedFeatures {
-        &mut work.features
+    fn parts(work: &mut HeadWorkspace) -> (&mut Workspace, &mut StagedFeatures) {
+        (&mut work.work, &mut work.features)
     }
 
     fn launch(

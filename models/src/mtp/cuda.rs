@@ -349,12 +349,8 @@ impl DraftHeadKind for MtpCore {
         Ok(MtpWorkspace::new(self, rows, logit_rows)?)
     }
 
-    fn layer_work(work: &mut MtpWorkspace) -> &mut Workspace {
-        &mut work.work
-    }
-
-    fn features(work: &mut MtpWorkspace) -> &mut StagedFeatures {
-        &mut work.features
+    fn parts(work: &mut MtpWorkspace) -> (&mut Workspace, &mut StagedFeatures) {
+        (&mut work.work, &mut work.features)
     }
 
     fn launch(

@@ -12,6 +12,7 @@
 //! scratch slot no sequence owns; a step 0's features are gathered into the real rows only,
 //! before the graph runs.
 
+use crate::draft_head::cuda::chain::ChainBuffers;
 use crate::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::FeatureKind;
@@ -25,7 +26,7 @@ use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::{Padding, StagedInput};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Which step of the head a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,19 +42,21 @@ pub enum HeadGraphKind {
 pub struct HeadGraphBuffers<C: DraftHeadKind> {
     kind: HeadGraphKind,
     limits: GraphLimits,
-    plan: DeviceAttentionPlan,
-    work: C::Work,
+    pub(super) plan: DeviceAttentionPlan,
+    pub(super) work: C::Work,
     /// The host side of the staged `pre`, `[rows, H]` (batch on axis 0), for decode graphs.
     pre: Option<StagedInput<f32>>,
+    /// What a proposal's steps queued back to back need (decode graphs).
+    pub(super) chain: Option<ChainBuffers>,
 }
 
 /// One captured step of a head and everything its kernels address.
 pub struct CapturedHead<C: DraftHeadKind> {
     size: usize,
-    kind: HeadGraphKind,
-    graphs: ContextGraphs,
-    buffers: Arc<Mutex<HeadGraphBuffers<C>>>,
-    core: Arc<C>,
+    pub(super) kind: HeadGraphKind,
+    pub(super) graphs: ContextGraphs,
+    pub(super) buffers: Arc<Mutex<HeadGraphBuffers<C>>>,
+    pub(super) core: Arc<C>,
     /// The ring a step 0's features are gathered from.
     ring: Option<Arc<FeatureRing>>,
     _cache: SharedKvCache,
@@ -82,9 +85,12 @@ impl<C: DraftHeadKind> HeadGraphBuffers<C> {
         let plan = core.fixed_plan(capacity)?;
         let work = core.work(limits.max_rows, limits.max_rows, !decode)?;
         let shape = [limits.max_rows, core.hidden_size()];
-        let pre = match kind {
-            HeadGraphKind::Decode => Some(StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?),
-            HeadGraphKind::First => None,
+        let (pre, chain) = match kind {
+            HeadGraphKind::Decode => (
+                Some(StagedInput::new("pre", &shape, 0, Padding::RepeatLast)?),
+                Some(ChainBuffers::new(core, limits.max_rows)?),
+            ),
+            HeadGraphKind::First => (None, None),
         };
         Ok(HeadGraphBuffers {
             kind,
@@ -92,13 +98,14 @@ impl<C: DraftHeadKind> HeadGraphBuffers<C> {
             plan,
             work,
             pre,
+            chain,
         })
     }
 
     /// Stages a step (`tokens` over `plan`, fed `pre` in a decode graph) padded to `size`
     /// rows, for grids that serve contexts up to `context`. A step 0's features are
     /// gathered apart ([`DraftHeadKind::gather`]).
-    fn stage(
+    pub(super) fn stage(
         &mut self,
         core: &C,
         tokens: &[u32],
@@ -256,6 +263,25 @@ impl<C: DraftHeadKind> CapturedHead<C> {
         plan: &AttentionPlan,
         logit_rows: &[usize],
     ) -> Result<GpuHeadDrafts, GpuForwardError> {
+        let mut b = self.queue_first(tokens, features, plan, logit_rows)?;
+        let n = tokens.len();
+        let every = self.core.drafts(&mut b.work, n, n, false)?;
+        Ok(GpuHeadDrafts {
+            drafts: logit_rows.iter().map(|&r| every.drafts[r]).collect(),
+            logits: None,
+            pre: every.pre,
+        })
+    }
+
+    /// Queues step 0 as [`replay_first`](Self::replay_first) does and reads nothing back:
+    /// its results stay in the buffers returned, locked.
+    pub(super) fn queue_first(
+        &self,
+        tokens: &[u32],
+        features: &[u64],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Result<MutexGuard<'_, HeadGraphBuffers<C>>, GpuForwardError> {
         let core = &*self.core;
         check_inputs(tokens, plan, logit_rows, core.vocab_size())?;
         let n = tokens.len();
@@ -281,11 +307,6 @@ impl<C: DraftHeadKind> CapturedHead<C> {
         b.stage(core, tokens, &[], plan, self.size, context)?;
         core.gather(&mut b.work, ring, features)?;
         graph.launch()?;
-        let every = core.drafts(&mut b.work, n, n, false)?;
-        Ok(GpuHeadDrafts {
-            drafts: logit_rows.iter().map(|&r| every.drafts[r]).collect(),
-            logits: None,
-            pre: every.pre,
-        })
+        Ok(b)
     }
 }

@@ -4,6 +4,7 @@
 //! ([`GpuDraftHead`](crate::draft_head::cuda::head::GpuDraftHead)) and its graphs
 //! ([`graph`](crate::draft_head::cuda::graph)). A third kind implements the trait and gets the rest.
 
+pub mod chain;
 pub mod features;
 pub mod graph;
 pub mod head;
@@ -62,10 +63,16 @@ pub trait DraftHeadKind: Send + Sync + 'static {
     /// Activations for `rows` rows and `logit_rows` logit rows, with room for target
     /// features when `features`.
     fn work(&self, rows: usize, logit_rows: usize, features: bool) -> anyhow::Result<Self::Work>;
+    /// The decoder layer's activations of `work` and its staged features (or `pre`), apart.
+    fn parts(work: &mut Self::Work) -> (&mut Workspace, &mut StagedFeatures);
     /// The decoder layer's activations of `work`.
-    fn layer_work(work: &mut Self::Work) -> &mut Workspace;
+    fn layer_work(work: &mut Self::Work) -> &mut Workspace {
+        Self::parts(work).0
+    }
     /// The staged features (or `pre`) of `work`.
-    fn features(work: &mut Self::Work) -> &mut StagedFeatures;
+    fn features(work: &mut Self::Work) -> &mut StagedFeatures {
+        Self::parts(work).1
+    }
     /// Queues the forward of the `n` rows staged in `plan` (features of `kind` staged in
     /// `work`), leaving the logits of its `r` logit rows in the layer work's logits and
     /// every row's `pre` in its residual. Reads no host value of the step but its sizes, so
