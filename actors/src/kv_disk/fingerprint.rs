@@ -1,7 +1,9 @@
-//! A model's fingerprint for the disk tier: blocks written for one model's weights are
-//! never read for another's.
+//! A model's fingerprint for the disk tier, and its block shape's: blocks written for one
+//! model's weights, or in another layout or on another device, are never read.
 
 use super::chain::ContentHash;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_ops::{KvDtype, KvRows};
 use sha2::{Digest, Sha256};
 use std::io::{self, Read};
 use std::path::Path;
@@ -39,4 +41,42 @@ pub fn model_fingerprint(path: &Path) -> io::Result<ContentHash> {
         }
     }
     Ok(hash.finalize().into())
+}
+
+/// How a backend's pool lays out one block, which the bytes on disk are: a file is read
+/// only by a pool that lays its blocks out the same way, on the same kind of device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockShape {
+    /// The backend whose pool wrote the blocks (`cpu`, `cuda`): its kernels compute the
+    /// keys and values, so another device's are not taken for its own.
+    pub device: &'static str,
+    /// The cache's element.
+    pub dtype: KvDtype,
+    /// What a token leaves in a layer.
+    pub rows: KvRows,
+    /// A layer's layout (its block count is not part of the shape).
+    pub layout: KvLayout,
+    /// Bytes of one block over every layer.
+    pub block_bytes: u64,
+}
+
+/// The fingerprint that names a disk tier's file: the SHA-256 of the model's
+/// ([`model_fingerprint`]) and of the block shape it is cached in.
+pub fn block_fingerprint(model: &ContentHash, shape: &BlockShape) -> ContentHash {
+    let mut hash = Sha256::new();
+    hash.update(model);
+    hash.update(
+        format!(
+            "{} {:?} {:?} block_size {} kv_heads {} head_dim {} block_bytes {}",
+            shape.device,
+            shape.dtype,
+            shape.rows,
+            shape.layout.block_size,
+            shape.layout.num_kv_heads,
+            shape.layout.head_dim,
+            shape.block_bytes
+        )
+        .as_bytes(),
+    );
+    hash.finalize().into()
 }

@@ -8,7 +8,8 @@
 //!   with a SHA-256 of its own fields.
 //! - [`failed`]: reads that failed their checks while serving, reported back to the
 //!   allocator.
-//! - [`fingerprint`]: the model's fingerprint, which names its file.
+//! - [`fingerprint`]: the model's and its block shape's fingerprint, which names its file.
+//! - [`blocks`]: the file as a backend keeps it, its reads and writes as a block's bytes.
 //! - [`file`]: the file itself: locked against a second process, its header checked
 //!   against the model's fingerprint, slots written data first and header last, read back
 //!   with the data's checksum verified, found again by a scan at start-up.
@@ -16,16 +17,18 @@
 //! Every offset is a `u64` computed with checked arithmetic; files past 4 GiB are sparse
 //! until written.
 
+pub mod blocks;
 pub mod chain;
 pub mod failed;
 pub mod file;
 pub mod fingerprint;
 pub mod format;
 
+pub use blocks::DiskBlocks;
 pub use chain::{chain_hash, ContentHash, ROOT_HASH};
 pub use failed::{DiskTierStart, FailedRead, FailedReads};
 pub use file::{DiskFile, DiskOpenError, FoundBlock, ReadError};
-pub use fingerprint::model_fingerprint;
+pub use fingerprint::{block_fingerprint, model_fingerprint, BlockShape};
 pub use format::{FileHeader, FORMAT_VERSION};
 
 #[cfg(test)]

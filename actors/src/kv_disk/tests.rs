@@ -5,6 +5,8 @@
 use super::file::hex;
 use super::format::{RecordHeader, MAX_BLOCK_TOKENS, PAGE};
 use super::*;
+use peregrine_kernels::cpu::KvLayout;
+use peregrine_ops::{KvDtype, KvRows};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::os::unix::fs::FileExt;
@@ -341,4 +343,67 @@ fn slots_around_2_31_and_2_32_bytes_land_where_their_offsets_say() {
     for (slot, chain, data) in &written {
         assert_eq!(&disk.read(*slot, chain).unwrap(), data, "slot {slot}");
     }
+}
+
+/// A pool's block shape names its file: the CPU's fingerprint is what it always was (a
+/// fixture from Python's hashlib, so files written before stay readable), and the same
+/// bytes per block on another device, dtype, row kind or layout name another file.
+#[test]
+fn the_block_shape_and_the_device_name_the_file() {
+    let model = [7; 32];
+    let cpu = BlockShape {
+        device: "cpu",
+        dtype: KvDtype::Float32,
+        rows: KvRows::KeysAndValues,
+        layout: KvLayout {
+            num_blocks: 100,
+            block_size: 16,
+            num_kv_heads: 3,
+            head_dim: 64,
+        },
+        block_bytes: 196_608,
+    };
+    assert_eq!(
+        hex(&block_fingerprint(&model, &cpu)),
+        "59830284322441e08b772777ada4185e73b5698847a42d173d43a2d704e7f9fd"
+    );
+    let more_blocks = BlockShape {
+        layout: KvLayout {
+            num_blocks: 7,
+            ..cpu.layout
+        },
+        ..cpu
+    };
+    assert_eq!(
+        block_fingerprint(&model, &more_blocks),
+        block_fingerprint(&model, &cpu)
+    );
+    let bf16 = BlockShape {
+        dtype: KvDtype::Bfloat16,
+        block_bytes: 98_304,
+        ..cpu
+    };
+    let cuda = BlockShape {
+        device: "cuda",
+        ..bf16
+    };
+    let latent = BlockShape {
+        rows: KvRows::Latent,
+        ..cuda
+    };
+    let wider = BlockShape {
+        layout: KvLayout {
+            num_kv_heads: 6,
+            head_dim: 32,
+            ..cpu.layout
+        },
+        ..cuda
+    };
+    let mut names: Vec<ContentHash> = [cpu, bf16, cuda, latent, wider]
+        .iter()
+        .map(|s| block_fingerprint(&model, s))
+        .collect();
+    names.push(block_fingerprint(&[8; 32], &cuda));
+    let distinct: std::collections::HashSet<_> = names.iter().collect();
+    assert_eq!(distinct.len(), names.len(), "two shapes share a file");
 }

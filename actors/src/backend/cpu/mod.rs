@@ -15,7 +15,7 @@ use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource};
 use anyhow::anyhow;
-use disk_blocks::DiskBlocks;
+use disk_blocks::CpuDiskBlocks;
 use host_blocks::HostBlocks;
 use peregrine_kernels::cpu::Matrix;
 use peregrine_models::{LlamaModel, ModelConfig};
@@ -39,7 +39,7 @@ struct CpuBackend {
     /// The host tier below the pool, if one is kept.
     host: Option<HostBlocks>,
     /// The disk tier below both, if one is kept.
-    disk: Option<DiskBlocks>,
+    disk: Option<CpuDiskBlocks>,
     /// What it held at start-up, until the engine takes it.
     disk_start: Option<DiskTierStart>,
 }
@@ -180,12 +180,8 @@ impl ModelBackend for CpuBackend {
         bytes: u64,
         model: &ContentHash,
     ) -> anyhow::Result<()> {
-        let (disk, found) = DiskBlocks::open(&self.cache, dir, bytes, model)?;
-        self.disk_start = Some(DiskTierStart {
-            slots: disk.slots(),
-            found,
-            failed: disk.failed_reads(),
-        });
+        let (disk, start) = CpuDiskBlocks::open(&self.cache, dir, bytes, model)?;
+        self.disk_start = Some(start);
         self.disk = Some(disk);
         Ok(())
     }
@@ -236,7 +232,7 @@ impl ModelBackend for CpuBackend {
                     }
                 }
                 KvMove::DiskRead { slot, chain, block } => {
-                    let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                    let disk = self.disk.as_ref().ok_or_else(no_disk)?;
                     if let Err(e) = disk.read_into(&mut self.cache, *slot, chain, *block) {
                         failed_read.get_or_insert(e);
                     }
