@@ -1,12 +1,16 @@
 //! The CUDA backend: the bf16 model on device 0 and its KV pool (loaded and sized in
-//! `load.rs`), its steps eager or through graphs, and its host tier (`host_blocks.rs`). A
+//! `load.rs`), its steps eager or through graphs, and the tiers below its pool
+//! (`tiers.rs`: host memory in `host_blocks.rs`, disk in `disk_blocks.rs`). A
 //! draft model or head beside it keeps its KV in the same blocks (a pool of its own
 //! shape). The target records the inputs of the head's aux layers when asked, and with a
 //! head beside it stores them into the feature ring the head gathers them from on the
 //! device (without one they are downloaded).
 
+mod disk_blocks;
 mod host_blocks;
 mod load;
+mod staging;
+mod tiers;
 
 pub use load::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
@@ -14,9 +18,9 @@ use super::{
     sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove};
-use anyhow::{bail, Context};
-use host_blocks::{GpuHostBlocks, HostMove};
+use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
@@ -29,7 +33,9 @@ use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use peregrine_runtime::cuda::Gpu;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
+use tiers::GpuTiers;
 
 struct GpuBackend {
     /// The decode graphs (none until captured, or with --enforce-eager).
@@ -57,8 +63,10 @@ struct GpuBackend {
     /// Whether the model records layer inputs (then nothing is queued ahead: a queued
     /// step's would not reach the host).
     records_hidden: bool,
-    /// The host tier below the pool, if one is kept.
-    host: Option<GpuHostBlocks>,
+    /// The tiers below the pool, once one is kept.
+    tiers: Option<GpuTiers>,
+    /// What the disk tier held at start-up, until the engine takes it.
+    disk_start: Option<DiskTierStart>,
 }
 
 impl GpuBackend {
@@ -106,7 +114,8 @@ impl GpuBackend {
             ring: None,
             ahead: None,
             records_hidden: false,
-            host: None,
+            tiers: None,
+            disk_start: None,
         })
     }
 }
@@ -260,44 +269,54 @@ impl ModelBackend for GpuBackend {
         }
     }
 
-    /// A tier of page-locked host memory ([`GpuHostBlocks`]).
+    /// A tier of page-locked host memory (`host_blocks.rs`).
     fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
-        let gpu = self.model.gpu().clone();
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        let host = GpuHostBlocks::for_cache(&gpu, &cache, bytes)?;
-        drop(cache);
-        let slots = host.slots();
-        self.host = Some(host);
-        Ok(slots)
+        let tiers = match &mut self.tiers {
+            Some(tiers) => tiers,
+            none => none.insert(GpuTiers::new(self.model.gpu(), &cache)?),
+        };
+        tiers.keep_host(&cache, bytes)
     }
 
     fn host_tier_slots(&self) -> u32 {
-        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
+        self.tiers.as_ref().map_or(0, GpuTiers::host_slots)
+    }
+
+    /// A tier in the model's file under `dir` (`disk_blocks.rs`).
+    fn keep_disk_tier(
+        &mut self,
+        dir: &Path,
+        bytes: u64,
+        model: &ContentHash,
+    ) -> anyhow::Result<()> {
+        let gpu = self.model.gpu().clone();
+        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let tiers = match &mut self.tiers {
+            Some(tiers) => tiers,
+            none => none.insert(GpuTiers::new(&gpu, &cache)?),
+        };
+        self.disk_start = Some(tiers.keep_disk(&gpu, &cache, dir, bytes, model)?);
+        Ok(())
+    }
+
+    fn take_disk_tier(&mut self) -> Option<DiskTierStart> {
+        self.disk_start.take()
     }
 
     /// Queues the copies on the target's stream, after any step queued ahead (which it
-    /// drops) and before the next step.
+    /// drops) and before the next step; disk writes are made before this returns.
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
         }
         self.ahead = None;
-        let host_moves = moves
-            .iter()
-            .map(|m| match *m {
-                KvMove::Spill { block, slot } => Ok(HostMove::Spill { block, slot }),
-                KvMove::Load { slot, block } => Ok(HostMove::Load { slot, block }),
-                KvMove::DiskWrite { .. } | KvMove::DiskRead { .. } => {
-                    bail!("disk-tier moves for a GPU backend, which keeps no disk tier")
-                }
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
         let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
-        let host = self.host.as_mut().ok_or_else(|| {
-            anyhow::anyhow!("host-tier moves for a GPU backend that keeps no host tier")
+        let tiers = self.tiers.as_mut().ok_or_else(|| {
+            anyhow::anyhow!("KV tier moves for a GPU backend that keeps no tier below its pool")
         })?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        host.apply(&gpu, &kernels, &mut cache, &host_moves)
+        tiers.apply(&gpu, &kernels, &mut cache, moves)
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one
