@@ -129,6 +129,32 @@ fn blocks_gather_and_scatter_exactly_around_2_31_bytes() {
     }
 }
 
+/// The logits of the last of `tokens`, one sequence of blocks of 16 tokens whose first
+/// `cached` tokens are in the pool's blocks `table`.
+pub fn last_logits(
+    backend: &mut Box<dyn ModelBackend>,
+    tokens: &[u32],
+    cached: usize,
+    table: &[u32],
+) -> Vec<f32> {
+    let spec = SeqSpec {
+        num_cached: cached,
+        num_new: tokens.len(),
+        block_table: table,
+    };
+    let plan = AttentionPlan::new(&[spec], 16, backend.pool().layout.num_blocks).unwrap();
+    let rows = [tokens.len() - 1];
+    let input = StepInput {
+        source: StepSource::Fresh {
+            tokens,
+            plan: &plan,
+            logit_rows: &rows,
+        },
+        wanted: Wanted::Logits,
+    };
+    backend.run(input).unwrap().logits().unwrap()
+}
+
 /// A 32-token prompt's two blocks spilled to host slots through the backend, its pool
 /// blocks then overwritten by another prompt, loaded back into other blocks (ids past
 /// 65,535 where the pool has them) by a call that then spills into one of the slots it
@@ -165,25 +191,6 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
     let prompt: Vec<u32> = (0..32).map(|i| (i * 37 + 11) % 1000).collect();
     let rest: Vec<u32> = vec![5, 901, 17, 333, 42];
     let whole: Vec<u32> = prompt.iter().chain(&rest).copied().collect();
-    let last_logits =
-        |backend: &mut Box<dyn ModelBackend>, tokens: &[u32], cached: usize, table: &[u32]| {
-            let spec = SeqSpec {
-                num_cached: cached,
-                num_new: tokens.len(),
-                block_table: table,
-            };
-            let plan = AttentionPlan::new(&[spec], 16, u64::from(num_blocks)).unwrap();
-            let rows = [tokens.len() - 1];
-            let input = StepInput {
-                source: StepSource::Fresh {
-                    tokens,
-                    plan: &plan,
-                    logit_rows: &rows,
-                },
-                wanted: Wanted::Logits,
-            };
-            backend.run(input).unwrap().logits().unwrap()
-        };
     let cold = last_logits(&mut backend, &whole, 0, &[10, 11, 12]);
     // The prompt in blocks 0 and 1, spilled to slots 2 and 0.
     last_logits(&mut backend, &prompt, 0, &[0, 1]);

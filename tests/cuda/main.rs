@@ -9,6 +9,7 @@ mod common;
 
 mod attention;
 mod deepseek;
+mod disk_tier;
 mod draft_chain;
 mod eagle3;
 mod engine;
