@@ -156,6 +156,17 @@
 #                                 llamacpp-build.log. The build's binaries come back in
 #                                 llamacpp-bin.tar.gz where under 16 MiB: copied to
 #                                 target/llamacpp/, a later call runs them, unbuilt
+#   scripts/gpu_run.sh tiers      issue 50's time to first token of a 3,770-token prefix on
+#                                 the GPU, as on the CPU (docs/performance.md): SmolLM2-135M
+#                                 (/tmp/smollm2, else a random SmolLM2-shaped checkpoint with
+#                                 the tokenizer carried in target/tokenizer/) under a pool of
+#                                 --kv-cache-memory 140MB (about 6,000 tokens, which two other
+#                                 prompts of that length push the prefix out of), a fresh
+#                                 server each: no tier, --kv-host-memory 1GiB, --kv-cache-dir
+#                                 under a fresh directory, then a restart over that directory
+#                                 (--once): scripts/bench_kv_tiers.py --words 1300 and the
+#                                 tiers' /metrics after each in tiers.log, servers' logs in
+#                                 serve-tiers-*.log
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -809,6 +820,46 @@ llamacpp)
                 grep -v "^20"
         done
     } 2>&1 | tee -a "$log"
+    ;;
+tiers)
+    # Issue 50's TTFT of a long shared prefix cold, from the pool and from each tier below
+    # it (scripts/bench_kv_tiers.py as on the CPU, docs/performance.md), a fresh server a
+    # case, every command under `timeout`.
+    log="$OUT/tiers.log"
+    model=/tmp/smollm2
+    if [ ! -d "$model" ]; then
+        model=/tmp/smol-rand
+        timeout 300 python3 scripts/random_checkpoint.py scripts/configs/smollm2-135m.json \
+            target/tokenizer "$model" 2>&1 | tee -a "$log"
+    fi
+    echo "== model $model" | tee -a "$log"
+    port=8123
+    rm -rf /tmp/kv-tiers
+    for run in "none" "host --kv-host-memory 1GiB" "disk --kv-cache-dir /tmp/kv-tiers" \
+        "restart --kv-cache-dir /tmp/kv-tiers"; do
+        read -r name flags <<<"$run"
+        echo "== $name: serve --kv-cache-memory 140MB $flags" | tee -a "$log"
+        # shellcheck disable=SC2086
+        "$bin/peregrine" serve --model "$model" --device cuda --port $port \
+            --kv-cache-memory 140MB $flags >"$OUT/serve-tiers-$name.log" 2>&1 &
+        server=$!
+        wait_for_port $port
+        case $name in
+        none) bench=(--tier "nothing (computed again)") ;;
+        host) bench=(--tier "host memory") ;;
+        disk) bench=(--tier disk) ;;
+        restart) bench=(--once) ;;
+        esac
+        timeout 600 python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:$port --words 1300 \
+            "${bench[@]}" 2>&1 | tee -a "$log"
+        timeout 30 python3 -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
+    if line.startswith(("peregrine:kv_", "peregrine:prefix_cache_")):
+        print(line)' "http://127.0.0.1:$port/metrics" 2>&1 | tee -a "$log"
+        kill $server
+        wait $server
+        grep -E "KV (disk|host) tier|ERROR|panicked" "$OUT/serve-tiers-$name.log" | tee -a "$log"
+    done
     ;;
 *)
     echo "unknown mode $mode" >&2
