@@ -4,19 +4,18 @@
 //! next): the same drafts, bit for bit, and the same head KV in every block but the
 //! scratch block, whether step 0 runs through a graph of step 0 or on its own.
 
-use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, table, write_target_and_head};
-use crate::eagle3::{BLOCK, NUM_BLOCKS, SCRATCH};
+use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, ring_runner, table};
+use crate::eagle3::{write_target_and_head, SCRATCH};
 use crate::{random_f32, rng, setup};
-use peregrine_actors::draft::{GpuHead, HeadCall, HeadCapacity, HeadRunner};
+use peregrine_actors::draft::{GpuHead, HeadCall, HeadRunner};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_kernels::cuda::elementwise::{draft_feed, DraftFeedOut};
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::HeadInput;
-use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::SeqSpec;
 use peregrine_runtime::cuda::Gpu;
 use rand::Rng;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 #[test]
 fn the_draft_feed_gathers_rows_and_maps_their_drafts_as_the_host_does() {
@@ -86,24 +85,6 @@ fn the_draft_feed_gathers_rows_and_maps_their_drafts_as_the_host_does() {
     );
 }
 
-/// A runner of the head of `dir` reading `ring`, its buffers holding step 0 rows of up to
-/// four a sequence through graphs, with its cache.
-fn runner(dir: &std::path::Path, ring: &Arc<FeatureRing>) -> (GpuHead, Arc<Mutex<GpuKvCache>>) {
-    let s = setup().unwrap();
-    let (host, mut head) = heads(dir, true);
-    head.read_features_from(ring.clone()).unwrap();
-    let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
-    let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
-    let capacity = HeadCapacity {
-        max_tokens: 256,
-        max_logit_rows: 16,
-        first_rows: 4,
-    };
-    let scratch = i64::from(SCRATCH) * BLOCK as i64;
-    let head = GpuHead::new(head, cache.clone(), capacity, scratch, 1024);
-    (head, cache)
-}
-
 /// Stores `values` (`[rows, width]`) into `ring` on `target`'s stream; the rows' numbers.
 fn store(ring: &FeatureRing, target: &Gpu, values: &[f32]) -> Vec<u64> {
     let s = setup().unwrap();
@@ -170,8 +151,10 @@ fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
     let (host, _) = heads(dir.path(), true);
     let width = host.aux_layers().len() * host.config().target_hidden_size;
     let ring = Arc::new(FeatureRing::new(&target, 512, width).unwrap());
-    let ((mut one_by_one, stepped_cache), (mut chained, chained_cache)) =
-        (runner(dir.path(), &ring), runner(dir.path(), &ring));
+    let ((mut one_by_one, stepped_cache), (mut chained, chained_cache)) = (
+        ring_runner(dir.path(), &ring),
+        ring_runner(dir.path(), &ring),
+    );
     let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 8).unwrap();
     for head in [&mut one_by_one, &mut chained] {
         head.capture_graphs(Some(&sizes)).unwrap();
@@ -235,7 +218,7 @@ fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
         assert!(stepped_blocks[b] == chained_blocks[b], "block {b} differs");
     }
     // Without graphs, nothing chains.
-    let (mut bare, _) = runner(dir.path(), &ring);
+    let (mut bare, _) = ring_runner(dir.path(), &ring);
     let specs = [SeqSpec {
         num_cached: 0,
         num_new: 1,

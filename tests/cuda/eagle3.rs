@@ -12,6 +12,7 @@ use half::bf16;
 use peregrine_actors::draft::{GpuHead, HeadCapacity, HeadRunner};
 use peregrine_kernels::GEMV_MAX_ROWS;
 use peregrine_models::eagle3::cuda::GpuEagle3Head;
+use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::graph::cuda::GraphLimits;
 use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions};
@@ -86,6 +87,27 @@ pub(crate) fn heads(dir: &Path, deterministic: bool) -> (Eagle3Head, GpuEagle3He
         GpuEagle3Head::from_host(&host, max_positions, gpu, kernels, options(deterministic))
             .unwrap();
     (host, gpu_head)
+}
+
+/// A runner of the head of `dir` reading `ring` (deterministic), its buffers holding step
+/// 0 rows of up to four a sequence through graphs, with its cache.
+pub(crate) fn ring_runner(
+    dir: &Path,
+    ring: &Arc<FeatureRing>,
+) -> (GpuHead, Arc<Mutex<GpuKvCache>>) {
+    let s = setup().expect("a GPU");
+    let (host, mut head) = heads(dir, true);
+    head.read_features_from(ring.clone()).unwrap();
+    let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
+    let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
+    let capacity = HeadCapacity {
+        max_tokens: 256,
+        max_logit_rows: 16,
+        first_rows: 4,
+    };
+    let scratch = i64::from(SCRATCH) * BLOCK as i64;
+    let head = GpuHead::new(head, cache.clone(), capacity, scratch, 1024);
+    (head, cache)
 }
 
 /// Sequence `i`'s block table: blocks i, i + 8, i + 16, i + 24.

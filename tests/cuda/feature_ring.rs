@@ -6,7 +6,8 @@
 //! catch-up cut into forwards its buffers hold; and a decode-shaped step 0 replayed through
 //! a graph of step 0 drafts bit for bit as the eager step does.
 
-use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, table, write_target_and_head};
+use crate::eagle3::write_target_and_head;
+use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, ring_runner, table};
 use crate::eagle3::{BLOCK, NUM_BLOCKS, SCRATCH};
 use crate::{random_f32, rng, setup, to_bf16};
 use half::bf16;
@@ -174,30 +175,17 @@ fn a_head_fed_rows_of_the_ring_drafts_as_one_fed_host_features() {
 /// only its padded rows wrote.
 #[test]
 fn a_decode_shaped_step_0_through_a_graph_drafts_as_the_eager_step() {
-    let Some(s) = setup() else {
+    let Some(_) = setup() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();
     write_target_and_head(dir.path(), &gpu_head_spec(false, true), 43);
     let target = Gpu::open(0).unwrap();
-    let runner = |ring: &Arc<FeatureRing>| {
-        let (host, mut head) = heads(dir.path(), true);
-        head.read_features_from(ring.clone()).unwrap();
-        let layout = host.kv_layout(NUM_BLOCKS, BLOCK as u64);
-        let cache = Arc::new(Mutex::new(GpuKvCache::new(&s.gpu, 1, layout).unwrap()));
-        let capacity = HeadCapacity {
-            max_tokens: 256,
-            max_logit_rows: 16,
-            first_rows: 4,
-        };
-        let scratch = i64::from(SCRATCH) * BLOCK as i64;
-        let head = GpuHead::new(head, cache.clone(), capacity, scratch, 1024);
-        (head, cache)
-    };
     let (host, _) = heads(dir.path(), true);
     let width = host.aux_layers().len() * host.config().target_hidden_size;
     let ring = Arc::new(FeatureRing::new(&target, 256, width).unwrap());
-    let ((mut eager, eager_cache), (mut graphed, graph_cache)) = (runner(&ring), runner(&ring));
+    let runner = || ring_runner(dir.path(), &ring);
+    let ((mut eager, eager_cache), (mut graphed, graph_cache)) = (runner(), runner());
     graphed
         .capture_graphs(Some(&CaptureSizes::from_list(&[1, 2, 4, 8], 8).unwrap()))
         .unwrap();
