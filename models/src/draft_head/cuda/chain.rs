@@ -5,50 +5,14 @@
 //! padded to its size); step 1 is fed from the host or from a graph of step 0 queued just
 //! before it, whose results stay on the device.
 
+use crate::draft_head::cuda::chain_buffers::MAX_CHAIN_STEPS;
 use crate::draft_head::cuda::graph::{CapturedHead, HeadGraphBuffers, HeadGraphKind};
 use crate::draft_head::cuda::DraftHeadKind;
 use crate::llama::cuda::GpuForwardError;
 use crate::llama::{check_inputs, ForwardError};
-use cudarc::driver::CudaSlice;
 use peregrine_kernels::cuda::elementwise::{draft_feed, DraftFeedOut};
 use peregrine_ops::cuda::attention::AttentionError;
 use peregrine_ops::AttentionPlan;
-
-/// The most draft steps one chain records.
-pub const MAX_CHAIN_STEPS: usize = 16;
-
-/// What a decode graph's buffers keep for chains: the draft vocabulary on the device, the
-/// rows each feed reads, and the drafts of every step.
-pub struct ChainBuffers {
-    /// Draft id to target id.
-    to_target: CudaSlice<i32>,
-    /// `0..rows`: a decode step feeds the next from its own rows.
-    own_rows: CudaSlice<i32>,
-    /// The rows of a step 0 that feed step 1 (each sequence's last), padded.
-    first_rows: CudaSlice<i32>,
-    /// `[MAX_CHAIN_STEPS, rows]`: each step's drafts.
-    drafts: CudaSlice<i32>,
-    rows: usize,
-}
-
-impl ChainBuffers {
-    /// Buffers for chains of up to `rows` sequences of the head `core`.
-    pub fn new<C: DraftHeadKind>(core: &C, rows: usize) -> anyhow::Result<ChainBuffers> {
-        let gpu = core.gpu();
-        let vocab = core.vocab();
-        let to_target: Vec<i32> = (0..vocab.len())
-            .map(|d| i32::try_from(vocab.target(d)).expect("target ids are checked at load"))
-            .collect();
-        let own: Vec<i32> = (0..rows as i32).collect();
-        Ok(ChainBuffers {
-            to_target: gpu.upload(&to_target)?,
-            own_rows: gpu.upload(&own)?,
-            first_rows: gpu.zeros(rows)?,
-            drafts: gpu.zeros(MAX_CHAIN_STEPS * rows)?,
-            rows,
-        })
-    }
-}
 
 /// Where a chain's step 1 takes its inputs.
 pub enum ChainStart<'a, C: DraftHeadKind> {

@@ -12,7 +12,7 @@
 //! scratch slot no sequence owns; a step 0's features are gathered into the real rows only,
 //! before the graph runs.
 
-use crate::draft_head::cuda::chain::ChainBuffers;
+use crate::draft_head::cuda::chain_buffers::ChainBuffers;
 use crate::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
 use crate::eagle3::feature_ring::FeatureRing;
 use crate::eagle3::FeatureKind;

@@ -5,6 +5,7 @@
 //! ([`graph`](crate::draft_head::cuda::graph)). A third kind implements the trait and gets the rest.
 
 pub mod chain;
+pub mod chain_buffers;
 pub mod features;
 pub mod graph;
 pub mod head;
