@@ -163,7 +163,9 @@
 #                                 --kv-cache-memory 140MB (about 6,000 tokens, which two other
 #                                 prompts of that length push the prefix out of), a fresh
 #                                 server each: no tier, --kv-host-memory 1GiB, --kv-cache-dir
-#                                 under a fresh directory, then a restart over that directory
+#                                 under a fresh directory, then a restart over that directory;
+#                                 then the agent workload (scripts/agent_dataset.py, bench
+#                                 serve, 16 prompts) without a tier and with the disk tier
 #                                 (--once): scripts/bench_kv_tiers.py --words 1300 and the
 #                                 tiers' /metrics after each in tiers.log, servers' logs in
 #                                 serve-tiers-*.log
@@ -859,6 +861,27 @@ for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
         kill $server
         wait $server
         grep -E "KV (disk|host) tier|ERROR|panicked" "$OUT/serve-tiers-$name.log" | tee -a "$log"
+    done
+    # The agent workload (scripts/agent_dataset.py) with the disk tier and without.
+    python3 scripts/agent_dataset.py >/tmp/agent.jsonl
+    rm -rf /tmp/kv-agent
+    for run in "agent-none" "agent-disk --kv-cache-dir /tmp/kv-agent"; do
+        read -r name flags <<<"$run"
+        echo "== $name: serve --kv-cache-memory 140MB $flags" | tee -a "$log"
+        # shellcheck disable=SC2086
+        "$bin/peregrine" serve --model "$model" --device cuda --port $port \
+            --kv-cache-memory 140MB $flags >"$OUT/serve-tiers-$name.log" 2>&1 &
+        server=$!
+        wait_for_port $port
+        timeout 300 "$bin/peregrine" bench serve --url http://127.0.0.1:$port \
+            --dataset /tmp/agent.jsonl --num-prompts 16 --concurrency 1 2>&1 | grep -v "^20" |
+            tee -a "$log"
+        timeout 30 python3 -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
+    if line.startswith(("peregrine:kv_disk", "peregrine:prefix_cache_")):
+        print(line)' "http://127.0.0.1:$port/metrics" 2>&1 | tee -a "$log"
+        kill $server
+        wait $server
     done
     ;;
 *)
