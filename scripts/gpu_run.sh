@@ -36,10 +36,11 @@
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
 #                                 (after smollm2, else its shape with random weights),
-#                                 eager and through graphs
+#                                 eager and through graphs; AB_ROUNDS rounds (default 2)
 #   scripts/gpu_run.sh headcost   a drafting round's parts (the head's steps traced) with the
 #                                 shipped EAGLE-3 head beside a random SmolLM2-135M shape,
-#                                 batch 1 and 8, K = 3 (carry target/tokenizer)
+#                                 batch 1 and 8, K = 3 (carry target/tokenizer);
+#                                 HEADCOST_ROUNDS rounds (default 2)
 #   scripts/gpu_run.sh verify     the cost of a verification step (4 rows a sequence: K = 3)
 #                                 against a decode step, `bench latency --verify-rows 4` at
 #                                 batch 1 and 8 on the SmolLM2-135M and Llama-3.2-1B shapes
@@ -392,7 +393,7 @@ ab)
     else
         models="$models --random-weights=scripts/configs/smollm2-135m.json"
     fi
-    for round in 1 2; do
+    for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         for model in $models; do
             for flags in "" "--enforce-eager"; do
                 for build in peregrine-base peregrine; do
@@ -643,7 +644,7 @@ headcost)
         builds="peregrine-before peregrine"
     fi
     trace=warn,peregrine_actors::draft::cuda_head=trace
-    for round in 1 2; do
+    for round in $(seq 1 "${HEADCOST_ROUNDS:-2}"); do
         for c in 1 8; do
             for build in $builds; do
                 echo "== round $round concurrency $c $build" | tee -a "$OUT/headcost.log"
