@@ -199,9 +199,7 @@ impl<R: HeadRunner> Eagle3<R> {
         }
         Ok(out)
     }
-}
 
-impl<R: HeadRunner> Eagle3<R> {
     /// After step 0 ran the rows of `live` (indices into `seqs`, each up to its `ends`
     /// position): the head holds them, and a request that drafts (`drafting`) may run
     /// 1 + its drafts rows in its next step 0.
