@@ -190,6 +190,13 @@ wait_for_port() {
         sleep 0.5
     done
 }
+# Prints the KV tiers' and the prefix cache's lines of the /metrics of the server on port $1.
+tier_metrics() {
+    timeout 30 python3 -c 'import sys, urllib.request
+for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
+    if line.startswith(("peregrine:kv_", "peregrine:prefix_cache_")):
+        print(line)' "http://127.0.0.1:$1/metrics" 2>&1
+}
 # Serves the model in $3 (SmolLM2-135M: /tmp/smollm2) with binary $1, logging to $2, with
 # the serve flags after them; runs `bench serve` at concurrency 1 and 8 against it, stops
 # it, and prints the engine's time per step from its log (serve_steps.py: each request's
@@ -855,10 +862,7 @@ tiers)
         esac
         timeout 600 python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:$port --words 1300 \
             "${bench[@]}" 2>&1 | tee -a "$log"
-        timeout 30 python3 -c 'import sys, urllib.request
-for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
-    if line.startswith(("peregrine:kv_", "peregrine:prefix_cache_")):
-        print(line)' "http://127.0.0.1:$port/metrics" 2>&1 | tee -a "$log"
+        tier_metrics $port | tee -a "$log"
         kill $server
         wait $server
         grep -E "KV (disk|host) tier|ERROR|panicked" "$OUT/serve-tiers-$name.log" | tee -a "$log"
@@ -877,10 +881,7 @@ for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
         timeout 300 "$bin/peregrine" bench serve --url http://127.0.0.1:$port \
             --dataset /tmp/agent.jsonl --num-prompts 16 --concurrency 1 2>&1 | grep -v "^20" |
             tee -a "$log"
-        timeout 30 python3 -c 'import sys, urllib.request
-for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
-    if line.startswith(("peregrine:kv_disk", "peregrine:prefix_cache_")):
-        print(line)' "http://127.0.0.1:$port/metrics" 2>&1 | tee -a "$log"
+        tier_metrics $port | tee -a "$log"
         kill $server
         wait $server
     done
