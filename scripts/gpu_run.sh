@@ -164,12 +164,12 @@
 #                                 --kv-cache-memory 140MB (about 6,000 tokens, which two other
 #                                 prompts of that length push the prefix out of), a fresh
 #                                 server each: no tier, --kv-host-memory 1GiB, --kv-cache-dir
-#                                 under a fresh directory, then a restart over that directory;
-#                                 then the agent workload (scripts/agent_dataset.py, bench
-#                                 serve, 16 prompts) without a tier and with the disk tier
-#                                 (--once): scripts/bench_kv_tiers.py --words 1300 and the
-#                                 tiers' /metrics after each in tiers.log, servers' logs in
-#                                 serve-tiers-*.log
+#                                 under a fresh directory, then a restart over that directory
+#                                 (--once): scripts/bench_kv_tiers.py --words 1300; then the
+#                                 agent workload (scripts/agent_dataset.py, bench serve, 16
+#                                 prompts) without a tier and with the disk tier; the tiers'
+#                                 /metrics after each and the servers' tier lines, all in
+#                                 tiers.log (the servers' own logs stay in /tmp)
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -844,14 +844,18 @@ tiers)
     fi
     echo "== model $model" | tee -a "$log"
     port=8123
-    rm -rf /tmp/kv-tiers
+    rm -rf /tmp/kv-tiers /tmp/kv-agent
+    python3 scripts/agent_dataset.py >/tmp/agent.jsonl
+    # One log in $OUT (a call brings back only so many files): each server's own log stays
+    # in /tmp, its tier lines and errors copied.
     for run in "none" "host --kv-host-memory 1GiB" "disk --kv-cache-dir /tmp/kv-tiers" \
-        "restart --kv-cache-dir /tmp/kv-tiers"; do
+        "restart --kv-cache-dir /tmp/kv-tiers" "agent-none" \
+        "agent-disk --kv-cache-dir /tmp/kv-agent"; do
         read -r name flags <<<"$run"
         echo "== $name: serve --kv-cache-memory 140MB $flags" | tee -a "$log"
         # shellcheck disable=SC2086
         "$bin/peregrine" serve --model "$model" --device cuda --port $port \
-            --kv-cache-memory 140MB $flags >"$OUT/serve-tiers-$name.log" 2>&1 &
+            --kv-cache-memory 140MB $flags >"/tmp/serve-tiers-$name.log" 2>&1 &
         server=$!
         wait_for_port $port
         case $name in
@@ -859,31 +863,21 @@ tiers)
         host) bench=(--tier "host memory") ;;
         disk) bench=(--tier disk) ;;
         restart) bench=(--once) ;;
+        agent-*) bench=() ;;
         esac
-        timeout 600 python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:$port --words 1300 \
-            "${bench[@]}" 2>&1 | tee -a "$log"
+        if [ ${#bench[@]} -gt 0 ]; then
+            timeout 600 python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:$port \
+                --words 1300 "${bench[@]}" 2>&1 | tee -a "$log"
+        else
+            # The agent workload (scripts/agent_dataset.py).
+            timeout 300 "$bin/peregrine" bench serve --url http://127.0.0.1:$port \
+                --dataset /tmp/agent.jsonl --num-prompts 16 --concurrency 1 2>&1 |
+                grep -v "^20" | tee -a "$log"
+        fi
         tier_metrics $port | tee -a "$log"
         kill $server
         wait $server
-        grep -E "KV (disk|host) tier|ERROR|panicked" "$OUT/serve-tiers-$name.log" | tee -a "$log"
-    done
-    # The agent workload (scripts/agent_dataset.py) with the disk tier and without.
-    python3 scripts/agent_dataset.py >/tmp/agent.jsonl
-    rm -rf /tmp/kv-agent
-    for run in "agent-none" "agent-disk --kv-cache-dir /tmp/kv-agent"; do
-        read -r name flags <<<"$run"
-        echo "== $name: serve --kv-cache-memory 140MB $flags" | tee -a "$log"
-        # shellcheck disable=SC2086
-        "$bin/peregrine" serve --model "$model" --device cuda --port $port \
-            --kv-cache-memory 140MB $flags >"$OUT/serve-tiers-$name.log" 2>&1 &
-        server=$!
-        wait_for_port $port
-        timeout 300 "$bin/peregrine" bench serve --url http://127.0.0.1:$port \
-            --dataset /tmp/agent.jsonl --num-prompts 16 --concurrency 1 2>&1 | grep -v "^20" |
-            tee -a "$log"
-        tier_metrics $port | tee -a "$log"
-        kill $server
-        wait $server
+        grep -E "KV (disk|host) tier|ERROR|panicked" "/tmp/serve-tiers-$name.log" | tee -a "$log"
     done
     ;;
 *)
