@@ -36,7 +36,10 @@
 #                                 target/gpu-carry-base/) and of this one, in turns on the
 #                                 same machine: the Llama-3.2-1B shape and SmolLM2-135M
 #                                 (after smollm2, else its shape with random weights),
-#                                 eager and through graphs; AB_ROUNDS rounds (default 2)
+#                                 eager and through graphs; AB_ROUNDS rounds (default 2);
+#                                 AB_BASES names other base folders (default
+#                                 target/gpu-carry-base), AB_RUNS "graphs", "eager" or both
+#                                 (the default)
 #   scripts/gpu_run.sh headcost   a drafting round's parts (the head's steps traced) with the
 #                                 shipped EAGLE-3 head beside a random SmolLM2-135M shape,
 #                                 batch 1 and 8, K = 3 (carry target/tokenizer);
@@ -392,7 +395,13 @@ eagle3)
     done
     ;;
 ab)
-    gunzip -c target/gpu-carry-base/peregrine.gz >"$bin/peregrine-base" && chmod +x "$bin/peregrine-base"
+    builds=""
+    for base in ${AB_BASES:-target/gpu-carry-base}; do
+        name="peregrine-$(basename "$base")"
+        gunzip -c "$base/peregrine.gz" >"$bin/$name" && chmod +x "$bin/$name"
+        builds="$builds $name"
+    done
+    builds="$builds peregrine"
     common="bench latency --device cuda --batch-sizes 1,8,64 --input-len 128 --output-len 128"
     models="--random-weights=scripts/configs/llama-3.2-1b.json"
     if [ -d /tmp/smollm2 ]; then
@@ -402,8 +411,10 @@ ab)
     fi
     for round in $(seq 1 "${AB_ROUNDS:-2}"); do
         for model in $models; do
-            for flags in "" "--enforce-eager"; do
-                for build in peregrine-base peregrine; do
+            for run in ${AB_RUNS:-graphs eager}; do
+                flags=""
+                [ "$run" = eager ] && flags="--enforce-eager"
+                for build in $builds; do
                     echo "== round $round $build $model $flags" | tee -a "$OUT/ab.log"
                     "$bin/$build" $common "$model" $flags 2>&1 | grep -v "^20" | tee -a "$OUT/ab.log"
                 done

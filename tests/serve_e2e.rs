@@ -1158,8 +1158,9 @@ fn prefix_blocks_come_back_from_the_host_tier() {
 ///     its whole blocks back with its cold greedy output; a second process on the same
 ///     directory is refused while the first runs; a restarted server finds the blocks and
 ///     serves the prompt from disk with the same output; a byte of every chain's first
-///     block flipped under that server makes the prompt's request fail (never served
-///     corrupt) and the same request then miss with the same output; a server started
+///     block flipped under that server makes the prompt's read fail its checks and the
+///     request compute those blocks again (never served corrupt) with the same output, and
+///     the same request then find them in the pool with the same output; a server started
 ///     over the damaged file misses those chains too, with the same output
 ///     (check_disk_tier.py).
 #[test]

@@ -239,7 +239,10 @@ pub struct ScheduledBatch {
     pub seqs: Vec<ScheduledSeq>,
     /// Requests that ended since the last step: the runner drops their sampler state.
     pub released: Vec<RequestId>,
-    /// Copies between the pool and the host tier to make before the forward, in order.
+    /// Copies between the pool and the tiers below it, in order: each is made before the
+    /// forward, except disk reads, which the backend finishes off the step's path and
+    /// reports in a later [`StepDone::reads`]. A batch of no sequences only makes its
+    /// moves and, while disk reads are pending, waits for at least one.
     pub kv_moves: Vec<KvMove>,
 }
 
@@ -283,6 +286,17 @@ pub struct StepDone {
     pub ahead: AheadUse,
     /// The prompt tokens this step scored, per sequence that asked (`prompt_logprobs`).
     pub prompt_logprobs: Vec<PromptLogprobs>,
+    /// The disk reads ([`KvMove::DiskRead`]) that finished since the runner's last reply,
+    /// in the order they were granted.
+    pub reads: Vec<ReadDone>,
+}
+
+/// A disk read the backend finished off the step's path: pool block `block` now holds the
+/// block read, or (`ok` false) the slot failed its checks and the block was left as it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReadDone {
+    pub block: u32,
+    pub ok: bool,
 }
 
 /// How the decode step a runner queued ahead (before the scheduler asked for it) served

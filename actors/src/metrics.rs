@@ -74,7 +74,9 @@ pub const E2E_REQUEST_LATENCY: &str = "peregrine:e2e_request_latency_seconds";
 pub const REQUEST_QUEUE_TIME: &str = "peregrine:request_queue_time_seconds";
 
 /// Seconds a step spent copying blocks between the pool and the tiers below it (host
-/// memory, disk) before its forward; steps that copied nothing are not counted.
+/// memory, disk) before its forward, the disk reads finished off its path included (not
+/// the reads themselves, which the disk tier's thread makes); steps that copied nothing
+/// are not counted.
 pub const KV_TIER_COPY_SECONDS: &str = "peregrine:kv_tier_copy_seconds";
 
 /// Every histogram's name, for configuring buckets in the exporter.

@@ -182,22 +182,35 @@ impl TargetRunner {
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
         let ahead = self.ahead.take();
-        let moved = match batch.kv_moves.is_empty() {
-            true => Ok(()),
-            false => {
-                let copying = Instant::now();
-                let moved = self.model.move_kv(&batch.kv_moves);
-                crate::metrics::record_tier_copies(copying.elapsed());
-                moved
-            }
-        };
+        let copying = Instant::now();
+        let moved = self.model.move_kv(&batch.kv_moves);
+        let mut copied = (!batch.kv_moves.is_empty()).then(|| copying.elapsed());
         for id in &batch.released {
             self.seqs.remove(id);
             self.tables.remove(id);
         }
-        // A failed copy (a disk block that failed its checks) fails the step after the
-        // released sequences are gone.
         moved?;
+        // A batch of no sequences (each one waits on a disk read) waits for a read, which
+        // is no step's copying time.
+        let waits = batch.seqs.is_empty();
+        let reading = Instant::now();
+        let reads = self.model.finish_reads(waits)?;
+        if !reads.is_empty() && !waits {
+            *copied.get_or_insert_default() += reading.elapsed();
+        }
+        if let Some(copied) = copied {
+            crate::metrics::record_tier_copies(copied);
+        }
+        if batch.seqs.is_empty() {
+            return Ok(StepDone {
+                step: batch.step,
+                sampled: Vec::new(),
+                hidden: Vec::new(),
+                ahead: ahead.map_or(AheadUse::None, |_| AheadUse::Dropped),
+                prompt_logprobs: Vec::new(),
+                reads,
+            });
+        }
         for seq in &batch.seqs {
             if let Some(setup) = &seq.setup {
                 self.seqs.insert(seq.id, new_state(setup)?);
@@ -230,6 +243,7 @@ impl TargetRunner {
             hidden,
             ahead,
             prompt_logprobs: std::mem::take(&mut self.scores),
+            reads,
         })
     }
 

@@ -11,7 +11,7 @@ pub use cuda::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, ReadDone};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
@@ -441,7 +441,9 @@ pub trait ModelBackend: Send {
         None
     }
     /// Makes the copies between the pool and the tiers below it that the KV allocator
-    /// gave, in order, before the next forward.
+    /// gave, in order, before the next forward; disk reads are queued to the disk tier's
+    /// thread (in that order with its writes) and finished by
+    /// [`ModelBackend::finish_reads`].
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
@@ -450,6 +452,14 @@ pub trait ModelBackend: Send {
             "the {} backend keeps no tier of KV blocks below its pool",
             self.pool().device
         )
+    }
+    /// Copies the disk reads the disk tier's thread has finished into their pool blocks,
+    /// in the order they were queued, and says which (a block whose slot failed its checks
+    /// is left as it was); with `wait`, waits for at least one while any is pending. The
+    /// blocks belong to sequences the scheduler holds out of every step until it hears.
+    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
+        let _ = wait;
+        Ok(Vec::new())
     }
     /// Captures the decode step for every size of `sizes`, replacing the graphs held (on
     /// failure the old ones stay); `None` drops every graph and runs eagerly. From then on

@@ -10,6 +10,8 @@
 //!   allocator.
 //! - [`fingerprint`]: the model's and its block shape's fingerprint, which names its file.
 //! - [`blocks`]: the file as a backend keeps it, its reads and writes as a block's bytes.
+//! - [`queue`]: those reads and writes made in order on a thread of their own, the reads'
+//!   bytes handed back for the backend to copy into its pool when it next looks.
 //! - [`file`]: the file itself: locked against a second process, its header checked
 //!   against the model's fingerprint, slots written data first and header last, read back
 //!   with the data's checksum verified, found again by a scan at start-up.
@@ -23,6 +25,7 @@ pub mod failed;
 pub mod file;
 pub mod fingerprint;
 pub mod format;
+pub mod queue;
 
 pub use blocks::DiskBlocks;
 pub use chain::{chain_hash, ContentHash, ROOT_HASH};
@@ -30,6 +33,7 @@ pub use failed::{DiskTierStart, FailedRead, FailedReads};
 pub use file::{DiskFile, DiskOpenError, FoundBlock, ReadError};
 pub use fingerprint::{block_fingerprint, model_fingerprint, BlockShape};
 pub use format::{FileHeader, FORMAT_VERSION};
+pub use queue::{DiskQueue, FinishedRead};
 
 #[cfg(test)]
 mod tests;

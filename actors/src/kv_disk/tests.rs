@@ -407,3 +407,108 @@ fn the_block_shape_and_the_device_name_the_file() {
     let distinct: std::collections::HashSet<_> = names.iter().collect();
     assert_eq!(distinct.len(), names.len(), "two shapes share a file");
 }
+
+/// A CPU block shape of `block_bytes` a block, for the queue's tests.
+fn small_shape() -> BlockShape {
+    BlockShape {
+        device: "cpu",
+        dtype: KvDtype::Float32,
+        rows: KvRows::KeysAndValues,
+        layout: KvLayout {
+            num_blocks: 8,
+            block_size: 16,
+            num_kv_heads: 1,
+            head_dim: 64,
+        },
+        block_bytes: 8192,
+    }
+}
+
+/// Everything the queue hands back until `n` reads are in.
+fn finished_reads(queue: &mut DiskQueue, n: usize) -> Vec<FinishedRead> {
+    let mut reads = Vec::new();
+    while reads.len() < n {
+        reads.extend(queue.finished(true));
+    }
+    assert!(queue.finished(false).is_empty());
+    assert_eq!(queue.pending(), 0);
+    reads
+}
+
+#[test]
+fn the_queue_reads_and_writes_in_order_hands_back_checked_bytes_and_flushes_on_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(9);
+    let model = [3; 32];
+    let shape = small_shape();
+    let (disk, start) = DiskBlocks::open(dir.path(), 1 << 20, &model, &shape).unwrap();
+    assert!(start.found.is_empty());
+    let mut queue = DiskQueue::start(disk).unwrap();
+    assert!(queue.finished(true).is_empty(), "nothing pending: no wait");
+    let mut parent = ROOT_HASH;
+    let mut written = Vec::new();
+    for slot in 0..3u64 {
+        let t: std::sync::Arc<[u32]> = tokens(&mut rng).into();
+        let data = random_block(&mut rng, shape.block_bytes);
+        queue.write(slot, &parent, &t, data.clone());
+        parent = chain_hash(&parent, &t);
+        written.push((parent, data));
+    }
+    // Slot 1 read, then written over with another block, then read again: each read sees
+    // the slot as the queue's order left it.
+    queue.read(1, &written[1].0, 40);
+    let other: std::sync::Arc<[u32]> = tokens(&mut rng).into();
+    let other_data = random_block(&mut rng, shape.block_bytes);
+    queue.write(1, &ROOT_HASH, &other, other_data.clone());
+    let other_chain = chain_hash(&ROOT_HASH, &other);
+    queue.read(1, &other_chain, 41);
+    queue.read(2, &written[2].0, 42);
+    assert_eq!(queue.pending(), 3);
+    let reads = finished_reads(&mut queue, 3);
+    let blocks: Vec<u32> = reads.iter().map(|r| r.block).collect();
+    assert_eq!(blocks, [40, 41, 42], "in the order queued");
+    assert_eq!(reads[0].data.as_deref(), Some(&written[1].1[..]));
+    assert_eq!(reads[1].data.as_deref(), Some(&other_data[..]));
+    assert_eq!(reads[2].data.as_deref(), Some(&written[2].1[..]));
+    // The writes queued last are on disk once the queue is dropped.
+    queue.write(5, &written[2].0, &other, other_data.clone());
+    drop(queue);
+    let (disk, start) = DiskBlocks::open(dir.path(), 1 << 20, &model, &shape).unwrap();
+    let mut slots: Vec<u64> = start.found.iter().map(|f| f.slot).collect();
+    slots.sort_unstable();
+    assert_eq!(slots, [0, 1, 2, 5]);
+    // A flipped byte: the read comes back empty, reported to the allocator.
+    let path = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "blocks"))
+        .unwrap();
+    drop(disk);
+    let stride = FileHeader {
+        block_bytes: shape.block_bytes,
+        ..header(0, 1)
+    }
+    .slot_stride()
+    .unwrap();
+    let raw = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&path)
+        .unwrap();
+    let at = PAGE + 2 * stride + PAGE + 100;
+    let mut b = [0u8];
+    raw.read_exact_at(&mut b, at).unwrap();
+    let (disk, start) = DiskBlocks::open(dir.path(), 1 << 20, &model, &shape).unwrap();
+    let mut queue = DiskQueue::start(disk).unwrap();
+    raw.write_all_at(&[b[0] ^ 0x01], at).unwrap();
+    queue.read(2, &written[2].0, 7);
+    queue.read(0, &written[0].0, 8);
+    let reads = finished_reads(&mut queue, 2);
+    assert!(
+        reads[0].data.is_none(),
+        "a damaged block is never handed out"
+    );
+    assert_eq!(reads[1].data.as_deref(), Some(&written[0].1[..]));
+    assert_eq!(start.failed.take(), [FailedRead { slot: 2, block: 7 }]);
+}

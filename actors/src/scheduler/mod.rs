@@ -22,6 +22,7 @@
 //! as `draft plan` (`draft_control.rs`): what adaptive drafting saw and chose, step by
 //! step.
 
+mod disk_reads;
 mod draft_control;
 mod plan;
 mod policy;
@@ -80,8 +81,9 @@ struct Pending {
     draft_release: Vec<RequestId>,
     /// Target hidden states since the last proposal, for the next `Propose`.
     hidden: Vec<HiddenRows>,
-    /// Copies between the pool and the host tier, for the next `ScheduledBatch` (made
-    /// before its forward, which may write into the blocks they empty).
+    /// Copies between the pool and the tiers below it, for the next `ScheduledBatch` (made
+    /// before its forward, which may write into the blocks they empty; disk reads finish
+    /// later, while their requests are held: `disk_reads.rs`).
     kv_moves: Vec<KvMove>,
 }
 
@@ -144,7 +146,9 @@ impl Scheduler {
         };
         metrics::record_kv(&idle, &mut self.kv_seen);
         loop {
-            if self.queues.is_empty() {
+            // Ended requests' frees may wait on disk reads that a step collects.
+            let idle = self.queues.is_empty() && !self.queues.reads_pending();
+            if idle {
                 if let Err(e) = self.flush_frees().await {
                     warn!("kv allocator: {e:#}");
                 }
@@ -169,7 +173,7 @@ impl Scheduler {
                     self.abort_all(FinishReason::Abort, "shutdown deadline reached");
                 }
             }
-            if self.queues.is_empty() {
+            if self.queues.is_empty() && !self.queues.reads_pending() {
                 continue;
             }
             match self.step().await {
@@ -223,7 +227,9 @@ impl Scheduler {
         let Some(seq) = self.queues.remove(id) else {
             return;
         };
-        self.pending.free.push(id);
+        if self.queues.free_now(&seq) {
+            self.pending.free.push(id);
+        }
         self.pending.draft_release.push(id);
         if seq.setup_sent {
             self.pending.runner_release.push(id);
@@ -295,6 +301,7 @@ impl Scheduler {
         let grant = self.kv.allocate_step(request).await?;
         times.allocate = allocating.elapsed();
         self.pending.kv_moves.extend_from_slice(&grant.moves);
+        self.queues.start_reads(&grant.moves);
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         self.pending.draft_release.extend(preempted);
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
@@ -302,7 +309,9 @@ impl Scheduler {
         let proposing = Instant::now();
         let (plan, caught_up) = self.propose(plan).await?;
         times.propose = proposing.elapsed();
-        if plan.is_empty() {
+        // With every running request held for a disk read, the batch carries no sequence:
+        // the runner makes the moves and waits for a read.
+        if plan.is_empty() && self.pending.kv_moves.is_empty() && !self.queues.reads_pending() {
             tokio::task::yield_now().await;
             return Ok(());
         }
@@ -318,6 +327,8 @@ impl Scheduler {
         if self.proposer.is_some() {
             self.pending.hidden.append(&mut done.hidden);
         }
+        let read_frees = self.queues.finish_reads(&done.reads);
+        self.pending.free.extend(read_frees);
         let applied = self
             .queues
             .apply_done(&plan, done, &self.setup.eos_token_ids);

@@ -5,7 +5,8 @@
 //! take the token budget first (with room for drafts when speculating), then running
 //! prompt chunks, then waiting requests in (priority, arrival) order, whose prompts the KV
 //! allocator chunks to the budget that is left. The running sequences are listed highest
-//! priority first, so that the allocator, when blocks run out, preempts from the back.
+//! priority first, so that the allocator, when blocks run out, preempts from the back;
+//! those held for a disk read are not listed (they take a seat, not a step).
 //!
 //! A request that scores its prompt (`prompt_logprobs`) wants the logits of every row of
 //! its prompt chunks. Where the backend holds fewer logit rows a step than it computes
@@ -30,7 +31,7 @@ pub fn schedule(
     let free_slots = limits.max_num_seqs.saturating_sub(queues.running().count());
     let mut rows = scoring_rows(queues, limits, drafts, max_logit_rows, free_slots);
     let mut running: Vec<PlannedSeq> = queues
-        .running()
+        .schedulable()
         .map(|seq| PlannedSeq {
             id: seq.req.id,
             chunk: 0,
@@ -92,7 +93,7 @@ fn scoring_rows(
 ) -> Option<usize> {
     let most = max_logit_rows.filter(|&rows| rows < limits.max_num_batched_tokens)?;
     let running: usize = queues
-        .running()
+        .schedulable()
         .map(|seq| match (seq.is_decoding(), seq.scores_prompt()) {
             (true, _) => 1 + decode_room(seq, drafts),
             (false, true) => 0,

@@ -3,12 +3,13 @@
 //! grant applied to a [`Schedule`], the batch and the proposal a [`StepPlan`] makes, and a
 //! `StepDone` applied.
 
+use super::disk_reads::PendingReads;
 use super::plan::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
 use crate::messages::{
     AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrammarStatus, GrowSeq,
-    KvMove, ProposeDelta, RequestEvent, RequestId, SamplingSetup, ScheduledBatch, ScheduledSeq,
-    StepDone, StepGrant, SubmitError,
+    KvMove, ProposeDelta, ReadDone, RequestEvent, RequestId, SamplingSetup, ScheduledBatch,
+    ScheduledSeq, StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
 use crate::scheduler::spec::stats::Place;
@@ -35,6 +36,8 @@ pub struct Queues {
     waiting: BTreeMap<(i32, u64), RequestId>,
     running: BTreeMap<(i32, u64), RequestId>,
     next_order: u64,
+    /// The disk reads the running sequences wait on.
+    reads: PendingReads,
 }
 
 /// What applying a step's results did.
@@ -57,6 +60,7 @@ impl Queues {
             waiting: BTreeMap::new(),
             running: BTreeMap::new(),
             next_order: 0,
+            reads: PendingReads::default(),
         }
     }
 
@@ -83,6 +87,63 @@ impl Queues {
     /// The running requests, highest priority first.
     pub fn running(&self) -> impl Iterator<Item = &Seq> + '_ {
         self.running.values().map(|id| &self.seqs[id])
+    }
+
+    /// The running requests a step may compute, highest priority first: those not held
+    /// for a disk read (`disk_reads.rs`).
+    pub fn schedulable(&self) -> impl Iterator<Item = &Seq> + '_ {
+        self.running().filter(|seq| !self.is_held(seq))
+    }
+
+    /// Whether `seq` waits on a disk read into one of its blocks.
+    pub fn is_held(&self, seq: &Seq) -> bool {
+        seq.read_failed || self.reads.holds(&seq.block_table)
+    }
+
+    /// Whether a disk read is pending, or a free waits for one.
+    pub fn reads_pending(&self) -> bool {
+        self.reads.any()
+    }
+
+    /// Notes the disk reads a grant's `moves` start; call before applying the grant, so
+    /// that the sequences admitted onto those blocks are held.
+    pub fn start_reads(&mut self, moves: &[KvMove]) {
+        self.reads.start(moves);
+    }
+
+    /// Whether ended request `seq`'s blocks may go back now; otherwise they go once no
+    /// read into them is pending (from [`Queues::finish_reads`]).
+    pub fn free_now(&mut self, seq: &Seq) -> bool {
+        self.reads.free_now(seq.req.id, &seq.block_table)
+    }
+
+    /// Takes the runner's report of finished disk reads in. A sequence holding a block
+    /// whose read failed is sent back to wait (to be admitted again, missing that block)
+    /// once no read into its blocks is pending. Returns the requests whose blocks go back
+    /// now: those sent back, and ended ones whose free waited.
+    pub fn finish_reads(&mut self, reads: &[ReadDone]) -> Vec<RequestId> {
+        let mut free = self.reads.finish(reads);
+        let running: Vec<RequestId> = self.running.values().copied().collect();
+        for id in running {
+            let seq = self.seqs.get_mut(&id).expect("a running request");
+            if let Some(at) = self.reads.first_failed(&seq.block_table) {
+                seq.read_failed = true;
+                // Only the blocks before it came from the cache.
+                let served = at * self.block_size;
+                seq.cached_tokens = seq.cached_tokens.map(|c| c.min(served));
+            }
+            if !seq.read_failed || self.reads.holds(&seq.block_table) {
+                continue;
+            }
+            self.running.remove(&seq.key());
+            seq.read_failed = false;
+            seq.reset_to_waiting();
+            self.waiting.insert(seq.key(), id);
+            warn!(request_id = %id, "a prefix block read from disk failed its checks; will compute it");
+            free.push(id);
+        }
+        self.reads.clear_failed();
+        free
     }
 
     /// The waiting requests, highest priority first.
@@ -192,12 +253,7 @@ impl Queues {
                 continue;
             };
             self.running.remove(&seq.key());
-            seq.phase = Phase::Waiting;
-            seq.num_computed = 0;
-            seq.block_table.clear();
-            seq.blocks_sent = 0;
-            seq.proposed = (0, 0);
-            seq.blocks_registered = 0;
+            seq.reset_to_waiting();
             self.waiting.insert(seq.key(), *id);
             metrics::record_preemption();
             info!(request_id = %id, tokens = seq.tokens.len(), "preempted; will recompute");
@@ -222,7 +278,9 @@ impl Queues {
                 seq.cached_tokens = Some(admitted.num_cached);
                 metrics::record_queue_time(seq.req.arrival.elapsed());
             }
-            chunks.insert(admitted.id, admitted.num_scheduled);
+            // Admitted onto blocks still being read from disk: it computes once they are in.
+            let held = self.reads.holds(&admitted.block_table);
+            chunks.insert(admitted.id, if held { 0 } else { admitted.num_scheduled });
         }
         let seqs = self
             .running

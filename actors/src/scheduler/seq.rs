@@ -36,6 +36,9 @@ pub struct Seq {
     pub setup_sent: bool,
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
+    /// A disk read into one of its blocks failed: held until it can be sent back to wait
+    /// (`disk_reads.rs`).
+    pub read_failed: bool,
     pub last_token_at: Option<Instant>,
     /// Speculation counts: verifications with drafts, drafts, accepted drafts.
     pub spec: [usize; 3],
@@ -58,10 +61,23 @@ impl Seq {
             phase: Phase::Waiting,
             setup_sent: false,
             cached_tokens: None,
+            read_failed: false,
             last_token_at: None,
             spec: [0; 3],
             accepted_per_position: [0; MAX_SPECULATIVE_TOKENS],
         }
+    }
+
+    /// Back to waiting with nothing in the cache (preempted, or a prefix block failed its
+    /// read): it recomputes from its tokens, and the runner and the proposer get its whole
+    /// new table.
+    pub fn reset_to_waiting(&mut self) {
+        self.phase = Phase::Waiting;
+        self.num_computed = 0;
+        self.block_table.clear();
+        self.blocks_sent = 0;
+        self.proposed = (0, 0);
+        self.blocks_registered = 0;
     }
 
     /// The key that orders requests: priority (lower first), then arrival.

@@ -6,10 +6,11 @@ use super::plan::StepPlan;
 use super::policy::schedule;
 use super::queues::{Queues, SubmitLimits};
 use crate::kv_allocator::BlockManager;
+use crate::kv_disk::{chain_hash, FailedRead, FailedReads, FoundBlock, ROOT_HASH};
 use crate::messages::{
     AheadUse, AllocateStep, ComputedSeq, DraftSampling, Drafted, FinishReason, GenerateRequest,
-    GeneratedToken, PromptLogprobs, RequestEvent, RequestId, RequestSpec, SchedulerLimits,
-    SeqOutput, StepDone, SubmitError,
+    GeneratedToken, KvMove, PromptLogprobs, ReadDone, RequestEvent, RequestId, RequestSpec,
+    SchedulerLimits, SeqOutput, StepDone, SubmitError,
 };
 use crate::scheduler::spec::stats::Place;
 use peregrine_ops::sampling::DraftDist;
@@ -35,6 +36,8 @@ struct Harness {
     speculating: bool,
     /// Every verification the steps applied.
     verified: Vec<(usize, usize, Place)>,
+    /// Every move the grants gave, in order.
+    moves: Vec<KvMove>,
 }
 
 impl Harness {
@@ -55,7 +58,51 @@ impl Harness {
             max_logit_rows: None,
             speculating: false,
             verified: Vec::new(),
+            moves: Vec::new(),
         }
+    }
+
+    /// The same harness over a pool whose disk tier holds `prefix`'s whole blocks (as a
+    /// restart finds them), and where its failed reads are reported.
+    fn with_disk(mut self, num_blocks: u32, prefix: &[u32]) -> (Harness, Arc<FailedReads>) {
+        let mut parent = ROOT_HASH;
+        let found: Vec<FoundBlock> = prefix
+            .chunks_exact(BLOCK)
+            .enumerate()
+            .map(|(slot, tokens)| {
+                let chain = chain_hash(&parent, tokens);
+                let block = FoundBlock {
+                    slot: slot as u64,
+                    chain,
+                    parent,
+                    tokens: tokens.to_vec(),
+                };
+                parent = chain;
+                block
+            })
+            .collect();
+        let failed = FailedReads::shared();
+        self.kv = BlockManager::new(num_blocks, BLOCK, true)
+            .with_disk_tier(64, &found)
+            .with_failed_reads(failed.clone());
+        (self, failed)
+    }
+
+    /// The disk reads the grants gave since the last call: (slot, pool block).
+    fn take_reads(&mut self) -> Vec<(u64, u32)> {
+        std::mem::take(&mut self.moves)
+            .into_iter()
+            .filter_map(|m| match m {
+                KvMove::DiskRead { slot, block, .. } => Some((slot, block)),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Applies the runner's report of finished disk reads, freeing what it says.
+    fn reads_done(&mut self, reads: &[ReadDone]) {
+        let free = self.queues.finish_reads(reads);
+        self.free.extend(free);
     }
 
     fn submit_limits(&self) -> SubmitLimits {
@@ -147,6 +194,8 @@ impl Harness {
             token_budget: schedule.token_budget,
             scoring_rows: schedule.scoring_rows,
         });
+        self.moves.extend_from_slice(&grant.moves);
+        self.queues.start_reads(&grant.moves);
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         (plan, preempted.iter().map(|id| id.0).collect())
     }
@@ -187,6 +236,7 @@ impl Harness {
             hidden: Vec::new(),
             ahead: AheadUse::None,
             prompt_logprobs: Vec::new(),
+            reads: Vec::new(),
         };
         let applied = self.queues.apply_done(plan, done, &[EOS]);
         self.computed.extend(applied.computed);
@@ -784,6 +834,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
         hidden: Vec::new(),
         ahead: AheadUse::None,
         prompt_logprobs: vec![scored(1, 4)],
+        reads: Vec::new(),
     };
     assert!(h.queues.apply_done(&plan, done, &[EOS]).ended.is_empty());
     let (plan, _) = h.plan();
@@ -796,6 +847,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
         hidden: Vec::new(),
         ahead: AheadUse::None,
         prompt_logprobs: vec![scored(5, 1)],
+        reads: Vec::new(),
     };
     let applied = h.queues.apply_done(&plan, done, &[EOS]);
     assert_eq!(applied.ended, [(RequestId(1), FinishReason::Length)]);
@@ -816,4 +868,138 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
             .completion_tokens,
         0
     );
+}
+
+#[test]
+fn a_request_reading_its_prefix_from_disk_waits_while_the_others_step() {
+    // Request 2's first two blocks are on disk: it is admitted with their reads and held
+    // (no chunk, not grown, so never preempted) while request 1 decodes; request 3, sharing
+    // the prefix, is admitted onto the blocks being read and held too. Once the runner
+    // reports the reads, both compute from the cached blocks on.
+    let shared = prompt(0, 8);
+    let (mut h, _) = Harness::new(64, 8, 100).with_disk(64, &shared);
+    h.submit(1, &prompt(100, 3), 16, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    let mut second = shared.clone();
+    second.extend([70, 71]);
+    h.submit(2, &second, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1)], "request 2 waits on its reads");
+    let reads = h.take_reads();
+    assert_eq!(reads.len(), 2, "both prefix blocks are read");
+    let held = h.queues.get(RequestId(2)).unwrap();
+    assert!(h.queues.is_held(held));
+    assert_eq!(held.num_computed, 8);
+    assert_eq!(held.block_table[..2], [reads[0].1, reads[1].1]);
+    h.done(&plan, |_| vec![6]);
+    let mut third = shared.clone();
+    third.extend([90, 91, 92]);
+    h.submit(3, &third, 4, 0).unwrap();
+    let schedule = schedule(&h.queues, &h.limits, 0, None);
+    let planned: Vec<u64> = schedule.running.iter().map(|p| p.id.0).collect();
+    assert_eq!(planned, [1], "a held request is neither planned nor grown");
+    let (plan, _) = h.plan();
+    assert_eq!(
+        chunks(&plan),
+        [(1, 1)],
+        "request 3 shares the blocks being read"
+    );
+    assert!(h.take_reads().is_empty(), "one read a block");
+    assert_eq!(
+        h.queues.get(RequestId(3)).unwrap().block_table[..2],
+        [reads[0].1, reads[1].1]
+    );
+    h.done(&plan, |_| vec![7]);
+    // One read in: both still wait for the other.
+    h.reads_done(&[ReadDone {
+        block: reads[0].1,
+        ok: true,
+    }]);
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1)]);
+    h.done(&plan, |_| vec![8]);
+    h.reads_done(&[ReadDone {
+        block: reads[1].1,
+        ok: true,
+    }]);
+    assert!(!h.queues.reads_pending());
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(1, 1), (2, 2), (3, 3)]);
+    let batch = h.queues.batch(&plan, 9, Vec::new(), Vec::new());
+    assert_eq!(batch.seqs[1].num_cached, 8);
+    assert_eq!(batch.seqs[1].tokens, [70, 71]);
+    assert_eq!(batch.seqs[1].new_blocks[..2], [reads[0].1, reads[1].1]);
+    assert_eq!(h.queues.get(RequestId(2)).unwrap().cached_tokens, Some(8));
+}
+
+#[test]
+fn a_failed_disk_read_sends_its_request_back_to_compute_the_block() {
+    // Request 2's first block fails its checks while its second is still being read: it
+    // stays held (its blocks may not go back while a read fills one), then once the
+    // second is in it goes back to wait, its blocks freed; the allocator has forgotten the
+    // failed block, so it is admitted again missing it and computes its whole prompt.
+    let shared = prompt(0, 8);
+    let (mut h, failed) = Harness::new(64, 8, 100).with_disk(64, &shared);
+    let mut second = shared.clone();
+    second.extend([70, 71]);
+    h.submit(2, &second, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert!(plan.is_empty());
+    let reads = h.take_reads();
+    failed.report(FailedRead {
+        slot: reads[0].0,
+        block: reads[0].1,
+    });
+    h.reads_done(&[ReadDone {
+        block: reads[0].1,
+        ok: false,
+    }]);
+    assert!(h.free.is_empty(), "a read into its second block is pending");
+    let seq = h.queues.get(RequestId(2)).unwrap();
+    assert!(h.queues.is_held(seq));
+    assert_eq!(
+        seq.cached_tokens,
+        Some(0),
+        "nothing before the failed block"
+    );
+    let (plan, _) = h.plan();
+    assert!(plan.is_empty());
+    h.reads_done(&[ReadDone {
+        block: reads[1].1,
+        ok: true,
+    }]);
+    assert_eq!(h.free, [RequestId(2)]);
+    assert!(h.queues.get(RequestId(2)).unwrap().block_table.is_empty());
+    let (plan, _) = h.plan();
+    assert_eq!(chunks(&plan), [(2, 10)], "computed from its first token");
+    assert!(h.take_reads().is_empty());
+    let batch = h.queues.batch(&plan, 3, Vec::new(), Vec::new());
+    assert_eq!(batch.seqs[0].num_cached, 0);
+}
+
+#[test]
+fn a_request_ended_while_its_blocks_are_read_frees_them_after_the_reads() {
+    let shared = prompt(0, 8);
+    let (mut h, _) = Harness::new(64, 8, 100).with_disk(64, &shared);
+    let mut second = shared.clone();
+    second.push(70);
+    h.submit(2, &second, 4, 0).unwrap();
+    let (plan, _) = h.plan();
+    assert!(plan.is_empty());
+    let reads = h.take_reads();
+    let seq = h.queues.remove(RequestId(2)).unwrap();
+    assert!(!h.queues.free_now(&seq), "its blocks are being read into");
+    assert!(h.queues.reads_pending());
+    h.reads_done(&[ReadDone {
+        block: reads[0].1,
+        ok: true,
+    }]);
+    assert!(h.free.is_empty());
+    h.reads_done(&[ReadDone {
+        block: reads[1].1,
+        ok: true,
+    }]);
+    assert_eq!(h.free, [RequestId(2)]);
+    assert!(!h.queues.reads_pending());
 }

@@ -1,22 +1,25 @@
 //! The disk tier below a CPU pool: the model's file under `--kv-cache-dir`
 //! ([`crate::kv_disk::DiskBlocks`]), one slot a block, each holding the block's keys and
-//! values of every layer as the pool's cache lays them out ([`KvCache::copy_block_out`]).
-//! The index of what each slot holds is the KV allocator's (`kv_allocator/disk_tier.rs`);
-//! this makes the copies between the pool and the file, in order.
+//! values of every layer as the pool's cache lays them out ([`KvCache::copy_block_out`]),
+//! worked by the tier's own thread ([`DiskQueue`]). The index of what each slot holds is
+//! the KV allocator's (`kv_allocator/disk_tier.rs`); this copies a block out of the pool
+//! when its write is queued (the pool block is about to be reused) and a read's checked
+//! bytes into its pool block once the thread hands them back.
 
-use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskTierStart};
+use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart};
+use crate::messages::ReadDone;
 use peregrine_ops::KvCache;
 use std::path::Path;
+use std::sync::Arc;
 
-/// The disk tier and a block's worth of scratch.
+/// The disk tier's queue.
 pub struct CpuDiskBlocks {
-    disk: DiskBlocks,
-    scratch: Vec<u8>,
+    queue: DiskQueue,
 }
 
 impl CpuDiskBlocks {
     /// Opens the file of the model `model` and of `cache`'s block shape in `dir`, with as
-    /// many slots as `bytes` holds ([`DiskBlocks::open`]).
+    /// many slots as `bytes` holds ([`DiskBlocks::open`]), and starts its thread.
     pub fn open(
         cache: &KvCache,
         dir: &Path,
@@ -31,46 +34,54 @@ impl CpuDiskBlocks {
             block_bytes: cache.block_bytes(),
         };
         let (disk, start) = DiskBlocks::open(dir, bytes, model, &shape)?;
-        let scratch = vec![0; usize::try_from(shape.block_bytes)?];
-        Ok((CpuDiskBlocks { disk, scratch }, start))
+        let queue = DiskQueue::start(disk)?;
+        Ok((CpuDiskBlocks { queue }, start))
     }
 
-    /// Writes pool block `block` of `cache` into `slot` as the block of `tokens` after the
-    /// content chain `parent`.
+    /// Queues writing pool block `block` of `cache` (copied now) into `slot` as the block
+    /// of `tokens` after the content chain `parent`.
     pub fn write_from_pool(
-        &mut self,
+        &self,
         cache: &KvCache,
         block: u32,
         slot: u64,
         parent: &ContentHash,
-        tokens: &[u32],
+        tokens: &Arc<[u32]>,
     ) -> anyhow::Result<()> {
-        cache.copy_block_out(block, &mut self.scratch);
-        self.disk.write(slot, parent, tokens, &self.scratch)
-    }
-
-    /// Writes `data` (a block's bytes) into `slot` as the block of `tokens` after `parent`.
-    pub fn write(
-        &self,
-        slot: u64,
-        parent: &ContentHash,
-        tokens: &[u32],
-        data: &[u8],
-    ) -> anyhow::Result<()> {
-        self.disk.write(slot, parent, tokens, data)
-    }
-
-    /// Reads `slot`, checked to hold the block ending `chain`, into pool block `block` of
-    /// `cache`; a block that fails its checks is not copied ([`DiskBlocks::read`]).
-    pub fn read_into(
-        &self,
-        cache: &mut KvCache,
-        slot: u64,
-        chain: &ContentHash,
-        block: u32,
-    ) -> anyhow::Result<()> {
-        let data = self.disk.read(slot, chain, block)?;
-        cache.copy_block_in(block, &data);
+        let mut data = vec![0; usize::try_from(self.queue.block_bytes())?];
+        cache.copy_block_out(block, &mut data);
+        self.queue.write(slot, parent, tokens, data);
         Ok(())
+    }
+
+    /// Queues writing `data` (a block's bytes, copied now) into `slot` as the block of
+    /// `tokens` after `parent`.
+    pub fn write(&self, slot: u64, parent: &ContentHash, tokens: &Arc<[u32]>, data: &[u8]) {
+        self.queue.write(slot, parent, tokens, data.to_vec());
+    }
+
+    /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
+    /// `block` ([`CpuDiskBlocks::finish_reads`] copies it in).
+    pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
+        self.queue.read(slot, chain, block);
+    }
+
+    /// Copies the reads the thread has finished into their pool blocks of `cache` (a
+    /// block that failed its checks is not copied) and says which; with `wait`, waits
+    /// for at least one while any is pending.
+    pub fn finish_reads(&mut self, cache: &mut KvCache, wait: bool) -> Vec<ReadDone> {
+        self.queue
+            .finished(wait)
+            .into_iter()
+            .map(|read| {
+                if let Some(data) = &read.data {
+                    cache.copy_block_in(read.block, data);
+                }
+                ReadDone {
+                    block: read.block,
+                    ok: read.data.is_some(),
+                }
+            })
+            .collect()
     }
 }

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource, ReadDone};
 use anyhow::anyhow;
 use disk_blocks::CpuDiskBlocks;
 use host_blocks::HostBlocks;
@@ -197,9 +197,6 @@ impl ModelBackend for CpuBackend {
         self.queued = None;
         let no_host = || anyhow!("host-tier moves for a CPU backend that keeps no host tier");
         let no_disk = || anyhow!("disk-tier moves for a CPU backend that keeps no disk tier");
-        // A disk read that fails its checks is reported and the rest of the moves are still
-        // made (the tiers' indexes count on them); the step then fails.
-        let mut failed_read = None;
         for m in moves {
             match m {
                 KvMove::Spill { block, slot } => {
@@ -220,26 +217,33 @@ impl ModelBackend for CpuBackend {
                     parent,
                     tokens,
                 } => {
-                    let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                    let disk = self.disk.as_ref().ok_or_else(no_disk)?;
                     match *from {
                         KvSource::Pool(block) => {
                             disk.write_from_pool(&self.cache, block, *slot, parent, tokens)?
                         }
                         KvSource::Host(h) => {
                             let bytes = self.host.as_ref().ok_or_else(no_host)?.bytes(h)?;
-                            disk.write(*slot, parent, tokens, bytes)?
+                            disk.write(*slot, parent, tokens, bytes)
                         }
                     }
                 }
                 KvMove::DiskRead { slot, chain, block } => {
-                    let disk = self.disk.as_ref().ok_or_else(no_disk)?;
-                    if let Err(e) = disk.read_into(&mut self.cache, *slot, chain, *block) {
-                        failed_read.get_or_insert(e);
-                    }
+                    let disk = self.disk.as_mut().ok_or_else(no_disk)?;
+                    disk.read(*slot, chain, *block);
                 }
             }
         }
-        failed_read.map_or(Ok(()), Err)
+        Ok(())
+    }
+
+    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
+        let Some(disk) = &mut self.disk else {
+            return Ok(Vec::new());
+        };
+        // The blocks read belong to sequences held out of every step until now, so a step
+        // queued ahead, which read none of them, stands.
+        Ok(disk.finish_reads(&mut self.cache, wait))
     }
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {

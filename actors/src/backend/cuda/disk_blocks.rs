@@ -1,15 +1,18 @@
 //! The disk tier below a GPU pool: the model's file under `--kv-cache-dir`
 //! ([`crate::kv_disk::DiskBlocks`], named by the pool's bf16 block shape on `cuda`, so a
 //! CPU pool's file is never read here nor this one there), one slot a block in the order
-//! [`GpuKvCache::copy_blocks`] lays a block out. A run of writes is one gather kernel into
-//! the staging buffer and one copy into page-locked host memory, then each block's bytes
-//! to its slot once the stream has caught up; a run of reads checks each slot's record
-//! and SHA-256 on the host first, then copies only the blocks that pass into page-locked
-//! memory, the staging buffer and, by one scatter kernel, their pool blocks. The index of
-//! what each slot holds is the KV allocator's (`kv_allocator/disk_tier.rs`).
+//! [`GpuKvCache::copy_blocks`] lays a block out, worked by the tier's own thread
+//! ([`DiskQueue`]). A run of writes is one gather kernel into the staging buffer and one
+//! copy into page-locked host memory, then each block's bytes queued to its slot once the
+//! stream has caught up. Reads are queued; the thread checks each slot's record and
+//! SHA-256, and the reads it has finished are copied (only the blocks that passed) into
+//! page-locked memory, the staging buffer and, by one scatter kernel a run, their pool
+//! blocks. The index of what each slot holds is the KV allocator's
+//! (`kv_allocator/disk_tier.rs`).
 
 use super::staging::BlockStaging;
-use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskTierStart};
+use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart, FinishedRead};
+use crate::messages::ReadDone;
 use anyhow::Context;
 use half::bf16;
 use peregrine_kernels::cuda::kv_blocks::BlockCopy;
@@ -19,6 +22,7 @@ use peregrine_ops::KvDtype;
 use peregrine_runtime::cuda::cudarc::driver::{result, DevicePtr, DevicePtrMut, PinnedHostSlice};
 use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
+use std::sync::Arc;
 
 /// One block to write: pool block `block` into `slot`, as the block of `tokens` after the
 /// content chain `parent`.
@@ -26,20 +30,13 @@ pub struct PoolWrite<'a> {
     pub block: u32,
     pub slot: u64,
     pub parent: &'a ContentHash,
-    pub tokens: &'a [u32],
+    pub tokens: &'a Arc<[u32]>,
 }
 
-/// One block to read: `slot`, checked to end the content chain `chain`, into pool block
-/// `block`.
-pub struct DiskLoad<'a> {
-    pub slot: u64,
-    pub chain: &'a ContentHash,
-    pub block: u32,
-}
-
-/// The disk tier and page-locked room for as many blocks as the staging buffer holds.
+/// The disk tier's queue and page-locked room for as many blocks as the staging buffer
+/// holds.
 pub struct GpuDiskBlocks {
-    disk: DiskBlocks,
+    queue: DiskQueue,
     block_elems: usize,
     pinned: PinnedHostSlice<bf16>,
 }
@@ -65,6 +62,7 @@ impl GpuDiskBlocks {
             block_bytes: 2 * block_elems as u64,
         };
         let (disk, start) = DiskBlocks::open(dir, bytes, model, &shape)?;
+        let queue = DiskQueue::start(disk)?;
         let elems = staging.entries() * block_elems;
         // SAFETY: every element is written (by a copy from the device, or from a checked
         // block) before the host or a copy reads it. Flags 0: cached page-locked memory,
@@ -73,7 +71,7 @@ impl GpuDiskBlocks {
             .context("page-locked host memory for the disk tier's copies")?;
         Ok((
             GpuDiskBlocks {
-                disk,
+                queue,
                 block_elems,
                 pinned,
             },
@@ -82,7 +80,7 @@ impl GpuDiskBlocks {
     }
 
     /// One run of writes out of the pool (at most what `staging` holds; every id checked by
-    /// the caller), made before this returns.
+    /// the caller), copied to the host before this returns and queued to the thread.
     pub fn write_from_pool(
         &mut self,
         gpu: &Gpu,
@@ -110,50 +108,75 @@ impl GpuDiskBlocks {
         let copied = self.pinned.as_slice()?;
         for (e, w) in run.iter().enumerate() {
             let block = &copied[e * self.block_elems..(e + 1) * self.block_elems];
-            self.disk
-                .write(w.slot, w.parent, w.tokens, bytemuck::cast_slice(block))?;
+            let data = bytemuck::cast_slice::<bf16, u8>(block).to_vec();
+            self.queue.write(w.slot, w.parent, w.tokens, data);
         }
         Ok(())
     }
 
-    /// Writes `data` (a block's bytes, a host slot's) into `slot` as the block of `tokens`
-    /// after `parent`.
-    pub fn write(
-        &self,
-        slot: u64,
-        parent: &ContentHash,
-        tokens: &[u32],
-        data: &[u8],
-    ) -> anyhow::Result<()> {
-        self.disk.write(slot, parent, tokens, data)
+    /// Queues writing `data` (a block's bytes, a host slot's, copied now) into `slot` as
+    /// the block of `tokens` after `parent`.
+    pub fn write(&self, slot: u64, parent: &ContentHash, tokens: &Arc<[u32]>, data: &[u8]) {
+        self.queue.write(slot, parent, tokens, data.to_vec());
     }
 
-    /// One run of reads (at most what `staging` holds, no pool block twice; every id
-    /// checked by the caller): each slot read and checked, and only the blocks that pass
-    /// copied into their pool blocks, queued on `gpu`'s stream. A read that fails is
-    /// reported and forgotten ([`DiskBlocks::read`]); the first such error is returned
-    /// after the rest are copied.
-    pub fn read_into(
+    /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
+    /// `block` ([`GpuDiskBlocks::finish_reads`] copies it in).
+    pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
+        self.queue.read(slot, chain, block);
+    }
+
+    /// Copies the reads the thread has finished into their pool blocks (every id checked
+    /// when the read was queued), queued on `gpu`'s stream in runs of what `staging` holds
+    /// with no pool block twice, and says which; a block that failed its checks is not
+    /// copied. With `wait`, waits for at least one read while any is pending.
+    pub fn finish_reads(
         &mut self,
         gpu: &Gpu,
         kernels: &CudaKernels,
         cache: &mut GpuKvCache,
         staging: &mut BlockStaging,
-        run: &[DiskLoad],
-    ) -> anyhow::Result<Option<anyhow::Error>> {
-        let mut failed = None;
-        let mut checked = Vec::with_capacity(run.len());
-        for r in run {
-            match self.disk.read(r.slot, r.chain, r.block) {
-                Ok(data) => checked.push((r.block, data)),
-                Err(e) => {
-                    failed.get_or_insert(e);
-                }
+        wait: bool,
+    ) -> anyhow::Result<Vec<ReadDone>> {
+        let finished = self.queue.finished(wait);
+        let done = finished
+            .iter()
+            .map(|r| ReadDone {
+                block: r.block,
+                ok: r.data.is_some(),
+            })
+            .collect();
+        let mut run: Vec<(u32, &[u8])> = Vec::new();
+        for read in &finished {
+            let FinishedRead {
+                block,
+                data: Some(data),
+            } = read
+            else {
+                continue;
+            };
+            if run.len() == staging.entries().max(1) || run.iter().any(|(b, _)| b == block) {
+                self.upload(gpu, kernels, cache, staging, &run)?;
+                run.clear();
             }
+            run.push((*block, data));
         }
-        if checked.is_empty() {
-            return Ok(failed);
+        if !run.is_empty() {
+            self.upload(gpu, kernels, cache, staging, &run)?;
         }
+        Ok(done)
+    }
+
+    /// One run of checked blocks (at most what `staging` holds, no pool block twice) into
+    /// their pool blocks, queued on `gpu`'s stream.
+    fn upload(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &CudaKernels,
+        cache: &mut GpuKvCache,
+        staging: &mut BlockStaging,
+        checked: &[(u32, &[u8])],
+    ) -> anyhow::Result<()> {
         let stream = gpu.stream();
         // The room may still be the source of the last run's copy.
         stream.synchronize()?;
@@ -175,7 +198,6 @@ impl GpuDiskBlocks {
         }?;
         drop(guard);
         let blocks: Vec<u32> = checked.iter().map(|&(block, _)| block).collect();
-        staging.copy(gpu, kernels, cache, BlockCopy::Scatter, &blocks)?;
-        Ok(failed)
+        staging.copy(gpu, kernels, cache, BlockCopy::Scatter, &blocks)
     }
 }

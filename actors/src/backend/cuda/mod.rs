@@ -19,7 +19,7 @@ use super::{
 };
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, ReadDone};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
@@ -305,7 +305,8 @@ impl ModelBackend for GpuBackend {
     }
 
     /// Queues the copies on the target's stream, after any step queued ahead (which it
-    /// drops) and before the next step; disk writes are made before this returns.
+    /// drops) and before the next step; disk writes and reads go to the disk tier's thread
+    /// ([`GpuTiers::apply`]).
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
@@ -317,6 +318,18 @@ impl ModelBackend for GpuBackend {
         })?;
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         tiers.apply(&gpu, &kernels, &mut cache, moves)
+    }
+
+    /// Copies the finished disk reads in on the target's stream. A step queued ahead
+    /// stands: it read none of these blocks, which belong to sequences held out of every
+    /// step until now.
+    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
+        let Some(tiers) = &mut self.tiers else {
+            return Ok(Vec::new());
+        };
+        let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        tiers.finish_reads(&gpu, &kernels, &mut cache, wait)
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one

@@ -1,13 +1,15 @@
 //! The tiers below a GPU pool, host memory (`host_blocks.rs`) and disk
 //! (`disk_blocks.rs`), and the runs their moves are made in: consecutive moves of one
 //! kind, as many as the shared staging buffer holds, in the order the KV allocator gave
-//! them, every copy on the target's stream ahead of the next forward.
+//! them, every copy on the target's stream ahead of the next forward, except the disk
+//! reads: those are queued to the disk tier's thread and copied into the pool when it has
+//! made them ([`GpuTiers::finish_reads`]).
 
-use super::disk_blocks::{DiskLoad, GpuDiskBlocks, PoolWrite};
+use super::disk_blocks::{GpuDiskBlocks, PoolWrite};
 use super::host_blocks::GpuHostBlocks;
 use super::staging::BlockStaging;
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{KvMove, KvSource};
+use crate::messages::{KvMove, KvSource, ReadDone};
 use anyhow::anyhow;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
@@ -60,10 +62,10 @@ impl GpuTiers {
         Ok(start)
     }
 
-    /// Makes `moves` in order, queued on `gpu`'s stream (a disk write is made before this
-    /// returns). Every pool block is checked against `cache` before anything is copied. A
-    /// disk read that fails its checks copies nothing and the rest are still made (the
-    /// tiers' indexes count on them); then the first such failure is returned.
+    /// Makes `moves` in order, queued on `gpu`'s stream (a disk write's block is on the
+    /// host, queued to the disk tier's thread, before this returns; a disk read is queued
+    /// to the thread). Every pool block is checked against `cache` before anything is
+    /// copied.
     pub fn apply(
         &mut self,
         gpu: &Gpu,
@@ -98,7 +100,6 @@ impl GpuTiers {
         } = self;
         let no_host = || anyhow!("host-tier moves for a GPU backend that keeps no host tier");
         let no_disk = || anyhow!("disk-tier moves for a GPU backend that keeps no disk tier");
-        let mut failed_read = None;
         let mut rest = moves;
         while !rest.is_empty() {
             let (run, after) = rest.split_at(run_length(rest, staging.entries()));
@@ -149,27 +150,38 @@ impl GpuTiers {
                             tokens,
                         } = m
                         {
-                            disk.write(*slot, parent, tokens, host.read_slot(gpu, *h)?)?;
+                            disk.write(*slot, parent, tokens, host.read_slot(gpu, *h)?);
                         }
                     }
                 }
                 RunKind::Read => {
-                    let reads = pick(run, |m| match m {
-                        KvMove::DiskRead { slot, chain, block } => Some(DiskLoad {
-                            slot: *slot,
-                            chain,
-                            block: *block,
-                        }),
-                        _ => None,
-                    });
                     let disk = disk.as_mut().ok_or_else(no_disk)?;
-                    if let Some(e) = disk.read_into(gpu, kernels, cache, staging, &reads)? {
-                        failed_read.get_or_insert(e);
+                    for m in run {
+                        if let KvMove::DiskRead { slot, chain, block } = m {
+                            disk.read(*slot, chain, *block);
+                        }
                     }
                 }
             }
         }
-        failed_read.map_or(Ok(()), Err)
+        Ok(())
+    }
+
+    /// The disk reads the tier's thread has finished, copied into their pool blocks of
+    /// `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_reads`]); with `wait`, at least
+    /// one while any is pending.
+    pub fn finish_reads(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &CudaKernels,
+        cache: &mut GpuKvCache,
+        wait: bool,
+    ) -> anyhow::Result<Vec<ReadDone>> {
+        let GpuTiers { staging, disk, .. } = self;
+        match disk {
+            Some(disk) => disk.finish_reads(gpu, kernels, cache, staging, wait),
+            None => Ok(Vec::new()),
+        }
     }
 }
 
