@@ -240,9 +240,9 @@ pub struct ScheduledBatch {
     /// Requests that ended since the last step: the runner drops their sampler state.
     pub released: Vec<RequestId>,
     /// Copies between the pool and the tiers below it, in order: each is made before the
-    /// forward, except disk reads, which the backend finishes off the step's path and
-    /// reports in a later [`StepDone::reads`]. A batch of no sequences only makes its
-    /// moves and, while disk reads are pending, waits for at least one.
+    /// forward, except the loads into the pool (from host memory or disk), which the
+    /// backend may finish off the step's path and reports in [`StepDone::loads`]. A batch
+    /// of no sequences only makes its moves and, while loads are pending, waits for one.
     pub kv_moves: Vec<KvMove>,
 }
 
@@ -286,15 +286,15 @@ pub struct StepDone {
     pub ahead: AheadUse,
     /// The prompt tokens this step scored, per sequence that asked (`prompt_logprobs`).
     pub prompt_logprobs: Vec<PromptLogprobs>,
-    /// The disk reads ([`KvMove::DiskRead`]) that finished since the runner's last reply,
-    /// in the order they were granted.
-    pub reads: Vec<ReadDone>,
+    /// The loads into the pool ([`KvMove::Load`], [`KvMove::DiskRead`]) that finished
+    /// since the runner's last reply.
+    pub loads: Vec<LoadDone>,
 }
 
-/// A disk read the backend finished off the step's path: pool block `block` now holds the
-/// block read, or (`ok` false) the slot failed its checks and the block was left as it was.
+/// A load into the pool the backend finished: pool block `block` now holds the block
+/// loaded, or (`ok` false) its disk slot failed its checks and the block was left as it was.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ReadDone {
+pub struct LoadDone {
     pub block: u32,
     pub ok: bool,
 }

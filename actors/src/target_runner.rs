@@ -190,13 +190,13 @@ impl TargetRunner {
             self.tables.remove(id);
         }
         moved?;
-        // A batch of no sequences (each one waits on a disk read) waits for a read, which
-        // is no step's copying time.
+        // A batch of no sequences (each one waits on a load) waits for a load, which is no
+        // step's copying time.
         let waits = batch.seqs.is_empty();
-        let reading = Instant::now();
-        let reads = self.model.finish_reads(waits)?;
-        if !reads.is_empty() && !waits {
-            *copied.get_or_insert_default() += reading.elapsed();
+        let loading = Instant::now();
+        let loads = self.model.finish_loads(waits)?;
+        if !loads.is_empty() && !waits {
+            *copied.get_or_insert_default() += loading.elapsed();
         }
         if let Some(copied) = copied {
             crate::metrics::record_tier_copies(copied);
@@ -208,7 +208,7 @@ impl TargetRunner {
                 hidden: Vec::new(),
                 ahead: ahead.map_or(AheadUse::None, |_| AheadUse::Dropped),
                 prompt_logprobs: Vec::new(),
-                reads,
+                loads,
             });
         }
         for seq in &batch.seqs {
@@ -243,7 +243,7 @@ impl TargetRunner {
             hidden,
             ahead,
             prompt_logprobs: std::mem::take(&mut self.scores),
-            reads,
+            loads,
         })
     }
 

@@ -4,7 +4,7 @@
 //! give the logits the prompt computed cold gives (deterministic mode), again after a
 //! restart; a flipped byte makes its block fail, reported and never copied; a CPU pool
 //! over the same directory finds none of the GPU's blocks. Disk reads and writes go through
-//! the tier's thread, in order: the reads come back from `finish_reads`.
+//! the tier's thread, in order: the reads come back from `finish_loads`.
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::engine::tiny_settings;
@@ -14,7 +14,7 @@ use crate::setup;
 use peregrine_actors::backend::{cpu_backend_with, cuda_backend, Loaded, ModelBackend};
 use peregrine_actors::kv_disk::format::PAGE;
 use peregrine_actors::kv_disk::{chain_hash, model_fingerprint, FailedRead, FileHeader, ROOT_HASH};
-use peregrine_actors::messages::{KvMove, KvSource, ReadDone};
+use peregrine_actors::messages::{KvMove, KvSource, LoadDone};
 use peregrine_models::LlamaModel;
 use peregrine_ops::KvDtype;
 use std::os::unix::fs::FileExt;
@@ -54,7 +54,7 @@ fn slot_data(file: &Path, slot: u64, bytes: u64) -> Vec<u8> {
 }
 
 /// Makes `moves` and waits for their disk reads, which come back in order.
-fn read_in(gpu: &mut Box<dyn ModelBackend>, moves: &[KvMove]) -> Vec<ReadDone> {
+fn read_in(gpu: &mut Box<dyn ModelBackend>, moves: &[KvMove]) -> Vec<LoadDone> {
     gpu.move_kv(moves).unwrap();
     let blocks: Vec<u32> = moves
         .iter()
@@ -65,7 +65,7 @@ fn read_in(gpu: &mut Box<dyn ModelBackend>, moves: &[KvMove]) -> Vec<ReadDone> {
         .collect();
     let mut done = Vec::new();
     while done.len() < blocks.len() {
-        done.extend(gpu.finish_reads(true).unwrap());
+        done.extend(gpu.finish_loads(true).unwrap());
     }
     assert_eq!(done.iter().map(|r| r.block).collect::<Vec<_>>(), blocks);
     done
@@ -148,7 +148,7 @@ fn prefix_blocks_come_back_from_disk_unchanged_and_damage_is_never_copied() {
     );
     assert_eq!(
         flushed,
-        [ReadDone {
+        [LoadDone {
             block: 47,
             ok: true
         }]
@@ -199,7 +199,7 @@ fn prefix_blocks_come_back_from_disk_unchanged_and_damage_is_never_copied() {
     );
     assert_eq!(
         flushed,
-        [ReadDone {
+        [LoadDone {
             block: 47,
             ok: true
         }]
@@ -226,7 +226,7 @@ fn prefix_blocks_come_back_from_disk_unchanged_and_damage_is_never_copied() {
     let failed = read_in(&mut gpu, std::slice::from_ref(&read_1));
     assert_eq!(
         failed,
-        [ReadDone {
+        [LoadDone {
             block: 31,
             ok: false
         }]
@@ -244,7 +244,7 @@ fn prefix_blocks_come_back_from_disk_unchanged_and_damage_is_never_copied() {
     let failed = read_in(&mut gpu, &[read_1]);
     assert_eq!(
         failed,
-        [ReadDone {
+        [LoadDone {
             block: 31,
             ok: false
         }]

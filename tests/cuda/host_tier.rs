@@ -1,7 +1,8 @@
 //! The host tier below the GPU pool: a block's keys and values of every layer gathered and
 //! scattered exactly where ids and byte offsets bite, and through the backend, a prompt's
 //! blocks spilled to page-locked host memory, overwritten in the pool and loaded into other
-//! blocks give the logits the prompt computed cold gives (deterministic mode).
+//! blocks (on the tier's own stream, reported before they are read) give the logits the
+//! prompt computed cold gives (deterministic mode).
 
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::engine::tiny_settings;
@@ -11,7 +12,7 @@ use half::bf16;
 use peregrine_actors::backend::{
     cuda_backend, Loaded, ModelBackend, StepInput, StepSource, Wanted,
 };
-use peregrine_actors::messages::KvMove;
+use peregrine_actors::messages::{KvMove, LoadDone};
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_ops::cuda::GpuKvCache;
@@ -216,6 +217,15 @@ fn prefix_blocks_come_back_from_host_memory_unchanged() {
         KvMove::Spill { block: 0, slot: 2 },
     ];
     backend.move_kv(&load).unwrap();
+    // The loads run on the host tier's own stream: the blocks are used once reported (the
+    // spill into slot 2 waited for the load that reads it).
+    let mut loaded = Vec::new();
+    while loaded.len() < 2 {
+        loaded.extend(backend.finish_loads(true).unwrap());
+    }
+    let ok = |block| LoadDone { block, ok: true };
+    assert_eq!(loaded, [ok(far), ok(far + 1)]);
+    assert!(backend.finish_loads(true).unwrap().is_empty());
     let warm = last_logits(&mut backend, &rest, 32, &[far, far + 1, 20]);
     assert!(
         warm.iter()

@@ -11,7 +11,7 @@ pub use cuda::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove, ReadDone};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, LoadDone};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::ModelConfig;
@@ -441,9 +441,9 @@ pub trait ModelBackend: Send {
         None
     }
     /// Makes the copies between the pool and the tiers below it that the KV allocator
-    /// gave, in order, before the next forward; disk reads are queued to the disk tier's
-    /// thread (in that order with its writes) and finished by
-    /// [`ModelBackend::finish_reads`].
+    /// gave, in order, before the next forward, except that the loads into the pool may
+    /// finish later (disk reads are queued to the disk tier's thread, in that order with
+    /// its writes): every load is reported by [`ModelBackend::finish_loads`].
     fn move_kv(&mut self, moves: &[KvMove]) -> anyhow::Result<()> {
         if moves.is_empty() {
             return Ok(());
@@ -453,11 +453,12 @@ pub trait ModelBackend: Send {
             self.pool().device
         )
     }
-    /// Copies the disk reads the disk tier's thread has finished into their pool blocks,
-    /// in the order they were queued, and says which (a block whose slot failed its checks
-    /// is left as it was); with `wait`, waits for at least one while any is pending. The
-    /// blocks belong to sequences the scheduler holds out of every step until it hears.
-    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
+    /// The loads into the pool ([`KvMove::Load`], [`KvMove::DiskRead`]) finished since the
+    /// last call, the finished disk reads copied into their pool blocks first (a block
+    /// whose slot failed its checks is left as it was); with `wait`, waits for at least one
+    /// while any is pending. The blocks belong to sequences the scheduler holds out of
+    /// every step until it hears.
+    fn finish_loads(&mut self, wait: bool) -> anyhow::Result<Vec<LoadDone>> {
         let _ = wait;
         Ok(Vec::new())
     }

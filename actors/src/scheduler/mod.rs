@@ -22,7 +22,6 @@
 //! as `draft plan` (`draft_control.rs`): what adaptive drafting saw and chose, step by
 //! step.
 
-mod disk_reads;
 mod draft_control;
 mod plan;
 mod policy;
@@ -31,6 +30,7 @@ mod seq;
 pub mod spec;
 #[cfg(test)]
 mod tests;
+mod tier_loads;
 
 use crate::draft::DraftProposerHandle;
 use crate::health::EngineHealth;
@@ -82,8 +82,8 @@ struct Pending {
     /// Target hidden states since the last proposal, for the next `Propose`.
     hidden: Vec<HiddenRows>,
     /// Copies between the pool and the tiers below it, for the next `ScheduledBatch` (made
-    /// before its forward, which may write into the blocks they empty; disk reads finish
-    /// later, while their requests are held: `disk_reads.rs`).
+    /// before its forward, which may write into the blocks they empty; loads finish
+    /// later, while their requests are held: `tier_loads.rs`).
     kv_moves: Vec<KvMove>,
 }
 
@@ -146,8 +146,8 @@ impl Scheduler {
         };
         metrics::record_kv(&idle, &mut self.kv_seen);
         loop {
-            // Ended requests' frees may wait on disk reads that a step collects.
-            let idle = self.queues.is_empty() && !self.queues.reads_pending();
+            // Ended requests' frees may wait on loads that a step collects.
+            let idle = self.queues.is_empty() && !self.queues.loads_pending();
             if idle {
                 if let Err(e) = self.flush_frees().await {
                     warn!("kv allocator: {e:#}");
@@ -173,7 +173,7 @@ impl Scheduler {
                     self.abort_all(FinishReason::Abort, "shutdown deadline reached");
                 }
             }
-            if self.queues.is_empty() && !self.queues.reads_pending() {
+            if self.queues.is_empty() && !self.queues.loads_pending() {
                 continue;
             }
             match self.step().await {
@@ -301,7 +301,7 @@ impl Scheduler {
         let grant = self.kv.allocate_step(request).await?;
         times.allocate = allocating.elapsed();
         self.pending.kv_moves.extend_from_slice(&grant.moves);
-        self.queues.start_reads(&grant.moves);
+        self.queues.start_loads(&grant.moves);
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         self.pending.draft_release.extend(preempted);
         metrics::record_kv(&grant.usage, &mut self.kv_seen);
@@ -309,9 +309,9 @@ impl Scheduler {
         let proposing = Instant::now();
         let (plan, caught_up) = self.propose(plan).await?;
         times.propose = proposing.elapsed();
-        // With every running request held for a disk read, the batch carries no sequence:
-        // the runner makes the moves and waits for a read.
-        if plan.is_empty() && self.pending.kv_moves.is_empty() && !self.queues.reads_pending() {
+        // With every running request held for a load, the batch carries no sequence: the
+        // runner makes the moves and waits for a load.
+        if plan.is_empty() && self.pending.kv_moves.is_empty() && !self.queues.loads_pending() {
             tokio::task::yield_now().await;
             return Ok(());
         }
@@ -327,8 +327,8 @@ impl Scheduler {
         if self.proposer.is_some() {
             self.pending.hidden.append(&mut done.hidden);
         }
-        let read_frees = self.queues.finish_reads(&done.reads);
-        self.pending.free.extend(read_frees);
+        let load_frees = self.queues.finish_loads(&done.loads);
+        self.pending.free.extend(load_frees);
         let applied = self
             .queues
             .apply_done(&plan, done, &self.setup.eos_token_ids);

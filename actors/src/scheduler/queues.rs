@@ -3,12 +3,12 @@
 //! grant applied to a [`Schedule`], the batch and the proposal a [`StepPlan`] makes, and a
 //! `StepDone` applied.
 
-use super::disk_reads::PendingReads;
 use super::plan::{PlannedSeq, Schedule, StepPlan};
 use super::seq::{Phase, Seq};
+use super::tier_loads::PendingLoads;
 use crate::messages::{
     AdmitSeq, ComputedSeq, DraftSampling, FinishReason, GenerateRequest, GrammarStatus, GrowSeq,
-    KvMove, ProposeDelta, ReadDone, RequestEvent, RequestId, SamplingSetup, ScheduledBatch,
+    KvMove, LoadDone, ProposeDelta, RequestEvent, RequestId, SamplingSetup, ScheduledBatch,
     ScheduledSeq, StepDone, StepGrant, SubmitError,
 };
 use crate::metrics;
@@ -36,8 +36,8 @@ pub struct Queues {
     waiting: BTreeMap<(i32, u64), RequestId>,
     running: BTreeMap<(i32, u64), RequestId>,
     next_order: u64,
-    /// The disk reads the running sequences wait on.
-    reads: PendingReads,
+    /// The loads from the tiers the running sequences wait on.
+    loads: PendingLoads,
 }
 
 /// What applying a step's results did.
@@ -60,7 +60,7 @@ impl Queues {
             waiting: BTreeMap::new(),
             running: BTreeMap::new(),
             next_order: 0,
-            reads: PendingReads::default(),
+            loads: PendingLoads::default(),
         }
     }
 
@@ -90,49 +90,49 @@ impl Queues {
     }
 
     /// The running requests a step may compute, highest priority first: those not held
-    /// for a disk read (`disk_reads.rs`).
+    /// for a load from a tier (`tier_loads.rs`).
     pub fn schedulable(&self) -> impl Iterator<Item = &Seq> + '_ {
         self.running().filter(|seq| !self.is_held(seq))
     }
 
-    /// Whether `seq` waits on a disk read into one of its blocks.
+    /// Whether `seq` waits on a load into one of its blocks.
     pub fn is_held(&self, seq: &Seq) -> bool {
-        seq.read_failed || self.reads.holds(&seq.block_table)
+        seq.read_failed || self.loads.holds(&seq.block_table)
     }
 
-    /// Whether a disk read is pending, or a free waits for one.
-    pub fn reads_pending(&self) -> bool {
-        self.reads.any()
+    /// Whether a load is pending, or a free waits for one.
+    pub fn loads_pending(&self) -> bool {
+        self.loads.any()
     }
 
-    /// Notes the disk reads a grant's `moves` start; call before applying the grant, so
-    /// that the sequences admitted onto those blocks are held.
-    pub fn start_reads(&mut self, moves: &[KvMove]) {
-        self.reads.start(moves);
+    /// Notes the loads a grant's `moves` start; call before applying the grant, so that
+    /// the sequences admitted onto those blocks are held.
+    pub fn start_loads(&mut self, moves: &[KvMove]) {
+        self.loads.start(moves);
     }
 
     /// Whether ended request `seq`'s blocks may go back now; otherwise they go once no
-    /// read into them is pending (from [`Queues::finish_reads`]).
+    /// load into them is pending (from [`Queues::finish_loads`]).
     pub fn free_now(&mut self, seq: &Seq) -> bool {
-        self.reads.free_now(seq.req.id, &seq.block_table)
+        self.loads.free_now(seq.req.id, &seq.block_table)
     }
 
-    /// Takes the runner's report of finished disk reads in. A sequence holding a block
-    /// whose read failed is sent back to wait (to be admitted again, missing that block)
-    /// once no read into its blocks is pending. Returns the requests whose blocks go back
+    /// Takes the runner's report of finished loads in. A sequence holding a block whose
+    /// disk read failed is sent back to wait (to be admitted again, missing that block)
+    /// once no load into its blocks is pending. Returns the requests whose blocks go back
     /// now: those sent back, and ended ones whose free waited.
-    pub fn finish_reads(&mut self, reads: &[ReadDone]) -> Vec<RequestId> {
-        let mut free = self.reads.finish(reads);
+    pub fn finish_loads(&mut self, loads: &[LoadDone]) -> Vec<RequestId> {
+        let mut free = self.loads.finish(loads);
         let running: Vec<RequestId> = self.running.values().copied().collect();
         for id in running {
             let seq = self.seqs.get_mut(&id).expect("a running request");
-            if let Some(at) = self.reads.first_failed(&seq.block_table) {
+            if let Some(at) = self.loads.first_failed(&seq.block_table) {
                 seq.read_failed = true;
                 // Only the blocks before it came from the cache.
                 let served = at * self.block_size;
                 seq.cached_tokens = seq.cached_tokens.map(|c| c.min(served));
             }
-            if !seq.read_failed || self.reads.holds(&seq.block_table) {
+            if !seq.read_failed || self.loads.holds(&seq.block_table) {
                 continue;
             }
             self.running.remove(&seq.key());
@@ -142,7 +142,7 @@ impl Queues {
             warn!(request_id = %id, "a prefix block read from disk failed its checks; will compute it");
             free.push(id);
         }
-        self.reads.clear_failed();
+        self.loads.clear_failed();
         free
     }
 
@@ -278,8 +278,8 @@ impl Queues {
                 seq.cached_tokens = Some(admitted.num_cached);
                 metrics::record_queue_time(seq.req.arrival.elapsed());
             }
-            // Admitted onto blocks still being read from disk: it computes once they are in.
-            let held = self.reads.holds(&admitted.block_table);
+            // Admitted onto blocks still being loaded: it computes once they are in.
+            let held = self.loads.holds(&admitted.block_table);
             chunks.insert(admitted.id, if held { 0 } else { admitted.num_scheduled });
         }
         let seqs = self

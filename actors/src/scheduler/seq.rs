@@ -37,7 +37,7 @@ pub struct Seq {
     /// Prompt tokens served from the prefix cache at first admission.
     pub cached_tokens: Option<usize>,
     /// A disk read into one of its blocks failed: held until it can be sent back to wait
-    /// (`disk_reads.rs`).
+    /// (`tier_loads.rs`).
     pub read_failed: bool,
     pub last_token_at: Option<Instant>,
     /// Speculation counts: verifications with drafts, drafts, accepted drafts.

@@ -9,7 +9,7 @@ use crate::kv_allocator::BlockManager;
 use crate::kv_disk::{chain_hash, FailedRead, FailedReads, FoundBlock, ROOT_HASH};
 use crate::messages::{
     AheadUse, AllocateStep, ComputedSeq, DraftSampling, Drafted, FinishReason, GenerateRequest,
-    GeneratedToken, KvMove, PromptLogprobs, ReadDone, RequestEvent, RequestId, RequestSpec,
+    GeneratedToken, KvMove, LoadDone, PromptLogprobs, RequestEvent, RequestId, RequestSpec,
     SchedulerLimits, SeqOutput, StepDone, SubmitError,
 };
 use crate::scheduler::spec::stats::Place;
@@ -99,9 +99,9 @@ impl Harness {
             .collect()
     }
 
-    /// Applies the runner's report of finished disk reads, freeing what it says.
-    fn reads_done(&mut self, reads: &[ReadDone]) {
-        let free = self.queues.finish_reads(reads);
+    /// Applies the runner's report of finished loads, freeing what it says.
+    fn loads_done(&mut self, loads: &[LoadDone]) {
+        let free = self.queues.finish_loads(loads);
         self.free.extend(free);
     }
 
@@ -195,7 +195,7 @@ impl Harness {
             scoring_rows: schedule.scoring_rows,
         });
         self.moves.extend_from_slice(&grant.moves);
-        self.queues.start_reads(&grant.moves);
+        self.queues.start_loads(&grant.moves);
         let (plan, preempted) = self.queues.apply_grant(schedule, &grant);
         (plan, preempted.iter().map(|id| id.0).collect())
     }
@@ -236,7 +236,7 @@ impl Harness {
             hidden: Vec::new(),
             ahead: AheadUse::None,
             prompt_logprobs: Vec::new(),
-            reads: Vec::new(),
+            loads: Vec::new(),
         };
         let applied = self.queues.apply_done(plan, done, &[EOS]);
         self.computed.extend(applied.computed);
@@ -834,7 +834,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
         hidden: Vec::new(),
         ahead: AheadUse::None,
         prompt_logprobs: vec![scored(1, 4)],
-        reads: Vec::new(),
+        loads: Vec::new(),
     };
     assert!(h.queues.apply_done(&plan, done, &[EOS]).ended.is_empty());
     let (plan, _) = h.plan();
@@ -847,7 +847,7 @@ fn max_tokens_zero_ends_once_the_prompt_is_computed_after_its_scores() {
         hidden: Vec::new(),
         ahead: AheadUse::None,
         prompt_logprobs: vec![scored(5, 1)],
-        reads: Vec::new(),
+        loads: Vec::new(),
     };
     let applied = h.queues.apply_done(&plan, done, &[EOS]);
     assert_eq!(applied.ended, [(RequestId(1), FinishReason::Length)]);
@@ -912,18 +912,18 @@ fn a_request_reading_its_prefix_from_disk_waits_while_the_others_step() {
     );
     h.done(&plan, |_| vec![7]);
     // One read in: both still wait for the other.
-    h.reads_done(&[ReadDone {
+    h.loads_done(&[LoadDone {
         block: reads[0].1,
         ok: true,
     }]);
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 1)]);
     h.done(&plan, |_| vec![8]);
-    h.reads_done(&[ReadDone {
+    h.loads_done(&[LoadDone {
         block: reads[1].1,
         ok: true,
     }]);
-    assert!(!h.queues.reads_pending());
+    assert!(!h.queues.loads_pending());
     let (plan, _) = h.plan();
     assert_eq!(chunks(&plan), [(1, 1), (2, 2), (3, 3)]);
     let batch = h.queues.batch(&plan, 9, Vec::new(), Vec::new());
@@ -951,7 +951,7 @@ fn a_failed_disk_read_sends_its_request_back_to_compute_the_block() {
         slot: reads[0].0,
         block: reads[0].1,
     });
-    h.reads_done(&[ReadDone {
+    h.loads_done(&[LoadDone {
         block: reads[0].1,
         ok: false,
     }]);
@@ -965,7 +965,7 @@ fn a_failed_disk_read_sends_its_request_back_to_compute_the_block() {
     );
     let (plan, _) = h.plan();
     assert!(plan.is_empty());
-    h.reads_done(&[ReadDone {
+    h.loads_done(&[LoadDone {
         block: reads[1].1,
         ok: true,
     }]);
@@ -990,16 +990,16 @@ fn a_request_ended_while_its_blocks_are_read_frees_them_after_the_reads() {
     let reads = h.take_reads();
     let seq = h.queues.remove(RequestId(2)).unwrap();
     assert!(!h.queues.free_now(&seq), "its blocks are being read into");
-    assert!(h.queues.reads_pending());
-    h.reads_done(&[ReadDone {
+    assert!(h.queues.loads_pending());
+    h.loads_done(&[LoadDone {
         block: reads[0].1,
         ok: true,
     }]);
     assert!(h.free.is_empty());
-    h.reads_done(&[ReadDone {
+    h.loads_done(&[LoadDone {
         block: reads[1].1,
         ok: true,
     }]);
     assert_eq!(h.free, [RequestId(2)]);
-    assert!(!h.queues.reads_pending());
+    assert!(!h.queues.loads_pending());
 }

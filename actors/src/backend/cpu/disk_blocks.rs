@@ -7,7 +7,7 @@
 //! bytes into its pool block once the thread hands them back.
 
 use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart};
-use crate::messages::ReadDone;
+use crate::messages::LoadDone;
 use peregrine_ops::KvCache;
 use std::path::Path;
 use std::sync::Arc;
@@ -61,7 +61,7 @@ impl CpuDiskBlocks {
     }
 
     /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
-    /// `block` ([`CpuDiskBlocks::finish_reads`] copies it in).
+    /// `block` ([`CpuDiskBlocks::finish_loads`] copies it in).
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
         self.queue.read(slot, chain, block);
     }
@@ -69,7 +69,7 @@ impl CpuDiskBlocks {
     /// Copies the reads the thread has finished into their pool blocks of `cache` (a
     /// block that failed its checks is not copied) and says which; with `wait`, waits
     /// for at least one while any is pending.
-    pub fn finish_reads(&mut self, cache: &mut KvCache, wait: bool) -> Vec<ReadDone> {
+    pub fn finish_loads(&mut self, cache: &mut KvCache, wait: bool) -> Vec<LoadDone> {
         self.queue
             .finished(wait)
             .into_iter()
@@ -77,7 +77,7 @@ impl CpuDiskBlocks {
                 if let Some(data) = &read.data {
                     cache.copy_block_in(read.block, data);
                 }
-                ReadDone {
+                LoadDone {
                     block: read.block,
                     ok: read.data.is_some(),
                 }

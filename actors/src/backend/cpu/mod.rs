@@ -13,7 +13,7 @@ use super::{
 };
 use crate::graphs::{is_decode_step, CaptureSizes, CpuDecodeGraphs};
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource, ReadDone};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, KvSource, LoadDone};
 use anyhow::anyhow;
 use disk_blocks::CpuDiskBlocks;
 use host_blocks::HostBlocks;
@@ -40,6 +40,9 @@ struct CpuBackend {
     host: Option<HostBlocks>,
     /// The disk tier below both, if one is kept.
     disk: Option<CpuDiskBlocks>,
+    /// Pool blocks loaded from the host tier since [`ModelBackend::finish_loads`] last
+    /// reported (made in `move_kv`, at once).
+    loaded: Vec<u32>,
     /// What it held at start-up, until the engine takes it.
     disk_start: Option<DiskTierStart>,
 }
@@ -134,6 +137,7 @@ pub fn cpu_backend_with(
         queued: None,
         host: None,
         disk: None,
+        loaded: Vec::new(),
         disk_start: None,
     }))
 }
@@ -209,7 +213,8 @@ impl ModelBackend for CpuBackend {
                     self.host
                         .as_ref()
                         .ok_or_else(no_host)?
-                        .load(&mut self.cache, *slot, *block)?
+                        .load(&mut self.cache, *slot, *block)?;
+                    self.loaded.push(*block);
                 }
                 KvMove::DiskWrite {
                     from,
@@ -237,13 +242,18 @@ impl ModelBackend for CpuBackend {
         Ok(())
     }
 
-    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
-        let Some(disk) = &mut self.disk else {
-            return Ok(Vec::new());
-        };
+    fn finish_loads(&mut self, wait: bool) -> anyhow::Result<Vec<LoadDone>> {
+        let mut done: Vec<LoadDone> = self
+            .loaded
+            .drain(..)
+            .map(|block| LoadDone { block, ok: true })
+            .collect();
         // The blocks read belong to sequences held out of every step until now, so a step
         // queued ahead, which read none of them, stands.
-        Ok(disk.finish_reads(&mut self.cache, wait))
+        if let Some(disk) = &mut self.disk {
+            done.extend(disk.finish_loads(&mut self.cache, wait && done.is_empty()));
+        }
+        Ok(done)
     }
 
     fn embedding_table(&self) -> Option<Arc<Matrix>> {

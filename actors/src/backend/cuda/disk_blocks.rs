@@ -12,7 +12,7 @@
 
 use super::staging::BlockStaging;
 use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart, FinishedRead};
-use crate::messages::ReadDone;
+use crate::messages::LoadDone;
 use anyhow::Context;
 use half::bf16;
 use peregrine_kernels::cuda::kv_blocks::BlockCopy;
@@ -91,7 +91,7 @@ impl GpuDiskBlocks {
     ) -> anyhow::Result<()> {
         let stream = gpu.stream();
         let blocks: Vec<u32> = run.iter().map(|w| w.block).collect();
-        staging.copy(gpu, kernels, cache, BlockCopy::Gather, &blocks)?;
+        staging.copy(stream, kernels, cache, BlockCopy::Gather, &blocks)?;
         let elems = run.len() * self.block_elems;
         let host = self.pinned.as_mut_ptr()?;
         let staged = staging.span(0, run.len());
@@ -121,7 +121,7 @@ impl GpuDiskBlocks {
     }
 
     /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
-    /// `block` ([`GpuDiskBlocks::finish_reads`] copies it in).
+    /// `block` ([`GpuDiskBlocks::finish_loads`] copies it in).
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
         self.queue.read(slot, chain, block);
     }
@@ -130,18 +130,18 @@ impl GpuDiskBlocks {
     /// when the read was queued), queued on `gpu`'s stream in runs of what `staging` holds
     /// with no pool block twice, and says which; a block that failed its checks is not
     /// copied. With `wait`, waits for at least one read while any is pending.
-    pub fn finish_reads(
+    pub fn finish_loads(
         &mut self,
         gpu: &Gpu,
         kernels: &CudaKernels,
         cache: &mut GpuKvCache,
         staging: &mut BlockStaging,
         wait: bool,
-    ) -> anyhow::Result<Vec<ReadDone>> {
+    ) -> anyhow::Result<Vec<LoadDone>> {
         let finished = self.queue.finished(wait);
         let done = finished
             .iter()
-            .map(|r| ReadDone {
+            .map(|r| LoadDone {
                 block: r.block,
                 ok: r.data.is_some(),
             })
@@ -198,6 +198,6 @@ impl GpuDiskBlocks {
         }?;
         drop(guard);
         let blocks: Vec<u32> = checked.iter().map(|&(block, _)| block).collect();
-        staging.copy(gpu, kernels, cache, BlockCopy::Scatter, &blocks)
+        staging.copy(stream, kernels, cache, BlockCopy::Scatter, &blocks)
     }
 }

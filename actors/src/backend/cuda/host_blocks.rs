@@ -1,9 +1,10 @@
 //! The host tier below a GPU pool: one slot a block in page-locked host memory, each
 //! holding the block's keys and values of every layer as [`GpuKvCache::copy_blocks`] lays
 //! them out. A run of spills is one gather kernel over its pool blocks into the staging
-//! buffer, then one copy a block to its slot; a run of loads one copy a slot into the
-//! staging buffer, then one scatter kernel. Every copy is queued on the target's stream
-//! ahead of the step that follows, so none waits on the host. Page-locked memory is taken
+//! buffer, then one copy a block to its slot, queued on the target's stream ahead of the
+//! step that follows; a run of loads one copy a slot into the load lane's staging buffer,
+//! then one scatter kernel, queued on the lane's stream (`tiers.rs`). None waits on the
+//! host. Page-locked memory is taken
 //! in chunks as slots are first spilled into, so a tier costs about what it holds; it is
 //! cached (not write-combined), since the disk tier's writes read slots on the host. The
 //! index of what each slot holds is the KV allocator's (`kv_allocator/host_tier.rs`); this
@@ -15,8 +16,11 @@ use half::bf16;
 use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_runtime::cuda::cudarc::driver::{result, DevicePtr, DevicePtrMut, PinnedHostSlice};
+use peregrine_runtime::cuda::cudarc::driver::{
+    result, CudaStream, DevicePtr, DevicePtrMut, PinnedHostSlice,
+};
 use peregrine_runtime::cuda::Gpu;
+use std::sync::Arc;
 
 /// Bytes of page-locked memory taken at once (a chunk of slots).
 const CHUNK_BYTES: u64 = 64 << 20;
@@ -75,7 +79,7 @@ impl GpuHostBlocks {
     ) -> anyhow::Result<()> {
         let stream = gpu.stream();
         let blocks: Vec<u32> = run.iter().map(|&(block, _)| block).collect();
-        staging.copy(gpu, kernels, cache, BlockCopy::Gather, &blocks)?;
+        staging.copy(stream, kernels, cache, BlockCopy::Gather, &blocks)?;
         for (e, &(_, slot)) in run.iter().enumerate() {
             let host = self.slot_ptr(gpu, slot)?;
             let staged = staging.span(e, 1);
@@ -95,29 +99,30 @@ impl GpuHostBlocks {
 
     /// One run of loads, `(slot, pool block)` each (at most what `staging` holds, no pool
     /// block twice; every id checked by the caller): each slot copied into `staging`, then
-    /// scattered into its pool block.
+    /// scattered into its pool block, queued on `stream` (the load lane's, which the caller
+    /// orders after the spills into these slots and before any later spill into them).
     pub fn load(
         &mut self,
-        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
         kernels: &CudaKernels,
         cache: &mut GpuKvCache,
         staging: &mut BlockStaging,
         run: &[(u32, u32)],
     ) -> anyhow::Result<()> {
-        let stream = gpu.stream();
         for (e, &(slot, _)) in run.iter().enumerate() {
             let host = self.filled_ptr(slot)?;
             let mut staged = staging.span_mut(e, 1);
             let (to, _guard) = staged.device_ptr_mut(stream);
-            // SAFETY: as in `spill`: a slot of a live chunk, copied on the stream that wrote
-            // it, into the staging entry the scatter below reads.
+            // SAFETY: as in `spill`: a slot of a live chunk, copied after the spill that
+            // filled it (the caller orders the streams) into the staging entry the scatter
+            // below reads.
             unsafe {
                 let host = std::slice::from_raw_parts(host, self.block_elems);
                 result::memcpy_htod_async(to, host, stream.cu_stream())
             }?;
         }
         let blocks: Vec<u32> = run.iter().map(|&(_, block)| block).collect();
-        staging.copy(gpu, kernels, cache, BlockCopy::Scatter, &blocks)
+        staging.copy(stream, kernels, cache, BlockCopy::Scatter, &blocks)
     }
 
     /// Slot `slot`'s bytes on the host, once every copy queued on `gpu`'s stream (a spill

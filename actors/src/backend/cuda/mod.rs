@@ -1,6 +1,7 @@
 //! The CUDA backend: the bf16 model on device 0 and its KV pool (loaded and sized in
 //! `load.rs`), its steps eager or through graphs, and the tiers below its pool
-//! (`tiers.rs`: host memory in `host_blocks.rs`, disk in `disk_blocks.rs`). A
+//! (`tiers.rs`: host memory in `host_blocks.rs`, loaded on a stream of its own by
+//! `load_lane.rs`; disk in `disk_blocks.rs`). A
 //! draft model or head beside it keeps its KV in the same blocks (a pool of its own
 //! shape). The target records the inputs of the head's aux layers when asked, and with a
 //! head beside it stores them into the feature ring the head gathers them from on the
@@ -9,6 +10,7 @@
 mod disk_blocks;
 mod host_blocks;
 mod load;
+mod load_lane;
 mod staging;
 mod tiers;
 
@@ -19,7 +21,7 @@ use super::{
 };
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{GeneratedToken, HiddenData, KvMove, ReadDone};
+use crate::messages::{GeneratedToken, HiddenData, KvMove, LoadDone};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
@@ -269,14 +271,15 @@ impl ModelBackend for GpuBackend {
         }
     }
 
-    /// A tier of page-locked host memory (`host_blocks.rs`).
+    /// A tier of page-locked host memory (`host_blocks.rs`), loaded on a stream of its own
+    /// (`load_lane.rs`).
     fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let tiers = match &mut self.tiers {
             Some(tiers) => tiers,
             none => none.insert(GpuTiers::new(self.model.gpu(), &cache)?),
         };
-        tiers.keep_host(&cache, bytes)
+        tiers.keep_host(self.model.gpu(), &cache, bytes)
     }
 
     fn host_tier_slots(&self) -> u32 {
@@ -323,13 +326,13 @@ impl ModelBackend for GpuBackend {
     /// Copies the finished disk reads in on the target's stream. A step queued ahead
     /// stands: it read none of these blocks, which belong to sequences held out of every
     /// step until now.
-    fn finish_reads(&mut self, wait: bool) -> anyhow::Result<Vec<ReadDone>> {
+    fn finish_loads(&mut self, wait: bool) -> anyhow::Result<Vec<LoadDone>> {
         let Some(tiers) = &mut self.tiers else {
             return Ok(Vec::new());
         };
         let (gpu, kernels) = (self.model.gpu().clone(), self.kernels.clone());
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        tiers.finish_reads(&gpu, &kernels, &mut cache, wait)
+        tiers.finish_loads(&gpu, &kernels, &mut cache, wait)
     }
 
     /// The decode graphs, and with speculation the verification graphs: for each size, one

@@ -8,8 +8,9 @@ use half::bf16;
 use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_runtime::cuda::cudarc::driver::{CudaSlice, CudaView, CudaViewMut};
+use peregrine_runtime::cuda::cudarc::driver::{CudaSlice, CudaStream, CudaView, CudaViewMut};
 use peregrine_runtime::cuda::Gpu;
+use std::sync::Arc;
 
 /// Bytes of the staging buffer (at least one block).
 const STAGING_BYTES: u64 = 64 << 20;
@@ -47,16 +48,16 @@ impl BlockStaging {
 
     /// Copies the pool blocks `blocks` (at most [`BlockStaging::entries`], each within the
     /// pool: the caller checks) between `cache` and the first entries, the way `copy`
-    /// says, queued on `gpu`'s stream after their ids.
+    /// says, queued on `stream` after their ids (the stream every use of this buffer goes
+    /// through).
     pub fn copy(
         &mut self,
-        gpu: &Gpu,
+        stream: &Arc<CudaStream>,
         kernels: &CudaKernels,
         cache: &mut GpuKvCache,
         copy: BlockCopy,
         blocks: &[u32],
     ) -> anyhow::Result<()> {
-        let stream = gpu.stream();
         stream.memcpy_htod(blocks, &mut self.ids.slice_mut(..blocks.len()))?;
         let ids = self.ids.slice(..blocks.len());
         cache.copy_blocks(kernels, stream, copy, &ids, blocks, &mut self.blocks)?;

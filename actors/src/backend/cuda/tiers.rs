@@ -1,25 +1,28 @@
 //! The tiers below a GPU pool, host memory (`host_blocks.rs`) and disk
 //! (`disk_blocks.rs`), and the runs their moves are made in: consecutive moves of one
 //! kind, as many as the shared staging buffer holds, in the order the KV allocator gave
-//! them, every copy on the target's stream ahead of the next forward, except the disk
-//! reads: those are queued to the disk tier's thread and copied into the pool when it has
-//! made them ([`GpuTiers::finish_reads`]).
+//! them, every copy on the target's stream ahead of the next forward, except the loads
+//! into the pool: the host tier's run on a stream of their own (`load_lane.rs`), the disk
+//! reads are queued to the disk tier's thread and copied into the pool when it has made
+//! them; [`GpuTiers::finish_loads`] reports both.
 
 use super::disk_blocks::{GpuDiskBlocks, PoolWrite};
 use super::host_blocks::GpuHostBlocks;
+use super::load_lane::LoadLane;
 use super::staging::BlockStaging;
 use crate::kv_disk::{ContentHash, DiskTierStart};
-use crate::messages::{KvMove, KvSource, ReadDone};
+use crate::messages::{KvMove, KvSource, LoadDone};
 use anyhow::anyhow;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
 
-/// The tiers kept below a GPU pool and the staging buffer they share.
+/// The tiers kept below a GPU pool, the staging buffer their copies on the target's
+/// stream share, and the host tier's load lane.
 pub struct GpuTiers {
     staging: BlockStaging,
-    host: Option<GpuHostBlocks>,
+    host: Option<(GpuHostBlocks, LoadLane)>,
     disk: Option<GpuDiskBlocks>,
 }
 
@@ -33,18 +36,18 @@ impl GpuTiers {
         })
     }
 
-    /// Keeps a host tier of up to `bytes` ([`GpuHostBlocks::for_cache`]) and returns its
-    /// slots.
-    pub fn keep_host(&mut self, cache: &GpuKvCache, bytes: u64) -> anyhow::Result<u32> {
+    /// Keeps a host tier of up to `bytes` ([`GpuHostBlocks::for_cache`]), with its load
+    /// lane on `gpu`, and returns its slots.
+    pub fn keep_host(&mut self, gpu: &Gpu, cache: &GpuKvCache, bytes: u64) -> anyhow::Result<u32> {
         let host = GpuHostBlocks::for_cache(cache, bytes)?;
         let slots = host.slots();
-        self.host = Some(host);
+        self.host = Some((host, LoadLane::new(gpu, cache)?));
         Ok(slots)
     }
 
     /// Blocks the host tier holds (0: none).
     pub fn host_slots(&self) -> u32 {
-        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
+        self.host.as_ref().map_or(0, |(host, _)| host.slots())
     }
 
     /// Keeps a disk tier of up to `bytes` in `dir` for the model `model`
@@ -110,7 +113,8 @@ impl GpuTiers {
                         KvMove::Spill { block, slot } => Some((block, slot)),
                         _ => None,
                     });
-                    let host = host.as_mut().ok_or_else(no_host)?;
+                    let (host, lane) = host.as_mut().ok_or_else(no_host)?;
+                    lane.fence(gpu)?;
                     host.spill(gpu, kernels, cache, staging, &pairs)?;
                 }
                 RunKind::Load => {
@@ -118,8 +122,8 @@ impl GpuTiers {
                         KvMove::Load { slot, block } => Some((slot, block)),
                         _ => None,
                     });
-                    let host = host.as_mut().ok_or_else(no_host)?;
-                    host.load(gpu, kernels, cache, staging, &pairs)?;
+                    let (host, lane) = host.as_mut().ok_or_else(no_host)?;
+                    lane.load(gpu, kernels, cache, host, &pairs)?;
                 }
                 RunKind::WritePool => {
                     let writes = pick(run, |m| match m {
@@ -141,7 +145,7 @@ impl GpuTiers {
                 }
                 RunKind::WriteHost => {
                     let disk = disk.as_ref().ok_or_else(no_disk)?;
-                    let host = host.as_ref().ok_or_else(no_host)?;
+                    let (host, _) = host.as_ref().ok_or_else(no_host)?;
                     for m in run {
                         if let KvMove::DiskWrite {
                             from: KvSource::Host(h),
@@ -167,21 +171,43 @@ impl GpuTiers {
         Ok(())
     }
 
-    /// The disk reads the tier's thread has finished, copied into their pool blocks of
-    /// `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_reads`]); with `wait`, at least
-    /// one while any is pending.
-    pub fn finish_reads(
+    /// The loads finished since the last call: the host tier's runs whose lane event has
+    /// passed, and the disk reads the tier's thread has finished, copied into their pool
+    /// blocks of `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_loads`]); with
+    /// `wait`, at least one while any is pending.
+    pub fn finish_loads(
         &mut self,
         gpu: &Gpu,
         kernels: &CudaKernels,
         cache: &mut GpuKvCache,
         wait: bool,
-    ) -> anyhow::Result<Vec<ReadDone>> {
-        let GpuTiers { staging, disk, .. } = self;
-        match disk {
-            Some(disk) => disk.finish_reads(gpu, kernels, cache, staging, wait),
-            None => Ok(Vec::new()),
+    ) -> anyhow::Result<Vec<LoadDone>> {
+        let GpuTiers {
+            staging,
+            host,
+            disk,
+        } = self;
+        let loaded =
+            |blocks: Vec<u32>| blocks.into_iter().map(|block| LoadDone { block, ok: true });
+        let mut done = Vec::new();
+        if let Some((_, lane)) = host.as_mut() {
+            done.extend(loaded(lane.finished(false)?));
         }
+        if let Some(disk) = disk.as_mut() {
+            done.extend(disk.finish_loads(gpu, kernels, cache, staging, false)?);
+        }
+        if wait && done.is_empty() {
+            match (host.as_mut(), disk.as_mut()) {
+                (Some((_, lane)), _) if lane.is_pending() => {
+                    done.extend(loaded(lane.finished(true)?))
+                }
+                (_, Some(disk)) => {
+                    done.extend(disk.finish_loads(gpu, kernels, cache, staging, true)?)
+                }
+                _ => {}
+            }
+        }
+        Ok(done)
     }
 }
 
