@@ -7,7 +7,9 @@ prefix out of a pool that holds about one and a half of them, so it goes down to
 and is brought back. With --once, the prompt alone, once (after a restart over a disk
 tier: the blocks found there). Each request is greedy, 8 tokens, streamed; TTFT is the time
 to its first content chunk. Prints one line per case, and whether the outputs agree (with
---once, the output itself).
+--once, the output itself). With --beside, another request decodes a long answer while the
+prefix comes back from the tier: its longest gap between two tokens in that time, against
+its median gap, says whether the batch waited for the load or only the request did.
 
     peregrine serve --kv-cache-memory 140MB --kv-host-memory 1GiB &
     python3 scripts/bench_kv_tiers.py --base http://127.0.0.1:8000 --tier "host memory"
@@ -18,13 +20,16 @@ to its first content chunk. Prints one line per case, and whether the outputs ag
 """
 import argparse
 import json
+import statistics
+import threading
 import time
 import urllib.request
 
 
-def stream(base, model, prompt):
-    """(seconds to the first content chunk, text, usage) of one streamed completion."""
-    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 0,
+def stream(base, model, prompt, max_tokens=8, arrivals=None):
+    """(seconds to the first content chunk, text, usage) of one streamed completion; each
+    content chunk's arrival time (perf_counter) goes to `arrivals` when given."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
             "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
     req = urllib.request.Request(base + "/v1/completions", json.dumps(body).encode(),
                                  {"Content-Type": "application/json"})
@@ -39,10 +44,33 @@ def stream(base, model, prompt):
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices", []):
-                if choice.get("text") and first is None:
-                    first = time.perf_counter() - start
+                if choice.get("text"):
+                    if first is None:
+                        first = time.perf_counter() - start
+                    if arrivals is not None:
+                        arrivals.append(time.perf_counter())
                 text += choice.get("text", "")
     return first, text, usage
+
+
+def beside(base, model, run, tokens):
+    """Runs `run()` while another request decodes `tokens` tokens; returns run's result and
+    (the decoding request's median gap between tokens, its longest gap while `run` ran)."""
+    arrivals = []
+    decoding = threading.Thread(
+        target=stream, args=(base, model, "Count: one, two, three,", tokens, arrivals))
+    decoding.start()
+    while len(arrivals) < 20 and decoding.is_alive():
+        time.sleep(0.005)
+    start = time.perf_counter()
+    result = run()
+    end = time.perf_counter()
+    decoding.join()
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    during = [b - a for a, b in zip(arrivals, arrivals[1:]) if b > start and a < end]
+    if not during or arrivals[-1] < end:
+        raise SystemExit("the decoding request ended before the tier request did: raise --beside")
+    return result, (statistics.median(gaps), max(during))
 
 
 def text(seed, words):
@@ -60,6 +88,8 @@ def main():
     p.add_argument("--others", type=int, default=2)
     p.add_argument("--tier", default="the tier", help="the tier's name, for the third row")
     p.add_argument("--once", action="store_true", help="the prompt alone, once")
+    p.add_argument("--beside", type=int, default=0, metavar="TOKENS",
+                   help="another request decodes TOKENS tokens while the tier's prefix comes back")
     a = p.parse_args()
     model = a.model or json.load(urllib.request.urlopen(a.base + "/v1/models"))["data"][0]["id"]
     prompt = text(0, a.words) + "\nQuestion: what comes next?\nAnswer:"
@@ -72,13 +102,19 @@ def main():
         rows.append(("from the pool", ttft, usage))
         for i in range(a.others):
             stream(a.base, model, text(i + 1, a.words) + "\nQuestion: what comes next?\nAnswer:")
-        ttft, out2, usage = stream(a.base, model, prompt)
+        if a.beside:
+            (ttft, out2, usage), gaps = beside(a.base, model, lambda: stream(a.base, model, prompt), a.beside)
+        else:
+            ttft, out2, usage = stream(a.base, model, prompt)
         rows.append(("from " + a.tier, ttft, usage))
         outs += [out1, out2]
     for name, ttft, usage in rows:
         cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         print("%-20s ttft %.3f s  prompt_tokens %d  cached_tokens %s" % (name, ttft, usage["prompt_tokens"], cached))
     print("output:" if a.once else "outputs equal:", repr(out0) if a.once else all(o == out0 for o in outs))
+    if a.beside and not a.once:
+        print("beside: median gap between tokens %.1f ms, longest while the prefix came back %.1f ms"
+              % (gaps[0] * 1e3, gaps[1] * 1e3))
 
 
 if __name__ == "__main__":

@@ -168,7 +168,8 @@
 #                                 prompts of that length push the prefix out of), a fresh
 #                                 server each: no tier, --kv-host-memory 1GiB, --kv-cache-dir
 #                                 under a fresh directory, then a restart over that directory
-#                                 (--once): scripts/bench_kv_tiers.py --words 1300; then the
+#                                 (--once): scripts/bench_kv_tiers.py --words 1300 (with
+#                                 --beside 1000: a request decoding meanwhile); then the
 #                                 agent workload (scripts/agent_dataset.py, bench serve, 16
 #                                 prompts) without a tier and with the disk tier; the tiers'
 #                                 /metrics after each and the servers' tier lines, all in
@@ -870,9 +871,9 @@ tiers)
         server=$!
         wait_for_port $port
         case $name in
-        none) bench=(--tier "nothing (computed again)") ;;
-        host) bench=(--tier "host memory") ;;
-        disk) bench=(--tier disk) ;;
+        none) bench=(--tier "nothing (computed again)" --beside 1000) ;;
+        host) bench=(--tier "host memory" --beside 1000) ;;
+        disk) bench=(--tier disk --beside 1000) ;;
         restart) bench=(--once) ;;
         agent-*) bench=() ;;
         esac

@@ -327,8 +327,14 @@ impl Scheduler {
         if self.proposer.is_some() {
             self.pending.hidden.append(&mut done.hidden);
         }
+        let waited = plan.is_empty() && done.loads.is_empty();
         let load_frees = self.queues.finish_loads(&done.loads);
         self.pending.free.extend(load_frees);
+        if waited {
+            // The runner waits for a load while any is pending: none will come.
+            let given_up = self.queues.abandon_loads();
+            self.pending.free.extend(given_up);
+        }
         let applied = self
             .queues
             .apply_done(&plan, done, &self.setup.eos_token_ids);

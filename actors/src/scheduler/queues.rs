@@ -146,6 +146,20 @@ impl Queues {
         free
     }
 
+    /// Gives up the loads still pending, as failed, after the runner waited for one and had
+    /// none pending (so none will come); returns what [`Queues::finish_loads`] does.
+    pub fn abandon_loads(&mut self) -> Vec<RequestId> {
+        let abandoned = self.loads.abandoned();
+        if abandoned.is_empty() {
+            return Vec::new();
+        }
+        warn!(
+            blocks = abandoned.len(),
+            "loads the runner never started are given up"
+        );
+        self.finish_loads(&abandoned)
+    }
+
     /// The waiting requests, highest priority first.
     pub fn waiting(&self) -> impl Iterator<Item = &Seq> + '_ {
         self.waiting.values().map(|id| &self.seqs[id])

@@ -87,6 +87,15 @@ impl PendingLoads {
         ready
     }
 
+    /// Every block still pending, as loads that failed: what a runner that waited for a
+    /// load and had none pending never started (a step whose moves failed part way).
+    pub fn abandoned(&self) -> Vec<LoadDone> {
+        self.blocks
+            .iter()
+            .map(|&block| LoadDone { block, ok: false })
+            .collect()
+    }
+
     /// Forgets the failed blocks once every sequence holding one has been sent back.
     pub fn clear_failed(&mut self) {
         self.failed.clear();
@@ -124,6 +133,9 @@ mod tests {
         assert!(!loads.free_now(RequestId(1), &[8, 9]));
         assert!(loads.free_now(RequestId(2), &[1]));
         let done = |block, ok| LoadDone { block, ok };
+        let mut abandoned = loads.abandoned();
+        abandoned.sort_by_key(|d| d.block);
+        assert_eq!(abandoned, [done(2, false), done(8, false)]);
         assert!(loads.finish(&[done(2, true)]).is_empty());
         assert_eq!(loads.first_failed(&[2]), None);
         assert_eq!(loads.finish(&[done(8, false)]), [RequestId(1)]);
