@@ -1,8 +1,10 @@
 //! The disk tier's file worked by a thread of its own, so that the runner never waits on
-//! the disk unless it asks to: writes and checked reads are made one after the other in
-//! the order they were queued (a slot read and then written over in a later step is read
-//! as it was), and each read's bytes (or its failure) come back in that order for the
-//! backend to copy into its pool block when it next looks.
+//! the disk unless it asks to: writes are made in the order they were queued, and a read
+//! goes ahead of the writes queued before it except those into its own slot (a request
+//! waits for its prefix, not for the blocks other requests' admissions pushed out; a slot
+//! written and then read is read as written, a slot read and then written over is read as
+//! it was). Each read's bytes (or its failure) come back for the backend to copy into its
+//! pool block when it next looks.
 //!
 //! A read that fails its checks is reported to the KV allocator and its record erased on
 //! the thread ([`DiskBlocks::read`]) before its failure comes back. A write that fails is
@@ -13,7 +15,7 @@
 use super::blocks::DiskBlocks;
 use super::chain::ContentHash;
 use crossbeam_channel::{Receiver, Sender, TryRecvError};
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
@@ -44,8 +46,8 @@ pub struct FinishedRead {
 pub struct DiskQueue {
     jobs: Option<Sender<Job>>,
     finished: Receiver<FinishedRead>,
-    /// The pool blocks of the reads queued and not yet handed back, oldest first.
-    pending: VecDeque<u32>,
+    /// The pool blocks of the reads queued and not yet handed back.
+    pending: Vec<u32>,
     thread: Option<JoinHandle<()>>,
     block_bytes: u64,
 }
@@ -62,7 +64,7 @@ impl DiskQueue {
         Ok(DiskQueue {
             jobs: Some(jobs),
             finished,
-            pending: VecDeque::new(),
+            pending: Vec::new(),
             thread: Some(thread),
             block_bytes,
         })
@@ -87,7 +89,7 @@ impl DiskQueue {
     /// Queues reading `slot`, checked to hold the block ending `chain`, for pool block
     /// `block`; its bytes come back from [`DiskQueue::finished`].
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
-        self.pending.push_back(block);
+        self.pending.push(block);
         self.send(Job::Read {
             slot,
             chain: *chain,
@@ -100,9 +102,9 @@ impl DiskQueue {
         self.pending.len()
     }
 
-    /// The reads finished since the last call, in the order they were queued; with
-    /// `wait`, at least one when any is pending. Once the thread is gone (it panicked),
-    /// every read still pending comes back failed.
+    /// The reads finished since the last call; with `wait`, at least one when any is
+    /// pending. Once the thread is gone (it panicked), every read still pending comes back
+    /// failed.
     pub fn finished(&mut self, wait: bool) -> Vec<FinishedRead> {
         let mut out = Vec::new();
         let mut gone = false;
@@ -120,8 +122,9 @@ impl DiskQueue {
             }
         }
         for read in &out {
-            let queued = self.pending.pop_front();
-            debug_assert_eq!(queued, Some(read.block), "reads come back in order");
+            if let Some(at) = self.pending.iter().position(|&b| b == read.block) {
+                self.pending.swap_remove(at);
+            }
         }
         if gone {
             tracing::error!(
@@ -155,9 +158,21 @@ impl Drop for DiskQueue {
     }
 }
 
-/// The thread: each job in turn until the queue is dropped.
+/// The thread: the jobs in [`next_job`]'s order until the queue is dropped and every job
+/// queued is made.
 fn work(disk: &DiskBlocks, inbox: &Receiver<Job>, done: &Sender<FinishedRead>) {
-    for job in inbox {
+    let mut jobs = VecDeque::new();
+    loop {
+        if jobs.is_empty() {
+            match inbox.recv() {
+                Ok(job) => jobs.push_back(job),
+                Err(_) => return,
+            }
+        }
+        jobs.extend(inbox.try_iter());
+        let Some(job) = jobs.remove(next_job(&jobs)) else {
+            continue;
+        };
         match job {
             Job::Write {
                 slot,
@@ -182,5 +197,76 @@ fn work(disk: &DiskBlocks, inbox: &Receiver<Job>, done: &Sender<FinishedRead>) {
                 }
             }
         }
+    }
+}
+
+/// Which of `jobs` (oldest first) to make next: the first read that no write queued before
+/// it targets the slot of, else the oldest job.
+fn next_job(jobs: &VecDeque<Job>) -> usize {
+    let mut written = HashSet::new();
+    for (at, job) in jobs.iter().enumerate() {
+        match job {
+            Job::Write { slot, .. } => {
+                written.insert(*slot);
+            }
+            Job::Read { slot, .. } if !written.contains(slot) => return at,
+            Job::Read { .. } => {}
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_job, Job};
+    use std::collections::VecDeque;
+    use std::sync::Arc;
+
+    fn write(slot: u64) -> Job {
+        Job::Write {
+            slot,
+            parent: [0; 32],
+            tokens: Arc::from(vec![1u32]),
+            data: Vec::new(),
+        }
+    }
+
+    fn read(slot: u64) -> Job {
+        Job::Read {
+            slot,
+            chain: [0; 32],
+            block: slot as u32,
+        }
+    }
+
+    /// The slots of `jobs` in the order the thread makes them, reads as negative.
+    fn order(jobs: Vec<Job>) -> Vec<i64> {
+        let mut jobs: VecDeque<Job> = jobs.into();
+        let mut made = Vec::new();
+        while let Some(job) = jobs.remove(next_job(&jobs)) {
+            made.push(match job {
+                Job::Write { slot, .. } => slot as i64,
+                Job::Read { slot, .. } => -(slot as i64),
+            });
+        }
+        made
+    }
+
+    #[test]
+    fn reads_go_ahead_of_writes_except_into_their_own_slot() {
+        assert_eq!(
+            order(vec![
+                write(1),
+                write(2),
+                read(3),
+                read(1),
+                write(3),
+                read(2)
+            ]),
+            [-3, 1, -1, 2, -2, 3]
+        );
+        // A read before a write into its slot stays before it.
+        assert_eq!(order(vec![read(4), write(4), read(4)]), [-4, 4, -4]);
+        assert_eq!(order(vec![write(5), write(6)]), [5, 6]);
     }
 }
