@@ -122,6 +122,10 @@ impl Queues {
     /// once no load into its blocks is pending. Returns the requests whose blocks go back
     /// now: those sent back, and ended ones whose free waited.
     pub fn finish_loads(&mut self, loads: &[LoadDone]) -> Vec<RequestId> {
+        // Nothing a report did not change can have changed.
+        if loads.is_empty() {
+            return Vec::new();
+        }
         let mut free = self.loads.finish(loads);
         let running: Vec<RequestId> = self.running.values().copied().collect();
         for id in running {
