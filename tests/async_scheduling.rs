@@ -9,6 +9,7 @@ mod common;
 use common::engine::{collect, counter, requests, solo, submit, submit_stopping, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
 use metrics_util::debugging::DebuggingRecorder;
+use peregrine_actors::backend::ModelBackend;
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_actors::messages::{FinishReason, RequestEvent, SchedulerLimits};
@@ -19,6 +20,10 @@ use std::path::Path;
 type Request = (Vec<u32>, SamplingParams, usize);
 
 fn engine(dir: &Path, kv_blocks: u64, async_scheduling: bool) -> Engine {
+    engine_over(tiny_backend(dir, kv_blocks), async_scheduling)
+}
+
+fn engine_over(backend: Box<dyn ModelBackend>, async_scheduling: bool) -> Engine {
     let settings = EngineSettings {
         block_size: 16,
         prefix_caching: true,
@@ -34,7 +39,7 @@ fn engine(dir: &Path, kv_blocks: u64, async_scheduling: bool) -> Engine {
         async_scheduling_constrained: false,
         kv_events: None,
     };
-    start_engine(tiny_backend(dir, kv_blocks), &settings, None).unwrap()
+    start_engine(backend, &settings, None).unwrap()
 }
 
 /// `n` requests of `requests`' prompts and sampling (even ones greedy, odd ones sampled),
@@ -231,5 +236,81 @@ async fn a_batch_whose_last_request_stops_on_a_token_goes_on_queued_ahead() {
         }
     }
     let snapshot = snapshotter.snapshot().into_vec();
+    assert!(counter(&snapshot, "peregrine:decode_ahead_tokens_total") > 0);
+}
+
+#[tokio::test]
+async fn a_prefix_loaded_from_the_host_tier_beside_a_decode_queued_ahead_keeps_every_token() {
+    // A prompt's blocks go down to the host tier; while request A decodes with steps
+    // queued ahead, request B brings them back. B is held for its loads, so the batch
+    // that carries them is A's alone, the one the runner queued: it must drop that step
+    // with the backend, which moved blocks, and both get the generator's tokens.
+    let dir = tempfile::tempdir().unwrap();
+    TinyModel::random(TinySpec::llama_tiny(), 95).write_hf(dir.path());
+    let prefix: Vec<u32> = (0..64).map(|i| (i * 7 + 3) % 300).collect();
+    let other: Vec<u32> = (0..180).map(|i| (i * 11 + 5) % 300).collect();
+    let decoding: Vec<u32> = vec![17, 4, 99, 250, 31];
+    let mut with_prefix = prefix.clone();
+    with_prefix.push(42);
+    let greedy = SamplingParams::greedy;
+    let reqs = [
+        (with_prefix.clone(), greedy(), 1),
+        (other.clone(), greedy(), 1),
+        (decoding.clone(), greedy(), 40),
+        (with_prefix.clone(), greedy(), 6),
+    ];
+    let alone: Vec<Vec<u32>> = reqs
+        .iter()
+        .map(|(prompt, params, max_tokens)| {
+            solo(dir.path(), &[(prompt.clone(), params.clone())], *max_tokens).remove(0)
+        })
+        .collect();
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    // Twelve blocks of 16 tokens: the other prompt takes them all, the prefix goes down.
+    let mut backend = tiny_backend(dir.path(), 12);
+    let block_bytes = backend.pool().bytes_per_layer / backend.pool().layout.num_blocks
+        * backend.config().num_layers as u64;
+    assert!(backend.keep_host_tier(16 * block_bytes).unwrap() >= 16);
+    let engine = engine_over(backend, true);
+    engine
+        .graphs
+        .capture(Some(CaptureSizes::for_max_num_seqs(8)))
+        .await
+        .unwrap();
+    let mut outputs = Vec::new();
+    for (i, (prompt, params, max_tokens)) in reqs.iter().enumerate().take(2) {
+        let rx = submit(&engine.scheduler, i as u64, prompt, params, *max_tokens).await;
+        outputs.push(collect(rx).await.0);
+    }
+    let (prompt, params, max_tokens) = &reqs[2];
+    let mut a = submit(&engine.scheduler, 2, prompt, params, *max_tokens).await;
+    let mut a_tokens: Vec<u32> = Vec::new();
+    while a_tokens.len() < 4 {
+        match a.recv().await {
+            Some(RequestEvent::Tokens(t)) => a_tokens.extend(t.iter().map(|t| t.id)),
+            other => panic!("{other:?}"),
+        }
+    }
+    let (prompt, params, max_tokens) = &reqs[3];
+    let b = submit(&engine.scheduler, 3, prompt, params, *max_tokens).await;
+    let (a_rest, a_reason, _) = collect(a).await;
+    a_tokens.extend(a_rest);
+    let (b_tokens, b_reason, b_usage) = collect(b).await;
+    outputs.push(a_tokens);
+    outputs.push(b_tokens);
+    assert_eq!(
+        (a_reason, b_reason),
+        (FinishReason::Length, FinishReason::Length)
+    );
+    assert_eq!(outputs, alone);
+    assert_eq!(
+        b_usage.cached_tokens, 64,
+        "the prefix's four blocks came back"
+    );
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert!(counter(&snapshot, "peregrine:kv_host_loaded_blocks_total") >= 4);
     assert!(counter(&snapshot, "peregrine:decode_ahead_tokens_total") > 0);
 }

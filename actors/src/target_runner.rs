@@ -181,7 +181,13 @@ impl TargetRunner {
 
     /// Runs one step.
     fn step(&mut self, batch: ScheduledBatch) -> anyhow::Result<StepDone> {
-        let ahead = self.ahead.take();
+        // A backend that moves blocks drops the step it queued ahead (`move_kv`), so the
+        // runner does too, even when the batch is the one it queued (a request held for
+        // its loads left the rest of the batch as it was).
+        let (ahead, dropped) = match batch.kv_moves.is_empty() {
+            true => (self.ahead.take(), false),
+            false => (None, self.ahead.take().is_some()),
+        };
         let copying = Instant::now();
         let moved = self.model.move_kv(&batch.kv_moves);
         let mut copied = (!batch.kv_moves.is_empty()).then(|| copying.elapsed());
@@ -206,7 +212,10 @@ impl TargetRunner {
                 step: batch.step,
                 sampled: Vec::new(),
                 hidden: Vec::new(),
-                ahead: ahead.map_or(AheadUse::None, |_| AheadUse::Dropped),
+                ahead: match ahead.is_some() || dropped {
+                    true => AheadUse::Dropped,
+                    false => AheadUse::None,
+                },
                 prompt_logprobs: Vec::new(),
                 loads,
             });
@@ -237,6 +246,10 @@ impl TargetRunner {
         self.tables
             .extend(seqs.into_iter().map(|s| (s.id, s.block_table)));
         let (sampled, ahead) = result?;
+        let ahead = match (ahead, dropped) {
+            (AheadUse::None, true) => AheadUse::Dropped,
+            (used, _) => used,
+        };
         Ok(StepDone {
             step: batch.step,
             sampled,
