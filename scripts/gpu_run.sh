@@ -173,7 +173,9 @@
 #                                 agent workload (scripts/agent_dataset.py, bench serve, 16
 #                                 prompts) without a tier and with the disk tier; the tiers'
 #                                 /metrics after each and the servers' tier lines, all in
-#                                 tiers.log (the servers' own logs stay in /tmp)
+#                                 tiers.log (the servers' own logs stay in /tmp).
+#                                 TIERS_CASES="host disk" runs only the cases it names (none
+#                                 host disk restart agent-none agent-disk)
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -864,6 +866,7 @@ tiers)
         "restart --kv-cache-dir /tmp/kv-tiers" "agent-none" \
         "agent-disk --kv-cache-dir /tmp/kv-agent"; do
         read -r name flags <<<"$run"
+        [ -n "${TIERS_CASES:-}" ] && [[ " $TIERS_CASES " != *" $name "* ]] && continue
         echo "== $name: serve --kv-cache-memory 140MB $flags" | tee -a "$log"
         # shellcheck disable=SC2086
         "$bin/peregrine" serve --model "$model" --device cuda --port $port \

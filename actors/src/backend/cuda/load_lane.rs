@@ -162,6 +162,14 @@ impl LoadLane {
     }
 }
 
+impl Drop for LoadLane {
+    /// Waits for the copies queued on the lane, which read its page-locked memory and the
+    /// host tier's, before either is freed.
+    fn drop(&mut self) {
+        let _ = self.stream.synchronize();
+    }
+}
+
 /// An event after everything queued on `stream` so far.
 fn event_after(stream: &CudaStream) -> anyhow::Result<CudaEvent> {
     Ok(stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?)
