@@ -19,10 +19,11 @@ use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
 
 /// The tiers kept below a GPU pool, the staging buffer their copies on the target's
-/// stream share, and the host tier's load lane.
+/// stream share, and the host tier with its load lane (the lane first, so that it is
+/// dropped, waiting for its copies, before the slots they read).
 pub struct GpuTiers {
     staging: BlockStaging,
-    host: Option<(GpuHostBlocks, LoadLane)>,
+    host: Option<(LoadLane, GpuHostBlocks)>,
     disk: Option<GpuDiskBlocks>,
 }
 
@@ -41,13 +42,13 @@ impl GpuTiers {
     pub fn keep_host(&mut self, gpu: &Gpu, cache: &GpuKvCache, bytes: u64) -> anyhow::Result<u32> {
         let host = GpuHostBlocks::for_cache(cache, bytes)?;
         let slots = host.slots();
-        self.host = Some((host, LoadLane::new(gpu, cache)?));
+        self.host = Some((LoadLane::new(gpu, cache)?, host));
         Ok(slots)
     }
 
     /// Blocks the host tier holds (0: none).
     pub fn host_slots(&self) -> u32 {
-        self.host.as_ref().map_or(0, |(host, _)| host.slots())
+        self.host.as_ref().map_or(0, |(_, host)| host.slots())
     }
 
     /// Keeps a disk tier of up to `bytes` in `dir` for the model `model`
@@ -113,7 +114,7 @@ impl GpuTiers {
                         KvMove::Spill { block, slot } => Some((block, slot)),
                         _ => None,
                     });
-                    let (host, lane) = host.as_mut().ok_or_else(no_host)?;
+                    let (lane, host) = host.as_mut().ok_or_else(no_host)?;
                     lane.fence(gpu)?;
                     host.spill(gpu, kernels, cache, staging, &pairs)?;
                 }
@@ -122,7 +123,7 @@ impl GpuTiers {
                         KvMove::Load { slot, block } => Some((slot, block)),
                         _ => None,
                     });
-                    let (host, lane) = host.as_mut().ok_or_else(no_host)?;
+                    let (lane, host) = host.as_mut().ok_or_else(no_host)?;
                     lane.load(gpu, kernels, cache, host, &pairs)?;
                 }
                 RunKind::WritePool => {
@@ -145,7 +146,7 @@ impl GpuTiers {
                 }
                 RunKind::WriteHost => {
                     let disk = disk.as_ref().ok_or_else(no_disk)?;
-                    let (host, _) = host.as_ref().ok_or_else(no_host)?;
+                    let (_, host) = host.as_ref().ok_or_else(no_host)?;
                     for m in run {
                         if let KvMove::DiskWrite {
                             from: KvSource::Host(h),
@@ -190,7 +191,7 @@ impl GpuTiers {
         let loaded =
             |blocks: Vec<u32>| blocks.into_iter().map(|block| LoadDone { block, ok: true });
         let mut done = Vec::new();
-        if let Some((_, lane)) = host.as_mut() {
+        if let Some((lane, _)) = host.as_mut() {
             done.extend(loaded(lane.finished(false)?));
         }
         if let Some(disk) = disk.as_mut() {
@@ -198,7 +199,7 @@ impl GpuTiers {
         }
         if wait && done.is_empty() {
             match (host.as_mut(), disk.as_mut()) {
-                (Some((_, lane)), _) if lane.is_pending() => {
+                (Some((lane, _)), _) if lane.is_pending() => {
                     done.extend(loaded(lane.finished(true)?))
                 }
                 (_, Some(disk)) => {
