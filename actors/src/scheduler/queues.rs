@@ -143,7 +143,7 @@ impl Queues {
             seq.read_failed = false;
             seq.reset_to_waiting();
             self.waiting.insert(seq.key(), id);
-            warn!(request_id = %id, "a prefix block read from disk failed its checks; will compute it");
+            warn!(request_id = %id, "a prefix block failed its load; will compute it");
             free.push(id);
         }
         self.loads.clear_failed();
