@@ -61,7 +61,7 @@ impl CpuDiskBlocks {
     }
 
     /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
-    /// `block` ([`CpuDiskBlocks::finish_loads`] copies it in).
+    /// `block` ([`CpuDiskBlocks::finish_reads`] copies it in).
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
         self.queue.read(slot, chain, block);
     }
@@ -69,7 +69,7 @@ impl CpuDiskBlocks {
     /// Copies the reads the thread has finished into their pool blocks of `cache` (a
     /// block that failed its checks is not copied) and says which; with `wait`, waits
     /// for at least one while any is pending.
-    pub fn finish_loads(&mut self, cache: &mut KvCache, wait: bool) -> Vec<LoadDone> {
+    pub fn finish_reads(&mut self, cache: &mut KvCache, wait: bool) -> Vec<LoadDone> {
         self.queue
             .finished(wait)
             .into_iter()

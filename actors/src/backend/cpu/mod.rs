@@ -251,7 +251,7 @@ impl ModelBackend for CpuBackend {
         // The blocks read belong to sequences held out of every step until now, so a step
         // queued ahead, which read none of them, stands.
         if let Some(disk) = &mut self.disk {
-            done.extend(disk.finish_loads(&mut self.cache, wait && done.is_empty()));
+            done.extend(disk.finish_reads(&mut self.cache, wait && done.is_empty()));
         }
         Ok(done)
     }

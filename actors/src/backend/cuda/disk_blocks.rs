@@ -121,7 +121,7 @@ impl GpuDiskBlocks {
     }
 
     /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
-    /// `block` ([`GpuDiskBlocks::finish_loads`] copies it in).
+    /// `block` ([`GpuDiskBlocks::finish_reads`] copies it in).
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
         self.queue.read(slot, chain, block);
     }
@@ -130,7 +130,7 @@ impl GpuDiskBlocks {
     /// when the read was queued), queued on `gpu`'s stream in runs of what `staging` holds
     /// with no pool block twice, and says which; a block that failed its checks is not
     /// copied. With `wait`, waits for at least one read while any is pending.
-    pub fn finish_loads(
+    pub fn finish_reads(
         &mut self,
         gpu: &Gpu,
         kernels: &CudaKernels,

@@ -174,7 +174,7 @@ impl GpuTiers {
 
     /// The loads finished since the last call: the host tier's runs whose lane event has
     /// passed, and the disk reads the tier's thread has finished, copied into their pool
-    /// blocks of `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_loads`]); with
+    /// blocks of `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_reads`]); with
     /// `wait`, at least one while any is pending.
     pub fn finish_loads(
         &mut self,
@@ -195,7 +195,7 @@ impl GpuTiers {
             done.extend(loaded(lane.finished(false)?));
         }
         if let Some(disk) = disk.as_mut() {
-            done.extend(disk.finish_loads(gpu, kernels, cache, staging, false)?);
+            done.extend(disk.finish_reads(gpu, kernels, cache, staging, false)?);
         }
         if wait && done.is_empty() {
             match (host.as_mut(), disk.as_mut()) {
@@ -203,7 +203,7 @@ impl GpuTiers {
                     done.extend(loaded(lane.finished(true)?))
                 }
                 (_, Some(disk)) => {
-                    done.extend(disk.finish_loads(gpu, kernels, cache, staging, true)?)
+                    done.extend(disk.finish_reads(gpu, kernels, cache, staging, true)?)
                 }
                 _ => {}
             }
