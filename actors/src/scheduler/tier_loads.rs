@@ -1,7 +1,7 @@
 //! Requests waiting on blocks loaded from a tier below the pool. A prefix found in host
 //! memory or on disk is copied into fresh pool blocks while the other requests' steps go
-//! on (on the GPU a host load runs on a copy stream of its own; a disk read on the disk
-//! tier's thread): the KV allocator grants the loads ([`KvMove::Load`],
+//! on (a disk read on the disk tier's thread; on the GPU every load's copy on a stream of
+//! its own): the KV allocator grants the loads ([`KvMove::Load`],
 //! [`KvMove::DiskRead`]) with the admission, and every sequence whose block table holds a
 //! pool block still being loaded (the request the loads were granted for, and any admitted
 //! meanwhile that shares its prefix) is held out of the steps, and out of the allocator's

@@ -5,13 +5,12 @@
 //! ([`DiskQueue`]). A run of writes is one gather kernel into the staging buffer and one
 //! copy into page-locked host memory, then each block's bytes queued to its slot once the
 //! stream has caught up. Reads are queued; the thread checks each slot's record and
-//! SHA-256, and the reads it has finished are copied (only the blocks that passed) into
-//! page-locked memory, the staging buffer and, by one scatter kernel a run, their pool
-//! blocks. The index of what each slot holds is the KV allocator's
-//! (`kv_allocator/disk_tier.rs`).
+//! SHA-256, and the blocks that passed go to the load lane (`load_lane.rs`), which copies
+//! them into their pool blocks on its own stream. The index of what each slot holds is the
+//! KV allocator's (`kv_allocator/disk_tier.rs`).
 
 use super::staging::BlockStaging;
-use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart, FinishedRead};
+use crate::kv_disk::{BlockShape, ContentHash, DiskBlocks, DiskQueue, DiskTierStart};
 use crate::messages::LoadDone;
 use anyhow::Context;
 use half::bf16;
@@ -19,7 +18,7 @@ use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::KvDtype;
-use peregrine_runtime::cuda::cudarc::driver::{result, DevicePtr, DevicePtrMut, PinnedHostSlice};
+use peregrine_runtime::cuda::cudarc::driver::{result, DevicePtr, PinnedHostSlice};
 use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
 use std::sync::Arc;
@@ -121,83 +120,32 @@ impl GpuDiskBlocks {
     }
 
     /// Queues reading `slot`, checked to hold the block ending `chain`, into pool block
-    /// `block` ([`GpuDiskBlocks::finish_reads`] copies it in).
+    /// `block` ([`GpuDiskBlocks::finish_loads`] copies it in).
     pub fn read(&mut self, slot: u64, chain: &ContentHash, block: u32) {
         self.queue.read(slot, chain, block);
     }
 
-    /// Copies the reads the thread has finished into their pool blocks (every id checked
-    /// when the read was queued), queued on `gpu`'s stream in runs of what `staging` holds
-    /// with no pool block twice, and says which; a block that failed its checks is not
-    /// copied. With `wait`, waits for at least one read while any is pending.
-    pub fn finish_reads(
-        &mut self,
-        gpu: &Gpu,
-        kernels: &CudaKernels,
-        cache: &mut GpuKvCache,
-        staging: &mut BlockStaging,
-        wait: bool,
-    ) -> anyhow::Result<Vec<LoadDone>> {
-        let finished = self.queue.finished(wait);
-        let done = finished
-            .iter()
-            .map(|r| LoadDone {
-                block: r.block,
-                ok: r.data.is_some(),
-            })
-            .collect();
-        let mut run: Vec<(u32, &[u8])> = Vec::new();
-        for read in &finished {
-            let FinishedRead {
-                block,
-                data: Some(data),
-            } = read
-            else {
-                continue;
-            };
-            if run.len() == staging.entries().max(1) || run.iter().any(|(b, _)| b == block) {
-                self.upload(gpu, kernels, cache, staging, &run)?;
-                run.clear();
+    /// The reads the thread has finished: those whose slot failed its checks, as failed
+    /// loads, and the checked ones' pool blocks and bytes (every id checked when the read
+    /// was queued), for the load lane to copy in. With `wait`, at least one read while any
+    /// is pending.
+    pub fn take_finished(&mut self, wait: bool) -> (Vec<LoadDone>, Vec<(u32, Vec<u8>)>) {
+        let mut failed = Vec::new();
+        let mut checked = Vec::new();
+        for read in self.queue.finished(wait) {
+            match read.data {
+                Some(data) => checked.push((read.block, data)),
+                None => failed.push(LoadDone {
+                    block: read.block,
+                    ok: false,
+                }),
             }
-            run.push((*block, data));
         }
-        if !run.is_empty() {
-            self.upload(gpu, kernels, cache, staging, &run)?;
-        }
-        Ok(done)
+        (failed, checked)
     }
 
-    /// One run of checked blocks (at most what `staging` holds, no pool block twice) into
-    /// their pool blocks, queued on `gpu`'s stream.
-    fn upload(
-        &mut self,
-        gpu: &Gpu,
-        kernels: &CudaKernels,
-        cache: &mut GpuKvCache,
-        staging: &mut BlockStaging,
-        checked: &[(u32, &[u8])],
-    ) -> anyhow::Result<()> {
-        let stream = gpu.stream();
-        // The room may still be the source of the last run's copy.
-        stream.synchronize()?;
-        let room = self.pinned.as_mut_slice()?;
-        for (e, (_, data)) in checked.iter().enumerate() {
-            let entry = &mut room[e * self.block_elems..(e + 1) * self.block_elems];
-            bytemuck::cast_slice_mut::<bf16, u8>(entry).copy_from_slice(data);
-        }
-        let elems = checked.len() * self.block_elems;
-        let host = self.pinned.as_ptr()?;
-        let mut staged = staging.span_mut(0, checked.len());
-        let (to, guard) = staged.device_ptr_mut(stream);
-        // SAFETY: the first `elems` elements of the page-locked room, written above and
-        // left alone until the stream is synchronized before the next run refills it;
-        // copied into the staging entries the scatter below reads.
-        unsafe {
-            let host = std::slice::from_raw_parts(host, elems);
-            result::memcpy_htod_async(to, host, stream.cu_stream())
-        }?;
-        drop(guard);
-        let blocks: Vec<u32> = checked.iter().map(|&(block, _)| block).collect();
-        staging.copy(stream, kernels, cache, BlockCopy::Scatter, &blocks)
+    /// Reads queued and not yet handed back.
+    pub fn pending(&self) -> usize {
+        self.queue.pending()
     }
 }

@@ -1,5 +1,6 @@
-//! The host tier's loads on a stream of their own, so that the steps of the other requests
-//! do not wait for them: a run of loads is queued on the lane after an event of the
+//! The loads into a GPU pool on a stream of their own, so that the steps of the other
+//! requests do not wait for them: a run of host-tier loads, or of checked disk blocks
+//! through the lane's page-locked room, is queued on the lane after an event of the
 //! target's stream (so it reads each slot after the spill that filled it, and writes each
 //! pool block after whatever the target queued before), with a staging buffer of its own,
 //! and an event after it tells the host when its blocks are in ([`LoadLane::finished`]).
@@ -10,18 +11,27 @@
 
 use super::host_blocks::GpuHostBlocks;
 use super::staging::BlockStaging;
+use anyhow::Context;
+use half::bf16;
+use peregrine_kernels::cuda::kv_blocks::BlockCopy;
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_runtime::cuda::cudarc::driver::sys::CUevent_flags;
-use peregrine_runtime::cuda::cudarc::driver::{CudaEvent, CudaStream};
+use peregrine_runtime::cuda::cudarc::driver::{
+    result, CudaEvent, CudaStream, DevicePtrMut, PinnedHostSlice,
+};
 use peregrine_runtime::cuda::Gpu;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-/// The lane's stream, its staging buffer, and the runs queued on it.
+/// The lane's stream, its staging buffer, its page-locked room for disk blocks, and the
+/// runs queued on it.
 pub struct LoadLane {
     stream: Arc<CudaStream>,
     staging: BlockStaging,
+    /// Page-locked room for a run of disk blocks (taken at the first), and the event after
+    /// the copy out of it that the next run waits for before refilling it.
+    room: Option<(PinnedHostSlice<bf16>, Option<CudaEvent>)>,
     /// Each run queued and not yet reported, oldest first: the event recorded after it
     /// and its pool blocks.
     pending: VecDeque<(CudaEvent, Vec<u32>)>,
@@ -33,6 +43,7 @@ impl LoadLane {
         Ok(LoadLane {
             stream: gpu.context().new_stream()?,
             staging: BlockStaging::for_cache(gpu, cache)?,
+            room: None,
             pending: VecDeque::new(),
         })
     }
@@ -48,16 +59,74 @@ impl LoadLane {
         host: &mut GpuHostBlocks,
         run: &[(u32, u32)],
     ) -> anyhow::Result<()> {
-        let ready = gpu
-            .stream()
-            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
-        self.stream.wait(&ready)?;
+        self.after_target(gpu)?;
         host.load(&self.stream, kernels, cache, &mut self.staging, run)?;
-        let done = self
-            .stream
-            .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?;
         let blocks = run.iter().map(|&(_, block)| block).collect();
-        self.pending.push_back((done, blocks));
+        self.pending.push_back((event_after(&self.stream)?, blocks));
+        Ok(())
+    }
+
+    /// Queues one run of checked disk blocks, `(pool block, bytes)` each (at most what a
+    /// staging buffer of `cache`'s blocks holds, no pool block twice; every id checked
+    /// when its read was queued), through the lane's page-locked room, after everything
+    /// queued on `gpu`'s stream so far.
+    pub fn upload(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &CudaKernels,
+        cache: &mut GpuKvCache,
+        run: &[(u32, Vec<u8>)],
+    ) -> anyhow::Result<()> {
+        self.after_target(gpu)?;
+        let LoadLane {
+            stream,
+            staging,
+            room,
+            pending,
+        } = self;
+        let block_elems = cache.block_elems();
+        let elems = run.len() * block_elems;
+        let (pinned, used) = match room {
+            Some(room) => room,
+            none => {
+                let all = staging.entries() * block_elems;
+                // SAFETY: every element a copy reads is written from a checked block
+                // first. Flags 0: cached page-locked memory.
+                let pinned = unsafe { gpu.context().alloc_pinned_with_flags::<bf16>(all, 0) }
+                    .context("page-locked host memory for the disk tier's loads")?;
+                none.insert((pinned, None))
+            }
+        };
+        // The room may still be the source of the last run's copy.
+        if let Some(used) = used.take() {
+            used.synchronize()?;
+        }
+        let filled = pinned.as_mut_slice()?;
+        for (e, (_, data)) in run.iter().enumerate() {
+            let entry = &mut filled[e * block_elems..(e + 1) * block_elems];
+            bytemuck::cast_slice_mut::<bf16, u8>(entry).copy_from_slice(data);
+        }
+        let host = pinned.as_ptr()?;
+        let mut staged = staging.span_mut(0, run.len());
+        let (to, guard) = staged.device_ptr_mut(stream);
+        // SAFETY: the first `elems` elements of the page-locked room, written above and
+        // left alone until the event recorded after this copy has passed (the next run
+        // waits for it); copied into the staging entries the scatter below reads.
+        unsafe {
+            let host = std::slice::from_raw_parts(host, elems);
+            result::memcpy_htod_async(to, host, stream.cu_stream())
+        }?;
+        drop(guard);
+        *used = Some(event_after(stream)?);
+        let blocks: Vec<u32> = run.iter().map(|&(block, _)| block).collect();
+        staging.copy(stream, kernels, cache, BlockCopy::Scatter, &blocks)?;
+        pending.push_back((event_after(stream)?, blocks));
+        Ok(())
+    }
+
+    /// Makes the lane wait for everything queued on `gpu`'s stream so far.
+    fn after_target(&self, gpu: &Gpu) -> anyhow::Result<()> {
+        self.stream.wait(&event_after(gpu.stream())?)?;
         Ok(())
     }
 
@@ -95,8 +164,13 @@ impl LoadLane {
 
 impl Drop for LoadLane {
     /// Waits for the copies queued on the lane, which read the host tier's page-locked
-    /// memory, before it is freed.
+    /// memory and the lane's room, before either is freed.
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
     }
+}
+
+/// An event after everything queued on `stream` so far.
+fn event_after(stream: &CudaStream) -> anyhow::Result<CudaEvent> {
+    Ok(stream.record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))?)
 }

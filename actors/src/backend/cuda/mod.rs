@@ -1,7 +1,7 @@
 //! The CUDA backend: the bf16 model on device 0 and its KV pool (loaded and sized in
 //! `load.rs`), its steps eager or through graphs, and the tiers below its pool
-//! (`tiers.rs`: host memory in `host_blocks.rs`, loaded on a stream of its own by
-//! `load_lane.rs`; disk in `disk_blocks.rs`). A
+//! (`tiers.rs`: host memory in `host_blocks.rs`, disk in `disk_blocks.rs`, both loaded
+//! into the pool on a stream of their own by `load_lane.rs`). A
 //! draft model or head beside it keeps its KV in the same blocks (a pool of its own
 //! shape). The target records the inputs of the head's aux layers when asked, and with a
 //! head beside it stores them into the feature ring the head gathers them from on the
@@ -271,15 +271,14 @@ impl ModelBackend for GpuBackend {
         }
     }
 
-    /// A tier of page-locked host memory (`host_blocks.rs`), loaded on a stream of its own
-    /// (`load_lane.rs`).
+    /// A tier of page-locked host memory (`host_blocks.rs`).
     fn keep_host_tier(&mut self, bytes: u64) -> anyhow::Result<u32> {
         let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         let tiers = match &mut self.tiers {
             Some(tiers) => tiers,
             none => none.insert(GpuTiers::new(self.model.gpu(), &cache)?),
         };
-        tiers.keep_host(self.model.gpu(), &cache, bytes)
+        tiers.keep_host(&cache, bytes)
     }
 
     fn host_tier_slots(&self) -> u32 {

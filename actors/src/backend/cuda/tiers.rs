@@ -2,9 +2,9 @@
 //! (`disk_blocks.rs`), and the runs their moves are made in: consecutive moves of one
 //! kind, as many as the shared staging buffer holds, in the order the KV allocator gave
 //! them, every copy on the target's stream ahead of the next forward, except the loads
-//! into the pool: the host tier's run on a stream of their own (`load_lane.rs`), the disk
-//! reads are queued to the disk tier's thread and copied into the pool when it has made
-//! them; [`GpuTiers::finish_loads`] reports both.
+//! into the pool, which run on a stream of their own (`load_lane.rs`): the host tier's at
+//! once, the disk reads once the disk tier's thread has made and checked them;
+//! [`GpuTiers::finish_loads`] reports both.
 
 use super::disk_blocks::{GpuDiskBlocks, PoolWrite};
 use super::host_blocks::GpuHostBlocks;
@@ -19,36 +19,38 @@ use peregrine_runtime::cuda::Gpu;
 use std::path::Path;
 
 /// The tiers kept below a GPU pool, the staging buffer their copies on the target's
-/// stream share, and the host tier with its load lane (the lane first, so that it is
+/// stream share, and the lane their loads run on (before the host tier, so that it is
 /// dropped, waiting for its copies, before the slots they read).
 pub struct GpuTiers {
     staging: BlockStaging,
-    host: Option<(LoadLane, GpuHostBlocks)>,
+    lane: LoadLane,
+    host: Option<GpuHostBlocks>,
     disk: Option<GpuDiskBlocks>,
 }
 
 impl GpuTiers {
-    /// No tier yet, with the staging buffer for blocks of `cache`.
+    /// No tier yet, with the staging buffer for blocks of `cache` and the load lane.
     pub fn new(gpu: &Gpu, cache: &GpuKvCache) -> anyhow::Result<GpuTiers> {
         Ok(GpuTiers {
             staging: BlockStaging::for_cache(gpu, cache)?,
+            lane: LoadLane::new(gpu, cache)?,
             host: None,
             disk: None,
         })
     }
 
-    /// Keeps a host tier of up to `bytes` ([`GpuHostBlocks::for_cache`]), with its load
-    /// lane on `gpu`, and returns its slots.
-    pub fn keep_host(&mut self, gpu: &Gpu, cache: &GpuKvCache, bytes: u64) -> anyhow::Result<u32> {
+    /// Keeps a host tier of up to `bytes` ([`GpuHostBlocks::for_cache`]) and returns its
+    /// slots.
+    pub fn keep_host(&mut self, cache: &GpuKvCache, bytes: u64) -> anyhow::Result<u32> {
         let host = GpuHostBlocks::for_cache(cache, bytes)?;
         let slots = host.slots();
-        self.host = Some((LoadLane::new(gpu, cache)?, host));
+        self.host = Some(host);
         Ok(slots)
     }
 
     /// Blocks the host tier holds (0: none).
     pub fn host_slots(&self) -> u32 {
-        self.host.as_ref().map_or(0, |(_, host)| host.slots())
+        self.host.as_ref().map_or(0, GpuHostBlocks::slots)
     }
 
     /// Keeps a disk tier of up to `bytes` in `dir` for the model `model`
@@ -99,6 +101,7 @@ impl GpuTiers {
         }
         let GpuTiers {
             staging,
+            lane,
             host,
             disk,
         } = self;
@@ -114,7 +117,7 @@ impl GpuTiers {
                         KvMove::Spill { block, slot } => Some((block, slot)),
                         _ => None,
                     });
-                    let (lane, host) = host.as_mut().ok_or_else(no_host)?;
+                    let host = host.as_mut().ok_or_else(no_host)?;
                     lane.fence(gpu)?;
                     host.spill(gpu, kernels, cache, staging, &pairs)?;
                 }
@@ -123,7 +126,7 @@ impl GpuTiers {
                         KvMove::Load { slot, block } => Some((slot, block)),
                         _ => None,
                     });
-                    let (lane, host) = host.as_mut().ok_or_else(no_host)?;
+                    let host = host.as_mut().ok_or_else(no_host)?;
                     lane.load(gpu, kernels, cache, host, &pairs)?;
                 }
                 RunKind::WritePool => {
@@ -146,7 +149,7 @@ impl GpuTiers {
                 }
                 RunKind::WriteHost => {
                     let disk = disk.as_ref().ok_or_else(no_disk)?;
-                    let (_, host) = host.as_ref().ok_or_else(no_host)?;
+                    let host = host.as_ref().ok_or_else(no_host)?;
                     for m in run {
                         if let KvMove::DiskWrite {
                             from: KvSource::Host(h),
@@ -172,10 +175,10 @@ impl GpuTiers {
         Ok(())
     }
 
-    /// The loads finished since the last call: the host tier's runs whose lane event has
-    /// passed, and the disk reads the tier's thread has finished, copied into their pool
-    /// blocks of `cache` on `gpu`'s stream ([`GpuDiskBlocks::finish_reads`]); with
-    /// `wait`, at least one while any is pending.
+    /// The loads finished since the last call: the runs on the lane whose event has passed
+    /// and the disk reads that failed their checks; the checked disk reads the tier's
+    /// thread has made are queued on the lane first ([`LoadLane::upload`]). With `wait`, at
+    /// least one while any is pending.
     pub fn finish_loads(
         &mut self,
         gpu: &Gpu,
@@ -183,32 +186,51 @@ impl GpuTiers {
         cache: &mut GpuKvCache,
         wait: bool,
     ) -> anyhow::Result<Vec<LoadDone>> {
-        let GpuTiers {
-            staging,
-            host,
-            disk,
-        } = self;
         let loaded =
             |blocks: Vec<u32>| blocks.into_iter().map(|block| LoadDone { block, ok: true });
-        let mut done = Vec::new();
-        if let Some((lane, _)) = host.as_mut() {
-            done.extend(loaded(lane.finished(false)?));
-        }
-        if let Some(disk) = disk.as_mut() {
-            done.extend(disk.finish_reads(gpu, kernels, cache, staging, false)?);
-        }
+        let mut done = self.take_disk_reads(gpu, kernels, cache, false)?;
+        done.extend(loaded(self.lane.finished(false)?));
         if wait && done.is_empty() {
-            match (host.as_mut(), disk.as_mut()) {
-                (Some((lane, _)), _) if lane.is_pending() => {
-                    done.extend(loaded(lane.finished(true)?))
-                }
-                (_, Some(disk)) => {
-                    done.extend(disk.finish_reads(gpu, kernels, cache, staging, true)?)
-                }
-                _ => {}
+            if !self.lane.is_pending() {
+                done.extend(self.take_disk_reads(gpu, kernels, cache, true)?);
+            }
+            if done.is_empty() {
+                done.extend(loaded(self.lane.finished(true)?));
             }
         }
         Ok(done)
+    }
+
+    /// The disk reads the tier's thread has finished: the failed ones returned, the checked
+    /// ones queued on the lane in runs of what a staging buffer holds, no pool block twice
+    /// in a run. With `wait`, at least one read while any is pending.
+    fn take_disk_reads(
+        &mut self,
+        gpu: &Gpu,
+        kernels: &CudaKernels,
+        cache: &mut GpuKvCache,
+        wait: bool,
+    ) -> anyhow::Result<Vec<LoadDone>> {
+        let Some(disk) = self.disk.as_mut() else {
+            return Ok(Vec::new());
+        };
+        if disk.pending() == 0 {
+            return Ok(Vec::new());
+        }
+        let (failed, checked) = disk.take_finished(wait);
+        let entries = self.staging.entries().max(1);
+        let mut run: Vec<(u32, Vec<u8>)> = Vec::new();
+        for (block, data) in checked {
+            if run.len() == entries || run.iter().any(|(b, _)| *b == block) {
+                self.lane.upload(gpu, kernels, cache, &run)?;
+                run.clear();
+            }
+            run.push((block, data));
+        }
+        if !run.is_empty() {
+            self.lane.upload(gpu, kernels, cache, &run)?;
+        }
+        Ok(failed)
     }
 }
 
