@@ -114,6 +114,12 @@
 #                                 bench serve on the held-out prompts; each step's trace,
 #                                 the head's steps and the cuBLASLt plans made come back
 #                                 in steps.tar (steps-rROUND-cC-SETTING.txt.gz)
+#   scripts/gpu_run.sh adaptive   (after smollm2) adaptive drafting against fixed k = 3 on
+#                                 ordinary chat prompts (target/chat40.jsonl, carried:
+#                                 scripts/chatml_dataset.py's): bench spec at batch 1, 8 and
+#                                 64, each against its run without drafts, ADAPTIVE_ROUNDS
+#                                 rounds (2); the adaptive runs' plans counted by k from
+#                                 the scheduler's trace
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
 #                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl
 #                                 if carried, else tools/eagle3/bench_dataset.py's): bench
@@ -711,6 +717,27 @@ draftcost)
         done
     done
     (cd /tmp && tar cf "$OUT/steps.tar" steps-r*-c*-*.txt.gz)
+    ;;
+adaptive)
+    head=heads/smollm2-135m-eagle3 log="$OUT/adaptive.log"
+    for c in 1 8 64; do
+        for flags in "" "--no-speculative-adaptive"; do
+            echo "== bench spec batch $c ${flags:-adaptive}" | tee -a "$log"
+            # shellcheck disable=SC2086
+            timeout 300 "$bin/peregrine" bench spec --model /tmp/smollm2 --device cuda \
+                --speculative-method eagle3 --draft-model $head --dataset target/chat40.jsonl \
+                --num-prompts $((c == 1 ? 24 : c * 2)) --concurrency $c --output-len 256 \
+                --rounds "${ADAPTIVE_ROUNDS:-2}" $flags \
+                --log-level warn,peregrine_actors::scheduler=trace >/tmp/adaptive.txt 2>&1
+            grep -v "^20" /tmp/adaptive.txt | sed 's/\x1b\[[0-9;]*m//g' | grep -v TRACE | tee -a "$log"
+            # Steps by drafts planned: count and mean microseconds, at each batch size seen.
+            sed 's/\x1b\[[0-9;]*m//g' /tmp/adaptive.txt | grep " step " | grep "only_decodes=true" |
+                awk '{r="";p="";t=0;for(i=1;i<=NF;i++){if($i~/^requests=/)r=$i;if($i~/^planned=/)p=$i;
+                     if($i~/^total_us=/){sub("total_us=","",$i);t=$i}} k=r" "p; n[k]++; s[k]+=t}
+                     END{for(k in n) if(n[k]>4) printf "  %s steps %d mean %.0f us\n",k,n[k],s[k]/n[k]}' |
+                sort -V | tee -a "$log"
+        done
+    done
     ;;
 eagle3serve)
     head=heads/smollm2-135m-eagle3 data=$(heldout_bench)
