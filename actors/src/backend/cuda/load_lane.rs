@@ -29,8 +29,9 @@ use std::sync::Arc;
 pub struct LoadLane {
     stream: Arc<CudaStream>,
     staging: BlockStaging,
-    /// Page-locked room for a run of disk blocks (taken at the first), and the event after
-    /// the copy out of it that the next run waits for before refilling it.
+    /// Page-locked room for a run of disk blocks (taken when the disk tier is kept:
+    /// [`LoadLane::keep_room`]), and the event after the copy out of it that the next run
+    /// waits for before refilling it.
     room: Option<(PinnedHostSlice<bf16>, Option<CudaEvent>)>,
     /// Each run queued and not yet reported, oldest first: the event recorded after it
     /// and its pool blocks.
@@ -86,16 +87,8 @@ impl LoadLane {
         } = self;
         let block_elems = cache.block_elems();
         let elems = run.len() * block_elems;
-        let (pinned, used) = match room {
-            Some(room) => room,
-            none => {
-                let all = staging.entries() * block_elems;
-                // SAFETY: every element a copy reads is written from a checked block
-                // first. Flags 0: cached page-locked memory.
-                let pinned = unsafe { gpu.context().alloc_pinned_with_flags::<bf16>(all, 0) }
-                    .context("page-locked host memory for the disk tier's loads")?;
-                none.insert((pinned, None))
-            }
+        let Some((pinned, used)) = room else {
+            anyhow::bail!("a disk block to load with no disk tier kept");
         };
         // The room may still be the source of the last run's copy.
         if let Some(used) = used.take() {
@@ -121,6 +114,19 @@ impl LoadLane {
         let blocks: Vec<u32> = run.iter().map(|&(block, _)| block).collect();
         staging.copy(stream, kernels, cache, BlockCopy::Scatter, &blocks)?;
         pending.push_back((event_after(stream)?, blocks));
+        Ok(())
+    }
+
+    /// Takes the page-locked room the disk tier's blocks are loaded through, as large as
+    /// the lane's staging buffer: at start-up, since taking 64 MiB of page-locked memory
+    /// holds the runner for tens of milliseconds.
+    pub fn keep_room(&mut self, gpu: &Gpu, cache: &GpuKvCache) -> anyhow::Result<()> {
+        let all = self.staging.entries() * cache.block_elems();
+        // SAFETY: every element a copy reads is written from a checked block first.
+        // Flags 0: cached page-locked memory.
+        let pinned = unsafe { gpu.context().alloc_pinned_with_flags::<bf16>(all, 0) }
+            .context("page-locked host memory for the disk tier's loads")?;
+        self.room = Some((pinned, None));
         Ok(())
     }
 

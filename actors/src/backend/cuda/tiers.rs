@@ -64,6 +64,7 @@ impl GpuTiers {
         model: &ContentHash,
     ) -> anyhow::Result<DiskTierStart> {
         let (disk, start) = GpuDiskBlocks::open(gpu, cache, &self.staging, dir, bytes, model)?;
+        self.lane.keep_room(gpu, cache)?;
         self.disk = Some(disk);
         Ok(start)
     }
