@@ -655,10 +655,10 @@ mod tests {
 
     #[test]
     fn one_draft_dearer_than_none_does_not_hide_two_and_three_that_pay() {
-        // A simulated GPU at batch 1: one draft costs 0.15 ms beyond the linear model (two
-        // or more run as a chain), so its first measurements, with one step in twenty 30%
-        // slower, may put it below none, and the climb stopped there: one run of four
-        // stayed at none (0.80 of the best fixed k).
+        // The GPU at batch 1: one draft costs 0.15 ms beyond the linear model (two or more
+        // run as a chain), so its first measurements, with one step in twenty 30% slower,
+        // often put it below none, and the climb stopped there: one run of four at none
+        // (0.80 of the best fixed k).
         for seed in 0..4 {
             let make = || Sim {
                 catch_up: 0.3e-3,
