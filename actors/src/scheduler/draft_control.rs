@@ -355,17 +355,16 @@ impl DraftControl {
                 let once = costs[k].nearest(n).is_none_or(|p| p.samples < 2);
                 (once || self.re_measure_loss(n, best, k) <= EXPLORE_BUDGET * earned).then_some(k)
             });
-        let (k, why) = match (untried, best) {
-            (Some(k), _) => (k, "untried"),
-            (None, Some(_)) if neighbour.is_some() => {
-                let k = neighbour.unwrap_or_default();
+        let (k, why) = match (untried, neighbour, best) {
+            (Some(k), _, _) => (k, "untried"),
+            (None, Some(k), _) => {
                 let size = &mut self.sizes[class];
                 size.explored_at = size.steps;
                 size.explore_every = (2 * size.explore_every).min(EXPLORE_EVERY_MAX);
                 size.again = (k > 0).then_some(k);
                 (k, "re-measure")
             }
-            (None, best) => {
+            (None, None, best) => {
                 let best = best.unwrap_or(k_max);
                 // Starting or stopping drafts: weighed against a catch-up.
                 let stay = match self.drafting {
