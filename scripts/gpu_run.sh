@@ -736,6 +736,9 @@ adaptive)
                      if($i~/^total_us=/){sub("total_us=","",$i);t=$i}} k=r" "p; n[k]++; s[k]+=t}
                      END{for(k in n) if(n[k]>4) printf "  %s steps %d mean %.0f us\n",k,n[k],s[k]/n[k]}' |
                 sort -V | tee -a "$log"
+            # How the steps queued ahead served the steps after them.
+            sed 's/\x1b\[[0-9;]*m//g' /tmp/adaptive.txt | grep " step " | grep -o "ahead=[A-Za-z]*" |
+                sort | uniq -c | tee -a "$log"
         done
     done
     ;;

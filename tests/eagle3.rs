@@ -8,13 +8,14 @@
 mod common;
 
 use common::eagle3_head::{HeadSpec, RandomHead};
-use common::engine::{collect, submit};
+use common::engine::{collect, counter, submit};
 use common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, cpu_distribution,
     first_two_distributions,
 };
 use common::reference::argmax;
 use common::tiny_model::{TinyModel, TinySpec};
+use metrics_util::debugging::DebuggingRecorder;
 use peregrine_actors::backend::{cpu_backend, PoolInfo};
 use peregrine_actors::draft::{DraftMethod, Eagle3, LAZY_ROWS};
 use peregrine_actors::engine::{start_engine, EngineSettings};
@@ -65,6 +66,18 @@ async fn served_sampling(
     params: &dyn Fn(usize) -> SamplingParams,
     max_tokens: usize,
 ) -> Vec<(Vec<u32>, Usage)> {
+    served_as(target_dir, head_dir, prompts, params, max_tokens, false).await
+}
+
+/// [`served_sampling`], with adaptive drafting and async scheduling where `adaptive`.
+async fn served_as(
+    target_dir: &Path,
+    head_dir: Option<&Path>,
+    prompts: &[Vec<u32>],
+    params: &dyn Fn(usize) -> SamplingParams,
+    max_tokens: usize,
+    adaptive: bool,
+) -> Vec<(Vec<u32>, Usage)> {
     let model = LlamaModel::load(target_dir).unwrap();
     let memory = 64 * ENGINE_BLOCK as u64 * model.kv_bytes_per_token();
     let target = cpu_backend(model, memory, ENGINE_BLOCK).unwrap();
@@ -86,10 +99,10 @@ async fn served_sampling(
             max_num_batched_tokens: 48,
             max_waiting: prompts.len().max(1000),
             num_speculative_tokens: 3,
-            speculative_adaptive: false,
+            speculative_adaptive: adaptive,
         },
         max_model_len: None,
-        async_scheduling: false,
+        async_scheduling: adaptive,
         async_scheduling_constrained: false,
         kv_events: None,
     };
@@ -144,6 +157,34 @@ async fn greedy_outputs_with_eagle3_equal_those_without() {
         let drafted: usize = eagle.iter().map(|(_, u)| u.num_draft_tokens).sum();
         assert!(drafted > 0, "{name}: no drafts were proposed");
     }
+}
+
+/// With adaptive drafting, which pauses a random head's drafts, the plain steps between
+/// queue their successors ahead (async scheduling) and hand the head their hidden states:
+/// greedy outputs still equal those without speculation.
+#[tokio::test]
+async fn greedy_outputs_with_adaptive_eagle3_and_steps_queued_ahead_equal_those_without() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = TinyModel::random(target_spec(), 54);
+    target.write_hf(&dir.path().join("target"));
+    RandomHead::new(&HeadSpec::midlayer(), &target.spec, 55).write(&dir.path().join("head"));
+    let prompts = engine_prompts(target.spec.vocab_size, 6, 56);
+    let target_dir = dir.path().join("target");
+    let head = dir.path().join("head");
+    let greedy = |_| SamplingParams::greedy();
+    let plain = served(&target_dir, None, &prompts, 48).await;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let eagle = served_as(&target_dir, Some(&head), &prompts, &greedy, 48, true).await;
+    for (i, (want, got)) in plain.iter().zip(&eagle).enumerate() {
+        assert_eq!(got.0, want.0, "request {i}");
+    }
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert!(
+        counter(&snapshot, "peregrine:decode_ahead_tokens_total") > 0,
+        "no plain step came from a step queued ahead"
+    );
 }
 
 /// A target whose logits are all equal (final norm zeroed) always picks token 0, and a

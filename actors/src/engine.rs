@@ -24,8 +24,9 @@ pub struct EngineSettings {
     /// Cap below the model's own maximum length.
     pub max_model_len: Option<usize>,
     /// Each greedy decode step queues the step after it before its tokens reach the host
-    /// (async scheduling, see `target_runner::decode_ahead`); ignored with a drafter. It
-    /// pays where the host waits on a device: on the CPU the queued step runs at once.
+    /// (async scheduling, see `target_runner::decode_ahead`), also beside a drafter, whose
+    /// steps that carry drafts drop it. It pays where the host waits on a device: on the
+    /// CPU the queued step runs at once.
     pub async_scheduling: bool,
     /// With `async_scheduling`, a greedy batch holding constrained requests also queues
     /// its next step, their rows' argmax masked on the device (off by default: it measured
@@ -212,7 +213,7 @@ pub fn start_engine(
     }
     let kv = KvAllocator::spawn_over(blocks, settings.kv_events.clone());
     let spin = Spin::for_device(backend.host_waits_on_device());
-    let decode_ahead = settings.async_scheduling && drafter.is_none();
+    let decode_ahead = settings.async_scheduling;
     let ahead = DecodeAhead {
         free: decode_ahead,
         constrained: decode_ahead && settings.async_scheduling_constrained,

@@ -15,11 +15,13 @@ use peregrine_models::eagle3::cuda::GpuEagle3Head;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::{Eagle3Head, HeadInput};
 use peregrine_models::graph::cuda::GraphLimits;
-use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions};
+use peregrine_models::llama::cuda::{AuxHandOff, GpuLlama, GpuModelOptions, GreedyInput};
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::{AttentionPlan, KvCache, SeqSpec};
+use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use rand::Rng;
+use std::cell::RefCell;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
@@ -393,7 +395,8 @@ fn head_graphs_draft_exactly_as_eager_steps_and_pad_into_the_scratch_block() {
 
 /// The target's side: a forward records the input of each named layer (repeats and any
 /// order allowed) as the CPU model does, within bf16 error, and a decode graph records
-/// exactly what the eager step records (deterministic mode).
+/// exactly what the eager step records (deterministic mode), also handed on from a greedy
+/// step and from the step it queued ahead.
 #[test]
 fn the_target_records_the_layer_inputs_as_the_cpu_and_its_graphs_do() {
     let Some(s) = setup() else {
@@ -463,6 +466,46 @@ fn the_target_records_the_layer_inputs_as_the_cpu_and_its_graphs_do() {
         "decode layer inputs, graph vs eager"
     );
     assert_eq!(want.len(), lens.len() * layers.len() * c.hidden_size);
+    drop(replayed);
+    // The same step as a greedy step that queues the next (fed its argmax on the device),
+    // then that one read: each hands on what the eager steps record, before the step
+    // queued after it overwrites them.
+    let handed = RefCell::new(Vec::new());
+    let hand_off = || -> AuxHandOff {
+        Box::new(|aux: CudaView<f32>| {
+            handed.borrow_mut().push(s.gpu.download(&aux)?);
+            Ok(())
+        })
+    };
+    let after: Vec<SeqSpec> = specs_at(&specs, 2);
+    let after = AttentionPlan::new(&after, BLOCK, NUM_BLOCKS).unwrap();
+    let input = GreedyInput::Host {
+        tokens: &next,
+        plan: &plan,
+    };
+    let (ids, queued) = graph
+        .greedy_step_handing_off(input, Some(&after), None, Some(hand_off()))
+        .unwrap();
+    let queued = queued.expect("a step queued ahead");
+    let (ids_after, none) = graph
+        .greedy_step_handing_off(GreedyInput::Queued(queued), None, None, Some(hand_off()))
+        .unwrap();
+    assert_eq!((ids_after.len(), none), (lens.len(), None));
+    eager
+        .forward(&ids, &after, &mut eager_cache, &rows)
+        .unwrap();
+    let want_after = s
+        .gpu
+        .download(&eager.last_aux(lens.len()).unwrap())
+        .unwrap();
+    let handed = handed.into_inner();
+    assert_eq!(handed.len(), 2);
+    assert_eq!(bits(&handed[0]), bits(&want), "handed on by the step");
+    assert_eq!(
+        bits(&handed[1]),
+        bits(&want_after),
+        "handed on by the step queued ahead"
+    );
 }
 
 /// A step-0 catch-up past the GPU runner's buffers is cut into forwards that fit

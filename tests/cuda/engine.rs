@@ -49,7 +49,8 @@ fn gpu_engine(dir: &Path, deterministic: bool) -> peregrine_actors::engine::Engi
 
 /// The GPU engine of the model in `dir`, verifying up to `k` drafts a step of the drafter
 /// `drafter` returns given the target backend and the drafter it built of `spec`, with
-/// async scheduling as `async_scheduling` says.
+/// async scheduling as `async_scheduling` says; with it, drafts are planned adaptively
+/// (drafting every step would leave no plain step to queue ahead).
 fn gpu_engine_drafting(
     dir: &Path,
     deterministic: bool,
@@ -88,7 +89,7 @@ fn gpu_engine_drafting(
             max_num_batched_tokens: 64,
             max_waiting: 4000,
             num_speculative_tokens: k,
-            speculative_adaptive: false,
+            speculative_adaptive: async_scheduling && k > 0,
         },
         max_model_len: None,
         async_scheduling,
@@ -232,8 +233,9 @@ fn greedy_requests(n: usize, seed: u64) -> Vec<(Vec<u32>, SamplingParams)> {
 /// a draft model (the same weights) whose drafts are mostly accepted, on the CPU and on
 /// the GPU beside the target, there eagerly and through its decode graphs, and a random
 /// EAGLE-3 head on the GPU (sharing the target's embedding, reading the target's layer
-/// inputs), eagerly and through its graphs. Graphs of a drafter give the drafts of its
-/// eager steps, so each request accepts as many.
+/// inputs), eagerly and through its graphs, and drafting adaptively with the plain steps
+/// between queued ahead. Graphs of a drafter give the drafts of its eager steps, so each
+/// request accepts as many.
 #[test]
 fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
     if setup().is_none() {
@@ -261,6 +263,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
             "gpu draft graphs",
             "gpu eagle3",
             "gpu eagle3 graphs",
+            "gpu eagle3 graphs ahead",
         ];
         for method in methods {
             // "draft_model": the draft model on the CPU over the GPU target's pool; the
@@ -282,8 +285,11 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                 m if m.starts_with("gpu") => Some(DraftSpec::Model(dir.path().to_path_buf())),
                 _ => None,
             };
-            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, spec, false);
-            if method.ends_with("graphs") {
+            // "ahead": drafting adaptively, the plain steps between queue their successors
+            // and hand the head their hidden states from the decode graphs.
+            let ahead = method.ends_with("ahead");
+            let engine = gpu_engine_drafting(dir.path(), true, drafter, k, spec, ahead);
+            if method.contains("graphs") {
                 let sizes = CaptureSizes::for_max_num_seqs(32);
                 engine.graphs.capture(Some(sizes)).await.unwrap();
             }
@@ -303,7 +309,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                     "{method}: {accepted} of {proposed}"
                 );
             }
-            if method.starts_with("gpu") {
+            if method.starts_with("gpu") && !ahead {
                 let per_request: Vec<usize> =
                     drafted.iter().map(|(_, u)| u.num_accepted_tokens).collect();
                 accepted_on_gpu.push(per_request);

@@ -18,7 +18,8 @@
 //!
 //! At trace level for this module (`--log-level info,peregrine_actors::scheduler=trace`)
 //! each step is logged as `step requests=N planned=K only_decodes= caught_up= accepted=
-//! allocate_us= propose_us= forward_us= total_us=`, and each plan of the draft controller
+//! ahead= allocate_us= propose_us= forward_us= total_us=` (`ahead`: how the step queued
+//! before it served it), and each plan of the draft controller
 //! as `draft plan` (`draft_control.rs`): what adaptive drafting saw and chose, step by
 //! step.
 
@@ -323,7 +324,8 @@ impl Scheduler {
         let forwarding = Instant::now();
         let mut done = self.runner.step(batch).await?;
         times.forward = forwarding.elapsed();
-        metrics::record_ahead(done.ahead);
+        let ahead = done.ahead;
+        metrics::record_ahead(ahead);
         if self.proposer.is_some() {
             self.pending.hidden.append(&mut done.hidden);
         }
@@ -365,6 +367,7 @@ impl Scheduler {
             only_decodes,
             caught_up,
             accepted = accepted.iter().sum::<usize>(),
+            ?ahead,
             allocate_us = times.allocate.as_micros() as u64,
             propose_us = times.propose.as_micros() as u64,
             forward_us = times.forward.as_micros() as u64,

@@ -9,6 +9,12 @@
 //! grammar's mask, applied before the queued step is fed from it; the mask of a queued
 //! step is computed from the token the step before gave, while the device runs it.
 //!
+//! Beside a drafter that reads the target's hidden states (EAGLE-3), a greedy step hands
+//! the states it recorded on (into the feature ring, on the device's queue) before the step
+//! queued after it overwrites them, and a queued step serves only a batch that is just what
+//! was queued, since its states come back in its rows' order. A step that carries drafts
+//! drops the one queued before it (a verification's first row computes that row again).
+//!
 //! A queued row whose sequence did not go on (it stopped, was preempted or aborted) wrote
 //! its keys and values one position past its tokens, in a block it owned when the step was
 //! queued and that holds no complete prefix: the block's next owner writes there only
@@ -27,6 +33,9 @@ use std::collections::HashMap;
 /// token its last step chose.
 pub(super) struct AheadStep {
     seqs: Vec<AheadSeq>,
+    /// Whether its forward records hidden states (for a drafter): they come back in its
+    /// rows' order, so it serves only a batch that is just what was queued.
+    records_hidden: bool,
 }
 
 /// One sequence of a step queued ahead.
@@ -92,15 +101,15 @@ impl TargetRunner {
                         .any(|s| a.queued_as(s, last.get(&s.id).copied().flatten()))
                 })
                 .collect();
-            if served.is_empty() {
+            // The queued step goes on only if the batch is exactly what was queued: a
+            // sequence that stopped after it was queued (on a stop token, which the runner
+            // does not see coming) leaves the batch shorter than its rows.
+            let same = served.len() == seqs.len()
+                && ahead.seqs.len() == seqs.len()
+                && seqs.iter().zip(&ahead.seqs).all(|(s, a)| s.id == a.id);
+            if served.is_empty() || (ahead.records_hidden && !same) {
                 used = AheadUse::Dropped;
             } else {
-                // The queued step goes on only if the batch is exactly what was queued: a
-                // sequence that stopped after it was queued (on a stop token, which the
-                // runner does not see coming) leaves the batch shorter than its rows.
-                let same = served.len() == seqs.len()
-                    && ahead.seqs.len() == seqs.len()
-                    && seqs.iter().zip(&ahead.seqs).all(|(s, a)| s.id == a.id);
                 let next = if same {
                     self.next_plan(&all, &wants_more)?
                 } else {
@@ -159,7 +168,8 @@ impl TargetRunner {
             tokens.extend(sampled.into_iter().zip(ids));
             queued_next = queued;
         }
-        self.ahead = queued_next.then(|| ahead_of(seqs));
+        let records_hidden = self.hidden.is_some();
+        self.ahead = queued_next.then(|| ahead_of(seqs, records_hidden));
         // Where steps queued ahead run on a device, a constrained row takes the tokens its
         // grammar forces one decode step each (its mask allows only the forced one), riding
         // the batch's decode graph: taken at once, they would make the row's next step one
@@ -239,9 +249,11 @@ impl TargetRunner {
     }
 }
 
-/// What is queued after `seqs`: each one position further, over the same blocks.
-fn ahead_of(seqs: &[RunSeq]) -> AheadStep {
+/// What is queued after `seqs`: each one position further, over the same blocks, its
+/// forward recording hidden states where `records_hidden`.
+fn ahead_of(seqs: &[RunSeq], records_hidden: bool) -> AheadStep {
     AheadStep {
+        records_hidden,
         seqs: seqs
             .iter()
             .map(|s| AheadSeq {

@@ -33,9 +33,9 @@ struct CpuBackend {
     hidden: Option<HiddenData>,
     /// The captured decode graphs, if any.
     graphs: Option<CpuDecodeGraphs>,
-    /// The logits of the step [`ModelBackend::greedy`] ran ahead (on the CPU, at once), whose
-    /// argmax is taken under the masks of the call that reads it.
-    queued: Option<Vec<f32>>,
+    /// The step [`ModelBackend::greedy`] ran ahead (on the CPU, at once): its logits, whose
+    /// argmax is taken under the masks of the call that reads it, and what it recorded.
+    queued: Option<(Vec<f32>, Option<HiddenData>)>,
     /// The host tier below the pool, if one is kept.
     host: Option<HostBlocks>,
     /// The disk tier below both, if one is kept.
@@ -330,7 +330,10 @@ impl ModelBackend for CpuBackend {
                 is_decode_step(tokens, plan, logit_rows),
             ),
             StepSource::Queued => match self.queued.take() {
-                Some(logits) => (logits, true),
+                Some((logits, hidden)) => {
+                    self.hidden = hidden;
+                    (logits, true)
+                }
                 None => anyhow::bail!("no step was queued ahead"),
             },
         };
@@ -349,7 +352,10 @@ impl ModelBackend for CpuBackend {
             );
         }
         let rows: Vec<usize> = (0..ids.len()).collect();
-        self.queued = Some(self.forward(&ids, next, &rows)?);
+        let recorded = self.hidden.take();
+        let logits = self.forward(&ids, next, &rows)?;
+        self.queued = Some((logits, self.hidden.take()));
+        self.hidden = recorded;
         Ok((ids, true))
     }
 

@@ -28,7 +28,8 @@ use peregrine_kernels::cuda::CudaKernels;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::graph::cuda::{GraphLimits, SharedKvCache};
 use peregrine_models::llama::cuda::{
-    CapturedDecode, GpuLlama, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
+    AuxHandOff, CapturedDecode, GpuForwardError, GpuLlama, GreedyInput, QueuedStep, ReplayedStep,
+    StepMasks,
 };
 use peregrine_models::ModelConfig;
 use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
@@ -62,8 +63,8 @@ struct GpuBackend {
     ring: Option<Arc<FeatureRing>>,
     /// The decode step `ModelBackend::greedy` queued, until the next call.
     ahead: Option<QueuedStep>,
-    /// Whether the model records layer inputs (then nothing is queued ahead: a queued
-    /// step's would not reach the host).
+    /// Whether the model records layer inputs (then a greedy step hands its own on before
+    /// the step it queues ahead overwrites them).
     records_hidden: bool,
     /// The tiers below the pool, once one is kept.
     tiers: Option<GpuTiers>,
@@ -488,10 +489,8 @@ impl ModelBackend for GpuBackend {
                 plan,
                 logit_rows,
             } => match self.decode_graph(tokens, plan, logit_rows) {
-                Some(graph) if !self.records_hidden => {
-                    (graph, GreedyInput::Host { tokens, plan }, logit_rows.len())
-                }
-                _ => {
+                Some(graph) => (graph, GreedyInput::Host { tokens, plan }, logit_rows.len()),
+                None => {
                     let ids = self.masked_argmax(tokens, plan, logit_rows, masks)?;
                     return Ok((ids, false));
                 }
@@ -513,8 +512,23 @@ impl ModelBackend for GpuBackend {
             RowMasks::None => None,
             masks => Some(Box::new(move || masks.wait(rows))),
         };
-        let (ids, queued) = graph.greedy_step(input, next, masks)?;
-        self.hidden = None;
+        // The features the step recorded go to the ring (or the host) before the step
+        // queued ahead overwrites them.
+        let mut hidden = None;
+        let hand_off: Option<AuxHandOff> = match self.records_hidden {
+            true => {
+                let (gpu, kernels, ring) = (self.model.gpu(), &self.kernels, self.ring.as_deref());
+                let hidden = &mut hidden;
+                Some(Box::new(move |aux: CudaView<f32>| {
+                    *hidden = hand_off(gpu, kernels, ring, Some(aux))
+                        .map_err(|e| GpuForwardError::HandOff(format!("{e:#}")))?;
+                    Ok(())
+                }))
+            }
+            false => None,
+        };
+        let (ids, queued) = graph.greedy_step_handing_off(input, next, masks, hand_off)?;
+        self.hidden = hidden;
         let ahead = queued.is_some();
         self.ahead = queued;
         Ok((ids, ahead))

@@ -48,6 +48,8 @@ pub enum GpuForwardError {
     NoFeatureRing,
     #[error("the step's grammar masks: {0}")]
     Masks(String),
+    #[error("handing on the step's layer inputs: {0}")]
+    HandOff(String),
 }
 
 impl GpuLlama {

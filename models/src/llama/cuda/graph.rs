@@ -36,7 +36,7 @@ use peregrine_runtime::cuda::MappedHost;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 mod ahead;
-pub use ahead::{GreedyInput, QueuedStep, StepMasks};
+pub use ahead::{AuxHandOff, GreedyInput, QueuedStep, StepMasks};
 
 /// What a graph runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

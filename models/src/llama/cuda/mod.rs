@@ -14,7 +14,9 @@ mod workspace;
 pub use experts::{ExpertBuffers, GpuExperts};
 pub use forward::GpuForwardError;
 pub(crate) use forward::{attend, norm_into, project_logits, LayerKv, LogitRows};
-pub use graph::{CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep, StepMasks};
+pub use graph::{
+    AuxHandOff, CapturedDecode, GraphKind, GreedyInput, QueuedStep, ReplayedStep, StepMasks,
+};
 pub use latent::{GpuLatent, LatentBuffers};
 pub(crate) use step::{LayerInput, LayerStep};
 pub(crate) use upload::to_device;

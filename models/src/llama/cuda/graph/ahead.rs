@@ -12,6 +12,7 @@
 use super::{CapturedDecode, GraphBuffers, GraphKind};
 use crate::llama::check_inputs;
 use crate::llama::cuda::{GpuForwardError, LlamaCore};
+use cudarc::driver::CudaView;
 use peregrine_kernels::cuda::sampling::ArgmaxCopies;
 use peregrine_ops::cuda::attention::AttentionError;
 use peregrine_ops::sampling::TokenMask;
@@ -21,6 +22,12 @@ use peregrine_ops::AttentionPlan;
 /// argmax), waited for once the step's forward is queued, so that the host computes them
 /// while the device runs it.
 pub type StepMasks<'a> = Box<dyn FnOnce() -> anyhow::Result<Vec<Option<TokenMask>>> + 'a>;
+
+/// What takes the layer inputs a greedy step recorded for its real rows (f32
+/// `[rows, layers * hidden]`, as [`super::ReplayedStep::aux`]): queued on the stream after
+/// the step and before the step queued ahead of it, which overwrites them.
+pub type AuxHandOff<'a> =
+    Box<dyn for<'v> FnOnce(CudaView<'v, f32>) -> Result<(), GpuForwardError> + 'a>;
 
 /// A decode step that [`CapturedDecode::greedy_step`] queued ahead: its ids are read by
 /// passing it back as [`GreedyInput::Queued`].
@@ -79,6 +86,19 @@ impl CapturedDecode {
         next: Option<&AttentionPlan>,
         masks: Option<StepMasks>,
     ) -> Result<(Vec<u32>, Option<QueuedStep>), GpuForwardError> {
+        self.greedy_step_handing_off(input, next, masks, None)
+    }
+
+    /// [`CapturedDecode::greedy_step`] that also gives the layer inputs the step recorded
+    /// to `hand_off` (an EAGLE-3 head's features), before `next` is queued. Refused, with
+    /// nothing launched, with a hand-off where the graph records no layer inputs.
+    pub fn greedy_step_handing_off(
+        &self,
+        input: GreedyInput,
+        next: Option<&AttentionPlan>,
+        masks: Option<StepMasks>,
+        hand_off: Option<AuxHandOff>,
+    ) -> Result<(Vec<u32>, Option<QueuedStep>), GpuForwardError> {
         if self.kind != GraphKind::Decode {
             return Err(AttentionError::Shape(
                 "a verification graph hands no tokens on to a next step".into(),
@@ -87,6 +107,14 @@ impl CapturedDecode {
         }
         let variants = self.graphs.len();
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let width = b.work.aux.as_ref().map(|aux| aux.layers.len());
+        let width = width.map(|layers| layers * self.core.config.hidden_size);
+        if hand_off.is_some() && width.is_none() {
+            return Err(AttentionError::Shape(
+                "layer inputs handed off from a graph that records none".into(),
+            )
+            .into());
+        }
         // This step's rows and variant, and for a step from the host what to launch.
         let (rows, variant, launch) = match input {
             GreedyInput::Host { tokens, plan } => {
@@ -117,6 +145,12 @@ impl CapturedDecode {
             b.stage(tokens, plan, self.size, context)?;
             b.launch_graph(graph)?;
             b.done[variant].record(stream)?;
+        }
+        if let (Some(hand_off), Some(width)) = (hand_off, width) {
+            let aux = b.work.aux.as_ref().map(|aux| &aux.states);
+            if let Some(states) = aux {
+                hand_off(states.slice(0..rows * width))?;
+            }
         }
         if let Some(masks) = masks {
             let masks = masks().map_err(|e| GpuForwardError::Masks(format!("{e:#}")))?;
