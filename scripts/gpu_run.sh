@@ -119,7 +119,9 @@
 #                                 scripts/chatml_dataset.py's): bench spec at batch 1, 8 and
 #                                 64, each against its run without drafts, ADAPTIVE_ROUNDS
 #                                 rounds (2); the adaptive runs' plans counted by k from
-#                                 the scheduler's trace
+#                                 the scheduler's trace, and how the steps queued ahead
+#                                 served; ADAPTIVE_BINARIES="peregrine peregrine-base" runs
+#                                 each setting with each binary carried in target/gpu-carry
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
 #                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl
 #                                 if carried, else tools/eagle3/bench_dataset.py's): bench
@@ -722,9 +724,10 @@ adaptive)
     head=heads/smollm2-135m-eagle3 log="$OUT/adaptive.log"
     for c in 1 8 64; do
         for flags in "" "--no-speculative-adaptive"; do
-            echo "== bench spec batch $c ${flags:-adaptive}" | tee -a "$log"
+          for binary in ${ADAPTIVE_BINARIES:-peregrine}; do
+            echo "== bench spec batch $c ${flags:-adaptive} ($binary)" | tee -a "$log"
             # shellcheck disable=SC2086
-            timeout 300 "$bin/peregrine" bench spec --model /tmp/smollm2 --device cuda \
+            timeout 300 "$bin/$binary" bench spec --model /tmp/smollm2 --device cuda \
                 --speculative-method eagle3 --draft-model $head --dataset target/chat40.jsonl \
                 --num-prompts $((c == 1 ? 24 : c * 2)) --concurrency $c --output-len 256 \
                 --rounds "${ADAPTIVE_ROUNDS:-2}" $flags \
@@ -739,6 +742,7 @@ adaptive)
             # How the steps queued ahead served the steps after them.
             sed 's/\x1b\[[0-9;]*m//g' /tmp/adaptive.txt | grep " step " | grep -o "ahead=[A-Za-z]*" |
                 sort | uniq -c | tee -a "$log"
+          done
         done
     done
     ;;

@@ -1,8 +1,8 @@
 //! Async scheduling beside a drafter that reads the target's hidden states (EAGLE-3): the
 //! target runner, driven step by step on the CPU with its layer inputs recorded, must give
 //! every step the tokens and the hidden states it gives with nothing queued ahead, when a
-//! step comes from the one queued before it, when a verification drops it and when a
-//! sequence leaves the batch it was queued for.
+//! step comes from the one queued before it, when a verification drops it, when a
+//! sequence leaves the batch it was queued for, and when the batch asks for nothing queued.
 
 mod common;
 
@@ -119,18 +119,23 @@ async fn steps_queued_ahead_hand_on_the_hidden_states_each_step_records_alone() 
         output: Vec::new(),
         started: false,
     });
-    // Prompts, four plain decodes, a verification of two drafts for sequence 0 beside a
-    // plain decode of sequence 1, two plain decodes, then sequence 1 leaves and sequence 0
-    // decodes alone.
+    // Prompts, four plain decodes (the last asked to queue nothing), a verification of two
+    // drafts for sequence 0 beside a plain decode of sequence 1, two plain decodes, then
+    // sequence 1 leaves and sequence 0 decodes alone, verifying again at step 13.
     let mut uses = Vec::new();
-    for step in 1..=12u64 {
+    for step in 1..=14u64 {
         let leaves = step == 9;
-        let drafts: &[u32] = if step == 6 { &[7, 8] } else { &[] };
+        let drafts: &[u32] = match step {
+            6 => &[7, 8],
+            13 => &[250, 3, 9],
+            _ => &[],
+        };
         let mut batch = ScheduledBatch {
             step,
             seqs: Vec::new(),
             released: Vec::new(),
             kv_moves: Vec::new(),
+            queue_ahead: step != 5,
         };
         for (i, seq) in seqs.iter_mut().enumerate() {
             match (i, step >= 9) {
@@ -150,10 +155,13 @@ async fn steps_queued_ahead_hand_on_the_hidden_states_each_step_records_alone() 
         }
         uses.push(used);
     }
-    // Step 2 queued step 3, which served both; the verification (step 6) dropped the step
-    // queued after step 5; sequence 1's leaving (step 9) dropped the step queued for both.
+    // Step 2 queued step 3, which served both; step 5 queued nothing before the
+    // verification (step 6); sequence 1's leaving (step 9) dropped the step queued for
+    // both; the verification of step 13 dropped the step queued after step 12.
     assert_eq!(uses[2], AheadUse::Served(2), "{uses:?}");
-    assert_eq!(uses[5], AheadUse::Dropped, "{uses:?}");
+    assert_eq!(uses[4], AheadUse::Served(2), "{uses:?}");
+    assert_eq!(uses[5], AheadUse::None, "{uses:?}");
     assert_eq!(uses[8], AheadUse::Dropped, "{uses:?}");
     assert_eq!(uses[10], AheadUse::Served(1), "{uses:?}");
+    assert_eq!(uses[12], AheadUse::Dropped, "{uses:?}");
 }

@@ -244,6 +244,9 @@ pub struct ScheduledBatch {
     /// backend may finish off the step's path and reports in [`StepDone::loads`]. A batch
     /// of no sequences only makes its moves and, while loads are pending, waits for one.
     pub kv_moves: Vec<KvMove>,
+    /// Whether a greedy step may queue the step after it ahead: false where the scheduler
+    /// expects that step to carry drafts, which would drop it.
+    pub queue_ahead: bool,
 }
 
 /// What the runner produced for one sequence that asked for tokens.

@@ -237,7 +237,7 @@ impl TargetRunner {
         let seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
         self.hidden = None;
         self.scores.clear();
-        let result = self.run(&seqs, ahead);
+        let result = self.run(&seqs, ahead, batch.queue_ahead);
         let hidden = self
             .hidden
             .take()
@@ -279,10 +279,12 @@ impl TargetRunner {
 
     /// Runs the forward of `seqs` and samples or verifies each sampled one, scoring the
     /// prompt tokens asked for; says how the step queued `ahead` of this one served it.
+    /// A greedy step queues the one after it only where `queue_next`.
     fn run(
         &mut self,
         seqs: &[RunSeq],
         ahead: Option<AheadStep>,
+        queue_next: bool,
     ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
         let scoring = prompt_scores::scoring(seqs, &self.seqs)?;
         // The sampled sequences' states leave the map for the step (the backend borrows
@@ -309,7 +311,7 @@ impl TargetRunner {
             } => argmax_only(&states),
         };
         let outputs = if queues_ahead && !speculative && scoring.is_empty() {
-            self.greedy_ahead_step(seqs, &mut states, ahead)
+            self.greedy_ahead_step(seqs, &mut states, ahead, queue_next)
         } else {
             self.step_alone(seqs, &mut states, &scoring)
                 .map(|outputs| (outputs, ahead.map_or(AheadUse::None, |_| AheadUse::Dropped)))

@@ -195,7 +195,7 @@ struct SizeState {
 }
 
 /// The adaptive draft-count controller.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct DraftControl {
     max_drafts: usize,
     adaptive: bool,
@@ -211,6 +211,14 @@ pub struct DraftControl {
     drafting: bool,
     /// Steps recorded, the clock of `last_step`.
     clock: u64,
+}
+
+/// A plan's drafts per request, why (`fixed` where not adaptive), and the estimated
+/// tokens per second of each k it compared.
+struct Choice {
+    k: usize,
+    why: &'static str,
+    rates: Vec<f64>,
 }
 
 /// What a decode step measured, for [`DraftControl::record`].
@@ -309,8 +317,29 @@ impl DraftControl {
 
     /// The drafts to plan per request for a step that decodes `requests` requests.
     pub fn plan(&mut self, requests: usize) -> usize {
+        let Choice { k, why, rates } = self.choose(requests);
+        if why != "fixed" {
+            let class = size_class(requests);
+            trace!(requests, class, k, why, ?rates, "draft plan");
+        }
+        k
+    }
+
+    /// Whether the step after the one just planned, of `requests` decoding requests, would
+    /// plan drafts as things stand (before this step's measurements come in): a greedy
+    /// step ahead of it, which a step with drafts drops, is queued only where it would not.
+    pub fn expects_drafts_next(&self, requests: usize) -> bool {
+        self.clone().choose(requests).k > 0
+    }
+
+    /// [`DraftControl::plan`]'s choice, and why.
+    fn choose(&mut self, requests: usize) -> Choice {
         if !self.adaptive || requests == 0 {
-            return self.max_drafts;
+            return Choice {
+                k: self.max_drafts,
+                why: "fixed",
+                rates: Vec::new(),
+            };
         }
         let class = size_class(requests);
         if self.sizes.len() <= class {
@@ -320,8 +349,11 @@ impl DraftControl {
         let n = requests as f64;
         self.sizes[class].steps += 1;
         if let Some(k) = self.sizes[class].again.take() {
-            trace!(requests, class, k, why = "again", "draft plan");
-            return k;
+            return Choice {
+                k,
+                why: "again",
+                rates: Vec::new(),
+            };
         }
         let rates: Vec<f64> = (0..=k_max).map(|k| self.rate(n, k).0).collect();
         let measured = |k: &usize| self.costs[*k].at(n).is_some();
@@ -381,8 +413,7 @@ impl DraftControl {
                 }
             }
         };
-        trace!(requests, class, k, why, ?rates, "draft plan");
-        k
+        Choice { k, why, rates }
     }
 
     /// Feeds what a decode step planned with [`DraftControl::plan`] measured.
@@ -516,6 +547,39 @@ mod tests {
     fn fixed_rate(fixed: f64, per_row: f64, accept: f64, n: usize, k: usize) -> f64 {
         let mut control = DraftControl::new(k, false);
         sim(fixed, per_row, accept, 7).run(&mut control, n, 2000)
+    }
+
+    #[test]
+    fn the_drafts_a_step_will_plan_are_foreseen_without_changing_the_plan() {
+        // Learning at batch 1 (drafting pays) and 64 (it does not), then each step foreseen
+        // just before it is planned: the foresight is the plan, and planning is unchanged by
+        // it (the same seed without foresight plans the same).
+        let plans = |foresee: bool| {
+            let mut control = DraftControl::new(3, true);
+            let mut s = sim(1e-3, 0.1e-3, 0.7, 5);
+            let mut planned = Vec::new();
+            for n in [1, 64, 1, 64] {
+                for _ in 0..150 {
+                    let foreseen = foresee.then(|| control.expects_drafts_next(n));
+                    let k = control.clone().plan(n);
+                    if let Some(foreseen) = foreseen {
+                        assert_eq!(foreseen, k > 0, "batch {n}");
+                    }
+                    s.run(&mut control, n, 1);
+                    planned.push((n, k));
+                }
+            }
+            planned
+        };
+        let planned = plans(true);
+        assert_eq!(planned, plans(false));
+        let drafting = |n| planned.iter().filter(|&&(m, k)| m == n && k > 0).count();
+        assert!(drafting(1) > 250, "{} of 300 steps at batch 1", drafting(1));
+        assert!(
+            drafting(64) < 30,
+            "{} of 300 steps at batch 64",
+            drafting(64)
+        );
     }
 
     #[test]

@@ -320,7 +320,8 @@ impl Scheduler {
         let (decoding, only_decodes) = self.queues.decodes(&plan);
         let released = std::mem::take(&mut self.pending.runner_release);
         let moves = std::mem::take(&mut self.pending.kv_moves);
-        let batch = self.queues.batch(&plan, self.step, released, moves);
+        let mut batch = self.queues.batch(&plan, self.step, released, moves);
+        batch.queue_ahead = self.proposer.is_none() || !self.drafts.expects_drafts_next(decoding);
         let forwarding = Instant::now();
         let mut done = self.runner.step(batch).await?;
         times.forward = forwarding.elapsed();

@@ -409,6 +409,7 @@ impl Queues {
             seqs,
             released,
             kv_moves,
+            queue_ahead: true,
         }
     }
 

@@ -13,7 +13,9 @@
 //! the states it recorded on (into the feature ring, on the device's queue) before the step
 //! queued after it overwrites them, and a queued step serves only a batch that is just what
 //! was queued, since its states come back in its rows' order. A step that carries drafts
-//! drops the one queued before it (a verification's first row computes that row again).
+//! drops the one queued before it (a verification's first row computes that row again), so
+//! each batch says whether its step may queue the next (`ScheduledBatch::queue_ahead`: not
+//! where the draft controller expects the next step to draft).
 //!
 //! A queued row whose sequence did not go on (it stopped, was preempted or aborted) wrote
 //! its keys and values one position past its tokens, in a block it owned when the step was
@@ -69,12 +71,15 @@ impl TargetRunner {
     /// sequence wants another token with room for it. A constrained sequence takes the
     /// argmax of what its grammar allows: its mask, computed on the mask threads from the
     /// token the last step gave it while the device runs the step queued for it, is applied
-    /// on the device before the step queued next is fed from that argmax.
+    /// on the device before the step queued next is fed from that argmax. Nothing is queued
+    /// unless `queue_next` (false where the scheduler expects the next step to carry
+    /// drafts).
     pub(super) fn greedy_ahead_step(
         &mut self,
         seqs: &[RunSeq],
         states: &mut [(&RunSeq, SeqSampling)],
         ahead: Option<AheadStep>,
+        queue_next: bool,
     ) -> anyhow::Result<(Vec<SeqOutput>, AheadUse)> {
         // Each sampled sequence's last token, and whether it wants one after this step's.
         let mut last: HashMap<RequestId, Option<u32>> = HashMap::new();
@@ -110,7 +115,7 @@ impl TargetRunner {
             if served.is_empty() || (ahead.records_hidden && !same) {
                 used = AheadUse::Dropped;
             } else {
-                let next = if same {
+                let next = if same && queue_next {
                     self.next_plan(&all, &wants_more)?
                 } else {
                     None
@@ -150,7 +155,7 @@ impl TargetRunner {
             .filter(|s| !tokens.contains_key(&s.id))
             .collect();
         if !rest.is_empty() {
-            let next = if rest.len() == seqs.len() {
+            let next = if rest.len() == seqs.len() && queue_next {
                 self.next_plan(&all, &wants_more)?
             } else {
                 None
