@@ -329,6 +329,11 @@ impl DraftControl {
     /// plan drafts as things stand (before this step's measurements come in): a greedy
     /// step ahead of it, which a step with drafts drops, is queued only where it would not.
     pub fn expects_drafts_next(&self, requests: usize) -> bool {
+        if !self.adaptive {
+            return self.max_drafts > 0;
+        }
+        // Planning moves the controller on (its step counts, a re-measurement's second
+        // step): a copy plans.
         self.clone().choose(requests).k > 0
     }
 

@@ -120,9 +120,7 @@ impl ReplayedStep<'_> {
     /// The layer inputs the graph recorded for the real rows, f32 `[rows, layers *
     /// hidden]`, when its model records some.
     pub fn aux(&self) -> Option<CudaView<'_, f32>> {
-        let aux = self.buffers.work.aux.as_ref()?;
-        let width = aux.layers.len() * self.core.config.hidden_size;
-        Some(aux.states.slice(0..self.rows * width))
+        self.buffers.aux(self.rows, self.core.config.hidden_size)
     }
 
     /// The argmax of each real row, copied to the host (waits for the graph).
@@ -135,6 +133,13 @@ impl ReplayedStep<'_> {
 }
 
 impl GraphBuffers {
+    /// The layer inputs the last step recorded for its first `rows` rows (of `hidden`
+    /// features a layer), f32 `[rows, layers * hidden]`, where the graphs record some.
+    fn aux(&self, rows: usize, hidden: usize) -> Option<CudaView<'_, f32>> {
+        let aux = self.work.aux.as_ref()?;
+        Some(aux.states.slice(0..rows * aux.layers.len() * hidden))
+    }
+
     fn new(
         core: &LlamaCore,
         limits: GraphLimits,

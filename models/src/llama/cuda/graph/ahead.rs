@@ -106,10 +106,9 @@ impl CapturedDecode {
             .into());
         }
         let variants = self.graphs.len();
+        let hidden = self.core.config.hidden_size;
         let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
-        let width = b.work.aux.as_ref().map(|aux| aux.layers.len());
-        let width = width.map(|layers| layers * self.core.config.hidden_size);
-        if hand_off.is_some() && width.is_none() {
+        if hand_off.is_some() && b.work.aux.is_none() {
             return Err(AttentionError::Shape(
                 "layer inputs handed off from a graph that records none".into(),
             )
@@ -146,11 +145,8 @@ impl CapturedDecode {
             b.launch_graph(graph)?;
             b.done[variant].record(stream)?;
         }
-        if let (Some(hand_off), Some(width)) = (hand_off, width) {
-            let aux = b.work.aux.as_ref().map(|aux| &aux.states);
-            if let Some(states) = aux {
-                hand_off(states.slice(0..rows * width))?;
-            }
+        if let (Some(hand_off), Some(aux)) = (hand_off, b.aux(rows, hidden)) {
+            hand_off(aux)?;
         }
         if let Some(masks) = masks {
             let masks = masks().map_err(|e| GpuForwardError::Masks(format!("{e:#}")))?;
