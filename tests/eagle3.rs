@@ -55,21 +55,11 @@ async fn served(
     max_tokens: usize,
 ) -> Vec<(Vec<u32>, Usage)> {
     let greedy = |_| SamplingParams::greedy();
-    served_sampling(target_dir, head_dir, prompts, &greedy, max_tokens).await
+    served_as(target_dir, head_dir, prompts, &greedy, max_tokens, false).await
 }
 
-/// [`served`] with request `i` sampled as `params(i)` says.
-async fn served_sampling(
-    target_dir: &Path,
-    head_dir: Option<&Path>,
-    prompts: &[Vec<u32>],
-    params: &dyn Fn(usize) -> SamplingParams,
-    max_tokens: usize,
-) -> Vec<(Vec<u32>, Usage)> {
-    served_as(target_dir, head_dir, prompts, params, max_tokens, false).await
-}
-
-/// [`served_sampling`], with adaptive drafting and async scheduling where `adaptive`.
+/// [`served`] with request `i` sampled as `params(i)` says, drafting adaptively with async
+/// scheduling where `adaptive`.
 async fn served_as(
     target_dir: &Path,
     head_dir: Option<&Path>,
@@ -261,7 +251,7 @@ async fn sampled_eagle3_drafts_keep_the_target_distribution() {
     head.write(&dir.path().join("head"));
     let prompts = vec![prompt.clone(); DRAWS];
     let (target_dir, head_dir) = (dir.path().join("target"), dir.path().join("head"));
-    let outs = served_sampling(&target_dir, Some(&head_dir), &prompts, &params, 3).await;
+    let outs = served_as(&target_dir, Some(&head_dir), &prompts, &params, 3, false).await;
     let (accepted, drafts) = assert_uniform_drafts_accepted(&outs, &first, &second, &order[..32]);
     let note = format!(", {accepted} of {drafts} drafts accepted");
     assert_first_two_follow(&outs, &first, &second, &note);
