@@ -733,11 +733,13 @@ adaptive)
                 --rounds "${ADAPTIVE_ROUNDS:-2}" $flags \
                 --log-level warn,peregrine_actors::scheduler=trace >/tmp/adaptive.txt 2>&1
             grep -v "^20" /tmp/adaptive.txt | sed 's/\x1b\[[0-9;]*m//g' | grep -v TRACE | tee -a "$log"
-            # Steps by drafts planned: count and mean microseconds, at each batch size seen.
+            # Steps by drafts planned: count and mean microseconds (the step's, and the
+            # proposal's wait within it), at each batch size seen.
             sed 's/\x1b\[[0-9;]*m//g' /tmp/adaptive.txt | grep " step " | grep "only_decodes=true" |
-                awk '{r="";p="";t=0;for(i=1;i<=NF;i++){if($i~/^requests=/)r=$i;if($i~/^planned=/)p=$i;
-                     if($i~/^total_us=/){sub("total_us=","",$i);t=$i}} k=r" "p; n[k]++; s[k]+=t}
-                     END{for(k in n) if(n[k]>4) printf "  %s steps %d mean %.0f us\n",k,n[k],s[k]/n[k]}' |
+                awk '{r="";p="";t=0;w=0;for(i=1;i<=NF;i++){if($i~/^requests=/)r=$i;if($i~/^planned=/)p=$i;
+                     if($i~/^propose_us=/){sub("propose_us=","",$i);w=$i}
+                     if($i~/^total_us=/){sub("total_us=","",$i);t=$i}} k=r" "p; n[k]++; s[k]+=t; q[k]+=w}
+                     END{for(k in n) if(n[k]>4) printf "  %s steps %d mean %.0f us (proposal %.0f)\n",k,n[k],s[k]/n[k],q[k]/n[k]}' |
                 sort -V | tee -a "$log"
             # How the steps queued ahead served the steps after them.
             sed 's/\x1b\[[0-9;]*m//g' /tmp/adaptive.txt | grep " step " | grep -o "ahead=[A-Za-z]*" |

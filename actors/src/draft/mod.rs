@@ -1,7 +1,9 @@
 //! The DraftProposer: owns the drafting method (an n-gram index over each request's own
 //! tokens, or a draft model with its own KV cache) on a dedicated OS thread, because a
 //! draft model's forwards block. Each step the scheduler sends one `Propose` for every
-//! decoding sequence and gets their drafts back before it sends the target its batch.
+//! decoding sequence and gets their drafts back before it sends the target its batch; a
+//! proposal that asks no drafts runs beside the target's step instead, and its reply is
+//! waited for before the next proposal is sent.
 //!
 //! A method that needs the target's hidden states (an EAGLE-3 head, or a DeepSeek-V3 MTP
 //! layer run as a head by the same method) names the target layers it reads; the engine
@@ -89,7 +91,7 @@ fn block_bytes(layout: &KvLayout, elem_bytes: u64) -> u64 {
 #[derive(Clone)]
 pub struct DraftProposerHandle {
     tx: crossbeam_channel::Sender<ProposerMsg>,
-    /// How long [`DraftProposerHandle::propose`] polls for the drafts before it sleeps.
+    /// How long [`ProposalReply::wait`] polls for the drafts before it sleeps.
     propose_spin: Duration,
 }
 
@@ -189,17 +191,33 @@ fn run(method: &mut dyn DraftMethod, held: &mut Held, propose: Propose) -> anyho
     })
 }
 
+/// A proposal sent to the proposer, whose reply has not been waited for yet. The proposer
+/// handles its messages in order, so a proposal sent later is answered after this one.
+pub struct ProposalReply {
+    rx: oneshot::Receiver<anyhow::Result<Drafts>>,
+    spin: Duration,
+}
+
+impl ProposalReply {
+    /// Waits for the drafts, polling first as the handle's spin says ([`reply_spinning`]).
+    pub async fn wait(self) -> anyhow::Result<Drafts> {
+        reply_spinning(self.rx, self.spin)
+            .await
+            .ok_or_else(|| anyhow!("the draft proposer dropped a step"))?
+    }
+}
+
 impl DraftProposerHandle {
-    /// Asks for the drafts of one step and waits for them, polling first as the handle's
-    /// spin says ([`reply_spinning`]).
-    pub async fn propose(&self, propose: Propose) -> anyhow::Result<Drafts> {
+    /// Asks for the drafts of one step; [`ProposalReply::wait`] waits for them.
+    pub fn send(&self, propose: Propose) -> anyhow::Result<ProposalReply> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(ProposerMsg::Propose(propose, reply))
             .map_err(|_| anyhow!("the draft proposer has stopped"))?;
-        reply_spinning(rx, self.propose_spin)
-            .await
-            .ok_or_else(|| anyhow!("the draft proposer dropped a step"))?
+        Ok(ProposalReply {
+            rx,
+            spin: self.propose_spin,
+        })
     }
 
     /// Captures the method's graphs for `sizes` on the proposer's thread, between two

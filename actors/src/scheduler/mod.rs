@@ -33,7 +33,7 @@ pub mod spec;
 mod tests;
 mod tier_loads;
 
-use crate::draft::DraftProposerHandle;
+use crate::draft::{DraftProposerHandle, ProposalReply};
 use crate::health::EngineHealth;
 use crate::kv_allocator::KvAllocatorHandle;
 use crate::messages::{
@@ -86,6 +86,9 @@ struct Pending {
     /// before its forward, which may write into the blocks they empty; loads finish
     /// later, while their requests are held: `tier_loads.rs`).
     kv_moves: Vec<KvMove>,
+    /// The last proposal, when it asked no drafts: it runs on the proposer's thread beside
+    /// the step, and is waited for before the next one is sent.
+    unanswered: Option<ProposalReply>,
 }
 
 /// The scheduler's state.
@@ -380,26 +383,49 @@ impl Scheduler {
 
     /// Sends the proposer every planned request (prompt chunks and decodes without room
     /// too: EAGLE-3 takes in their hidden states) and asks drafts of the decodes with room;
-    /// their chunks shrink to the drafts each got. Also says whether the proposer caught
-    /// up on rows that waited while drafts were paused
-    /// ([`crate::messages::Drafts::caught_up`]).
+    /// their chunks shrink to the drafts each got. A proposal that asks no drafts is not
+    /// waited for: the proposer takes in the states beside the step (on the GPU the step
+    /// queues at once), and its reply is waited for before the next proposal is sent, so
+    /// that one proposal at most runs beside the target. Also says whether the proposer
+    /// caught up on rows that waited while drafts were paused
+    /// ([`crate::messages::Drafts::caught_up`]), in this proposal or the one before it.
     async fn propose(&mut self, plan: StepPlan) -> anyhow::Result<(StepPlan, bool)> {
         let Some(proposer) = &self.proposer else {
             self.pending.draft_release.clear();
             return Ok((plan, false));
         };
-        let seqs = self.queues.proposals(&plan);
         let pending = &mut self.pending;
+        let caught_up_before = match pending.unanswered.take() {
+            Some(reply) => {
+                let answered = reply.wait().await?;
+                anyhow::ensure!(
+                    answered.drafts.is_empty(),
+                    "the draft proposer drafted for a proposal that asked none"
+                );
+                answered.caught_up
+            }
+            None => false,
+        };
+        let seqs = self.queues.proposals(&plan);
         if seqs.is_empty() && pending.draft_release.is_empty() && pending.hidden.is_empty() {
-            return Ok((plan, false));
+            return Ok((plan, caught_up_before));
         }
+        let asks_drafts = seqs.iter().any(|s| s.max_drafts > 0);
         let propose = Propose {
             step: self.step + 1,
             seqs,
             released: std::mem::take(&mut pending.draft_release),
             hidden: std::mem::take(&mut pending.hidden),
         };
-        let drafts = proposer.propose(propose).await?;
-        Ok((plan.with_drafts(drafts.drafts), drafts.caught_up))
+        let reply = proposer.send(propose)?;
+        if !asks_drafts {
+            pending.unanswered = Some(reply);
+            return Ok((plan, caught_up_before));
+        }
+        let drafts = reply.wait().await?;
+        Ok((
+            plan.with_drafts(drafts.drafts),
+            drafts.caught_up || caught_up_before,
+        ))
     }
 }

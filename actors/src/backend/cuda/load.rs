@@ -286,12 +286,13 @@ fn feature_ring(gpu: &Gpu, s: &GpuSettings, width: usize) -> anyhow::Result<Arc<
 }
 
 /// Rows of the feature ring a draft head reads: room for the rows a step 0 may still
-/// read when a store begins (two steps of `max_num_batched_tokens`, and every sequence's
-/// rows that wait while its drafts are paused, with two verifications' more), so that
-/// no row is overwritten before step 0 has read it.
+/// read when a store begins (three steps of `max_num_batched_tokens`: the step, the one
+/// queued ahead of it, and the one a proposal that asks no drafts runs beside; and every
+/// sequence's rows that wait while its drafts are paused, with two verifications' more),
+/// so that no row is overwritten before step 0 has read it.
 fn feature_ring_rows(s: &GpuSettings) -> usize {
     let verify = 1 + s.num_speculative_tokens;
-    2 * s.max_num_batched_tokens + s.max_num_seqs * (LAZY_ROWS + 2 * verify)
+    3 * s.max_num_batched_tokens + s.max_num_seqs * (LAZY_ROWS + 2 * verify)
 }
 
 /// Loads the checkpoint in `dir` onto `gpu` and runs its profiling forward.
