@@ -121,7 +121,10 @@
 #                                 rounds (2); the adaptive runs' plans counted by k from
 #                                 the scheduler's trace, and how the steps queued ahead
 #                                 served; ADAPTIVE_BINARIES="peregrine peregrine-base" runs
-#                                 each setting with each binary carried in target/gpu-carry
+#                                 each setting with each binary carried in target/gpu-carry.
+#                                 Without smollm2, SmolLM2's shape with random weights
+#                                 (carry target/tokenizer): every draft is rejected, so it
+#                                 shows what plain steps cost beside the head
 #   scripts/gpu_run.sh eagle3serve (after smollm2) the shipped EAGLE-3 head on the GPU, on
 #                                 the held-out prompts (target/eagle3-bench/heldout_bench.jsonl
 #                                 if carried, else tools/eagle3/bench_dataset.py's): bench
@@ -722,12 +725,19 @@ draftcost)
     ;;
 adaptive)
     head=heads/smollm2-135m-eagle3 log="$OUT/adaptive.log"
+    model=/tmp/smollm2
+    if [ ! -d "$model" ]; then
+        model=/tmp/smol-rand
+        [ -d "$model" ] || timeout 300 python3 scripts/random_checkpoint.py \
+            scripts/configs/smollm2-135m.json target/tokenizer "$model" 2>&1 | tee -a "$log"
+    fi
+    echo "== model $model" | tee -a "$log"
     for c in 1 8 64; do
         for flags in "" "--no-speculative-adaptive"; do
           for binary in ${ADAPTIVE_BINARIES:-peregrine}; do
             echo "== bench spec batch $c ${flags:-adaptive} ($binary)" | tee -a "$log"
             # shellcheck disable=SC2086
-            timeout 300 "$bin/$binary" bench spec --model /tmp/smollm2 --device cuda \
+            timeout 300 "$bin/$binary" bench spec --model "$model" --device cuda \
                 --speculative-method eagle3 --draft-model $head --dataset target/chat40.jsonl \
                 --num-prompts $((c == 1 ? 24 : c * 2)) --concurrency $c --output-len 256 \
                 --rounds "${ADAPTIVE_ROUNDS:-2}" $flags \
