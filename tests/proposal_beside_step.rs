@@ -6,21 +6,18 @@
 
 mod common;
 
-use common::engine::{collect, requests, solo, submit};
+use common::engine::{collect, requests, solo, submit, tiny_backend};
 use common::tiny_model::{TinyModel, TinySpec};
-use peregrine_actors::backend::{cpu_backend, ModelBackend};
 use peregrine_actors::draft::{DraftMethod, Ngram};
 use peregrine_actors::engine::{start_engine, Engine, EngineSettings};
 use peregrine_actors::messages::{
     Drafted, FinishReason, ProposeSeq, RequestEvent, RequestId, SchedulerLimits,
 };
-use peregrine_models::LlamaModel;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
-const BLOCK: usize = 16;
 const MAX_TOKENS: usize = 12;
 
 /// What the first proposal that asks no drafts does.
@@ -63,16 +60,8 @@ impl DraftMethod for Held {
 }
 
 fn engine(dir: &Path, drafter: Held) -> Engine {
-    let spec = TinySpec::llama_tiny();
-    let bytes_per_token = (2 * spec.num_layers * spec.num_kv_heads * spec.head_dim * 4) as u64;
-    let backend: Box<dyn ModelBackend> = cpu_backend(
-        LlamaModel::load(dir).unwrap(),
-        64 * BLOCK as u64 * bytes_per_token,
-        BLOCK,
-    )
-    .unwrap();
     let settings = EngineSettings {
-        block_size: BLOCK,
+        block_size: 16,
         prefix_caching: true,
         limits: SchedulerLimits {
             max_num_seqs: 8,
@@ -86,7 +75,7 @@ fn engine(dir: &Path, drafter: Held) -> Engine {
         async_scheduling_constrained: false,
         kv_events: None,
     };
-    start_engine(backend, &settings, Some(Box::new(drafter))).unwrap()
+    start_engine(tiny_backend(dir, 64), &settings, Some(Box::new(drafter))).unwrap()
 }
 
 fn held(hold: Hold) -> (Held, Arc<AtomicBool>, Arc<AtomicUsize>) {
