@@ -158,6 +158,14 @@ pub struct BenchSpecArgs {
     /// every multiple of 8 up to --concurrency, in both runs).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// No decode step is queued before the step ahead of it is read (as `serve
+    /// --no-async-scheduling`; on by default on the GPU, in both runs).
+    #[arg(long)]
+    pub no_async_scheduling: bool,
+    /// Writes every run's outputs to this file, a JSON line each request ({"run": "without"
+    /// or "with", "round", "request", "tokens"}), to find where greedy outputs part.
+    #[arg(long)]
+    pub outputs: Option<PathBuf>,
     /// Runs of each kind, in the order without, with, with, without, ... (so that a
     /// machine whose speed drifts during the benchmark weighs on both alike); the times
     /// are summed.

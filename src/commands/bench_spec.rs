@@ -11,6 +11,7 @@
 use super::bench_serve::prompts;
 use super::engine::load_backend;
 use crate::cli::BenchSpecArgs;
+use anyhow::Context;
 use peregrine_actors::backend::Loaded;
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
@@ -20,6 +21,7 @@ use peregrine_actors::messages::{
 use peregrine_config::{DeviceKind, ServeConfig};
 use peregrine_models::tokenizer::Tokenizer;
 use peregrine_ops::sampling::SamplingParams;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
@@ -57,6 +59,9 @@ pub fn run(args: BenchSpecArgs) -> anyhow::Result<()> {
                 false => off.push(run),
             }
         }
+    }
+    if let Some(path) = &args.outputs {
+        write_outputs(path, &off, &on)?;
     }
     let rounds: Vec<String> = off
         .iter()
@@ -212,7 +217,7 @@ async fn run_engine(
             speculative_adaptive: !args.no_speculative_adaptive,
         },
         max_model_len: None,
-        async_scheduling: backend.host_waits_on_device(),
+        async_scheduling: !args.no_async_scheduling && backend.host_waits_on_device(),
         async_scheduling_constrained: false,
         kv_events: None,
     };
@@ -257,6 +262,23 @@ async fn run_engine(
     // exit while a thread still frees device memory.
     engine.shutdown().await;
     Ok(RunResult { outputs, seconds })
+}
+
+/// Writes each run's outputs to `path`, a JSON line per request, runs without drafts first.
+fn write_outputs(path: &Path, off: &[RunResult], on: &[RunResult]) -> anyhow::Result<()> {
+    let mut lines = String::new();
+    for (run, results) in [("without", off), ("with", on)] {
+        for (round, result) in results.iter().enumerate() {
+            for (request, (tokens, _)) in result.outputs.iter().enumerate() {
+                let line = serde_json::json!({
+                    "run": run, "round": round, "request": request, "tokens": tokens,
+                });
+                lines.push_str(&line.to_string());
+                lines.push('\n');
+            }
+        }
+    }
+    std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }
 
 /// One request of the benchmark.
