@@ -187,6 +187,12 @@
 #                                 tiers.log (the servers' own logs stay in /tmp).
 #                                 TIERS_CASES="host disk" runs only the cases it names (none
 #                                 host disk restart agent-none agent-disk)
+#   scripts/gpu_run.sh parting    (after smollm2) where greedy outputs part between runs with
+#                                 and without drafts (seen at 8 to 16 requests on the chat
+#                                 prompts, target/chat40.jsonl): bench spec --deterministic
+#                                 with ngram at 1, 8 and 16 requests, --outputs of each, then
+#                                 per request the first position where a run differs from the
+#                                 run without drafts at 1 request, in parting.log
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -940,6 +946,35 @@ tiers)
         wait $server
         grep -E "KV (disk|host) tier|ERROR|panicked" "/tmp/serve-tiers-$name.log" | tee -a "$log"
     done
+    ;;
+parting)
+    log="$OUT/parting.log"
+    for c in 1 8 16; do
+        echo "== $c requests" | tee -a "$log"
+        timeout 200 "$bin/peregrine" bench spec --model /tmp/smollm2 --device cuda \
+            --speculative-method ngram --dataset target/chat40.jsonl --num-prompts 16 \
+            --concurrency $c --output-len 256 --deterministic --no-speculative-adaptive \
+            --outputs "$OUT/outputs-$c.jsonl" 2>&1 | grep -E "speedup|identical" | tee -a "$log"
+    done
+    # Each run's tokens against the run without drafts at one request: the first position
+    # where they part, with the tokens around it.
+    python3 - "$OUT" <<'PY' 2>&1 | tee -a "$log"
+import json, sys
+runs = {}
+for c in (1, 8, 16):
+    for line in open(f"{sys.argv[1]}/outputs-{c}.jsonl"):
+        r = json.loads(line)
+        runs[(c, r["run"], r["request"])] = r["tokens"]
+for (c, run, request), tokens in sorted(runs.items()):
+    want = runs[(1, "without", request)]
+    at = next((i for i, (a, b) in enumerate(zip(tokens, want)) if a != b), None)
+    if at is None and len(tokens) != len(want):
+        at = min(len(tokens), len(want))
+    if at is not None:
+        print(f"request {request}, {c} requests, {run} drafts: parts at {at} of "
+              f"{len(tokens)} / {len(want)}: {tokens[max(0, at - 3):at + 3]} against "
+              f"{want[max(0, at - 3):at + 3]}")
+PY
     ;;
 *)
     echo "unknown mode $mode" >&2
