@@ -190,7 +190,7 @@
 #   scripts/gpu_run.sh parting    (after smollm2) where greedy outputs part between runs with
 #                                 and without drafts (seen at 8 to 16 requests on the chat
 #                                 prompts, target/chat40.jsonl): bench spec --deterministic
-#                                 with ngram at 1, 8 and 16 requests, --outputs of each, then
+#                                 with ngram at 1, 8 and 16 requests, two rounds, --outputs of each, then
 #                                 per request the first position where a run differs from the
 #                                 run without drafts at 1 request, in parting.log
 # Results go to $OUT (one log per mode) as they are produced.
@@ -954,7 +954,7 @@ parting)
         timeout 200 "$bin/peregrine" bench spec --model /tmp/smollm2 --device cuda \
             --speculative-method ngram --dataset target/chat40.jsonl --num-prompts 16 \
             --concurrency $c --output-len 256 --deterministic --no-speculative-adaptive \
-            --outputs "$OUT/outputs-$c.jsonl" 2>&1 | grep -E "speedup|identical" | tee -a "$log"
+            --rounds 2 --outputs "$OUT/outputs-$c.jsonl" 2>&1 | grep -E "speedup|identical" | tee -a "$log"
     done
     # Each run's tokens against the run without drafts at one request: the first position
     # where they part, with the tokens around it.
@@ -964,14 +964,14 @@ runs = {}
 for c in (1, 8, 16):
     for line in open(f"{sys.argv[1]}/outputs-{c}.jsonl"):
         r = json.loads(line)
-        runs[(c, r["run"], r["request"])] = r["tokens"]
-for (c, run, request), tokens in sorted(runs.items()):
-    want = runs[(1, "without", request)]
+        runs[(c, r["run"], r["round"], r["request"])] = r["tokens"]
+for (c, run, round_, request), tokens in sorted(runs.items()):
+    want = runs[(1, "without", 0, request)]
     at = next((i for i, (a, b) in enumerate(zip(tokens, want)) if a != b), None)
     if at is None and len(tokens) != len(want):
         at = min(len(tokens), len(want))
     if at is not None:
-        print(f"request {request}, {c} requests, {run} drafts: parts at {at} of "
+        print(f"request {request}, {c} requests, {run} drafts, round {round_}: parts at {at} of "
               f"{len(tokens)} / {len(want)}: {tokens[max(0, at - 3):at + 3]} against "
               f"{want[max(0, at - 3):at + 3]}")
 PY

@@ -284,11 +284,15 @@ __device__ __forceinline__ void flash_tile_softmax(float (&s)[KEY_TILES][4], flo
     max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 1));
     max_hi = fmaxf(max_hi, SHFL_XOR(max_hi, 2));
     const float new_lo = fmaxf(m_lo, max_lo), new_hi = fmaxf(m_hi, max_hi);
-    // The guard keeps -inf - -inf out of the arithmetic before the first key.
-    const float use_lo = new_lo == NEG_INF ? 0.0f : new_lo * scale_log2;
-    const float use_hi = new_hi == NEG_INF ? 0.0f : new_hi * scale_log2;
-    const float alpha_lo = exp2f(m_lo * scale_log2 - use_lo);
-    const float alpha_hi = exp2f(m_hi * scale_log2 - use_hi);
+    // The guard keeps -inf - -inf out of the arithmetic before the first key. The old and
+    // new maxima are scaled by the same rounded product (__fmul_rn is never fused into an
+    // fma), so a tile that leaves a row's max as it was rescales it by exactly 1: fused,
+    // m * scale - use would be the product's rounding error, and the row's bits would
+    // depend on whether its step held rows reaching into a later key tile.
+    const float use_lo = new_lo == NEG_INF ? 0.0f : __fmul_rn(new_lo, scale_log2);
+    const float use_hi = new_hi == NEG_INF ? 0.0f : __fmul_rn(new_hi, scale_log2);
+    const float alpha_lo = exp2f(__fmul_rn(m_lo, scale_log2) - use_lo);
+    const float alpha_hi = exp2f(__fmul_rn(m_hi, scale_log2) - use_hi);
     float sum_lo = 0.0f, sum_hi = 0.0f;
 #pragma unroll
     for (int n = 0; n < KEY_TILES; ++n) {

@@ -216,6 +216,14 @@ fn place_past(
     }
 }
 
+/// The GPU's o rows of one step: with decode rows (and sequences of up to SPLIT_MAX_ROWS
+/// rows) through the split kernel, as by default, and with every sequence through the
+/// prefill kernel, as under --deterministic.
+struct StepRows {
+    split: Vec<bf16>,
+    prefill: Vec<bf16>,
+}
+
 /// One step: write the new K/V and run attention on the GPU and on the CPU over the same
 /// data; check the caches bit for bit, o's sentinel tail, and o against the CPU. Returns
 /// the GPU's o rows.
@@ -226,7 +234,7 @@ fn run_step(
     caches: &mut Caches,
     seqs: &[Seq],
     tables: &[Vec<u32>],
-) -> Vec<bf16> {
+) -> StepRows {
     let (gpu, stream) = (&s.gpu, s.gpu.stream());
     let specs: Vec<SeqSpec> = seqs
         .iter()
@@ -361,11 +369,14 @@ fn run_step(
         ATOL,
         RTOL,
     );
-    o_rows.to_vec()
+    StepRows {
+        split: o_rows.to_vec(),
+        prefill: o_tiles[..rows * width].to_vec(),
+    }
 }
 
 /// Runs `seqs` over a small pool (`num_blocks`, random everywhere so that a wrong slot
-/// reads wrong data) holding their cached tokens; returns the GPU's o rows.
+/// reads wrong data) holding their cached tokens; returns the GPU's o rows of both kernels.
 fn run_small(
     s: &Setup,
     rng: &mut ChaCha8Rng,
@@ -374,7 +385,7 @@ fn run_small(
     num_blocks: usize,
     seqs: &[Seq],
     tables: &[Vec<u32>],
-) -> Vec<bf16> {
+) -> StepRows {
     let layout = g.layout(num_blocks);
     let elems = layout.layer_elems() as usize;
     let mut k_host = rounded(random_f32(rng, elems, 1.0));
@@ -636,6 +647,67 @@ fn verification_rows_match_the_cpu() {
     random_case(s, &mut rng, "verification mha d64", &MHA_64, &shape);
 }
 
+/// Under --deterministic every row goes through the prefill kernel, and a verification
+/// step's rows must get the bits of one-row steps at their positions. The kernel walks key
+/// tiles of 64 up to its warp's last row, so a step whose first rows sit just before a
+/// multiple of 64 and whose drafts reach past it walks a tile wholly past those rows: the
+/// tile must leave them exactly as they were, its rescale exactly 1. A fused rescale once
+/// left a product's rounding error there (scaling a row's sums and its softmax total
+/// alike, so only now and then did an output move by a bf16 step), and greedy tokens with
+/// drafts parted from those without; so 60 sequences of 32 heads are checked.
+#[test]
+fn verification_rows_get_the_bits_of_one_row_steps_past_a_key_tile() {
+    let Some(s) = setup() else { return };
+    let mut rng = rng("verification_rows_get_the_bits_of_one_row_steps_past_a_key_tile");
+    for head_dim in [128, 64] {
+        let g = Geometry {
+            heads: 32,
+            kv_heads: 8,
+            head_dim,
+            block_size: 16,
+        };
+        let (width, kv_width, rows) = (g.width(), g.kv_width(), 4);
+        let firsts = [63, 127, 191, 62, 126, 61];
+        let steps: Vec<Seq> = (0..60)
+            .map(|i| random_seq(&mut rng, &g, firsts[i % firsts.len()], rows))
+            .collect();
+        let label = format!("d{head_dim} verification steps");
+        let (num_blocks, tables) = scattered_tables(&mut rng, &g, &steps, 3);
+        let verified = run_small(s, &mut rng, &label, &g, num_blocks, &steps, &tables).prefill;
+        for r in 0..rows {
+            // Each step's row r alone: the rows before it are cached tokens.
+            let alone: Vec<Seq> = steps
+                .iter()
+                .map(|step| {
+                    let mut one = Seq {
+                        cached: step.cached + r,
+                        new: 1,
+                        past_k: step.past_k.clone(),
+                        past_v: step.past_v.clone(),
+                        qkv: step.qkv[r * g.stride()..(r + 1) * g.stride()].to_vec(),
+                    };
+                    for before in step.qkv.chunks(g.stride()).take(r) {
+                        one.past_k.extend(&before[width..width + kv_width]);
+                        one.past_v.extend(&before[width + kv_width..]);
+                    }
+                    one
+                })
+                .collect();
+            let label = format!("d{head_dim} row {r} of each alone");
+            let (num_blocks, tables) = scattered_tables(&mut rng, &g, &alone, 3);
+            let one_row = run_small(s, &mut rng, &label, &g, num_blocks, &alone, &tables).prefill;
+            for (i, step) in steps.iter().enumerate() {
+                let at = (i * rows + r) * width;
+                assert_same_bits(
+                    &format!("{label}: the step after {} tokens, row {r}", step.cached),
+                    &verified[at..at + width],
+                    &one_row[i * width..(i + 1) * width],
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn chunked_prefill_after_cached_tokens_matches_the_cpu() {
     let Some(s) = setup() else { return };
@@ -666,9 +738,7 @@ fn a_sequence_gets_the_same_bits_alone_and_in_a_batch_of_64() {
     for (label, seq) in [("decode alone", &decode), ("prefill alone", &prefill)] {
         let seqs = [seq.clone()];
         let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 7);
-        alone.push(run_small(
-            s, &mut rng, label, &g, num_blocks, &seqs, &tables,
-        ));
+        alone.push(run_small(s, &mut rng, label, &g, num_blocks, &seqs, &tables).split);
     }
     // 62 other sequences, decode and prefill, around the two (at 17 and 40), in a pool
     // where they land on other blocks.
@@ -686,7 +756,7 @@ fn a_sequence_gets_the_same_bits_alone_and_in_a_batch_of_64() {
     seqs.insert(17, decode.clone());
     seqs.insert(40, prefill.clone());
     let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 29);
-    let batch = run_small(s, &mut rng, "batch of 64", &g, num_blocks, &seqs, &tables);
+    let batch = run_small(s, &mut rng, "batch of 64", &g, num_blocks, &seqs, &tables).split;
     let width = g.width();
     for (index, want) in [(17, &alone[0]), (40, &alone[1])] {
         let row = seqs[..index].iter().map(|q| q.new).sum::<usize>();
@@ -710,9 +780,7 @@ fn decode_gets_the_same_bits_whatever_the_heads_per_block() {
     for (label, seq) in [("short alone", &short), ("long alone", &long)] {
         let seqs = [seq.clone()];
         let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 3);
-        alone.push(run_small(
-            s, &mut rng, label, &g, num_blocks, &seqs, &tables,
-        ));
+        alone.push(run_small(s, &mut rng, label, &g, num_blocks, &seqs, &tables).split);
     }
     let mut seqs: Vec<Seq> = (0..198)
         .map(|_| {
@@ -723,7 +791,7 @@ fn decode_gets_the_same_bits_whatever_the_heads_per_block() {
     seqs.insert(50, short.clone());
     seqs.insert(150, long.clone());
     let (num_blocks, tables) = scattered_tables(&mut rng, &g, &seqs, 11);
-    let batch = run_small(s, &mut rng, "batch of 200", &g, num_blocks, &seqs, &tables);
+    let batch = run_small(s, &mut rng, "batch of 200", &g, num_blocks, &seqs, &tables).split;
     let width = g.width();
     for (index, want) in [(50, &alone[0]), (150, &alone[1])] {
         let got = &batch[index * width..(index + 1) * width];

@@ -312,3 +312,80 @@ fn deterministic_mode_is_chunking_invariant() {
         );
     }
 }
+
+/// In deterministic mode the rows of a verification step (the last token and three drafts,
+/// every row a logit row) give the bits one-token steps give at their positions, also where
+/// the step's rows reach into the next key tile of the prefill attention (64 keys) past the
+/// first row's position (the attention kernel alone, with more heads, is checked for that
+/// in `verification_rows_get_the_bits_of_one_row_steps_past_a_key_tile`).
+#[test]
+fn deterministic_verification_rows_equal_one_token_steps() {
+    if setup().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut tiny = TinyModel::random(gpu_sized(TinySpec::llama_tiny()), 21);
+    // Scores as large as a trained model's (its softmax peaked), so that a rescale off by
+    // one product's rounding moves the row's bits: 16x the random init's.
+    for (name, (_, values)) in tiny.tensors.iter_mut() {
+        if name.ends_with("q_proj.weight") || name.ends_with("k_proj.weight") {
+            values.iter_mut().for_each(|v| *v *= 4.0);
+        }
+    }
+    tiny.write_hf(dir.path());
+    let mut model = gpu_model(dir.path(), true);
+    let c = model.config().clone();
+    let g = model.gpu().clone();
+    let (block_size, blocks, rows) = (16usize, 10u64, 4usize);
+    let prompt: Vec<u32> = (0..136).map(|i| (i * 389 + 11) % 1000).collect();
+    let table: Vec<u32> = (0..blocks as u32).rev().collect();
+    let vocab = c.vocab_size;
+    // Runs `chunks` (start, length) of the prompt in order through a fresh cache; returns
+    // each chunk's logits: of every row in chunks of up to `rows` tokens (one-token and
+    // verification steps), of the last row in longer ones (prefills).
+    let mut run = |chunks: &[(usize, usize)]| -> Vec<Vec<f32>> {
+        let mut cache =
+            GpuKvCache::new(&g, c.num_layers, model.kv_layout(blocks, block_size as u64)).unwrap();
+        chunks
+            .iter()
+            .map(|&(start, len)| {
+                let spec = SeqSpec {
+                    num_cached: start,
+                    num_new: len,
+                    block_table: &table,
+                };
+                let plan = AttentionPlan::new(&[spec], block_size, blocks).unwrap();
+                let wanted: Vec<usize> = if len <= rows {
+                    (0..len).collect()
+                } else {
+                    vec![len - 1]
+                };
+                model
+                    .forward_to_host(&prompt[start..start + len], &plan, &mut cache, &wanted)
+                    .unwrap()
+            })
+            .collect()
+    };
+    // One token at a time: every position's logits.
+    let singles: Vec<(usize, usize)> = (0..prompt.len()).map(|i| (i, 1)).collect();
+    let one_by_one = run(&singles);
+    for first in [57, 60, 61, 62, 63, 64, 125, 127] {
+        let step = &run(&[(0, first), (first, rows)])[1];
+        for r in 0..rows {
+            let want = &one_by_one[first + r];
+            let got = &step[r * vocab..(r + 1) * vocab];
+            let differ = got
+                .iter()
+                .zip(want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                differ,
+                0,
+                "a verification step from position {first}: row {r} (position {}) differs \
+                 from its one-token step in {differ} of {vocab} logits",
+                first + r
+            );
+        }
+    }
+}
