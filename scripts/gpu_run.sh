@@ -187,11 +187,12 @@
 #                                 tiers.log (the servers' own logs stay in /tmp).
 #                                 TIERS_CASES="host disk" runs only the cases it names (none
 #                                 host disk restart agent-none agent-disk)
-#   scripts/gpu_run.sh parting    (after smollm2) where greedy outputs part between runs with
-#                                 and without drafts (seen at 8 to 16 requests on the chat
-#                                 prompts, target/chat40.jsonl): bench spec --deterministic
-#                                 with ngram at 1, 8 and 16 requests, two rounds, --outputs of each, then
-#                                 per request the first position where a run differs from the
+#   scripts/gpu_run.sh parting    (after smollm2) whether greedy outputs with drafts keep
+#                                 the bits of those without under --deterministic (it found
+#                                 the prefill attention's fused rescale): bench spec with
+#                                 ngram on the chat prompts (target/chat40.jsonl) at 1, 8
+#                                 and 16 requests, two rounds, --outputs of each, then per
+#                                 request the first position where a run differs from the
 #                                 run without drafts at 1 request, in parting.log
 # Results go to $OUT (one log per mode) as they are produced.
 set -uo pipefail

@@ -308,7 +308,7 @@ impl DraftControl {
     /// `from`'s, and a catch-up only where the last step planned none (else the drafter
     /// has just caught up).
     fn worth_switching(&self, n: f64, from: usize, to: usize, horizon: u64) -> bool {
-        let ((from_rate, _), (to_rate, _)) = (self.rate(n, from), self.rate(n, to));
+        let ((from_rate, from_cost), (to_rate, to_cost)) = (self.rate(n, from), self.rate(n, to));
         if from == 0 && to > 0 {
             if to_rate < from_rate * (1.0 + START_MARGIN) {
                 return false;
@@ -317,9 +317,7 @@ impl DraftControl {
                 return true;
             }
         }
-        let (Some(catch_up), (from_rate, Some(_)), (to_rate, Some(to_cost))) =
-            (self.catch_up, self.rate(n, from), self.rate(n, to))
-        else {
+        let (Some(catch_up), Some(_), Some(to_cost)) = (self.catch_up, from_cost, to_cost) else {
             return true;
         };
         let to_tokens = to_rate * to_cost;
