@@ -226,7 +226,7 @@ struct StepRows {
 
 /// One step: write the new K/V and run attention on the GPU and on the CPU over the same
 /// data; check the caches bit for bit, o's sentinel tail, and o against the CPU. Returns
-/// the GPU's o rows.
+/// the GPU's o rows of both kernels.
 fn run_step(
     s: &Setup,
     label: &str,
