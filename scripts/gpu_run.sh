@@ -106,7 +106,8 @@
 #                                 shipped EAGLE-3 head and without speculation: a fresh
 #                                 server per concurrency (1 and 64) and per setting, bench
 #                                 serve on the held-out prompts, then its step-time and
-#                                 head-step series from /metrics
+#                                 head-step series from /metrics; each binary of
+#                                 EAGLE3TIME_BINARIES (default peregrine) in turns
 #   scripts/gpu_run.sh draftcost  (after smollm2) what adaptive drafting sees and decides: a
 #                                 fresh server per setting (adaptive, always 1, 2 and 3
 #                                 drafts, no speculation) at concurrency 64 and 32
@@ -650,9 +651,10 @@ eagle3time)
     for c in 1 64; do
         for flags in "--speculative-method eagle3 --draft-model $head" \
             "--speculative-method eagle3 --draft-model $head --no-speculative-adaptive" ""; do
-            echo "== concurrency $c serve ${flags:-without speculation}" | tee -a "$OUT/eagle3_time.log"
+          for binary in ${EAGLE3TIME_BINARIES:-peregrine}; do
+            echo "== concurrency $c serve ${flags:-without speculation} ($binary)" | tee -a "$OUT/eagle3_time.log"
             # shellcheck disable=SC2086
-            "$bin/peregrine" serve --model /tmp/smollm2 --device cuda --port $port \
+            "$bin/$binary" serve --model /tmp/smollm2 --device cuda --port $port \
                 --max-num-seqs 64 $flags >/tmp/serve-time.log 2>&1 &
             server=$!
             wait_for_port $port
@@ -664,6 +666,7 @@ eagle3time)
                 tee -a "$OUT/eagle3_time.log"
             kill $server
             wait $server
+          done
         done
     done
     ;;

@@ -65,6 +65,7 @@ impl Seq {
             sample: true,
             num_drafts: drafts.len(),
             draft_dists: None,
+            drafts_on_device: None,
             setup,
         }
     }

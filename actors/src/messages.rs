@@ -15,6 +15,7 @@
 use crate::graphs::CaptureSizes;
 use crate::kv_disk::ContentHash;
 use peregrine_config::MAX_SPECULATIVE_TOKENS;
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_ops::sampling::{DraftDist, SamplingParams, TokenLogprobs};
 use peregrine_structured::CompiledGrammar;
 use std::sync::Arc;
@@ -213,6 +214,9 @@ pub struct ScheduledSeq {
     /// The distribution each draft was sampled from (`num_drafts` of them), for a sampled
     /// request's verification; `None` for greedy drafts.
     pub draft_dists: Option<Vec<DraftDist>>,
+    /// Where each draft lies on the device, when the proposal left them there
+    /// ([`Drafted::on_device`]): the last `num_drafts` of `tokens` are placeholders.
+    pub drafts_on_device: Option<Vec<HandedDraft>>,
     /// Set the first time the runner sees the request (and again after a preemption it
     /// is not: the runner keeps the sampler state until the request is released).
     pub setup: Option<SamplingSetup>,
@@ -402,6 +406,10 @@ pub struct Drafted {
     /// The distribution each draft was sampled from (`q` of verification), one per token;
     /// `None` for greedy drafts (a one-hot `q`).
     pub dists: Option<Vec<DraftDist>>,
+    /// Where each draft lies on the device, for greedy drafts a chained proposal left
+    /// there (CUDA): `tokens` then holds placeholders, and the runner feeds the
+    /// verification the drafts themselves (and reads them back to judge them).
+    pub on_device: Option<Vec<HandedDraft>>,
 }
 
 impl Drafted {
@@ -410,14 +418,27 @@ impl Drafted {
         Drafted {
             tokens,
             dists: None,
+            on_device: None,
         }
     }
 
-    /// Keeps the first `n` drafts (and their distributions).
+    /// Greedy drafts left on the device at `places`, one a draft.
+    pub fn on_device(places: Vec<HandedDraft>) -> Drafted {
+        Drafted {
+            tokens: vec![0; places.len()],
+            dists: None,
+            on_device: Some(places),
+        }
+    }
+
+    /// Keeps the first `n` drafts (and their distributions or places).
     pub fn truncate(&mut self, n: usize) {
         self.tokens.truncate(n);
         if let Some(dists) = &mut self.dists {
             dists.truncate(n);
+        }
+        if let Some(places) = &mut self.on_device {
+            places.truncate(n);
         }
     }
 }

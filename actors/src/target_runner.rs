@@ -5,6 +5,7 @@
 //! and scores the prompt tokens of the requests that asked (`prompt_scores.rs`).
 
 mod decode_ahead;
+mod device_drafts;
 mod grammar;
 mod prompt_scores;
 
@@ -19,7 +20,9 @@ use crate::messages::{
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
+use device_drafts::fed_rows;
 use grammar::{after_tokens, masks_of, verification_masks, Chosen};
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::GrammarMatcher;
@@ -90,6 +93,9 @@ struct RunSeq {
     num_drafts: usize,
     /// The distributions the drafts were sampled from (`None`: greedy drafts).
     draft_dists: Option<Vec<DraftDist>>,
+    /// Where the drafts lie on the device, where the proposal left them there: the last
+    /// `num_drafts` of `tokens` are placeholders until they are read or fed.
+    drafts_on_device: Option<Vec<HandedDraft>>,
 }
 
 /// The runner's state, living on its thread.
@@ -234,10 +240,12 @@ impl TargetRunner {
             }
         }
         // Each table leaves the map for the step and returns to it whatever the outcome.
-        let seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
+        let mut seqs: Vec<RunSeq> = batch.seqs.into_iter().map(|s| self.resolve(s)).collect();
         self.hidden = None;
         self.scores.clear();
-        let result = self.run(&seqs, ahead, batch.queue_ahead);
+        let result = self
+            .read_drafts_unless_fed(&mut seqs)
+            .and_then(|()| self.run(&seqs, ahead, batch.queue_ahead));
         let hidden = self
             .hidden
             .take()
@@ -274,6 +282,7 @@ impl TargetRunner {
             sample: seq.sample,
             num_drafts: seq.num_drafts,
             draft_dists: seq.draft_dists,
+            drafts_on_device: seq.drafts_on_device,
         }
     }
 
@@ -591,7 +600,8 @@ impl TargetRunner {
         Ok(outputs)
     }
 
-    /// Greedy verification from each row's argmax (the backend moves only the ids).
+    /// Greedy verification from each row's argmax (the backend moves only the ids); drafts
+    /// left on the device are fed there and read back with the ids.
     fn verify_greedy(
         &mut self,
         tokens: &[u32],
@@ -599,7 +609,20 @@ impl TargetRunner {
         rows: &[usize],
         states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
-        let targets = self.plain_argmax(tokens, plan, rows)?;
+        let fed = fed_rows(states.iter().map(|(s, _)| *s), rows)?;
+        let (targets, mut fed_drafts) = match fed.is_empty() {
+            true => (
+                self.plain_argmax(tokens, plan, rows)?,
+                Vec::new().into_iter(),
+            ),
+            false => {
+                let (ids, drafts) = self.model.argmax_fed(tokens, plan, rows, &fed)?;
+                if let Some(hidden) = self.model.take_hidden() {
+                    self.hidden = Some(hidden);
+                }
+                (ids, drafts.into_iter())
+            }
+        };
         if targets.len() != rows.len() {
             return Err(anyhow!("{} tokens for {} rows", targets.len(), rows.len()));
         }
@@ -609,7 +632,11 @@ impl TargetRunner {
             let n = s.num_drafts.min(s.tokens.len() - 1);
             let (own, rest) = targets.split_at(n + 1);
             targets = rest;
-            let verdict = accept_greedy(own, &s.tokens[s.tokens.len() - n..]);
+            let drafts: Vec<u32> = match s.drafts_on_device {
+                Some(_) => fed_drafts.by_ref().take(n).collect(),
+                None => s.tokens[s.tokens.len() - n..].to_vec(),
+            };
+            let verdict = accept_greedy(own, &drafts);
             state.output.extend(&verdict.tokens);
             outputs.push(SeqOutput {
                 id: s.id,
@@ -653,19 +680,27 @@ fn split_hidden(hidden: &HiddenData, seqs: &[RunSeq]) -> Vec<HiddenRows> {
 /// logprobs, a grammar, or biases from its next token on (`min_tokens` passed, no
 /// `logit_bias`); its sampler then draws nothing, so it need not see the logits.
 fn argmax_only(states: &[(&RunSeq, SeqSampling)]) -> bool {
-    greedy_under_masks(states) && states.iter().all(|(_, state)| state.grammar.is_none())
+    states.iter().all(|(_, state)| takes_argmax(state))
+}
+
+/// Whether the sequence's token is its row's argmax ([`argmax_only`], one sequence).
+fn takes_argmax(state: &SeqSampling) -> bool {
+    greedy_under_mask(state) && state.grammar.is_none()
 }
 
 /// Whether every sampled sequence's token is the argmax of its row under its grammar's
 /// mask, if it has one: [`argmax_only`] but for the grammars.
 fn greedy_under_masks(states: &[(&RunSeq, SeqSampling)]) -> bool {
-    states.iter().all(|(_, state)| {
-        let params = state.sampler.params();
-        params.is_greedy()
-            && !params.has_penalties()
-            && !params.biases_after(state.output.len())
-            && state.logprobs.is_none()
-    })
+    states.iter().all(|(_, state)| greedy_under_mask(state))
+}
+
+/// [`greedy_under_masks`] of one sequence.
+fn greedy_under_mask(state: &SeqSampling) -> bool {
+    let params = state.sampler.params();
+    params.is_greedy()
+        && !params.has_penalties()
+        && !params.biases_after(state.output.len())
+        && state.logprobs.is_none()
 }
 
 /// The drafts `s` carries to verify: the last of its tokens.

@@ -77,6 +77,18 @@ extern "C" __global__ void draft_feed_f32(const float* __restrict__ pre,
     }
 }
 
+// dst[pairs[2i]] = src[pairs[2i + 1]] for i < count: the drafts a draft head left on the
+// device written into a verification step's token ids (`DraftHandOff`). Every index lies in
+// its buffer: the caller's check.
+extern "C" __global__ void scatter_ids_i32(const int* __restrict__ src,
+                                           const int* __restrict__ pairs,
+                                           int* __restrict__ dst, int count) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    dst[pairs[2 * i]] = src[pairs[2 * i + 1]];
+}
+
 // ring[(first + r) % capacity, :] = bf16(src[r, :]) for `rows` f32 rows of `dim`: a target
 // forward's recorded layer inputs stored, on the target's stream, into the ring an EAGLE-3
 // head gathers them from (`FeatureRing`).

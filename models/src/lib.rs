@@ -3,7 +3,6 @@
 
 pub mod chat_template;
 pub mod config;
-#[cfg(feature = "cuda")]
 pub mod draft_head;
 pub mod eagle3;
 pub mod fetch;

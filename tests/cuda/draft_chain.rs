@@ -2,7 +2,8 @@
 //! the feed kernel against the host's gather, and a chained proposal against the same
 //! proposal run one step at a time (each step's drafts and `pre` read back and fed to the
 //! next): the same drafts, bit for bit, and the same head KV in every block but the
-//! scratch block, whether step 0 runs through a graph of step 0 or on its own.
+//! scratch block, whether step 0 runs through a graph of step 0 or on its own, and whether
+//! the drafts are read back or left in a hand-off on the device; the hand-off's refusals.
 
 use crate::eagle3::{blocks, first_step, gpu_head_spec, heads, ring_runner, table};
 use crate::eagle3::{write_target_and_head, SCRATCH};
@@ -10,6 +11,8 @@ use crate::{random_f32, rng, setup};
 use peregrine_actors::draft::{GpuHead, HeadCall, HeadRunner};
 use peregrine_actors::graphs::CaptureSizes;
 use peregrine_kernels::cuda::elementwise::{draft_feed, DraftFeedOut};
+use peregrine_models::draft_head::cuda::hand_off::{DraftHandOff, HandOffError};
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::HeadInput;
 use peregrine_ops::SeqSpec;
@@ -142,19 +145,37 @@ fn stepped(head: &mut GpuHead, first: HeadCall<'_>, later: usize) -> Vec<Vec<u32
 /// without graphs does not chain.
 #[test]
 fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
-    let Some(_) = setup() else {
-        return;
-    };
+    if setup().is_some() {
+        chain_against_steps(false);
+    }
+}
+
+/// The same with the chain's drafts left in a hand-off on the device, where step 0 runs
+/// through a graph of step 0 (read back from there on the target's stream), and read back
+/// by the head where it does not; a hand-off's drafts are stale once the next chain wrote.
+#[test]
+fn a_chained_proposal_handed_off_on_the_device_drafts_as_its_steps_run_one_by_one() {
+    if setup().is_some() {
+        chain_against_steps(true);
+    }
+}
+
+fn chain_against_steps(handing_off: bool) {
     let dir = tempfile::tempdir().unwrap();
     write_target_and_head(dir.path(), &gpu_head_spec(false, true), 47);
     let target = Gpu::open(0).unwrap();
     let (host, _) = heads(dir.path(), true);
     let width = host.aux_layers().len() * host.config().target_hidden_size;
     let ring = Arc::new(FeatureRing::new(&target, 512, width).unwrap());
+    let hand_off = Arc::new(DraftHandOff::new(&target, 64).unwrap());
     let ((mut one_by_one, stepped_cache), (mut chained, chained_cache)) = (
         ring_runner(dir.path(), &ring),
         ring_runner(dir.path(), &ring),
     );
+    if handing_off {
+        chained = chained.handing_drafts_to(hand_off.clone());
+    }
+    let (mut handed, mut last_places) = (0, None);
     let sizes = CaptureSizes::from_list(&[1, 2, 4, 8], 8).unwrap();
     for head in [&mut one_by_one, &mut chained] {
         head.capture_graphs(Some(&sizes)).unwrap();
@@ -200,6 +221,22 @@ fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
         } else {
             let want = stepped(&mut one_by_one, call, later);
             let got = chained.run_chain(call, later).unwrap().expect("a chain");
+            let places: Vec<HandedDraft> = got
+                .iter()
+                .flat_map(|d| d.on_device.iter().flatten().copied())
+                .collect();
+            let got: Vec<Vec<u32>> = match places.is_empty() {
+                true => got.into_iter().map(|d| d.tokens).collect(),
+                false => {
+                    if let Some(stale) = last_places.replace(places[0]) {
+                        let refused = hand_off.fetch(target.stream(), &[stale]);
+                        assert!(matches!(refused, Err(HandOffError::Stale { .. })));
+                    }
+                    handed += 1;
+                    let read = hand_off.fetch(target.stream(), &places).unwrap();
+                    read.chunks(1 + later).map(<[u32]>::to_vec).collect()
+                }
+            };
             assert_eq!(got, want, "round {round}: drafts");
             assert!(got.iter().all(|d| d.len() == 1 + later));
             compared += 1;
@@ -210,6 +247,8 @@ fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
         }
     }
     assert_eq!(compared, 4);
+    // Rounds 1, 3 and 4 run step 0 through its graphs; round 2 (6 rows) does not.
+    assert_eq!(handed, if handing_off { 3 } else { 0 });
     let (stepped_blocks, chained_blocks) = (
         blocks(&stepped_cache.lock().unwrap()),
         blocks(&chained_cache.lock().unwrap()),
@@ -232,4 +271,66 @@ fn a_chained_proposal_drafts_as_its_steps_run_one_by_one() {
         rows: &[0],
     };
     assert!(bare.run_chain(call, 2).unwrap().is_none());
+}
+
+/// A hand-off refuses what it cannot serve, with nothing queued: a write past its room, a
+/// draft past the last write or of an earlier one, a row past the step it feeds.
+#[test]
+fn a_draft_hand_off_refuses_stale_drafts_and_rows_past_the_step() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let g = &s.gpu;
+    let hand_off = DraftHandOff::new(g, 4).unwrap();
+    let five = g.upload(&[1i32, 2, 3, 4, 5]).unwrap();
+    let refused = hand_off.write(g.stream(), &five.as_view());
+    assert!(matches!(
+        refused,
+        Err(HandOffError::Room {
+            len: 5,
+            capacity: 4
+        })
+    ));
+    let three = g.upload(&[7i32, 8, 9]).unwrap();
+    let first = hand_off.write(g.stream(), &three.as_view()).unwrap();
+    let at = |generation, index| HandedDraft { generation, index };
+    assert_eq!(
+        hand_off
+            .fetch(g.stream(), &[at(first, 2), at(first, 0)])
+            .unwrap(),
+        vec![9, 7]
+    );
+    let past = hand_off.fetch(g.stream(), &[at(first, 3)]);
+    assert!(matches!(
+        past,
+        Err(HandOffError::Index { index: 3, len: 3 })
+    ));
+    // Fed into a step of 4 poisoned token ids: row 4 is past it.
+    let mut ids = g.upload(&[-1i32; 4]).unwrap();
+    let refused = hand_off.feed(
+        &s.kernels,
+        g.stream(),
+        &[(4, at(first, 0))],
+        &mut ids.as_view_mut(),
+    );
+    assert!(matches!(
+        refused,
+        Err(HandOffError::Row { row: 4, rows: 4 })
+    ));
+    hand_off
+        .feed(
+            &s.kernels,
+            g.stream(),
+            &[(3, at(first, 1)), (0, at(first, 2))],
+            &mut ids.as_view_mut(),
+        )
+        .unwrap();
+    assert_eq!(g.download(&ids).unwrap(), vec![9, -1, -1, 8]);
+    let second = hand_off.write(g.stream(), &five.slice(0..2)).unwrap();
+    let stale = hand_off.fetch(g.stream(), &[at(first, 0)]);
+    assert!(matches!(stale, Err(HandOffError::Stale { .. })));
+    assert_eq!(
+        hand_off.fetch(g.stream(), &[at(second, 1)]).unwrap(),
+        vec![2]
+    );
 }

@@ -9,6 +9,7 @@ use crate::common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, first_two_distributions,
     one_sequence_plan, DIST_BLOCK_SIZE, DIST_POOL_BLOCKS,
 };
+use crate::common::served;
 use crate::common::tiny_model::{TinyModel, TinySpec};
 use crate::eagle3::gpu_head_spec;
 use crate::model::{gpu_model, gpu_sized};
@@ -18,11 +19,15 @@ use peregrine_actors::backend::{cuda_backend, GpuSettings, Loaded, ModelBackend}
 use peregrine_actors::draft::{DraftMethod, DraftModel, DraftSpec};
 use peregrine_actors::engine::{start_engine, EngineSettings};
 use peregrine_actors::graphs::CaptureSizes;
-use peregrine_actors::messages::SchedulerLimits;
+use peregrine_actors::messages::{
+    Drafted, HiddenRows, ProposeSeq, RequestId, RequestSpec, SchedulerLimits,
+};
 use peregrine_models::LlamaModel;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::sampling::SamplingParams;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 const MAX_TOKENS: usize = 16;
 
@@ -268,11 +273,17 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
         for method in methods {
             // "draft_model": the draft model on the CPU over the GPU target's pool; the
             // others as the backend built them.
+            let on_device = Arc::new(AtomicUsize::new(0));
             let drafter = |target: &mut dyn ModelBackend,
                            built: Option<Box<dyn DraftMethod>>|
              -> Option<Box<dyn DraftMethod>> {
                 if method != "draft_model" {
-                    return Some(built.unwrap_or_else(|| panic!("{method}: no drafter built")));
+                    let built = built.unwrap_or_else(|| panic!("{method}: no drafter built"));
+                    let counted = CountingOnDevice {
+                        inner: built,
+                        on_device: on_device.clone(),
+                    };
+                    return Some(Box::new(counted));
                 }
                 assert!(built.is_none(), "draft_model: the backend built a drafter");
                 let model = LlamaModel::load(dir.path()).unwrap();
@@ -299,6 +310,27 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                 assert_eq!(got, want, "{method}: request {i} changed with speculation");
                 proposed += usage.num_draft_tokens;
                 accepted += usage.num_accepted_tokens;
+            }
+            // The EAGLE-3 head's chains from graphs of step 0 leave their drafts on the
+            // device, fed into the verification graphs there; nothing else does.
+            let handed = on_device.swap(0, Ordering::Relaxed);
+            eprintln!("{method}: {handed} drafts handed off on the device");
+            if !ahead {
+                assert_eq!(handed > 0, method == "gpu eagle3 graphs", "{method}");
+            }
+            if method == "gpu eagle3 graphs" {
+                // Asking logprobs, each verification reads the drafts back first.
+                for (i, (prompt, params)) in reqs.iter().enumerate() {
+                    let spec = RequestSpec {
+                        logprobs: Some(1),
+                        ..greedy_spec(prompt, params)
+                    };
+                    let (got, ..) =
+                        collect(served::submit(&engine.scheduler, 500 + i as u64, spec).await)
+                            .await;
+                    assert_eq!(got, plain[i].0, "{method}, logprobs: request {i}");
+                }
+                assert!(on_device.load(Ordering::Relaxed) > 0, "{method}, logprobs");
             }
             eprintln!("{method}: {accepted} of {proposed} drafts accepted");
             assert!(proposed > 0, "{method}: no draft was verified");
@@ -497,4 +529,55 @@ fn kv_cache_memory_sizes_the_gpu_pool_and_more_than_fits_is_refused() {
         err.contains("kv_cache_memory") && err.contains("gpu_memory_utilization"),
         "{err}"
     );
+}
+
+/// A drafter that counts the drafts `inner` leaves on the device.
+struct CountingOnDevice {
+    inner: Box<dyn DraftMethod>,
+    on_device: Arc<AtomicUsize>,
+}
+
+impl DraftMethod for CountingOnDevice {
+    fn propose(&mut self, seqs: &[ProposeSeq]) -> anyhow::Result<Vec<Drafted>> {
+        let drafts = self.inner.propose(seqs)?;
+        let placed: usize = drafts
+            .iter()
+            .map(|d| d.on_device.as_ref().map_or(0, Vec::len))
+            .sum();
+        self.on_device.fetch_add(placed, Ordering::Relaxed);
+        Ok(drafts)
+    }
+    fn release(&mut self, id: RequestId) {
+        self.inner.release(id)
+    }
+    fn hidden_layers(&self) -> Option<Vec<usize>> {
+        self.inner.hidden_layers()
+    }
+    fn kv_bytes_per_block(&self) -> Option<u64> {
+        self.inner.kv_bytes_per_block()
+    }
+    fn receive_hidden(&mut self, rows: Vec<HiddenRows>) {
+        self.inner.receive_hidden(rows)
+    }
+    fn caught_up(&self) -> bool {
+        self.inner.caught_up()
+    }
+    fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
+        self.inner.capture_graphs(sizes)
+    }
+}
+
+/// A greedy request of `prompt` for `MAX_TOKENS` tokens past EOS, as `submit` sends it.
+fn greedy_spec(prompt: &[u32], params: &SamplingParams) -> RequestSpec {
+    RequestSpec {
+        prompt: Arc::from(prompt),
+        params: params.clone(),
+        max_tokens: MAX_TOKENS,
+        stop_token_ids: Vec::new(),
+        ignore_eos: true,
+        logprobs: None,
+        prompt_logprobs: None,
+        priority: 0,
+        grammar: None,
+    }
 }

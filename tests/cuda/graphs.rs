@@ -10,7 +10,10 @@ use crate::{random_f32, rng, setup};
 use half::bf16;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_kernels::cuda::attention::DecodeKernel;
+use peregrine_kernels::cuda::elementwise::fill_uniform;
 use peregrine_kernels::GEMV_MAX_ROWS;
+use peregrine_models::draft_head::cuda::hand_off::DraftHandOff;
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_models::graph::cuda::GraphLimits;
 use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions, GraphKind, GreedyInput, StepMasks};
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
@@ -18,6 +21,7 @@ use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
 use peregrine_ops::sampling::{argmax, TokenMask};
 use peregrine_ops::{AttentionPlan, KvRows, SeqSpec};
+use peregrine_runtime::cuda::Gpu;
 use rand::Rng;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -318,8 +322,15 @@ fn latent_decode_graphs_replay_like_eager_steps_at_every_size() {
 /// each (the last token and up to 3 drafts), filling each graph or padding it, as eager
 /// verification forwards do: the same logits bit for bit and the same KV in every block a
 /// sequence owns in deterministic mode, within bf16 error otherwise.
-fn verify_replay_matches_eager(shape: Shape, deterministic: bool, name: &str) {
+///
+/// With `fed`, every draft reaches the graph from a [`DraftHandOff`] written on another
+/// stream behind a long fill (the host's tokens there are other tokens): a replay that did
+/// not wait for the write, or fed the wrong rows, gives other logits.
+fn verify_replay_matches_eager(shape: Shape, deterministic: bool, fed: bool, name: &str) {
     let s = setup().expect("a GPU");
+    let head = Gpu::open(0).unwrap();
+    let hand_off = DraftHandOff::new(&s.gpu, 64).unwrap();
+    let mut busy = head.zeros::<bf16>(1 << 27).unwrap();
     let (most_rows, seqs) = (32usize, 8usize);
     let (mut f, mut state) = fixture(shape, deterministic, seqs, name);
     let limits = GraphLimits {
@@ -380,7 +391,28 @@ fn verify_replay_matches_eager(shape: Shape, deterministic: bool, name: &str) {
                 .model
                 .forward_to_host(&tokens, &plan, &mut f.eager_cache, &rows)
                 .unwrap();
-            let replayed = graph.replay(&tokens, &plan).unwrap();
+            let replayed = match fed && q_lens.iter().any(|&q| q > 1) {
+                false => graph.replay(&tokens, &plan).unwrap(),
+                true => {
+                    let (placeholders, drafts, rows) = drafts_of(&tokens, &q_lens, vocab);
+                    let k = &s.kernels;
+                    fill_uniform(k, head.stream(), &mut busy.as_view_mut(), round as u64, 1.0)
+                        .unwrap();
+                    let on_head = head.upload(&drafts).unwrap();
+                    let generation = hand_off.write(head.stream(), &on_head.as_view()).unwrap();
+                    let fed: Vec<(usize, HandedDraft)> = rows
+                        .iter()
+                        .enumerate()
+                        .map(|(index, &row)| (row, HandedDraft { generation, index }))
+                        .collect();
+                    let replayed = graph.replay_fed(&placeholders, &plan, &hand_off, &fed);
+                    let which: Vec<HandedDraft> = fed.iter().map(|&(_, d)| d).collect();
+                    let back = hand_off.fetch(s.gpu.stream(), &which).unwrap();
+                    let want: Vec<u32> = drafts.iter().map(|&d| d as u32).collect();
+                    assert_eq!(back, want, "the drafts fed, read back");
+                    replayed.unwrap()
+                }
+            };
             let got = s.gpu.download(&replayed.logits()).unwrap();
             let ids = replayed.greedy_ids().unwrap();
             drop(replayed);
@@ -428,7 +460,39 @@ fn verification_graphs_replay_like_eager_verification_deterministic() {
     if setup().is_none() {
         return;
     }
-    verify_replay_matches_eager(Shape::Llama, true, "verification_graphs_deterministic");
+    verify_replay_matches_eager(
+        Shape::Llama,
+        true,
+        false,
+        "verification_graphs_deterministic",
+    );
+}
+
+/// Drafts fed into verification graphs from the device (a draft head's hand-off, written on
+/// another stream), against eager verification forwards of the same tokens from the host.
+#[test]
+fn verification_graphs_fed_drafts_on_the_device_replay_as_from_the_host() {
+    if setup().is_none() {
+        return;
+    }
+    verify_replay_matches_eager(Shape::Llama, true, true, "verification_graphs_fed");
+}
+
+/// The tokens of a verification step of sequences of `q_lens` rows (the last token, then
+/// drafts) with every draft replaced by another token of `vocab`; the drafts; and the
+/// rows they lie at.
+fn drafts_of(tokens: &[u32], q_lens: &[usize], vocab: usize) -> (Vec<u32>, Vec<i32>, Vec<usize>) {
+    let (mut placeholders, mut drafts, mut rows) = (tokens.to_vec(), Vec::new(), Vec::new());
+    let mut start = 0;
+    for &q in q_lens {
+        for row in start + 1..start + q {
+            drafts.push(tokens[row] as i32);
+            rows.push(row);
+            placeholders[row] = (tokens[row] + 1) % vocab as u32;
+        }
+        start += q;
+    }
+    (placeholders, drafts, rows)
 }
 
 #[test]
@@ -436,7 +500,7 @@ fn verification_graphs_replay_like_eager_verification() {
     if setup().is_none() {
         return;
     }
-    verify_replay_matches_eager(Shape::Llama, false, "verification_graphs");
+    verify_replay_matches_eager(Shape::Llama, false, false, "verification_graphs");
 }
 
 /// Verification graphs of the latent model (DeepSeek-V3), whose plans cut every sequence
@@ -446,7 +510,7 @@ fn latent_verification_graphs_replay_like_eager_verification() {
     if setup().is_none() {
         return;
     }
-    verify_replay_matches_eager(Shape::Latent, false, "latent_verification_graphs");
+    verify_replay_matches_eager(Shape::Latent, false, false, "latent_verification_graphs");
 }
 
 /// Sentinel bits no kernel writes.

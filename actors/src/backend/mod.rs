@@ -14,6 +14,7 @@ use crate::kv_disk::{ContentHash, DiskTierStart};
 use crate::messages::{GeneratedToken, HiddenData, KvMove, LoadDone};
 use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_models::ModelConfig;
 use peregrine_ops::sampling::{argmax, log_softmax, Sampler, TokenMask};
 use peregrine_ops::{AttentionPlan, Linear};
@@ -365,6 +366,31 @@ pub trait ModelBackend: Send {
             } => Ok((self.masked_argmax(tokens, plan, logit_rows, masks)?, false)),
             StepSource::Queued => bail!("no step was queued ahead"),
         }
+    }
+    /// [`ModelBackend::argmax`] with the token of each row `row` of `fed` (a placeholder in
+    /// `tokens`) taken from `draft`, a draft a proposal left on the device; also gives back
+    /// the drafts fed, in `fed`'s order. Refused by a backend that holds no such drafts.
+    fn argmax_fed(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        fed: &[(usize, HandedDraft)],
+    ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        let _ = (tokens, plan, logit_rows, fed);
+        bail!(
+            "the {} backend holds no drafts on a device",
+            self.pool().device
+        )
+    }
+    /// The drafts `which`, left on the device by a proposal, on the host. Refused by a
+    /// backend that holds no such drafts.
+    fn fetch_drafts(&mut self, which: &[HandedDraft]) -> anyhow::Result<Vec<u32>> {
+        let _ = which;
+        bail!(
+            "the {} backend holds no drafts on a device",
+            self.pool().device
+        )
     }
     /// [`ModelBackend::argmax`] among what each row's mask of `masks` allows (over the host
     /// logits where a row has one).

@@ -9,11 +9,13 @@ use super::backend_draft::forwards;
 use super::head_runner::{HeadCall, HeadRunner, HeadStep};
 use crate::backend::{HeadLimits, PoolInfo};
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
+use crate::messages::Drafted;
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_models::draft_head::cuda::chain::ChainStart;
 use peregrine_models::draft_head::cuda::chain_buffers::MAX_CHAIN_STEPS;
 use peregrine_models::draft_head::cuda::graph::CapturedHead;
+use peregrine_models::draft_head::cuda::hand_off::DraftHandOff;
 use peregrine_models::draft_head::cuda::head::GpuDraftHead;
 use peregrine_models::draft_head::cuda::{DraftHeadKind, GpuHeadDrafts};
 use peregrine_models::eagle3::cuda::HeadCore;
@@ -51,6 +53,9 @@ pub struct GpuHead<K: DraftHeadKind = HeadCore> {
     /// The graphs of step 0, by rows (captured with the decode graphs where the head reads
     /// a feature ring and sequences verify drafts).
     first_graphs: Option<GraphCaptureManager<CapturedHead<K>>>,
+    /// Where a chain from a step-0 graph leaves its drafts for the target, if anywhere
+    /// (else they are read back).
+    hand_off: Option<Arc<DraftHandOff>>,
 }
 
 impl<K: DraftHeadKind> GpuHead<K> {
@@ -111,7 +116,15 @@ impl<K: DraftHeadKind> GpuHead<K> {
             num_blocks: layout.num_blocks,
             graphs: None,
             first_graphs: None,
+            hand_off: None,
         }
+    }
+
+    /// Leaves the drafts of a chain from a step-0 graph in `hand_off` for the target's
+    /// verification to read on the device, rather than reading them back.
+    pub fn handing_drafts_to(mut self, hand_off: Arc<DraftHandOff>) -> GpuHead<K> {
+        self.hand_off = Some(hand_off);
+        self
     }
 
     /// Runs one step of the head: through a graph where one serves it, else eagerly
@@ -370,7 +383,7 @@ impl<K: DraftHeadKind> HeadRunner for GpuHead<K> {
         &mut self,
         first: HeadCall<'_>,
         later: usize,
-    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+    ) -> anyhow::Result<Option<Vec<Drafted>>> {
         let (block_size, num_blocks) = (self.block_size, self.num_blocks);
         if later == 0 || 1 + later > MAX_CHAIN_STEPS {
             return Ok(None);
@@ -411,8 +424,23 @@ impl<K: DraftHeadKind> HeadRunner for GpuHead<K> {
                     rows: first.rows,
                 };
                 let graph = chain_graph(self.graphs.as_ref(), n, longest).expect("checked above");
-                let drafts = graph.replay_chain(start, &plans);
-                ("chain from a step-0 graph", drafts)
+                let hand_off = self
+                    .hand_off
+                    .as_deref()
+                    .filter(|h| graph.chain_len(1 + later) <= h.capacity());
+                match hand_off {
+                    Some(hand_off) => {
+                        let places = graph.replay_chain_handing_off(start, &plans, hand_off);
+                        let drafts =
+                            places.map(|p| p.into_iter().map(Drafted::on_device).collect());
+                        ("chain from a step-0 graph, handed off", drafts)
+                    }
+                    None => {
+                        let drafts = graph.replay_chain(start, &plans);
+                        let drafts = drafts.map(|d| d.into_iter().map(Drafted::greedy).collect());
+                        ("chain from a step-0 graph", drafts)
+                    }
+                }
             }
             None => {
                 // Step 0 on its own, its drafts and `pre` fed to the chain from the host.
@@ -432,7 +460,7 @@ impl<K: DraftHeadKind> HeadRunner for GpuHead<K> {
                 let drafts = graph.replay_chain(start, &plans).map(|later| {
                     let firsts = step0.greedy.iter();
                     let whole = firsts.zip(later).map(|(&d, rest)| [vec![d], rest].concat());
-                    whole.collect()
+                    whole.map(Drafted::greedy).collect()
                 });
                 ("chain after step 0", drafts)
             }

@@ -261,6 +261,7 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             .map(|s| Drafted {
                 tokens: Vec::new(),
                 dists: s.sampling.map(|_| Vec::new()),
+                on_device: None,
             })
             .collect();
         // Step 0: the rows at positions the target has run, up to the one before the
@@ -347,8 +348,8 @@ impl<R: HeadRunner> DraftMethod for Eagle3<R> {
             };
             if let Some(chained) = self.runner.run_chain(call, wanted - 1)? {
                 metrics::record_head_step(HeadSteps::Chain, started.elapsed());
-                for (&i, tokens) in live.iter().zip(chained) {
-                    drafts[i].tokens = tokens;
+                for (&i, chained) in live.iter().zip(chained) {
+                    drafts[i] = chained;
                 }
                 self.settle(seqs, &live, &ends, &drafting);
                 return Ok(drafts);

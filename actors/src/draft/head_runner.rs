@@ -5,6 +5,7 @@
 
 use crate::backend::PoolInfo;
 use crate::graphs::{CaptureSizes, CpuHeadGraphs};
+use crate::messages::Drafted;
 use anyhow::Context;
 use peregrine_kernels::cpu::KvLayout;
 use peregrine_models::eagle3::{DraftVocab, Eagle3Head, HeadInput, HeadOutput};
@@ -71,13 +72,14 @@ pub trait HeadRunner: Send {
     /// reading a step back before the next (the GPU's graphs): step 0 (`first`, whose
     /// logit rows are each sequence's last), then `later` draft steps of one row a
     /// sequence, each one position past the one before and fed the draft and `pre` of the
-    /// step before. Each sequence's `1 + later` drafts, or `None`, with nothing run, where
-    /// the runner cannot (then each step runs on its own).
+    /// step before. Each sequence's `1 + later` greedy drafts (left on the device where the
+    /// runner hands them to the target there: [`Drafted::on_device`]), or `None`, with
+    /// nothing run, where the runner cannot (then each step runs on its own).
     fn run_chain(
         &mut self,
         first: HeadCall<'_>,
         later: usize,
-    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+    ) -> anyhow::Result<Option<Vec<Drafted>>> {
         let _ = (first, later);
         Ok(None)
     }
@@ -149,7 +151,7 @@ impl HeadRunner for Box<dyn HeadRunner> {
         &mut self,
         first: HeadCall<'_>,
         later: usize,
-    ) -> anyhow::Result<Option<Vec<Vec<u32>>>> {
+    ) -> anyhow::Result<Option<Vec<Drafted>>> {
         (**self).run_chain(first, later)
     }
 

@@ -4,6 +4,7 @@
 //! imports the other for them.
 
 use crate::messages::{Drafted, RequestId};
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_ops::sampling::DraftDist;
 
 /// One sequence's work in a step.
@@ -17,6 +18,9 @@ pub struct PlannedSeq {
     pub drafts: Vec<u32>,
     /// The distribution each draft was sampled from; `None` for greedy drafts.
     pub draft_dists: Option<Vec<DraftDist>>,
+    /// Where each draft lies on the device, where the proposal left them there (`drafts`
+    /// then holds placeholders).
+    pub drafts_on_device: Option<Vec<HandedDraft>>,
 }
 
 /// What the policy asks of the KV allocator for one step.
@@ -56,6 +60,7 @@ impl StepPlan {
                 seq.chunk = 1 + got.tokens.len();
                 seq.drafts = got.tokens;
                 seq.draft_dists = got.dists;
+                seq.drafts_on_device = got.on_device;
             }
         }
         self

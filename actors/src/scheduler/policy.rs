@@ -37,6 +37,7 @@ pub fn schedule(
             chunk: 0,
             drafts: Vec::new(),
             draft_dists: None,
+            drafts_on_device: None,
         })
         .collect();
     for decode_pass in [true, false] {

@@ -310,6 +310,7 @@ impl Queues {
                     chunk,
                     drafts: Vec::new(),
                     draft_dists: None,
+                    drafts_on_device: None,
                 })
             })
             .collect();
@@ -400,6 +401,7 @@ impl Queues {
                     sample: start + fed == seq.tokens.len() && seq.req.spec.max_tokens > 0,
                     num_drafts: planned.drafts.len(),
                     draft_dists: planned.draft_dists.clone(),
+                    drafts_on_device: planned.drafts_on_device.clone(),
                     setup,
                 }
             })

@@ -13,6 +13,7 @@ use crate::messages::{
     SchedulerLimits, SeqOutput, StepDone, SubmitError,
 };
 use crate::scheduler::spec::stats::Place;
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_ops::sampling::DraftDist;
 use peregrine_ops::sampling::{SamplingParams, TokenLogprobs};
 use std::sync::Arc;
@@ -721,6 +722,7 @@ fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verifi
     let sampled_drafts = Drafted {
         tokens: vec![6, 8],
         dists: Some(vec![dist(6), dist(8)]),
+        on_device: None,
     };
     let drafts = vec![
         (RequestId(1), sampled_drafts),
@@ -733,6 +735,42 @@ fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verifi
     assert_eq!(
         (batch.seqs[1].num_drafts, &batch.seqs[1].draft_dists),
         (2, &None)
+    );
+}
+
+#[test]
+fn drafts_left_on_the_device_reach_the_runner_by_place_cut_to_the_room_of_each_request() {
+    let mut h = Harness::new(64, 8, 100);
+    h.speculating = true;
+    h.limits.num_speculative_tokens = 3;
+    // Request 1 may emit 2 more tokens after its first (room for one draft), request 2 many.
+    h.submit(1, &prompt(0, 4), 3, 0).unwrap();
+    h.submit(2, &prompt(40, 4), 10, 0).unwrap();
+    let (plan, _) = h.plan();
+    h.done(&plan, |_| vec![5]);
+    let (plan, _) = h.plan();
+    let at = |index| HandedDraft {
+        generation: 4,
+        index,
+    };
+    let drafts = vec![
+        (RequestId(1), Drafted::on_device(vec![at(0), at(2), at(4)])),
+        (RequestId(2), Drafted::on_device(vec![at(1), at(3), at(5)])),
+    ];
+    let batch = h
+        .queues
+        .batch(&plan.with_drafts(drafts), 2, Vec::new(), Vec::new());
+    let sent: Vec<_> = batch
+        .seqs
+        .iter()
+        .map(|s| (s.num_drafts, s.tokens.len(), s.drafts_on_device.clone()))
+        .collect();
+    assert_eq!(
+        sent,
+        vec![
+            (1, 2, Some(vec![at(0)])),
+            (3, 4, Some(vec![at(1), at(3), at(5)]))
+        ]
     );
 }
 

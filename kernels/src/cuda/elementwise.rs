@@ -166,6 +166,30 @@ pub fn draft_feed(
     Ok(())
 }
 
+/// `dst[to] = src[from]` for each `(to, from)` of the first `count` pairs of `pairs` (i32
+/// `[count, 2]`): drafts left on the device fed into a step's token ids. Every index must
+/// lie in its buffer: the caller's check.
+pub fn scatter_ids(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    src: &CudaView<i32>,
+    pairs: &CudaView<i32>,
+    dst: &mut CudaViewMut<i32>,
+    count: usize,
+) -> Result<(), DriverError> {
+    assert!(pairs.len() >= 2 * count, "scatter_ids: short pairs");
+    if count == 0 {
+        return Ok(());
+    }
+    let count_i = i32::try_from(count).expect("scatter_ids: a count past i32");
+    let mut launch = k.launch(stream, "scatter_ids_i32");
+    launch.arg(src).arg(pairs).arg(dst).arg(&count_i);
+    // SAFETY: `pairs` holds `count` pairs (checked above); their indices lie in `src` and
+    // `dst` (caller's check).
+    unsafe { launch.launch(grid(blocks(count), THREADS, 0)) }?;
+    Ok(())
+}
+
 /// `ring[(first + r) % capacity] = src[r]` narrowed to bf16, for the `rows` f32 rows of `dim`
 /// elements at the start of `src`, where `ring` holds `capacity` rows of `dim`.
 pub fn ring_store(

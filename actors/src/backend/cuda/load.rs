@@ -11,6 +11,8 @@ use crate::draft::{
 use anyhow::{bail, Context};
 use peregrine_kernels::cuda::CudaKernels;
 use peregrine_kernels::gemv_max_rows_for;
+use peregrine_models::draft_head::cuda::chain_buffers::MAX_CHAIN_STEPS;
+use peregrine_models::draft_head::cuda::hand_off::DraftHandOff;
 use peregrine_models::eagle3::cuda::GpuEagle3Head;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::eagle3::Eagle3Config;
@@ -137,7 +139,9 @@ pub fn cuda_backend(dir: &Path, s: &GpuSettings) -> anyhow::Result<Loaded> {
         }
         Beside::Head(head, ring) => {
             target.ring = Some(ring);
-            Some(head_drafter(*head, &target, s)?)
+            let hand_off = drafts_hand_off(&gpu, s)?;
+            target.drafts = Some(hand_off.clone());
+            Some(head_drafter(*head, &target, s, hand_off)?)
         }
     };
     Ok(Loaded {
@@ -243,6 +247,7 @@ fn head_drafter(
     head: HeadBeside,
     target: &GpuBackend,
     s: &GpuSettings,
+    hand_off: Arc<DraftHandOff>,
 ) -> anyhow::Result<Box<dyn DraftMethod>> {
     let limits = HeadLimits {
         max_tokens: s.max_num_batched_tokens,
@@ -252,13 +257,22 @@ fn head_drafter(
     };
     let pool = &target.pool;
     Ok(match head {
-        HeadBeside::Eagle3(h) => Box::new(with_fault(Eagle3::with_runner(GpuHead::beside(
-            h, pool, limits,
-        )?))?),
-        HeadBeside::Mtp(h) => Box::new(with_fault(Eagle3::with_runner(GpuHead::beside(
-            h, pool, limits,
-        )?))?),
+        HeadBeside::Eagle3(h) => Box::new(with_fault(Eagle3::with_runner(
+            GpuHead::beside(h, pool, limits)?.handing_drafts_to(hand_off),
+        ))?),
+        HeadBeside::Mtp(h) => Box::new(with_fault(Eagle3::with_runner(
+            GpuHead::beside(h, pool, limits)?.handing_drafts_to(hand_off),
+        ))?),
     })
+}
+
+/// Where the head beside the target leaves a chained proposal's drafts for the
+/// verification: room for the most steps a chain runs over the most sequences a step holds.
+fn drafts_hand_off(gpu: &Gpu, s: &GpuSettings) -> anyhow::Result<Arc<DraftHandOff>> {
+    let capacity = MAX_CHAIN_STEPS * s.max_num_seqs;
+    let hand_off = DraftHandOff::new(gpu, capacity)
+        .with_context(|| format!("a draft hand-off of {capacity} drafts"))?;
+    Ok(Arc::new(hand_off))
 }
 
 /// The options of a draft head beside a target of `target`: one logit row a sequence.

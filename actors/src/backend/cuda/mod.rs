@@ -25,6 +25,8 @@ use crate::messages::{GeneratedToken, HiddenData, KvMove, LoadDone};
 use anyhow::Context;
 use peregrine_kernels::cuda::attention::audit;
 use peregrine_kernels::cuda::CudaKernels;
+use peregrine_models::draft_head::cuda::hand_off::DraftHandOff;
+use peregrine_models::draft_head::HandedDraft;
 use peregrine_models::eagle3::feature_ring::FeatureRing;
 use peregrine_models::graph::cuda::{GraphLimits, SharedKvCache};
 use peregrine_models::llama::cuda::{
@@ -61,6 +63,9 @@ struct GpuBackend {
     /// The ring the recorded layer inputs are handed off in, on the device, to an EAGLE-3
     /// head beside the target; without one they come to the host.
     ring: Option<Arc<FeatureRing>>,
+    /// Where a draft head beside the target leaves its chained drafts for the
+    /// verification to read on the device.
+    drafts: Option<Arc<DraftHandOff>>,
     /// The decode step `ModelBackend::greedy` queued, until the next call.
     ahead: Option<QueuedStep>,
     /// Whether the model records layer inputs (then a greedy step hands its own on before
@@ -115,6 +120,7 @@ impl GpuBackend {
             max_seq_len_to_capture: s.max_seq_len_to_capture,
             hidden: None,
             ring: None,
+            drafts: None,
             ahead: None,
             records_hidden: false,
             tiers: None,
@@ -142,25 +148,37 @@ impl GpuBackend {
         logit_rows: &[usize],
     ) -> anyhow::Result<Option<ReplayedStep<'_>>> {
         self.ahead = None;
-        if let Some(graph) = self.decode_graph(tokens, plan, logit_rows) {
-            return Ok(Some(graph.replay(tokens, plan)?));
+        let graph = self.decode_graph(tokens, plan, logit_rows);
+        match graph.or_else(|| self.verify_graph(tokens, plan, logit_rows)) {
+            Some(graph) => Ok(Some(graph.replay(tokens, plan)?)),
+            None => Ok(None),
         }
+    }
+
+    /// The verification graph that serves this step: every row a logit row, in order, no
+    /// sequence with more rows than the last token and every draft, within a captured size
+    /// and the contexts the graphs serve.
+    fn verify_graph(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+    ) -> Option<&CapturedDecode> {
         let seqs = plan.seqs();
         if !logit_rows.iter().copied().eq(0..tokens.len())
             || seqs.iter().any(|s| s.q_len > self.verify_rows)
         {
-            return Ok(None);
+            return None;
         }
-        let Some(graphs) = &self.verify_graphs else {
-            return Ok(None);
-        };
-        let longest = longest_context(plan);
-        match graphs.graph_for(tokens.len()) {
-            Some((_, graph)) if longest <= graph.max_context() => {
-                Ok(Some(graph.replay(tokens, plan)?))
-            }
-            _ => Ok(None),
-        }
+        let (_, graph) = self.verify_graphs.as_ref()?.graph_for(tokens.len())?;
+        (longest_context(plan) <= graph.max_context()).then_some(graph)
+    }
+
+    /// The hand-off drafts are read from; an error where no head leaves any.
+    fn drafts(&self) -> anyhow::Result<Arc<DraftHandOff>> {
+        self.drafts
+            .clone()
+            .context("drafts on the device were named, but no draft head hands any off")
     }
 
     /// The decode graph that serves this step: one token and one logit row per sequence,
@@ -444,6 +462,47 @@ impl ModelBackend for GpuBackend {
         drop(cache);
         self.hidden = hand_off(&gpu, &kernels, ring, self.model.last_aux(tokens.len()))?;
         Ok(self.model.last_argmax(logit_rows.len())?)
+    }
+
+    /// Through a verification graph where one serves the step, the drafts written into
+    /// its token ids on the device; else the drafts read back first and the step run as
+    /// [`ModelBackend::argmax`] runs it. Then one more download, of the drafts fed.
+    fn argmax_fed(
+        &mut self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        logit_rows: &[usize],
+        fed: &[(usize, HandedDraft)],
+    ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        let (gpu, kernels, ring) = self.handles();
+        let drafts = self.drafts()?;
+        let which: Vec<HandedDraft> = fed.iter().map(|&(_, d)| d).collect();
+        self.ahead = None;
+        let replayed = match self.verify_graph(tokens, plan, logit_rows) {
+            Some(graph) => {
+                let r = graph.replay_fed(tokens, plan, &drafts, fed)?;
+                let hidden = hand_off(&gpu, &kernels, ring.as_deref(), r.aux())?;
+                Some((r.greedy_ids()?, hidden))
+            }
+            None => None,
+        };
+        if let Some((ids, hidden)) = replayed {
+            self.hidden = hidden;
+            return Ok((ids, drafts.fetch(gpu.stream(), &which)?));
+        }
+        let got = drafts.fetch(gpu.stream(), &which)?;
+        let mut tokens = tokens.to_vec();
+        let rows = tokens.len();
+        for (&(row, _), &token) in fed.iter().zip(&got) {
+            let at = tokens.get_mut(row);
+            *at.with_context(|| format!("a draft fed into row {row} of {rows}"))? = token;
+        }
+        Ok((self.argmax(&tokens, plan, logit_rows)?, got))
+    }
+
+    fn fetch_drafts(&mut self, which: &[HandedDraft]) -> anyhow::Result<Vec<u32>> {
+        let gpu = self.model.gpu().clone();
+        Ok(self.drafts()?.fetch(gpu.stream(), which)?)
     }
 
     /// One download of the picked rows' logits after the forward.

@@ -7,12 +7,15 @@
 
 use crate::draft_head::cuda::chain_buffers::MAX_CHAIN_STEPS;
 use crate::draft_head::cuda::graph::{CapturedHead, HeadGraphBuffers, HeadGraphKind};
+use crate::draft_head::cuda::hand_off::DraftHandOff;
 use crate::draft_head::cuda::DraftHeadKind;
+use crate::draft_head::HandedDraft;
 use crate::llama::cuda::GpuForwardError;
 use crate::llama::{check_inputs, ForwardError};
 use peregrine_kernels::cuda::elementwise::{draft_feed, DraftFeedOut};
 use peregrine_ops::cuda::attention::AttentionError;
 use peregrine_ops::AttentionPlan;
+use std::sync::MutexGuard;
 
 /// Where a chain's step 1 takes its inputs.
 pub enum ChainStart<'a, C: DraftHeadKind> {
@@ -51,6 +54,61 @@ impl<C: DraftHeadKind> CapturedHead<C> {
         start: ChainStart<'_, C>,
         plans: &[AttentionPlan],
     ) -> Result<Vec<Vec<u32>>, GpuForwardError> {
+        let (b, recorded, n) = self.queue_chain(start, plans)?;
+        let chain = b.chain.as_ref().expect("decode graphs keep chain buffers");
+        let all = self
+            .core
+            .gpu()
+            .download(&chain.drafts.slice(0..recorded * chain.rows))?;
+        Ok((0..n)
+            .map(|j| {
+                (0..recorded)
+                    .map(|s| all[s * chain.rows + j] as u32)
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Drafts a chain of `steps` steps through this graph leaves: `steps` times the rows of
+    /// its buffers (0 where they keep no chain).
+    pub fn chain_len(&self, steps: usize) -> usize {
+        let b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        b.chain.as_ref().map_or(0, |c| steps * c.rows)
+    }
+
+    /// [`CapturedHead::replay_chain`] that leaves the drafts on the device: copied into
+    /// `hand_off` on the head's stream, after the steps, with nothing read back. Returns
+    /// where each sequence's drafts lie there, step 0's first where `start` runs it.
+    pub fn replay_chain_handing_off(
+        &self,
+        start: ChainStart<'_, C>,
+        plans: &[AttentionPlan],
+        hand_off: &DraftHandOff,
+    ) -> Result<Vec<Vec<HandedDraft>>, GpuForwardError> {
+        let (b, recorded, n) = self.queue_chain(start, plans)?;
+        let chain = b.chain.as_ref().expect("decode graphs keep chain buffers");
+        let stream = self.core.gpu().stream();
+        let generation = hand_off.write(stream, &chain.drafts.slice(0..recorded * chain.rows))?;
+        Ok((0..n)
+            .map(|j| {
+                (0..recorded)
+                    .map(|s| HandedDraft {
+                        generation,
+                        index: s * chain.rows + j,
+                    })
+                    .collect()
+            })
+            .collect())
+    }
+
+    /// Queues the steps of [`CapturedHead::replay_chain`]; returns the buffers (their
+    /// chain holding the drafts), the steps recorded and the sequences.
+    #[allow(clippy::type_complexity)]
+    fn queue_chain(
+        &self,
+        start: ChainStart<'_, C>,
+        plans: &[AttentionPlan],
+    ) -> Result<(MutexGuard<'_, HeadGraphBuffers<C>>, usize, usize), GpuForwardError> {
         let core = &*self.core;
         let n = plans.first().map_or(0, |p| p.seqs().len());
         let steps = plans.len() + usize::from(matches!(start, ChainStart::First { .. }));
@@ -120,17 +178,7 @@ impl<C: DraftHeadKind> CapturedHead<C> {
             feed_own(core, &mut b, recorded, self.size())?;
             recorded += 1;
         }
-        let chain = b.chain.as_ref().expect("decode graphs keep chain buffers");
-        let all = core
-            .gpu()
-            .download(&chain.drafts.slice(0..recorded * chain.rows))?;
-        Ok((0..n)
-            .map(|j| {
-                (0..recorded)
-                    .map(|s| all[s * chain.rows + j] as u32)
-                    .collect()
-            })
-            .collect())
+        Ok((b, recorded, n))
     }
 }
 

@@ -8,6 +8,7 @@ pub mod chain;
 pub mod chain_buffers;
 pub mod features;
 pub mod graph;
+pub mod hand_off;
 pub mod head;
 
 use crate::draft_head::cuda::features::StagedFeatures;

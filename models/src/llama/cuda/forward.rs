@@ -50,6 +50,8 @@ pub enum GpuForwardError {
     Masks(String),
     #[error("handing on the step's layer inputs: {0}")]
     HandOff(String),
+    #[error("drafts handed off on the device: {0}")]
+    Drafts(#[from] crate::draft_head::cuda::hand_off::HandOffError),
 }
 
 impl GpuLlama {

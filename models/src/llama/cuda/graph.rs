@@ -22,6 +22,8 @@
 //! per host buffer, and its launches alternate between them.
 
 use super::{attention_plan, scratch_heads, GpuForwardError, GpuLlama, LlamaCore, Workspace};
+use crate::draft_head::cuda::hand_off::{DraftHandOff, HandOffError};
+use crate::draft_head::HandedDraft;
 use crate::graph::cuda::{
     context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache,
 };
@@ -325,6 +327,38 @@ impl CapturedDecode {
         let variant = b.next_variant(self.graphs.len());
         let (context, graph) = self.serving(tokens.len(), plan, variant)?;
         b.stage(tokens, plan, self.size, context)?;
+        b.launch_graph(graph)?;
+        Ok(ReplayedStep {
+            buffers: b,
+            core: &self.core,
+            rows: tokens.len(),
+        })
+    }
+
+    /// [`CapturedDecode::replay`] with some of the step's tokens taken from drafts a draft
+    /// head left on the device: token `row` of `tokens` (a placeholder there) is `draft`
+    /// for each `(row, draft)` of `fed`, written on the device after the rest are staged and
+    /// before the graph runs, its stream waiting for the head's write. Refused, with
+    /// nothing launched, as `replay` is, and for a row past the step's tokens or a draft
+    /// `hand_off` no longer holds.
+    pub fn replay_fed(
+        &self,
+        tokens: &[u32],
+        plan: &AttentionPlan,
+        hand_off: &DraftHandOff,
+        fed: &[(usize, HandedDraft)],
+    ) -> Result<ReplayedStep<'_>, GpuForwardError> {
+        check_inputs(tokens, plan, &[], self.core.config.vocab_size)?;
+        if let Some(&(row, _)) = fed.iter().find(|(row, _)| *row >= tokens.len()) {
+            let rows = tokens.len();
+            return Err(HandOffError::Row { row, rows }.into());
+        }
+        let mut b = self.buffers.lock().unwrap_or_else(|e| e.into_inner());
+        let variant = b.next_variant(self.graphs.len());
+        let (context, graph) = self.serving(tokens.len(), plan, variant)?;
+        b.stage(tokens, plan, self.size, context)?;
+        let (kernels, stream) = (&self.core.kernels, self.core.gpu.stream());
+        hand_off.feed(kernels, stream, fed, &mut b.plan.token_ids_mut())?;
         b.launch_graph(graph)?;
         Ok(ReplayedStep {
             buffers: b,
