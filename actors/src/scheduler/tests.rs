@@ -42,6 +42,14 @@ struct Harness {
 }
 
 impl Harness {
+    /// 64 blocks, 8 sequences and 100 tokens a step, speculating with up to 3 drafts.
+    fn drafting() -> Harness {
+        let mut h = Harness::new(64, 8, 100);
+        h.speculating = true;
+        h.limits.num_speculative_tokens = 3;
+        h
+    }
+
     fn new(num_blocks: u32, max_num_seqs: usize, max_num_batched_tokens: usize) -> Harness {
         Harness {
             queues: Queues::new(BLOCK),
@@ -493,9 +501,7 @@ fn a_prefix_hit_starts_the_second_request_past_the_cached_blocks() {
 
 #[test]
 fn speculation_plans_room_for_drafts_within_max_tokens() {
-    let mut h = Harness::new(64, 8, 100);
-    h.speculating = true;
-    h.limits.num_speculative_tokens = 3;
+    let mut h = Harness::drafting();
     h.submit(1, &prompt(0, 4), 3, 0).unwrap();
     h.submit(2, &prompt(40, 4), 10, 0).unwrap();
     let (plan, _) = h.plan();
@@ -669,9 +675,7 @@ fn prompt_chunks_are_proposed_with_no_room_for_drafts() {
 
 #[test]
 fn usage_counts_the_accepted_drafts_at_each_position() {
-    let mut h = Harness::new(64, 8, 100);
-    h.speculating = true;
-    h.limits.num_speculative_tokens = 3;
+    let mut h = Harness::drafting();
     h.submit(1, &prompt(0, 4), 50, 0).unwrap();
     let (plan, _) = h.plan();
     h.done(&plan, |_| vec![5]);
@@ -694,9 +698,7 @@ fn usage_counts_the_accepted_drafts_at_each_position() {
 
 #[test]
 fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verification() {
-    let mut h = Harness::new(64, 8, 100);
-    h.speculating = true;
-    h.limits.num_speculative_tokens = 3;
+    let mut h = Harness::drafting();
     let sampled = SamplingParams {
         temperature: 0.8,
         seed: Some(3),
@@ -740,9 +742,7 @@ fn a_sampled_request_asks_sampled_drafts_and_sends_their_distributions_to_verifi
 
 #[test]
 fn drafts_left_on_the_device_reach_the_runner_by_place_cut_to_the_room_of_each_request() {
-    let mut h = Harness::new(64, 8, 100);
-    h.speculating = true;
-    h.limits.num_speculative_tokens = 3;
+    let mut h = Harness::drafting();
     // Request 1 may emit 2 more tokens after its first (room for one draft), request 2 many.
     h.submit(1, &prompt(0, 4), 3, 0).unwrap();
     h.submit(2, &prompt(40, 4), 10, 0).unwrap();
@@ -776,9 +776,7 @@ fn drafts_left_on_the_device_reach_the_runner_by_place_cut_to_the_room_of_each_r
 
 #[test]
 fn each_verification_names_its_request_and_the_largest_block_id_it_read() {
-    let mut h = Harness::new(64, 8, 100);
-    h.speculating = true;
-    h.limits.num_speculative_tokens = 3;
+    let mut h = Harness::drafting();
     h.submit(1, &prompt(0, 6), 50, 0).unwrap();
     h.submit(2, &prompt(20, 9), 50, 0).unwrap();
     let (plan, _) = h.plan();
