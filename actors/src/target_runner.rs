@@ -20,10 +20,10 @@ use crate::messages::{
 };
 use anyhow::anyhow;
 use decode_ahead::AheadStep;
-use device_drafts::fed_rows;
+use device_drafts::{fed_rows, row_groups};
 use grammar::{after_tokens, masks_of, verification_masks, Chosen};
 use peregrine_models::draft_head::HandedDraft;
-use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler};
+use peregrine_ops::sampling::{accept_greedy, log_softmax, verify, DraftDist, Sampler, Verdict};
 use peregrine_ops::{AttentionPlan, SeqSpec};
 use peregrine_structured::GrammarMatcher;
 use prompt_scores::Scoring;
@@ -610,17 +610,15 @@ impl TargetRunner {
         states: &mut [(&RunSeq, SeqSampling)],
     ) -> anyhow::Result<Vec<SeqOutput>> {
         let fed = fed_rows(states.iter().map(|(s, _)| *s), rows)?;
-        let (targets, mut fed_drafts) = match fed.is_empty() {
-            true => (
-                self.plain_argmax(tokens, plan, rows)?,
-                Vec::new().into_iter(),
-            ),
+        let (targets, judged) = match fed.is_empty() {
+            true => (self.plain_argmax(tokens, plan, rows)?, None),
             false => {
-                let (ids, drafts) = self.model.argmax_fed(tokens, plan, rows, &fed)?;
+                let groups = row_groups(states.iter().map(|(s, _)| *s));
+                let (ids, accepted) = self.model.verify_fed(tokens, plan, rows, &fed, &groups)?;
                 if let Some(hidden) = self.model.take_hidden() {
                     self.hidden = Some(hidden);
                 }
-                (ids, drafts.into_iter())
+                (ids, Some(accepted))
             }
         };
         if targets.len() != rows.len() {
@@ -628,15 +626,18 @@ impl TargetRunner {
         }
         let mut targets = targets.as_slice();
         let mut outputs = Vec::with_capacity(states.len());
-        for (s, state) in states.iter_mut() {
+        for (k, (s, state)) in states.iter_mut().enumerate() {
             let n = s.num_drafts.min(s.tokens.len() - 1);
             let (own, rest) = targets.split_at(n + 1);
             targets = rest;
-            let drafts: Vec<u32> = match s.drafts_on_device {
-                Some(_) => fed_drafts.by_ref().take(n).collect(),
-                None => s.tokens[s.tokens.len() - n..].to_vec(),
+            // Judged on the device where the drafts were fed there.
+            let verdict = match &judged {
+                Some(accepted) => Verdict {
+                    accepted: accepted[k].min(n),
+                    tokens: own[..=accepted[k].min(n)].to_vec(),
+                },
+                None => accept_greedy(own, &s.tokens[s.tokens.len() - n..]),
             };
-            let verdict = accept_greedy(own, &drafts);
             state.output.extend(&verdict.tokens);
             outputs.push(SeqOutput {
                 id: s.id,

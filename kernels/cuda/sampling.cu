@@ -305,6 +305,25 @@ extern "C" __global__ void __launch_bounds__(WARP_SIZE)
     }
 }
 
+// Greedy verdicts of a verification step: out[s] = the drafts sequence s accepts (its rows
+// are starts[s] .. starts[s + 1]: the last token, then the drafts; a draft is accepted while
+// the argmax of the row before it, ids[r - 1], is the draft itself, tokens[r]), and
+// out[n + r] = ids[r] for the `rows` rows, so that one read-back carries both.
+extern "C" __global__ void greedy_verdicts(const unsigned int* __restrict__ ids,
+                                           const int* __restrict__ tokens,
+                                           const int* __restrict__ starts,
+                                           int* __restrict__ out, int n, int rows) {
+    pdl_begin();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < rows) out[n + i] = (int)ids[i];
+    if (i < n) {
+        const int start = starts[i], end = starts[i + 1];
+        int a = 0;
+        while (start + a + 1 < end && ids[start + a] == (unsigned int)tokens[start + a + 1]) ++a;
+        out[i] = a;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Selection
 

@@ -19,7 +19,7 @@ use peregrine_models::llama::cuda::{GpuLlama, GpuModelOptions, GraphKind, Greedy
 use peregrine_ops::cuda::attention::{write_kv, DeviceAttentionPlan, GpuPagedAttention};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
-use peregrine_ops::sampling::{argmax, TokenMask};
+use peregrine_ops::sampling::{accept_greedy, argmax, TokenMask};
 use peregrine_ops::{AttentionPlan, KvRows, SeqSpec};
 use peregrine_runtime::cuda::Gpu;
 use rand::Rng;
@@ -391,7 +391,8 @@ fn verify_replay_matches_eager(shape: Shape, deterministic: bool, fed: bool, nam
                 .model
                 .forward_to_host(&tokens, &plan, &mut f.eager_cache, &rows)
                 .unwrap();
-            let replayed = match fed && q_lens.iter().any(|&q| q > 1) {
+            let feeds = fed && q_lens.iter().any(|&q| q > 1);
+            let mut replayed = match feeds {
                 false => graph.replay(&tokens, &plan).unwrap(),
                 true => {
                     let (placeholders, drafts, rows) = drafts_of(&tokens, &q_lens, vocab);
@@ -415,6 +416,26 @@ fn verify_replay_matches_eager(shape: Shape, deterministic: bool, fed: bool, nam
             };
             let got = s.gpu.download(&replayed.logits()).unwrap();
             let ids = replayed.greedy_ids().unwrap();
+            if feeds {
+                // The verdicts judged on the device: the ids again, and each sequence's
+                // accepted drafts as the host judges them from the real drafts.
+                let mut starts = vec![0];
+                for &q in &q_lens {
+                    starts.push(starts.last().unwrap() + q);
+                }
+                let (again, accepted) = replayed.greedy_verdicts(&starts).unwrap();
+                assert_eq!(again, ids, "the verdicts' ids");
+                let want: Vec<usize> = starts
+                    .windows(2)
+                    .map(|w| accept_greedy(&ids[w[0]..w[1]], &tokens[w[0] + 1..w[1]]).accepted)
+                    .collect();
+                assert_eq!(accepted, want, "graph of {size} rows, {q_lens:?}: verdicts");
+                let bad = replayed.greedy_verdicts(&[0, 1]);
+                assert!(
+                    bad.is_err() || tokens.len() == 1,
+                    "offsets short of the rows"
+                );
+            }
             drop(replayed);
             let eager_ids: Vec<u32> = eager
                 .chunks(vocab)

@@ -1,12 +1,12 @@
 //! GPU sampling against the CPU sampler, on fresh random logits of real vocabulary sizes:
 //! greedy argmax, penalties, grammar masks, the kept set of every filter, the inverse-CDF
 //! draw, draw frequencies, determinism, and seeded requests end to end, masked or not,
-//! biased (`logit_bias`, `min_tokens`) or not.
+//! biased (`logit_bias`, `min_tokens`) or not; a verification's greedy verdicts.
 
 use crate::{random_f32, rng, setup, Setup};
 use cudarc::driver::CudaSlice;
 use peregrine_kernels::cuda::sampling::{
-    argmax_partials, sample_argmax_into, sample_mask, ArgmaxCopies, SampleRow,
+    argmax_partials, greedy_verdicts, sample_argmax_into, sample_mask, ArgmaxCopies, SampleRow,
 };
 use peregrine_ops::cuda::sampler::{mask_layout, sample_row, GpuSampler, SampleRequest};
 use peregrine_ops::sampling::{apply_biases, apply_penalties, Sampler, SamplingParams, TokenMask};
@@ -1234,4 +1234,72 @@ fn sampling_speed() {
             eprintln!("speed: {shape}, {rows} rows, mask kernel: {ms:.3} ms");
         }
     }
+}
+
+/// A verification's greedy verdicts on the device against the host's `accept_greedy`:
+/// sequences of 1 to 5 rows (the last token and up to 4 drafts), each draft made the argmax
+/// of the row before it with probability 0.7 (so chains of every length occur), random
+/// otherwise; the output poisoned first, one entry past it left so.
+#[test]
+fn greedy_verdicts_count_the_drafts_each_sequence_accepts_as_the_host_does() {
+    let Some(s) = setup() else {
+        return;
+    };
+    let mut rng = rng("greedy_verdicts_count_the_drafts_each_sequence_accepts_as_the_host_does");
+    let g = &s.gpu;
+    let mut seen = [0usize; 5];
+    for round in 0..20 {
+        let n = rng.random_range(1..=40usize);
+        let mut starts = vec![0usize];
+        for _ in 0..n {
+            starts.push(starts.last().unwrap() + rng.random_range(1..=5usize));
+        }
+        let rows = *starts.last().unwrap();
+        let ids: Vec<u32> = (0..rows).map(|_| rng.random_range(0..50_000)).collect();
+        let mut tokens: Vec<u32> = (0..rows).map(|_| rng.random_range(0..50_000)).collect();
+        for w in starts.windows(2) {
+            for r in w[0] + 1..w[1] {
+                if rng.random_bool(0.7) {
+                    tokens[r] = ids[r - 1];
+                }
+            }
+        }
+        let want: Vec<usize> = starts
+            .windows(2)
+            .map(|w| {
+                peregrine_ops::sampling::accept_greedy(&ids[w[0]..w[1]], &tokens[w[0] + 1..w[1]])
+                    .accepted
+            })
+            .collect();
+        let d_ids = g.upload(&ids).unwrap();
+        let d_tokens = g
+            .upload(&tokens.iter().map(|&t| t as i32).collect::<Vec<_>>())
+            .unwrap();
+        let d_starts = g
+            .upload(&starts.iter().map(|&r| r as i32).collect::<Vec<_>>())
+            .unwrap();
+        let mut out = g.upload(&vec![-5i32; n + rows + 1]).unwrap();
+        greedy_verdicts(
+            &s.kernels,
+            g.stream(),
+            (&d_ids.as_view(), &d_tokens.as_view()),
+            &d_starts.as_view(),
+            &mut out.slice_mut(0..n + rows),
+            n,
+        )
+        .unwrap();
+        let got = g.download(&out).unwrap();
+        let accepted: Vec<usize> = got[..n].iter().map(|&a| a as usize).collect();
+        assert_eq!(accepted, want, "round {round}: accepted drafts");
+        let back: Vec<u32> = got[n..n + rows].iter().map(|&id| id as u32).collect();
+        assert_eq!(back, ids, "round {round}: the ids");
+        assert_eq!(got[n + rows], -5, "round {round}: past the output");
+        for a in want {
+            seen[a] += 1;
+        }
+    }
+    assert!(
+        seen.iter().all(|&c| c > 0),
+        "accepted counts seen: {seen:?}"
+    );
 }

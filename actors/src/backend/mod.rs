@@ -16,8 +16,9 @@ use anyhow::bail;
 use peregrine_kernels::cpu::{AddressAudit, KvLayout, Matrix};
 use peregrine_models::draft_head::HandedDraft;
 use peregrine_models::ModelConfig;
-use peregrine_ops::sampling::{argmax, log_softmax, Sampler, TokenMask};
+use peregrine_ops::sampling::{accept_greedy, argmax, log_softmax, Sampler, TokenMask};
 use peregrine_ops::{AttentionPlan, Linear};
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -367,17 +368,21 @@ pub trait ModelBackend: Send {
             StepSource::Queued => bail!("no step was queued ahead"),
         }
     }
-    /// [`ModelBackend::argmax`] with the token of each row `row` of `fed` (a placeholder in
-    /// `tokens`) taken from `draft`, a draft a proposal left on the device; also gives back
-    /// the drafts fed, in `fed`'s order. Refused by a backend that holds no such drafts.
-    fn argmax_fed(
+    /// A greedy verification whose drafts a proposal left on the device: the token of
+    /// each row `row` of `fed` (a placeholder in `tokens`) is `draft`. Each of `groups` (a
+    /// sequence's logit rows, as indices into `logit_rows`: its last token, then its
+    /// drafts) accepts its drafts while the argmax of the row before each is the draft.
+    /// Returns the argmax of every logit row and each group's accepted drafts. Refused by
+    /// a backend that holds no such drafts.
+    fn verify_fed(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
         fed: &[(usize, HandedDraft)],
-    ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
-        let _ = (tokens, plan, logit_rows, fed);
+        groups: &[Range<usize>],
+    ) -> anyhow::Result<(Vec<u32>, Vec<usize>)> {
+        let _ = (tokens, plan, logit_rows, fed, groups);
         bail!(
             "the {} backend holds no drafts on a device",
             self.pool().device
@@ -535,6 +540,26 @@ fn run_step<B: ModelBackend + ?Sized>(
         queued_next,
         hidden: backend.take_hidden(),
     })
+}
+
+/// The drafts each of `groups` accepts (a sequence's logit rows, as indices into
+/// `logit_rows` and `ids`: its last token, then its drafts), judged on the host: while the
+/// argmax `ids` of the row before each draft is the draft (in `tokens`).
+pub fn greedy_verdicts(
+    ids: &[u32],
+    tokens: &[u32],
+    logit_rows: &[usize],
+    groups: &[Range<usize>],
+) -> Vec<usize> {
+    groups
+        .iter()
+        .map(|g| {
+            let drafts: Vec<u32> = (g.start + 1..g.end)
+                .map(|i| tokens[logit_rows[i]])
+                .collect();
+            accept_greedy(&ids[g.clone()], &drafts).accepted
+        })
+        .collect()
 }
 
 /// The argmax of every row of host `logits` (`[rows, vocab]`) among the tokens its mask

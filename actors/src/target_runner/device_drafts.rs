@@ -1,14 +1,16 @@
 //! Drafts a proposal left on the device ([`crate::messages::Drafted::on_device`]): a
 //! sequence's last `num_drafts` tokens are placeholders until the drafts themselves are
 //! fed or read. A greedy verification of argmax-only sequences feeds them into its token
-//! ids on the device ([`crate::backend::ModelBackend::argmax_fed`]), so the host never
-//! waits for the head before the verification is queued; any other step that carries
+//! ids on the device and judges them there ([`crate::backend::ModelBackend::verify_fed`]),
+//! so the host never waits for the head before the verification is queued and reads the
+//! verdicts back once; any other step that carries
 //! them (sampled or constrained sequences, logprobs, a prompt scored beside them) reads
 //! them back first and runs as it would with drafts from the host.
 
 use super::{prompt_scores, takes_argmax, RunSeq, TargetRunner};
 use anyhow::anyhow;
 use peregrine_models::draft_head::HandedDraft;
+use std::ops::Range;
 
 impl TargetRunner {
     /// Reads back the drafts on the device of `seqs` into their tokens, unless the step
@@ -86,4 +88,16 @@ pub(super) fn fed_rows<'a>(
         at += n + 1;
     }
     Ok(fed)
+}
+
+/// Each of the sampled sequences `seqs`' logit rows (in step order, as the step's logit
+/// rows take them: each one's last `num_drafts + 1`), as indices into those rows.
+pub(super) fn row_groups<'a>(seqs: impl Iterator<Item = &'a RunSeq>) -> Vec<Range<usize>> {
+    let mut at = 0;
+    seqs.map(|s| {
+        let n = s.num_drafts.min(s.tokens.len() - 1);
+        at += n + 1;
+        at - n - 1..at
+    })
+    .collect()
 }

@@ -236,6 +236,46 @@ pub fn sample_mask(
     Ok(())
 }
 
+/// Queues the greedy verdicts of a verification step of `rows` rows: for each of the `n`
+/// sequences, whose rows are `starts[s]..starts[s + 1]` (`n + 1` increasing offsets ending at
+/// `rows`: its last token, then its drafts), `out[s]` = the drafts it accepts (each while the
+/// argmax `ids` of the row before equals the draft in `tokens`, the step's token ids), and
+/// `out[n + r] = ids[r]`. The offsets' order and range are the caller's check.
+pub fn greedy_verdicts(
+    k: &CudaKernels,
+    stream: &CudaStream,
+    (ids, tokens): (&CudaView<u32>, &CudaView<i32>),
+    starts: &CudaView<i32>,
+    out: &mut CudaViewMut<i32>,
+    n: usize,
+) -> Result<(), DriverError> {
+    let rows = ids.len();
+    assert!(
+        tokens.len() >= rows && starts.len() > n && out.len() >= n + rows,
+        "greedy_verdicts: {rows} rows, {n} sequences: short buffers"
+    );
+    let threads = n.max(rows);
+    if threads == 0 {
+        return Ok(());
+    }
+    let i32_of = |v: usize| i32::try_from(v).expect("greedy_verdicts: a size past i32");
+    let (n_i, rows_i) = (i32_of(n), i32_of(rows));
+    let blocks = u32::try_from(threads.div_ceil(256)).expect("greedy_verdicts: grid too large");
+    let mut launch = k.launch(stream, "greedy_verdicts");
+    launch
+        .arg(ids)
+        .arg(tokens)
+        .arg(starts)
+        .arg(out)
+        .arg(&n_i)
+        .arg(&rows_i);
+    // SAFETY: thread i reads ids[i] and writes out[n + i] below `rows`, and for i < n reads
+    // starts[i..=i + 1] (`starts` holds n + 1) and ids and tokens within them (the caller's
+    // offsets end at `rows`, which both hold); `out` holds n + rows (checked above).
+    unsafe { launch.launch(grid(blocks, 256, 0)) }?;
+    Ok(())
+}
+
 /// Adds each entry of `adds` to one logit of `logits` (`[rows, vocab]`) in place: entries
 /// are three u32s, `(row, token, f32::to_bits(value))`, at most one per row and token
 /// (`peregrine_ops::sampling::logit_adjustments`' order); a value of −∞ bans the token.

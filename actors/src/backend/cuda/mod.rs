@@ -17,7 +17,8 @@ mod tiers;
 pub use load::{cuda_backend, GpuSettings, MAX_SEQ_LEN_TO_CAPTURE};
 
 use super::{
-    sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity, StepSource,
+    greedy_verdicts, sample_on_host, ModelBackend, PoolInfo, RowMasks, RowSampling, StepCapacity,
+    StepSource,
 };
 use crate::graphs::{is_decode_step, CaptureSizes, GraphCaptureManager};
 use crate::kv_disk::{ContentHash, DiskTierStart};
@@ -38,6 +39,7 @@ use peregrine_ops::cuda::sampler::{GpuSampler, SampleRequest};
 use peregrine_ops::AttentionPlan;
 use peregrine_runtime::cuda::cudarc::driver::CudaView;
 use peregrine_runtime::cuda::Gpu;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use tiers::GpuTiers;
@@ -195,6 +197,17 @@ impl GpuBackend {
         let (_, graph) = self.graphs.as_ref()?.graph_for(tokens.len())?;
         (longest_context(plan) <= graph.max_context()).then_some(graph)
     }
+}
+
+/// The row offsets of `groups` where they tile `0..rows` in order (each one's start the
+/// end of the one before), as a verification graph's verdicts take them.
+fn tiling_starts(groups: &[Range<usize>], rows: usize) -> Option<Vec<usize>> {
+    let mut starts = vec![0];
+    for g in groups {
+        (g.start == *starts.last()? && g.end > g.start).then_some(())?;
+        starts.push(g.end);
+    }
+    (*starts.last()? == rows).then_some(starts)
 }
 
 /// The longest context of a planned step.
@@ -464,32 +477,35 @@ impl ModelBackend for GpuBackend {
         Ok(self.model.last_argmax(logit_rows.len())?)
     }
 
-    /// Through a verification graph where one serves the step, the drafts written into
-    /// its token ids on the device; else the drafts read back first and the step run as
-    /// [`ModelBackend::argmax`] runs it. Then one more download, of the drafts fed.
-    fn argmax_fed(
+    /// Through a verification graph where one serves the step (every logit row one group
+    /// of a sequence, in order): the drafts written into its token ids on the device and
+    /// the verdicts judged there, read back once with the ids. Else the drafts read back
+    /// first, the step run as [`ModelBackend::argmax`] runs it and judged on the host.
+    fn verify_fed(
         &mut self,
         tokens: &[u32],
         plan: &AttentionPlan,
         logit_rows: &[usize],
         fed: &[(usize, HandedDraft)],
-    ) -> anyhow::Result<(Vec<u32>, Vec<u32>)> {
+        groups: &[Range<usize>],
+    ) -> anyhow::Result<(Vec<u32>, Vec<usize>)> {
         let (gpu, kernels, ring) = self.handles();
         let drafts = self.drafts()?;
-        let which: Vec<HandedDraft> = fed.iter().map(|&(_, d)| d).collect();
         self.ahead = None;
-        let replayed = match self.verify_graph(tokens, plan, logit_rows) {
-            Some(graph) => {
-                let r = graph.replay_fed(tokens, plan, &drafts, fed)?;
+        let starts = tiling_starts(groups, logit_rows.len());
+        let replayed = match (self.verify_graph(tokens, plan, logit_rows), starts) {
+            (Some(graph), Some(starts)) => {
+                let mut r = graph.replay_fed(tokens, plan, &drafts, fed)?;
                 let hidden = hand_off(&gpu, &kernels, ring.as_deref(), r.aux())?;
-                Some((r.greedy_ids()?, hidden))
+                Some((r.greedy_verdicts(&starts)?, hidden))
             }
-            None => None,
+            _ => None,
         };
-        if let Some((ids, hidden)) = replayed {
+        if let Some((verdicts, hidden)) = replayed {
             self.hidden = hidden;
-            return Ok((ids, drafts.fetch(gpu.stream(), &which)?));
+            return Ok(verdicts);
         }
+        let which: Vec<HandedDraft> = fed.iter().map(|&(_, d)| d).collect();
         let got = drafts.fetch(gpu.stream(), &which)?;
         let mut tokens = tokens.to_vec();
         let rows = tokens.len();
@@ -497,7 +513,9 @@ impl ModelBackend for GpuBackend {
             let at = tokens.get_mut(row);
             *at.with_context(|| format!("a draft fed into row {row} of {rows}"))? = token;
         }
-        Ok((self.argmax(&tokens, plan, logit_rows)?, got))
+        let ids = self.argmax(&tokens, plan, logit_rows)?;
+        let accepted = greedy_verdicts(&ids, &tokens, logit_rows, groups);
+        Ok((ids, accepted))
     }
 
     fn fetch_drafts(&mut self, which: &[HandedDraft]) -> anyhow::Result<Vec<u32>> {

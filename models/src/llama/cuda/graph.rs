@@ -28,8 +28,8 @@ use crate::graph::cuda::{
     context_classes, scratch_plan, ContextGraphs, GraphLimits, SharedKvCache,
 };
 use crate::llama::check_inputs;
-use cudarc::driver::{CudaEvent, CudaGraph, CudaView};
-use peregrine_kernels::cuda::sampling::ArgmaxCopies;
+use cudarc::driver::{CudaEvent, CudaGraph, CudaSlice, CudaView};
+use peregrine_kernels::cuda::sampling::{greedy_verdicts, ArgmaxCopies};
 use peregrine_ops::cuda::attention::{AttentionError, DeviceAttentionPlan};
 use peregrine_ops::cuda::plan::PlanCapacity;
 use peregrine_ops::cuda::GpuKvCache;
@@ -65,6 +65,11 @@ pub(super) struct GraphBuffers {
     published: [MappedHost<u32>; GRAPH_VARIANTS],
     /// Recorded after a launch of each variant by [`CapturedDecode::greedy_step`].
     done: [CudaEvent; GRAPH_VARIANTS],
+    /// A verification's sequences' row offsets (`max_rows + 1`) and its greedy verdicts
+    /// (`2 * max_rows`: each sequence's accepted drafts, then every row's argmax), for
+    /// [`ReplayedStep::greedy_verdicts`].
+    verdict_starts: CudaSlice<i32>,
+    verdicts: CudaSlice<i32>,
 }
 
 /// Variants a decode step is captured in, differing only in where its argmax publishes
@@ -132,6 +137,46 @@ impl ReplayedStep<'_> {
             .gpu
             .download(&self.buffers.work.ids.slice(0..self.rows))?)
     }
+
+    /// The greedy verdicts of a verification step, judged on the device and read back
+    /// once (waits for the graph): each real row's argmax, and how many drafts each
+    /// sequence accepts, a sequence's rows being `starts[s]..starts[s + 1]` (its last
+    /// token, then its drafts; `starts` rises from 0 to the real rows) and a draft accepted
+    /// while the argmax of the row before it is the draft. Refused for other offsets.
+    pub fn greedy_verdicts(
+        &mut self,
+        starts: &[usize],
+    ) -> Result<(Vec<u32>, Vec<usize>), GpuForwardError> {
+        let rows = self.rows;
+        let rises = starts.windows(2).all(|w| w[0] < w[1]);
+        if starts.first() != Some(&0) || starts.last() != Some(&rows) || !rises {
+            return Err(AttentionError::Shape(format!(
+                "verdicts over sequences starting at rows {starts:?} of a step of {rows}"
+            ))
+            .into());
+        }
+        let n = starts.len() - 1;
+        let stream = self.core.gpu.stream();
+        // Rows of a step: below 2^31.
+        let offsets: Vec<i32> = starts.iter().map(|&r| r as i32).collect();
+        let b = &mut *self.buffers;
+        stream.memcpy_htod(&offsets, &mut b.verdict_starts.slice_mut(0..n + 1))?;
+        greedy_verdicts(
+            &self.core.kernels,
+            stream,
+            (
+                &b.work.ids.slice(0..rows),
+                &b.plan.token_ids().slice(0..rows),
+            ),
+            &b.verdict_starts.slice(0..n + 1),
+            &mut b.verdicts.slice_mut(0..n + rows),
+            n,
+        )?;
+        let out = self.core.gpu.download(&b.verdicts.slice(0..n + rows))?;
+        let accepted = out[..n].iter().map(|&a| a as usize).collect();
+        let ids = out[n..].iter().map(|&id| id as u32).collect();
+        Ok((ids, accepted))
+    }
 }
 
 impl GraphBuffers {
@@ -180,6 +225,8 @@ impl GraphBuffers {
             steps: 0,
             published,
             done,
+            verdict_starts: gpu.zeros(rows + 1)?,
+            verdicts: gpu.zeros(2 * rows)?,
         })
     }
 
