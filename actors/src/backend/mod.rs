@@ -623,3 +623,28 @@ pub fn blocks_in(
     u32::try_from(blocks)
         .map_err(|_| anyhow::anyhow!("{what} makes {blocks} blocks, more than u32 block ids name"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn greedy_verdicts_accept_each_draft_while_the_row_before_chose_it() {
+        // Two sequences over logit rows 1..4 and 5..7 of a step of 8 tokens (row 0 and
+        // row 4: another sequence's prompt): the first accepts its first draft (12, the
+        // argmax after its row 1) and not its second; the second accepts both.
+        let tokens = [9, 10, 12, 40, 7, 5, 30, 31];
+        let logit_rows = [1, 2, 3, 5, 6, 7];
+        let ids = [12, 41, 50, 30, 31, 77];
+        let groups = [0..3, 3..6];
+        assert_eq!(
+            greedy_verdicts(&ids, &tokens, &logit_rows, &groups),
+            vec![1, 2]
+        );
+        // A sequence without drafts accepts none.
+        assert_eq!(
+            greedy_verdicts(&ids, &tokens, &logit_rows, &[Range { start: 2, end: 3 }]),
+            vec![0]
+        );
+    }
+}

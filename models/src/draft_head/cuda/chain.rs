@@ -103,12 +103,11 @@ impl<C: DraftHeadKind> CapturedHead<C> {
 
     /// Queues the steps of [`CapturedHead::replay_chain`]; returns the buffers (their
     /// chain holding the drafts), the steps recorded and the sequences.
-    #[allow(clippy::type_complexity)]
     fn queue_chain(
         &self,
         start: ChainStart<'_, C>,
         plans: &[AttentionPlan],
-    ) -> Result<(MutexGuard<'_, HeadGraphBuffers<C>>, usize, usize), GpuForwardError> {
+    ) -> Result<(ChainBuffersHeld<'_, C>, usize, usize), GpuForwardError> {
         let core = &*self.core;
         let n = plans.first().map_or(0, |p| p.seqs().len());
         let steps = plans.len() + usize::from(matches!(start, ChainStart::First { .. }));
@@ -181,6 +180,9 @@ impl<C: DraftHeadKind> CapturedHead<C> {
         Ok((b, recorded, n))
     }
 }
+
+/// A decode graph's buffers, locked while a chain's drafts are in them.
+type ChainBuffersHeld<'a, C> = MutexGuard<'a, HeadGraphBuffers<C>>;
 
 /// `0..n`: every real row of a decode step is a logit row.
 fn own(n: usize) -> Vec<usize> {
