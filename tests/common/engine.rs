@@ -35,17 +35,26 @@ pub async fn submit_stopping(
     stop_token_ids: Vec<u32>,
 ) -> mpsc::UnboundedReceiver<RequestEvent> {
     let spec = RequestSpec {
+        stop_token_ids,
+        ..request_spec(prompt, params, max_tokens)
+    };
+    super::served::submit(scheduler, id, spec).await
+}
+
+/// The request [`submit`] sends: `prompt` for `max_tokens` tokens past EOS, sampled by
+/// `params`, no logprobs, stop ids or grammar.
+pub fn request_spec(prompt: &[u32], params: &SamplingParams, max_tokens: usize) -> RequestSpec {
+    RequestSpec {
         prompt: Arc::from(prompt),
         params: params.clone(),
         max_tokens,
-        stop_token_ids,
+        stop_token_ids: Vec::new(),
         ignore_eos: true,
         logprobs: None,
         prompt_logprobs: None,
         priority: 0,
         grammar: None,
-    };
-    super::served::submit(scheduler, id, spec).await
+    }
 }
 
 /// Submits every request of `reqs` at once (ids 0, 1, ...; `max_tokens` each, past EOS)

@@ -4,7 +4,7 @@
 //! however the scheduler cuts its prompt into chunks and whatever the prefix cache holds.
 
 use crate::common::eagle3_head::{HeadSpec, RandomHead};
-use crate::common::engine::{collect, counter, requests, run_all, submit};
+use crate::common::engine::{collect, counter, request_spec, requests, run_all, submit};
 use crate::common::first_two::{
     assert_first_two_follow, assert_uniform_drafts_accepted, first_two_distributions,
     one_sequence_plan, DIST_BLOCK_SIZE, DIST_POOL_BLOCKS,
@@ -323,7 +323,7 @@ fn speculation_on_the_gpu_keeps_every_greedy_token_under_deterministic() {
                 for (i, (prompt, params)) in reqs.iter().enumerate() {
                     let spec = RequestSpec {
                         logprobs: Some(1),
-                        ..greedy_spec(prompt, params)
+                        ..request_spec(prompt, params, MAX_TOKENS)
                     };
                     let (got, ..) =
                         collect(served::submit(&engine.scheduler, 500 + i as u64, spec).await)
@@ -564,20 +564,5 @@ impl DraftMethod for CountingOnDevice {
     }
     fn capture_graphs(&mut self, sizes: Option<&CaptureSizes>) -> anyhow::Result<()> {
         self.inner.capture_graphs(sizes)
-    }
-}
-
-/// A greedy request of `prompt` for `MAX_TOKENS` tokens past EOS, as `submit` sends it.
-fn greedy_spec(prompt: &[u32], params: &SamplingParams) -> RequestSpec {
-    RequestSpec {
-        prompt: Arc::from(prompt),
-        params: params.clone(),
-        max_tokens: MAX_TOKENS,
-        stop_token_ids: Vec::new(),
-        ignore_eos: true,
-        logprobs: None,
-        prompt_logprobs: None,
-        priority: 0,
-        grammar: None,
     }
 }
