@@ -118,7 +118,7 @@
 #   scripts/gpu_run.sh adaptive   (after smollm2) adaptive drafting against fixed k = 3 on
 #                                 ordinary chat prompts (target/chat40.jsonl, carried:
 #                                 scripts/chatml_dataset.py's): bench spec at batch 1, 8 and
-#                                 64, each against its run without drafts, ADAPTIVE_ROUNDS
+#                                 64 (or ADAPTIVE_BATCHES), each against its run without drafts, ADAPTIVE_ROUNDS
 #                                 rounds (2); the adaptive runs' plans counted by k from
 #                                 the scheduler's trace, and how the steps queued ahead
 #                                 served; ADAPTIVE_BINARIES="peregrine peregrine-base" runs
@@ -742,7 +742,7 @@ adaptive)
             scripts/configs/smollm2-135m.json target/tokenizer "$model" 2>&1 | tee -a "$log"
     fi
     echo "== model $model" | tee -a "$log"
-    for c in 1 8 64; do
+    for c in ${ADAPTIVE_BATCHES:-1 8 64}; do
         for flags in "" "--no-speculative-adaptive"; do
           for binary in ${ADAPTIVE_BINARIES:-peregrine}; do
             echo "== bench spec batch $c ${flags:-adaptive} ($binary)" | tee -a "$log"
