@@ -2,8 +2,9 @@
 # Runs on the GPU machine, from the repository root, what scripts/gpu_build.sh built:
 #   scripts/gpu_run.sh tests [FILTER...]
 #                                 the GPU tests (every op against the CPU, the >4 GiB pool,
-#                                 the whole model, EAGLE-3 heads; SmolLM2 too if
-#                                 /tmp/smollm2 exists), those whose names hold a FILTER if any
+#                                 the whole model, EAGLE-3 heads, NCCL from PyTorch's wheel;
+#                                 SmolLM2 too if /tmp/smollm2 exists), those whose names
+#                                 hold a FILTER if any
 #   scripts/gpu_run.sh bench      bench latency on the Llama-3.2-1B and Llama-3-8B shapes
 #                                 (random weights): eager (--enforce-eager) and through CUDA
 #                                 graphs, with and without --deterministic
@@ -266,11 +267,22 @@ heldout_bench() {
         tools/eagle3/prompts/heldout.jsonl $built >&2
     echo $built
 }
+# Puts a libnccl.so link to the NCCL that PyTorch's wheel installs (libnccl.so.2 alone,
+# which cudarc does not look for) on LD_LIBRARY_PATH, and requires the NCCL tests to find it.
+nccl_on_path() {
+    local lib
+    lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null) || return 0
+    [ -f "$lib/libnccl.so.2" ] || return 0
+    mkdir -p /tmp/nccl-lib && ln -sf "$lib/libnccl.so.2" /tmp/nccl-lib/libnccl.so
+    export LD_LIBRARY_PATH=/tmp/nccl-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PEREGRINE_REQUIRE_NCCL=1
+}
 mode=${1:-tests}
 case "$mode" in
 tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT/gpu.txt"
     [ -d /tmp/smollm2 ] && export PEREGRINE_SMOLLM2_DIR=/tmp/smollm2
+    nccl_on_path
     "$bin/cuda-tests" --test-threads=1 --nocapture "${@:2}" 2>&1 | tee "$OUT/tests.log"
     ;;
 bench)

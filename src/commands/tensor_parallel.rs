@@ -1,5 +1,5 @@
-//! `--tensor-parallel-size`: checked against the model and the GPUs at start-up, then
-//! refused above 1, since the NCCL runners that would run the shards
+//! `--tensor-parallel-size`: checked against the model, the GPUs and NCCL at start-up,
+//! then refused above 1, since the NCCL runners that would run the shards
 //! (`peregrine_models::tensor_parallel`) are not built.
 
 use anyhow::Context;
@@ -16,7 +16,23 @@ pub fn check_start_up(config: &ServeConfig, dir: &Path) -> anyhow::Result<()> {
         return Ok(());
     }
     let model = ModelConfig::from_dir(dir).with_context(|| format!("loading {}", dir.display()))?;
-    check(size, &model, gpus(config.device))
+    check(size, &model, gpus(config.device), nccl(config.device))
+}
+
+/// The NCCL version a tensor-parallel group on `device` would join its ranks with, or why
+/// there is none; `None` where no GPU is involved.
+fn nccl(device: DeviceKind) -> Option<Result<String, String>> {
+    match device {
+        DeviceKind::Cpu => None,
+        #[cfg(feature = "cuda")]
+        DeviceKind::Cuda => Some(
+            peregrine_runtime::cuda::nccl::nccl_version()
+                .map(|v| v.to_string())
+                .map_err(|e| e.to_string()),
+        ),
+        #[cfg(not(feature = "cuda"))]
+        DeviceKind::Cuda => None,
+    }
 }
 
 /// The GPUs a tensor-parallel group on `device` could use: none is counted on the CPU.
@@ -31,19 +47,29 @@ fn gpus(device: DeviceKind) -> Option<usize> {
     }
 }
 
-/// Tensor-parallel `size` over `model` with `gpus` GPUs (`None`: not counted): the
-/// precise error of a size the model or the GPUs cannot take, else, above 1, the
-/// refusal.
-fn check(size: usize, model: &ModelConfig, gpus: Option<usize>) -> anyhow::Result<()> {
+/// Tensor-parallel `size` over `model` with `gpus` GPUs and `nccl` (its version, or why
+/// it cannot be loaded; `None`: neither counted): the precise error of a size the model,
+/// the GPUs or a missing NCCL cannot take, else, above 1, the refusal.
+fn check(
+    size: usize,
+    model: &ModelConfig,
+    gpus: Option<usize>,
+    nccl: Option<Result<String, String>>,
+) -> anyhow::Result<()> {
     validate(&TpShape::of(model)?, size, gpus)?;
-    if size > 1 {
-        anyhow::bail!(
-            "--tensor-parallel-size {size}: tensor parallelism over NCCL is not built yet \
-             (the model's shards are described, but no runner splits a forward over GPUs); \
-             use --tensor-parallel-size 1"
-        );
+    if size == 1 {
+        return Ok(());
     }
-    Ok(())
+    let found = match nccl {
+        Some(Err(why)) => anyhow::bail!("--tensor-parallel-size {size} needs NCCL: {why}"),
+        Some(Ok(version)) => format!(" (NCCL {version} was found)"),
+        None => String::new(),
+    };
+    anyhow::bail!(
+        "--tensor-parallel-size {size}: tensor parallelism over NCCL is not built yet{found} \
+         (the model's shards are described, but no runner splits a forward over GPUs); \
+         use --tensor-parallel-size 1"
+    )
 }
 
 #[cfg(test)]
@@ -107,9 +133,43 @@ mod tests {
         );
         // Too few GPUs is named before the refusal.
         let model = ModelConfig::from_dir(dir.path()).unwrap();
-        let err = check(3, &model, Some(1)).unwrap_err().to_string();
+        let err = check(3, &model, Some(1), None).unwrap_err().to_string();
         assert_eq!(err, "--tensor-parallel-size 3 needs 3 GPUs; 1 found");
-        check(1, &model, Some(1)).unwrap();
+        check(1, &model, Some(1), None).unwrap();
+    }
+
+    #[test]
+    fn a_missing_nccl_is_named_after_the_gpus_and_a_found_one_in_the_refusal() {
+        let dir = smollm2_dir();
+        let model = ModelConfig::from_dir(dir.path()).unwrap();
+        let missing = || {
+            Some(Err(
+                "NCCL was not found: no libnccl.so could be opened".into()
+            ))
+        };
+        let err = check(3, &model, Some(4), missing())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            err,
+            "--tensor-parallel-size 3 needs NCCL: NCCL was not found: no libnccl.so could be opened"
+        );
+        // Too few GPUs comes first; size 1 needs no NCCL.
+        let err = check(3, &model, Some(2), missing())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "--tensor-parallel-size 3 needs 3 GPUs; 2 found");
+        check(1, &model, Some(1), missing()).unwrap();
+        let err = check(3, &model, Some(4), Some(Ok("2.27.3".into())))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with(
+                "--tensor-parallel-size 3: tensor parallelism over NCCL is not built yet \
+                 (NCCL 2.27.3 was found)"
+            ),
+            "{err}"
+        );
     }
 
     #[test]

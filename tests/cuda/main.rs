@@ -21,6 +21,7 @@ mod mla_padding;
 mod model;
 mod moe;
 mod mtp;
+mod nccl;
 mod ops;
 mod sampling;
 

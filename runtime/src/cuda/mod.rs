@@ -4,6 +4,7 @@
 
 mod compiler;
 mod mapped;
+pub mod nccl;
 
 pub use compiler::{cuda_include_dir, CompiledModule, KernelCompiler, KernelSource};
 pub use cudarc;
@@ -36,6 +37,12 @@ pub enum GpuError {
         arch: String,
         log: String,
     },
+    /// No NCCL library could be loaded (tensor parallelism needs one).
+    #[error("NCCL was not found: {0}")]
+    NoNccl(String),
+    /// NCCL reported an error.
+    #[error("NCCL error: {0}")]
+    Nccl(String),
     /// The kernel cache could not be read or written.
     #[error("kernel cache {path}: {source}")]
     Cache {
