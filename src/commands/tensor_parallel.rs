@@ -61,7 +61,7 @@ fn check(
         return Ok(());
     }
     let found = match nccl {
-        Some(Err(why)) => anyhow::bail!("--tensor-parallel-size {size} needs NCCL: {why}"),
+        Some(Err(why)) => anyhow::bail!("--tensor-parallel-size {size}: {why}"),
         Some(Ok(version)) => format!(" (NCCL {version} was found)"),
         None => String::new(),
     };
@@ -144,7 +144,7 @@ mod tests {
         let model = ModelConfig::from_dir(dir.path()).unwrap();
         let missing = || {
             Some(Err(
-                "NCCL was not found: no libnccl.so could be opened".into()
+                "NCCL cannot be used: no libnccl.so could be opened".into()
             ))
         };
         let err = check(3, &model, Some(4), missing())
@@ -152,7 +152,7 @@ mod tests {
             .to_string();
         assert_eq!(
             err,
-            "--tensor-parallel-size 3 needs NCCL: NCCL was not found: no libnccl.so could be opened"
+            "--tensor-parallel-size 3: NCCL cannot be used: no libnccl.so could be opened"
         );
         // Too few GPUs comes first; size 1 needs no NCCL.
         let err = check(3, &model, Some(2), missing())

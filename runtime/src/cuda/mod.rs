@@ -37,8 +37,8 @@ pub enum GpuError {
         arch: String,
         log: String,
     },
-    /// No NCCL library could be loaded (tensor parallelism needs one).
-    #[error("NCCL was not found: {0}")]
+    /// No NCCL library could be loaded and used (tensor parallelism needs one).
+    #[error("NCCL cannot be used: {0}")]
     NoNccl(String),
     /// NCCL reported an error.
     #[error("NCCL error: {0}")]

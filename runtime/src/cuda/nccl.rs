@@ -7,7 +7,7 @@ use super::GpuError;
 use cudarc::driver::{CudaSlice, CudaStream};
 use cudarc::nccl::{result, Comm, NcclType, ReduceOp};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// An NCCL version, as `ncclGetVersion` reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,21 +36,27 @@ impl fmt::Display for NcclVersion {
     }
 }
 
-/// The NCCL library this process can load, or why it has none.
+/// The NCCL library this process can load, or why it has none (looked for once).
 pub fn nccl_version() -> Result<NcclVersion, GpuError> {
+    static FOUND: OnceLock<Result<NcclVersion, String>> = OnceLock::new();
+    FOUND.get_or_init(load).clone().map_err(GpuError::NoNccl)
+}
+
+/// Opens NCCL and asks its version, or says why it cannot.
+fn load() -> Result<NcclVersion, String> {
     // cudarc panics where it cannot open the library: look for it first.
     // SAFETY: only tries to open the library by its known names.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
-        return Err(GpuError::NoNccl(
-            "no libnccl.so could be opened (NCCL's runtime package installs libnccl.so.2 \
-             alone: install its development package, libnccl-dev, or put a folder holding \
-             a libnccl.so link to libnccl.so.2 on LD_LIBRARY_PATH)"
+        return Err(
+            "no libnccl.so could be opened (NCCL's runtime package installs \
+             libnccl.so.2 alone: install its development package, libnccl-dev, or put a \
+             folder holding a libnccl.so link to libnccl.so.2 on LD_LIBRARY_PATH)"
                 .into(),
-        ));
+        );
     }
     let code = std::panic::catch_unwind(result::get_nccl_version)
-        .map_err(|_| GpuError::NoNccl("the NCCL library found failed to load".into()))?
-        .map_err(|e| GpuError::Nccl(format!("ncclGetVersion: {e:?}")))?;
+        .map_err(|_| "the libnccl.so found failed to load".to_string())?
+        .map_err(|e| format!("ncclGetVersion failed: {e:?}"))?;
     Ok(NcclVersion::from_code(code.max(0) as u32))
 }
 
@@ -78,6 +84,7 @@ pub fn group(streams: Vec<Arc<CudaStream>>) -> Result<Vec<RankComm>, GpuError> {
 /// `ncclGroupEnd`), as a thread that drives more than one rank must: each rank's call
 /// would otherwise wait for the others'.
 pub fn grouped<R>(queue: impl FnOnce() -> Result<R, GpuError>) -> Result<R, GpuError> {
+    nccl_version()?;
     result::group_start().map_err(|e| GpuError::Nccl(format!("ncclGroupStart: {e:?}")))?;
     let queued = queue();
     // The group ends whatever happened, so that later calls are not grouped with it.
@@ -139,5 +146,26 @@ mod tests {
         assert_eq!(v.to_string(), "2.27.3");
         assert_eq!(NcclVersion::from_code(2804).to_string(), "2.8.4");
         assert!(NcclVersion::from_code(2804) < NcclVersion::from_code(21003));
+    }
+
+    #[test]
+    fn a_machine_without_nccl_gets_an_error_that_says_how_to_provide_it() {
+        // SAFETY: only tries to open the library by its known names.
+        let present = unsafe { cudarc::nccl::sys::is_culib_present() };
+        match (present, nccl_version()) {
+            (true, Ok(version)) => assert!(version.major >= 2, "NCCL {version}"),
+            (false, Err(e)) => {
+                let text = e.to_string();
+                assert!(
+                    text.starts_with("NCCL cannot be used: no libnccl.so could be opened")
+                        && text.contains("LD_LIBRARY_PATH"),
+                    "{text}"
+                );
+                // Grouping collectives asks for the library first rather than panicking.
+                let grouped = grouped(|| Ok(())).unwrap_err().to_string();
+                assert_eq!(grouped, text);
+            }
+            (present, got) => panic!("library present: {present}, version: {got:?}"),
+        }
     }
 }
